@@ -1,0 +1,41 @@
+# nonstop — the two commands a newcomer needs are `make demo` and `make test`.
+# Every target sets up its own virtualenv in .venv from pyproject.toml.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+SEEDS ?= 1000
+
+.PHONY: demo test lint fmt bench sim clean venv
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PY) -m pip install -q --upgrade pip
+	@$(PY) -m pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m nonstop.demo
+
+test: $(STAMP)
+	$(PY) -m ruff check src tests bench
+	$(PY) -m pytest -q tests
+
+lint: $(STAMP)
+	$(PY) -m ruff check src tests bench
+	$(PY) -m ruff format --check src tests bench
+
+fmt: $(STAMP)
+	$(PY) -m ruff format src tests bench
+	$(PY) -m ruff check --fix src tests bench
+
+bench: $(STAMP)
+	$(PY) -m bench.run
+
+sim: $(STAMP)
+	$(PY) -m nonstop.sim.campaign --seeds $(SEEDS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .nonstop build src/*.egg-info

@@ -1,0 +1,1 @@
+"""nonstop: a highly available, transactional object store for Python."""
