@@ -1,0 +1,130 @@
+"""Every error nonstop raises on purpose.  All derive from :class:`nonstop.Error`.
+
+Errors a transaction runner replays transparently derive from :class:`Retryable`.
+"""
+
+from __future__ import annotations
+
+
+class Error(Exception):
+    """Base class of every nonstop error."""
+
+
+# ----------------------------------------------------------- transactions
+class Retryable(Error):
+    """The transaction was rolled back and may simply be run again."""
+
+
+class Deadlock(Retryable):
+    """This transaction was chosen as the victim of a deadlock and rolled back (B4)."""
+
+
+class LockTimeout(Retryable):
+    """A lock could not be obtained within the lock-wait timeout (distributed deadlock, B4)."""
+
+
+class Conflict(Retryable):
+    """The object changed under this transaction (a state conflict, B7); rolled back."""
+
+
+class TooManyRetries(Error):
+    """A transactional function was replayed ``max_retries`` times without committing."""
+
+
+class Abort(Error):
+    """Raise inside a transaction to roll it back; re-raised to the caller."""
+
+
+class TransactionClosed(Error):
+    """The transaction already committed or rolled back; it cannot be used any more."""
+
+
+class ObjectNotInTransaction(Error):
+    """A managed object was touched outside the transaction it was obtained in."""
+
+
+# ------------------------------------------------------------ data model
+class SchemaError(Error):
+    """A managed type is declared wrongly (bad field type, bad key declaration)."""
+
+
+class FieldError(Error, AttributeError):
+    """Unknown field, wrong value type, or a required field left out."""
+
+
+class ImmutableKey(Error):
+    """An immutable key field was assigned after the object was created (A4)."""
+
+
+class DuplicateKey(Error):
+    """A unique key value is already taken; nothing was written (A4)."""
+
+
+class NotFound(Error, LookupError):
+    """No object matches the lookup."""
+
+
+class Deleted(Error):
+    """The object was deleted; it can no longer be read or written."""
+
+
+class UnknownType(Error):
+    """A stored object's type is not known to this process (import its module)."""
+
+
+class TypeVersionMismatch(Error):
+    """The store holds a newer version of a managed type than this process defines (E1)."""
+
+
+class KeyTooLong(Error):
+    """An encoded key value exceeds the store's key size limit."""
+
+
+class BadArgument(Error, TypeError):
+    """An argument cannot be stored (for example an asynchronous method argument)."""
+
+
+# ----------------------------------------------------------------- store
+class StoreError(Error):
+    """The store cannot be opened or used."""
+
+
+class StoreLocked(StoreError):
+    """The store directory is already open in another process."""
+
+
+class IncompatibleStore(StoreError):
+    """The directory holds a store of another format or of another cluster."""
+
+
+class CorruptStore(StoreError):
+    """The store's files are damaged."""
+
+
+class DatabaseClosed(StoreError):
+    """The database was closed."""
+
+
+# --------------------------------------------------------------- cluster
+class ClusterError(Error):
+    """A cluster-level failure."""
+
+
+class Unavailable(ClusterError):
+    """No reachable node could serve the request."""
+
+
+class QuorumLost(ClusterError):
+    """The node is Disabled: it does not have quorum and refuses work (D16)."""
+
+
+class NotLeader(ClusterError):
+    """The node asked does not lead the cluster log; ``leader`` names the one that does."""
+
+    def __init__(self, message: str, leader: str | None = None) -> None:
+        super().__init__(message)
+        self.leader = leader
+
+
+class ProtocolError(ClusterError):
+    """A peer spoke a protocol version or framing this node does not support (C7/E4)."""
