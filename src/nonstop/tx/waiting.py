@@ -1,0 +1,211 @@
+"""Blocking on locks: a thread-safe facade over the sans-I/O :class:`LockManager`.
+
+Transactions run in threads and in asyncio tasks, often both in one process,
+so one ``threading.Lock`` guards the manager and each waiter brings its own
+way to be woken: a thread blocks on its own ``threading.Event``; a task
+awaits a future that the releaser resolves with ``loop.call_soon_threadsafe``
+(the releaser may be another thread or the same loop).
+
+Whether a waiter was granted is decided only under the mutex (the releaser
+marks it granted there), so a timeout that fires just as the grant arrives
+is resolved one way: if the grant got there first the caller gets the lock
+and no error; otherwise the request is cancelled and nothing is left held.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Hashable
+from threading import Event, Lock
+
+from nonstop.errors import Deadlock, LockTimeout, TransactionClosed
+from nonstop.tx.locks import DeadlockFound, Grant, Granted, LockManager, LockMode
+
+__all__ = ["LockTable"]
+
+
+class _Waiter:
+    """One blocked request; ``granted``/``error`` are written only under the table's mutex."""
+
+    __slots__ = ("error", "granted")
+
+    def __init__(self) -> None:
+        self.granted = False
+        self.error: BaseException | None = None
+
+    def wake(self) -> None:
+        raise NotImplementedError
+
+
+class _ThreadWaiter(_Waiter):
+    __slots__ = ("event",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.event = Event()
+
+    def wake(self) -> None:
+        self.event.set()
+
+
+def _settle(future: asyncio.Future[None]) -> None:
+    """Resolve a waiting task's future (on its loop); the outcome is read from the waiter."""
+    if not future.done():
+        future.set_result(None)
+
+
+class _AsyncWaiter(_Waiter):
+    __slots__ = ("future", "loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__()
+        self.loop = loop
+        self.future: asyncio.Future[None] = loop.create_future()
+
+    def wake(self) -> None:
+        try:
+            self.loop.call_soon_threadsafe(_settle, self.future)
+        except RuntimeError:  # the loop is closed: nobody is left to wake
+            pass
+
+
+def _deadlock(txn: Hashable, resource: Hashable, mode: LockMode, found: DeadlockFound) -> Deadlock:
+    cycle = " -> ".join(repr(t) for t in (*found.cycle, found.cycle[0]))
+    return Deadlock(
+        f"deadlock: {txn!r} asking {mode.name} on {resource!r} would close the "
+        f"wait-for cycle {cycle}; {txn!r} is the victim"
+    )
+
+
+class LockTable:
+    """The lock manager shared by every transaction of a process, safe from any thread or loop.
+
+    Errors: :class:`~nonstop.errors.Deadlock` when the request would close a
+    wait-for cycle (the caller must roll back, which calls :meth:`release_all`),
+    :class:`~nonstop.errors.LockTimeout` when ``timeout`` seconds pass first,
+    :class:`~nonstop.errors.TransactionClosed` when the transaction is
+    released while one of its requests waits.
+    """
+
+    __slots__ = ("_manager", "_mutex", "_waits")
+
+    def __init__(self, manager: LockManager | None = None) -> None:
+        self._manager = LockManager() if manager is None else manager
+        self._mutex = Lock()
+        self._waits: dict[int, _Waiter] = {}  # ticket -> waiter, for every queued request
+
+    def acquire(
+        self, txn: Hashable, resource: Hashable, mode: LockMode, timeout: float | None = None
+    ) -> None:
+        """Take the lock, blocking this thread until granted (or ``timeout`` seconds)."""
+        with self._mutex:
+            outcome = self._manager.acquire(txn, resource, mode)
+            if isinstance(outcome, Granted):
+                return
+            if isinstance(outcome, DeadlockFound):
+                raise _deadlock(txn, resource, mode, outcome)
+            waiter = _ThreadWaiter()
+            self._waits[outcome.ticket] = waiter
+        try:
+            waiter.event.wait(timeout)
+        except BaseException:
+            self._abandon(outcome.ticket, waiter)
+            raise
+        self._finish(outcome.ticket, waiter, txn, resource, mode, timeout)
+
+    async def acquire_async(
+        self, txn: Hashable, resource: Hashable, mode: LockMode, timeout: float | None = None
+    ) -> None:
+        """Take the lock, suspending this task until granted (or ``timeout`` seconds).
+
+        If the task is cancelled while waiting, the request is withdrawn; if the
+        grant had already arrived, the lock stays held by ``txn`` (like its
+        other locks) until :meth:`release_all`.
+        """
+        loop = asyncio.get_running_loop()
+        with self._mutex:
+            outcome = self._manager.acquire(txn, resource, mode)
+            if isinstance(outcome, Granted):
+                return
+            if isinstance(outcome, DeadlockFound):
+                raise _deadlock(txn, resource, mode, outcome)
+            waiter = _AsyncWaiter(loop)
+            self._waits[outcome.ticket] = waiter
+        timer = None if timeout is None else loop.call_later(timeout, _settle, waiter.future)
+        try:
+            await waiter.future
+        except BaseException:
+            self._abandon(outcome.ticket, waiter)
+            raise
+        finally:
+            if timer is not None:
+                timer.cancel()
+        self._finish(outcome.ticket, waiter, txn, resource, mode, timeout)
+
+    def try_acquire(self, txn: Hashable, resource: Hashable, mode: LockMode) -> bool:
+        """Take the lock if it is free for ``txn`` now; otherwise change nothing."""
+        with self._mutex:
+            return self._manager.try_acquire(txn, resource, mode)
+
+    def release_all(self, txn: Hashable) -> None:
+        """``txn`` ended: free its locks and wake every waiter that is now granted."""
+        with self._mutex:
+            manager = self._manager
+            orphans = [self._waits.pop(req.ticket) for req in manager.pending(txn)]
+            woken = self._claim(manager.release_all(txn))
+            for waiter in orphans:
+                waiter.error = TransactionClosed(f"{txn!r} was released while waiting for a lock")
+        for waiter in (*woken, *orphans):
+            waiter.wake()
+
+    def mode_held(self, txn: Hashable, resource: Hashable) -> LockMode | None:
+        """The mode ``txn`` holds on ``resource``, or ``None``."""
+        with self._mutex:
+            return self._manager.mode_held(txn, resource)
+
+    # --------------------------------------------------------------- internals
+    def _claim(self, grants: list[Grant]) -> list[_Waiter]:
+        """Mark the waiters of ``grants`` granted (under the mutex); wake them after."""
+        woken = []
+        for grant in grants:
+            waiter = self._waits.pop(grant.ticket, None)
+            if waiter is not None:
+                waiter.granted = True
+                woken.append(waiter)
+        return woken
+
+    def _withdraw(self, ticket: int) -> list[_Waiter]:
+        """Cancel a still-queued request (under the mutex); return the waiters it unblocks."""
+        del self._waits[ticket]
+        return self._claim(self._manager.cancel(ticket))
+
+    def _finish(
+        self,
+        ticket: int,
+        waiter: _Waiter,
+        txn: Hashable,
+        resource: Hashable,
+        mode: LockMode,
+        timeout: float | None,
+    ) -> None:
+        """The wait ended, woken or timed out: return if granted, else withdraw and raise."""
+        with self._mutex:
+            if waiter.granted:
+                return
+            if waiter.error is not None:
+                raise waiter.error
+            woken = self._withdraw(ticket)
+        for other in woken:
+            other.wake()
+        raise LockTimeout(
+            f"{txn!r} waited {timeout}s for {mode.name} on {resource!r} without getting it"
+        )
+
+    def _abandon(self, ticket: int, waiter: _Waiter) -> None:
+        """The waiter was interrupted: withdraw its request unless it was already granted."""
+        with self._mutex:
+            if waiter.granted or waiter.error is not None:
+                return
+            woken = self._withdraw(ticket)
+        for other in woken:
+            other.wake()
