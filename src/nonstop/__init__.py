@@ -1,1 +1,85 @@
-"""nonstop: a highly available, transactional object store for Python."""
+"""nonstop: a highly available, transactional object store for Python.
+
+Start here:
+
+* :func:`open` — an embedded single-node database (``nonstop.database``);
+* :class:`Managed`, :func:`key`, :func:`field` — declaring managed types (``nonstop.model``);
+* ``db.transaction()`` — transactions, sync and async (``nonstop.tx``);
+* :func:`transactional` — run a function as a transaction, replayed on deadlock;
+* :func:`asynchronous` — methods that run after commit, exactly once;
+* ``nonstop.errors`` — every error nonstop raises on purpose.
+"""
+
+from nonstop.database import Database, open
+from nonstop.errors import (
+    Abort,
+    BadArgument,
+    Conflict,
+    CorruptStore,
+    DatabaseClosed,
+    Deadlock,
+    Deleted,
+    DuplicateKey,
+    Error,
+    FieldError,
+    ImmutableKey,
+    IncompatibleStore,
+    KeyTooLong,
+    LockTimeout,
+    NotFound,
+    ObjectNotInTransaction,
+    Retryable,
+    SchemaError,
+    StoreError,
+    StoreLocked,
+    TooManyRetries,
+    TransactionClosed,
+    TypeVersionMismatch,
+    UnknownType,
+)
+from nonstop.model.fields import field, key
+from nonstop.model.managed import Managed
+from nonstop.model.ref import Ref
+from nonstop.tx.async_transaction import AsyncTransaction
+from nonstop.tx.asyncmethods import asynchronous
+from nonstop.tx.runner import transactional
+from nonstop.tx.transaction import Transaction
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Abort",
+    "AsyncTransaction",
+    "BadArgument",
+    "Conflict",
+    "CorruptStore",
+    "Database",
+    "DatabaseClosed",
+    "Deadlock",
+    "Deleted",
+    "DuplicateKey",
+    "Error",
+    "FieldError",
+    "ImmutableKey",
+    "IncompatibleStore",
+    "KeyTooLong",
+    "LockTimeout",
+    "Managed",
+    "NotFound",
+    "ObjectNotInTransaction",
+    "Ref",
+    "Retryable",
+    "SchemaError",
+    "StoreError",
+    "StoreLocked",
+    "TooManyRetries",
+    "Transaction",
+    "TransactionClosed",
+    "TypeVersionMismatch",
+    "UnknownType",
+    "asynchronous",
+    "field",
+    "key",
+    "open",
+    "transactional",
+]

@@ -1,0 +1,218 @@
+"""An embedded, single-node nonstop database: ``nonstop.open(path)``.
+
+The database owns the pieces a transaction uses — the LMDB store, the group
+committer (the single writer), the lock table and the asynchronous-method
+dispatcher — and hands out transactions.  ``db.transaction()`` works with
+``with`` (threads) and with ``async with`` (asyncio tasks).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+from nonstop.errors import BadArgument, DatabaseClosed, TypeVersionMismatch
+from nonstop.model.codec import unpack
+from nonstop.model.managed import Managed, TypeInfo, lookup_type, type_info
+from nonstop.store.group_commit import GroupCommitter
+from nonstop.store.lmdb_store import DEFAULT_MAP_SIZE, Store
+from nonstop.tx.async_transaction import AsyncTransaction
+from nonstop.tx.asyncmethods import AsyncDispatcher
+from nonstop.tx.transaction import Isolation, Transaction
+from nonstop.tx.waiting import LockTable
+
+DURABILITY_MODES = ("fsync", "none")
+DEFAULT_LOCK_TIMEOUT = 60.0
+
+
+class TransactionContext:
+    """What ``db.transaction()`` returns: enter it with ``with`` or ``async with``."""
+
+    __slots__ = ("_db", "_isolation", "_lock_timeout", "_tx")
+
+    def __init__(self, db: Database, isolation: Isolation, lock_timeout: float | None) -> None:
+        self._db = db
+        self._isolation = isolation
+        self._lock_timeout = lock_timeout
+        self._tx: Any = None
+
+    def __enter__(self) -> Transaction:
+        self._db._check_open()
+        self._tx = Transaction(self._db, self._isolation, self._lock_timeout)
+        return self._tx  # type: ignore[no-any-return]
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self._tx.__exit__(exc_type, exc, tb)
+
+    async def __aenter__(self) -> AsyncTransaction:
+        self._db._check_open()
+        self._tx = AsyncTransaction(self._db, self._isolation, self._lock_timeout)
+        return self._tx  # type: ignore[no-any-return]
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        await self._tx.__aexit__(exc_type, exc, tb)
+
+
+class Database:
+    """An open nonstop store.  Thread-safe and usable from many asyncio tasks."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        durability: str = "fsync",
+        lock_timeout: float | None = DEFAULT_LOCK_TIMEOUT,
+        async_workers: int = 2,
+        map_size: int = DEFAULT_MAP_SIZE,
+    ) -> None:
+        if durability not in DURABILITY_MODES:
+            raise BadArgument(f"durability must be one of {DURABILITY_MODES}, not {durability!r}")
+        if async_workers < 1:
+            raise BadArgument("async_workers must be >= 1")
+        self.path = os.fspath(path)
+        self.durability = durability
+        self.lock_timeout = lock_timeout
+        self._closed = False
+        self._store = Store(path, durable=durability == "fsync", map_size=map_size)
+        self._types: dict[str, TypeInfo] = {}
+        self._types_lock = threading.Lock()
+        self._locks = LockTable()
+        self._committer = GroupCommitter(self._store)
+        self._dispatcher = AsyncDispatcher(self, workers=async_workers)
+
+    # ----------------------------------------------------------- public API
+    def transaction(
+        self, isolation: str = "serializable", *, lock_timeout: float | None = None
+    ) -> TransactionContext:
+        """A new transaction: ``with db.transaction() as tx`` or ``async with ...``.
+
+        ``isolation``: ``"serializable"`` (default) or ``"snapshot"`` (read-committed
+        snapshot).  ``lock_timeout``: seconds to wait for a lock before
+        :class:`~nonstop.errors.LockTimeout` (default: the database's).
+        """
+        try:
+            iso = Isolation(isolation)
+        except ValueError:
+            raise BadArgument(
+                f"isolation must be 'serializable' or 'snapshot', not {isolation!r}"
+            ) from None
+        return TransactionContext(
+            self, iso, self.lock_timeout if lock_timeout is None else lock_timeout
+        )
+
+    def wait_for_async(self, timeout: float = 30.0) -> bool:
+        """Wait until every queued asynchronous method has run; False on timeout."""
+        self._check_open()
+        return self._dispatcher.wait_idle(timeout)
+
+    def dead_letters(self) -> list[dict[str, Any]]:
+        """Asynchronous calls that failed with a non-retryable error (newest last)."""
+        self._check_open()
+        out = []
+        with self._store.read() as rtxn:
+            for _, raw in rtxn.cursor(db=self._store.dead):
+                target, (method, args, kwargs, _), error, when = unpack(raw)
+                out.append(
+                    {
+                        "target": target,
+                        "method": method,
+                        "args": args,
+                        "kwargs": kwargs,
+                        "error": error,
+                        "time": when,
+                    }
+                )
+        return out
+
+    def stats(self) -> dict[str, Any]:
+        """Counters for monitoring: group commit sizes, async method outcomes."""
+        c = self._committer.stats
+        d = self._dispatcher
+        return {
+            "commit_groups": c.groups,
+            "commits": c.commits,
+            "largest_group": c.largest_group,
+            "async_pending": d.pending(),
+            "async_executed": d.executed,
+            "async_dropped": d.dropped,
+            "async_failed": d.failed,
+        }
+
+    @property
+    def location(self) -> int:
+        """This store's location code (C1)."""
+        return self._store.location
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Finish running async calls and queued commits, then close.  Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._dispatcher.close()
+        self._committer.close()
+        self._store.close()
+
+    def __enter__(self) -> Database:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<nonstop.Database {self.path!r}{' closed' if self._closed else ''}>"
+
+    # ------------------------------------------------------------ internals
+    def _check_open(self) -> None:
+        if self._closed:
+            raise DatabaseClosed(f"database {self.path!r} is closed")
+
+    def _ensure_type(self, cls: type[Managed]) -> TypeInfo:
+        """Resolve a managed class and make sure the store knows it (indexes, schema)."""
+        info = type_info(cls)
+        if self._types.get(info.name) is info:
+            return info
+        with self._types_lock:
+            if self._types.get(info.name) is not info:
+                stored = self._store.register_type(info)
+                if stored is not None and stored["version"] > info.version:
+                    raise TypeVersionMismatch(
+                        f"the store holds {info.name} version {stored['version']}; this process "
+                        f"defines version {info.version}"
+                    )
+                if stored != info.schema():
+                    self._store.save_schema(info)
+                self._types[info.name] = info
+        return info
+
+    def _type_by_name(self, name: str) -> TypeInfo:
+        info = self._types.get(name)
+        if info is None:
+            info = self._ensure_type(lookup_type(name).cls)
+        return info
+
+    def _index_get(self, key: Any, kb: bytes) -> bytes | None:
+        db = self._store.index_db(key.db_name, unique=key.options.unique)
+        with self._store.read() as rtxn:
+            return rtxn.get(kb, db=db)  # type: ignore[no-any-return]
+
+    def _async_key(self, target: bytes, self_send: bool) -> bytes:
+        return self._dispatcher.next_key(target, self_send)
+
+    def _async_committed(self, keys: list[bytes]) -> None:
+        self._dispatcher.committed(keys)
+
+
+def open(path: str | os.PathLike[str], **options: Any) -> Database:
+    """Open (creating if needed) the nonstop store in directory ``path``.
+
+    Options: ``durability`` (``"fsync"`` default: a commit returns once on disk;
+    ``"none"``: survives a process crash, not an OS crash), ``lock_timeout``
+    (seconds, default 60), ``async_workers`` (threads running asynchronous
+    methods, default 2), ``map_size`` (bytes of address space for the store).
+    """
+    return Database(path, **options)

@@ -1,0 +1,149 @@
+"""Group commit: one writer thread turns many transactions' write sets into one fsync.
+
+Committing transactions hand their write sets to :meth:`GroupCommitter.submit`
+and wait.  The writer drains everything queued, applies it in *one* LMDB write
+transaction, commits (one fsync when the store is durable) and then wakes every
+waiter.  While it fsyncs, the next group queues up — so the more concurrent
+committers, the more commits per fsync.  A lone fsync costs 0.2–3 ms on the
+disks we measured; batching is where the speed is.
+
+If applying a group fails (a bug, or the disk is full), the group is retried one
+write set at a time so that only the faulty transaction fails.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import lmdb
+
+from nonstop.errors import StoreError
+from nonstop.store.lmdb_store import Store
+
+log = logging.getLogger("nonstop.store")
+_U64 = struct.Struct(">Q")
+
+# An operation: (True, db, key, value) is a put; (False, db, key, value-or-None) a delete.
+Op = tuple[bool, Any, bytes, bytes | None]
+
+
+@dataclass(slots=True)
+class WriteSet:
+    """What one transaction writes, ready for the store."""
+
+    ops: list[Op] = field(default_factory=list)
+    count_deltas: dict[bytes, int] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class CommitStats:
+    groups: int = 0
+    commits: int = 0
+    largest_group: int = 0
+
+
+class GroupCommitter:
+    """The store's single writer."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._cond = threading.Condition()
+        self._queue: list[tuple[WriteSet, Callable[[BaseException | None], None]]] = []
+        self._closing = False
+        self.stats = CommitStats()
+        self._thread = threading.Thread(target=self._run, name="nonstop-group-commit", daemon=True)
+        self._thread.start()
+
+    def submit(self, ws: WriteSet, done: Callable[[BaseException | None], None]) -> None:
+        """Queue a write set; ``done(None)`` once it is durable, ``done(exc)`` on failure."""
+        with self._cond:
+            if self._closing:
+                raise StoreError("the store is closing")
+            self._queue.append((ws, done))
+            self._cond.notify()
+
+    def commit(self, ws: WriteSet) -> None:
+        """Submit and wait until durable (for callers that are threads)."""
+        event = threading.Event()
+        box: list[BaseException | None] = [None]
+
+        def done(exc: BaseException | None) -> None:
+            box[0] = exc
+            event.set()
+
+        self.submit(ws, done)
+        event.wait()
+        if box[0] is not None:
+            raise box[0]
+
+    def close(self) -> None:
+        """Finish everything queued, then stop the writer."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify()
+        self._thread.join()
+
+    # -------------------------------------------------------------- writer
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closing:
+                    self._cond.wait()
+                batch, self._queue = self._queue, []
+                if not batch and self._closing:
+                    return
+            try:
+                self._apply([ws for ws, _ in batch])
+                results: list[BaseException | None] = [None] * len(batch)
+            except Exception as exc:  # retry alone so only the faulty write set fails
+                log.warning(
+                    "group commit of %d write sets failed (%s); retrying one by one",
+                    len(batch),
+                    exc,
+                )
+                results = []
+                for ws, _ in batch:
+                    try:
+                        self._apply([ws])
+                        results.append(None)
+                    except Exception as one:
+                        results.append(_as_store_error(one))
+            self.stats.groups += 1
+            self.stats.commits += len(batch)
+            self.stats.largest_group = max(self.stats.largest_group, len(batch))
+            for (_, done), result in zip(batch, results, strict=True):
+                try:
+                    done(result)
+                except Exception:  # a waiter's callback must not kill the writer
+                    log.exception("commit callback failed")
+
+    def _apply(self, batch: list[WriteSet]) -> None:
+        store = self._store
+        deltas: dict[bytes, int] = {}
+        with store.env.begin(write=True) as txn:
+            for ws in batch:
+                for is_put, db, key, value in ws.ops:
+                    if is_put:
+                        txn.put(key, value, db=db)  # type: ignore[arg-type]
+                    else:
+                        txn.delete(key, value or b"", db=db)
+                for name, delta in ws.count_deltas.items():
+                    deltas[name] = deltas.get(name, 0) + delta
+            for name, delta in deltas.items():
+                if delta:
+                    raw = txn.get(name, db=store.counts)
+                    current = 0 if raw is None else _U64.unpack(raw)[0]
+                    txn.put(name, _U64.pack(max(0, current + delta)), db=store.counts)
+
+
+def _as_store_error(exc: Exception) -> BaseException:
+    if isinstance(exc, lmdb.MapFullError):
+        return StoreError("the store is full: open it with a larger map_size")
+    if isinstance(exc, lmdb.Error):
+        return StoreError(f"commit failed in the store: {exc}")
+    return exc

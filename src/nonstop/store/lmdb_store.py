@@ -1,0 +1,267 @@
+"""The node store: one LMDB environment per database directory.
+
+Layout (LMDB named databases):
+
+=============  ===============================================  =========================
+name           key                                              value
+=============  ===============================================  =========================
+``meta``       ``format``, ``location``, ``timestamp``, ...     msgpack
+``objects``    ref (20 bytes)                                   msgpack [type, type version,
+                                                                object version, {field: value}]
+``extents``    type name + 0x00 + ref                           empty
+``counts``     type name                                        8-byte count (A2 cardinality)
+``types``      type name                                        msgpack schema (E1/E2)
+``ix:T:f``     order-preserving key value                       ref (dupsort when non-unique)
+``asyncq``     target ref + priority byte + 8-byte sequence     msgpack call (A6)
+``dead``       8-byte sequence                                  msgpack failed async call
+=============  ===============================================  =========================
+
+The directory is locked with ``flock`` so that a second process cannot open it
+(LMDB itself would allow that, and two nonstop nodes on one store would break
+every guarantee).  Writes reach LMDB only through the group committer.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import secrets
+import struct
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import lmdb
+
+from nonstop.errors import CorruptStore, IncompatibleStore, StoreError, StoreLocked
+from nonstop.model.codec import pack, unpack
+from nonstop.model.managed import TypeInfo
+from nonstop.model.ref import Ref
+
+FORMAT_NAME = "nonstop-store"
+FORMAT_VERSION = 1
+DEFAULT_MAP_SIZE = 1 << 38  # 256 GiB of address space; the file grows only as used
+COUNTER_BLOCK = 1 << 16
+_U64 = struct.Struct(">Q")
+
+
+class Store:
+    """An open store directory.  Thread-safe; one per process per directory."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        durable: bool = True,
+        map_size: int = DEFAULT_MAP_SIZE,
+        location: int | None = None,
+    ) -> None:
+        self.path = Path(path)
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot create store directory {self.path}: {exc.strerror}") from exc
+        if not self.path.is_dir():
+            raise StoreError(f"{self.path} is not a directory")
+        self._lock_fd = self._lock_directory()
+        try:
+            self.env = self._open_env(durable, map_size)
+            self.durable = durable
+            self._db_lock = threading.Lock()
+            self._dbs: dict[bytes, Any] = {}
+            with self.env.begin(write=True) as txn:
+                for name in (
+                    b"meta",
+                    b"objects",
+                    b"extents",
+                    b"counts",
+                    b"types",
+                    b"asyncq",
+                    b"dead",
+                ):
+                    self._dbs[name] = self.env.open_db(name, txn=txn)
+                self._check_format(txn, location)
+            self.meta = self._dbs[b"meta"]
+            self.objects = self._dbs[b"objects"]
+            self.extents = self._dbs[b"extents"]
+            self.counts = self._dbs[b"counts"]
+            self.types = self._dbs[b"types"]
+            self.asyncq = self._dbs[b"asyncq"]
+            self.dead = self._dbs[b"dead"]
+            self._counter_lock = threading.Lock()
+            self._next_counter, self._reserved_until = self._reserve_counters(None)
+        except BaseException:
+            os.close(self._lock_fd)
+            raise
+
+    # ------------------------------------------------------------ opening
+    def _lock_directory(self) -> int:
+        lock_path = self.path / "LOCK"
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            owner = ""
+            try:
+                owner = os.pread(fd, 32, 0).decode().strip()
+            finally:
+                os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise StoreLocked(
+                    f"store {self.path} is already open in another process"
+                    + (f" (pid {owner})" if owner else "")
+                ) from None
+            raise StoreError(f"cannot lock {lock_path}: {exc.strerror}") from exc
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        return fd
+
+    def _open_env(self, durable: bool, map_size: int) -> lmdb.Environment:
+        data = self.path / "data.mdb"
+        if data.exists() and data.stat().st_size and data.stat().st_size < 8192:
+            raise CorruptStore(f"{data} is truncated ({data.stat().st_size} bytes)")
+        try:
+            return lmdb.open(
+                str(self.path),
+                map_size=map_size,
+                max_dbs=512,
+                sync=durable,
+                metasync=durable,
+                readahead=False,
+                max_readers=1024,
+                lock=True,
+            )
+        except lmdb.InvalidError as exc:
+            raise CorruptStore(
+                f"{self.path} is not a valid nonstop store (damaged file): {exc}"
+            ) from exc
+        except lmdb.CorruptedError as exc:
+            raise CorruptStore(f"{self.path} is corrupted: {exc}") from exc
+        except lmdb.VersionMismatchError as exc:
+            raise IncompatibleStore(
+                f"{self.path} was written by another LMDB version: {exc}"
+            ) from exc
+        except lmdb.Error as exc:
+            raise StoreError(f"cannot open store {self.path}: {exc}") from exc
+
+    def _check_format(self, txn: lmdb.Transaction, location: int | None) -> None:
+        meta = self._dbs[b"meta"]
+        raw = txn.get(b"format", db=meta)
+        if raw is None:
+            if txn.stat(self._dbs[b"objects"])["entries"]:
+                raise IncompatibleStore(f"{self.path} holds data but no nonstop format marker")
+            txn.put(b"format", pack([FORMAT_NAME, FORMAT_VERSION]), db=meta)
+            txn.put(
+                b"location",
+                pack(location if location is not None else secrets.randbits(63)),
+                db=meta,
+            )
+            txn.put(b"timestamp", pack(int(time.time())), db=meta)
+            txn.put(b"counter", pack(0), db=meta)
+            return
+        try:
+            name, version = unpack(raw)
+        except Exception:
+            raise CorruptStore(f"{self.path}: unreadable format marker") from None
+        if name != FORMAT_NAME:
+            raise IncompatibleStore(f"{self.path} is a {name!r} store, not a nonstop store")
+        if version > FORMAT_VERSION:
+            raise IncompatibleStore(
+                f"{self.path} was written by a newer nonstop (store format {version}; "
+                f"this version reads up to {FORMAT_VERSION})"
+            )
+
+    @property
+    def location(self) -> int:
+        with self.env.begin() as txn:
+            return int(unpack(txn.get(b"location", db=self.meta)))
+
+    @property
+    def timestamp(self) -> int:
+        with self.env.begin() as txn:
+            return int(unpack(txn.get(b"timestamp", db=self.meta)))
+
+    # --------------------------------------------------------- references
+    def _reserve_counters(self, _: None) -> tuple[int, int]:
+        """Durably reserve the next block of counters.  A crash skips the unused rest."""
+        with self.env.begin(write=True) as txn:
+            start = int(unpack(txn.get(b"counter", db=self.meta)))
+            txn.put(b"counter", pack(start + COUNTER_BLOCK), db=self.meta)
+            loc = int(unpack(txn.get(b"location", db=self.meta)))
+            ts = int(unpack(txn.get(b"timestamp", db=self.meta)))
+        self._ref_prefix = Ref.make(loc, ts, 0).raw[:12]
+        return start + 1, start + COUNTER_BLOCK
+
+    def new_ref(self) -> bytes:
+        with self._counter_lock:
+            if self._next_counter > self._reserved_until:
+                self._next_counter, self._reserved_until = self._reserve_counters(None)
+            counter = self._next_counter
+            self._next_counter += 1
+        return self._ref_prefix + _U64.pack(counter)
+
+    # ------------------------------------------------------------ indexes
+    def index_db(self, name: bytes, *, unique: bool) -> Any:
+        """The LMDB database of one index, created on first use."""
+        db = self._dbs.get(name)
+        if db is None:
+            with self._db_lock:
+                db = self._dbs.get(name)
+                if db is None:
+                    with self.env.begin(write=True) as txn:
+                        db = self.env.open_db(
+                            name, txn=txn, dupsort=not unique, dupfixed=not unique
+                        )
+                    self._dbs[name] = db
+        return db
+
+    def register_type(self, info: TypeInfo) -> dict[str, Any] | None:
+        """Open the type's index databases and return its stored schema (None if new)."""
+        for key in info.keys.values():
+            self.index_db(key.db_name, unique=key.options.unique)
+        with self.env.begin() as txn:
+            raw = txn.get(info.name.encode(), db=self.types)
+        return None if raw is None else unpack(raw)
+
+    def save_schema(self, info: TypeInfo) -> None:
+        with self.env.begin(write=True) as txn:
+            txn.put(info.name.encode(), pack(info.schema()), db=self.types)
+
+    # -------------------------------------------------------------- reads
+    def read(self) -> lmdb.Transaction:
+        """A read-only snapshot of everything committed (and durable) so far."""
+        return self.env.begin(buffers=False)
+
+    def get_object(self, ref: bytes) -> list[Any] | None:
+        with self.env.begin(buffers=True) as txn:
+            raw = txn.get(ref, db=self.objects)
+            return None if raw is None else unpack(raw)
+
+    def asyncq_get(self, key: bytes) -> bytes | None:
+        with self.env.begin() as txn:
+            return txn.get(key, db=self.asyncq)  # type: ignore[no-any-return]
+
+    def count(self, type_name: str) -> int:
+        with self.env.begin() as txn:
+            raw = txn.get(type_name.encode(), db=self.counts)
+        return 0 if raw is None else _U64.unpack(raw)[0]
+
+    def iter_extent(self, txn: lmdb.Transaction, type_name: str) -> Iterator[bytes]:
+        prefix = type_name.encode() + b"\x00"
+        cur = txn.cursor(db=self.extents)
+        if not cur.set_range(prefix):
+            return
+        plen = len(prefix)
+        for key in cur.iternext(keys=True, values=False):
+            if not key.startswith(prefix):
+                break
+            yield key[plen:]
+
+    def close(self) -> None:
+        try:
+            self.env.close()
+        finally:
+            os.close(self._lock_fd)

@@ -1,0 +1,243 @@
+"""The asyncio flavour of transactions: ``async with db.transaction() as tx``.
+
+Same semantics as :class:`~nonstop.tx.transaction.Transaction`; every method that
+may wait for a lock or for the disk is a coroutine.  Lock waits suspend the task
+(not the thread), and commit awaits the group committer, so thousands of
+concurrent transactions can run on one event loop.
+
+Attribute access on objects cannot await.  It never blocks: if reading or
+writing a field needs a lock another transaction holds, the transaction fails
+with a retryable :class:`~nonstop.errors.Conflict` and ``@transactional``
+replays it.  Take the locks you need with the lookup (``lock="write"``) or with
+``await tx.lock(obj, "write")`` to avoid that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Hashable
+from typing import Any, TypeVar
+
+from nonstop.errors import Conflict, Error, NotFound
+from nonstop.model.managed import Managed
+from nonstop.model.ref import Ref
+from nonstop.tx.locks import LockMode
+from nonstop.tx.query import Query
+from nonstop.tx.transaction import (
+    DELETED,
+    NONE,
+    WRITE,
+    Op,
+    Transaction,
+    _describe,
+    _State,
+    parse_lock,
+)
+
+M = TypeVar("M", bound=Managed)
+
+
+class AsyncTransaction(Transaction):
+    """A transaction driven by an asyncio task."""
+
+    _is_async = True
+
+    async def _adrive(self, op: Op) -> Any:
+        try:
+            request = next(op)
+            while True:
+                resource, mode = request
+                try:
+                    await self.db._locks.acquire_async(self.id, resource, mode, self._lock_timeout)
+                except Error as exc:
+                    self._doomed = exc
+                    raise
+                request = op.send(None)
+        except StopIteration as stop:
+            return stop.value
+
+    def _lock_now(self, resource: Hashable, mode: LockMode) -> None:
+        if not self.db._locks.try_acquire(self.id, resource, mode):
+            self._doomed = Conflict(
+                "attribute access in an async transaction needs a lock another transaction "
+                "holds; take it up front (lock='write' or await tx.lock(obj))"
+            )
+            raise self._doomed
+
+    # ------------------------------------------------------------------ API
+    async def create(self, cls: type[M], /, **values: Any) -> M:  # type: ignore[override]
+        self._check_usable()
+        info = self.db._ensure_type(cls)
+        e = await self._adrive(self._g_create(info, values))
+        self._entries[e.ref] = e
+        return e.handle  # type: ignore[no-any-return]
+
+    async def find(
+        self,
+        cls: type[M],
+        /,
+        *,
+        lock: str | None = None,  # type: ignore[override]
+        **key: Any,
+    ) -> M | None:
+        self._check_usable()
+        info, k, value, mode = self._lookup_args(cls, key, lock)
+        e = await self._adrive(self._g_lookup(info, k, value, mode))
+        return None if e is None else e.handle
+
+    async def get(
+        self,
+        cls: type[M],
+        /,
+        *,
+        lock: str | None = None,  # type: ignore[override]
+        **key: Any,
+    ) -> M:
+        obj = await self.find(cls, lock=lock, **key)
+        if obj is None:
+            raise NotFound(f"no {cls.__name__} with {_describe(key)}")
+        return obj
+
+    async def get_or_create(
+        self,
+        cls: type[M],
+        /,
+        *,  # type: ignore[override]
+        defaults: dict[str, Any] | None = None,
+        **key: Any,
+    ) -> tuple[M, bool]:
+        self._check_usable()
+        info, k, value, _ = self._lookup_args(cls, key, "write")
+        e = await self._adrive(self._g_lookup(info, k, value, WRITE))
+        if e is not None:
+            return e.handle, False
+        return await self.create(cls, **{**(defaults or {}), **key}), True
+
+    async def by_ref(
+        self,
+        ref: Ref,
+        /,
+        *,  # type: ignore[override]
+        lock: str | None = None,
+    ) -> Managed | None:
+        self._check_usable()
+        mode = parse_lock(lock)
+        e = await self._adrive(self._g_load(ref.raw, self._default_lock if mode is None else mode))
+        return None if e is None else e.handle
+
+    async def lock(self, obj: Managed, mode: str = "write") -> None:  # type: ignore[override]
+        e = self._entry_of(obj)
+        m = parse_lock(mode) or NONE
+        if m > e.lock:
+            await self._adrive(self._g_upgrade(e, m))
+
+    async def delete(self, obj: Managed) -> None:  # type: ignore[override]
+        e = self._entry_of(obj)
+        if e.status >= DELETED:
+            from nonstop.errors import Deleted
+
+            raise Deleted(f"{e.info.name} object is already deleted")
+        await self._adrive(self._g_delete(e))
+
+    async def count(self, cls: type[Managed]) -> int:  # type: ignore[override]
+        return Transaction.count(self, cls)
+
+    async def extent(
+        self,
+        cls: type[M],
+        /,
+        *,  # type: ignore[override]
+        lock: str | None = None,
+    ) -> list[M]:
+        return await self.query(cls).lock(lock).all()
+
+    def query(self, cls: type[M], /) -> AsyncQuery[M]:  # type: ignore[override]
+        self._check_usable()
+        return AsyncQuery(self, self.db._ensure_type(cls))
+
+    async def commit(self) -> None:  # type: ignore[override]
+        ws = self._prepare_commit()
+        if ws is None:
+            self._finish(_State.COMMITTED)
+            return
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+
+        def done(exc: BaseException | None) -> None:
+            loop.call_soon_threadsafe(_settle, future, exc)
+
+        try:
+            self.db._committer.submit(ws, done)
+        except BaseException:
+            self._finish(_State.ROLLED_BACK)
+            raise
+        cancelled: BaseException | None = None
+        while not future.done():
+            # Once submitted, the outcome is the committer's: even if this task is
+            # cancelled, wait for it so that no lock is released before durability.
+            try:
+                await asyncio.shield(future)
+            except asyncio.CancelledError as exc:
+                cancelled = exc
+            except BaseException:
+                break
+        failure = future.exception()
+        if failure is not None:
+            self._finish(_State.ROLLED_BACK)
+            raise failure
+        self._finish(_State.COMMITTED)
+        if cancelled is not None:
+            raise cancelled
+
+    async def rollback(self) -> None:  # type: ignore[override]
+        Transaction.rollback(self)
+
+    async def __aenter__(self) -> AsyncTransaction:
+        return self
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None and self._state is _State.ACTIVE:
+            await self.commit()
+        else:
+            Transaction.rollback(self)
+
+
+def _settle(future: asyncio.Future[None], exc: BaseException | None) -> None:
+    if future.done():
+        return
+    if exc is None:
+        future.set_result(None)
+    else:
+        future.set_exception(exc)
+
+
+class AsyncQuery(Query[M]):
+    """A query whose results are awaited: ``await q.all()``, ``async for obj in q``."""
+
+    _tx: AsyncTransaction
+
+    async def all(self) -> list[M]:  # type: ignore[override]
+        return await self._tx._adrive(self._g_run())  # type: ignore[no-any-return]
+
+    async def first(self) -> M | None:  # type: ignore[override]
+        saved, self._limit = self._limit, 1
+        try:
+            found = await self.all()
+        finally:
+            self._limit = saved
+        return found[0] if found else None
+
+    async def count(self) -> int:  # type: ignore[override]
+        key, _ = self._access_key()
+        simple = set(self._eq) <= ({key.field} if key is not None else set())
+        if self._filters or not simple:
+            saved, self._lock = self._lock, NONE
+            try:
+                return len(await self.all())
+            finally:
+                self._lock = saved
+        return len(self._candidates())
+
+    async def __aiter__(self) -> AsyncIterator[M]:  # type: ignore[override]
+        for obj in await self.all():
+            yield obj

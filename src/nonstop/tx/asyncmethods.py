@@ -1,0 +1,266 @@
+"""Asynchronous methods (A6): queued by a transaction, run after it commits, exactly once.
+
+``@nonstop.asynchronous`` marks a method of a managed type.  Calling it inside a
+transaction does not run it: the call (method name, arguments, sender) is added
+to the transaction's write set under the key
+
+    target ref (20 bytes) + priority (1 byte: 0 for a self-send, 1 otherwise) + sequence (8 bytes)
+
+in the store's ``asyncq`` database, so it becomes durable with the transaction
+or not at all.  After commit the dispatcher runs it in a new transaction that
+also deletes the queue entry — the method's effects and the "done" mark commit
+together, which is what makes it exactly once across crashes and restarts.
+
+Guarantees (seed 000 ch. 4, "Asynchronous methods"):
+
+* one call at a time per target object, in queue order: per target FIFO by
+  sequence, so calls from one sender run in send order;
+* a call an object sends to itself runs before other queued calls to it;
+* replayed on deadlock or conflict (the runner's retry loop);
+* dropped if the target was deleted before it ran;
+* pending calls resume when the database is reopened after a stop or crash;
+* a call that raises a non-retryable error is rolled back, removed from the
+  queue and recorded in the ``dead`` database (see ``Database.dead_letters``).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import logging
+import threading
+import time
+from bisect import insort
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from nonstop.errors import Error
+from nonstop.model.codec import pack, unpack
+from nonstop.model.ref import REF_SIZE, Ref
+
+if TYPE_CHECKING:
+    from nonstop.database import Database
+    from nonstop.model.managed import Managed
+    from nonstop.tx.transaction import Transaction
+
+log = logging.getLogger("nonstop.async")
+
+# The object whose asynchronous method is running (None outside one): the sender
+# of any call it makes, so that self-sends can be recognised.
+current_sender: contextvars.ContextVar[bytes | None] = contextvars.ContextVar(
+    "nonstop_current_sender", default=None
+)
+
+
+class AsyncMethod:
+    """Descriptor made by ``@asynchronous``: a call on a handle queues instead of running."""
+
+    def __init__(self, func: Callable[..., Any], isolation: str) -> None:
+        self.func = func
+        self.isolation = isolation
+        self.name = func.__name__
+        functools.update_wrapper(self, func)  # type: ignore[arg-type]
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Managed | None, owner: type) -> Any:
+        if obj is None:
+            return self
+
+        def queue_call(*args: Any, **kwargs: Any) -> None:
+            entry = obj._e
+            entry.tx._enqueue_async(entry, self.name, args, kwargs)
+
+        queue_call.__name__ = self.name
+        queue_call.__doc__ = self.func.__doc__
+        return queue_call
+
+
+def asynchronous(func: Callable[..., Any] | None = None, *, isolation: str = "serializable") -> Any:
+    """Mark a managed type's method as asynchronous (A6)."""
+    if func is None:
+        return lambda f: AsyncMethod(f, isolation)
+    return AsyncMethod(func, isolation)
+
+
+def _refs_in(tx: Transaction, value: Any) -> Any:
+    if isinstance(value, Ref):
+        return tx.by_ref(value)
+    if isinstance(value, list):
+        return [_refs_in(tx, v) for v in value]
+    if isinstance(value, dict):
+        return {k: _refs_in(tx, v) for k, v in value.items()}
+    return value
+
+
+class AsyncDispatcher:
+    """Runs queued asynchronous calls on worker threads, one at a time per target."""
+
+    def __init__(self, db: Database, workers: int = 2) -> None:
+        self._db = db
+        self._cond = threading.Condition()
+        self._pending: dict[bytes, list[bytes]] = {}
+        self._ready: deque[bytes] = deque()
+        self._busy: set[bytes] = set()
+        self._stopping = False
+        self.executed = 0
+        self.dropped = 0
+        self.failed = 0
+        with db._store.read() as rtxn:
+            keys = list(rtxn.cursor(db=db._store.asyncq).iternext(keys=True, values=False))
+        self._seq = 1 + max((int.from_bytes(k[REF_SIZE + 1 :], "big") for k in keys), default=0)
+        self._add(keys)
+        self._threads = [
+            threading.Thread(target=self._work, name=f"nonstop-async-{i}", daemon=True)
+            for i in range(workers)
+        ]
+        for t in self._threads:
+            t.start()
+
+    def next_key(self, target: bytes, self_send: bool) -> bytes:
+        with self._cond:
+            seq = self._seq
+            self._seq += 1
+        return target + (b"\x00" if self_send else b"\x01") + seq.to_bytes(8, "big")
+
+    def committed(self, keys: list[bytes]) -> None:
+        """Calls became durable: schedule them."""
+        self._add(keys)
+
+    def _add(self, keys: list[bytes]) -> None:
+        if not keys:
+            return
+        with self._cond:
+            for key in keys:
+                target = key[:REF_SIZE]
+                queue = self._pending.setdefault(target, [])
+                insort(queue, key)
+                if target not in self._busy and target not in self._ready:
+                    self._ready.append(target)
+            self._cond.notify_all()
+
+    def pending(self) -> int:
+        with self._cond:
+            return sum(len(q) for q in self._pending.values())
+
+    def wait_idle(self, timeout: float = 30.0) -> bool:
+        """Block until no call is queued or running (for tests and orderly shutdown)."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._pending or self._busy:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+        return True
+
+    def close(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        for t in self._threads:
+            t.join()
+
+    # -------------------------------------------------------------- workers
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                while not self._ready and not self._stopping:
+                    self._cond.wait()
+                if self._stopping:
+                    return
+                target = self._ready.popleft()
+                key = self._pending[target][0]
+                self._busy.add(target)
+            try:
+                self._run(key)
+            except Exception:
+                log.exception("asynchronous call dispatcher failed; the call stays queued")
+                time.sleep(0.1)
+                with self._cond:
+                    self._busy.discard(target)
+                    self._ready.append(target)
+                    self._cond.notify_all()
+                continue
+            with self._cond:
+                queue = self._pending[target]
+                queue.remove(key)
+                self._busy.discard(target)
+                if queue:
+                    self._ready.append(target)
+                else:
+                    del self._pending[target]
+                self._cond.notify_all()
+
+    def _run(self, key: bytes) -> None:
+        from nonstop.tx.runner import run_with_retries
+
+        db = self._db
+        target_ref = key[:REF_SIZE]
+        outcome: list[str] = []
+
+        def call(tx: Transaction) -> None:
+            outcome.clear()
+            raw = tx._raw_get(db._store.asyncq, key)
+            if raw is None:  # already ran (cannot happen in one process; cheap to check)
+                outcome.append("gone")
+                return
+            method, args, kwargs, _sender = unpack(raw)
+            tx._raw_ops.append((False, db._store.asyncq, key, None))
+            target = tx.by_ref(Ref(target_ref))
+            if target is None:
+                outcome.append("dropped")
+                return
+            descriptor = getattr(type(target), method, None)
+            if not isinstance(descriptor, AsyncMethod):
+                raise Error(f"{type(target).__name__}.{method} is not an asynchronous method")
+            token = current_sender.set(target_ref)
+            try:
+                descriptor.func(target, *_refs_in(tx, args), **_refs_in(tx, kwargs))
+            finally:
+                current_sender.reset(token)
+            outcome.append("ran")
+
+        try:
+            run_with_retries(db, call, isolation=self._isolation_of(key))
+        except Exception as exc:
+            error_text = f"{type(exc).__name__}: {exc}"
+            self.failed += 1
+            log.error(
+                "asynchronous call %s on %s failed and was dead-lettered: %s",
+                key[REF_SIZE + 1 :].hex(),
+                Ref(target_ref),
+                exc,
+            )
+
+            def bury(tx: Transaction) -> None:
+                raw = tx._raw_get(db._store.asyncq, key)
+                if raw is None:
+                    return
+                tx._raw_ops.append((False, db._store.asyncq, key, None))
+                record = [Ref(target_ref), unpack(raw), error_text, time.time()]
+                tx._raw_ops.append((True, db._store.dead, key[REF_SIZE + 1 :], pack(record)))
+
+            run_with_retries(db, bury)
+            return
+        if outcome == ["dropped"]:
+            self.dropped += 1
+        elif outcome == ["ran"]:
+            self.executed += 1
+
+    def _isolation_of(self, key: bytes) -> str:
+        raw = self._db._store.asyncq_get(key)
+        if raw is None:
+            return "serializable"
+        method = unpack(raw)[0]
+        rec = self._db._store.get_object(key[:REF_SIZE])
+        if rec is None:
+            return "serializable"
+        try:
+            cls = self._db._type_by_name(rec[0]).cls
+        except Error:
+            return "serializable"
+        descriptor = getattr(cls, method, None)
+        return descriptor.isolation if isinstance(descriptor, AsyncMethod) else "serializable"

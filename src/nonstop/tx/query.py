@@ -1,0 +1,278 @@
+"""Queries (A5, local scope): unique and non-unique lookups, ordered and range iteration, counts.
+
+A query picks an access path — one index (equality, range or order on a key
+field) or the type's extent — scans what is committed in one LMDB snapshot,
+then overlays what this transaction itself created, changed or deleted, so a
+transaction always sees its own writes.  Then it locks and loads the objects
+in the query's lock mode (default: read under serializable, none under
+snapshot).  The lock mode applies to the objects returned; as in the seed,
+objects created by others after the scan (phantoms) are not locked out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from nonstop.errors import BadArgument
+from nonstop.model.codec import encode_key, unpack
+from nonstop.model.managed import KeyInfo, Managed, TypeInfo
+from nonstop.model.ref import Ref
+from nonstop.tx.transaction import (
+    CLEAN,
+    DELETED,
+    NONE,
+    Entry,
+    Op,
+    Transaction,
+    parse_lock,
+)
+
+if TYPE_CHECKING:
+    import lmdb
+
+M = TypeVar("M", bound=Managed)
+
+
+class Query(Generic[M]):
+    """A query builder; each method returns the query, ``all()`` / ``count()`` run it."""
+
+    def __init__(self, tx: Transaction, info: TypeInfo) -> None:
+        self._tx = tx
+        self._info = info
+        self._eq: dict[str, Any] = {}
+        self._range: tuple[str, bytes | None, bytes | None, bool, bool] | None = None
+        self._order: tuple[str, bool] | None = None
+        self._lock: int | None = None
+        self._limit: int | None = None
+        self._filters: list[Callable[[Any], bool]] = []
+
+    # ------------------------------------------------------------ building
+    def where(self, **equal: Any) -> Query[M]:
+        """Keep objects whose fields equal these values (a key field uses its index)."""
+        for name, value in equal.items():
+            f = self._field(name)
+            value = f.check(self._info.name, value)
+            self._eq[name] = Ref(value._e.ref) if isinstance(value, Managed) else value
+        return self
+
+    def range(
+        self,
+        field: str,
+        lo: Any = None,
+        hi: Any = None,
+        *,
+        inclusive: tuple[bool, bool] = (True, False),
+    ) -> Query[M]:
+        """Objects whose key ``field`` is in [lo, hi) (by default), in ascending key order.
+
+        ``None`` leaves that end open; ``inclusive=(True, True)`` closes the high end.
+        """
+        key = self._key(field)
+        f = self._info.fields[field]
+        lo_b = None if lo is None else encode_key(f.check(self._info.name, lo))
+        hi_b = None if hi is None else encode_key(f.check(self._info.name, hi))
+        self._range = (key.field, lo_b, hi_b, inclusive[0], inclusive[1])
+        if self._order is None:
+            self._order = (field, False)
+        return self
+
+    def order_by(self, field: str, *, descending: bool = False) -> Query[M]:
+        """Iterate in the order of key ``field`` (both directions)."""
+        self._key(field)
+        self._order = (field, descending)
+        return self
+
+    def lock(self, mode: str | None) -> Query[M]:
+        """Lock mode for the returned objects: 'none', 'read' or 'write'."""
+        self._lock = parse_lock(mode)
+        return self
+
+    def limit(self, n: int) -> Query[M]:
+        if n < 0:
+            raise BadArgument("limit must be >= 0")
+        self._limit = n
+        return self
+
+    def filter(self, predicate: Callable[[M], bool]) -> Query[M]:
+        """Keep objects for which ``predicate(obj)`` is true (evaluated after locking)."""
+        self._filters.append(predicate)
+        return self
+
+    def _field(self, name: str) -> Any:
+        f = self._info.fields.get(name)
+        if f is None:
+            raise BadArgument(f"{self._info.name} has no field {name!r}")
+        return f
+
+    def _key(self, name: str) -> KeyInfo:
+        self._field(name)
+        key = self._info.keys.get(name)
+        if key is None:
+            raise BadArgument(
+                f"{self._info.name}.{name} is not a key; ordered and range queries need "
+                f"`{name}: ... = nonstop.key(ordered=True)`"
+            )
+        return key
+
+    # ------------------------------------------------------------- running
+    def all(self) -> list[M]:
+        return self._tx._drive(self._g_run())  # type: ignore[no-any-return]
+
+    def first(self) -> M | None:
+        saved, self._limit = self._limit, 1
+        try:
+            found = self.all()
+        finally:
+            self._limit = saved
+        return found[0] if found else None
+
+    def count(self) -> int:
+        """How many objects match (read committed plus this transaction's changes; no locks)."""
+        key, _ = self._access_key()
+        simple = set(self._eq) <= ({key.field} if key is not None else set())
+        if self._filters or not simple:
+            saved, self._lock = self._lock, NONE
+            try:
+                return len(self.all())
+            finally:
+                self._lock = saved
+        return len(self._candidates())
+
+    def __iter__(self) -> Iterator[M]:
+        return iter(self.all())
+
+    # ------------------------------------------------------------ internals
+    def _access_key(self) -> tuple[KeyInfo | None, str]:
+        info = self._info
+        for name in self._eq:
+            key = info.keys.get(name)
+            if key is not None and key.options.unique:
+                return key, "eq"
+        for name in self._eq:
+            if name in info.keys:
+                return info.keys[name], "eq"
+        if self._range is not None:
+            return info.keys[self._range[0]], "range"
+        if self._order is not None:
+            return info.keys[self._order[0]], "range"
+        return None, "extent"
+
+    def _candidates(self) -> list[tuple[bytes, bytes, Any]]:
+        """(sort key, ref, committed record or None) for everything that may match."""
+        tx = self._tx
+        store = tx.db._store
+        key, path = self._access_key()
+        out: list[tuple[bytes, bytes, Any]] = []
+        mine = {
+            ref: e
+            for ref, e in tx._entries.items()
+            if e.status != CLEAN and isinstance(e.handle, self._info.cls)
+        }
+        want_records = self._lock == NONE or (self._lock is None and tx._default_lock == NONE)
+        with store.read() as rtxn:
+            for sort_key, ref in self._scan(rtxn, key, path):
+                if ref in mine:
+                    continue
+                rec = None
+                if want_records or key is not None:
+                    raw = rtxn.get(ref, db=store.objects)
+                    if raw is None:
+                        continue
+                    rec = unpack(raw)
+                    if key is not None and not self._type_ok(rec[0]):
+                        continue
+                out.append((sort_key, ref, rec))
+        for ref, e in mine.items():
+            if e.status >= DELETED or not self._matches_index(e.state):
+                continue
+            out.append((self._sort_key(e.state, ref), ref, None))
+        if self._order is not None:
+            out.sort(key=lambda c: (c[0], c[1]), reverse=self._order[1])
+        elif mine:
+            out.sort(key=lambda c: c[1])
+        return out
+
+    def _type_ok(self, type_name: str) -> bool:
+        if type_name == self._info.name:
+            return True
+        return issubclass(self._tx.db._type_by_name(type_name).cls, self._info.cls)
+
+    def _scan(
+        self, rtxn: lmdb.Transaction, key: KeyInfo | None, path: str
+    ) -> Iterator[tuple[bytes, bytes]]:
+        store = self._tx.db._store
+        if key is None:
+            for info in self._info.concrete_types():
+                for ref in store.iter_extent(rtxn, info.name):
+                    yield ref, ref
+            return
+        db = store.index_db(key.db_name, unique=key.options.unique)
+        cur = rtxn.cursor(db=db)
+        if path == "eq":
+            kb = encode_key(self._eq[key.field])
+            if key.options.unique:
+                ref = cur.get(kb)
+                if ref is not None:
+                    yield kb, ref
+            elif cur.set_key(kb):
+                for ref in cur.iternext_dup():
+                    yield kb, ref
+            return
+        lo = hi = None
+        lo_inc = hi_inc = True
+        if self._range is not None and self._range[0] == key.field:
+            _, lo, hi, lo_inc, hi_inc = self._range
+        positioned = cur.set_range(lo) if lo is not None else cur.first()
+        if not positioned:
+            return
+        for kb, ref in cur.iternext():
+            if lo is not None and not lo_inc and kb == lo:
+                continue
+            if hi is not None and (kb > hi or (kb == hi and not hi_inc)):
+                break
+            yield kb, ref
+
+    def _sort_key(self, state: dict[str, Any], ref: bytes) -> bytes:
+        if self._order is not None:
+            return encode_key(state[self._order[0]])
+        return ref
+
+    def _matches_index(self, state: dict[str, Any]) -> bool:
+        for name, value in self._eq.items():
+            if state[name] != value:
+                return False
+        if self._range is not None:
+            name, lo, hi, lo_inc, hi_inc = self._range
+            kb = encode_key(state[name])
+            if lo is not None and (kb < lo or (kb == lo and not lo_inc)):
+                return False
+            if hi is not None and (kb > hi or (kb == hi and not hi_inc)):
+                return False
+        return True
+
+    def _g_run(self) -> Op:
+        tx = self._tx
+        tx._check_usable()
+        mode = tx._default_lock if self._lock is None else self._lock
+        results: list[Any] = []
+        limit = self._limit
+        if limit == 0:
+            return results
+        for _, ref, rec in self._candidates():
+            e: Entry | None = tx._entries.get(ref)
+            if e is None and mode == NONE and rec is not None:
+                e = tx._entry_from_record(ref, rec, NONE)
+            else:
+                e = yield from tx._g_load(ref, mode)
+            if e is None or not isinstance(e.handle, self._info.cls):
+                continue
+            if not self._matches_index(e.state):
+                continue  # changed between the scan and the lock
+            handle = e.handle
+            if self._filters and not all(p(handle) for p in self._filters):
+                continue
+            results.append(handle)
+            if limit is not None and len(results) >= limit:
+                break
+        return results

@@ -1,0 +1,117 @@
+"""Running a function as a transaction, replayed on deadlock or conflict (B4, B7).
+
+``@nonstop.transactional`` turns ``fn(tx, *args)`` into ``fn(db, *args)``: each
+call runs in a fresh transaction that commits when ``fn`` returns.  When the
+transaction is a deadlock victim, times out on a lock, or meets a state conflict
+(all :class:`~nonstop.errors.Retryable`), it is rolled back and ``fn`` runs
+again, after a short randomized back-off, up to ``max_retries`` times; then
+:class:`~nonstop.errors.TooManyRetries` is raised.  Any other exception
+(including :class:`~nonstop.errors.Abort`) rolls back and reaches the caller.
+
+Passing a transaction instead of a database joins it (no commit, no replay):
+transactional functions compose.  ``async def`` functions get an async runner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import random
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from nonstop.errors import Retryable, TooManyRetries
+
+if TYPE_CHECKING:
+    from nonstop.database import Database
+
+T = TypeVar("T")
+DEFAULT_MAX_RETRIES = 100
+
+
+def _backoff(attempt: int) -> float:
+    # Randomized so two victims of the same deadlock do not collide again in step.
+    return random.uniform(0, min(0.05, 0.0002 * (2 ** min(attempt, 10))))
+
+
+def run_with_retries(
+    db: Database,
+    fn: Callable[..., T],
+    *args: Any,
+    isolation: str = "serializable",
+    max_retries: int = DEFAULT_MAX_RETRIES,
+    **kwargs: Any,
+) -> T:
+    last: Retryable | None = None
+    for attempt in range(max_retries + 1):
+        try:
+            with db.transaction(isolation=isolation) as tx:
+                return fn(tx, *args, **kwargs)
+        except Retryable as exc:
+            last = exc
+            if attempt < max_retries:
+                time.sleep(_backoff(attempt))
+    raise TooManyRetries(
+        f"{getattr(fn, '__name__', 'transaction')} did not commit after {max_retries} retries; "
+        f"last error: {type(last).__name__}: {last}"
+    ) from last
+
+
+async def run_with_retries_async(
+    db: Database,
+    fn: Callable[..., Any],
+    *args: Any,
+    isolation: str = "serializable",
+    max_retries: int = DEFAULT_MAX_RETRIES,
+    **kwargs: Any,
+) -> Any:
+    last: Retryable | None = None
+    for attempt in range(max_retries + 1):
+        try:
+            async with db.transaction(isolation=isolation) as tx:
+                return await fn(tx, *args, **kwargs)
+        except Retryable as exc:
+            last = exc
+            if attempt < max_retries:
+                await asyncio.sleep(_backoff(attempt))
+    raise TooManyRetries(
+        f"{getattr(fn, '__name__', 'transaction')} did not commit after {max_retries} retries; "
+        f"last error: {type(last).__name__}: {last}"
+    ) from last
+
+
+def transactional(
+    fn: Callable[..., Any] | None = None,
+    *,
+    isolation: str = "serializable",
+    max_retries: int = DEFAULT_MAX_RETRIES,
+) -> Any:
+    """Decorator: run ``fn(tx, ...)`` as a replayed transaction when called as ``fn(db, ...)``."""
+    from nonstop.tx.transaction import Transaction
+
+    def wrap(func: Callable[..., Any]) -> Callable[..., Any]:
+        if inspect.iscoroutinefunction(func):
+
+            @functools.wraps(func)
+            async def async_runner(target: Any, *args: Any, **kwargs: Any) -> Any:
+                if isinstance(target, Transaction):
+                    return await func(target, *args, **kwargs)
+                return await run_with_retries_async(
+                    target, func, *args, isolation=isolation, max_retries=max_retries, **kwargs
+                )
+
+            return async_runner
+
+        @functools.wraps(func)
+        def runner(target: Any, *args: Any, **kwargs: Any) -> Any:
+            if isinstance(target, Transaction):
+                return func(target, *args, **kwargs)
+            return run_with_retries(
+                target, func, *args, isolation=isolation, max_retries=max_retries, **kwargs
+            )
+
+        return runner
+
+    return wrap if fn is None else wrap(fn)

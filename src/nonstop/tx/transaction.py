@@ -1,0 +1,731 @@
+"""Transactions over managed objects (B1–B5, A2, A4, A5 local scope, B6 notifiers).
+
+How a transaction works:
+
+* **Locks** (B3) come from the database's :class:`~nonstop.tx.waiting.LockTable`:
+  per object, many readers or one writer, read→write promotion, FIFO waiters,
+  deadlocks found at once on a wait-for graph (B4) — the requester is the
+  victim and gets :class:`~nonstop.errors.Deadlock`, which ``@transactional``
+  replays.  Unique key *values* are locked too, so that ``get`` of an absent
+  key, ``get_or_create`` and concurrent creators of one key are serialized and
+  :class:`~nonstop.errors.DuplicateKey` is exact.
+* **Isolation** (B2): ``serializable`` (default) takes a read lock before any
+  read and holds every lock to the end.  ``snapshot`` (read-committed
+  snapshot) takes no read locks; each object is read once from its last
+  committed state and then stays the same for the transaction; writing an
+  object takes the write lock and checks that nobody committed a newer version
+  since it was read (else :class:`~nonstop.errors.Conflict`, replayed).
+* **Write sets are buffered** until commit: rollback (B5) just drops them.  At
+  commit, update triggers (A3) and prepare notifiers run, then the write set
+  goes to the group committer, and the call returns once it is durable.  Locks
+  are released only after that, so nobody ever reads something that could
+  still be lost.
+* Every internal operation is a generator that *yields* the locks it needs.
+  The sync driver blocks the thread on each; the async driver awaits.  That is
+  how one body of logic serves ``with db.transaction()`` and
+  ``async with db.transaction()``.  In an async transaction, attribute access
+  cannot await: a lock that attribute access would have to wait for aborts the
+  transaction with a retryable ``Conflict`` instead (take locks up front with
+  ``lock="write"`` or ``await tx.lock(obj, "write")``).
+
+A transaction is used by one thread or task at a time.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import logging
+from collections.abc import Callable, Generator, Hashable, Iterable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from nonstop.errors import (
+    BadArgument,
+    Conflict,
+    Deleted,
+    DuplicateKey,
+    Error,
+    FieldError,
+    ImmutableKey,
+    NotFound,
+    ObjectNotInTransaction,
+    TransactionClosed,
+    TypeVersionMismatch,
+)
+from nonstop.model.codec import encode_key, pack
+from nonstop.model.managed import KeyInfo, Managed, TypeInfo, lookup_type, type_info
+from nonstop.model.ref import Ref
+from nonstop.store.group_commit import WriteSet
+from nonstop.tx.locks import LockMode
+
+if TYPE_CHECKING:
+    from nonstop.database import Database
+    from nonstop.tx.query import Query
+
+log = logging.getLogger("nonstop.tx")
+
+M = TypeVar("M", bound=Managed)
+
+NONE = 0
+READ = LockMode.READ
+WRITE = LockMode.WRITE
+_LOCK_NAMES = {"none": NONE, "read": READ, "write": WRITE, None: None}
+
+# Entry status
+CLEAN, DIRTY, CREATED, DELETED, CREATED_DELETED = range(5)
+
+# A generator operation yields (resource, mode) lock requests and returns a value.
+Op = Generator[tuple[Hashable, LockMode], None, Any]
+
+_txn_ids = itertools.count(1)
+
+
+class Isolation(enum.Enum):
+    SERIALIZABLE = "serializable"
+    SNAPSHOT = "snapshot"
+
+
+class _State(enum.Enum):
+    ACTIVE = "active"
+    COMMITTING = "committing"
+    COMMITTED = "committed"
+    ROLLED_BACK = "rolled back"
+
+
+class Entry:
+    """A transaction's view of one object.  Handles (Managed instances) point at it."""
+
+    __slots__ = (
+        "handle",
+        "info",
+        "lock",
+        "orig",
+        "ref",
+        "state",
+        "status",
+        "triggered",
+        "tx",
+        "version",
+    )
+
+    def __init__(
+        self,
+        tx: Transaction,
+        ref: bytes,
+        info: TypeInfo,
+        state: dict[str, Any],
+        version: int,
+        lock: int,
+        status: int,
+    ) -> None:
+        self.tx = tx
+        self.ref = ref
+        self.info = info
+        self.state = state
+        self.version = version  # committed version this state was read at (0: new)
+        self.lock = lock
+        self.status = status
+        self.triggered = False
+        # Committed values of mutable keys, to fix their indexes at commit.
+        self.orig: dict[str, Any] | None = None
+        handle = info.cls.__new__(info.cls)
+        object.__setattr__(handle, "_e", self)
+        self.handle = handle
+
+
+def parse_lock(mode: str | None) -> int | None:
+    try:
+        return _LOCK_NAMES[mode]
+    except (KeyError, TypeError):
+        raise BadArgument(f"lock must be 'none', 'read' or 'write', not {mode!r}") from None
+
+
+class Transaction:
+    """A synchronous transaction.  Obtain one with ``db.transaction()``."""
+
+    _is_async = False
+
+    def __init__(self, db: Database, isolation: Isolation, lock_timeout: float | None) -> None:
+        self.db = db
+        self.id = next(_txn_ids)
+        self.isolation = isolation
+        self._serializable = isolation is Isolation.SERIALIZABLE
+        self._default_lock = READ if self._serializable else NONE
+        self._lock_timeout = lock_timeout
+        self._state = _State.ACTIVE
+        self._doomed: BaseException | None = None
+        self._entries: dict[bytes, Entry] = {}
+        # Unique key values claimed by this transaction: (index db, key bytes) -> ref.
+        self._claimed: dict[tuple[bytes, bytes], bytes] = {}
+        self._async_calls: list[tuple[bytes, bytes]] = []
+        self._raw_ops: list[tuple[bool, Any, bytes, bytes | None]] = []
+        self._on_prepare: list[Callable[[], Any]] = []
+        self._on_commit: list[Callable[[], Any]] = []
+        self._on_rollback: list[Callable[[], Any]] = []
+
+    # ------------------------------------------------------------- drivers
+    def _drive(self, op: Op) -> Any:
+        """Run a generator operation, blocking this thread for each lock it yields."""
+        try:
+            request = next(op)
+            while True:
+                self._lock_blocking(*request)
+                request = op.send(None)
+        except StopIteration as stop:
+            return stop.value
+
+    def _lock_blocking(self, resource: Hashable, mode: LockMode) -> None:
+        try:
+            self.db._locks.acquire(self.id, resource, mode, self._lock_timeout)
+        except Error as exc:
+            self._doomed = exc
+            raise
+
+    def _lock_now(self, resource: Hashable, mode: LockMode) -> None:
+        """Attribute access: block in sync transactions (overridden for async ones)."""
+        self._lock_blocking(resource, mode)
+
+    def _need(self, resource: Hashable, mode: LockMode) -> Op:
+        """Generator step: make sure ``resource`` is locked in ``mode``."""
+        if not self.db._locks.try_acquire(self.id, resource, mode):
+            yield resource, mode
+
+    # --------------------------------------------------------------- checks
+    def _check_usable(self) -> None:
+        if self._state is not _State.ACTIVE:
+            raise TransactionClosed(f"transaction {self.id} is {self._state.value}")
+        if self._doomed is not None:
+            # The transaction lost a deadlock or a conflict: only rolling back is left.
+            # Raising the same (retryable) error lets @transactional replay it.
+            raise self._doomed
+
+    def _entry_of(self, obj: Managed) -> Entry:
+        if not isinstance(obj, Managed):
+            raise BadArgument(f"expected a managed object, got {type(obj).__name__}")
+        entry = obj._e
+        if entry.tx is not self:
+            raise ObjectNotInTransaction(
+                f"{type(obj).__name__} object was obtained in transaction {entry.tx.id}, "
+                f"not in this one ({self.id}); get it again in this transaction"
+            )
+        self._check_usable()
+        return entry
+
+    # ---------------------------------------------------------- field access
+    def _read_field(self, e: Entry, name: str) -> Any:
+        if e.tx._state is not _State.ACTIVE or e.tx is not self:
+            raise ObjectNotInTransaction(
+                f"{e.info.name} object used outside its transaction (which is {e.tx._state.value})"
+            )
+        if e.status >= DELETED:
+            raise Deleted(f"{e.info.name} object was deleted in this transaction")
+        if e.lock < self._default_lock:
+            self._upgrade_now(e, self._default_lock)
+        value = e.state[name]
+        if value is not None and name in e.info.ref_fields:
+            return self._deref(value)
+        return value
+
+    def _write_field(self, e: Entry, name: str, value: Any) -> None:
+        if e.tx._state is not _State.ACTIVE or e.tx is not self:
+            raise ObjectNotInTransaction(
+                f"{e.info.name} object used outside its transaction (which is {e.tx._state.value})"
+            )
+        self._check_usable()
+        if e.status >= DELETED:
+            raise Deleted(f"{e.info.name} object was deleted in this transaction")
+        f = e.info.fields[name]
+        value = f.check(e.info.name, value)
+        if f.kind == "ref" and value is not None:
+            value = Ref(value._e.ref)
+        if f.key is not None and not f.key.mutable and e.status != CREATED:
+            raise ImmutableKey(
+                f"{e.info.name}.{name} is an immutable key; it cannot change after create"
+            )
+        if e.lock < WRITE:
+            self._upgrade_now(e, WRITE)
+        if f.key is not None and value != e.state[name]:
+            key = e.info.keys[name]
+            if key.options.unique:
+                self._claim_now(key, value, e)
+                old_slot = (key.db_name, encode_key(e.state[name]))
+                self._claimed.pop(old_slot, None)
+                # Hold the old value until commit: a creator of it must wait for us.
+                self._lock_now(old_slot, WRITE)
+            if e.orig is None and e.status != CREATED:
+                e.orig = {k: e.state[k] for k in e.info.keys if e.info.keys[k].options.mutable}
+        if e.status == CLEAN:
+            e.status = DIRTY
+        e.state[name] = value
+
+    def _upgrade_now(self, e: Entry, mode: int) -> None:
+        op = self._g_upgrade(e, mode)
+        try:
+            request = next(op)
+            while True:
+                self._lock_now(*request)
+                request = op.send(None)
+        except StopIteration:
+            pass
+
+    def _claim_now(self, key: KeyInfo, value: Any, e: Entry) -> None:
+        op = self._g_claim(key, value, e.ref)
+        try:
+            request = next(op)
+            while True:
+                self._lock_now(*request)
+                request = op.send(None)
+        except StopIteration:
+            pass
+
+    def _deref(self, ref: Ref) -> Managed | None:
+        op = self._g_load(ref.raw, self._default_lock)
+        try:
+            request = next(op)
+            while True:
+                self._lock_now(*request)
+                request = op.send(None)
+        except StopIteration as stop:
+            e = stop.value
+        return None if e is None else e.handle
+
+    # ------------------------------------------------ generator operations
+    def _entry_from_record(self, ref: bytes, rec: list[Any], lock: int) -> Entry:
+        type_name, type_version, version, state = rec
+        info = self.db._type_by_name(type_name)
+        if type_version > info.version:
+            raise TypeVersionMismatch(
+                f"the store holds {type_name} version {type_version}; this process defines "
+                f"version {info.version}"
+            )
+        if len(state) != len(info.fields) or type_version != info.version:
+            # Transparent type change (E3): new fields get defaults, removed ones go.
+            state = {
+                n: state[n] if n in state else f.make_default() for n, f in info.fields.items()
+            }
+        entry = Entry(self, ref, info, state, version, lock, CLEAN)
+        self._entries[ref] = entry
+        return entry
+
+    def _g_load(self, ref: bytes, mode: int) -> Op:
+        """Load an object by reference with at least ``mode`` locked; None if it doesn't exist."""
+        e = self._entries.get(ref)
+        if e is not None:
+            if e.status >= DELETED:
+                return None
+            if mode > e.lock:
+                yield from self._g_upgrade(e, mode)
+            return e
+        if mode:
+            yield from self._need(ref, LockMode(mode))
+        rec = self.db._store.get_object(ref)
+        if rec is None:
+            return None
+        return self._entry_from_record(ref, rec, mode)
+
+    def _g_upgrade(self, e: Entry, mode: int) -> Op:
+        yield from self._need(e.ref, LockMode(mode))
+        if e.status in (CREATED, CREATED_DELETED):
+            e.lock = max(e.lock, mode)
+            return
+        if self._serializable:
+            if e.lock == NONE and e.status == CLEAN:
+                # Read without a lock (lock="none"): re-read now that it is locked.
+                rec = self.db._store.get_object(e.ref)
+                if rec is None:
+                    self._doomed = Conflict(f"{e.info.name} object was deleted concurrently")
+                    raise self._doomed
+                fresh = self._entry_from_record(e.ref, rec, mode)
+                e.state, e.version = fresh.state, fresh.version
+                self._entries[e.ref] = e
+        elif mode == WRITE:
+            # Snapshot isolation: a write must not be based on a stale read.
+            rec = self.db._store.get_object(e.ref)
+            if rec is None or rec[2] != e.version:
+                self._doomed = Conflict(
+                    f"{e.info.name} object changed since this snapshot transaction read it"
+                )
+                raise self._doomed
+        e.lock = max(e.lock, mode)
+
+    def _g_claim(self, key: KeyInfo, value: Any, ref: bytes) -> Op:
+        """Take a unique key value for ``ref``; DuplicateKey if someone else holds it."""
+        kb = encode_key(value)
+        slot = (key.db_name, kb)
+        holder = self._claimed.get(slot)
+        if holder is not None and holder != ref:
+            raise DuplicateKey(f"{key.owner}.{key.field} = {value!r} is already taken")
+        yield from self._need(slot, WRITE)
+        committed = self.db._index_get(key, kb)
+        if committed is not None and committed != ref and not self._released(committed, key, kb):
+            raise DuplicateKey(f"{key.owner}.{key.field} = {value!r} is already taken")
+        self._claimed[slot] = ref
+
+    def _released(self, ref: bytes, key: KeyInfo, kb: bytes) -> bool:
+        """Did this transaction delete the object at ``ref`` or move it off key value ``kb``?"""
+        e = self._entries.get(ref)
+        if e is None:
+            return False
+        return e.status >= DELETED or encode_key(e.state[key.field]) != kb
+
+    def _g_lookup(self, info: TypeInfo, key: KeyInfo, value: Any, mode: int) -> Op:
+        """Unique lookup.  With a lock mode, an absent key stays absent until commit."""
+        kb = encode_key(value)
+        slot = (key.db_name, kb)
+        mine = self._claimed.get(slot)
+        if mine is not None:
+            e = self._entries[mine]
+            return None if e.status >= DELETED else e
+        locked_slot = False
+        for _ in range(100):
+            ref = self.db._index_get(key, kb)
+            if ref is None:
+                if mode == NONE or locked_slot:
+                    return None
+                yield from self._need(slot, LockMode(mode))
+                locked_slot = True
+                continue
+            if self._released(ref, key, kb):
+                return None
+            e = yield from self._g_load(ref, mode)
+            if e is None:
+                continue  # deleted between index read and lock: look again
+            if mode != NONE and e.status == CLEAN and encode_key(e.state[key.field]) != kb:
+                continue  # its mutable key moved before we locked it
+            if not isinstance(e.handle, info.cls):
+                return None
+            return e
+        raise Conflict(f"{info.name}.{key.field} = {value!r} kept changing under the lookup")
+
+    def _g_create(self, info: TypeInfo, values: dict[str, Any]) -> Op:
+        fields = info.fields
+        unknown = [n for n in values if n not in fields]
+        if unknown:
+            raise FieldError(f"{info.name} has no field(s) {', '.join(map(repr, unknown))}")
+        missing = [f.name for f in info.required if f.name not in values]
+        if missing:
+            raise FieldError(f"{info.name} needs a value for {', '.join(map(repr, missing))}")
+        state: dict[str, Any] = {}
+        for name, f in fields.items():
+            if name in values:
+                v = f.check(info.name, values[name])
+                if f.kind == "ref" and v is not None:
+                    self._entry_of(v)
+                    v = Ref(v._e.ref)
+                state[name] = v
+            else:
+                state[name] = f.make_default()
+        for name in info.keys:
+            encode_key(state[name])  # KeyTooLong / bad key type before anything else
+        ref = self.db._store.new_ref()
+        for name, key in info.keys.items():
+            if key.options.unique:
+                yield from self._g_claim(key, state[name], ref)
+        self.db._locks.try_acquire(self.id, ref, WRITE)  # a brand-new ref: always free
+        return Entry(self, ref, info, state, 0, WRITE, CREATED)
+
+    def _g_delete(self, e: Entry) -> Op:
+        if e.lock < WRITE:
+            yield from self._g_upgrade(e, WRITE)
+        if e.info.has_on_delete:
+            e.handle.on_delete()
+        for name, key in e.info.keys.items():
+            if key.options.unique:
+                kb = encode_key(e.state[name])
+                yield from self._need((key.db_name, kb), WRITE)
+                self._claimed.pop((key.db_name, kb), None)
+                if e.orig is not None and name in e.orig:
+                    yield from self._need((key.db_name, encode_key(e.orig[name])), WRITE)
+        e.status = CREATED_DELETED if e.status == CREATED else DELETED
+
+    # ----------------------------------------------------- public: sync API
+    def create(self, cls: type[M], /, **values: Any) -> M:
+        """Create an object; DuplicateKey (nothing written) if a unique key is taken."""
+        self._check_usable()
+        info = self.db._ensure_type(cls)
+        e = self._drive(self._g_create(info, values))
+        self._entries[e.ref] = e
+        return e.handle  # type: ignore[no-any-return]
+
+    def find(self, cls: type[M], /, *, lock: str | None = None, **key: Any) -> M | None:
+        """Unique lookup by one unique key: ``find(Account, number="A-1")``; None if absent."""
+        self._check_usable()
+        info, k, value, mode = self._lookup_args(cls, key, lock)
+        e = self._drive(self._g_lookup(info, k, value, mode))
+        return None if e is None else e.handle
+
+    def get(self, cls: type[M], /, *, lock: str | None = None, **key: Any) -> M:
+        """Like :meth:`find` but raises NotFound when there is no such object."""
+        obj = self.find(cls, lock=lock, **key)
+        if obj is None:
+            raise NotFound(f"no {cls.__name__} with {_describe(key)}")
+        return obj
+
+    def get_or_create(
+        self, cls: type[M], /, *, defaults: dict[str, Any] | None = None, **key: Any
+    ) -> tuple[M, bool]:
+        """Atomic select-or-create (A5): returns (object, created)."""
+        self._check_usable()
+        info, k, value, _ = self._lookup_args(cls, key, "write")
+        e = self._drive(self._g_lookup(info, k, value, WRITE))
+        if e is not None:
+            return e.handle, False
+        return self.create(cls, **{**(defaults or {}), **key}), True
+
+    def by_ref(self, ref: Ref, /, *, lock: str | None = None) -> Managed | None:
+        """The object with this reference, or None if it does not exist."""
+        self._check_usable()
+        mode = parse_lock(lock)
+        e = self._drive(self._g_load(ref.raw, self._default_lock if mode is None else mode))
+        return None if e is None else e.handle
+
+    def lock(self, obj: Managed, mode: str = "write") -> None:
+        """Take a lock explicitly (an explicit write lock avoids promotion deadlocks, B3)."""
+        e = self._entry_of(obj)
+        m = parse_lock(mode) or NONE
+        if m > e.lock:
+            self._drive(self._g_upgrade(e, m))
+
+    def delete(self, obj: Managed) -> None:
+        """Delete the object (its delete trigger runs first)."""
+        e = self._entry_of(obj)
+        if e.status >= DELETED:
+            raise Deleted(f"{e.info.name} object is already deleted")
+        self._drive(self._g_delete(e))
+
+    def count(self, cls: type[Managed]) -> int:
+        """Cardinality of the type's extent (A2): read committed plus this transaction's changes."""
+        self._check_usable()
+        total = 0
+        for info in self.db._ensure_type(cls).concrete_types():
+            total += self.db._store.count(info.name)
+        for e in self._entries.values():
+            if isinstance(e.handle, cls):
+                if e.status == CREATED:
+                    total += 1
+                elif e.status == DELETED:
+                    total -= 1
+        return total
+
+    def extent(self, cls: type[M], /, *, lock: str | None = None) -> list[M]:
+        """Every object of the type and its subtypes on this node (A2)."""
+        return self.query(cls).lock(lock).all()
+
+    def query(self, cls: type[M], /) -> Query[M]:
+        """Start a query (A5): ``tx.query(Account).range("owner", "a", "m").all()``."""
+        from nonstop.tx.query import Query
+
+        self._check_usable()
+        return Query(self, self.db._ensure_type(cls))
+
+    def ref(self, obj: Managed) -> Ref:
+        """The object's reference (C1)."""
+        return Ref(self._entry_of(obj).ref)
+
+    # Transaction notifiers (B6, local).
+    def on_prepare(self, fn: Callable[[], Any]) -> None:
+        """Call ``fn()`` before commit; raising from it rolls the transaction back."""
+        self._on_prepare.append(fn)
+
+    def on_commit(self, fn: Callable[[], Any]) -> None:
+        """Call ``fn()`` after the transaction is durable."""
+        self._on_commit.append(fn)
+
+    def on_rollback(self, fn: Callable[[], Any]) -> None:
+        self._on_rollback.append(fn)
+
+    @property
+    def active(self) -> bool:
+        return self._state is _State.ACTIVE
+
+    def commit(self) -> None:
+        """Make every change durable, or raise and roll everything back."""
+        ws = self._prepare_commit()
+        if ws is None:
+            self._finish(_State.COMMITTED)
+            return
+        try:
+            self.db._committer.commit(ws)
+        except BaseException:
+            self._finish(_State.ROLLED_BACK)
+            raise
+        self._finish(_State.COMMITTED)
+
+    def rollback(self) -> None:
+        """Drop every change and release every lock (B5).  Safe to call twice."""
+        if self._state in (_State.ACTIVE, _State.COMMITTING):
+            self._finish(_State.ROLLED_BACK)
+
+    # ------------------------------------------------------------- commit
+    def _lookup_args(
+        self, cls: type[Managed], key: dict[str, Any], lock: str | None
+    ) -> tuple[TypeInfo, KeyInfo, Any, int]:
+        info = self.db._ensure_type(cls)
+        if len(key) != 1:
+            raise BadArgument(f"look up {info.name} by exactly one unique key, e.g. find(T, key=v)")
+        ((name, value),) = key.items()
+        k = info.keys.get(name)
+        if k is None or not k.options.unique:
+            uniques = [n for n, ki in info.keys.items() if ki.options.unique] or ["(none)"]
+            raise BadArgument(
+                f"{info.name}.{name} is not a unique key (unique keys: {', '.join(uniques)}); "
+                f"use tx.query({cls.__name__}).where({name}=...) for non-unique lookups"
+            )
+        value = info.fields[name].check(info.name, value)
+        if isinstance(value, Managed):
+            value = Ref(value._e.ref)
+        mode = parse_lock(lock)
+        return info, k, value, self._default_lock if mode is None else mode
+
+    def _prepare_commit(self) -> WriteSet | None:
+        self._check_usable()
+        self._state = _State.COMMITTING
+        try:
+            self._run_update_triggers()
+            for fn in self._on_prepare:
+                fn()
+            return self._build_writeset()
+        except BaseException:
+            self._finish(_State.ROLLED_BACK)
+            raise
+
+    def _run_update_triggers(self) -> None:
+        # Triggers may change more objects; run until none is left untriggered.
+        for _ in range(100):
+            pending = [
+                e
+                for e in self._entries.values()
+                if e.status == DIRTY and not e.triggered and e.info.has_on_update
+            ]
+            if not pending:
+                return
+            self._state = _State.ACTIVE  # triggers use the transaction normally
+            try:
+                for e in pending:
+                    e.triggered = True
+                    e.handle.on_update()
+            finally:
+                self._state = _State.COMMITTING
+        raise Error("update triggers kept changing objects (more than 100 rounds)")
+
+    def _build_writeset(self) -> WriteSet | None:
+        store = self.db._store
+        ws = WriteSet()
+        ops = ws.ops
+        deltas = ws.count_deltas
+        objects, extents = store.objects, store.extents
+        for e in self._entries.values():
+            status = e.status
+            if status in (CLEAN, CREATED_DELETED):
+                continue
+            info = e.info
+            tname = info.name.encode()
+            ref = e.ref
+            if status == DELETED:
+                ops.append((False, objects, ref, None))
+                ops.append((False, extents, tname + b"\x00" + ref, None))
+                deltas[tname] = deltas.get(tname, 0) - 1
+                for name, key in info.keys.items():
+                    value = e.orig[name] if e.orig and name in e.orig else e.state[name]
+                    self._index_op(ops, key, value, ref, put=False)
+                continue
+            ops.append(
+                (True, objects, ref, pack([info.name, info.version, e.version + 1, e.state]))
+            )
+            if status == CREATED:
+                ops.append((True, extents, tname + b"\x00" + ref, b""))
+                deltas[tname] = deltas.get(tname, 0) + 1
+                for name, key in info.keys.items():
+                    self._index_op(ops, key, e.state[name], ref, put=True)
+            elif e.orig:
+                for name, old in e.orig.items():
+                    if old != e.state[name]:
+                        key = info.keys[name]
+                        self._index_op(ops, key, old, ref, put=False)
+                        self._index_op(ops, key, e.state[name], ref, put=True)
+        for qkey, record in self._async_calls:
+            ops.append((True, store.asyncq, qkey, record))
+        ops.extend(self._raw_ops)
+        return ws if ops else None
+
+    def _index_op(self, ops: list[Any], key: KeyInfo, value: Any, ref: bytes, *, put: bool) -> None:
+        db = self.db._store.index_db(key.db_name, unique=key.options.unique)
+        kb = encode_key(value)
+        if key.options.unique:
+            ops.append((put, db, kb, ref if put else None))
+        else:
+            ops.append((put, db, kb, ref))
+
+    def _finish(self, outcome: _State) -> None:
+        self._state = outcome
+        self.db._locks.release_all(self.id)
+        if outcome is _State.COMMITTED:
+            if self._async_calls:
+                self.db._async_committed([k for k, _ in self._async_calls])
+            callbacks = self._on_commit
+        else:
+            callbacks = self._on_rollback
+        for fn in callbacks:
+            try:
+                fn()
+            except Exception:  # the outcome is decided; a notifier cannot change it
+                log.exception("transaction notifier failed after %s", outcome.value)
+
+    def _raw_get(self, db: Any, key: bytes) -> bytes | None:
+        """Read a committed raw record (engine-internal databases such as the async queue)."""
+        with self.db._store.read() as rtxn:
+            return rtxn.get(key, db=db)  # type: ignore[no-any-return]
+
+    # --------------------------------------------------- async methods (A6)
+    def _enqueue_async(
+        self, target: Entry, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
+        from nonstop.tx.asyncmethods import current_sender
+
+        self._check_usable()
+        if target.status >= DELETED:
+            raise Deleted(f"{target.info.name} object was deleted in this transaction")
+        try:
+            record = pack([method, _refs_out(args), _refs_out(kwargs), current_sender.get()])
+        except TypeError as exc:
+            raise BadArgument(
+                f"argument of asynchronous {target.info.name}.{method} cannot be stored: {exc}"
+            ) from None
+        sender = current_sender.get()
+        self._async_calls.append((self.db._async_key(target.ref, sender == target.ref), record))
+
+    # ---------------------------------------------------------- context
+    def __enter__(self) -> Transaction:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None and self._state is _State.ACTIVE:
+            self.commit()
+        else:
+            self.rollback()
+
+    def __repr__(self) -> str:
+        return f"<Transaction {self.id} {self.isolation.value} {self._state.value}>"
+
+
+def _refs_out(value: Any) -> Any:
+    """Managed handles in async-call arguments travel as references."""
+    if isinstance(value, Managed):
+        return Ref(value._e.ref)
+    if isinstance(value, tuple | list):
+        return [_refs_out(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _refs_out(v) for k, v in value.items()}
+    return value
+
+
+def _describe(key: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in key.items())
+
+
+def resolve_type(cls: type[Managed] | str) -> TypeInfo:
+    return lookup_type(cls) if isinstance(cls, str) else type_info(cls)
+
+
+def iter_entries(tx: Transaction) -> Iterable[Entry]:
+    return tx._entries.values()
