@@ -1,0 +1,185 @@
+"""One framed, handshaken TCP (optionally TLS) connection on asyncio.
+
+Both node↔node links and client↔node links use this class; what differs is
+what the frames after the hello mean (see ``docs/design/wire.md``):
+
+* node → node: ``{"t": "m", "p": payload}`` — a protocol machine's message;
+* client → node: ``{"t": "req", "id": n, "p": payload}`` answered by
+  ``{"t": "rep", "id": n, "p": payload}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ssl
+from collections.abc import Callable
+from typing import Any
+
+from nonstop.errors import ProtocolError
+from nonstop.net.frames import DEFAULT_MAX_FRAME, FrameDecoder, FrameError, encode
+from nonstop.net.handshake import BAD_HELLO, Hello, Rejection, check
+
+READ_CHUNK = 256 * 1024
+MAX_WRITE_BUFFER = 64 * 1024 * 1024
+"""Above this many unsent bytes a connection drops further sends: delivery is
+best effort, and a stopped peer must not make this node buffer without bound."""
+
+
+class HandshakeRejected(ProtocolError):
+    """The other side refused our hello (``code`` is a reject code of :mod:`handshake`)."""
+
+    def __init__(self, code: str, reason: str, peer: Hello | None = None) -> None:
+        super().__init__(f"{code}: {reason}")
+        self.code = code
+        self.reason = reason
+        self.peer = peer
+
+
+class Connection:
+    """A framed stream: ``await recv()`` values, ``send()`` values without waiting."""
+
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        max_frame: int = DEFAULT_MAX_FRAME,
+    ) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.max_frame = max_frame
+        self._decoder = FrameDecoder(max_frame)
+        self._pending: list[Any] = []
+        self.peer: Hello | None = None
+        self.version: int | None = None
+        self.dropped = 0
+        peer = writer.get_extra_info("peername")
+        self.remote = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+
+    async def recv(self) -> Any:
+        """The next value; ``EOFError`` at end of stream, :class:`FrameError` on bad bytes."""
+        while not self._pending:
+            data = await self.reader.read(READ_CHUNK)
+            if not data:
+                raise EOFError("connection closed by peer")
+            self._pending.extend(self._decoder.feed(data))
+        return self._pending.pop(0)
+
+    def send(self, value: Any) -> bool:
+        """Queue ``value`` for sending; False when it was dropped (closed or backlogged)."""
+        if self.writer.is_closing():
+            return False
+        transport = self.writer.transport
+        if transport.get_write_buffer_size() > MAX_WRITE_BUFFER:
+            self.dropped += 1
+            return False
+        self.writer.write(encode(value, self.max_frame))
+        return True
+
+    @property
+    def closed(self) -> bool:
+        return self.writer.is_closing()
+
+    def close(self) -> None:
+        """Close without waiting (safe to call twice)."""
+        with contextlib.suppress(Exception):
+            self.writer.close()
+
+    async def aclose(self) -> None:
+        self.close()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.writer.wait_closed(), 1.0)
+
+
+async def dial(
+    host: str,
+    port: int,
+    hello: Hello,
+    *,
+    ssl_context: ssl.SSLContext | None = None,
+    server_hostname: str | None = None,
+    timeout: float = 5.0,
+    max_frame: int = DEFAULT_MAX_FRAME,
+) -> Connection:
+    """Connect and handshake; raises ``OSError``/``TimeoutError``/:class:`ProtocolError`.
+
+    The accepting side chooses the version (the highest common one); we check
+    that its choice is inside our range rather than trusting it.
+    """
+    kwargs: dict[str, Any] = {}
+    if ssl_context is not None:
+        kwargs["ssl"] = ssl_context
+        kwargs["server_hostname"] = server_hostname or host
+    reader, writer = await asyncio.wait_for(
+        asyncio.open_connection(host, port, limit=READ_CHUNK, **kwargs), timeout
+    )
+    conn = Connection(reader, writer, max_frame)
+    try:
+        conn.send(hello.to_wire())
+        answer = await asyncio.wait_for(conn.recv(), timeout)
+        if isinstance(answer, dict) and answer.get("t") == "reject":
+            raise HandshakeRejected(str(answer.get("code")), str(answer.get("reason")))
+        try:
+            theirs = Hello.from_wire(answer)
+        except ValueError as exc:
+            raise ProtocolError(f"bad hello from {host}:{port}: {exc}") from exc
+        _version, rejection = check(hello, theirs)
+        if rejection is not None:
+            raise HandshakeRejected(rejection.code, rejection.reason, theirs)
+        if theirs.proto is None or not hello.proto_min <= theirs.proto <= hello.proto_max:
+            raise HandshakeRejected(
+                "UnsupportedProtocol", f"peer chose protocol {theirs.proto}, outside our range"
+            )
+        conn.peer = theirs
+        conn.version = theirs.proto
+        return conn
+    except BaseException:
+        conn.close()
+        raise
+
+
+async def accept(
+    conn: Connection,
+    ours: Hello,
+    timeout: float = 5.0,
+    extra_check: Callable[[Hello], Rejection | None] | None = None,
+) -> Hello:
+    """Server side of the handshake: read the peer's hello, answer, return it.
+
+    Raises :class:`HandshakeRejected` (after sending the reject frame) or
+    :class:`FrameError`/``EOFError``/``TimeoutError``; the caller closes.
+    """
+    first = await asyncio.wait_for(conn.recv(), timeout)
+    try:
+        theirs = Hello.from_wire(first)
+    except ValueError as exc:
+        rejection = Rejection(BAD_HELLO, str(exc))
+        conn.send(rejection.to_wire())
+        raise HandshakeRejected(rejection.code, rejection.reason) from exc
+    version, rejection = check(ours, theirs)
+    if rejection is None and extra_check is not None:
+        rejection = extra_check(theirs)
+    if rejection is not None:
+        conn.send(rejection.to_wire())
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(conn.writer.drain(), 1.0)
+        raise HandshakeRejected(rejection.code, rejection.reason, theirs)
+    answer = Hello(
+        cluster=ours.cluster,
+        name=ours.name,
+        location=ours.location,
+        timestamp=ours.timestamp,
+        proto_min=ours.proto_min,
+        proto_max=ours.proto_max,
+        role=ours.role,
+        address=ours.address,
+        pid=ours.pid,
+        proto=version,
+    )
+    conn.send(answer.to_wire())
+    conn.peer = theirs
+    conn.version = version
+    return theirs
+
+
+__all__ = ["Connection", "FrameError", "HandshakeRejected", "accept", "dial"]
