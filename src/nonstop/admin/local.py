@@ -1,0 +1,176 @@
+"""Local clusters: N node processes on 127.0.0.1 with their data under one folder.
+
+``DIR/local.json`` remembers the layout (cluster id, node names, ports) so that
+``local up`` on a stopped or partly running cluster starts exactly the missing
+nodes again on their old data and ports.  Each node gets ``DIR/<name>/`` as its
+data directory (its log in ``DIR/<name>/node.log``) and ``DIR/<name>.toml`` as
+its configuration, which an operator can read to see how a node is started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import signal
+import socket
+import string
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nonstop.node.datadir import DataDir, pid_alive
+
+DEFAULT_DIR = "./.nonstop/local"
+
+
+class LocalError(Exception):
+    """A one-line reason the local cluster command failed."""
+
+
+@dataclass
+class LocalNode:
+    name: str
+    listen: str
+    data: Path
+    config: Path
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on right now (the kernel's choice)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def node_names(n: int) -> list[str]:
+    if n <= 26:
+        return list(string.ascii_uppercase[:n])
+    return [f"n{i + 1}" for i in range(n)]
+
+
+def toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    return json.dumps(str(value))
+
+
+class LocalCluster:
+    """The layout of one local cluster folder."""
+
+    def __init__(self, folder: str | Path = DEFAULT_DIR) -> None:
+        self.dir = Path(folder).resolve()
+        self.layout_path = self.dir / "local.json"
+
+    def load(self) -> dict[str, Any] | None:
+        try:
+            return json.loads(self.layout_path.read_text())  # type: ignore[no-any-return]
+        except (OSError, ValueError):
+            return None
+
+    def create(
+        self, n: int, base_port: int | None, options: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Write a new layout: names A, B, C..., free ports, one cluster id."""
+        if n < 1:
+            raise LocalError("a local cluster needs at least one node")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        names = node_names(n)
+        ports = [base_port + i if base_port else free_port() for i in range(n)]
+        layout = {
+            "cluster": "local-" + secrets.token_hex(4),
+            "nodes": [
+                {"name": name, "listen": f"127.0.0.1:{port}"}
+                for name, port in zip(names, ports, strict=True)
+            ],
+            "options": options or {},
+        }
+        self.layout_path.write_text(json.dumps(layout, indent=2))
+        return layout
+
+    def nodes(self, layout: dict[str, Any]) -> list[LocalNode]:
+        return [
+            LocalNode(
+                name=entry["name"],
+                listen=entry["listen"],
+                data=self.dir / entry["name"],
+                config=self.dir / f"{entry['name']}.toml",
+            )
+            for entry in layout["nodes"]
+        ]
+
+    def write_config(self, layout: dict[str, Any], node: LocalNode) -> None:
+        others = [n for n in self.nodes(layout) if n.name != node.name]
+        values: dict[str, Any] = {
+            "name": node.name,
+            "cluster": layout["cluster"],
+            "data": str(node.data),
+            "listen": node.listen,
+            "join": [f"{o.name}@{o.listen}" for o in others],
+            "members": [n.name for n in self.nodes(layout)],
+            "log_file": str(node.data / "node.log"),
+        }
+        values.update(layout.get("options", {}))
+        node.config.write_text(
+            "".join(f"{key} = {toml_value(value)}\n" for key, value in values.items())
+        )
+
+    def addresses(self, layout: dict[str, Any]) -> list[str]:
+        return [n.listen for n in self.nodes(layout)]
+
+
+def spawn_node(config: Path, data: Path, timeout: float = 15.0) -> int:
+    """Start a detached node process; return its pid once it listens.
+
+    The child runs in its own session (so a terminal's Ctrl-C or a test
+    runner's process group kill does not take it down by accident); we wait
+    until it wrote its pid file, or report its own one-line error if it exits.
+    """
+    data.mkdir(parents=True, exist_ok=True)
+    err_path = data / "start.err"
+    with open(err_path, "wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "nonstop.admin.cli", "node", "start", "--config", str(config)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            start_new_session=True,
+        )
+    datadir = DataDir(data)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        code = proc.poll()
+        if code is not None:
+            lines = [line for line in err_path.read_text().splitlines() if line.strip()]
+            reason = lines[-1] if lines else f"exit code {code}"
+            raise LocalError(reason.removeprefix("nonstop: error: "))
+        if datadir.running_pid() == proc.pid:
+            return proc.pid
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    raise LocalError(f"node with config {config} did not start within {timeout:.0f}s")
+
+
+def stop_pid(pid: int, timeout: float = 10.0) -> bool:
+    """SIGTERM, wait for a graceful exit, SIGKILL after ``timeout``; True if it was running."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return False
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not pid_alive(pid):
+            return True
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    return True

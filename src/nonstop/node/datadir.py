@@ -1,0 +1,155 @@
+"""A node's data directory: identity, pid file, and where each part lives.
+
+Layout::
+
+    DATA/cluster/    LMDB: the cluster's durable state (Raft log, views) + identity
+    DATA/store/      the object store (``nonstop.open``), when available
+    DATA/node.pid    "pid listen-address" while the node runs
+    DATA/node.json   the effective configuration of the last start
+    DATA/node.log    the log when the node runs detached
+
+The identity (cluster id, node name, location code, store timestamp — C1) is
+written once, at the first start, and checked at every later one: a data
+directory cannot silently change clusters or become another node.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from nonstop.net.handshake import location_code
+from nonstop.node.config import DEFAULT_CLUSTER, ConfigError, NodeConfig
+from nonstop.runtime.storage import ClusterStore
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """Who this node is, for ever (C1)."""
+
+    cluster: str
+    name: str
+    location: int
+    timestamp: int
+
+
+class DataDir:
+    """Paths and checks for one data directory."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path).resolve()
+
+    @property
+    def cluster_path(self) -> Path:
+        return self.path / "cluster"
+
+    @property
+    def store_path(self) -> Path:
+        return self.path / "store"
+
+    @property
+    def pid_path(self) -> Path:
+        return self.path / "node.pid"
+
+    @property
+    def log_path(self) -> Path:
+        return self.path / "node.log"
+
+    @property
+    def config_path(self) -> Path:
+        return self.path / "node.json"
+
+    # ------------------------------------------------------------ identity
+    def open_identity(self, cfg: NodeConfig) -> tuple[ClusterStore, Identity]:
+        """Open ``DATA/cluster``; create the identity or check it against ``cfg``."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        store = ClusterStore(str(self.cluster_path), sync=cfg.sync)
+        try:
+            meta = store.read_meta()
+            if not meta:
+                ident = Identity(
+                    cluster=cfg.cluster or DEFAULT_CLUSTER,
+                    name=cfg.name,
+                    location=location_code(cfg.name),
+                    timestamp=time.time_ns(),
+                )
+                store.write_meta(
+                    {
+                        "cluster": ident.cluster,
+                        "name": ident.name,
+                        "location": ident.location,
+                        "timestamp": ident.timestamp,
+                        "format": 1,
+                    }
+                )
+                return store, ident
+            if cfg.cluster is not None and meta["cluster"] != cfg.cluster:
+                raise ConfigError(
+                    f"data directory {self.path} belongs to cluster {meta['cluster']!r}, "
+                    f"not {cfg.cluster!r}"
+                )
+            if meta["name"] != cfg.name:
+                raise ConfigError(
+                    f"data directory {self.path} belongs to node {meta['name']!r}, not {cfg.name!r}"
+                )
+            return store, Identity(
+                cluster=meta["cluster"],
+                name=meta["name"],
+                location=int(meta["location"]),
+                timestamp=int(meta["timestamp"]),
+            )
+        except BaseException:
+            store.close()
+            raise
+
+    # ------------------------------------------------------------ pid file
+    def running_pid(self) -> int | None:
+        """The pid of the live node using this directory, or None."""
+        try:
+            text = self.pid_path.read_text().split()
+            pid = int(text[0])
+        except (OSError, ValueError, IndexError):
+            return None
+        return pid if pid_alive(pid) else None
+
+    def running_address(self) -> str | None:
+        try:
+            parts = self.pid_path.read_text().split()
+        except OSError:
+            return None
+        return parts[1] if len(parts) > 1 and self.running_pid() else None
+
+    def write_pid(self, listen: str) -> None:
+        tmp = self.pid_path.with_suffix(".pid.tmp")
+        tmp.write_text(f"{os.getpid()} {listen}\n")
+        os.replace(tmp, self.pid_path)
+
+    def remove_pid(self) -> None:
+        with contextlib.suppress(OSError):
+            if self.pid_path.read_text().split()[0] == str(os.getpid()):
+                self.pid_path.unlink()
+
+    def save_config(self, cfg: NodeConfig) -> None:
+        tmp = self.config_path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(cfg.to_dict(), indent=2, default=str))
+        os.replace(tmp, self.config_path)
+
+
+def pid_alive(pid: int) -> bool:
+    """True when a process with ``pid`` exists (and is not a zombie we can see)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            state = fh.read().rsplit(")", 1)[1].split()[0]
+        return state != "Z"
+    except (OSError, IndexError):
+        return True

@@ -1,0 +1,191 @@
+"""The node process: open the data directory, run the runtime until SIGTERM.
+
+``nonstop node start`` lands here (in the foreground, or in a detached child).
+Start-up order follows the seed's distribution life cycle (000 ch. 6): check the
+data directory and identity, open the stores, start the network listener, then
+hand the machine its ``Started`` event; only then is the pid file written, so a
+pid file always means "this node is listening".
+
+Every start-up failure is one line on stderr and exit code 1 (2 for a bad
+configuration): a port in use, a data directory of another cluster or node, a
+data directory already used by a running node, a node name already used in the
+cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+from typing import Any
+
+from nonstop.net.handshake import ROLE_NODE, Hello
+from nonstop.node.config import ConfigError, NodeConfig, split_join
+from nonstop.node.datadir import DataDir, Identity
+from nonstop.node.machine import resolve
+from nonstop.runtime.real import (
+    RealRuntime,
+    RuntimeConfig,
+    install_event_loop_policy,
+    new_rng,
+)
+
+log = logging.getLogger("nonstop.node")
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_CONFIG = 2
+
+
+class NodeStartError(Exception):
+    """The node cannot start; the message is the one line the operator sees."""
+
+
+def setup_logging(cfg: NodeConfig) -> None:
+    """Plain, greppable lines: time, level, node, logger, message."""
+    handler: logging.Handler
+    if cfg.log_file:
+        handler = logging.FileHandler(cfg.log_file)
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+    fmt = f"%(asctime)s %(levelname)s {cfg.name} %(name)s: %(message)s"
+    handler.setFormatter(logging.Formatter(fmt))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(getattr(logging, cfg.log_level.upper(), logging.INFO))
+
+
+def open_object_store(datadir: DataDir) -> Any:
+    """Open ``DATA/store`` with ``nonstop.open`` when the store layer provides it."""
+    import nonstop
+
+    opener = getattr(nonstop, "open", None)
+    if opener is None:
+        return None
+    try:
+        return opener(str(datadir.store_path))
+    except Exception as exc:
+        raise NodeStartError(f"cannot open the object store {datadir.store_path}: {exc}") from exc
+
+
+async def serve(cfg: NodeConfig, datadir: DataDir) -> None:
+    """Run until SIGTERM/SIGINT (graceful) or a fatal identity error."""
+    store, ident = datadir.open_identity(cfg)
+    object_store = None
+    try:
+        object_store = open_object_store(datadir)
+        runtime = make_runtime(cfg, store, ident)
+        try:
+            await runtime.start()
+        except OSError as exc:
+            raise NodeStartError(
+                f"cannot listen on {cfg.listen}: {exc.strerror or exc}"
+                + (" (port in use)" if exc.errno == 98 else "")
+            ) from exc
+        except (ConfigError, NodeStartError):
+            raise
+        except Exception as exc:
+            log.exception("cannot start the cluster machine")
+            raise NodeStartError(f"cannot start the cluster machine: {exc!r}") from exc
+        datadir.write_pid(cfg.listen)
+        datadir.save_config(cfg)
+        log.info(
+            "node %s of cluster %s listening on %s (pid %d, location %d, protocol %d..%d)",
+            ident.name,
+            ident.cluster,
+            cfg.listen,
+            os.getpid(),
+            ident.location,
+            cfg.protocol[0],
+            cfg.protocol[1],
+        )
+        stop = asyncio.Event()
+        failure: list[str] = []
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+
+        def identity_error(exc: Exception) -> None:
+            failure.append(str(exc))
+            stop.set()
+
+        runtime.on_identity_error = identity_error
+        stopped = asyncio.ensure_future(runtime.stopped.wait())
+        waiter = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({stopped, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        waiter.cancel()
+        stopped.cancel()
+        log.info("node %s stopping", ident.name)
+        await runtime.stop()
+        datadir.remove_pid()
+        if failure:
+            raise NodeStartError(f"refused by the cluster: {failure[0]}")
+        if runtime.fatal is not None:
+            raise NodeStartError(f"cluster state commit failed: {runtime.fatal}")
+        log.info("node %s stopped", ident.name)
+    finally:
+        if object_store is not None:
+            with contextlib.suppress(Exception):
+                object_store.close()
+        store.close()
+        datadir.remove_pid()
+
+
+def make_runtime(cfg: NodeConfig, store: Any, ident: Identity) -> RealRuntime:
+    factory = resolve(cfg.machine)
+    plain, static_peers = split_join(cfg.join)
+    hello = Hello(
+        cluster=ident.cluster,
+        name=ident.name,
+        location=ident.location,
+        timestamp=ident.timestamp,
+        proto_min=cfg.protocol[0],
+        proto_max=cfg.protocol[1],
+        role=ROLE_NODE,
+        address=cfg.listen,
+        pid=os.getpid(),
+    )
+    rng = new_rng()
+    return RealRuntime(
+        hello=hello,
+        store=store,
+        machine_factory=lambda recovered: factory(cfg, ident, recovered, rng),
+        config=RuntimeConfig(
+            listen=cfg.listen,
+            join=plain,
+            static_peers=static_peers,
+            max_frame=cfg.max_frame_bytes,
+            tls=cfg.tls,
+            connect_timeout=cfg.connect_timeout,
+        ),
+    )
+
+
+def run(cfg: NodeConfig) -> int:
+    """Run a node in this process; returns the exit code."""
+    try:
+        cfg.validate()
+    except ConfigError as exc:
+        print(f"nonstop: error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    datadir = DataDir(cfg.data)
+    pid = datadir.running_pid()
+    if pid is not None and pid != os.getpid():
+        print(
+            f"nonstop: error: data directory {datadir.path} is in use by a running node "
+            f"(pid {pid})",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
+    setup_logging(cfg)
+    install_event_loop_policy()
+    try:
+        asyncio.run(serve(cfg, datadir))
+    except (ConfigError, NodeStartError) as exc:
+        log.error("%s", exc)
+        print(f"nonstop: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    return EXIT_OK
