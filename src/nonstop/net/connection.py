@@ -18,7 +18,7 @@ from typing import Any
 
 from nonstop.errors import ProtocolError
 from nonstop.net.frames import DEFAULT_MAX_FRAME, FrameDecoder, FrameError, encode
-from nonstop.net.handshake import BAD_HELLO, Hello, Rejection, check
+from nonstop.net.handshake import BAD_HELLO, ROLE_NODE, Hello, Rejection, check
 
 READ_CHUNK = 256 * 1024
 MAX_WRITE_BUFFER = 64 * 1024 * 1024
@@ -118,7 +118,11 @@ async def dial(
         conn.send(hello.to_wire())
         answer = await asyncio.wait_for(conn.recv(), timeout)
         if isinstance(answer, dict) and answer.get("t") == "reject":
-            raise HandshakeRejected(str(answer.get("code")), str(answer.get("reason")))
+            try:
+                rejecter: Hello | None = Hello.from_wire(answer.get("hello"))
+            except ValueError:
+                rejecter = None
+            raise HandshakeRejected(str(answer.get("code")), str(answer.get("reason")), rejecter)
         try:
             theirs = Hello.from_wire(answer)
         except ValueError as exc:
@@ -160,7 +164,7 @@ async def accept(
     if rejection is None and extra_check is not None:
         rejection = extra_check(theirs)
     if rejection is not None:
-        conn.send(rejection.to_wire())
+        conn.send(rejection.to_wire(ours if theirs.role == ROLE_NODE else None))
         with contextlib.suppress(Exception):
             await asyncio.wait_for(conn.writer.drain(), 1.0)
         raise HandshakeRejected(rejection.code, rejection.reason, theirs)

@@ -110,8 +110,12 @@ class Rejection:
     code: str
     reason: str
 
-    def to_wire(self) -> dict[str, Any]:
-        return {"t": "reject", "code": self.code, "reason": self.reason}
+    def to_wire(self, ours: Hello | None = None) -> dict[str, Any]:
+        """The reject frame; it carries our hello so the dialer can classify us too (C3)."""
+        out: dict[str, Any] = {"t": "reject", "code": self.code, "reason": self.reason}
+        if ours is not None:
+            out["hello"] = ours.to_wire()
+        return out
 
 
 def check(ours: Hello, theirs: Hello) -> tuple[int | None, Rejection | None]:

@@ -48,7 +48,9 @@ class ProbeMachine:
         interval: float = 0.25,
         timeout: float = 1.0,
         members: list[str] | tuple[str, ...] = (),
+        protocol: tuple[int, int] = (1, 1),
     ) -> None:
+        self.protocol = protocol
         self.name = name
         self.rng = rng
         self.interval = interval
@@ -153,7 +155,7 @@ class ProbeMachine:
             # The runtime's report of a refused handshake (see nonstop.runtime.real).
             body = p.get("b") or {}
             proto = (body.get("id") or {}).get("proto") or [1, 1]
-            if proto[1] < 1 or proto[0] > 1:
+            if proto[1] < self.protocol[0] or proto[0] > self.protocol[1]:
                 return self._set_state(peer, "UnsupportedProtocol")
             return out
         if peer not in self.members:
