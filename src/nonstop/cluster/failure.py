@@ -11,7 +11,7 @@ is declared Down after about 0.5-0.6 s.
 
 Any message from a peer counts as a sign of life (a busy peer whose keep-alive
 replies queue behind bulk traffic is not dead) -- *unless the peer says it is
-Disabled*.  A node that lost quorum (D16) "stops answering keep-alives so that
+Disabled* and we are not.  A node that lost quorum (D16) "stops answering keep-alives so that
 remote nodes detect this node as unavailable"; since it still has to listen
 (that is how it finds its peers again and regains quorum), every message a
 node sends carries its enabled flag and messages from a Disabled sender are
@@ -276,10 +276,16 @@ class FailureDetector:
         return actions
 
     def heard(self, now: float, peer_name: NodeId, sender_enabled: bool) -> list[Action]:
-        """Any message from ``peer_name`` arrived: it is alive, unless it is Disabled."""
+        """Any message from ``peer_name`` arrived: it is alive, unless it is Disabled.
+
+        A Disabled sender still counts for a receiver that is Disabled itself:
+        otherwise nodes that start together (all Disabled until they have seen
+        a quorum) would ignore each other for ever.  Enabled nodes ignore it,
+        which is what makes a node that lost quorum look Down to the rest.
+        """
         self._now = now
         peer = self.peers.get(peer_name)
-        if peer is None or not sender_enabled:
+        if peer is None or (not sender_enabled and self.enabled):
             return []
         peer.last_heard = now
         peer.reconnect_at = None
@@ -342,9 +348,9 @@ class FailureDetector:
         peer.protocol = min(self.identity.protocol[1], ident.protocol[1])
         if not payload.get("ack"):
             actions.append(Send(sender, self._hello(ack=True)))
-        if not sender_enabled:
+        if not sender_enabled and self.enabled:
             return actions
-        actions.extend(self.heard(now, sender, True))
+        actions.extend(self.heard(now, sender, sender_enabled))
         if peer.state is not NodeState.UP:
             if peer.state in ERROR_STATES:
                 actions.extend(self._set_state(peer, NodeState.DISCOVERED))

@@ -6,76 +6,98 @@
 
 * the failure detector (:mod:`nonstop.cluster.failure`, C3/C6),
 * the replicated cluster log (:mod:`nonstop.cluster.raft`): membership views,
-  leader, terms,
+  leader, terms (D1),
 * the quorum policy (:mod:`nonstop.cluster.quorum`, D16) evaluated over the
-  current membership and the detector's Up set,
+  log's current voters and the detector's Up set,
 * location discovery (C2): static peers from the configuration, dynamic ones
-  from discovery announcements; static wins on conflict.
+  from discovery announcements and hellos; static wins on conflict.
 
 Construction
 ------------
 ``ClusterNode(config: ClusterConfig, rng: random.Random, recovered: Mapping[bytes, bytes])``
 
 ``recovered`` is everything the node ever persisted (empty on a fresh node).
-The node owns the key prefixes ``b"raft/"`` and ``b"node/"`` of that space.
+Only Raft persists (keys ``b"raft/..."``); the state the node builds on top of
+the log is recomputed from it after a restart, never persisted on its own.
 
 Routing inside the node
 -----------------------
 * Messages between nodes are envelopes ``{"k": kind, "en": enabled, "b": body}``
   with kind ``"fd"`` (detector), ``"raft"`` (cluster log) or ``"adm"``
   (forwarded admin requests and their answers).  ``en`` is the sender's
-  quorum flag: messages from a Disabled node are not liveness (D16).
-* Timers are named ``"fd:<name>"``, ``"raft:<name>"``, ``"node:<name>"``.
-* ``Persist`` tokens are the node's own; it maps them back to the component
-  that asked, so components choose their tokens freely.
+  quorum flag: messages from a Disabled node are not liveness (D16), so the
+  rest of the cluster sees a node without quorum as Down.
+* Timers: ``"fd:<name>"`` (detector), ``"raft.*"`` (Raft's own names),
+  ``"node:<name>"`` (this class: forwarded request time-outs).
+* ``Persist`` tokens come from one counter shared by the components; a
+  ``Persisted`` is offered to Raft (which ignores tokens it does not own).
 
 Discovery announcements (C2)
 ----------------------------
 A runtime that hears a discovery announcement (UDP multicast, DNS, a file)
 delivers it as ``Received(sender=<name>, payload={"k": "disc", "name": <name>,
-"address": <address>})``.  Static configuration entries are never overridden
-by announcements.
+"address": <address>})``.  Addresses from the static configuration are never
+overridden by announcements.
 
 Admin requests (``ClientRequest.payload``) and their ``Reply.payload``
 --------------------------------------------------------------------------
-``{"op": "status"}`` (always answered, also while Disabled)::
+``{"op": "status"}`` is always answered, also while Disabled::
 
     {"name": str, "view": int, "members": [str], "quorum": "Active"|"Partial"|"Disabled",
-     "leader": str | None, "term": int,
-     "nodes": [{"name": str, "address": str | None, "state": NodeState, "member": bool}],
+     "leader": str | None, "term": int, "role": str, "commit_index": int,
+     "nodes": [{"name": str, "address": str | None, "state": str, "member": bool}],
      "warnings": [str]}
 
-``{"op": "join", "name": str, "address": str}``: add a node to the membership
-(Raft AddServer).  Performed by the leader; a follower forwards it to the
-leader and relays the answer.  Reply ``{"ok": True, "view": int}``.
+``nodes`` lists this node first (state ``"Self"``) then every known peer with its
+remote node state (C3: Undiscovered, Discovered, InUpNotifier, Up,
+InDownNotifier, Down, DuplicateLocation, DuplicateTimestamp, UnsupportedProtocol).
 
-``{"op": "leave", "name": str}``: remove a node (Raft RemoveServer), same
-forwarding.  Reply ``{"ok": True, "view": int}``.
+``{"op": "join", "name": str, "address": str}``: add a node to the membership
+(Raft AddServer).  Performed by the leader; any other node forwards it to the
+leader it knows and relays the answer.  Answered once the view containing the
+node is committed: ``{"ok": True, "view": int, "members": [str]}``.
+
+``{"op": "leave", "name": str}``: remove a node (RemoveServer), same forwarding;
+``{"ok": True, "view": int, "members": [str]}`` once committed.
 
 ``{"op": "propose", "value": <msgpack value>}``: append an application command
-to the cluster log; answered once it is committed *and applied here*:
-``{"ok": True, "index": int, "term": int}``.  Only the leader accepts it.
+to the cluster log (the work request the simulator drives).  Leader only;
+answered once the entry is committed *and applied here*:
+``{"ok": True, "index": int, "term": int}``.
 
 Errors are ``{"error": <name>, "message": str, ...}`` where name is one of
 ``QuorumLost`` (the node is Disabled: every work request -- join, leave,
-propose -- is refused, D16), ``NotLeader`` (with ``"leader": str | None``,
-for ``propose``), ``Timeout`` (a forwarded request got no answer),
-``Failed`` (the log refused the change), ``BadRequest``.
+propose -- is refused, D16), ``NotLeader`` (with ``"leader": str | None``),
+``Timeout`` (a forwarded request got no answer in time), ``Failed`` (the log
+refused or lost the change), ``Unknown`` (the outcome cannot be known here),
+``BadRequest``.
 
 Notifications (``Notify``)
 --------------------------
-``node_state`` {peer, old, new} (from the detector), ``quorum`` {state, old},
-``view`` {view, members}, ``leader`` {term, leader} (emitted by every node when
-it learns a new leader or term; ``leader`` may be None), ``applied`` {index,
-term, kind, value} for every cluster log entry applied, in order.
+``node_state`` {peer, old, new} (detector), ``quorum`` {state, old},
+``leader`` {term, leader}, ``view`` {view_id, members}, ``role`` {role, term}
+(from Raft), ``proposed`` {index, term} (a work request entered the log), and
+``applied`` {index, term, kind, value, digest} for every committed entry this
+node applies, in order (``digest`` chains every entry before it, so two nodes
+with equal digests at an index applied identical histories up to it).
+
+Acting while Disabled
+---------------------
+A Disabled node does not *act*: it accepts no work (no ``proposed``, no ``ok``
+to a work request received while Disabled) and answers no keep-alives.  It
+keeps following the cluster log (applying what a quorum elsewhere committed is
+learning, not acting) so that it is current the moment its quorum returns.
 """
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+import msgpack
 
 from nonstop.cluster.failure import (
     DetectorConfig,
@@ -84,6 +106,9 @@ from nonstop.cluster.failure import (
     NodeState,
     location_code,
 )
+from nonstop.cluster.quorum import QuorumPolicy, QuorumState
+from nonstop.cluster.raft import ROLE_LEADER, Entry, Raft, RaftConfig
+from nonstop.errors import NotLeader
 from nonstop.runtime.interface import (
     Action,
     CancelTimer,
@@ -101,26 +126,28 @@ from nonstop.runtime.interface import (
     TimerFired,
 )
 
-QUORUM_ACTIVE = "Active"
-QUORUM_PARTIAL = "Partial"
-QUORUM_DISABLED = "Disabled"
+QUORUM_ACTIVE = str(QuorumState.ACTIVE)
+QUORUM_PARTIAL = str(QuorumState.PARTIAL)
+QUORUM_DISABLED = str(QuorumState.DISABLED)
 
 WORK_OPS = frozenset({"join", "leave", "propose"})
-"""Admin/client operations refused while Disabled (D16)."""
+"""Operations refused while Disabled (D16)."""
 
-FORWARD_TIMEOUT = 2.0
-"""Seconds a follower waits for the leader's answer to a forwarded join/leave."""
+FORWARD_TIMEOUT = 3.0
+"""Seconds to wait for a forwarded join/leave, or for a membership change to commit."""
 
 
 @dataclass(frozen=True, slots=True)
 class ClusterConfig:
     """Static configuration of one node's cluster layer.
 
-    ``members`` is the bootstrap membership: every node of a new cluster is
-    started with the same list (itself included).  A node started with an empty
-    list waits to be added by a ``join`` on the cluster.  ``static_peers`` maps
-    names to addresses (C2 static discovery).  ``quorum`` is the D16 policy as a
-    dict understood by :mod:`nonstop.cluster.quorum` (default: majority).
+    ``members`` is the bootstrap membership: every founding node of a new
+    cluster is started with the same list (itself included).  A node started
+    with an empty list, or one that does not contain it, is a joiner: it asks
+    its ``static_peers`` to add it.  ``static_peers`` maps names to addresses
+    (C2 static discovery).  ``quorum`` is a D16 policy in
+    :meth:`QuorumPolicy.from_config` form (default: majority).  ``snapshot_every``
+    is how many applied entries between two log compactions.
     """
 
     name: NodeId
@@ -131,9 +158,10 @@ class ClusterConfig:
     location: int | None = None
     protocol: tuple[int, int] = (1, 1)
     detector: DetectorConfig = field(default_factory=DetectorConfig)
-    quorum: Mapping[str, Any] = field(default_factory=lambda: {"policy": "majority"})
-    raft: Mapping[str, Any] = field(default_factory=dict)
-    """Options passed through to the Raft machine (election timeouts, ...)."""
+    quorum: Mapping[str, Any] = field(default_factory=lambda: {"mode": "majority"})
+    raft: RaftConfig | Mapping[str, Any] = field(default_factory=RaftConfig)
+    """Raft tunables, as a :class:`RaftConfig` or a dict of its fields (configuration files)."""
+    snapshot_every: int = 256
 
     def identity(self) -> NodeIdentity:
         return NodeIdentity(
@@ -145,6 +173,24 @@ class ClusterConfig:
         )
 
 
+@dataclass(slots=True)
+class _Pending:
+    """A request waiting for the log: where its answer goes, and what it waits for."""
+
+    kind: str  # "propose" | "join" | "leave"
+    reply_to: tuple[Any, ...]  # ("client", request_id) or ("peer", node, forward_id)
+    command: Any = None
+    name: NodeId | None = None
+    timer: str | None = None
+
+
+def _chain(digest: bytes, index: int, term: int, kind: str, data: Any) -> bytes:
+    """Next link of the applied-history hash chain (see ``applied`` notifications)."""
+    h = hashlib.blake2b(digest, digest_size=16)
+    h.update(msgpack.packb([index, term, kind, data], use_bin_type=True))
+    return h.digest()
+
+
 class ClusterNode:
     """The cluster layer of one node as one sans-I/O machine (see module docstring)."""
 
@@ -154,48 +200,82 @@ class ClusterNode:
         self.config = config
         self.name = config.name
         self.rng = rng
+        self.policy = QuorumPolicy.from_config(config.quorum)
         self.detector = FailureDetector(identity=config.identity(), config=config.detector, rng=rng)
         for peer, address in sorted(config.static_peers.items()):
             self.detector.add_peer(peer, address, static=True)
         for member in config.members:
             self.detector.add_peer(member, None)
+        self._token = 0
+        bootstrap = list(config.members) if self.name in config.members else None
+        contacts = sorted(set(config.static_peers) | set(config.members) - {self.name})
+        self.raft = Raft(
+            self.name,
+            rng,
+            {k: v for k, v in recovered.items() if k.startswith(b"raft/")},
+            bootstrap_members=bootstrap,
+            contacts=contacts,
+            policy=self.policy,
+            config=config.raft
+            if isinstance(config.raft, RaftConfig)
+            else RaftConfig(**dict(config.raft)),
+            next_token=self._next_token,
+        )
         # Nothing is known Up before the first hello: start Disabled, so that a
         # restarted node never acts before it has seen its quorum again.
         self.quorum_state = QUORUM_DISABLED
         self.detector.enabled = False
-        self.members: list[NodeId] = sorted(config.members)
-        self.view = 0
-        self.term = 0
         self.leader: NodeId | None = None
+        self.term = 0
+        self.view = 0
+        self.view_members: list[NodeId] = []
+        self.applied_index = 0
+        self.applied_digest = b""
+        self._since_snapshot = 0
+        self._nonce = rng.getrandbits(48)
+        self._pending_log: dict[int, _Pending] = {}  # log index -> proposal
+        self._pending_members: list[_Pending] = []
+        self._forwarded: dict[int, tuple[int, str]] = {}  # forward id -> (request id, timer)
+        self._next_forward = 0
         self._now = 0.0
-        self._recovered = recovered
+
+    def _next_token(self) -> int:
+        self._token += 1
+        return self._token
 
     # ------------------------------------------------------------------ api
     @property
     def enabled(self) -> bool:
+        """False while Disabled (no quorum): the node refuses work (D16)."""
         return self.quorum_state != QUORUM_DISABLED
 
     def handle(self, event: Event) -> list[Action]:
-        """Route one event to the detector / log / admin handling."""
+        """Route one event to the detector, the log or the admin handling."""
         self._now = event.now
         if isinstance(event, Started):
-            actions = self._after(self._wrap("fd", self.detector.handle(event)))
+            actions = self._wrap("fd", self.detector.handle(event))
+            actions += self._from_raft(self.raft.handle(event))
+            actions = self._after(actions)
             if not any(isinstance(a, Notify) and a.kind == "quorum" for a in actions):
                 actions.append(Notify("quorum", {"state": self.quorum_state, "old": None}))
             return actions
         if isinstance(event, TimerFired):
-            kind, _, name = event.name.partition(":")
-            if kind == "fd":
-                inner = TimerFired(event.now, name)
+            name = event.name
+            if name.startswith("fd:"):
+                inner = TimerFired(event.now, name[3:])
                 return self._after(self._wrap("fd", self.detector.handle(inner)))
-            return [Log("warning", f"unknown timer {event.name!r}")]
+            if name.startswith("raft."):
+                return self._after(self._from_raft(self.raft.handle(event)))
+            if name.startswith("node:"):
+                return self._after(self._on_own_timer(name[5:]))
+            return [Log("warning", f"unknown timer {name!r}")]
         if isinstance(event, Received):
-            return self._on_received(event)
-        if isinstance(event, ClientRequest):
-            return self._on_client(event)
+            return self._after(self._on_received(event))
         if isinstance(event, Persisted):
-            return []
-        return []
+            return self._after(self._from_raft(self.raft.handle(event)))
+        if isinstance(event, ClientRequest):
+            return self._after(self._on_client(event))
+        return [Log("warning", f"unknown event {type(event).__name__}")]
 
     # -------------------------------------------------------------- routing
     def _on_received(self, event: Received) -> list[Action]:
@@ -207,60 +287,168 @@ class ClusterNode:
             name, address = payload.get("name"), payload.get("address")
             if not isinstance(name, str) or not isinstance(address, str):
                 return [Log("warning", "malformed discovery announcement")]
-            return self._after(self.detector.add_peer(name, address, static=False))
-        sender_enabled = bool(payload.get("en", True))
-        actions = self.detector.heard(event.now, event.sender, sender_enabled)
+            return self.detector.add_peer(name, address, static=False)
+        actions = self.detector.heard(event.now, event.sender, bool(payload.get("en", True)))
+        body = payload.get("b")
         if kind == "fd":
-            actions += self._wrap(
-                "fd", self.detector.on_message(event.now, event.sender, payload.get("b"))
-            )
+            actions += self._wrap("fd", self.detector.on_message(event.now, event.sender, body))
+        elif kind == "raft":
+            inner = Received(event.now, event.sender, body)
+            actions += self._from_raft(self.raft.handle(inner))
+        elif kind == "adm":
+            actions += self._on_admin_message(event.sender, body)
         else:
             actions.append(Log("warning", f"unknown message kind {kind!r} from {event.sender}"))
-        return self._after(actions)
+        return actions
 
     def _wrap(self, kind: str, actions: list[Action]) -> list[Action]:
+        """Put a component's Sends into envelopes and prefix its timers."""
         out: list[Action] = []
         for action in actions:
             if isinstance(action, Send):
-                out.append(Send(action.to, {"k": kind, "en": self.enabled, "b": action.payload}))
-            else:
-                out.append(action)
-        return self._prefix_timers(f"{kind}:", out)
-
-    @staticmethod
-    def _prefix_timers(prefix: str, actions: list[Action]) -> list[Action]:
-        out: list[Action] = []
-        for action in actions:
-            if isinstance(action, SetTimer):
-                out.append(SetTimer(prefix + action.name, action.delay))
-            elif isinstance(action, CancelTimer):
-                out.append(CancelTimer(prefix + action.name))
+                out.append(Send(action.to, self._envelope(kind, action.payload)))
+            elif kind == "fd" and isinstance(action, SetTimer):
+                out.append(SetTimer("fd:" + action.name, action.delay))
+            elif kind == "fd" and isinstance(action, CancelTimer):
+                out.append(CancelTimer("fd:" + action.name))
             else:
                 out.append(action)
         return out
 
+    def _envelope(self, kind: str, body: Any) -> dict[str, Any]:
+        return {"k": kind, "en": self.enabled, "b": body}
+
+    def _from_raft(self, actions: list[Action]) -> list[Action]:
+        """Carry out Raft's output: envelopes, leader/view tracking, applying entries."""
+        out = self._wrap("raft", actions)
+        for action in actions:
+            if isinstance(action, Notify):
+                if action.kind == "leader":
+                    self.leader = action.data.get("leader")
+                    self.term = int(action.data.get("term", self.term))
+                elif action.kind == "view":
+                    out += self._on_view(action.data)
+        self.term = max(self.term, self.raft.term)
+        out += self._apply(self.raft.take_applied())
+        return out
+
     def _after(self, actions: list[Action]) -> list[Action]:
-        """Recompute quorum after anything that may have changed the Up set."""
+        """Recompute quorum after anything that may have changed the Up set or the voters."""
         return actions + self._update_quorum()
 
+    # ---------------------------------------------------------------- quorum
+    def _compute_quorum(self) -> str:
+        members = self.raft.members
+        if not members:
+            return QUORUM_DISABLED
+        try:
+            bound = self.policy.bind(members)
+        except ValueError:
+            return QUORUM_DISABLED
+        return str(bound.state([self.name, *self.detector.up_peers()]))
+
     def _update_quorum(self) -> list[Action]:
-        voters = [m for m in self.members if m != self.name]
-        if not self.members:
-            new = QUORUM_ACTIVE
-        else:
-            up = set(self.detector.up_peers())
-            alive = 1 + sum(1 for m in voters if m in up)
-            if 2 * alive <= len(self.members):
-                new = QUORUM_DISABLED
-            elif alive == len(self.members):
-                new = QUORUM_ACTIVE
-            else:
-                new = QUORUM_PARTIAL
+        new = self._compute_quorum()
         if new == self.quorum_state:
             return []
         old, self.quorum_state = self.quorum_state, new
         actions: list[Action] = [Notify("quorum", {"state": new, "old": old})]
         actions += self.detector.set_enabled(new != QUORUM_DISABLED)
+        return actions
+
+    # --------------------------------------------------------------- the log
+    def _apply(self, entries: list[Entry]) -> list[Action]:
+        actions: list[Action] = []
+        for entry in entries:
+            if entry.kind == "snapshot":
+                state = msgpack.unpackb(entry.data["state"], raw=False)
+                self.applied_digest = state["digest"]
+                self.applied_index = entry.index
+                self._since_snapshot = 0
+                actions += self._view_from(entry.data)
+                for index in sorted(i for i in self._pending_log if i <= entry.index):
+                    pending = self._pending_log.pop(index)
+                    actions += self._answer(
+                        pending,
+                        {"error": "Unknown", "message": "log compacted past the entry"},
+                    )
+                actions.append(
+                    Notify(
+                        "applied",
+                        {
+                            "index": entry.index,
+                            "term": entry.term,
+                            "kind": "snapshot",
+                            "value": None,
+                            "digest": self.applied_digest.hex(),
+                        },
+                    )
+                )
+                continue
+            self.applied_digest = _chain(
+                self.applied_digest, entry.index, entry.term, entry.kind, entry.data
+            )
+            self.applied_index = entry.index
+            self._since_snapshot += 1
+            if entry.kind == "config":
+                actions += self._view_from(entry.data)
+            actions.append(
+                Notify(
+                    "applied",
+                    {
+                        "index": entry.index,
+                        "term": entry.term,
+                        "kind": entry.kind,
+                        "value": entry.data,
+                        "digest": self.applied_digest.hex(),
+                    },
+                )
+            )
+            pending = self._pending_log.pop(entry.index, None)
+            if pending is not None:
+                if entry.kind == "cmd" and entry.data == pending.command:
+                    answer = {"ok": True, "index": entry.index, "term": entry.term}
+                else:
+                    answer = {
+                        "error": "Failed",
+                        "message": "another leader's entry took its place; not committed",
+                    }
+                actions += self._answer(pending, answer)
+        if entries and self._since_snapshot >= self.config.snapshot_every:
+            state = msgpack.packb({"digest": self.applied_digest}, use_bin_type=True)
+            actions += self._wrap("raft", self.raft.snapshot(self._now, self.applied_index, state))
+            self._since_snapshot = 0
+        return actions
+
+    def _view_from(self, data: Mapping[str, Any]) -> list[Action]:
+        members = sorted(data.get("members", []))
+        view = int(data.get("view_id", self.view))
+        if view == self.view and members == self.view_members:
+            return []
+        return self._on_view({"view_id": view, "members": members})
+
+    def _on_view(self, data: Mapping[str, Any]) -> list[Action]:
+        """A membership view committed: learn its members, answer waiting joins/leaves."""
+        self.view = max(self.view, int(data.get("view_id", self.view)))
+        self.view_members = sorted(data.get("members", []))
+        actions: list[Action] = []
+        for member in self.view_members:
+            if member not in self.detector.peers and member != self.name:
+                actions += self.detector.add_peer(member, None)
+        still: list[_Pending] = []
+        for pending in self._pending_members:
+            done = (pending.kind == "join" and pending.name in self.view_members) or (
+                pending.kind == "leave" and pending.name not in self.view_members
+            )
+            if done:
+                if pending.timer:
+                    actions.append(CancelTimer(pending.timer))
+                actions += self._answer(
+                    pending, {"ok": True, "view": self.view, "members": self.view_members}
+                )
+            else:
+                still.append(pending)
+        self._pending_members = still
         return actions
 
     # ---------------------------------------------------------------- admin
@@ -269,9 +457,111 @@ class ClusterNode:
         op = payload.get("op") if isinstance(payload, dict) else None
         if op == "status":
             return [Reply(event.request_id, self.status())]
-        if op in WORK_OPS and not self.enabled:
-            return [Reply(event.request_id, quorum_lost(self.name))]
-        return [Reply(event.request_id, {"error": "BadRequest", "message": f"unknown op {op!r}"})]
+        if op not in WORK_OPS:
+            return [Reply(event.request_id, bad_request(f"unknown op {op!r}"))]
+        return self._work(op, payload, ("client", event.request_id))
+
+    def _work(self, op: str, payload: Mapping[str, Any], reply_to: tuple[Any, ...]) -> list[Action]:
+        """A work request from a client or forwarded by a peer."""
+        if not self.enabled:
+            return self._answer(_Pending(op, reply_to), quorum_lost(self.name))
+        if op == "propose":
+            return self._propose(payload, reply_to)
+        name = payload.get("name")
+        if not isinstance(name, str) or not name:
+            return self._answer(_Pending(op, reply_to), bad_request(f"{op} needs a node name"))
+        if op == "join":
+            address = payload.get("address")
+            if isinstance(address, str):
+                self.detector.add_peer(name, address)
+        if self.raft.role != ROLE_LEADER:
+            return self._forward(op, payload, reply_to)
+        pending = _Pending(op, reply_to, name=name)
+        already = (
+            name in self.view_members
+            if op == "join"
+            else name not in self.view_members and name not in self.raft.members
+        )
+        if already:
+            return self._answer(
+                pending, {"ok": True, "view": self.view, "members": self.view_members}
+            )
+        try:
+            if op == "join":
+                actions = self.raft.add_member(self._now, name)
+            else:
+                actions = self.raft.remove_member(self._now, name)
+        except NotLeader as e:
+            return self._answer(pending, not_leader(e.leader))
+        except ValueError as e:
+            return self._answer(pending, {"error": "Failed", "message": str(e)})
+        self._next_forward += 1
+        pending.timer = f"node:op:{self._next_forward}"
+        self._pending_members.append(pending)
+        out = self._from_raft(actions)
+        out.append(SetTimer(pending.timer, FORWARD_TIMEOUT))
+        return out
+
+    def _propose(self, payload: Mapping[str, Any], reply_to: tuple[Any, ...]) -> list[Action]:
+        self._next_forward += 1
+        command = {"id": [self.name, self._nonce, self._next_forward], "v": payload.get("value")}
+        pending = _Pending("propose", reply_to, command=command)
+        if self.raft.role != ROLE_LEADER:
+            return self._answer(pending, not_leader(self.raft.leader))
+        try:
+            index, actions = self.raft.propose(self._now, command)
+        except NotLeader as e:
+            return self._answer(pending, not_leader(e.leader))
+        self._pending_log[index] = pending
+        out: list[Action] = [Notify("proposed", {"index": index, "term": self.raft.term})]
+        return out + self._from_raft(actions)
+
+    def _forward(
+        self, op: str, payload: Mapping[str, Any], reply_to: tuple[Any, ...]
+    ) -> list[Action]:
+        leader = self.raft.leader
+        if leader is None or leader == self.name or reply_to[0] != "client":
+            return self._answer(_Pending(op, reply_to), not_leader(leader))
+        self._next_forward += 1
+        fid = self._next_forward
+        timer = f"node:fwd:{fid}"
+        self._forwarded[fid] = (reply_to[1], timer)
+        body = {**dict(payload), "op": op, "fwd": fid}
+        return [Send(leader, self._envelope("adm", body)), SetTimer(timer, FORWARD_TIMEOUT)]
+
+    def _on_admin_message(self, sender: NodeId, body: Any) -> list[Action]:
+        if not isinstance(body, dict):
+            return [Log("warning", f"malformed admin message from {sender}")]
+        if "re" in body:  # the leader's answer to a request we forwarded
+            forwarded = self._forwarded.pop(body["re"], None)
+            if forwarded is None:
+                return []
+            request_id, timer = forwarded
+            return [CancelTimer(timer), Reply(request_id, body.get("reply"))]
+        op = body.get("op")
+        if op not in ("join", "leave"):
+            return [Log("warning", f"unknown admin op {op!r} from {sender}")]
+        return self._work(op, body, ("peer", sender, body.get("fwd")))
+
+    def _on_own_timer(self, name: str) -> list[Action]:
+        kind = name.partition(":")[0]
+        if kind == "fwd":
+            for fid, (request_id, timer) in list(self._forwarded.items()):
+                if timer == "node:" + name:
+                    del self._forwarded[fid]
+                    return [Reply(request_id, timeout(f"no answer from leader {self.leader}"))]
+        elif kind == "op":
+            for pending in self._pending_members:
+                if pending.timer == "node:" + name:
+                    self._pending_members.remove(pending)
+                    return self._answer(pending, timeout("the membership change did not commit"))
+        return []
+
+    def _answer(self, pending: _Pending, answer: dict[str, Any]) -> list[Action]:
+        if pending.reply_to[0] == "client":
+            return [Reply(pending.reply_to[1], answer)]
+        _, node, fid = pending.reply_to
+        return [Send(node, self._envelope("adm", {"re": fid, "reply": answer}))]
 
     def status(self) -> dict[str, Any]:
         """The ``status`` admin reply (see module docstring)."""
@@ -280,7 +570,7 @@ class ClusterNode:
                 "name": self.name,
                 "address": self.config.address,
                 "state": "Self",
-                "member": self.name in self.members,
+                "member": self.name in self.view_members,
             }
         ]
         for name, peer in sorted(self.detector.peers.items()):
@@ -289,18 +579,26 @@ class ClusterNode:
                     "name": name,
                     "address": peer.address,
                     "state": str(peer.state),
-                    "member": name in self.members,
+                    "member": name in self.view_members,
                 }
+            )
+        warnings = self.detector.warnings()
+        if self.policy.mode == "off" or self.policy.allow_non_intersecting:
+            warnings.append(
+                f"quorum policy {self.policy.mode!r} does not make quorums intersect: "
+                "both sides of a partition may stay active (split brain)"
             )
         return {
             "name": self.name,
             "view": self.view,
-            "members": list(self.members),
+            "members": list(self.view_members),
             "quorum": self.quorum_state,
-            "leader": self.leader,
-            "term": self.term,
+            "leader": self.raft.leader,
+            "term": self.raft.term,
+            "role": self.raft.role,
+            "commit_index": self.raft.commit_index,
             "nodes": nodes,
-            "warnings": self.detector.warnings(),
+            "warnings": warnings,
         }
 
 
@@ -310,6 +608,18 @@ def quorum_lost(name: NodeId) -> dict[str, Any]:
         "error": "QuorumLost",
         "message": f"node {name} has no quorum (Disabled) and refuses work; ask another node",
     }
+
+
+def not_leader(leader: NodeId | None) -> dict[str, Any]:
+    return {"error": "NotLeader", "leader": leader, "message": f"the leader is {leader}"}
+
+
+def timeout(message: str) -> dict[str, Any]:
+    return {"error": "Timeout", "message": message}
+
+
+def bad_request(message: str) -> dict[str, Any]:
+    return {"error": "BadRequest", "message": message}
 
 
 __all__ = ["ClusterConfig", "ClusterNode", "NodeState", "quorum_lost"]

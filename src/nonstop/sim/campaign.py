@@ -1,0 +1,175 @@
+"""Run the cluster scenario over many seeds: ``python -m nonstop.sim.campaign``.
+
+    python -m nonstop.sim.campaign --seeds 10000            # seeds 0..9999 on every core
+    python -m nonstop.sim.campaign --seeds 500 --start 7000  # seeds 7000..7499
+    python -m nonstop.sim.campaign --seed 1234 --verbose     # replay one seed, explain it
+
+Every failing seed is printed with the one-line command that replays it; the
+exit status is 1 if any seed failed.  Runs are deterministic per seed; the
+command re-executes itself with ``PYTHONHASHSEED=0`` so that even code that
+iterates a ``set`` of strings replays identically in another process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from nonstop.sim.cluster import RunResult, run_seed
+
+
+@dataclass(frozen=True, slots=True)
+class SeedOutcome:
+    """What a worker sends back for one seed (small and picklable)."""
+
+    seed: int
+    ok: bool
+    summary: str
+    violations: tuple[str, ...]
+    wall_time: float
+    events: int
+
+
+def replay_command(seed: int) -> str:
+    return f"python -m nonstop.sim.campaign --seed {seed} --verbose"
+
+
+def run_one(seed: int) -> SeedOutcome:
+    """Run one seed; an exception in the code under test is a failure, not a crash."""
+    try:
+        result, _ = run_seed(seed)
+    except Exception as exc:  # the code under test raised: report it as this seed's failure
+        return SeedOutcome(seed, False, f"seed {seed}: EXCEPTION", (repr(exc),), 0.0, 0)
+    return SeedOutcome(
+        seed,
+        result.ok,
+        result.summary(),
+        tuple(str(v) for v in result.violations),
+        float(result.stats["wall_time"]),
+        int(result.stats["events"]),
+    )
+
+
+def run_campaign(
+    seeds: Iterable[int], *, jobs: int | None = None, progress: bool = False
+) -> list[SeedOutcome]:
+    """Run ``seeds`` on ``jobs`` worker processes (default: every core); outcomes by seed."""
+    seeds = list(seeds)
+    jobs = jobs or os.cpu_count() or 1
+    outcomes: list[SeedOutcome] = []
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(seeds), unit="seed", file=sys.stderr, dynamic_ncols=True)
+    if jobs == 1:
+        iterator: Iterable[SeedOutcome] = map(run_one, seeds)
+        pool = None
+    else:
+        pool = multiprocessing.get_context("fork").Pool(jobs)
+        iterator = pool.imap_unordered(run_one, seeds, chunksize=8)
+    failed = 0
+    try:
+        for outcome in iterator:
+            outcomes.append(outcome)
+            if not outcome.ok:
+                failed += 1
+                if bar is not None:
+                    bar.write(_failure_text(outcome))
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(failed=failed)
+    finally:
+        if pool is not None:
+            pool.close()
+            pool.join()
+        if bar is not None:
+            bar.close()
+    outcomes.sort(key=lambda o: o.seed)
+    return outcomes
+
+
+def _failure_text(outcome: SeedOutcome) -> str:
+    first = outcome.violations[0] if outcome.violations else "?"
+    return f"FAIL seed {outcome.seed}: {first}\n  replay: {replay_command(outcome.seed)}"
+
+
+def explain(seed: int, *, full_trace: bool = False) -> RunResult:
+    """Replay one seed and print its shape, faults, notable events and verdict."""
+    result, sim = run_seed(seed, trace=True)
+    print(f"seed {seed}: nodes {', '.join(result.nodes)}")
+    print("fault schedule:")
+    for fault in result.faults:
+        print("  " + fault.describe())
+    print("trace:" if full_trace else "trace (faults, roles, leaders, views, quorum):")
+    keep = ("FAULT", "'role'", "kind='leader'", "kind='view'", "kind='quorum'")
+    for line in sim.trace:
+        if full_trace or any(k in line for k in keep):
+            print("  " + (line if full_trace else _short(line)))
+    print(result.summary())
+    for violation in result.violations:
+        print(f"  VIOLATION {violation}")
+    print(f"trace digest {result.digest}")
+    return result
+
+
+def _short(line: str) -> str:
+    """Keep the time, the node and the notifications of a trace line."""
+    if "FAULT" in line:
+        return line
+    time_s, node, rest = line.split(" ", 2)
+    notes = []
+    start = 0
+    while (i := rest.find("Notify(", start)) != -1:
+        j = rest.find(")", i)
+        notes.append(rest[i : j + 1])
+        start = j + 1
+    kept = [n for n in notes if any(k in n for k in ("'role'", "leader", "view", "quorum"))]
+    return f"{time_s} {node} " + " ".join(kept)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if argv is None and os.environ.get("PYTHONHASHSEED") != "0":
+        env = {**os.environ, "PYTHONHASHSEED": "0"}
+        os.execve(sys.executable, [sys.executable, "-m", "nonstop.sim.campaign", *args_list], env)
+    parser = argparse.ArgumentParser(prog="python -m nonstop.sim.campaign", description=__doc__)
+    parser.add_argument("--seeds", type=int, default=1000, help="how many seeds to run")
+    parser.add_argument("--start", type=int, default=0, help="first seed")
+    parser.add_argument("--seed", type=int, help="run only this seed")
+    parser.add_argument("--verbose", action="store_true", help="explain the run (with --seed)")
+    parser.add_argument("--trace", action="store_true", help="print every event (with --seed)")
+    parser.add_argument("--jobs", type=int, default=None, help="worker processes (default: cores)")
+    args = parser.parse_args(args_list)
+    if args.seed is not None:
+        if args.verbose or args.trace:
+            result = explain(args.seed, full_trace=args.trace)
+            return 0 if result.ok else 1
+        outcome = run_one(args.seed)
+        print(outcome.summary)
+        for v in outcome.violations:
+            print(f"  VIOLATION {v}")
+        return 0 if outcome.ok else 1
+    started = time.perf_counter()
+    outcomes = run_campaign(
+        range(args.start, args.start + args.seeds), jobs=args.jobs, progress=True
+    )
+    failures = [o for o in outcomes if not o.ok]
+    elapsed = time.perf_counter() - started
+    events = sum(o.events for o in outcomes)
+    for outcome in failures:
+        print(_failure_text(outcome))
+    print(
+        f"{len(outcomes)} seeds, {len(failures)} failed, {events} events, "
+        f"{elapsed:.1f}s wall ({len(outcomes) / max(elapsed, 1e-9):.1f} seeds/s)"
+    )
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,263 @@
+"""The cluster scenario: ClusterNodes under a nemesis, a client workload, checkers.
+
+One seed = one run of :func:`run_seed`:
+
+1. draw the shape from the seed: 3-5 nodes, network loss/duplication/reorder
+   rates, sometimes a node that joins later (Raft AddServer through its own
+   join request), sometimes weighted votes;
+2. start the founders, let them elect a leader, run a client that proposes
+   unique values (following ``NotLeader`` hints) and asks for ``status``;
+3. the nemesis crashes, pauses, partitions (both ways and one way) and drops
+   messages until ``heal_at``; then heals everything;
+4. liveness: within ``converge_within`` virtual seconds every node must be up
+   with quorum Active, agree on one leader and one view, and a last proposal
+   must commit and be applied by every node;
+5. the checkers (:mod:`nonstop.sim.checker`) must have seen no violation.
+
+Everything is cheap on purpose (a few virtual seconds, short timeouts scaled
+down from the defaults) so that a campaign runs thousands of seeds.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from nonstop.cluster.failure import DetectorConfig
+from nonstop.cluster.node import ClusterConfig, ClusterNode
+from nonstop.cluster.raft import ROLE_LEADER, RaftConfig
+from nonstop.runtime.interface import Machine, NodeId
+from nonstop.sim import nemesis
+from nonstop.sim.checker import ClusterChecker, Violation
+from nonstop.sim.core import DiskConfig, NetConfig, Simulation
+
+NodeFactory = Callable[[ClusterConfig, random.Random, Mapping[bytes, bytes]], Machine]
+
+
+@dataclass(slots=True)
+class ScenarioConfig:
+    """Knobs of a cluster run (defaults: the campaign's)."""
+
+    nodes: tuple[int, ...] = (3, 3, 4, 5)
+    """The node count is drawn from these."""
+    fault_start: float = 1.0
+    heal_at: float = 4.0
+    converge_within: float = 12.0
+    fault_rate: float = 2.0
+    fault_kinds: tuple[str, ...] = nemesis.FAULT_KINDS
+    joiner_probability: float = 0.3
+    weights_probability: float = 0.2
+    client_interval: float = 0.05
+    detector: DetectorConfig = field(
+        default_factory=lambda: DetectorConfig(keepalive_interval=0.1, non_response_timeout=0.4)
+    )
+    raft: RaftConfig = field(
+        default_factory=lambda: RaftConfig(election_timeout=0.5, heartbeat_interval=0.05)
+    )
+    snapshot_every: int = 16
+    node_factory: NodeFactory | None = None
+    """Build a node's machine; default ClusterNode.  Tests plug broken machines in here."""
+
+
+@dataclass(slots=True)
+class RunResult:
+    """The outcome of one seed."""
+
+    seed: int
+    ok: bool
+    violations: list[Violation]
+    faults: list[nemesis.Fault]
+    nodes: list[NodeId]
+    digest: str
+    stats: dict[str, Any]
+
+    def summary(self) -> str:
+        status = "ok" if self.ok else "FAIL"
+        s = self.stats
+        return (
+            f"seed {self.seed}: {status} nodes={len(self.nodes)} faults={len(self.faults)} "
+            f"events={s['events']} msgs={s['messages']} acked={s['acked']} "
+            f"virtual={s['virtual_time']:.2f}s wall={s['wall_time']:.3f}s"
+        )
+
+
+def run_seed(
+    seed: int, config: ScenarioConfig | None = None, *, trace: bool = False
+) -> tuple[RunResult, Simulation]:
+    """Run one seed of the cluster scenario; returns the result and the simulation."""
+    cfg = config or ScenarioConfig()
+    wall = time.perf_counter()
+    rng = random.Random(seed)
+    net = NetConfig(
+        delay_min=0.0005,
+        delay_mean=rng.choice([0.001, 0.003, 0.01]),
+        drop=rng.choice([0.0, 0.0, 0.01, 0.05]),
+        duplicate=rng.choice([0.0, 0.01, 0.05]),
+        reorder=rng.choice([0.0, 0.05, 0.2]),
+    )
+    sim = Simulation(rng.getrandbits(64), net, DiskConfig(), trace=trace)
+    n = rng.choice(cfg.nodes)
+    names = [f"n{i}" for i in range(1, n + 1)]
+    joiner = names[-1] if rng.random() < cfg.joiner_probability else None
+    founders = [x for x in names if x != joiner]
+    quorum: dict[str, Any] = {"mode": "majority"}
+    if rng.random() < cfg.weights_probability:
+        quorum["weights"] = {x: rng.choice([1, 1, 2]) for x in names}
+    addresses = {x: f"sim://{x}" for x in names}
+    timestamps = {x: 1_700_000_000 + i for i, x in enumerate(names)}
+    factory = cfg.node_factory or ClusterNode
+
+    def make(name: NodeId) -> Callable[[random.Random, Mapping[bytes, bytes]], Machine]:
+        node_cfg = ClusterConfig(
+            name=name,
+            address=addresses[name],
+            store_timestamp=timestamps[name],
+            members=tuple(founders) if name != joiner else (),
+            static_peers={x: a for x, a in addresses.items() if x != name},
+            detector=cfg.detector,
+            quorum=quorum,
+            raft=cfg.raft,
+            snapshot_every=cfg.snapshot_every,
+        )
+        return lambda node_rng, recovered: factory(node_cfg, node_rng, recovered)
+
+    checker = ClusterChecker().attach(sim)
+    for name in founders:
+        sim.add_node(name, make(name))
+    if joiner is not None:
+        sim.add_node(joiner, make(joiner), start=False)
+        sim.at(rng.uniform(0.5, cfg.heal_at), lambda: sim.start(joiner))
+
+    faults = nemesis.plan(
+        rng,
+        names,
+        start=cfg.fault_start,
+        heal_at=cfg.heal_at,
+        rate=cfg.fault_rate,
+        kinds=cfg.fault_kinds,
+    )
+    nemesis.install(sim, faults, cfg.heal_at)
+
+    # ------------------------------------------------------------ workload
+    client = {"leader": founders[0], "next": 0}
+
+    def send_one() -> None:
+        up = [x for x in names if sim.nodes[x].up]
+        if not up:
+            return
+        target = client["leader"] if rng.random() < 0.7 else rng.choice(names)
+        client["next"] += 1
+        if rng.random() < 0.1:
+            sim.request(target, {"op": "status"})
+        else:
+            sim.request(target, {"op": "propose", "value": f"v{client['next']}"})
+
+    def learn() -> None:
+        for record in sim.requests.values():
+            reply = record.reply
+            if isinstance(reply, dict) and reply.get("error") == "NotLeader":
+                if reply.get("leader"):
+                    client["leader"] = reply["leader"]
+            elif isinstance(reply, dict) and reply.get("ok"):
+                client["leader"] = record.node
+
+    t = 0.3
+    while t < cfg.heal_at:
+        sim.at(t, send_one)
+        sim.at(t, learn)
+        t += cfg.client_interval
+
+    # ------------------------------------------------------------ run
+    sim.run_until(cfg.heal_at)
+    deadline = cfg.heal_at + cfg.converge_within
+
+    def converged() -> bool:
+        return _agreement(sim, names) is None
+
+    done = False
+    while sim.now < deadline and not done:
+        sim.run_for(0.05)
+        done = converged()
+    if not done:
+        checker.fail(sim, "liveness", f"no agreement after the heal: {_agreement(sim, names)}")
+    else:
+        # One more proposal through the agreed leader must commit everywhere.
+        leader = _leader_of(sim, names)
+        assert leader is not None
+        rid = sim.request(leader, {"op": "propose", "value": "final"})
+        finished = False
+        while sim.now < deadline and not finished:
+            sim.run_for(0.05)
+            reply = sim.requests[rid].reply
+            finished = (
+                isinstance(reply, dict)
+                and reply.get("ok") is True
+                and _all_applied(sim, names, int(reply["index"]))
+            )
+        if not finished:
+            checker.fail(
+                sim,
+                "liveness",
+                f"final proposal on {leader} not applied everywhere: {sim.requests[rid].reply!r}",
+            )
+    applied = {x: m.applied_index for x in names if isinstance(m := sim.machine(x), ClusterNode)}
+    checker.final(sim, [x for x in names if sim.nodes[x].up], applied)
+    violations = list(checker.violations)
+    stats = {
+        "events": sim.events,
+        "messages": sim.messages_sent,
+        "dropped": sim.messages_dropped,
+        "acked": len(checker.acked),
+        "leaders": len(checker.leaders),
+        "refused_while_disabled": checker.refused_while_disabled,
+        "virtual_time": sim.now,
+        "wall_time": time.perf_counter() - wall,
+        "crashes": sum(node.crashes for node in sim.nodes.values()),
+    }
+    result = RunResult(seed, not violations, violations, faults, names, sim.trace_digest, stats)
+    return result, sim
+
+
+def _leader_of(sim: Simulation, names: list[NodeId]) -> NodeId | None:
+    for name in names:
+        m = sim.machine(name)
+        if isinstance(m, ClusterNode) and m.raft.role == ROLE_LEADER:
+            return name
+    return None
+
+
+def _agreement(sim: Simulation, names: list[NodeId]) -> str | None:
+    """None when every node is up, Active, and agrees on leader and view; else why not."""
+    leaders: set[Any] = set()
+    views: set[int] = set()
+    for name in names:
+        node = sim.nodes[name]
+        m = node.machine
+        if not node.up or node.paused or not isinstance(m, ClusterNode):
+            return f"{name} is not running"
+        if m.quorum_state != "Active":
+            return f"{name} quorum is {m.quorum_state}"
+        leaders.add(m.raft.leader)
+        views.add(m.view)
+    if len(leaders) != 1 or None in leaders:
+        return f"leaders {sorted(map(str, leaders))}"
+    if len(views) != 1:
+        return f"views {sorted(views)}"
+    leader = next(iter(leaders))
+    lm = sim.machine(leader)
+    if not isinstance(lm, ClusterNode) or lm.raft.role != ROLE_LEADER:
+        return f"{leader} is named leader but is not"
+    if sorted(lm.view_members) != sorted(names):
+        return f"view members {lm.view_members} != {names}"
+    return None
+
+
+def _all_applied(sim: Simulation, names: list[NodeId], index: int) -> bool:
+    for name in names:
+        m = sim.machine(name)
+        if not isinstance(m, ClusterNode) or m.applied_index < index:
+            return False
+    return True
