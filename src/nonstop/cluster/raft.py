@@ -116,13 +116,31 @@ that means.
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import msgpack
 
 from nonstop.cluster.quorum import Quorum, QuorumPolicy
-from nonstop.runtime.interface import Action, Event, NodeId
+from nonstop.errors import NotLeader, Unavailable
+from nonstop.runtime.interface import (
+    Action,
+    CancelTimer,
+    Event,
+    Log,
+    NodeId,
+    Notify,
+    Persist,
+    Persisted,
+    Received,
+    Send,
+    SetTimer,
+    Started,
+    TimerFired,
+)
 
 ROLE_FOLLOWER = "follower"
 ROLE_PRE_CANDIDATE = "pre_candidate"
@@ -131,6 +149,34 @@ ROLE_LEADER = "leader"
 
 TIMER_ELECTION = "raft.election"
 TIMER_HEARTBEAT = "raft.heartbeat"
+
+KEY_HARD_STATE = b"raft/hs"
+KEY_SNAPSHOT = b"raft/snap"
+KEY_LOG_PREFIX = b"raft/log/"
+
+# Entry kinds on the wire and on disk (short: they are repeated once per entry).
+K_CMD = "c"
+K_NOOP = "n"
+K_CONFIG = "m"
+_KINDS = frozenset({K_CMD, K_NOOP, K_CONFIG})
+
+# With a non-intersecting policy every candidate only campaigns in terms it "owns"
+# (term % _BALLOT_SPACE == its rank among the voters), so two leaders never share a term and the
+# log matching property (same index and term => same entry) survives a split brain.
+_BALLOT_SPACE = 1024
+
+
+def log_key(index: int) -> bytes:
+    """The durable key of log entry ``index``."""
+    return KEY_LOG_PREFIX + index.to_bytes(8, "big")
+
+
+def _pack(value: Any) -> bytes:
+    return msgpack.packb(value, use_bin_type=True)
+
+
+def _unpack(raw: bytes) -> Any:
+    return msgpack.unpackb(raw, raw=False, strict_map_key=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,8 +200,50 @@ class Entry:
     data: Any
 
 
+class _Bad(Exception):
+    """A malformed message; dropped with a Log action (never escapes ``handle``)."""
+
+
+@dataclass(slots=True)
+class _Config:
+    """A membership configuration: ``old`` is set while in joint consensus (C_old,new)."""
+
+    index: int
+    voters: frozenset[NodeId]
+    old: frozenset[NodeId] | None
+
+    def everyone(self) -> frozenset[NodeId]:
+        return self.voters | (self.old or frozenset())
+
+
+@dataclass(slots=True)
+class _Peer:
+    """Leader-side replication progress of one follower."""
+
+    next: int
+    match: int = 0
+    inflight: int = 0
+    last_ack: float = float("-inf")
+    progress: float = float("-inf")  # last answer to an append that carried entries
+    snap_sent: float = float("-inf")
+    reset: bool = False
+
+
+@dataclass(slots=True)
+class _Pending:
+    """What becomes true once the Persist with ``token`` (and every earlier one) is durable."""
+
+    token: int
+    last_index: int
+    hard_state: tuple[int, NodeId | None]
+    sends: list[Action] = field(default_factory=list)
+    done: bool = False
+
+
 class Raft:
     """One node's Raft replica of the cluster log.  See the module docstring for the contract."""
+
+    _HANDLERS: ClassVar[dict[str, Callable[..., None]]]
 
     def __init__(
         self,
@@ -169,42 +257,1003 @@ class Raft:
         config: RaftConfig | None = None,
         next_token: Callable[[], int] | None = None,
     ) -> None:
-        raise NotImplementedError
+        self.id = node_id
+        self._rng = rng
+        self.policy = policy or QuorumPolicy.majority()
+        self.cfg = config or RaftConfig()
+        self._next_token = next_token or itertools.count(1).__next__
+        self._contacts = [c for c in contacts if c != node_id]
+        self._join_target = 0
+        self._leader_hint: NodeId | None = None
 
+        # Persistent state (mirrored by b"raft/..." keys).
+        self.term = 0
+        self.voted_for: NodeId | None = None
+        self._snap_index = 0
+        self._snap_term = 0
+        self._snap_state: bytes | None = None
+        self._snap_view: tuple[int, frozenset[NodeId]] = (0, frozenset())
+        self._log: list[tuple[int, str, Any]] = []  # entry i is self._log[i - snap_index - 1]
+        self._configs: list[_Config] = [_Config(0, frozenset(), None)]
+
+        # Volatile state.
+        self.role = ROLE_FOLLOWER
+        self.leader: NodeId | None = None
+        self.commit_index = 0
+        self.last_applied = 0
+        self.view_id = 0
+        self.view_members: frozenset[NodeId] = frozenset()
+        self._view_hist: list[tuple[int, int, frozenset[NodeId]]] = [(0, 0, frozenset())]
+        self._applied: list[Entry] = []
+        self._leader_contact = float("-inf")
+        self._campaign_term = 0
+        self._votes: set[NodeId] = set()
+        self._peers: dict[NodeId, _Peer] = {}
+        self._term_start = 0  # index of this leader's no-op
+        self._quorums: tuple[Quorum | None, Quorum | None] = (None, None)
+
+        # Durability bookkeeping.
+        self._writes: dict[bytes, bytes | None] = {}
+        self._deferred: list[Action] = []
+        self._pending: list[_Pending] = []
+        self._durable_last = 0
+        self._durable_hs: tuple[int, NodeId | None] = (0, None)
+        self._was_member = False
+
+        self._recover(recovered)
+        if self.last_index == 0 and bootstrap_members:
+            members = frozenset(bootstrap_members)
+            self.policy.bind(members)  # a bad policy for the founders is a configuration error
+            if node_id in members:
+                self._append_local(0, K_CONFIG, {"voters": sorted(members), "old": None})
+        self._durable_hs = (self.term, self.voted_for)
+        self._rebind()
+        # Term-0 entries (the bootstrap config) are committed by construction.
+        first_real = self._snap_index + 1
+        while first_real <= self.last_index and self._term_at(first_real) == 0:
+            first_real += 1
+        self._advance_commit_to(first_real - 1, [])
+
+    # ------------------------------------------------------------ recovery
+    def _recover(self, rec: Mapping[bytes, bytes]) -> None:
+        raw = rec.get(KEY_HARD_STATE)
+        if raw is not None:
+            hs = _unpack(raw)
+            self.term, self.voted_for = int(hs["term"]), hs["vote"]
+        raw = rec.get(KEY_SNAPSHOT)
+        if raw is not None:
+            snap = _unpack(raw)
+            self._install_snapshot_meta(snap)
+            self._applied.append(self._snapshot_entry())
+        idx = self._snap_index + 1
+        while True:
+            raw = rec.get(log_key(idx))
+            if raw is None:
+                break
+            term, kind, data = _unpack(raw)
+            self._append_mem(int(term), kind, data)
+            idx += 1
+        self._durable_last = self.last_index
+        self._was_member = any(self.id in c.everyone() for c in self._configs)
+
+    def _install_snapshot_meta(self, snap: Mapping[str, Any]) -> None:
+        self._snap_index = int(snap["index"])
+        self._snap_term = int(snap["term"])
+        self._snap_state = snap["state"]
+        old = snap["old"]
+        self._configs = [
+            _Config(
+                self._snap_index,
+                frozenset(snap["voters"]),
+                None if old is None else frozenset(old),
+            )
+        ]
+        self._snap_view = (int(snap["view_id"]), frozenset(snap["view_members"]))
+        self._view_hist = [(self._snap_index, *self._snap_view)]
+        self.view_id, self.view_members = self._snap_view
+        self.commit_index = max(self.commit_index, self._snap_index)
+        self.last_applied = self._snap_index
+
+    def _snapshot_entry(self) -> Entry:
+        vid, members = self._snap_view
+        return Entry(
+            self._snap_index,
+            self._snap_term,
+            "snapshot",
+            {"state": self._snap_state, "members": sorted(members), "view_id": vid},
+        )
+
+    # ---------------------------------------------------------- properties
+    @property
+    def last_index(self) -> int:
+        return self._snap_index + len(self._log)
+
+    @property
+    def last_term(self) -> int:
+        return self._log[-1][0] if self._log else self._snap_term
+
+    @property
+    def snapshot_index(self) -> int:
+        return self._snap_index
+
+    @property
+    def members(self) -> frozenset[NodeId]:
+        """Voters of the latest appended config (C_new while in joint consensus)."""
+        return self._configs[-1].voters
+
+    @property
+    def quorum(self) -> Quorum | None:
+        """The policy bound to :attr:`members` (None before a joiner knows any config)."""
+        return self._quorums[0]
+
+    @property
+    def in_joint_consensus(self) -> bool:
+        return self._configs[-1].old is not None
+
+    def _term_at(self, index: int) -> int | None:
+        if index == self._snap_index:
+            return self._snap_term
+        if index < self._snap_index or index > self.last_index:
+            return None
+        return self._log[index - self._snap_index - 1][0]
+
+    def _entry(self, index: int) -> tuple[int, str, Any]:
+        return self._log[index - self._snap_index - 1]
+
+    # --------------------------------------------------------------- input
     def handle(self, event: Event) -> list[Action]:
-        raise NotImplementedError
-
-    def propose(self, now: float, command: Any, *, flush: bool = True) -> tuple[int, list[Action]]:
-        raise NotImplementedError
-
-    def propose_batch(self, now: float, commands: Iterable[Any]) -> tuple[int, list[Action]]:
-        raise NotImplementedError
+        """Consume one event; see the module docstring."""
+        out: list[Action] = []
+        now = event.now
+        if isinstance(event, Received):
+            p = event.payload
+            if not (isinstance(p, dict) and isinstance(p.get("t"), str)):
+                return []
+            t = p["t"]
+            if not t.startswith("raft."):
+                return []
+            handler = self._HANDLERS.get(t)
+            if handler is None:
+                return [
+                    Log("warning", f"raft: dropped unknown message type {t!r} from {event.sender}")
+                ]
+            try:
+                handler(self, now, event.sender, p, out)
+            except _Bad as e:
+                out.append(Log("warning", f"raft: dropped malformed {t} from {event.sender}: {e}"))
+        elif isinstance(event, TimerFired):
+            if event.name == TIMER_ELECTION:
+                self._on_election_timer(now, out)
+            elif event.name == TIMER_HEARTBEAT:
+                self._on_heartbeat_timer(now, out)
+            else:
+                return []
+        elif isinstance(event, Persisted):
+            if not self._on_persisted(now, event.token, out):
+                return []
+        elif isinstance(event, Started):
+            self._on_started(now, out)
+        else:
+            return []
+        return self._finish(now, out)
 
     def flush(self, now: float) -> list[Action]:
-        raise NotImplementedError
+        """Emit the Persist and appends for entries proposed with ``flush=False``."""
+        return self._finish(now, [])
+
+    # ------------------------------------------------------------- proposals
+    def _require_leader(self) -> None:
+        if self.role != ROLE_LEADER:
+            raise NotLeader(f"{self.id} is not the cluster log leader", self.leader)
+
+    def propose(self, now: float, command: Any, *, flush: bool = True) -> tuple[int, list[Action]]:
+        """Append ``command``; returns its index and (if ``flush``) the actions to carry out."""
+        self._require_leader()
+        index = self._append_local(self.term, K_CMD, command)
+        return index, (self._finish(now, []) if flush else [])
+
+    def propose_batch(self, now: float, commands: Iterable[Any]) -> tuple[int, list[Action]]:
+        """Append many commands with one Persist; returns the first index (or the next index)."""
+        self._require_leader()
+        first = self.last_index + 1
+        for c in commands:
+            self._append_local(self.term, K_CMD, c)
+        return first, self._finish(now, [])
 
     def add_member(self, now: float, node: NodeId) -> list[Action]:
-        raise NotImplementedError
+        """Add a voter (AddServer).  See :meth:`change_members`."""
+        return self.change_members(now, self.members | {node})
 
     def remove_member(self, now: float, node: NodeId) -> list[Action]:
-        raise NotImplementedError
+        """Remove a voter (RemoveServer).  See :meth:`change_members`."""
+        return self.change_members(now, self.members - {node})
 
     def change_members(self, now: float, members: Iterable[NodeId]) -> list[Action]:
-        raise NotImplementedError
+        """Start a joint-consensus change to ``members``; one change at a time.
 
+        Raises NotLeader; Unavailable while this leader's first entry is not yet committed
+        (retry shortly); ValueError when a change is in progress or the new member set is not
+        valid for the quorum policy.  The change is done when a ``config`` entry with the new
+        members comes out of :meth:`take_applied`.
+        """
+        self._require_leader()
+        self._change_members(now, frozenset(members))
+        return self._finish(now, [])
+
+    def _change_members(self, now: float, new: frozenset[NodeId]) -> None:
+        cur = self._configs[-1]
+        if cur.old is not None or cur.index > self.commit_index:
+            raise ValueError("a membership change is already in progress")
+        if self.commit_index < self._term_start:
+            raise Unavailable("the new leader has not committed its first entry yet; retry")
+        if not new:
+            raise ValueError("the cluster cannot have no members")
+        self.policy.bind(new)  # raises ValueError for a member set the policy cannot serve
+        if new == cur.voters:
+            return
+        # Joint consensus (C_old,new): effective as soon as appended; C_new follows on commit.
+        self._append_local(self.term, K_CONFIG, {"voters": sorted(new), "old": sorted(cur.voters)})
+        for n in new - cur.everyone():
+            if n != self.id:
+                self._peers[n] = _Peer(next=self.last_index, last_ack=now, progress=now)
+
+    # -------------------------------------------------------------- output
     def take_applied(self) -> list[Entry]:
-        raise NotImplementedError
+        """Committed entries not yet taken, in log order (see module docstring)."""
+        out, self._applied = self._applied, []
+        return out
 
     def snapshot(self, now: float, index: int, state: bytes) -> list[Action]:
-        raise NotImplementedError
+        """Compact the log up to ``index``; ``state`` is the applied state after entry ``index``."""
+        if index <= self._snap_index:
+            return []
+        if index > self.last_applied:
+            raise ValueError(f"cannot snapshot at {index}: only {self.last_applied} applied")
+        cfg = self._config_at(index)
+        vid, vmem = self._view_at(index)
+        term = self._term_at(index)
+        assert term is not None
+        for i in range(self._snap_index + 1, index + 1):
+            self._writes[log_key(i)] = None
+        del self._log[: index - self._snap_index]
+        self._snap_index, self._snap_term, self._snap_state = index, term, state
+        self._snap_view = (vid, vmem)
+        self._configs = [_Config(index, cfg.voters, cfg.old)] + [
+            c for c in self._configs if c.index > index
+        ]
+        self._view_hist = [(index, vid, vmem)] + [h for h in self._view_hist if h[0] > index]
+        self._writes[KEY_SNAPSHOT] = _pack(self._snap_record())
+        return self._finish(now, [])
 
-    role: str
-    term: int
-    leader: NodeId | None
-    commit_index: int
-    last_applied: int
-    last_index: int
-    members: frozenset[NodeId]
-    view_id: int
-    view_members: frozenset[NodeId]
-    quorum: Quorum
+    def _snap_record(self) -> dict[str, Any]:
+        cfg = self._configs[0]
+        vid, vmem = self._snap_view
+        return {
+            "index": self._snap_index,
+            "term": self._snap_term,
+            "state": self._snap_state,
+            "voters": sorted(cfg.voters),
+            "old": None if cfg.old is None else sorted(cfg.old),
+            "view_id": vid,
+            "view_members": sorted(vmem),
+        }
+
+    def _config_at(self, index: int) -> _Config:
+        found = self._configs[0]
+        for c in self._configs:
+            if c.index <= index:
+                found = c
+        return found
+
+    def _view_at(self, index: int) -> tuple[int, frozenset[NodeId]]:
+        found = self._view_hist[0]
+        for h in self._view_hist:
+            if h[0] <= index:
+                found = h
+        return found[1], found[2]
+
+    def _finish(self, now: float, out: list[Action]) -> list[Action]:
+        """Replicate new entries, then emit one Persist for this call's writes (group commit).
+
+        Sends that may only leave once state is durable (vote grants, append acknowledgements)
+        are attached to the newest outstanding Persist.
+        """
+        if self.role == ROLE_LEADER:
+            for peer_id, peer in self._peers.items():
+                if peer.next <= self.last_index:
+                    self._send_append(now, peer_id, peer, out, heartbeat=False)
+        if self._writes:
+            token = self._next_token()
+            writes = tuple(self._writes.items())
+            self._writes = {}
+            out.append(Persist(token, writes))
+            self._pending.append(
+                _Pending(token, self.last_index, (self.term, self.voted_for), self._deferred)
+            )
+            self._deferred = []
+        elif self._deferred:
+            if self._pending:
+                self._pending[-1].sends.extend(self._deferred)
+            else:
+                out.extend(self._deferred)
+            self._deferred = []
+        return out
+
+    def _on_persisted(self, now: float, token: int, out: list[Action]) -> bool:
+        for p in self._pending:
+            if p.token == token:
+                p.done = True
+                break
+        else:
+            return False
+        while self._pending and self._pending[0].done:
+            p = self._pending.pop(0)
+            self._durable_last = p.last_index
+            self._durable_hs = p.hard_state
+            out.extend(p.sends)
+        if self.role == ROLE_CANDIDATE:
+            self._maybe_win(now, out)
+        elif self.role == ROLE_LEADER:
+            self._leader_advance_commit(now, out)
+        return True
+
+    # ---------------------------------------------------------- log writes
+    def _append_mem(self, term: int, kind: str, data: Any) -> int:
+        self._log.append((term, kind, data))
+        index = self.last_index
+        if kind == K_CONFIG:
+            old = data["old"]
+            self._configs.append(
+                _Config(index, frozenset(data["voters"]), None if old is None else frozenset(old))
+            )
+            if self.id in self._configs[-1].everyone():
+                self._was_member = True
+        return index
+
+    def _append_local(self, term: int, kind: str, data: Any) -> int:
+        index = self._append_mem(term, kind, data)
+        self._writes[log_key(index)] = _pack([term, kind, data])
+        if kind == K_CONFIG:
+            self._rebind()
+        return index
+
+    def _truncate_from(self, index: int) -> None:
+        """Drop entries ``index..`` (never committed ones, except for a non-intersecting reset)."""
+        for i in range(index, self.last_index + 1):
+            self._writes[log_key(i)] = None
+        del self._log[index - self._snap_index - 1 :]
+        had_config = len(self._configs)
+        self._configs = [self._configs[0]] + [c for c in self._configs[1:] if c.index < index]
+        for p in self._pending:
+            p.last_index = min(p.last_index, index - 1)
+        self._durable_last = min(self._durable_last, index - 1)
+        if len(self._configs) != had_config:
+            self._rebind()
+
+    def _bind(self, members: frozenset[NodeId]) -> Quorum | None:
+        if not members:
+            return None
+        try:
+            return self.policy.bind(members)
+        except ValueError:
+            # A config that came in through the log although this node's policy rejects it
+            # (policies differ between nodes): fall back to a plain majority, never crash.
+            return QuorumPolicy.majority(self.policy.weights).bind(members)
+
+    def _rebind(self) -> None:
+        cfg = self._configs[-1]
+        self._quorums = (self._bind(cfg.voters), None if cfg.old is None else self._bind(cfg.old))
+
+    def _has_quorum(self, nodes: Iterable[NodeId]) -> bool:
+        q_new, q_old = self._quorums
+        nodes = set(nodes)
+        if q_new is None or not q_new.reached(nodes):
+            return False
+        return q_old is None or q_old.reached(nodes)
+
+    def _is_voter(self) -> bool:
+        return self.id in self._configs[-1].everyone()
+
+    def _intersecting(self) -> bool:
+        return all(q is None or q.intersecting for q in self._quorums)
+
+    # -------------------------------------------------------------- roles
+    def _set_hard_state(self, term: int, vote: NodeId | None) -> None:
+        self.term, self.voted_for = term, vote
+        self._writes[KEY_HARD_STATE] = _pack({"term": term, "vote": vote})
+
+    def _election_delay(self) -> float:
+        t = self.cfg.election_timeout
+        return t + self._rng.random() * t
+
+    def _set_leader(self, leader: NodeId | None, out: list[Action]) -> None:
+        if leader != self.leader:
+            self.leader = leader
+            out.append(Notify("leader", {"term": self.term, "leader": leader}))
+        if leader is not None:
+            self._leader_hint = leader
+
+    def _set_role(self, role: str, out: list[Action]) -> None:
+        if role != self.role:
+            self.role = role
+            out.append(Notify("role", {"role": role, "term": self.term}))
+
+    def _become_follower(
+        self, now: float, term: int, leader: NodeId | None, out: list[Action]
+    ) -> None:
+        was_leader = self.role == ROLE_LEADER
+        if term > self.term:
+            self._set_hard_state(term, None)
+        self._set_role(ROLE_FOLLOWER, out)
+        self._set_leader(leader, out)
+        if was_leader:
+            self._peers = {}
+            out.append(CancelTimer(TIMER_HEARTBEAT))
+        out.append(SetTimer(TIMER_ELECTION, self._election_delay()))
+
+    def _on_started(self, now: float, out: list[Action]) -> None:
+        out.append(Notify("role", {"role": self.role, "term": self.term}))
+        if self.view_id:
+            out.append(
+                Notify("view", {"view_id": self.view_id, "members": sorted(self.view_members)})
+            )
+        out.append(SetTimer(TIMER_ELECTION, self._election_delay()))
+        if self._wants_join():
+            self._send_join(out)
+
+    def _wants_join(self) -> bool:
+        return not self._was_member and bool(self._contacts)
+
+    def _send_join(self, out: list[Action]) -> None:
+        if self._leader_hint is not None and self._leader_hint != self.id:
+            target = self._leader_hint
+            self._leader_hint = None  # fall back to the contacts if the hint goes nowhere
+        else:
+            target = self._contacts[self._join_target % len(self._contacts)]
+            self._join_target += 1
+        out.append(Send(target, {"t": "raft.join"}))
+
+    def _on_election_timer(self, now: float, out: list[Action]) -> None:
+        if self.role == ROLE_LEADER:
+            # Check-quorum: a leader that has not heard from a quorum for a whole election
+            # timeout steps down, so a leader cut off in a minority stops claiming leadership.
+            recent = {
+                p for p, st in self._peers.items() if now - st.last_ack < self.cfg.election_timeout
+            }
+            recent.add(self.id)
+            if not self._has_quorum(recent):
+                out.append(
+                    Log(
+                        "warning",
+                        f"raft: leader {self.id} lost quorum in term {self.term}; stepping down",
+                    )
+                )
+                self._become_follower(now, self.term, None, out)
+            else:
+                out.append(SetTimer(TIMER_ELECTION, self.cfg.election_timeout))
+            return
+        out.append(SetTimer(TIMER_ELECTION, self._election_delay()))
+        if self._wants_join():
+            if now - self._leader_contact >= self.cfg.election_timeout:
+                self._send_join(out)
+            return
+        if not self._is_voter() or self._quorums[0] is None:
+            return
+        if self.role == ROLE_FOLLOWER and self.leader is not None:
+            self._set_leader(None, out)
+        self._start_pre_vote(now, out)
+
+    def _next_campaign_term(self) -> int:
+        if self._intersecting():
+            return self.term + 1
+        ranks = sorted(self._configs[-1].everyone())
+        rank = ranks.index(self.id) % _BALLOT_SPACE if self.id in ranks else 0
+        t = (self.term // _BALLOT_SPACE) * _BALLOT_SPACE + rank
+        while t <= self.term:
+            t += _BALLOT_SPACE
+        return t
+
+    def _start_pre_vote(self, now: float, out: list[Action]) -> None:
+        # Pre-vote (dissertation 9.6): ask whether we *could* win before bumping the term, so a
+        # node rejoining from a partition cannot depose a healthy leader.
+        self._set_role(ROLE_PRE_CANDIDATE, out)
+        self._campaign_term = self._next_campaign_term()
+        self._votes = {self.id}
+        msg = {
+            "t": "raft.prevote",
+            "term": self._campaign_term,
+            "li": self.last_index,
+            "lt": self.last_term,
+        }
+        for n in self._configs[-1].everyone():
+            if n != self.id:
+                out.append(Send(n, msg))
+        if self._has_quorum(self._votes):
+            self._start_election(now, out)
+
+    def _start_election(self, now: float, out: list[Action]) -> None:
+        self._set_hard_state(max(self._campaign_term, self.term + 1), self.id)
+        self._set_role(ROLE_CANDIDATE, out)
+        self._set_leader(None, out)
+        self._votes = set()  # our own vote counts once it is durable (see _maybe_win)
+        out.append(SetTimer(TIMER_ELECTION, self._election_delay()))
+        msg = {"t": "raft.vote", "term": self.term, "li": self.last_index, "lt": self.last_term}
+        for n in self._configs[-1].everyone():
+            if n != self.id:
+                out.append(Send(n, msg))
+
+    def _maybe_win(self, now: float, out: list[Action]) -> None:
+        votes = set(self._votes)
+        if self._durable_hs == (self.term, self.id):
+            votes.add(self.id)
+        if self._has_quorum(votes):
+            self._become_leader(now, out)
+
+    def _become_leader(self, now: float, out: list[Action]) -> None:
+        self._set_role(ROLE_LEADER, out)
+        self._set_leader(self.id, out)
+        self._peers = {
+            n: _Peer(next=self.last_index + 1, last_ack=now, progress=now)
+            for n in self._configs[-1].everyone()
+            if n != self.id
+        }
+        # The no-op commits everything before it (entries of past terms are never committed by
+        # counting replicas, Raft §5.4.2).
+        self._term_start = self._append_local(self.term, K_NOOP, None)
+        out.append(Log("info", f"raft: {self.id} is leader of term {self.term}"))
+        out.append(SetTimer(TIMER_HEARTBEAT, self.cfg.heartbeat_interval))
+        out.append(SetTimer(TIMER_ELECTION, self.cfg.election_timeout))
+        self._leader_advance_commit(now, out)
+
+    # ---------------------------------------------------------- replication
+    def _on_heartbeat_timer(self, now: float, out: list[Action]) -> None:
+        if self.role != ROLE_LEADER:
+            return
+        patience = max(self.cfg.election_timeout / 2, 2 * self.cfg.heartbeat_interval)
+        for peer_id, peer in self._peers.items():
+            if (peer.inflight or peer.next > peer.match + 1) and now - peer.progress > patience:
+                # Appends or their answers were lost: restart from what is known to match.
+                peer.next = peer.match + 1
+                peer.inflight = 0
+                peer.progress = now
+            self._send_append(now, peer_id, peer, out, heartbeat=True)
+        out.append(SetTimer(TIMER_HEARTBEAT, self.cfg.heartbeat_interval))
+
+    def _send_append(
+        self, now: float, peer_id: NodeId, peer: _Peer, out: list[Action], *, heartbeat: bool
+    ) -> None:
+        if peer.reset or peer.next <= self._snap_index:
+            if now - peer.snap_sent >= self.cfg.election_timeout / 2:
+                peer.snap_sent = now
+                rec = self._snap_record()
+                rec["term_at"] = rec.pop("term")
+                rec.update(t="raft.snap", term=self.term, reset=peer.reset)
+                out.append(Send(peer_id, rec))
+            return
+        if peer.inflight < self.cfg.max_inflight_appends and peer.next <= self.last_index:
+            prev = peer.next - 1
+            end = min(self.last_index, prev + self.cfg.max_entries_per_append)
+            lo = prev - self._snap_index
+            ents = [list(e) for e in self._log[lo : end - self._snap_index]]
+            out.append(
+                Send(
+                    peer_id,
+                    {
+                        "t": "raft.append",
+                        "term": self.term,
+                        "prev": prev,
+                        "pt": self._term_at(prev),
+                        "ents": ents,
+                        "commit": self.commit_index,
+                    },
+                )
+            )
+            peer.next = end + 1
+            peer.inflight += 1
+        elif heartbeat:
+            prev = max(peer.match, self._snap_index)
+            out.append(
+                Send(
+                    peer_id,
+                    {
+                        "t": "raft.append",
+                        "term": self.term,
+                        "prev": prev,
+                        "pt": self._term_at(prev),
+                        "ents": [],
+                        "commit": min(self.commit_index, prev),
+                    },
+                )
+            )
+
+    def _leader_advance_commit(self, now: float, out: list[Action]) -> None:
+        matches = {p: st.match for p, st in self._peers.items()}
+        matches[self.id] = self._durable_last
+        for n in sorted(set(matches.values()), reverse=True):
+            if n <= self.commit_index:
+                break
+            if self._term_at(n) != self.term:
+                continue  # only entries of the current term are committed by counting
+            if self._has_quorum(p for p, m in matches.items() if m >= n):
+                self._advance_commit_to(n, out)
+                break
+
+    def _advance_commit_to(self, index: int, out: list[Action]) -> None:
+        if index <= self.commit_index:
+            return
+        self.commit_index = index
+        while self.last_applied < self.commit_index:
+            i = self.last_applied + 1
+            term, kind, data = self._entry(i)
+            self.last_applied = i
+            if kind == K_CMD:
+                self._applied.append(Entry(i, term, "cmd", data))
+            elif kind == K_CONFIG:
+                self._apply_config(i, term, data, out)
+
+    def _apply_config(self, index: int, term: int, data: Any, out: list[Action]) -> None:
+        if data["old"] is not None:
+            # C_old,new committed: the leader now appends C_new (dissertation §4.3).
+            latest = self._configs[-1]
+            if self.role == ROLE_LEADER and latest.index == index:
+                self._append_local(self.term, K_CONFIG, {"voters": data["voters"], "old": None})
+            return
+        members = frozenset(data["voters"])
+        self.view_id += 1
+        self.view_members = members
+        self._view_hist.append((index, self.view_id, members))
+        self._applied.append(
+            Entry(index, term, "config", {"members": sorted(members), "view_id": self.view_id})
+        )
+        out.append(Notify("view", {"view_id": self.view_id, "members": sorted(members)}))
+        if self.role == ROLE_LEADER:
+            latest = self._configs[-1]
+            if latest.index == index and self.id not in latest.voters:
+                out.append(
+                    Log("info", f"raft: leader {self.id} removed from the cluster; stepping down")
+                )
+                self._become_follower(0.0, self.term, None, out)
+            else:
+                # Forget peers that left.
+                for gone in set(self._peers) - latest.everyone():
+                    del self._peers[gone]
+
+    # ------------------------------------------------------------ messages
+    def _log_ok(self, li: int, lt: int) -> bool:
+        """Whether a candidate's log (last index ``li``, last term ``lt``) is at least as new."""
+        return lt > self.last_term or (lt == self.last_term and li >= self.last_index)
+
+    def _leader_recent(self, now: float) -> bool:
+        if self.role == ROLE_LEADER:
+            return True
+        return self.leader is not None and now - self._leader_contact < self.cfg.election_timeout
+
+    def _known_voter(self, sender: NodeId) -> bool:
+        return any(sender in c.everyone() for c in self._configs)
+
+    def _on_prevote(self, now: float, sender: NodeId, p: dict[str, Any], out: list[Action]) -> None:
+        term, li, lt = _int(p, "term"), _int(p, "li"), _int(p, "lt")
+        if not self._known_voter(sender):
+            out.append(Log("warning", f"raft: dropped pre-vote from unknown node {sender}"))
+            return
+        ok = term > self.term and self._log_ok(li, lt) and not self._leader_recent(now)
+        out.append(Send(sender, {"t": "raft.prevote_r", "term": term, "ok": ok}))
+
+    def _on_prevote_r(
+        self, now: float, sender: NodeId, p: dict[str, Any], out: list[Action]
+    ) -> None:
+        term, ok = _int(p, "term"), _bool(p, "ok")
+        if sender not in self._configs[-1].everyone():
+            out.append(Log("warning", f"raft: dropped pre-vote answer from non-voter {sender}"))
+            return
+        if self.role == ROLE_PRE_CANDIDATE and term == self._campaign_term and ok:
+            self._votes.add(sender)
+            if self._has_quorum(self._votes):
+                self._start_election(now, out)
+
+    def _on_vote(self, now: float, sender: NodeId, p: dict[str, Any], out: list[Action]) -> None:
+        term, li, lt = _int(p, "term"), _int(p, "li"), _int(p, "lt")
+        if not self._known_voter(sender):
+            out.append(Log("warning", f"raft: dropped vote request from unknown node {sender}"))
+            return
+        if term < self.term:
+            out.append(Send(sender, {"t": "raft.vote_r", "term": self.term, "ok": False}))
+            return
+        if term > self.term:
+            if self._leader_recent(now):
+                # Leader stickiness (dissertation §4.2.3): a current leader exists, so this is a
+                # removed or partitioned server; do not let it raise our term.
+                out.append(
+                    Log("debug", f"raft: ignored vote request of {sender} (leader is alive)")
+                )
+                return
+            self._become_follower(now, term, None, out)
+        if self.voted_for in (None, sender) and self._log_ok(li, lt):
+            self._set_hard_state(term, sender)
+            out.append(SetTimer(TIMER_ELECTION, self._election_delay()))
+            # Granted only once the vote is durable: attached to this call's Persist.
+            self._deferred.append(Send(sender, {"t": "raft.vote_r", "term": term, "ok": True}))
+        else:
+            out.append(Send(sender, {"t": "raft.vote_r", "term": self.term, "ok": False}))
+
+    def _on_vote_r(self, now: float, sender: NodeId, p: dict[str, Any], out: list[Action]) -> None:
+        term, ok = _int(p, "term"), _bool(p, "ok")
+        if sender not in self._configs[-1].everyone():
+            out.append(Log("warning", f"raft: dropped vote from non-voter {sender}"))
+            return
+        if term > self.term:
+            self._become_follower(now, term, None, out)
+        elif self.role == ROLE_CANDIDATE and term == self.term and ok:
+            self._votes.add(sender)
+            self._maybe_win(now, out)
+
+    def _accept_leader(self, now: float, sender: NodeId, term: int, out: list[Action]) -> bool:
+        """Common part of append/snapshot: reject stale leaders, follow current ones."""
+        if term < self.term:
+            out.append(Log("debug", f"raft: stale term {term} < {self.term} from {sender}"))
+            out.append(Send(sender, {"t": "raft.append_r", "term": self.term, "ok": False}))
+            return False
+        if term > self.term or self.role != ROLE_FOLLOWER:
+            self._become_follower(now, term, sender, out)
+        else:
+            self._set_leader(sender, out)
+            out.append(SetTimer(TIMER_ELECTION, self._election_delay()))
+        self._leader_contact = now
+        return True
+
+    def _on_append(self, now: float, sender: NodeId, p: dict[str, Any], out: list[Action]) -> None:
+        term, prev, pt, commit = _int(p, "term"), _int(p, "prev"), _int(p, "pt"), _int(p, "commit")
+        ents = _entries(p.get("ents"))
+        if prev < 0:
+            raise _Bad("negative prev")
+        if not self._accept_leader(now, sender, term, out):
+            return
+        base = {"t": "raft.append_r", "term": self.term, "e": 1 if ents else 0}
+        if prev < self._snap_index:
+            # Everything up to our snapshot is committed, hence identical to the leader's.
+            skip = self._snap_index - prev
+            if len(ents) <= skip:
+                self._deferred.append(Send(sender, {**base, "ok": True, "match": prev + len(ents)}))
+                return
+            ents, prev, pt = ents[skip:], self._snap_index, self._snap_term
+        if prev > self.last_index:
+            out.append(
+                Send(
+                    sender,
+                    {**base, "ok": False, "prev": prev, "ci": self.last_index + 1, "ct": None},
+                )
+            )
+            return
+        have = self._term_at(prev)
+        if have != pt:
+            if prev <= self.commit_index:
+                self._request_reset(sender, prev, base, out)
+                return
+            assert have is not None
+            ci = prev
+            while ci - 1 > self._snap_index and self._term_at(ci - 1) == have:
+                ci -= 1
+            out.append(Send(sender, {**base, "ok": False, "prev": prev, "ci": ci, "ct": have}))
+            return
+        last = self.last_index
+        for i, ent in enumerate(ents):
+            idx = prev + 1 + i
+            if idx <= last:
+                if self._term_at(idx) == ent[0]:
+                    continue
+                if idx <= self.commit_index:
+                    self._request_reset(sender, idx, base, out)
+                    return
+                self._truncate_from(idx)
+            for et2, kind2, data2 in ents[i:]:
+                self._append_local(et2, kind2, data2)
+            break
+        match = prev + len(ents)
+        self._advance_commit_to(min(commit, match), out)
+        self._deferred.append(Send(sender, {**base, "ok": True, "match": match}))
+
+    def _request_reset(
+        self, sender: NodeId, index: int, base: dict[str, Any], out: list[Action]
+    ) -> None:
+        """The leader's log differs from ours at an index we already committed.
+
+        Impossible with an intersecting policy (it would be a bug: logged as an error); expected
+        after a split brain with a non-intersecting one.  Either way the leader's log wins: we ask
+        for its snapshot and replace our state with it.
+        """
+        level = "warning" if not self._intersecting() else "error"
+        out.append(
+            Log(
+                level,
+                f"raft: {self.id}'s committed entry {index} differs from leader {sender}'s log; "
+                "replacing local cluster state with the leader's snapshot",
+            )
+        )
+        out.append(Send(sender, {**base, "ok": False, "reset": True}))
+
+    def _on_append_r(
+        self, now: float, sender: NodeId, p: dict[str, Any], out: list[Action]
+    ) -> None:
+        term, ok = _int(p, "term"), _bool(p, "ok")
+        if term > self.term:
+            self._become_follower(now, term, None, out)
+            return
+        if self.role != ROLE_LEADER or term != self.term:
+            out.append(Log("debug", f"raft: dropped stale append answer from {sender}"))
+            return
+        peer = self._peers.get(sender)
+        if peer is None:
+            out.append(Log("warning", f"raft: dropped append answer from unknown node {sender}"))
+            return
+        peer.last_ack = now
+        if p.get("e"):
+            peer.inflight = max(0, peer.inflight - 1)
+            peer.progress = now
+        if ok:
+            match = _int(p, "match")
+            if match > self.last_index:
+                raise _Bad(f"match {match} beyond the leader's log")
+            if match > peer.match:
+                peer.match = match
+                self._leader_advance_commit(now, out)
+            peer.next = max(peer.next, peer.match + 1)
+            return
+        if p.get("reset"):
+            peer.reset = True
+            peer.snap_sent = float("-inf")
+            self._send_append(now, sender, peer, out, heartbeat=False)
+            return
+        rprev, ci = _int(p, "prev"), _int(p, "ci")
+        ct = p.get("ct")
+        if ct is not None and not _is_int(ct):
+            raise _Bad("ct must be an int or None")
+        if rprev < peer.match or rprev >= peer.next:
+            return  # answer to an append already superseded by a later back-off
+        nxt = ci
+        if ct is not None:
+            j = min(rprev, self.last_index)
+            while j > self._snap_index and (self._term_at(j) or 0) > ct:
+                j -= 1
+            if j > self._snap_index and self._term_at(j) == ct:
+                nxt = j + 1
+        peer.next = max(peer.match + 1, min(nxt, rprev))
+        peer.inflight = 0
+        peer.progress = now
+        self._send_append(now, sender, peer, out, heartbeat=False)
+
+    def _on_snap(self, now: float, sender: NodeId, p: dict[str, Any], out: list[Action]) -> None:
+        term, idx, sterm = _int(p, "term"), _int(p, "index"), _int(p, "term_at")
+        state = p.get("state")
+        if state is not None and not isinstance(state, bytes):
+            raise _Bad("state must be bytes or None")
+        voters, old = _names(p.get("voters")), p.get("old")
+        old_set = None if old is None else _names(old)
+        view_id, view_members = _int(p, "view_id"), _names(p.get("view_members"))
+        reset = bool(p.get("reset"))
+        if not self._accept_leader(now, sender, term, out):
+            return
+        reply = {"t": "raft.snap_r", "term": self.term, "match": idx}
+        if idx <= self.commit_index and not reset:
+            self._deferred.append(Send(sender, reply))
+            return
+        keep_suffix = not reset and self._term_at(idx) == sterm and idx <= self.last_index
+        if keep_suffix:
+            for i in range(self._snap_index + 1, idx + 1):
+                self._writes[log_key(i)] = None
+            del self._log[: idx - self._snap_index]
+            suffix_configs = [c for c in self._configs if c.index > idx]
+        else:
+            self._truncate_from(self._snap_index + 1)
+            suffix_configs = []
+        self._snap_index, self._snap_term, self._snap_state = idx, sterm, state
+        self._snap_view = (view_id, view_members)
+        self._configs = [_Config(idx, voters, old_set), *suffix_configs]
+        self._view_hist = [(idx, view_id, view_members)]
+        self._rebind()
+        if self.id in self._configs[-1].everyone():
+            self._was_member = True
+        self.commit_index = idx if reset else max(self.commit_index, idx)
+        self.last_applied = idx
+        self.view_id, self.view_members = view_id, view_members
+        self._durable_last = min(self._durable_last, idx)
+        self._applied.append(self._snapshot_entry())
+        out.append(Notify("view", {"view_id": view_id, "members": sorted(view_members)}))
+        self._writes[KEY_SNAPSHOT] = _pack(self._snap_record())
+        self._deferred.append(Send(sender, reply))
+
+    def _on_snap_r(self, now: float, sender: NodeId, p: dict[str, Any], out: list[Action]) -> None:
+        term, match = _int(p, "term"), _int(p, "match")
+        if term > self.term:
+            self._become_follower(now, term, None, out)
+            return
+        if self.role != ROLE_LEADER or term != self.term:
+            return
+        peer = self._peers.get(sender)
+        if peer is None:
+            out.append(Log("warning", f"raft: dropped snapshot answer from unknown node {sender}"))
+            return
+        if match > self.last_index:
+            raise _Bad(f"match {match} beyond the leader's log")
+        peer.last_ack = now
+        peer.progress = now
+        peer.reset = False
+        peer.snap_sent = float("-inf")
+        peer.inflight = 0
+        peer.match = max(peer.match, match)
+        peer.next = peer.match + 1
+        self._leader_advance_commit(now, out)
+
+    def _on_join(self, now: float, sender: NodeId, p: dict[str, Any], out: list[Action]) -> None:
+        if self.role != ROLE_LEADER:
+            out.append(Send(sender, {"t": "raft.join_r", "leader": self.leader}))
+            return
+        if sender in self._configs[-1].everyone():
+            return  # already added; it will hear from us
+        try:
+            self._change_members(now, self.members | {sender})
+            out.append(Log("info", f"raft: adding {sender} to the cluster at its request"))
+        except (ValueError, Unavailable) as e:
+            out.append(Log("info", f"raft: join of {sender} postponed: {e}"))
+
+    def _on_join_r(self, now: float, sender: NodeId, p: dict[str, Any], out: list[Action]) -> None:
+        hint = p.get("leader")
+        if hint is not None and not isinstance(hint, str):
+            raise _Bad("leader must be a node name")
+        if hint:
+            self._leader_hint = hint
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _int(p: Mapping[str, Any], key: str) -> int:
+    v = p.get(key)
+    if not _is_int(v):
+        raise _Bad(f"field {key!r} must be an int, got {type(v).__name__}")
+    return v
+
+
+def _bool(p: Mapping[str, Any], key: str) -> bool:
+    v = p.get(key)
+    if not isinstance(v, bool):
+        raise _Bad(f"field {key!r} must be a bool, got {type(v).__name__}")
+    return v
+
+
+def _names(v: Any) -> frozenset[NodeId]:
+    if not isinstance(v, list | tuple) or not all(isinstance(n, str) for n in v):
+        raise _Bad("expected a list of node names")
+    return frozenset(v)
+
+
+def _entries(v: Any) -> list[tuple[int, str, Any]]:
+    if not isinstance(v, list | tuple):
+        raise _Bad("ents must be a list")
+    out = []
+    for e in v:
+        if not (isinstance(e, list | tuple) and len(e) == 3 and _is_int(e[0]) and e[1] in _KINDS):
+            raise _Bad("malformed entry")
+        if e[1] == K_CONFIG:
+            d = e[2]
+            if not isinstance(d, dict):
+                raise _Bad("malformed config entry")
+            _names(d.get("voters"))
+            if d.get("old") is not None:
+                _names(d.get("old"))
+        out.append((e[0], e[1], e[2]))
+    return out
+
+
+Raft._HANDLERS = {
+    "raft.prevote": Raft._on_prevote,
+    "raft.prevote_r": Raft._on_prevote_r,
+    "raft.vote": Raft._on_vote,
+    "raft.vote_r": Raft._on_vote_r,
+    "raft.append": Raft._on_append,
+    "raft.append_r": Raft._on_append_r,
+    "raft.snap": Raft._on_snap,
+    "raft.snap_r": Raft._on_snap_r,
+    "raft.join": Raft._on_join,
+    "raft.join_r": Raft._on_join_r,
+}

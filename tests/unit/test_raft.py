@@ -1,0 +1,713 @@
+"""Raft (the cluster log) in isolation, driven by a tiny deterministic in-test harness.
+
+The harness is deliberately small: a heap of timed events, a network that can delay, drop and
+partition, per-node disks whose writes become durable (and ``Persisted`` is delivered) after a
+delay, crashes that lose what was not yet durable.  SIM's full simulator tests the composition;
+this file tests the protocol.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import random
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import msgpack
+import pytest
+
+from nonstop.cluster.quorum import QuorumPolicy
+from nonstop.cluster.raft import (
+    ROLE_LEADER,
+    TIMER_ELECTION,
+    Entry,
+    Raft,
+    RaftConfig,
+    log_key,
+)
+from nonstop.errors import NotLeader
+from nonstop.runtime.interface import (
+    Action,
+    CancelTimer,
+    Log,
+    Notify,
+    Persist,
+    Persisted,
+    Received,
+    Send,
+    SetTimer,
+    Started,
+    TimerFired,
+)
+
+FAST = RaftConfig(election_timeout=0.15, heartbeat_interval=0.03)
+
+
+def roundtrip(payload: Any) -> Any:
+    """What the wire does to a payload (rule 4 of the runtime contract)."""
+    return msgpack.unpackb(msgpack.packb(payload, use_bin_type=True), raw=False)
+
+
+class StateMachine:
+    """The state above Raft in these tests: the list of applied commands, plus the views."""
+
+    def __init__(self) -> None:
+        self.cmds: list[Any] = []
+        self.views: list[tuple[int, list[str]]] = []
+        self.last = 0
+
+    def apply(self, e: Entry) -> None:
+        if e.kind == "snapshot":
+            st = e.data["state"]
+            self.cmds = [] if st is None else msgpack.unpackb(st, raw=False)["cmds"]
+            self.views = [(e.data["view_id"], e.data["members"])] if e.data["view_id"] else []
+        else:
+            assert e.index > self.last, f"entry {e.index} applied after {self.last}"
+            if e.kind == "cmd":
+                self.cmds.append(e.data)
+            elif e.kind == "config":
+                self.views.append((e.data["view_id"], e.data["members"]))
+        self.last = e.index
+
+    def state(self) -> bytes:
+        return msgpack.packb({"cmds": self.cmds}, use_bin_type=True)
+
+
+class Cluster:
+    """A deterministic little world of Raft nodes."""
+
+    def __init__(
+        self,
+        names: Iterable[str],
+        seed: int = 0,
+        *,
+        policy: QuorumPolicy | None = None,
+        cfg: RaftConfig = FAST,
+        latency: tuple[float, float] = (0.001, 0.004),
+        disk: tuple[float, float] = (0.0002, 0.001),
+        drop: float = 0.0,
+        start: bool = True,
+    ) -> None:
+        self.names = list(names)
+        self.rng = random.Random(seed)
+        self.seed = seed
+        self.policy = policy
+        self.cfg = cfg
+        self.latency = latency
+        self.disk = disk
+        self.drop = drop
+        self.now = 0.0
+        self.heap: list[tuple[float, int, str, str, int, Any]] = []
+        self.seq = itertools.count()
+        self.tokens = itertools.count(1)
+        self.nodes: dict[str, Raft] = {}
+        self.up: set[str] = set()
+        self.inc: dict[str, int] = {}
+        self.durable: dict[str, dict[bytes, bytes]] = {}
+        self.disk_free: dict[str, float] = {}
+        self.timer_gen: dict[tuple[str, str], int] = {}
+        self.blocked: set[tuple[str, str]] = set()
+        self.sm: dict[str, StateMachine] = {}
+        self.leaders: dict[int, str] = {}  # term -> leader (election safety)
+        self.committed: dict[int, tuple[int, str, Any]] = {}  # index -> (term, kind, data)
+        self.logs: list[tuple[str, Log]] = []
+        self.notes: list[tuple[str, Notify]] = []
+        self.sends: list[tuple[str, Send]] = []
+        if start:
+            for n in self.names:
+                self.start(n, bootstrap=self.names)
+
+    # ------------------------------------------------------------ plumbing
+    def push(self, at: float, kind: str, node: str, payload: Any) -> None:
+        heapq.heappush(self.heap, (at, next(self.seq), kind, node, self.inc.get(node, 0), payload))
+
+    def start(
+        self,
+        name: str,
+        *,
+        bootstrap: list[str] | None = None,
+        contacts: list[str] | None = None,
+        recovered: dict[bytes, bytes] | None = None,
+    ) -> Raft:
+        if name not in self.names:
+            self.names.append(name)
+        self.inc[name] = self.inc.get(name, 0) + 1
+        if recovered is not None:
+            self.durable[name] = dict(recovered)
+        self.durable.setdefault(name, {})
+        self.disk_free[name] = self.now
+        node = Raft(
+            name,
+            random.Random(self.rng.random()),
+            dict(self.durable[name]),
+            bootstrap_members=bootstrap,
+            contacts=contacts if contacts is not None else [n for n in self.names if n != name],
+            policy=self.policy,
+            config=self.cfg,
+            next_token=self.tokens.__next__,
+        )
+        self.nodes[name] = node
+        self.up.add(name)
+        self.sm[name] = StateMachine()
+        self.deliver(name, Started(self.now))
+        return node
+
+    def crash(self, name: str) -> None:
+        """Stop ``name``; writes not yet durable are lost; its timers and messages vanish."""
+        self.up.discard(name)
+        self.inc[name] += 1
+
+    def restart(self, name: str, **kw: Any) -> Raft:
+        return self.start(name, **kw)
+
+    def deliver(self, name: str, event: Any) -> list[Action]:
+        node = self.nodes[name]
+        actions = node.handle(event)
+        self.execute(name, actions)
+        return actions
+
+    def execute(self, name: str, actions: list[Action]) -> None:
+        node = self.nodes[name]
+        for a in actions:
+            if isinstance(a, Send):
+                self.sends.append((name, a))
+                if (name, a.to) in self.blocked or self.rng.random() < self.drop:
+                    continue
+                payload = roundtrip(a.payload)
+                self.push(self.now + self.rng.uniform(*self.latency), "msg", a.to, (name, payload))
+            elif isinstance(a, SetTimer):
+                gen = next(self.seq)
+                self.timer_gen[(name, a.name)] = gen
+                self.push(self.now + a.delay, "timer", name, (a.name, gen))
+            elif isinstance(a, CancelTimer):
+                self.timer_gen[(name, a.name)] = -1
+            elif isinstance(a, Persist):
+                done = max(self.now, self.disk_free[name]) + self.rng.uniform(*self.disk)
+                self.disk_free[name] = done
+                self.push(done, "persist", name, a)
+            elif isinstance(a, Log):
+                self.logs.append((name, a))
+            elif isinstance(a, Notify):
+                self.notes.append((name, a))
+        if node.role == ROLE_LEADER:
+            prev = self.leaders.setdefault(node.term, name)
+            assert prev == name, f"two leaders in term {node.term}: {prev} and {name}"
+        self.drain(name)
+
+    def drain(self, name: str) -> None:
+        node, sm = self.nodes[name], self.sm[name]
+        for e in node.take_applied():
+            sm.apply(e)
+            if e.kind in ("cmd", "config"):
+                key = (e.term, e.kind, e.data)
+                prev = self.committed.setdefault(e.index, key)
+                assert prev == key, f"{name} applied {key} at {e.index}, others {prev}"
+
+    def step(self) -> bool:
+        if not self.heap:
+            return False
+        at, _, kind, name, inc, payload = heapq.heappop(self.heap)
+        self.now = max(self.now, at)
+        if inc != self.inc.get(name) or name not in self.up:
+            return True
+        if kind == "msg":
+            sender, p = payload
+            if (sender, name) in self.blocked:
+                return True
+            self.deliver(name, Received(self.now, sender, p))
+        elif kind == "timer":
+            tname, gen = payload
+            if self.timer_gen.get((name, tname)) == gen:
+                self.deliver(name, TimerFired(self.now, tname))
+        elif kind == "persist":
+            for k, v in payload.writes:
+                if v is None:
+                    self.durable[name].pop(k, None)
+                else:
+                    self.durable[name][k] = v
+            self.deliver(name, Persisted(self.now, payload.token))
+        return True
+
+    def run(self, duration: float) -> None:
+        end = self.now + duration
+        while self.heap and self.heap[0][0] <= end:
+            self.step()
+        self.now = max(self.now, end)
+
+    def run_until(self, pred: Callable[[], bool], timeout: float = 10.0) -> None:
+        end = self.now + timeout
+        while not pred():
+            if not self.heap or self.heap[0][0] > end:
+                raise AssertionError(f"condition not reached within {timeout}s (seed {self.seed})")
+            self.step()
+
+    # ------------------------------------------------------------- helpers
+    def leader(self) -> str | None:
+        best = None
+        for n in self.up:
+            node = self.nodes[n]
+            if node.role == ROLE_LEADER and (best is None or node.term > self.nodes[best].term):
+                best = n
+        return best
+
+    def wait_leader(self, timeout: float = 10.0) -> str:
+        self.run_until(lambda: self.leader() is not None, timeout)
+        name = self.leader()
+        assert name is not None
+        return name
+
+    def propose(self, cmd: Any, via: str | None = None) -> int:
+        name = via or self.wait_leader()
+        index, actions = self.nodes[name].propose(self.now, cmd)
+        self.execute(name, actions)
+        return index
+
+    def propose_batch(self, cmds: list[Any], via: str | None = None) -> int:
+        name = via or self.wait_leader()
+        first, actions = self.nodes[name].propose_batch(self.now, cmds)
+        self.execute(name, actions)
+        return first
+
+    def snapshot(self, name: str) -> None:
+        node, sm = self.nodes[name], self.sm[name]
+        self.execute(name, node.snapshot(self.now, sm.last, sm.state()))
+
+    def partition(self, *groups: Iterable[str]) -> None:
+        sets = [set(g) for g in groups]
+        self.blocked = {(a, b) for g in sets for h in sets if g is not h for a in g for b in h}
+
+    def heal(self) -> None:
+        self.blocked = set()
+
+    def cmds(self, name: str) -> list[Any]:
+        return self.sm[name].cmds
+
+    def converged(self, names: Iterable[str] | None = None) -> bool:
+        """A leader exists and every node has committed and applied its whole log."""
+        names = sorted(names or self.up)
+        leader = self.leader()
+        if leader is None:
+            return False
+        last = self.nodes[leader].last_index
+        return (
+            all(
+                self.nodes[n].commit_index == last
+                and self.nodes[n].last_applied == last
+                and self.nodes[n].last_index == last
+                for n in names
+            )
+            and len({tuple(map(repr, self.cmds(n))) for n in names}) == 1
+        )
+
+    def errors(self) -> list[str]:
+        return [f"{n}: {log.message}" for n, log in self.logs if log.level == "error"]
+
+
+NAMES3 = ["n1", "n2", "n3"]
+
+
+# =================================================================== basics
+def test_election_one_leader_and_bootstrap_view() -> None:
+    c = Cluster(NAMES3, seed=1)
+    leader = c.wait_leader()
+    c.run(1.0)
+    assert c.leader() == leader
+    assert [c.nodes[n].leader for n in NAMES3] == [leader] * 3
+    for n in NAMES3:
+        assert c.nodes[n].view_id == 1
+        assert c.nodes[n].view_members == frozenset(NAMES3)
+        assert c.sm[n].views == [(1, NAMES3)]
+    assert not c.errors()
+
+
+def test_replication_in_order_on_all_nodes() -> None:
+    c = Cluster(NAMES3, seed=2)
+    for i in range(50):
+        c.propose(f"cmd{i}")
+    c.propose_batch([f"b{i}" for i in range(50)])
+    c.run_until(lambda: all(len(c.cmds(n)) == 100 for n in NAMES3))
+    want = [f"cmd{i}" for i in range(50)] + [f"b{i}" for i in range(50)]
+    for n in NAMES3:
+        assert c.cmds(n) == want
+
+
+def test_propose_on_follower_raises_not_leader_with_hint() -> None:
+    c = Cluster(NAMES3, seed=3)
+    leader = c.wait_leader()
+    c.run(0.2)
+    follower = next(n for n in NAMES3 if n != leader)
+    with pytest.raises(NotLeader) as exc:
+        c.nodes[follower].propose(c.now, "x")
+    assert exc.value.leader == leader
+
+
+def test_leader_crash_reelection_keeps_committed() -> None:
+    c = Cluster(NAMES3, seed=4)
+    old = c.wait_leader()
+    for i in range(20):
+        c.propose(i)
+    c.run_until(lambda: all(len(c.cmds(n)) == 20 for n in NAMES3))
+    old_term = c.nodes[old].term
+    c.crash(old)
+    new = c.wait_leader()
+    assert new != old and c.nodes[new].term > old_term
+    for i in range(20, 30):
+        c.propose(i)
+    rest = [n for n in NAMES3 if n != old]
+    c.run_until(lambda: all(len(c.cmds(n)) == 30 for n in rest))
+    c.restart(old)
+    c.run_until(lambda: len(c.cmds(old)) == 30)
+    assert c.cmds(old) == list(range(30))
+
+
+def test_partitioned_old_leader_cannot_commit_and_steps_down() -> None:
+    c = Cluster(NAMES3, seed=5)
+    old = c.wait_leader()
+    c.propose("before")
+    c.run_until(lambda: all(c.cmds(n) == ["before"] for n in NAMES3))
+    rest = [n for n in NAMES3 if n != old]
+    c.partition([old], rest)
+    lost_index = c.propose("lost", via=old)
+    c.run(3 * FAST.election_timeout)
+    assert c.nodes[old].commit_index < lost_index
+    assert c.nodes[old].role != ROLE_LEADER  # check-quorum made it step down
+    new = c.leader()
+    assert new in rest
+    c.propose("after", via=new)
+    c.run_until(lambda: all(c.cmds(n) == ["before", "after"] for n in rest))
+    c.heal()
+    c.run_until(lambda: c.converged())
+    assert c.cmds(old) == ["before", "after"]
+
+
+def test_prevote_rejoining_node_does_not_disrupt_leader() -> None:
+    c = Cluster(NAMES3, seed=6)
+    leader = c.wait_leader()
+    c.run(0.3)
+    term = c.nodes[leader].term
+    loner = next(n for n in NAMES3 if n != leader)
+    c.partition([loner], [n for n in NAMES3 if n != loner])
+    c.run(10 * FAST.election_timeout)
+    assert c.nodes[loner].term == term  # pre-vote never succeeded, so the term did not grow
+    c.heal()
+    c.run(1.0)
+    assert c.leader() == leader and c.nodes[leader].term == term
+
+
+# ============================================================ durability
+def _elect_manually(node: Raft, peers: list[str], now: float = 0.0) -> list[Action]:
+    """Drive ``node`` to leadership by hand; returns every action it emitted."""
+    acts = node.handle(Started(now))
+    acts += node.handle(TimerFired(now + 1, TIMER_ELECTION))
+    pre = [a for a in acts if isinstance(a, Send) and a.payload["t"] == "raft.prevote"]
+    for p in peers:
+        acts += node.handle(
+            Received(
+                now + 1, p, {"t": "raft.prevote_r", "term": pre[0].payload["term"], "ok": True}
+            )
+        )
+    persists = [a for a in acts if isinstance(a, Persist)]
+    for p in persists:
+        acts += node.handle(Persisted(now + 1, p.token))
+    for p in peers:
+        acts += node.handle(
+            Received(now + 1, p, {"t": "raft.vote_r", "term": node.term, "ok": True})
+        )
+    return acts
+
+
+def test_vote_granted_only_after_persisted() -> None:
+    node = Raft("n1", random.Random(0), {}, bootstrap_members=NAMES3, config=FAST)
+    boot = [a for a in node.handle(Started(0.0)) if isinstance(a, Persist)]
+    assert len(boot) == 1  # the bootstrap config entry
+    acts = node.handle(Received(0.1, "n2", {"t": "raft.vote", "term": 5, "li": 9, "lt": 3}))
+    persists = [a for a in acts if isinstance(a, Persist)]
+    grants = [a for a in acts if isinstance(a, Send) and a.payload.get("ok")]
+    assert persists and not grants, "vote sent before it was durable"
+    assert node.term == 5 and node.voted_for == "n2"
+    # A second request in the meantime must not be granted either (same term, other candidate).
+    acts2 = node.handle(Received(0.1, "n3", {"t": "raft.vote", "term": 5, "li": 9, "lt": 3}))
+    assert not [a for a in acts2 if isinstance(a, Send) and a.payload.get("ok")]
+    # Durability completes out of order: the vote's write first, the earlier bootstrap write
+    # later.  The grant waits for every earlier write as well.
+    done = node.handle(Persisted(0.2, persists[-1].token))
+    assert not [a for a in done if isinstance(a, Send) and a.payload.get("ok")]
+    done = node.handle(Persisted(0.3, boot[0].token))
+    grants = [a for a in done if isinstance(a, Send) and a.payload.get("ok")]
+    assert grants == [Send("n2", {"t": "raft.vote_r", "term": 5, "ok": True})]
+
+
+def test_append_acknowledged_only_after_persisted() -> None:
+    node = Raft("n2", random.Random(0), {}, bootstrap_members=NAMES3, config=FAST)
+    boot = [a for a in node.handle(Started(0.0)) if isinstance(a, Persist)]
+    msg = {
+        "t": "raft.append",
+        "term": 1,
+        "prev": 1,
+        "pt": 0,
+        "ents": [[1, "n", None], [1, "c", "x"]],
+        "commit": 1,
+    }
+    acts = node.handle(Received(0.1, "n1", msg))
+    assert [a for a in acts if isinstance(a, Persist)]
+    assert not [a for a in acts if isinstance(a, Send)]
+    tokens = [a.token for a in acts if isinstance(a, Persist)]
+    # Persisted events may complete out of order; acks wait for every earlier write too.
+    assert not [a for a in node.handle(Persisted(0.2, tokens[-1])) if isinstance(a, Send)]
+    oks = [a for a in node.handle(Persisted(0.3, boot[0].token)) if isinstance(a, Send)]
+    assert oks and oks[0].payload["ok"] and oks[0].payload["match"] == 3
+
+
+def test_leader_counts_itself_only_after_persisted_and_figure8_rule() -> None:
+    """Raft §5.4.2 / Figure 8: an old-term entry on a majority is not committed by counting."""
+    rec = {
+        b"raft/hs": msgpack.packb({"term": 3, "vote": None}),
+        log_key(1): msgpack.packb([0, "m", {"voters": NAMES3, "old": None}]),
+        log_key(2): msgpack.packb([2, "c", "old-term"]),
+    }
+    node = Raft("n1", random.Random(0), rec, config=FAST)
+    acts = _elect_manually(node, ["n2", "n3"])
+    assert node.role == ROLE_LEADER and node.term == 4
+    noop_persist = [a for a in acts if isinstance(a, Persist)][-1]
+    # n2 acknowledges the old-term entry only: a majority (n1, n2) holds index 2, yet no commit.
+    node.handle(Received(1.1, "n2", {"t": "raft.append_r", "term": 4, "ok": True, "match": 2}))
+    assert node.commit_index == 1
+    # n2 acknowledges the no-op, but the leader's own copy is not durable yet: still no commit.
+    node.handle(Received(1.2, "n2", {"t": "raft.append_r", "term": 4, "ok": True, "match": 3}))
+    assert node.commit_index == 1
+    node.handle(Persisted(1.3, noop_persist.token))
+    assert node.commit_index == 3
+    assert [e.data for e in node.take_applied() if e.kind == "cmd"] == ["old-term"]
+
+
+def test_restart_from_recovered_keeps_committed_entries() -> None:
+    c = Cluster(NAMES3, seed=7)
+    c.wait_leader()
+    for i in range(30):
+        c.propose(i)
+    c.run_until(lambda: all(len(c.cmds(n)) == 30 for n in NAMES3))
+    c.run(0.2)
+    for n in NAMES3:
+        c.crash(n)
+    c.heap.clear()
+    for n in NAMES3:
+        c.restart(n, bootstrap=NAMES3)
+    c.wait_leader()
+    c.propose("new")
+    c.run_until(lambda: all(len(c.cmds(n)) == 31 for n in NAMES3))
+    for n in NAMES3:
+        assert c.cmds(n) == [*range(30), "new"]
+        assert c.sm[n].views == [(1, NAMES3)]
+
+
+def test_malformed_messages_are_dropped_with_a_log() -> None:
+    node = Raft("n1", random.Random(0), {}, bootstrap_members=NAMES3, config=FAST)
+    node.handle(Started(0.0))
+    bad: list[Any] = [
+        {"t": "raft.append"},
+        {"t": "raft.append", "term": "1", "prev": 0, "pt": 0, "ents": [], "commit": 0},
+        {"t": "raft.append", "term": 1, "prev": 0, "pt": 0, "ents": [[1, "zz", 1]], "commit": 0},
+        {"t": "raft.append", "term": 1, "prev": 0, "pt": 0, "ents": "no", "commit": 0},
+        {"t": "raft.vote", "term": 1},
+        {"t": "raft.vote_r", "term": 1, "ok": "yes"},
+        {"t": "raft.snap", "term": 1, "index": 3},
+        {"t": "raft.append_r", "term": 0, "ok": True, "match": 99},
+        {"t": "raft.nonsense"},
+        {"t": "raft.join_r", "leader": 7},
+    ]
+    for p in bad:
+        acts = node.handle(Received(0.1, "n2", p))
+        assert any(isinstance(a, Log) for a in acts), p
+    # Unknown senders of votes and answers, and stale terms.
+    acts = node.handle(Received(0.1, "zz", {"t": "raft.vote", "term": 9, "li": 0, "lt": 0}))
+    assert any(isinstance(a, Log) for a in acts)
+    assert node.term == 0
+    # Not Raft's business at all: ignored silently.
+    assert node.handle(Received(0.1, "n2", {"t": "fd.ping"})) == []
+    assert node.handle(Received(0.1, "n2", [1, 2])) == []
+    assert node.handle(TimerFired(0.1, "fd.tick")) == []
+    assert node.handle(Persisted(0.1, 12345)) == []
+
+
+# ============================================================ log repair
+def _recovered_log(terms: list[int], members: list[str], term: int) -> dict[bytes, bytes]:
+    """A durable store holding the bootstrap config at 1 and entries of ``terms`` after it."""
+    rec = {
+        b"raft/hs": msgpack.packb({"term": term, "vote": None}),
+        log_key(1): msgpack.packb([0, "m", {"voters": members, "old": None}]),
+    }
+    for i, t in enumerate(terms):
+        rec[log_key(i + 2)] = msgpack.packb([t, "c", f"t{t}-i{i + 2}"])
+    return rec
+
+
+def test_figure7_followers_with_missing_and_conflicting_entries_are_repaired() -> None:
+    """Raft Figure 7: a term-8 leader repairs followers (a)-(f) by fast back-off."""
+    logs = {
+        "L": [1, 1, 1, 4, 4, 5, 5, 6, 6, 6],
+        "a": [1, 1, 1, 4, 4, 5, 5, 6, 6],
+        "b": [1, 1, 1, 4],
+        "c": [1, 1, 1, 4, 4, 5, 5, 6, 6, 6, 6],
+        "d": [1, 1, 1, 4, 4, 5, 5, 6, 6, 6, 7, 7],
+        "e": [1, 1, 1, 4, 4, 4, 4],
+        "f": [1, 1, 1, 2, 2, 2, 3, 3, 3, 3, 3],
+    }
+    names = list(logs)
+    c = Cluster(names, seed=8, start=False)
+    for n, terms in logs.items():
+        c.start(n, recovered=_recovered_log(terms, names, 7))
+    # Let L campaign first: the others' election timers are still far away.
+    c.deliver("L", TimerFired(c.now, TIMER_ELECTION))
+    c.run_until(lambda: c.leader() is not None, timeout=0.1)
+    assert c.leader() == "L" and c.nodes["L"].term == 8
+    c.run_until(lambda: c.converged(), timeout=5)
+    want = [f"t{t}-i{i + 2}" for i, t in enumerate(logs["L"])]
+    for n in names:
+        assert c.cmds(n) == want, n
+        assert c.nodes[n].last_index == 12  # 1 config + 10 entries + the term-8 no-op
+    # The back-off is fast: far fewer appends than one per conflicting entry per follower.
+    appends = [s for _, s in c.sends if s.payload["t"] == "raft.append" and s.payload["ents"]]
+    assert len(appends) < 40
+
+
+# ============================================================== snapshots
+def test_snapshot_compacts_and_is_installed_on_a_lagging_follower() -> None:
+    c = Cluster(NAMES3, seed=9)
+    leader = c.wait_leader()
+    lagger = next(n for n in NAMES3 if n != leader)
+    others = [n for n in NAMES3 if n != lagger]
+    c.partition([lagger], others)
+    for i in range(100):
+        c.propose(i)
+    c.run_until(lambda: all(len(c.cmds(n)) == 100 for n in others))
+    for n in others:
+        c.snapshot(n)
+        assert c.nodes[n].snapshot_index == c.nodes[n].last_applied
+    c.run(0.05)
+    for n in others:
+        assert not [
+            k
+            for k in c.durable[n]
+            if k.startswith(b"raft/log/")
+            and int.from_bytes(k[9:], "big") <= c.nodes[n].snapshot_index
+        ]
+    for i in range(100, 110):
+        c.propose(i)
+    c.heal()
+    c.run_until(lambda: c.converged(), timeout=5)
+    assert c.cmds(lagger) == list(range(110))
+    assert any(s.payload["t"] == "raft.snap" for _, s in c.sends)
+    # The installed snapshot survives a restart of the lagger: state rebuilt from it + the log.
+    c.crash(lagger)
+    c.restart(lagger)
+    c.run_until(lambda: c.converged(), timeout=5)
+    assert c.cmds(lagger) == list(range(110))
+    first = c.nodes[lagger]
+    assert first.snapshot_index > 0
+
+
+def test_restart_reapplies_from_local_snapshot() -> None:
+    c = Cluster(NAMES3, seed=10)
+    c.wait_leader()
+    for i in range(10):
+        c.propose(i)
+    c.run_until(lambda: all(len(c.cmds(n)) == 10 for n in NAMES3))
+    c.snapshot("n2")
+    c.run(0.1)
+    c.crash("n2")
+    node = c.restart("n2")
+    assert c.sm["n2"].cmds == list(range(10))  # from the snapshot entry, at once
+    assert node.view_id == 1
+    c.propose("x")
+    c.run_until(lambda: c.cmds("n2") == [*range(10), "x"])
+
+
+# ============================================================= membership
+def test_membership_join_and_remove_with_monotonic_identical_views() -> None:
+    c = Cluster(NAMES3, seed=11)
+    c.wait_leader()
+    c.propose("a")
+    c.run(0.2)
+    # A node started later with an empty store joins by asking (AddServer).
+    c.start("n4", bootstrap=None, contacts=NAMES3)
+    c.run_until(lambda: all(c.nodes[n].view_id == 2 for n in [*NAMES3, "n4"]), timeout=5)
+    assert c.nodes["n4"].view_members == frozenset([*NAMES3, "n4"])
+    c.propose("b")
+    c.run_until(lambda: c.converged(), timeout=5)
+    assert c.cmds("n4") == ["a", "b"]
+    # Remove a follower, then the leader itself.
+    leader = c.wait_leader()
+    victim = next(n for n in NAMES3 if n != leader)
+    c.execute(leader, c.nodes[leader].remove_member(c.now, victim))
+    with pytest.raises(ValueError):
+        c.nodes[leader].remove_member(c.now, "n4")  # one change at a time
+    live = [n for n in [*NAMES3, "n4"] if n != victim]
+    c.run_until(lambda: all(c.nodes[n].view_id == 3 for n in live), timeout=5)
+    c.crash(victim)
+    c.run(0.2)
+    leader = c.wait_leader()
+    c.execute(leader, c.nodes[leader].remove_member(c.now, leader))
+    rest = [n for n in live if n != leader]
+    c.run_until(lambda: all(c.nodes[n].view_id == 4 for n in rest), timeout=5)
+    new = c.wait_leader()
+    assert new != leader
+    assert c.nodes[new].members == frozenset(rest)
+    c.propose("c", via=new)
+    c.run_until(lambda: c.converged(rest), timeout=5)
+    views = {n: c.sm[n].views for n in rest}
+    first = views[rest[0]]
+    assert all(v == first for v in views.values())
+    assert [v for v, _ in first] == [1, 2, 3, 4]
+    assert first[-1][1] == sorted(rest)
+
+
+def test_membership_change_rejected_when_policy_cannot_serve_it() -> None:
+    c = Cluster(NAMES3, seed=12, policy=QuorumPolicy.minimum_votes(3))
+    leader = c.wait_leader()
+    c.run(0.2)
+    with pytest.raises(ValueError, match="never be reached"):
+        c.nodes[leader].remove_member(c.now, next(n for n in NAMES3 if n != leader))
+
+
+def test_weighted_votes_decide_elections_and_commits() -> None:
+    # n1 carries 3 of 5 votes: it alone is a majority; n2 + n3 together are not.
+    c = Cluster(NAMES3, seed=13, policy=QuorumPolicy.majority({"n1": 3}))
+    c.wait_leader()
+    c.run(0.3)
+    c.crash("n1")
+    c.run(2.0)
+    assert c.leader() is None
+    c.restart("n1")
+    c.crash("n2")
+    c.crash("n3")
+    assert c.wait_leader() == "n1"
+    c.propose("alone")
+    c.run_until(lambda: c.cmds("n1") == ["alone"])
+
+
+# ==================================================== quorum off / split brain
+def test_quorum_off_both_sides_commit_and_the_higher_term_wins_on_heal() -> None:
+    c = Cluster(NAMES3, seed=14, policy=QuorumPolicy.off())
+    c.wait_leader()
+    c.propose("common")
+    c.run_until(lambda: all(c.cmds(n) == ["common"] for n in NAMES3))
+    c.partition(["n1"], ["n2", "n3"])
+    c.run(1.0)
+    lead_a = [n for n in NAMES3 if c.nodes[n].role == ROLE_LEADER and n == "n1"]
+    lead_b = [n for n in ["n2", "n3"] if c.nodes[n].role == ROLE_LEADER]
+    assert lead_a and lead_b, "with quorum off each side has a leader"
+    c.propose("side-a", via="n1")
+    c.propose("side-b", via=lead_b[0])
+    c.committed.clear()  # the two sides legitimately commit different entries at one index
+    c.run(0.5)
+    assert c.cmds("n1") == ["common", "side-a"]
+    assert c.cmds(lead_b[0]) == ["common", "side-b"]
+    c.heal()
+    c.committed.clear()
+    c.run_until(lambda: c.converged() and c.leader() is not None, timeout=10)
+    final = c.cmds("n1")
+    assert final in (["common", "side-a"], ["common", "side-b"])
+    assert all(c.cmds(n) == final for n in NAMES3)
+    assert any("differs from leader" in log.message for _, log in c.logs)
+    assert not c.errors()
