@@ -97,7 +97,11 @@ class LockTable:
     def acquire(
         self, txn: Hashable, resource: Hashable, mode: LockMode, timeout: float | None = None
     ) -> None:
-        """Take the lock, blocking this thread until granted (or ``timeout`` seconds)."""
+        """Take the lock, blocking this thread until granted (or ``timeout`` seconds).
+
+        Never call this on an event loop's thread while the lock may be
+        contended: it would block the loop; use :meth:`acquire_async` there.
+        """
         with self._mutex:
             outcome = self._manager.acquire(txn, resource, mode)
             if isinstance(outcome, Granted):
