@@ -1,0 +1,188 @@
+"""Real node processes on 127.0.0.1 for the cluster tests.
+
+Every node runs in its own session (process group); the fixture's finalizer
+SIGKILLs every group it started, whatever the test's outcome, so no process
+outlives a test run.  Ports are picked free by the kernel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import re
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nonstop.admin.local import LocalCluster, spawn_node
+from nonstop.client import Client
+from nonstop.errors import Error
+from nonstop.node.datadir import DataDir, pid_alive
+
+KEEPALIVE = 0.1
+NONRESPONSE = 0.5
+DETECT_WITHIN = 4 * NONRESPONSE + 1.0
+"""Down must be seen this soon after a kill: timeout + one reconnect + scheduling slack
+on a loaded 2-core machine."""
+
+
+def cluster_machine() -> str:
+    """The cluster machine when it can be built here, else the runtime's probe machine.
+
+    While the cluster log is being written the real machine may not construct;
+    the transport, process and CLI behaviour under test is the same with the probe.
+    """
+    forced = os.environ.get("NONSTOP_TEST_MACHINE")
+    if forced:
+        return forced
+    try:
+        from nonstop.node.config import NodeConfig
+        from nonstop.node.datadir import Identity
+        from nonstop.node.machine import build_cluster_node
+
+        cfg = NodeConfig(name="A", data="/nonexistent", members=["A", "B", "C"])
+        build_cluster_node(cfg, Identity("t", "A", 1, 1), {}, random.Random(0))
+    except Exception:
+        return "nonstop.node.machine:build_probe"
+    return "nonstop.node.machine:build_cluster_node"
+
+
+MACHINE = cluster_machine()
+REAL_CLUSTER = MACHINE.endswith("build_cluster_node")
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = predicate()
+        except Error:
+            last = None
+        if last:
+            return last
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+class Procs:
+    """A local cluster under test: start, kill, stop, pause, ask."""
+
+    def __init__(self, folder: Path, n: int, options: dict[str, Any] | None = None) -> None:
+        opts = {
+            "keepalive_interval": KEEPALIVE,
+            "nonresponse_timeout": NONRESPONSE,
+            "machine": MACHINE,
+            "sync": True,
+            **(options or {}),
+        }
+        self.lc = LocalCluster(folder)
+        self.layout = self.lc.create(n, None, opts)
+        self.nodes = {node.name: node for node in self.lc.nodes(self.layout)}
+        self.pids: dict[str, int] = {}
+        self.all_pids: set[int] = set()
+
+    def start(self, name: str) -> int:
+        node = self.nodes[name]
+        self.lc.write_config(self.layout, node)
+        pid = spawn_node(node.config, node.data)
+        self.pids[name] = pid
+        self.all_pids.add(pid)
+        return pid
+
+    def start_all(self) -> None:
+        for name in self.nodes:
+            self.start(name)
+
+    def signal(self, name: str, sig: signal.Signals) -> None:
+        os.kill(self.pids[name], sig)
+
+    def kill(self, name: str) -> None:
+        pid = self.pids.pop(name)
+        os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: not pid_alive(pid), 5, f"{name} to die")
+
+    def address(self, name: str) -> str:
+        return self.nodes[name].listen
+
+    def status(self, name: str) -> dict[str, Any]:
+        with Client([self.address(name)], timeout=1.0, rounds=1) as c:
+            return c.status()
+
+    def states(self, name: str) -> dict[str, str]:
+        return {n["name"]: n["state"] for n in self.status(name)["nodes"]}
+
+    def wait_quorum(self, names: list[str], quorum: str, timeout: float = 15) -> None:
+        wait_until(
+            lambda: all(self.status(n)["quorum"] == quorum for n in names),
+            timeout,
+            f"quorum {quorum} on {names}",
+        )
+
+    def notifications(self, name: str, kind: str) -> list[dict[str, Any]]:
+        """The ``Notify`` records of ``kind`` in a node's log, in order."""
+        out = []
+        log_path = self.nodes[name].data / "node.log"
+        with contextlib.suppress(OSError):
+            for line in log_path.read_text().splitlines():
+                m = re.search(r"nonstop\.notify: (\{.*\})$", line)
+                if m:
+                    rec = json.loads(m.group(1))
+                    if rec.get("kind") == kind:
+                        out.append(rec)
+        return out
+
+    def cleanup(self) -> None:
+        for pid in self.all_pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGCONT)
+                os.killpg(pid, signal.SIGKILL)
+        for node in self.nodes.values():
+            with contextlib.suppress(OSError):
+                (node.data / "node.pid").unlink()
+
+
+@pytest.fixture
+def procs(tmp_path: Path) -> Iterator[Callable[..., Procs]]:
+    made: list[Procs] = []
+
+    def make(n: int = 3, **options: Any) -> Procs:
+        p = Procs(tmp_path / f"c{len(made)}", n, options)
+        made.append(p)
+        return p
+
+    try:
+        yield make
+    finally:
+        for p in made:
+            p.cleanup()
+
+
+def run_cli(*args: str, timeout: float = 60) -> tuple[int, str, str]:
+    """Run ``nonstop ARGS`` in a subprocess; (exit code, stdout, stderr)."""
+    import subprocess
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "nonstop.admin.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def kill_dir_nodes(folder: Path) -> None:
+    """SIGKILL every node whose pid file lies under ``folder`` (test cleanup)."""
+    for pid_file in folder.glob("**/node.pid"):
+        pid = DataDir(pid_file.parent).running_pid()
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGCONT)
+                os.killpg(pid, signal.SIGKILL)

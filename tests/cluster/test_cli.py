@@ -1,0 +1,152 @@
+"""The ``nonstop`` command line against real processes (G1, G2)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from nonstop.node.datadir import DataDir, pid_alive
+from tests.cluster.conftest import MACHINE, kill_dir_nodes, run_cli, wait_until
+
+pytestmark = pytest.mark.timeout(120)
+
+FAST = [
+    "--option",
+    f"machine={json.dumps(MACHINE)}",
+    "--option",
+    "keepalive_interval=0.1",
+    "--option",
+    "nonresponse_timeout=0.5",
+]
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Iterator[Path]:
+    d = tmp_path / "local"
+    try:
+        yield d
+    finally:
+        kill_dir_nodes(d)
+
+
+def test_local_up_status_partial_restart_down(folder: Path) -> None:
+    code, out, err = run_cli("local", "up", "-n", "3", "--dir", str(folder), *FAST)
+    assert code == 0, err
+    assert "started: A, B, C" in out
+    assert "Active" in out
+
+    code, out, err = run_cli("cluster", "status", "--json", "--dir", str(folder))
+    assert code == 0, err
+    status = json.loads(out)
+    assert status["quorum"] == "Active"
+    assert isinstance(status["view"], int)
+    assert "leader" in status
+    nodes = {n["name"]: n for n in status["nodes"]}
+    assert set(nodes) == {"A", "B", "C"}
+    for n in nodes.values():
+        assert set(n) >= {"name", "address", "state", "pid"}
+        assert isinstance(n["pid"], int) and pid_alive(n["pid"])
+
+    # table output names every node
+    code, out, _ = run_cli("cluster", "status", "--dir", str(folder))
+    assert code == 0 and all(f"\n{x} " in out for x in "ABC")
+
+    # kill B; `local up` starts only B again, on its old data
+    old_b = DataDir(folder / "B").running_pid()
+    assert old_b is not None
+    os.kill(old_b, signal.SIGKILL)
+    wait_until(lambda: not pid_alive(old_b), 5, "B to die")
+    code, out, err = run_cli("local", "up", "-n", "3", "--dir", str(folder), "--json")
+    assert code == 0, err
+    status = json.loads(out)
+    assert status["quorum"] == "Active"
+    new_b = DataDir(folder / "B").running_pid()
+    assert new_b is not None and new_b != old_b
+
+    # ask a specific node
+    b_addr = next(n["address"] for n in status["nodes"] if n["name"] == "B")
+    code, out, err = run_cli("cluster", "status", "--json", "--node", b_addr)
+    assert code == 0, err
+    assert json.loads(out)["name"] == "B"
+
+    code, out, err = run_cli("local", "down", "--dir", str(folder))
+    assert code == 0, err
+    assert "stopped: A, B, C" in out
+    for name in "ABC":
+        assert DataDir(folder / name).running_pid() is None
+
+    # status with nothing running: one line, non-zero
+    code, out, err = run_cli("cluster", "status", "--dir", str(folder), "--timeout", "0.5")
+    assert code != 0 and err.startswith("nonstop: error:") and err.count("\n") == 1
+
+
+def test_start_errors_are_one_line(folder: Path, tmp_path: Path) -> None:
+    code, _, err = run_cli("local", "up", "-n", "2", "--dir", str(folder), *FAST)
+    assert code == 0, err
+    layout = json.loads((folder / "local.json").read_text())
+    a_addr = layout["nodes"][0]["listen"]
+
+    def start(*args: str) -> tuple[int, str]:
+        code, _, err = run_cli("node", "start", "--detach", "--machine", MACHINE, *args, timeout=30)
+        return code, err.strip()
+
+    # port in use
+    code, err = start("--name", "X", "--data", str(tmp_path / "x"), "--listen", a_addr)
+    assert code != 0 and "port in use" in err and "\n" not in err, err
+
+    # the data directory of a running node
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code, err = start("--name", "A", "--data", str(folder / "A"), "--listen", f"127.0.0.1:{port}")
+    assert code != 0 and "in use" in err and "\n" not in err, err
+
+    # a data directory of another cluster
+    code, _, err = run_cli("local", "down", "--dir", str(folder))
+    assert code == 0, err
+    code, err = start(
+        "--name", "A", "--data", str(folder / "A"), "--cluster", "other",
+        "--listen", f"127.0.0.1:{port}",
+    )  # fmt: skip
+    assert code != 0 and "belongs to cluster" in err and "\n" not in err, err
+
+    # a node name already used by a running node of the cluster
+    code, _, err = run_cli("local", "up", "-n", "2", "--dir", str(folder))
+    assert code == 0, err
+    cluster_id = layout["cluster"]
+    code, err = start(
+        "--name", "A", "--data", str(tmp_path / "a2"), "--cluster", cluster_id,
+        "--listen", f"127.0.0.1:{port}", "--join", a_addr,
+    )  # fmt: skip
+    assert code != 0 and "already" in err and "\n" not in err, err
+    assert DataDir(tmp_path / "a2").running_pid() is None
+
+
+def test_node_start_stop(tmp_path: Path) -> None:
+    data = tmp_path / "solo"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    try:
+        code, out, err = run_cli(
+            "node", "start", "--detach", "--name", "S", "--data", str(data),
+            "--listen", f"127.0.0.1:{port}", "--members", "S", "--machine", MACHINE,
+        )  # fmt: skip
+        assert code == 0, err
+        pid = DataDir(data).running_pid()
+        assert pid is not None
+        code, out, err = run_cli("cluster", "status", "--json", "--node", f"127.0.0.1:{port}")
+        assert code == 0, err
+        assert json.loads(out)["name"] == "S"
+        code, out, err = run_cli("node", "stop", "--data", str(data))
+        assert code == 0, err
+        assert not pid_alive(pid)
+        assert "stopped" in (data / "node.log").read_text()
+    finally:
+        kill_dir_nodes(tmp_path)

@@ -1,0 +1,77 @@
+"""Crashes and pauses of real node processes (C3, C6, D16), each bounded in time."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable
+
+import pytest
+
+from tests.cluster.conftest import DETECT_WITHIN, REAL_CLUSTER, Procs, wait_until
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def seen_down(p: Procs, observer: str, victim: str) -> bool:
+    return p.states(observer).get(victim) == "Down"
+
+
+def test_kill_one_then_two_then_restart(procs: Callable[..., Procs]) -> None:
+    p = procs(3)
+    p.start_all()
+    p.wait_quorum(["A", "B", "C"], "Active", timeout=20)
+
+    # SIGKILL C: both survivors see it Down within the timeout, quorum Partial.
+    p.kill("C")
+    killed = time.monotonic()
+    wait_until(
+        lambda: seen_down(p, "A", "C") and seen_down(p, "B", "C"),
+        DETECT_WITHIN,
+        "A and B to see C Down",
+    )
+    detected = time.monotonic() - killed
+    assert detected < DETECT_WITHIN
+    p.wait_quorum(["A", "B"], "Partial", timeout=5)
+
+    # SIGKILL B: the survivor has no quorum any more and goes Disabled.
+    p.kill("B")
+    p.wait_quorum(["A"], "Disabled", timeout=DETECT_WITHIN + 2)
+
+    # Restart both on their old data: the cluster is Active again everywhere.
+    p.start("B")
+    p.start("C")
+    p.wait_quorum(["A", "B", "C"], "Active", timeout=20)
+    for name in "ABC":
+        states = p.states(name)
+        assert all(s in ("Up", "Self") for s in states.values()), (name, states)
+
+    # Every node went through the same sequence of views (same id → same members).
+    views: dict[int, list[str]] = {}
+    for name in "ABC":
+        for rec in p.notifications(name, "view"):
+            members = sorted(rec.get("members") or [])
+            view_id = int(rec.get("view", rec.get("view_id", -1)))
+            assert views.setdefault(view_id, members) == members, rec
+    if REAL_CLUSTER:
+        finals = {p.status(n)["view"] for n in "ABC"}
+        assert len(finals) == 1, finals
+
+
+def test_sigstop_is_seen_down_then_heals(procs: Callable[..., Procs]) -> None:
+    p = procs(3)
+    p.start_all()
+    p.wait_quorum(["A", "B", "C"], "Active", timeout=20)
+
+    p.signal("C", signal.SIGSTOP)
+    try:
+        wait_until(
+            lambda: seen_down(p, "A", "C") and seen_down(p, "B", "C"),
+            DETECT_WITHIN,
+            "A and B to see the paused C Down",
+        )
+        p.wait_quorum(["A", "B"], "Partial", timeout=5)
+    finally:
+        p.signal("C", signal.SIGCONT)
+    p.wait_quorum(["A", "B", "C"], "Active", timeout=15)
+    assert p.states("A")["C"] == "Up"
