@@ -103,7 +103,8 @@ def encode_key(value: Any) -> bytes:
             raise KeyTooLong(f"integer key {value} is outside the 64-bit range")
         out = _T_INT + _U64.pack(value + 2**63)
     elif isinstance(value, float):
-        bits = _U64.unpack(_F64.pack(value))[0]
+        # -0.0 == 0.0: one key value (adding 0.0 turns -0.0 into 0.0).
+        bits = _U64.unpack(_F64.pack(value + 0.0))[0]
         # Negative floats: invert all bits; positive: flip the sign bit.
         bits = bits ^ 0xFFFFFFFFFFFFFFFF if bits >> 63 else bits | (1 << 63)
         out = _T_FLOAT + _U64.pack(bits)
