@@ -3,14 +3,32 @@
 from __future__ import annotations
 
 import signal
+import socket
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
-from tests.cluster.conftest import DETECT_WITHIN, REAL_CLUSTER, Procs, wait_until
+from nonstop.admin.local import spawn_node
+from nonstop.client import Client
+from tests.cluster.conftest import (
+    DETECT_WITHIN,
+    KEEPALIVE,
+    MACHINE,
+    NONRESPONSE,
+    REAL_CLUSTER,
+    Procs,
+    wait_until,
+)
 
 pytestmark = pytest.mark.timeout(120)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def seen_down(p: Procs, observer: str, victim: str) -> bool:
@@ -75,3 +93,26 @@ def test_sigstop_is_seen_down_then_heals(procs: Callable[..., Procs]) -> None:
         p.signal("C", signal.SIGCONT)
     p.wait_quorum(["A", "B", "C"], "Active", timeout=15)
     assert p.states("A")["C"] == "Up"
+
+
+@pytest.mark.skipif(not REAL_CLUSTER, reason="join needs the cluster log")
+def test_new_node_joins_through_any_address(procs: Callable[..., Procs], tmp_path: Path) -> None:
+    p = procs(3)
+    p.start_all()
+    p.wait_quorum(["A", "B", "C"], "Active", timeout=20)
+    port = free_port()
+    config = tmp_path / "D.toml"
+    config.write_text(
+        f'name = "D"\ncluster = "{p.layout["cluster"]}"\ndata = "{tmp_path / "D"}"\n'
+        f'listen = "127.0.0.1:{port}"\njoin = ["{p.address("B")}"]\n'
+        f'log_file = "{tmp_path / "D.log"}"\nmachine = "{MACHINE}"\n'
+        f"keepalive_interval = {KEEPALIVE}\nnonresponse_timeout = {NONRESPONSE}\n"
+    )
+    p.all_pids.add(spawn_node(config, tmp_path / "D"))
+    wait_until(
+        lambda: "D" in p.status("A").get("members", []) and p.states("A").get("D") == "Up",
+        20,
+        "D to be a member, Up on A",
+    )
+    with Client([f"127.0.0.1:{port}"], timeout=1.0, rounds=1) as c:
+        wait_until(lambda: c.status()["quorum"] == "Active", 10, "D to see quorum Active")

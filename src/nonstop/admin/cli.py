@@ -173,13 +173,26 @@ def _default_addresses(folder: str) -> str:
 @click.option("--dir", "folder", default=DEFAULT_DIR, help="Local cluster folder (default source).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--timeout", default=3.0, show_default=True)
-def cluster_status(address: str | None, folder: str, as_json: bool, timeout: float) -> None:
+@click.option("--tls-ca", type=click.Path(dir_okay=False), help="CA file: talk TLS to the nodes.")
+@click.option("--tls-cert", type=click.Path(dir_okay=False), help="Client certificate (PEM).")
+@click.option("--tls-key", type=click.Path(dir_okay=False), help="Client private key (PEM).")
+def cluster_status(
+    address: str | None,
+    folder: str,
+    as_json: bool,
+    timeout: float,
+    tls_ca: str | None,
+    tls_cert: str | None,
+    tls_key: str | None,
+) -> None:
     """Show view, quorum, leader and every node's state."""
     from nonstop.client import connect
+    from nonstop.net.tls import TLSConfig
 
     addresses = address or _default_addresses(folder)
+    tls = TLSConfig(cert=tls_cert, key=tls_key, ca=tls_ca)
     try:
-        with connect(addresses, timeout=timeout) as client:
+        with connect(addresses, timeout=timeout, tls=tls) as client:
             status = client.status()
     except (Error, ValueError) as exc:
         fail(str(exc))

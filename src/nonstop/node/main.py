@@ -78,6 +78,7 @@ async def serve(cfg: NodeConfig, datadir: DataDir) -> None:
     try:
         object_store = open_object_store(datadir)
         runtime = make_runtime(cfg, store, ident)
+        install_node_notifiers(runtime)
         try:
             await runtime.start()
         except OSError as exc:
@@ -113,11 +114,16 @@ async def serve(cfg: NodeConfig, datadir: DataDir) -> None:
             stop.set()
 
         runtime.on_identity_error = identity_error
+        joiner = None
+        if not cfg.members and cfg.join:
+            joiner = asyncio.ensure_future(auto_join(runtime, cfg))
         stopped = asyncio.ensure_future(runtime.stopped.wait())
         waiter = asyncio.ensure_future(stop.wait())
         await asyncio.wait({stopped, waiter}, return_when=asyncio.FIRST_COMPLETED)
         waiter.cancel()
         stopped.cancel()
+        if joiner is not None:
+            joiner.cancel()
         log.info("node %s stopping", ident.name)
         await runtime.stop()
         datadir.remove_pid()
@@ -132,6 +138,63 @@ async def serve(cfg: NodeConfig, datadir: DataDir) -> None:
                 object_store.close()
         store.close()
         datadir.remove_pid()
+
+
+def install_node_notifiers(runtime: RealRuntime) -> None:
+    """Feed ``node_state`` notifications to the C3 notifier registry (serialized per node).
+
+    Notifiers registered on ``runtime.node_notifiers`` run on the event loop,
+    after the machine's actions; they must be quick (hand long work to a task).
+    """
+    try:
+        from nonstop.cluster.failure import NotifierRegistry
+    except ImportError:  # the cluster layer is optional for the runtime
+        return
+    registry = NotifierRegistry()
+    runtime.node_notifiers = registry  # type: ignore[attr-defined]
+
+    def on_node_state(action: Any) -> None:
+        registry.on_notify(action.data)
+        registry.run_pending()
+
+    runtime.add_notifier("node_state", on_node_state)
+
+
+async def auto_join(runtime: RealRuntime, cfg: NodeConfig) -> None:
+    """A node started without a bootstrap membership asks the cluster to add it.
+
+    It sends ``{"op": "join"}`` through its ``--join`` addresses (any node
+    forwards it to the leader) until the committed membership contains it;
+    a node that is already a member (a restart) sends nothing.
+    """
+    from nonstop.client.handle import AsyncClient
+
+    plain, named = split_join(cfg.join)
+    addresses = plain + list(named.values())
+    delay = 0.2
+    last_error = ""
+    while True:
+        members = getattr(runtime.machine, "view_members", None)
+        if members is None:
+            members = getattr(runtime.machine, "members", None)
+        if members is not None and cfg.name in members:
+            log.info("node %s is a member of the cluster", cfg.name)
+            return
+        try:
+            async with AsyncClient(addresses, timeout=5.0, rounds=1, tls=cfg.tls) as client:
+                reply = await client.request(
+                    {"op": "join", "name": cfg.name, "address": cfg.listen}
+                )
+            if isinstance(reply, dict) and reply.get("ok"):
+                log.info("joined the cluster: view %s", reply.get("view"))
+            elif isinstance(reply, dict) and "error" in reply:
+                raise RuntimeError(f"{reply.get('error')}: {reply.get('message')}")
+        except Exception as exc:
+            if str(exc) != last_error:
+                log.info("join not done yet: %s", exc)
+                last_error = str(exc)
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 2.0)
 
 
 def make_runtime(cfg: NodeConfig, store: Any, ident: Identity) -> RealRuntime:

@@ -469,6 +469,8 @@ class RealRuntime:
             self._by_name[name] = new
         if feed:
             self._feed_discovered(name, address)
+        if known is None:
+            self._share_addresses()
 
     def on_link_up(self, link: PeerLink, conn: Connection) -> bool:
         """An outbound link finished its handshake; False to give the link up."""
@@ -490,7 +492,37 @@ class RealRuntime:
             self.addresses[name] = (link.address, link.source)
             self._feed_discovered(name, link.address)
         log.info("connected to %s at %s (protocol %s)", name, link.address, conn.version)
+        conn.send(self._address_book_frame(exclude=name))
         return True
+
+    def _address_book_frame(self, exclude: str | None = None) -> dict[str, Any]:
+        book = {n: a for n, (a, _) in self.addresses.items() if n != exclude}
+        return {"t": "addr", "book": book}
+
+    def _share_addresses(self) -> None:
+        """Tell every connected peer the addresses we know (peer-assisted discovery, C2).
+
+        A node that joined through one address learns the others this way, and
+        they learn it from its hello when it dials them.
+        """
+        for name, link in self._by_name.items():
+            if link.conn is not None and not link.conn.closed:
+                link.conn.send(self._address_book_frame(exclude=name))
+
+    def _on_address_book(self, sender: str, book: Any) -> None:
+        if not isinstance(book, dict):
+            return
+        for name, address in book.items():
+            if not isinstance(name, str) or not isinstance(address, str):
+                continue
+            if name == self.name or name in self.addresses:
+                continue
+            try:
+                split_address(address)
+            except ValueError:
+                continue
+            log.info("learned %s at %s from %s", name, address, sender)
+            self.learn(name, address, SOURCE_DISCOVERY)
 
     def on_link_down(self, link: PeerLink) -> None:
         if link.name is not None and not self._stopping:
@@ -606,6 +638,8 @@ class RealRuntime:
                     self.stats["received"] += 1
                     event = Received(now=self.now(), sender=peer.name, payload=value.get("p"))
                     self._dispatch(event)
+                elif isinstance(value, dict) and value.get("t") == "addr":
+                    self._on_address_book(peer.name, value.get("book"))
                 else:
                     log.warning(
                         "closing connection from %s: unknown message type %r",
