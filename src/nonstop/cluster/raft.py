@@ -118,6 +118,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -125,7 +126,7 @@ from typing import Any, ClassVar
 import msgpack
 
 from nonstop.cluster.quorum import Quorum, QuorumPolicy
-from nonstop.errors import NotLeader, Unavailable
+from nonstop.errors import NotLeader
 from nonstop.runtime.interface import (
     Action,
     CancelTimer,
@@ -295,7 +296,8 @@ class Raft:
         # Durability bookkeeping.
         self._writes: dict[bytes, bytes | None] = {}
         self._deferred: list[Action] = []
-        self._pending: list[_Pending] = []
+        self._pending: deque[_Pending] = deque()  # in emission order
+        self._pending_by_token: dict[int, _Pending] = {}
         self._durable_last = 0
         self._durable_hs: tuple[int, NodeId | None] = (0, None)
         self._was_member = False
@@ -471,9 +473,9 @@ class Raft:
     def change_members(self, now: float, members: Iterable[NodeId]) -> list[Action]:
         """Start a joint-consensus change to ``members``; one change at a time.
 
-        Raises NotLeader; Unavailable while this leader's first entry is not yet committed
-        (retry shortly); ValueError when a change is in progress or the new member set is not
-        valid for the quorum policy.  The change is done when a ``config`` entry with the new
+        Raises NotLeader; ValueError when a change is in progress, when this new leader has not
+        yet committed its first entry (retry shortly), or when the new member set is not valid
+        for the quorum policy.  The change is done when a ``config`` entry with the new
         members comes out of :meth:`take_applied`.
         """
         self._require_leader()
@@ -485,7 +487,8 @@ class Raft:
         if cur.old is not None or cur.index > self.commit_index:
             raise ValueError("a membership change is already in progress")
         if self.commit_index < self._term_start:
-            raise Unavailable("the new leader has not committed its first entry yet; retry")
+            # A ValueError like the other refusals (the contract callers rely on): retry shortly.
+            raise ValueError("the new leader has not committed its first entry yet; retry")
         if not new:
             raise ValueError("the cluster cannot have no members")
         self.policy.bind(new)  # raises ValueError for a member set the policy cannot serve
@@ -567,9 +570,9 @@ class Raft:
             writes = tuple(self._writes.items())
             self._writes = {}
             out.append(Persist(token, writes))
-            self._pending.append(
-                _Pending(token, self.last_index, (self.term, self.voted_for), self._deferred)
-            )
+            rec = _Pending(token, self.last_index, (self.term, self.voted_for), self._deferred)
+            self._pending.append(rec)
+            self._pending_by_token[token] = rec
             self._deferred = []
         elif self._deferred:
             if self._pending:
@@ -580,14 +583,12 @@ class Raft:
         return out
 
     def _on_persisted(self, now: float, token: int, out: list[Action]) -> bool:
-        for p in self._pending:
-            if p.token == token:
-                p.done = True
-                break
-        else:
+        rec = self._pending_by_token.pop(token, None)
+        if rec is None:
             return False
+        rec.done = True
         while self._pending and self._pending[0].done:
-            p = self._pending.pop(0)
+            p = self._pending.popleft()
             self._durable_last = p.last_index
             self._durable_hs = p.hard_state
             out.extend(p.sends)
@@ -1192,7 +1193,7 @@ class Raft:
         try:
             self._change_members(now, self.members | {sender})
             out.append(Log("info", f"raft: adding {sender} to the cluster at its request"))
-        except (ValueError, Unavailable) as e:
+        except ValueError as e:
             out.append(Log("info", f"raft: join of {sender} postponed: {e}"))
 
     def _on_join_r(self, now: float, sender: NodeId, p: dict[str, Any], out: list[Action]) -> None:
