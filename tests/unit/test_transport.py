@@ -23,6 +23,7 @@ import pytest
 from nonstop.client.handle import AsyncClient, Client
 from nonstop.errors import ProtocolError, Unavailable
 from nonstop.net.connection import HandshakeRejected, dial
+from nonstop.net.discovery import DiscoveryConfig
 from nonstop.net.frames import encode
 from nonstop.net.handshake import (
     ROLE_CLIENT,
@@ -73,8 +74,10 @@ async def node(
     tls: TLSConfig | None = None,
     max_frame: int = 1 << 20,
     cluster: str = "t",
+    port: int | None = None,
+    discovery: DiscoveryConfig | None = None,
 ) -> AsyncIterator[RealRuntime]:
-    port = free_port()
+    port = port or free_port()
     store = ClusterStore(str(tmp / name), sync=False)
     rt = RealRuntime(
         hello=hello_for(name, port, proto, cluster),
@@ -87,6 +90,7 @@ async def node(
             join=join or [],
             tls=tls or TLSConfig(),
             max_frame=max_frame,
+            discovery=discovery or DiscoveryConfig(),
         ),
     )
     await rt.start()
@@ -311,3 +315,51 @@ def test_msgpack_payloads_only(tmp_path: Path) -> None:
     """What goes over a node link is exactly the msgpack of ``{"t": "m", "p": payload}``."""
     frame = encode({"t": "m", "p": {"k": "fd", "b": [1, b"x"]}})
     assert msgpack.unpackb(frame[4:]) == {"t": "m", "p": {"k": "fd", "b": [1, b"x"]}}
+
+
+def adjacent_free_ports() -> tuple[int, int]:
+    """Two consecutive ports free for both TCP and UDP on 127.0.0.1."""
+    for _ in range(200):
+        base = free_port()
+        socks = []
+        try:
+            for port in (base, base + 1):
+                for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM):
+                    s = socket.socket(socket.AF_INET, kind)
+                    socks.append(s)
+                    s.bind(("127.0.0.1", port))
+            return base, base + 1
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no two adjacent free ports")
+
+
+def test_loopback_discovery_finds_peers_without_addresses(tmp_path: Path) -> None:
+    """C2: two nodes configured with no peer address find each other by UDP on 127.0.0.1."""
+    pa, pb = adjacent_free_ports()
+    disc = DiscoveryConfig(enabled=True, mode="loopback", ports=[pa, pb], interval=0.1)
+
+    async def main() -> None:
+        async with (
+            node(tmp_path, "A", port=pa, discovery=disc) as a,
+            node(tmp_path, "B", port=pb, discovery=disc) as b,
+        ):
+            ma, mb = a.machine, b.machine
+            assert isinstance(ma, ProbeMachine) and isinstance(mb, ProbeMachine)
+            await wait_for(lambda: ma.state.get("B") == "Up" and mb.state.get("A") == "Up")
+            assert a.addresses["B"][0] == f"127.0.0.1:{pb}"
+
+    asyncio.run(main())
+
+
+def test_static_address_wins_over_discovery(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with node(tmp_path, "A") as a:
+            a.learn("Z", "127.0.0.1:1", 3)  # static
+            a.learn("Z", "127.0.0.1:2", 1)  # announced later: ignored
+            assert a.addresses["Z"][0] == "127.0.0.1:1"
+
+    asyncio.run(main())

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from nonstop.net.discovery import DiscoveryConfig
 from nonstop.net.frames import DEFAULT_MAX_FRAME
 from nonstop.net.handshake import PROTOCOL_MAX, PROTOCOL_MIN
 from nonstop.net.tls import TLSConfig
@@ -22,18 +23,6 @@ DEFAULT_MACHINE = "nonstop.node.machine:build_cluster_node"
 
 class ConfigError(ValueError):
     """The configuration is unusable; the message is one line for the operator."""
-
-
-@dataclass
-class DiscoveryConfig:
-    """UDP announcements for dynamic discovery (C2); off by default."""
-
-    enabled: bool = False
-    group: str = "239.255.77.77"
-    port: int = 7199
-    interface: str = "127.0.0.1"
-    ttl: int = 0
-    interval: float = 1.0
 
 
 @dataclass
@@ -51,7 +40,7 @@ class NodeConfig:
     protocol: list[int] = field(default_factory=lambda: [PROTOCOL_MIN, PROTOCOL_MAX])
     """Wire protocol range spoken; only changed to test upgrades (E4)."""
     max_frame_bytes: int = DEFAULT_MAX_FRAME
-    keepalive_interval: float = 0.25
+    keepalive_interval: float = 0.2
     nonresponse_timeout: float = 1.0
     connect_timeout: float = 2.0
     log_level: str = "info"

@@ -222,6 +222,7 @@ def make_runtime(cfg: NodeConfig, store: Any, ident: Identity) -> RealRuntime:
             static_peers=static_peers,
             max_frame=cfg.max_frame_bytes,
             tls=cfg.tls,
+            discovery=cfg.discovery,
             connect_timeout=cfg.connect_timeout,
         ),
     )

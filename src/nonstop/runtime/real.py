@@ -52,6 +52,7 @@ from typing import Any
 
 from nonstop.net import handshake
 from nonstop.net.connection import Connection, HandshakeRejected, accept, dial
+from nonstop.net.discovery import Discovery, DiscoveryConfig
 from nonstop.net.frames import DEFAULT_MAX_FRAME, FrameError
 from nonstop.net.handshake import Hello
 from nonstop.net.tls import TLSConfig, client_context, server_context
@@ -118,6 +119,7 @@ class RuntimeConfig:
     """name → address from the configuration (C2 static discovery; the machine knows them too)."""
     max_frame: int = DEFAULT_MAX_FRAME
     tls: TLSConfig = field(default_factory=TLSConfig)
+    discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)
     connect_timeout: float = 2.0
     handshake_timeout: float = 5.0
     redial_min: float = 0.05
@@ -265,6 +267,7 @@ class RealRuntime:
         self.fatal: BaseException | None = None
         self.stopped = asyncio.Event()
         self.stats = collections.Counter[str]()
+        self.discovery: Discovery | None = None
         self.started_at = 0.0
         self.identity_error: HandshakeRejected | None = None
         self.on_identity_error: Callable[[HandshakeRejected], None] | None = None
@@ -294,6 +297,16 @@ class RealRuntime:
         for address in self.config.join:
             if address != self.config.listen and address not in self._links:
                 self._link_for(address, SOURCE_STATIC)
+        if self.config.discovery.enabled:
+            self.discovery = Discovery(
+                self.config.discovery,
+                cluster=self.hello.cluster,
+                name=self.name,
+                address=self.config.listen,
+                protocol=(self.hello.proto_min, self.hello.proto_max),
+                on_found=lambda name, address: self.learn(name, address, SOURCE_DISCOVERY),
+            )
+            await self.discovery.start()
 
     def now(self) -> float:
         assert self.loop is not None
@@ -306,6 +319,8 @@ class RealRuntime:
         self._stopping = True
         if self.server is not None:
             self.server.close()
+        if self.discovery is not None:
+            self.discovery.stop()
         for handle in self._timers.values():
             handle.cancel()
         self._timers.clear()
