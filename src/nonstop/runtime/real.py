@@ -90,6 +90,9 @@ IDENTITY_CODES = frozenset(
 )
 """Refusals the failure detector turns into C3 node states."""
 
+QUIET_NOTIFY = frozenset({"applied", "proposed"})
+"""Per-entry notifications: logged at debug only (one line per log entry costs throughput)."""
+
 BACKLOG = 1024
 """Messages kept for a peer while its connection is being (re)established."""
 
@@ -751,8 +754,10 @@ class RealRuntime:
 
     # =========================================================== notifiers
     def _notify(self, action: Notify) -> None:
-        record = {"kind": action.kind, "node": self.name, **action.data}
-        notify_log.info("%s", json.dumps(record, default=str, sort_keys=True))
+        level = logging.DEBUG if action.kind in QUIET_NOTIFY else logging.INFO
+        if notify_log.isEnabledFor(level):
+            record = {"kind": action.kind, "node": self.name, **action.data}
+            notify_log.log(level, "%s", json.dumps(record, default=str, sort_keys=True))
         for callback in list(self.notifiers.get(action.kind, ())) + list(
             self.notifiers.get("*", ())
         ):
