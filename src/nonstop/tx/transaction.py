@@ -418,9 +418,15 @@ class Transaction:
         for name in info.keys:
             encode_key(state[name])  # KeyTooLong / bad key type before anything else
         ref = self.db._store.new_ref()
-        for name, key in info.keys.items():
-            if key.options.unique:
-                yield from self._g_claim(key, state[name], ref)
+        try:
+            for name, key in info.keys.items():
+                if key.options.unique:
+                    yield from self._g_claim(key, state[name], ref)
+        except BaseException:
+            # Nothing was created (DuplicateKey): give back the values claimed for it.
+            for slot in [s for s, r in self._claimed.items() if r == ref]:
+                del self._claimed[slot]
+            raise
         self.db._locks.try_acquire(self.id, ref, WRITE)  # a brand-new ref: always free
         return Entry(self, ref, info, state, 0, WRITE, CREATED)
 
