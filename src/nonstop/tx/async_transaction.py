@@ -228,8 +228,10 @@ class AsyncQuery(Query[M]):
         return found[0] if found else None
 
     async def count(self) -> int:  # type: ignore[override]
-        key, _ = self._access_key()
+        key, path = self._access_key()
         simple = set(self._eq) <= ({key.field} if key is not None else set())
+        # A range on another key than the access path's is checked only by loading.
+        simple = simple and (self._range is None or path == "range")
         if self._filters or not simple:
             saved, self._lock = self._lock, NONE
             try:

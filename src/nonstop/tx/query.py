@@ -129,8 +129,10 @@ class Query(Generic[M]):
 
     def count(self) -> int:
         """How many objects match (read committed plus this transaction's changes; no locks)."""
-        key, _ = self._access_key()
+        key, path = self._access_key()
         simple = set(self._eq) <= ({key.field} if key is not None else set())
+        # A range on another key than the access path's is checked only by loading.
+        simple = simple and (self._range is None or path == "range")
         if self._filters or not simple:
             saved, self._lock = self._lock, NONE
             try:
