@@ -114,6 +114,7 @@ class Cluster:
         self.sm: dict[str, StateMachine] = {}
         self.leaders: dict[int, str] = {}  # term -> leader (election safety)
         self.committed: dict[int, tuple[int, str, Any]] = {}  # index -> (term, kind, data)
+        self.views: dict[int, list[str]] = {}  # view id -> members, identical everywhere
         self.logs: list[tuple[str, Log]] = []
         self.notes: list[tuple[str, Notify]] = []
         self.sends: list[tuple[str, Send]] = []
@@ -205,6 +206,10 @@ class Cluster:
         node, sm = self.nodes[name], self.sm[name]
         for e in node.take_applied():
             sm.apply(e)
+            if e.kind == "config":
+                vid = e.data["view_id"]
+                seen = self.views.setdefault(vid, e.data["members"])
+                assert seen == e.data["members"], f"{name}: view {vid} = {e.data}, others {seen}"
             if e.kind in ("cmd", "config"):
                 key = (e.term, e.kind, e.data)
                 prev = self.committed.setdefault(e.index, key)
@@ -773,6 +778,18 @@ def run_random_schedule(seed: int, duration: float = 2.0) -> Cluster:
             n = rng.choice(sorted(set(names) - down))
             if c.sm[n].last > c.nodes[n].snapshot_index:
                 c.snapshot(n)
+        elif r < 0.21 and (lead := c.leader()) is not None:
+            # Membership changes under faults: remove a member or add a non-member back.
+            node = c.nodes[lead]
+            outsiders = sorted(set(names) - node.members)
+            if outsiders and (len(node.members) < 3 or rng.random() < 0.5):
+                new = node.members | {rng.choice(outsiders)}
+            else:
+                new = node.members - {rng.choice(sorted(node.members - {lead}))}
+            try:
+                c.execute(lead, node.change_members(c.now, new))
+            except ValueError:
+                pass  # a change in progress, or the leader's first entry is not committed
         leader = c.leader()
         if leader is not None:
             if rng.random() < 0.5:
@@ -787,8 +804,17 @@ def run_random_schedule(seed: int, duration: float = 2.0) -> Cluster:
         c.restart(n)
     c.run_until(lambda: c.leader() is not None, timeout=20)
     c.propose("final")
-    c.run_until(lambda: c.converged(), timeout=20)
+
+    def members_converged() -> bool:
+        leader = c.leader()
+        return leader is not None and c.converged(c.nodes[leader].members)
+
+    c.run_until(members_converged, timeout=20)
     check_log_matching(c)
+    leader = c.leader()
+    assert leader is not None
+    views = {tuple(c.sm[n].views[-1][1]) for n in c.nodes[leader].members}
+    assert views == {tuple(sorted(c.nodes[leader].view_members))}
     assert not c.errors(), c.errors()
     return c
 

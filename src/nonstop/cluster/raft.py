@@ -773,7 +773,10 @@ class Raft:
             self._start_election(now, out)
 
     def _start_election(self, now: float, out: list[Action]) -> None:
-        self._set_hard_state(max(self._campaign_term, self.term + 1), self.id)
+        term = self._campaign_term
+        if term <= self.term:  # our term moved on during the pre-vote
+            term = self._next_campaign_term()
+        self._set_hard_state(term, self.id)
         self._set_role(ROLE_CANDIDATE, out)
         self._set_leader(None, out)
         self._votes = set()  # our own vote counts once it is durable (see _maybe_win)
@@ -801,6 +804,11 @@ class Raft:
         # The no-op commits everything before it (entries of past terms are never committed by
         # counting replicas, Raft §5.4.2).
         self._term_start = self._append_local(self.term, K_NOOP, None)
+        latest = self._configs[-1]
+        if latest.old is not None and latest.index <= self.commit_index:
+            # The previous leader died between committing C_old,new and appending C_new:
+            # finish the change (when it commits later instead, _apply_config does this).
+            self._append_local(self.term, K_CONFIG, {"voters": sorted(latest.voters), "old": None})
         out.append(Log("info", f"raft: {self.id} is leader of term {self.term}"))
         out.append(SetTimer(TIMER_HEARTBEAT, self.cfg.heartbeat_interval))
         out.append(SetTimer(TIMER_ELECTION, self.cfg.election_timeout))
