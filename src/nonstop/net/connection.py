@@ -11,6 +11,7 @@ what the frames after the hello mean (see ``docs/design/wire.md``):
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import ssl
 from collections.abc import Callable
@@ -49,7 +50,9 @@ class Connection:
         self.writer = writer
         self.max_frame = max_frame
         self._decoder = FrameDecoder(max_frame)
-        self._pending: list[Any] = []
+        self._pending: collections.deque[Any] = collections.deque()
+        self._out: list[bytes] = []
+        self._out_bytes = 0
         self.peer: Hello | None = None
         self.version: int | None = None
         self.dropped = 0
@@ -63,26 +66,45 @@ class Connection:
             if not data:
                 raise EOFError("connection closed by peer")
             self._pending.extend(self._decoder.feed(data))
-        return self._pending.pop(0)
+        return self._pending.popleft()
 
     def send(self, value: Any) -> bool:
-        """Queue ``value`` for sending; False when it was dropped (closed or backlogged)."""
+        """Queue ``value`` for sending; False when it was dropped (closed or backlogged).
+
+        Frames queued in one event-loop turn leave in one write (one syscall
+        instead of one per message: under load that is most of the CPU a
+        node spends on the network).
+        """
         if self.writer.is_closing():
             return False
         transport = self.writer.transport
-        if transport.get_write_buffer_size() > MAX_WRITE_BUFFER:
+        if transport.get_write_buffer_size() + self._out_bytes > MAX_WRITE_BUFFER:
             self.dropped += 1
             return False
-        self.writer.write(encode(value, self.max_frame))
+        frame = encode(value, self.max_frame)
+        if not self._out:
+            asyncio.get_running_loop().call_soon(self.flush)
+        self._out.append(frame)
+        self._out_bytes += len(frame)
         return True
+
+    def flush(self) -> None:
+        """Hand the queued frames to the transport now."""
+        if self._out:
+            data = b"".join(self._out)
+            self._out.clear()
+            self._out_bytes = 0
+            if not self.writer.is_closing():
+                self.writer.write(data)
 
     @property
     def closed(self) -> bool:
         return self.writer.is_closing()
 
     def close(self) -> None:
-        """Close without waiting (safe to call twice)."""
+        """Flush what is queued and close without waiting (safe to call twice)."""
         with contextlib.suppress(Exception):
+            self.flush()
             self.writer.close()
 
     async def aclose(self) -> None:
@@ -165,6 +187,7 @@ async def accept(
         rejection = extra_check(theirs)
     if rejection is not None:
         conn.send(rejection.to_wire(ours if theirs.role == ROLE_NODE else None))
+        conn.flush()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(conn.writer.drain(), 1.0)
         raise HandshakeRejected(rejection.code, rejection.reason, theirs)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import signal
@@ -82,10 +83,8 @@ async def serve(cfg: NodeConfig, datadir: DataDir) -> None:
         try:
             await runtime.start()
         except OSError as exc:
-            raise NodeStartError(
-                f"cannot listen on {cfg.listen}: {exc.strerror or exc}"
-                + (" (port in use)" if exc.errno == 98 else "")
-            ) from exc
+            reason = "port in use" if exc.errno == errno.EADDRINUSE else str(exc)
+            raise NodeStartError(f"cannot listen on {cfg.listen}: {reason}") from exc
         except (ConfigError, NodeStartError):
             raise
         except Exception as exc:
@@ -249,7 +248,8 @@ def run(cfg: NodeConfig) -> int:
     try:
         asyncio.run(serve(cfg, datadir))
     except (ConfigError, NodeStartError) as exc:
-        log.error("%s", exc)
+        if cfg.log_file:  # else the log is stderr: the line below says it once
+            log.error("%s", exc)
         print(f"nonstop: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
     return EXIT_OK
