@@ -620,6 +620,9 @@ class Transaction:
         ops = ws.ops
         deltas = ws.count_deltas
         objects, extents = store.objects, store.extents
+        # Index removals go first: a unique value one object gives up may be taken by
+        # another object of this transaction, whose put must not be deleted after it.
+        removals: list[Any] = []
         for e in self._entries.values():
             status = e.status
             if status in (CLEAN, CREATED_DELETED):
@@ -633,7 +636,7 @@ class Transaction:
                 deltas[tname] = deltas.get(tname, 0) - 1
                 for name, key in info.keys.items():
                     value = e.orig[name] if e.orig and name in e.orig else e.state[name]
-                    self._index_op(ops, key, value, ref, put=False)
+                    self._index_op(removals, key, value, ref, put=False)
                 continue
             ops.append(
                 (True, objects, ref, pack([info.name, info.version, e.version + 1, e.state]))
@@ -647,12 +650,13 @@ class Transaction:
                 for name, old in e.orig.items():
                     if old != e.state[name]:
                         key = info.keys[name]
-                        self._index_op(ops, key, old, ref, put=False)
+                        self._index_op(removals, key, old, ref, put=False)
                         self._index_op(ops, key, e.state[name], ref, put=True)
         for qkey, record in self._async_calls:
             ops.append((True, store.asyncq, qkey, record))
         ops.extend(self._raw_ops)
-        return ws if ops else None
+        ws.ops = removals + ops
+        return ws if ws.ops else None
 
     def _index_op(self, ops: list[Any], key: KeyInfo, value: Any, ref: bytes, *, put: bool) -> None:
         db = self.db._store.index_db(key.db_name, unique=key.options.unique)
