@@ -41,10 +41,10 @@ class KeyInfo:
     field: str
     owner: str
     options: KeyOptions
+    db_name: bytes = b""  # the LMDB database holding the index
 
-    @property
-    def db_name(self) -> bytes:
-        return f"ix:{self.owner}:{self.field}".encode()
+    def __post_init__(self) -> None:
+        self.db_name = f"ix:{self.owner}:{self.field}".encode()
 
 
 class TypeInfo:

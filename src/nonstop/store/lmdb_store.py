@@ -91,6 +91,10 @@ class Store:
             self.types = self._dbs[b"types"]
             self.asyncq = self._dbs[b"asyncq"]
             self.dead = self._dbs[b"dead"]
+            # Bumped by the group committer after every LMDB commit (before any lock
+            # is released): a reader that saw the same value before a read and after
+            # taking a lock knows its read is still current.
+            self.commit_seq = 0
             self._counter_lock = threading.Lock()
             self._next_counter, self._reserved_until = self._reserve_counters(None)
         except BaseException:
@@ -234,6 +238,10 @@ class Store:
     def read(self) -> lmdb.Transaction:
         """A read-only snapshot of everything committed (and durable) so far."""
         return self.env.begin(buffers=False)
+
+    def read_buffers(self) -> lmdb.Transaction:
+        """A read snapshot returning zero-copy buffers (valid only inside the transaction)."""
+        return self.env.begin(buffers=True)
 
     def get_object(self, ref: bytes) -> list[Any] | None:
         with self.env.begin(buffers=True) as txn:

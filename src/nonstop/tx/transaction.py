@@ -52,7 +52,7 @@ from nonstop.errors import (
     TransactionClosed,
     TypeVersionMismatch,
 )
-from nonstop.model.codec import encode_key, pack
+from nonstop.model.codec import encode_key, pack, unpack
 from nonstop.model.managed import KeyInfo, Managed, TypeInfo, lookup_type, type_info
 from nonstop.model.ref import Ref
 from nonstop.store.group_commit import WriteSet
@@ -307,8 +307,12 @@ class Transaction:
         self._entries[ref] = entry
         return entry
 
-    def _g_load(self, ref: bytes, mode: int) -> Op:
-        """Load an object by reference with at least ``mode`` locked; None if it doesn't exist."""
+    def _g_load(self, ref: bytes, mode: int, prefetched: tuple[int, Any] | None = None) -> Op:
+        """Load an object by reference with at least ``mode`` locked; None if it doesn't exist.
+
+        ``prefetched`` is (store commit_seq before the read, raw record) read before the
+        lock was taken; it is used only if no commit landed since, else re-read.
+        """
         e = self._entries.get(ref)
         if e is not None:
             if e.status >= DELETED:
@@ -316,15 +320,20 @@ class Transaction:
             if mode > e.lock:
                 yield from self._g_upgrade(e, mode)
             return e
+        store = self.db._store
         if mode:
-            yield from self._need(ref, LockMode(mode))
-        rec = self.db._store.get_object(ref)
+            yield from self._need(ref, mode)  # type: ignore[arg-type]
+        if prefetched is not None and prefetched[0] == store.commit_seq:
+            raw = prefetched[1]
+            rec = None if raw is None else unpack(raw)
+        else:
+            rec = store.get_object(ref)
         if rec is None:
             return None
         return self._entry_from_record(ref, rec, mode)
 
     def _g_upgrade(self, e: Entry, mode: int) -> Op:
-        yield from self._need(e.ref, LockMode(mode))
+        yield from self._need(e.ref, mode)  # type: ignore[arg-type]
         if e.status in (CREATED, CREATED_DELETED):
             e.lock = max(e.lock, mode)
             return
@@ -377,17 +386,26 @@ class Transaction:
             e = self._entries[mine]
             return None if e.status >= DELETED else e
         locked_slot = False
+        store = self.db._store
+        index = store.index_db(key.db_name, unique=True)
         for _ in range(100):
-            ref = self.db._index_get(key, kb)
+            # One LMDB snapshot for the index entry and the object it points to.
+            seq = store.commit_seq
+            with store.read_buffers() as rtxn:
+                ref = rtxn.get(kb, db=index)
+                raw = None if ref is None else rtxn.get(ref, db=store.objects)
+                if ref is not None:
+                    ref = bytes(ref)
+                    raw = None if raw is None else bytes(raw)
             if ref is None:
                 if mode == NONE or locked_slot:
                     return None
-                yield from self._need(slot, LockMode(mode))
+                yield from self._need(slot, mode)  # type: ignore[arg-type]
                 locked_slot = True
                 continue
             if self._released(ref, key, kb):
                 return None
-            e = yield from self._g_load(ref, mode)
+            e = yield from self._g_load(ref, mode, (seq, raw))
             if e is None:
                 continue  # deleted between index read and lock: look again
             if mode != NONE and e.status == CLEAN and encode_key(e.state[key.field]) != kb:
