@@ -256,7 +256,7 @@ class Cluster:
     # ------------------------------------------------------------- helpers
     def leader(self) -> str | None:
         best = None
-        for n in self.up:
+        for n in sorted(self.up):
             node = self.nodes[n]
             if node.role == ROLE_LEADER and (best is None or node.term > self.nodes[best].term):
                 best = n

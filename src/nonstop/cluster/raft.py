@@ -496,7 +496,7 @@ class Raft:
             return
         # Joint consensus (C_old,new): effective as soon as appended; C_new follows on commit.
         self._append_local(self.term, K_CONFIG, {"voters": sorted(new), "old": sorted(cur.voters)})
-        for n in new - cur.everyone():
+        for n in sorted(new - cur.everyone()):
             if n != self.id:
                 self._peers[n] = _Peer(next=self.last_index, last_ack=now, progress=now)
 
@@ -766,7 +766,7 @@ class Raft:
             "li": self.last_index,
             "lt": self.last_term,
         }
-        for n in self._configs[-1].everyone():
+        for n in sorted(self._configs[-1].everyone()):
             if n != self.id:
                 out.append(Send(n, msg))
         if self._has_quorum(self._votes):
@@ -782,7 +782,7 @@ class Raft:
         self._votes = set()  # our own vote counts once it is durable (see _maybe_win)
         out.append(SetTimer(TIMER_ELECTION, self._election_delay()))
         msg = {"t": "raft.vote", "term": self.term, "li": self.last_index, "lt": self.last_term}
-        for n in self._configs[-1].everyone():
+        for n in sorted(self._configs[-1].everyone()):
             if n != self.id:
                 out.append(Send(n, msg))
 
@@ -798,7 +798,7 @@ class Raft:
         self._set_leader(self.id, out)
         self._peers = {
             n: _Peer(next=self.last_index + 1, last_ack=now, progress=now)
-            for n in self._configs[-1].everyone()
+            for n in sorted(self._configs[-1].everyone())
             if n != self.id
         }
         # The no-op commits everything before it (entries of past terms are never committed by
@@ -924,7 +924,7 @@ class Raft:
                 self._become_follower(0.0, self.term, None, out)
             else:
                 # Forget peers that left.
-                for gone in set(self._peers) - latest.everyone():
+                for gone in sorted(set(self._peers) - latest.everyone()):
                     del self._peers[gone]
 
     # ------------------------------------------------------------ messages
@@ -946,7 +946,8 @@ class Raft:
             out.append(Log("warning", f"raft: dropped pre-vote from unknown node {sender}"))
             return
         ok = term > self.term and self._log_ok(li, lt) and not self._leader_recent(now)
-        out.append(Send(sender, {"t": "raft.prevote_r", "term": term, "ok": ok}))
+        # "cur" tells a pre-candidate behind our term to catch up (see _on_prevote_r).
+        out.append(Send(sender, {"t": "raft.prevote_r", "term": term, "ok": ok, "cur": self.term}))
 
     def _on_prevote_r(
         self, now: float, sender: NodeId, p: dict[str, Any], out: list[Action]
@@ -954,6 +955,15 @@ class Raft:
         term, ok = _int(p, "term"), _bool(p, "ok")
         if sender not in self._configs[-1].everyone():
             out.append(Log("warning", f"raft: dropped pre-vote answer from non-voter {sender}"))
+            return
+        cur = p.get("cur", 0)
+        if not _is_int(cur):
+            raise _Bad("cur must be an int")
+        if not ok and cur > self.term and not self._leader_recent(now):
+            # A node reached a higher term in an election it lost and refuses pre-votes for
+            # terms <= its own.  Adopt its term so our next pre-vote can win it over; otherwise
+            # a node with the newest log but an older term could never be elected (as in etcd).
+            self._become_follower(now, cur, None, out)
             return
         if self.role == ROLE_PRE_CANDIDATE and term == self._campaign_term and ok:
             self._votes.add(sender)
