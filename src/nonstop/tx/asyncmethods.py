@@ -35,7 +35,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from nonstop.errors import Error
+from nonstop.errors import DatabaseClosed, Error
 from nonstop.model.codec import pack, unpack
 from nonstop.model.ref import REF_SIZE, Ref
 
@@ -177,6 +177,8 @@ class AsyncDispatcher:
             try:
                 self._run(key)
             except Exception:
+                if self._stopping:
+                    return  # closing: the call stays queued and runs after a reopen
                 log.exception("asynchronous call dispatcher failed; the call stays queued")
                 time.sleep(0.1)
                 with self._cond:
@@ -225,6 +227,8 @@ class AsyncDispatcher:
 
         try:
             run_with_retries(db, call, isolation=self._isolation_of(key))
+        except DatabaseClosed:
+            raise  # rolled back by the close, not failed: keep it queued
         except Exception as exc:
             error_text = f"{type(exc).__name__}: {exc}"
             self.failed += 1

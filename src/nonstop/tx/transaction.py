@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from nonstop.errors import (
     BadArgument,
     Conflict,
+    DatabaseClosed,
     Deleted,
     DuplicateKey,
     Error,
@@ -194,6 +195,10 @@ class Transaction:
     def _check_usable(self) -> None:
         if self._state is not _State.ACTIVE:
             raise TransactionClosed(f"transaction {self.id} is {self._state.value}")
+        if self.db._closed:
+            raise DatabaseClosed(
+                f"database {self.db.path!r} was closed; transaction {self.id} cannot go on"
+            )
         if self._doomed is not None:
             # The transaction lost a deadlock or a conflict: only rolling back is left.
             # Raising the same (retryable) error lets @transactional replay it.
