@@ -60,6 +60,8 @@ class Store:
         location: int | None = None,
     ) -> None:
         self.path = Path(path)
+        if self.path.exists() and not self.path.is_dir():
+            raise StoreError(f"{self.path} is not a directory (a store is a directory)")
         try:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -98,6 +100,8 @@ class Store:
             self._counter_lock = threading.Lock()
             self._next_counter, self._reserved_until = self._reserve_counters(None)
         except BaseException:
+            if getattr(self, "env", None) is not None:
+                self.env.close()
             os.close(self._lock_fd)
             raise
 
@@ -127,8 +131,9 @@ class Store:
         data = self.path / "data.mdb"
         if data.exists() and data.stat().st_size and data.stat().st_size < 8192:
             raise CorruptStore(f"{data} is truncated ({data.stat().st_size} bytes)")
+        size = data.stat().st_size if data.exists() else 0
         try:
-            return lmdb.open(
+            env = lmdb.open(
                 str(self.path),
                 map_size=map_size,
                 max_dbs=512,
@@ -150,6 +155,12 @@ class Store:
             ) from exc
         except lmdb.Error as exc:
             raise StoreError(f"cannot open store {self.path}: {exc}") from exc
+        # A file shorter than its own pages would crash the process (SIGBUS) on first read.
+        needed = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+        if size and size < needed:
+            env.close()
+            raise CorruptStore(f"{data} is truncated ({size} bytes; its pages need {needed})")
+        return env
 
     def _check_format(self, txn: lmdb.Transaction, location: int | None) -> None:
         meta = self._dbs[b"meta"]
@@ -157,6 +168,12 @@ class Store:
         if raw is None:
             if txn.stat(self._dbs[b"objects"])["entries"]:
                 raise IncompatibleStore(f"{self.path} holds data but no nonstop format marker")
+            foreign = [k for k in txn.cursor().iternext(values=False) if k not in self._dbs]
+            if foreign:
+                raise IncompatibleStore(
+                    f"{self.path} holds an LMDB database that is not a nonstop store "
+                    f"(it has {bytes(foreign[0])!r} and no nonstop format marker)"
+                )
             txn.put(b"format", pack([FORMAT_NAME, FORMAT_VERSION]), db=meta)
             txn.put(
                 b"location",
