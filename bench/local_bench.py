@@ -1,0 +1,745 @@
+"""The local (embedded, single-node) benchmark: nonstop against SQLite and raw LMDB.
+
+What runs, each cell in a fresh temporary directory with durable commits:
+
+* **rmw** — one transaction reads one account and writes it back (+1);
+* **transfer** — one transaction moves 1 from account A to account B (uniform
+  random distinct pair out of ``accounts``; both write-locked up front, in
+  number order, like a careful application would; ``@nonstop.transactional``
+  replays the rare deadlock or conflict);
+
+with 1, 8 and 64 concurrent clients, as threads and as asyncio tasks, side by
+side in the same run with SQLite (threads only: it has no asyncio API) and the
+raw LMDB floor (one writer, ``clients`` operations per fsync).  Then a snapshot
+read: every object of a large extent in one snapshot transaction.
+
+Where a goal is missed, the run profiles the case and puts the top of the profile
+in the report.  See ``bench/README.md`` for what each number means.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import datetime as dt
+import functools
+import os
+import platform
+import random
+import shlex
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import lmdb
+
+import nonstop
+from bench.peers import (
+    WORKLOADS,
+    LmdbFloor,
+    Result,
+    SqlitePeer,
+    SyncOp,
+    fsync_cost,
+    pick,
+    run_tasks,
+    run_threads,
+)
+
+RESULTS = Path(__file__).resolve().parent / "results" / "local.md"
+CLIENTS = (1, 8, 64)
+MODES = ("threads", "asyncio")
+INITIAL_BALANCE = 1000
+TREE_LINES = 70
+
+# The goals of the issue (all durable).
+GOAL_TRANSFERS_64 = 10_000.0  # transfers per second at 64 clients
+GOAL_RATIO_8 = 2.0  # transfers at 8 clients, times SQLite's
+GOAL_SNAPSHOT = 200_000.0  # objects per second read in one snapshot transaction
+
+
+class Account(nonstop.Managed):
+    """The benchmark's object: an account number (unique key) and a balance."""
+
+    number: int = nonstop.key(unique=True)
+    balance: int = 0
+
+
+# -------------------------------------------------------------- operations
+@nonstop.transactional
+def rmw(tx: nonstop.Transaction, a: int) -> None:
+    acct = tx.get(Account, number=a, lock="write")
+    acct.balance += 1
+
+
+@nonstop.transactional
+def transfer(tx: nonstop.Transaction, a: int, b: int) -> None:
+    lo, hi = (a, b) if a < b else (b, a)
+    first = tx.get(Account, number=lo, lock="write")
+    second = tx.get(Account, number=hi, lock="write")
+    src, dst = (first, second) if lo == a else (second, first)
+    src.balance -= 1
+    dst.balance += 1
+
+
+@nonstop.transactional
+async def rmw_async(tx: nonstop.AsyncTransaction, a: int) -> None:
+    acct = await tx.get(Account, number=a, lock="write")
+    acct.balance += 1
+
+
+@nonstop.transactional
+async def transfer_async(tx: nonstop.AsyncTransaction, a: int, b: int) -> None:
+    lo, hi = (a, b) if a < b else (b, a)
+    first = await tx.get(Account, number=lo, lock="write")
+    second = await tx.get(Account, number=hi, lock="write")
+    src, dst = (first, second) if lo == a else (second, first)
+    src.balance -= 1
+    dst.balance += 1
+
+
+SYNC_OPS: dict[str, Callable[..., Any]] = {"rmw": rmw, "transfer": transfer}
+ASYNC_OPS: dict[str, Callable[..., Any]] = {"rmw": rmw_async, "transfer": transfer_async}
+
+
+def load(db: nonstop.Database, n: int, chunk: int = 5000) -> float:
+    """Create accounts 0..n-1 (balance 1000); returns objects created per second."""
+    t0 = time.perf_counter()
+    for start in range(0, n, chunk):
+        with db.transaction() as tx:
+            for i in range(start, min(n, start + chunk)):
+                tx.create(Account, number=i, balance=INITIAL_BALANCE)
+    return n / (time.perf_counter() - t0)
+
+
+def total_balance(db: nonstop.Database) -> tuple[int, int]:
+    with db.transaction("snapshot") as tx:
+        objs = tx.query(Account).lock("none").all()
+        return len(objs), sum(o.balance for o in objs)
+
+
+def event_loop_factory() -> tuple[Callable[[], asyncio.AbstractEventLoop] | None, str]:
+    """uvloop when installed (as the node runtime does), else the stdlib loop."""
+    try:
+        import uvloop  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:
+        return None, "asyncio (stdlib loop)"
+    return uvloop.new_event_loop, f"asyncio on uvloop {uvloop.__version__}"
+
+
+# ------------------------------------------------------------------ config
+@dataclass(slots=True)
+class Config:
+    duration: float = 4.0
+    warmup: float = 0.5
+    accounts: int = 10_000
+    read_objects: int = 200_000
+    clients: tuple[int, ...] = CLIENTS
+    workloads: tuple[str, ...] = WORKLOADS
+    modes: tuple[str, ...] = MODES
+    profile: str = "auto"  # auto (where a goal is missed) | always | never
+    tmpdir: str | None = None
+    out: Path = RESULTS
+    command: str = ""
+
+
+@dataclass(slots=True)
+class Cell:
+    workload: str
+    clients: int
+    mode: str
+    nonstop: Result
+    sqlite: Result | None
+    floor: Result | None
+    groups: int = 0
+    commits: int = 0
+    largest_group: int = 0
+    invariant: str = "ok"
+
+    @property
+    def per_group(self) -> float:
+        return self.commits / self.groups if self.groups else 0.0
+
+
+@dataclass(slots=True)
+class ReadResult:
+    objects: int
+    nonstop_all: float  # objects/s, query().all() alone
+    nonstop_touch: float  # objects/s, all() plus reading one field of each
+    sqlite: float
+    floor: float
+    load_rate: float
+    runs: dict[str, list[float]] = field(default_factory=dict)
+
+
+# ------------------------------------------------------------- the cells
+def nonstop_cell(
+    cfg: Config, workload: str, mode: str, clients: int, profiler: Any = None
+) -> tuple[Result, dict[str, Any]]:
+    """One nonstop cell in a fresh store; ``profiler`` is a context manager factory or None."""
+    with tempfile.TemporaryDirectory(prefix="nonstop-bench-", dir=cfg.tmpdir) as d:
+        db = nonstop.open(d)
+        try:
+            load(db, cfg.accounts)
+            before = db.stats()
+            n = cfg.accounts
+            prof = profiler() if profiler is not None else _null()
+            with prof:
+                if mode == "threads":
+                    fn = SYNC_OPS[workload]
+
+                    def make(_: int) -> tuple[SyncOp, Callable[[], None]]:
+                        def op(rng: random.Random) -> None:
+                            fn(db, *pick(rng, n, workload))
+
+                        return op, _noop
+
+                    res = run_threads(clients, make, cfg.duration, cfg.warmup)
+                else:
+                    afn = ASYNC_OPS[workload]
+
+                    async def aop(rng: random.Random) -> None:
+                        await afn(db, *pick(rng, n, workload))
+
+                    factory, _ = event_loop_factory()
+                    with asyncio.Runner(loop_factory=factory) as runner:
+                        res = runner.run(run_tasks(clients, aop, cfg.duration, cfg.warmup))
+            after = db.stats()
+            count, total = total_balance(db)
+        finally:
+            db.close()
+    info: dict[str, Any] = {
+        "groups": after["commit_groups"] - before["commit_groups"],
+        "commits": after["commits"] - before["commits"],
+        "largest_group": after["largest_group"],
+        "invariant": "ok",
+    }
+    if count != n or (workload == "transfer" and total != n * INITIAL_BALANCE):
+        info["invariant"] = f"BROKEN: {count} accounts, total {total}"
+    return res, info
+
+
+def sqlite_cell(cfg: Config, workload: str, clients: int) -> Result:
+    with tempfile.TemporaryDirectory(prefix="sqlite-bench-", dir=cfg.tmpdir) as d:
+        peer = SqlitePeer(d, cfg.accounts)
+        res = run_threads(clients, peer.make_op(workload), cfg.duration, cfg.warmup)
+        res.extra["busy_retries"] = peer.busy_retries
+        if workload == "transfer" and peer.total() != cfg.accounts * INITIAL_BALANCE:
+            res.extra["invariant"] = "BROKEN"
+    return res
+
+
+def floor_cell(cfg: Config, workload: str, batch: int) -> Result:
+    with tempfile.TemporaryDirectory(prefix="lmdb-bench-", dir=cfg.tmpdir) as d:
+        floor = LmdbFloor(d, cfg.accounts)
+        try:
+            return floor.run(workload, batch, cfg.duration, cfg.warmup)
+        finally:
+            floor.close()
+
+
+def read_cell(cfg: Config) -> ReadResult:
+    n = cfg.read_objects
+    runs: dict[str, list[float]] = {"all": [], "touch": [], "sqlite": [], "floor": []}
+    with tempfile.TemporaryDirectory(prefix="nonstop-read-", dir=cfg.tmpdir) as d:
+        db = nonstop.open(d)
+        try:
+            load_rate = load(db, n)
+            for _ in range(3):
+                t0 = time.perf_counter()
+                with db.transaction("snapshot") as tx:
+                    objs = tx.query(Account).lock("none").all()
+                    t1 = time.perf_counter()
+                    total = sum(o.balance for o in objs)
+                t2 = time.perf_counter()
+                assert len(objs) == n and total == n * INITIAL_BALANCE, (len(objs), total)
+                runs["all"].append(n / (t1 - t0))
+                runs["touch"].append(n / (t2 - t0))
+                del objs
+        finally:
+            db.close()
+    with tempfile.TemporaryDirectory(prefix="sqlite-read-", dir=cfg.tmpdir) as d:
+        peer = SqlitePeer(d, n)
+        for _ in range(3):
+            t0 = time.perf_counter()
+            rows, total = peer.scan()
+            runs["sqlite"].append(rows / (time.perf_counter() - t0))
+            assert rows == n and total == n * INITIAL_BALANCE
+    with tempfile.TemporaryDirectory(prefix="lmdb-read-", dir=cfg.tmpdir) as d:
+        floor = LmdbFloor(d, n)
+        try:
+            for _ in range(3):
+                t0 = time.perf_counter()
+                rows, total = floor.scan()
+                runs["floor"].append(rows / (time.perf_counter() - t0))
+        finally:
+            floor.close()
+    med = {k: statistics.median(v) for k, v in runs.items()}
+    return ReadResult(n, med["all"], med["touch"], med["sqlite"], med["floor"], load_rate, runs)
+
+
+# ---------------------------------------------------------------- profiles
+class _null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+def _noop() -> None:
+    return None
+
+
+class StackSampler:
+    """A wall-clock sampler of every thread's Python stack (``sys._current_frames``).
+
+    pyinstrument sees only the thread it runs on; this sees the client threads and
+    the group-commit writer.  A thread inside C code (an fsync, an LMDB call, a
+    lock wait) shows as the Python line that called it.  It costs some GIL time
+    itself (one sample every ``interval`` seconds), so absolute rates drop a little.
+    """
+
+    def __init__(self, interval: float = 0.002) -> None:
+        self.interval = interval
+        self.self_lines: dict[str, collections.Counter[str]] = collections.defaultdict(
+            collections.Counter
+        )
+        self.inclusive: dict[str, collections.Counter[str]] = collections.defaultdict(
+            collections.Counter
+        )
+        self.samples: collections.Counter[str] = collections.Counter()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bench-sampler", daemon=True)
+
+    def __enter__(self) -> StackSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @staticmethod
+    def role(name: str) -> str:
+        if name.startswith("bench-client"):
+            return "client threads"
+        if name == "nonstop-group-commit":
+            return "group-commit writer"
+        if name == "MainThread":
+            return "main thread (event loop)"
+        return "other threads"
+
+    def _run(self) -> None:
+        me = threading.get_ident()
+        while not self._stop.wait(self.interval):
+            names = {t.ident: t.name for t in threading.enumerate()}
+            for ident, frame in sys._current_frames().items():
+                if ident == me:
+                    continue
+                while frame is not None and "pyinstrument" in frame.f_code.co_filename:
+                    frame = frame.f_back  # the profiler's own frames are not the workload
+                if frame is None:
+                    continue
+                role = self.role(names.get(ident, "?"))
+                self.samples[role] += 1
+                self.self_lines[role][_where(frame, line=True)] += 1
+                seen: set[str] = set()
+                f: FrameType | None = frame
+                while f is not None:
+                    seen.add(_where(f, line=False))
+                    f = f.f_back
+                for key in seen:
+                    self.inclusive[role][key] += 1
+
+    def report(self, top: int = 12) -> str:
+        out: list[str] = []
+        for role, n in self.samples.most_common():
+            if role == "other threads":
+                continue
+            out.append(f"{role}: {n} samples")
+            out.append("  self  (the line each thread was on; C calls show as their caller)")
+            for key, c in self.self_lines[role].most_common(top):
+                out.append(f"  {100 * c / n:5.1f}%  {key}")
+            out.append("  inclusive (function anywhere on the stack)")
+            for key, c in self.inclusive[role].most_common(top + 4):
+                out.append(f"  {100 * c / n:5.1f}%  {key}")
+            out.append("")
+        return "\n".join(out)
+
+
+def _where(frame: FrameType, *, line: bool) -> str:
+    code = frame.f_code
+    path = code.co_filename
+    for marker in ("/site-packages/", "/src/", "/lib/python3"):
+        if marker in path:
+            path = path.split(marker, 1)[1]
+            break
+    if line:
+        return f"{path}:{frame.f_lineno} {code.co_name}"
+    return f"{path} {code.co_qualname}"
+
+
+@contextmanager
+def profiled(sink: list[str], title: str, *, tree: bool = True, note: str = "") -> Iterator[None]:
+    """Sample every thread (:class:`StackSampler`) and, with ``tree``, profile the calling
+    thread with pyinstrument too; append a text report to ``sink``."""
+    profiler: Any = None
+    if tree:
+        try:
+            from pyinstrument import Profiler
+        except ImportError:
+            note += "\n\n(pyinstrument is not installed, no call tree: run `make venv`.)"
+        else:
+            profiler = Profiler(interval=0.001, async_mode="disabled")
+    sampler = StackSampler()
+    t0 = time.perf_counter()
+    with sampler:
+        if profiler is not None:
+            profiler.start()
+        try:
+            yield
+        finally:
+            if profiler is not None:
+                profiler.stop()
+    text = [
+        f"### {title}\n",
+        f"{note}Wall-clock samples of every thread ({time.perf_counter() - t0:.1f} s).  "
+        "Percentages are of that thread role's samples; time spent waiting (for a lock, "
+        "the commit, the GIL inside a C call) counts too.\n",
+        "```\n" + sampler.report() + "```\n",
+    ]
+    if profiler is not None:
+        lines = profiler.output_text(unicode=False, color=False, show_all=False).splitlines()
+        start = next((i for i, ln in enumerate(lines) if ln.startswith("Profile at")), -1)
+        body = [ln for ln in lines[start + 1 :] if ln.strip()]
+        text.append(
+            "pyinstrument call tree of the profiled thread (seconds, top):\n\n```\n"
+            + "\n".join(body[:TREE_LINES])
+            + "\n```\n"
+        )
+    sink.append("\n".join(text))
+
+
+# ------------------------------------------------------------------ runner
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def run(cfg: Config) -> Path:
+    t_start = time.perf_counter()
+    load_before = os.getloadavg()
+    probe_dir = tempfile.mkdtemp(prefix="fsync-probe-", dir=cfg.tmpdir)
+    try:
+        fs50, fs99 = fsync_cost(probe_dir)
+    finally:
+        os.rmdir(probe_dir)
+    _log(f"fsync of 4 KiB: p50 {fs50:.2f} ms, p99 {fs99:.2f} ms")
+    cells: list[Cell] = []
+    for workload in cfg.workloads:
+        for clients in cfg.clients:
+            sq = sqlite_cell(cfg, workload, clients)
+            _log(f"{workload:8} {clients:3} sqlite   {sq.ops_per_s:9.0f}/s")
+            fl = floor_cell(cfg, workload, clients)
+            _log(f"{workload:8} {clients:3} lmdb     {fl.ops_per_s:9.0f}/s (batch {clients})")
+            for mode in cfg.modes:
+                res, info = nonstop_cell(cfg, workload, mode, clients)
+                cell = Cell(workload, clients, mode, res, sq, fl, **info)
+                cells.append(cell)
+                _log(
+                    f"{workload:8} {clients:3} {mode:8} {res.ops_per_s:9.0f}/s "
+                    f"p50 {res.p50:.2f} ms p99 {res.p99:.2f} ms "
+                    f"{cell.per_group:.1f} commits/group {cell.invariant}"
+                )
+    reads = read_cell(cfg)
+    _log(
+        f"snapshot read {reads.objects}: nonstop {reads.nonstop_all:.0f}/s "
+        f"(+field {reads.nonstop_touch:.0f}/s), sqlite {reads.sqlite:.0f}/s, "
+        f"lmdb {reads.floor:.0f}/s"
+    )
+
+    goals = evaluate(cells, reads)
+    profiles: list[str] = []
+    missed = [g for g in goals if not g[2]]
+    if cfg.profile == "always" or (cfg.profile == "auto" and missed):
+        profiles = run_profiles(cfg)
+    text = render(
+        cfg,
+        cells,
+        reads,
+        goals,
+        profiles,
+        fsync=(fs50, fs99),
+        load=(load_before, os.getloadavg()),
+        elapsed=time.perf_counter() - t_start,
+    )
+    cfg.out.parent.mkdir(parents=True, exist_ok=True)
+    cfg.out.write_text(text)
+    _log(f"wrote {cfg.out} in {time.perf_counter() - t_start:.0f} s")
+    return cfg.out
+
+
+def run_profiles(cfg: Config) -> list[str]:
+    out: list[str] = []
+    clients = max(cfg.clients)
+    short = Config(
+        duration=min(cfg.duration, 3.0),
+        warmup=cfg.warmup,
+        accounts=cfg.accounts,
+        tmpdir=cfg.tmpdir,
+    )
+    if "transfer" in cfg.workloads:
+        for mode in cfg.modes:
+            _log(f"profiling: transfers, {clients} {mode}")
+            sink: list[str] = []
+            if mode == "asyncio":
+                title = f"Transfers, {clients} asyncio tasks"
+                note = "Every transaction runs on the main thread's event loop.  "
+            else:
+                title = f"Transfers, {clients} threads"
+                note = ""
+            res, info = nonstop_cell(
+                short,
+                "transfer",
+                mode,
+                clients,
+                profiler=functools.partial(
+                    profiled, sink, title, tree=mode == "asyncio", note=note
+                ),
+            )
+            groups = info["groups"] or 1
+            sink[0] = sink[0].replace(
+                "\n\n",
+                f"\n\n{res.ops_per_s:,.0f} transfers/s while profiled, "
+                f"{info['commits'] / groups:.1f} commits per group, "
+                f"{groups / (short.duration + short.warmup):,.0f} groups/s.  ",
+                1,
+            )
+            out.extend(sink)
+    _log("profiling: snapshot read")
+    with tempfile.TemporaryDirectory(prefix="nonstop-read-", dir=cfg.tmpdir) as d:
+        db = nonstop.open(d)
+        try:
+            load(db, cfg.read_objects)
+            title = f"Snapshot read of {cfg.read_objects:,} objects in one transaction"
+            with profiled(out, title), db.transaction("snapshot") as tx:
+                objs = tx.query(Account).lock("none").all()
+                sum(o.balance for o in objs)
+        finally:
+            db.close()
+    return out
+
+
+# ----------------------------------------------------------------- report
+Goal = tuple[str, str, bool]
+
+
+def evaluate(cells: list[Cell], reads: ReadResult) -> list[Goal]:
+    goals: list[Goal] = []
+    for c in cells:
+        if c.workload != "transfer":
+            continue
+        if c.clients == 64:
+            goals.append(
+                (
+                    f"transfers at 64 clients ({c.mode}) ≥ 10,000/s",
+                    f"{c.nonstop.ops_per_s:,.0f}/s",
+                    c.nonstop.ops_per_s >= GOAL_TRANSFERS_64,
+                )
+            )
+        if c.clients == 8 and c.sqlite is not None:
+            ratio = _ratio(c.nonstop, c.sqlite)
+            goals.append(
+                (
+                    f"transfers at 8 clients ({c.mode}) ≥ 2× SQLite",
+                    f"{ratio:.2f}× ({c.nonstop.ops_per_s:,.0f} vs {c.sqlite.ops_per_s:,.0f}/s)",
+                    ratio >= GOAL_RATIO_8,
+                )
+            )
+    goals.append(
+        (
+            "snapshot read ≥ 200,000 objects/s in one transaction",
+            f"{reads.nonstop_touch:,.0f}/s reading a field of each "
+            f"({reads.nonstop_all:,.0f}/s for all() alone)",
+            reads.nonstop_touch >= GOAL_SNAPSHOT,
+        )
+    )
+    return goals
+
+
+def _ratio(a: Result, b: Result) -> float:
+    return a.ops_per_s / b.ops_per_s if b.ops_per_s else float("inf")
+
+
+def render(
+    cfg: Config,
+    cells: list[Cell],
+    reads: ReadResult,
+    goals: list[Goal],
+    profiles: list[str],
+    *,
+    fsync: tuple[float, float],
+    load: tuple[tuple[float, float, float], tuple[float, float, float]],
+    elapsed: float,
+) -> str:
+    _, loop_name = event_loop_factory()
+    lines = [
+        "# nonstop local benchmark",
+        "",
+        f"Produced by `{cfg.command}` on {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC "
+        f"in {elapsed:.0f} s.",
+        "",
+        "| machine | |",
+        "| --- | --- |",
+        f"| CPUs (nproc) | {os.cpu_count()} — shared with other work: numbers are noisy |",
+        f"| load average before / after | {_la(load[0])} / {_la(load[1])} |",
+        f"| nonstop source | {_git_state()} |",
+        f"| Python | {platform.python_version()} ({platform.python_implementation()}) |",
+        f"| platform | {platform.platform()} |",
+        f"| LMDB | py-lmdb {lmdb.__version__}, liblmdb {'.'.join(map(str, lmdb.version()))} |",
+        f"| SQLite | {sqlite3.sqlite_version} |",
+        f"| asyncio | {loop_name} |",
+        f"| fsync of 4 KiB on the temp dir's disk | p50 {fsync[0]:.2f} ms, p99 {fsync[1]:.2f} ms |",
+        f"| each cell | {cfg.warmup:g} s warm-up, then {cfg.duration:g} s measured; "
+        f"fresh temp directory; {cfg.accounts:,} accounts |",
+        "",
+        "## Goals",
+        "",
+        "| goal | reached | |",
+        "| --- | --- | --- |",
+    ]
+    for name, value, ok in goals:
+        lines.append(f"| {name} | {value} | {'met' if ok else '**below**'} |")
+    lines += [
+        "",
+        "## Transactions",
+        "",
+        "ops/s = committed transactions per second (durable); p50/p99 = latency of one "
+        "transaction in ms, as its client saw it.  SQLite runs with threads in both the "
+        "threads and the asyncio rows (it has no asyncio API; the asyncio row repeats the "
+        "threads measurement).  LMDB floor = raw LMDB, one writer, `clients` operations per "
+        "fsync'd write transaction (its latency is one batch).",
+        "",
+        "| workload | clients | mode | nonstop ops/s | p50 | p99 | commits/group | "
+        "SQLite ops/s | p50 | p99 | nonstop ÷ SQLite | LMDB floor ops/s | nonstop ÷ floor |",
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+        "| ---: |",
+    ]
+    for c in cells:
+        sq, fl = c.sqlite, c.floor
+        row = [
+            c.workload,
+            str(c.clients),
+            c.mode,
+            f"{c.nonstop.ops_per_s:,.0f}",
+            f"{c.nonstop.p50:.2f}",
+            f"{c.nonstop.p99:.2f}",
+            f"{c.per_group:.1f} (max {c.largest_group})",
+            f"{sq.ops_per_s:,.0f}" if sq else "—",
+            f"{sq.p50:.2f}" if sq else "—",
+            f"{sq.p99:.2f}" if sq else "—",
+            f"**{_ratio(c.nonstop, sq):.2f}×**" if sq else "—",
+            f"{fl.ops_per_s:,.0f}" if fl else "—",
+            f"{_ratio(c.nonstop, fl):.2f}" if fl else "—",
+        ]
+        lines.append("| " + " | ".join(row) + " |")
+    broken = [c for c in cells if c.invariant != "ok"]
+    lines.append("")
+    if broken:
+        lines += [
+            f"**Invariant broken** in {c.workload}/{c.clients}/{c.mode}: {c.invariant}"
+            for c in broken
+        ]
+    else:
+        lines.append(
+            "Every nonstop cell ended with all accounts present and, for transfers, the "
+            "total balance unchanged."
+        )
+    retries = {
+        (c.workload, c.clients): c.sqlite.extra.get("busy_retries", 0)
+        for c in cells
+        if c.sqlite is not None
+    }
+    lines += [
+        "",
+        "SQLite busy retries (BEGIN IMMEDIATE refused even after SQLite's busy handler): "
+        + ", ".join(f"{w}/{n}: {r:,}" for (w, n), r in retries.items())
+        + ".",
+        "",
+        "## Snapshot read",
+        "",
+        f"{reads.objects:,} accounts, read in one transaction (median of 3 runs).",
+        "",
+        "| reader | objects/s | runs |",
+        "| --- | ---: | --- |",
+        f'| nonstop `tx.query(Account).lock("none").all()` in a snapshot transaction | '
+        f"{reads.nonstop_all:,.0f} | {_runs(reads.runs['all'])} |",
+        f"| nonstop, the same plus reading `balance` of each object | "
+        f"{reads.nonstop_touch:,.0f} | {_runs(reads.runs['touch'])} |",
+        f"| SQLite `SELECT id, balance FROM accounts`, fetchall + sum | "
+        f"{reads.sqlite:,.0f} | {_runs(reads.runs['sqlite'])} |",
+        f"| raw LMDB cursor + msgpack decode + sum (floor) | "
+        f"{reads.floor:,.0f} | {_runs(reads.runs['floor'])} |",
+        "",
+        f"nonstop ÷ SQLite: {reads.nonstop_touch / reads.sqlite:.2f}×.  "
+        f"Loading the {reads.objects:,} objects (5,000 per transaction): "
+        f"{reads.load_rate:,.0f} objects/s.",
+        "",
+    ]
+    if profiles:
+        lines += [
+            "## Profiles",
+            "",
+            "Taken after the measurements, in separate short runs, because a goal above is "
+            "below target (or `--profile always`).",
+            "",
+        ]
+        lines += profiles
+    return "\n".join(lines) + "\n"
+
+
+def _git_state() -> str:
+    """The commit the run measured, and whether ``src/`` had uncommitted changes."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "src"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (not a git checkout)"
+    return f"commit {head}" + (" + uncommitted changes in src/" if dirty else "")
+
+
+def _la(load: tuple[float, float, float]) -> str:
+    return " ".join(f"{x:.2f}" for x in load)
+
+
+def _runs(values: list[float]) -> str:
+    return ", ".join(f"{v:,.0f}" for v in values)
+
+
+def main(argv: list[str] | None = None, command: str | None = None) -> Path:
+    """Run the local benchmark with defaults (``bench.run`` parses the options)."""
+    cfg = Config(command=command or "python -m bench.run " + shlex.join(argv or []))
+    return run(cfg)
