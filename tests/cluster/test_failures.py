@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from nonstop.admin.local import spawn_node
-from nonstop.client import Client
+from nonstop.client import Client, connect
+from nonstop.errors import Unavailable
 from tests.cluster.conftest import (
     DETECT_WITHIN,
     KEEPALIVE,
@@ -116,3 +117,19 @@ def test_new_node_joins_through_any_address(procs: Callable[..., Procs], tmp_pat
     )
     with Client([f"127.0.0.1:{port}"], timeout=1.0, rounds=1) as c:
         wait_until(lambda: c.status()["quorum"] == "Active", 10, "D to see quorum Active")
+
+
+def test_client_fails_over_when_its_node_dies(procs: Callable[..., Procs]) -> None:
+    p = procs(3)
+    p.start_all()
+    p.wait_quorum(["A", "B", "C"], "Active", timeout=20)
+    addresses = ",".join(p.address(n) for n in "ABC")
+    with connect(addresses, timeout=1.0) as client:
+        assert client.status()["name"] == "A"
+        p.kill("A")
+        status = client.status()  # same handle: answered by the next node
+        assert status["name"] == "B"
+        p.kill("B")
+        p.kill("C")
+        with pytest.raises(Unavailable):
+            client.status()

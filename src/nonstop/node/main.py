@@ -243,7 +243,14 @@ def run(cfg: NodeConfig) -> int:
             file=sys.stderr,
         )
         return EXIT_ERROR
-    setup_logging(cfg)
+    try:
+        datadir.path.mkdir(parents=True, exist_ok=True)
+        if cfg.log_file:
+            os.makedirs(os.path.dirname(os.path.abspath(cfg.log_file)), exist_ok=True)
+        setup_logging(cfg)
+    except OSError as exc:
+        print(f"nonstop: error: cannot create {exc.filename}: {exc.strerror}", file=sys.stderr)
+        return EXIT_ERROR
     install_event_loop_policy()
     try:
         asyncio.run(serve(cfg, datadir))
