@@ -861,3 +861,34 @@ def test_group_commit_throughput_three_nodes() -> None:
     assert rate >= 5_000
     assert appends < n_entries / 20
     assert persists < n_entries / 10
+
+
+def test_candidate_needs_its_own_durable_vote_to_win() -> None:
+    node = Raft("n1", random.Random(0), {}, bootstrap_members=NAMES3, config=FAST)
+    boot = [a for a in node.handle(Started(0.0)) if isinstance(a, Persist)]
+    node.handle(Persisted(0.0, boot[0].token))
+    acts = node.handle(TimerFired(1.0, TIMER_ELECTION))
+    term = next(a for a in acts if isinstance(a, Send)).payload["term"]
+    acts = node.handle(Received(1.0, "n2", {"t": "raft.prevote_r", "term": term, "ok": True}))
+    vote_persist = [a for a in acts if isinstance(a, Persist)]
+    assert node.role == "candidate" and vote_persist
+    # n2's vote alone is not a majority of 3; with our own (not yet durable) one it would be.
+    node.handle(Received(1.0, "n2", {"t": "raft.vote_r", "term": node.term, "ok": True}))
+    assert node.role == "candidate"
+    node.handle(Persisted(1.1, vote_persist[0].token))
+    assert node.role == ROLE_LEADER
+
+
+def test_joiner_receives_the_leaders_snapshot() -> None:
+    c = Cluster(NAMES3, seed=15)
+    c.wait_leader()
+    for i in range(40):
+        c.propose(i)
+    c.run_until(lambda: all(len(c.cmds(n)) == 40 for n in NAMES3))
+    for n in NAMES3:
+        c.snapshot(n)
+    c.run(0.1)
+    c.start("n4", bootstrap=None, contacts=["n2"])  # a contact that may not be the leader
+    c.run_until(lambda: c.nodes["n4"].view_id == 2 and c.cmds("n4") == list(range(40)), 5)
+    assert c.sm["n4"].views[0][0] == 1  # the view of the snapshot, then the join
+    assert c.sm["n4"].views[-1] == (2, sorted([*NAMES3, "n4"]))

@@ -59,13 +59,17 @@ Consuming the committed log::
     for entry in raft.take_applied():        # committed entries, in log order
         entry.kind == "cmd"       # entry.data is the proposed command
         entry.kind == "config"    # entry.data == {"members": [...], "view_id": int}: a new view
-        entry.kind == "snapshot"  # entry.data == {"state": bytes, "members": [...],
+        entry.kind == "snapshot"  # entry.data == {"state": bytes | None, "members": [...],
                                   #   "view_id": int}: REPLACE the applied state with ``state``
                                   #   (a snapshot installed from the leader, or the local snapshot
-                                  #   after a restart); entries after it follow.
+                                  #   after a restart); entries after it follow.  ``state`` is None
+                                  #   only for a reset to the empty initial state (index 0), which
+                                  #   happens after a split brain with a non-intersecting policy.
 
 Every committed entry is returned exactly once per incarnation, in index order (leader no-ops and
-the intermediate joint-consensus entries are applied internally and not returned).  After a
+the intermediate joint-consensus entries are applied internally and not returned); a ``snapshot``
+entry may follow entries already returned and then supersedes them (its index can even be lower
+after a split-brain reset).  After a
 restart, application starts again from the last local snapshot: the first entry returned is that
 snapshot (if one was taken), then every committed entry after it as the commit index becomes known
 again (it is not persisted; it is re-learned from the leader).  The state above Raft must therefore
@@ -78,6 +82,7 @@ message: cluster state is small).
 
 Read-only properties: ``role`` (``"follower" | "pre_candidate" | "candidate" | "leader"``),
 ``term``, ``leader`` (NodeId | None), ``commit_index``, ``last_applied``, ``last_index``,
+``snapshot_index``, ``in_joint_consensus``,
 ``members`` (voters of the latest *appended* config, in effect for this node's quorums),
 ``view_id`` / ``view_members`` (the latest *committed* view: the counter of committed membership
 changes, 1 for the bootstrap view, identical sequence on every node), ``quorum`` (the bound
