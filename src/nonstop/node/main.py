@@ -80,6 +80,14 @@ async def serve(cfg: NodeConfig, datadir: DataDir) -> None:
         object_store = open_object_store(datadir)
         runtime = make_runtime(cfg, store, ident)
         install_node_notifiers(runtime)
+        failure: list[str] = []
+        stop = asyncio.Event()
+
+        def identity_error(exc: Exception) -> None:
+            failure.append(str(exc))
+            stop.set()
+
+        runtime.on_identity_error = identity_error
         try:
             await runtime.start()
         except OSError as exc:
@@ -90,6 +98,10 @@ async def serve(cfg: NodeConfig, datadir: DataDir) -> None:
         except Exception as exc:
             log.exception("cannot start the cluster machine")
             raise NodeStartError(f"cannot start the cluster machine: {exc!r}") from exc
+        await runtime.first_contacts(cfg.connect_timeout + 0.5)
+        if failure:
+            await runtime.stop()
+            raise NodeStartError(f"refused by the cluster: {failure[0]}")
         datadir.write_pid(cfg.listen)
         datadir.save_config(cfg)
         log.info(
@@ -102,17 +114,9 @@ async def serve(cfg: NodeConfig, datadir: DataDir) -> None:
             cfg.protocol[0],
             cfg.protocol[1],
         )
-        stop = asyncio.Event()
-        failure: list[str] = []
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-
-        def identity_error(exc: Exception) -> None:
-            failure.append(str(exc))
-            stop.set()
-
-        runtime.on_identity_error = identity_error
         joiner = None
         if not cfg.members and cfg.join:
             joiner = asyncio.ensure_future(auto_join(runtime, cfg))

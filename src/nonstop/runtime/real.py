@@ -142,6 +142,8 @@ class PeerLink:
         self.conn: Connection | None = None
         self.backlog: collections.deque[Any] = collections.deque(maxlen=BACKLOG)
         self.refused: str | None = None
+        self.first_attempt = asyncio.Event()
+        """Set once the first dial finished, whatever its outcome."""
         self._wake = asyncio.Event()
         self._task = asyncio.ensure_future(self._run())
 
@@ -188,15 +190,18 @@ class PeerLink:
                 )
             except HandshakeRejected as exc:
                 rt.on_rejected(self, exc)
+                self.first_attempt.set()
                 await self._sleep(max(delay, 1.0))
                 delay = min(delay * 2, rt.config.redial_max)
                 continue
             except (OSError, TimeoutError, EOFError, FrameError) as exc:
                 log.debug("dial %s failed: %r", self.address, exc)
+                self.first_attempt.set()
                 await self._sleep(delay)
                 delay = min(delay * 2, rt.config.redial_max)
                 continue
             assert conn.peer is not None
+            self.first_attempt.set()
             if not rt.on_link_up(self, conn):
                 conn.close()
                 return
@@ -310,6 +315,18 @@ class RealRuntime:
                 on_found=lambda name, address: self.learn(name, address, SOURCE_DISCOVERY),
             )
             await self.discovery.start()
+
+    async def first_contacts(self, timeout: float) -> None:
+        """Wait until every configured peer address was dialed once (or ``timeout``).
+
+        The node process waits for this before it declares itself started, so
+        that "this name is already used" or "wrong cluster" refusals from the
+        peers it was told to join are reported as a start-up failure.
+        """
+        waits = [link.first_attempt.wait() for link in self._links.values()]
+        if waits:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.gather(*waits), timeout)
 
     def now(self) -> float:
         assert self.loop is not None
