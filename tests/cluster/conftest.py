@@ -13,6 +13,7 @@ import os
 import random
 import re
 import signal
+import socket
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -58,6 +59,12 @@ MACHINE = cluster_machine()
 REAL_CLUSTER = MACHINE.endswith("build_cluster_node")
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def wait_until(predicate: Callable[[], Any], timeout: float, what: str = "condition") -> Any:
     deadline = time.monotonic() + timeout
     last: Any = None
@@ -100,6 +107,25 @@ class Procs:
     def start_all(self) -> None:
         for name in self.nodes:
             self.start(name)
+
+    def start_extra(
+        self, name: str, join: list[str], protocol: tuple[int, int] = (1, 1)
+    ) -> tuple[int, str]:
+        """Start a node outside the layout (no bootstrap members): it joins via ``join``."""
+        port = free_port()
+        data = self.lc.dir / name
+        config = self.lc.dir / f"{name}.toml"
+        config.write_text(
+            f'name = "{name}"\ncluster = "{self.layout["cluster"]}"\ndata = "{data}"\n'
+            f'listen = "127.0.0.1:{port}"\njoin = {json.dumps(join)}\n'
+            f'log_file = "{data / "node.log"}"\nmachine = "{MACHINE}"\n'
+            f"keepalive_interval = {KEEPALIVE}\nnonresponse_timeout = {NONRESPONSE}\n"
+            f"protocol = [{protocol[0]}, {protocol[1]}]\n"
+        )
+        pid = spawn_node(config, data)
+        self.pids[name] = pid
+        self.all_pids.add(pid)
+        return pid, f"127.0.0.1:{port}"
 
     def signal(self, name: str, sig: signal.Signals) -> None:
         os.kill(self.pids[name], sig)

@@ -3,33 +3,21 @@
 from __future__ import annotations
 
 import signal
-import socket
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 
-from nonstop.admin.local import spawn_node
 from nonstop.client import Client, connect
 from nonstop.errors import Unavailable
 from tests.cluster.conftest import (
     DETECT_WITHIN,
-    KEEPALIVE,
-    MACHINE,
-    NONRESPONSE,
     REAL_CLUSTER,
     Procs,
     wait_until,
 )
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def seen_down(p: Procs, observer: str, victim: str) -> bool:
@@ -97,26 +85,38 @@ def test_sigstop_is_seen_down_then_heals(procs: Callable[..., Procs]) -> None:
 
 
 @pytest.mark.skipif(not REAL_CLUSTER, reason="join needs the cluster log")
-def test_new_node_joins_through_any_address(procs: Callable[..., Procs], tmp_path: Path) -> None:
+def test_new_node_joins_through_any_address(procs: Callable[..., Procs]) -> None:
     p = procs(3)
     p.start_all()
     p.wait_quorum(["A", "B", "C"], "Active", timeout=20)
-    port = free_port()
-    config = tmp_path / "D.toml"
-    config.write_text(
-        f'name = "D"\ncluster = "{p.layout["cluster"]}"\ndata = "{tmp_path / "D"}"\n'
-        f'listen = "127.0.0.1:{port}"\njoin = ["{p.address("B")}"]\n'
-        f'log_file = "{tmp_path / "D.log"}"\nmachine = "{MACHINE}"\n'
-        f"keepalive_interval = {KEEPALIVE}\nnonresponse_timeout = {NONRESPONSE}\n"
-    )
-    p.all_pids.add(spawn_node(config, tmp_path / "D"))
+    _, address = p.start_extra("D", join=[p.address("B")])
     wait_until(
         lambda: "D" in p.status("A").get("members", []) and p.states("A").get("D") == "Up",
         20,
         "D to be a member, Up on A",
     )
-    with Client([f"127.0.0.1:{port}"], timeout=1.0, rounds=1) as c:
+    with Client([address], timeout=1.0, rounds=1) as c:
         wait_until(lambda: c.status()["quorum"] == "Active", 10, "D to see quorum Active")
+
+
+@pytest.mark.skipif(not REAL_CLUSTER, reason="join needs the cluster log")
+def test_protocol_versions_between_real_nodes(procs: Callable[..., Procs]) -> None:
+    """E4: a node speaking 1..2 joins a 1..1 cluster; a node speaking only 2..3 is refused."""
+    p = procs(3)
+    p.start_all()
+    p.wait_quorum(["A", "B", "C"], "Active", timeout=20)
+    p.start_extra("N", join=[p.address("A")], protocol=(1, 2))
+    wait_until(lambda: p.states("A").get("N") == "Up", 20, "N (1..2) Up on A")
+    p.start_extra("X", join=[p.address("A")], protocol=(2, 3))
+    wait_until(
+        lambda: p.states("A").get("X") == "UnsupportedProtocol",
+        10,
+        "X (2..3) UnsupportedProtocol on A",
+    )
+    status = p.status("A")
+    assert "X" not in status.get("members", [])
+    assert status["quorum"] == "Active"
+    assert any("X" in w for w in status["warnings"])
 
 
 def test_client_fails_over_when_its_node_dies(procs: Callable[..., Procs]) -> None:

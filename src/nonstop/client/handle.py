@@ -29,7 +29,7 @@ from typing import Any
 from nonstop.errors import ClusterError, NotLeader, ProtocolError, QuorumLost, Unavailable
 from nonstop.net.connection import Connection, dial
 from nonstop.net.frames import DEFAULT_MAX_FRAME, FrameDecoder, FrameError, encode
-from nonstop.net.handshake import ROLE_CLIENT, Hello, check
+from nonstop.net.handshake import PROTOCOL_MAX, PROTOCOL_MIN, ROLE_CLIENT, Hello, check
 from nonstop.net.tls import TLSConfig, client_context
 
 DEFAULT_TIMEOUT = 5.0
@@ -48,12 +48,14 @@ def parse_addresses(addresses: str | list[str] | tuple[str, ...]) -> list[str]:
     return out
 
 
-def _client_hello(cluster: str) -> Hello:
+def _client_hello(cluster: str, protocol: tuple[int, int] = (PROTOCOL_MIN, PROTOCOL_MAX)) -> Hello:
     return Hello(
         cluster=cluster,
         name=f"client-{os.getpid()}",
         location=0,
         timestamp=0,
+        proto_min=protocol[0],
+        proto_max=protocol[1],
         role=ROLE_CLIENT,
         pid=os.getpid(),
     )
@@ -233,12 +235,14 @@ class AsyncClient:
         rounds: int = 2,
         tls: TLSConfig | None = None,
         max_frame: int = DEFAULT_MAX_FRAME,
+        protocol: tuple[int, int] = (PROTOCOL_MIN, PROTOCOL_MAX),
     ) -> None:
         self.addresses = parse_addresses(addresses)
         self.cluster = cluster
         self.timeout = timeout
         self.rounds = rounds
         self.max_frame = max_frame
+        self.protocol = protocol
         self._ssl: ssl.SSLContext | None = client_context(tls) if tls and tls.enabled else None
         self._index = 0
         self._conn: Connection | None = None
@@ -259,7 +263,7 @@ class AsyncClient:
             self._conn = await dial(
                 host.strip("[]"),
                 int(port),
-                _client_hello(self.cluster),
+                _client_hello(self.cluster, self.protocol),
                 ssl_context=self._ssl,
                 timeout=self.timeout,
                 max_frame=self.max_frame,

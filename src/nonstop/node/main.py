@@ -184,7 +184,14 @@ async def auto_join(runtime: RealRuntime, cfg: NodeConfig) -> None:
             log.info("node %s is a member of the cluster", cfg.name)
             return
         try:
-            async with AsyncClient(addresses, timeout=5.0, rounds=1, tls=cfg.tls) as client:
+            async with AsyncClient(
+                addresses,
+                cluster=runtime.hello.cluster,
+                timeout=5.0,
+                rounds=1,
+                tls=cfg.tls,
+                protocol=(cfg.protocol[0], cfg.protocol[1]),
+            ) as client:
                 reply = await client.request(
                     {"op": "join", "name": cfg.name, "address": cfg.listen}
                 )
