@@ -746,9 +746,19 @@ def check_log_matching(c: Cluster) -> None:
 def run_random_schedule(seed: int, duration: float = 2.0) -> Cluster:
     rng = random.Random(seed)
     names = [f"n{i}" for i in range(rng.choice([3, 3, 5]))]
+    policy = rng.choice(
+        [
+            None,
+            None,
+            QuorumPolicy.majority({"n0": 2}),
+            QuorumPolicy.minimum_votes(len(names) // 2 + 1),
+            QuorumPolicy.vote_percentage(60),
+        ]
+    )
     c = Cluster(
         names,
         seed=seed,
+        policy=policy,
         drop=rng.choice([0.0, 0.02, 0.1]),
         dup=rng.choice([0.0, 0.05]),
         latency=(0.0005, rng.choice([0.003, 0.02])),
