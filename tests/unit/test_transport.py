@@ -19,6 +19,8 @@ from typing import Any
 
 import msgpack
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from nonstop.client.handle import AsyncClient, Client
 from nonstop.errors import ProtocolError, Unavailable
@@ -118,6 +120,14 @@ def test_highest_common_version() -> None:
     assert negotiate(1, 3, 2, 5) == 3
     assert negotiate(1, 1, 1, 2) == 1
     assert negotiate(1, 1, 2, 3) is None
+
+
+@given(st.integers(1, 20), st.integers(0, 5), st.integers(1, 20), st.integers(0, 5))
+def test_negotiate_picks_highest_common(lo_a: int, span_a: int, lo_b: int, span_b: int) -> None:
+    hi_a, hi_b = lo_a + span_a, lo_b + span_b
+    common = set(range(lo_a, hi_a + 1)) & set(range(lo_b, hi_b + 1))
+    assert negotiate(lo_a, hi_a, lo_b, hi_b) == (max(common) if common else None)
+    assert negotiate(lo_a, hi_a, lo_b, hi_b) == negotiate(lo_b, hi_b, lo_a, hi_a)
 
 
 def test_check_rejects_wrong_cluster_and_duplicates() -> None:

@@ -511,6 +511,12 @@ class RealRuntime:
         """An outbound link finished its handshake; False to give the link up."""
         assert conn.peer is not None
         name = conn.peer.name
+        if link.name is not None and link.name != name:
+            # Configured as ``B@addr`` but another node answers there.
+            log.error("expected node %s at %s, found node %s", link.name, link.address, name)
+            if self._by_name.get(link.name) is link:
+                del self._by_name[link.name]
+                self.addresses.pop(link.name, None)
         self.peers[name] = conn.peer
         owner = self._by_name.get(name)
         if owner is not None and owner is not link:
