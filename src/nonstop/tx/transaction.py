@@ -195,7 +195,8 @@ class Transaction:
     def _check_usable(self) -> None:
         if self._state is not _State.ACTIVE:
             raise TransactionClosed(f"transaction {self.id} is {self._state.value}")
-        if self.db._closed:
+        if self.db._closed and self.db._committer._closing:
+            # (While close() waits for running async calls, they may still finish.)
             raise DatabaseClosed(
                 f"database {self.db.path!r} was closed; transaction {self.id} cannot go on"
             )
