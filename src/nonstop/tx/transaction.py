@@ -704,6 +704,13 @@ class Transaction:
                 fn()
             except Exception:  # the outcome is decided; a notifier cannot change it
                 log.exception("transaction notifier failed after %s", outcome.value)
+        # Break the entry <-> handle and transaction <-> entry cycles so plain
+        # reference counting frees a finished transaction at once; handles the
+        # application keeps still know their (finished) transaction and say so.
+        for e in self._entries.values():
+            e.handle = None
+        self._entries = {}
+        self._claimed = {}
 
     def _raw_get(self, db: Any, key: bytes) -> bytes | None:
         """Read a committed raw record (engine-internal databases such as the async queue)."""
