@@ -243,7 +243,7 @@ class Transaction:
         f = e.info.fields[name]
         value = f.check(e.info.name, value)
         if f.kind == "ref" and value is not None:
-            value = Ref(value._e.ref)
+            value = Ref(self._entry_of(value).ref)  # as in create: only this tx's objects
         if f.key is not None and not f.key.mutable and e.status != CREATED:
             raise ImmutableKey(
                 f"{e.info.name}.{name} is an immutable key; it cannot change after create"
