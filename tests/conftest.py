@@ -1,0 +1,88 @@
+"""Fixtures shared by the foundation tests (unit and e2e)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import nonstop
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # child processes and `import tests.bankmodel`
+    sys.path.insert(0, str(ROOT))
+
+
+@pytest.fixture
+def store_dir(tmp_path: Path) -> Path:
+    return tmp_path / "store"
+
+
+@pytest.fixture
+def db(store_dir: Path) -> Iterator[nonstop.Database]:
+    """A fresh database (fsync durability, short lock timeout so a hang fails fast)."""
+    database = nonstop.open(store_dir, lock_timeout=20.0)
+    try:
+        yield database
+    finally:
+        database.close()
+
+
+@pytest.fixture
+def bank(db: nonstop.Database) -> tuple[nonstop.Database, list[str]]:
+    from tests.bankmodel import account_numbers, open_accounts
+
+    numbers = account_numbers(6)
+    open_accounts(db, numbers)
+    return db, numbers
+
+
+def child_env() -> dict[str, str]:
+    """Environment for a child Python process that must import ``tests.*`` and ``nonstop``."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(ROOT), str(ROOT / "src"), env.get("PYTHONPATH", "")) if p
+    )
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def run_threads(n: int, target: Callable[[int], Any], timeout: float = 60.0) -> list[Any]:
+    """Run ``target(i)`` in ``n`` threads; re-raise the first exception; return results."""
+    results: list[Any] = [None] * n
+    errors: list[BaseException] = []
+
+    def body(i: int) -> None:
+        try:
+            results[i] = target(i)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=body, args=(i,), daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+        assert not t.is_alive(), "a worker thread hung"
+    if errors:
+        raise errors[0]
+    return results
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    """Run ``async def`` tests on a fresh event loop (no asyncio plugin needed)."""
+    import asyncio
+    import inspect
+
+    if not inspect.iscoroutinefunction(pyfuncitem.obj):
+        return None
+    names = pyfuncitem._fixtureinfo.argnames
+    kwargs = {name: pyfuncitem.funcargs[name] for name in names}
+    asyncio.run(pyfuncitem.obj(**kwargs))
+    return True
