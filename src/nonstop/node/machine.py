@@ -8,6 +8,7 @@ the same signature — tests and benchmarks use
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import random
 from collections.abc import Callable
@@ -39,11 +40,19 @@ def build_cluster_node(
     from nonstop.cluster.node import ClusterConfig, ClusterNode
 
     _, static_peers = split_join(cfg.join)
-    kwargs: dict[str, Any] = {}
-    if "quorum" in cfg.extra:
-        kwargs["quorum"] = cfg.extra["quorum"]
-    if "raft" in cfg.extra:
-        kwargs["raft"] = cfg.extra["raft"]
+    # Extra config keys named like a ClusterConfig field (quorum, raft,
+    # snapshot_every, ...) are passed through unchanged.
+    passthrough = {f.name for f in dataclasses.fields(ClusterConfig)} - {
+        "name",
+        "address",
+        "store_timestamp",
+        "members",
+        "static_peers",
+        "location",
+        "protocol",
+        "detector",
+    }
+    kwargs: dict[str, Any] = {k: v for k, v in cfg.extra.items() if k in passthrough}
     config = ClusterConfig(
         name=ident.name,
         address=cfg.listen,
