@@ -18,7 +18,7 @@ from typing import Any
 
 import msgpack
 
-from nonstop.errors import KeyTooLong
+from nonstop.errors import FieldError, KeyTooLong
 from nonstop.model.ref import Ref
 
 # LMDB's default maximum key size is 511 bytes; leave room for prefixes.
@@ -109,7 +109,13 @@ def encode_key(value: Any) -> bytes:
         bits = bits ^ 0xFFFFFFFFFFFFFFFF if bits >> 63 else bits | (1 << 63)
         out = _T_FLOAT + _U64.pack(bits)
     elif isinstance(value, str):
-        out = _T_STR + _escape(value.encode())
+        try:
+            data = value.encode()
+        except UnicodeEncodeError:
+            raise FieldError(
+                f"key value {value!r:.60} contains a lone surrogate and cannot be stored"
+            ) from None
+        out = _T_STR + _escape(data)
     elif isinstance(value, bytes):
         out = _T_BYTES + _escape(value)
     elif isinstance(value, _dt.datetime):

@@ -662,9 +662,7 @@ class Transaction:
                     value = e.orig[name] if e.orig and name in e.orig else e.state[name]
                     self._index_op(removals, key, value, ref, put=False)
                 continue
-            ops.append(
-                (True, objects, ref, pack([info.name, info.version, e.version + 1, e.state]))
-            )
+            ops.append((True, objects, ref, _pack_record(info, e.version + 1, e.state)))
             if status == CREATED:
                 ops.append((True, extents, tname + b"\x00" + ref, b""))
                 deltas[tname] = deltas.get(tname, 0) + 1
@@ -728,7 +726,7 @@ class Transaction:
             raise Deleted(f"{target.info.name} object was deleted in this transaction")
         try:
             record = pack([method, _refs_out(args), _refs_out(kwargs), current_sender.get()])
-        except TypeError as exc:
+        except (TypeError, ValueError, OverflowError) as exc:
             raise BadArgument(
                 f"argument of asynchronous {target.info.name}.{method} cannot be stored: {exc}"
             ) from None
@@ -747,6 +745,19 @@ class Transaction:
 
     def __repr__(self) -> str:
         return f"<Transaction {self.id} {self.isolation.value} {self._state.value}>"
+
+
+def _pack_record(info: TypeInfo, version: int, state: dict[str, Any]) -> bytes:
+    """An object's stored record; FieldError naming the field if a value cannot be stored."""
+    try:
+        return pack([info.name, info.version, version, state])
+    except (TypeError, ValueError, OverflowError) as exc:  # UnicodeEncodeError is a ValueError
+        for name, value in state.items():
+            try:
+                pack(value)
+            except (TypeError, ValueError, OverflowError) as one:
+                raise FieldError(f"{info.name}.{name} cannot be stored: {one}") from None
+        raise FieldError(f"{info.name} object cannot be stored: {exc}") from None
 
 
 def _refs_out(value: Any) -> Any:
