@@ -12,14 +12,15 @@ import os
 import threading
 from typing import Any
 
-from nonstop.errors import BadArgument, DatabaseClosed, TypeVersionMismatch
-from nonstop.model.codec import unpack
+from nonstop.errors import BadArgument, DatabaseClosed, StoreError, TypeVersionMismatch
+from nonstop.model.codec import pack, unpack
 from nonstop.model.managed import Managed, TypeInfo, lookup_type, type_info
-from nonstop.store.group_commit import GroupCommitter
+from nonstop.store.group_commit import GroupCommitter, WriteSet
 from nonstop.store.lmdb_store import DEFAULT_MAP_SIZE, Store
 from nonstop.tx.async_transaction import AsyncTransaction
 from nonstop.tx.asyncmethods import AsyncDispatcher
-from nonstop.tx.transaction import Isolation, Transaction
+from nonstop.tx.locks import LockMode
+from nonstop.tx.transaction import Isolation, Transaction, _txn_ids
 from nonstop.tx.waiting import LockTable
 
 DURABILITY_MODES = ("fsync", "none")
@@ -79,6 +80,9 @@ class Database:
         self._types_lock = threading.Lock()
         self._locks = LockTable()
         self._committer = GroupCommitter(self._store)
+        # Prepared (phase-one) transactions awaiting their outcome, by global id.
+        self._in_doubt: dict[bytes, Transaction | InDoubt] = {}
+        self._recover_prepared()
         self._dispatcher = AsyncDispatcher(self, workers=async_workers)
 
     # ----------------------------------------------------------- public API
@@ -124,6 +128,26 @@ class Database:
                     }
                 )
         return out
+
+    def in_doubt(self) -> list[bytes]:
+        """Global ids of prepared transactions still waiting for their outcome (B9)."""
+        return sorted(self._in_doubt)
+
+    def resolve(self, gtid: bytes, commit: bool) -> bool:
+        """Apply a two-phase-commit outcome to the prepared transaction ``gtid``.
+
+        Idempotent, as a participant must be: False when ``gtid`` is not in doubt
+        here (already resolved, or never prepared), True when this call ended it.
+        """
+        self._check_open()
+        tx = self._in_doubt.get(gtid)
+        if tx is None:
+            return False
+        if commit:
+            tx.commit_prepared()
+        else:
+            tx.abort_prepared()
+        return True
 
     def stats(self) -> dict[str, Any]:
         """Counters for monitoring: group commit sizes, async method outcomes."""
@@ -200,11 +224,66 @@ class Database:
         with self._store.read() as rtxn:
             return rtxn.get(kb, db=db)  # type: ignore[no-any-return]
 
+    def _prepared_record(self, ws: WriteSet, locks: dict[Any, Any]) -> bytes:
+        """Encode a prepared write set and its write locks by database *name*."""
+        names = self._store.names()
+        ops = [[is_put, names[id(db)], key, value] for is_put, db, key, value in ws.ops]
+        uniques = {n: not self._store.is_dupsort(n) for _, n, _, _ in ops if n.startswith(b"ix:")}
+        held = [
+            ["o", r] if isinstance(r, bytes) else ["k", r[0], r[1]]
+            for r, mode in locks.items()
+            if mode is LockMode.WRITE
+        ]
+        return pack({"ops": ops, "deltas": ws.count_deltas, "unique": uniques, "locks": held})
+
+    def _recover_prepared(self) -> None:
+        """After a restart, prepared transactions come back in doubt, holding their locks."""
+        store = self._store
+        with store.read() as rtxn:
+            records = list(rtxn.cursor(db=store.prepared))
+        for gtid, raw in records:
+            rec = unpack(raw)
+            for name, unique in rec["unique"].items():
+                store.index_db(name, unique=unique)
+            ops = [(p, store.db_by_name(n), k, v) for p, n, k, v in rec["ops"]]
+            doubt = InDoubt(self, bytes(gtid), WriteSet(ops, rec["deltas"]))
+            for lock in rec["locks"]:
+                resource = lock[1] if lock[0] == "o" else (lock[1], lock[2])
+                if not self._locks.try_acquire(doubt.id, resource, LockMode.WRITE):
+                    raise StoreError(f"prepared transaction {gtid!r} conflicts with another")
+            self._in_doubt[doubt.gtid] = doubt
+
     def _async_key(self, target: bytes, self_send: bool) -> bytes:
         return self._dispatcher.next_key(target, self_send)
 
     def _async_committed(self, keys: list[bytes]) -> None:
         self._dispatcher.committed(keys)
+
+
+class InDoubt:
+    """A prepared transaction recovered after a restart: its write set and write locks.
+
+    It can only be ended, by the two-phase-commit outcome: :meth:`commit_prepared`
+    applies the write set, :meth:`abort_prepared` drops it (``db.resolve`` calls them).
+    """
+
+    def __init__(self, db: Database, gtid: bytes, ws: WriteSet) -> None:
+        self.db = db
+        self.gtid = gtid
+        self.ws = ws
+        self.id = next(_txn_ids)
+
+    def _end(self, ws: WriteSet) -> None:
+        self.db._committer.commit(ws)
+        self.db._in_doubt.pop(self.gtid, None)
+        self.db._locks.release_all(self.id)
+
+    def commit_prepared(self) -> None:
+        drop = (False, self.db._store.prepared, self.gtid, None)
+        self._end(WriteSet([*self.ws.ops, drop], self.ws.count_deltas))
+
+    def abort_prepared(self) -> None:
+        self._end(WriteSet([(False, self.db._store.prepared, self.gtid, None)]))
 
 
 def open(path: str | os.PathLike[str], **options: Any) -> Database:

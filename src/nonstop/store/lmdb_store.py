@@ -14,6 +14,8 @@ name           key                                              value
 ``ix:T:f``     order-preserving key value                       ref (dupsort when non-unique)
 ``asyncq``     target ref + priority byte + 8-byte sequence     msgpack call (A6)
 ``dead``       8-byte sequence                                  msgpack failed async call
+``prepared``   global transaction id                            msgpack prepared write set
+                                                                and locks (2PC, B6/B9)
 =============  ===============================================  =========================
 
 The directory is locked with ``flock`` so that a second process cannot open it
@@ -83,6 +85,7 @@ class Store:
                     b"types",
                     b"asyncq",
                     b"dead",
+                    b"prepared",
                 ):
                     self._dbs[name] = self.env.open_db(name, txn=txn)
                 self._check_format(txn, location)
@@ -93,6 +96,7 @@ class Store:
             self.types = self._dbs[b"types"]
             self.asyncq = self._dbs[b"asyncq"]
             self.dead = self._dbs[b"dead"]
+            self.prepared = self._dbs[b"prepared"]
             # Bumped by the group committer after every LMDB commit (before any lock
             # is released): a reader that saw the same value before a read and after
             # taking a lock knows its read is still current.
@@ -225,6 +229,22 @@ class Store:
         return self._ref_prefix + _U64.pack(counter)
 
     # ------------------------------------------------------------ indexes
+    def db_by_name(self, name: bytes) -> Any:
+        """An LMDB database by name (index databases must exist: see index_db)."""
+        db = self._dbs.get(name)
+        if db is None:
+            raise KeyError(f"no database {name!r} in store {self.path}")
+        return db
+
+    def names(self) -> dict[int, bytes]:
+        """id(database handle) -> name, to record operations durably by name."""
+        return {id(handle): name for name, handle in self._dbs.items()}
+
+    def is_dupsort(self, name: bytes) -> bool:
+        """Whether the named database keeps several values per key (a non-unique index)."""
+        with self.env.begin() as txn:
+            return bool(self.db_by_name(name).flags(txn)["dupsort"])
+
     def index_db(self, name: bytes, *, unique: bool) -> Any:
         """The LMDB database of one index, created on first use."""
         db = self._dbs.get(name)

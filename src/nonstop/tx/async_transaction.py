@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 from nonstop.errors import Conflict, Error, NotFound
 from nonstop.model.managed import Managed
 from nonstop.model.ref import Ref
+from nonstop.store.group_commit import WriteSet
 from nonstop.tx.locks import LockMode
 from nonstop.tx.query import Query
 from nonstop.tx.transaction import (
@@ -160,6 +161,37 @@ class AsyncTransaction(Transaction):
         if ws is None:
             self._finish(_State.COMMITTED)
             return
+        await self._durable(ws, _State.COMMITTED)
+
+    async def prepare(self, gtid: bytes) -> bool:  # type: ignore[override]
+        """See :meth:`Transaction.prepare`."""
+        ws = self._prepare_commit()
+        if ws is None:
+            self._finish(_State.COMMITTED)
+            return False
+        record = self.db._prepared_record(ws, self.db._locks.held_by(self.id))
+        await self._durable(WriteSet([(True, self.db._store.prepared, gtid, record)]), None)
+        self._state = _State.PREPARED
+        self._prepared = (gtid, ws)
+        self.db._in_doubt[gtid] = self
+        return True
+
+    async def commit_prepared(self) -> None:  # type: ignore[override]
+        await self._durable(self._phase_two(True), _State.COMMITTED, keep_on_failure=True)
+        self.db._in_doubt.pop(self._prepared[0], None)
+
+    async def abort_prepared(self) -> None:  # type: ignore[override]
+        await self._durable(self._phase_two(False), _State.ROLLED_BACK, keep_on_failure=True)
+        self.db._in_doubt.pop(self._prepared[0], None)
+
+    async def _durable(
+        self, ws: WriteSet, outcome: _State | None, *, keep_on_failure: bool = False
+    ) -> None:
+        """Hand ``ws`` to the group committer, wait until durable, then finish as ``outcome``.
+
+        ``outcome`` None: stay open (prepare).  On failure the transaction rolls back,
+        unless ``keep_on_failure`` (phase two: it stays prepared and may be retried).
+        """
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
 
@@ -169,7 +201,8 @@ class AsyncTransaction(Transaction):
         try:
             self.db._committer.submit(ws, done)
         except BaseException:
-            self._finish(_State.ROLLED_BACK)
+            if not keep_on_failure:
+                self._finish(_State.ROLLED_BACK)
             raise
         cancelled: BaseException | None = None
         while not future.done():
@@ -183,23 +216,30 @@ class AsyncTransaction(Transaction):
                 break
         failure = future.exception()
         if failure is not None:
-            self._finish(_State.ROLLED_BACK)
+            if not keep_on_failure:
+                self._finish(_State.ROLLED_BACK)
             raise failure
-        self._finish(_State.COMMITTED)
+        if outcome is not None:
+            self._finish(outcome)
         if cancelled is not None:
             raise cancelled
 
     async def rollback(self) -> None:  # type: ignore[override]
-        Transaction.rollback(self)
+        if self._state is _State.PREPARED:
+            await self.abort_prepared()
+        else:
+            Transaction.rollback(self)
 
     async def __aenter__(self) -> AsyncTransaction:
         return self
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if exc_type is None and self._state is _State.ACTIVE:
-            await self.commit()
+        if exc_type is None:
+            if self._state is _State.ACTIVE:
+                await self.commit()
+            # A prepared transaction waits for phase two; leaving the block keeps it.
         else:
-            Transaction.rollback(self)
+            await self.rollback()
 
 
 def _settle(future: asyncio.Future[None], exc: BaseException | None) -> None:

@@ -89,6 +89,7 @@ class Isolation(enum.Enum):
 class _State(enum.Enum):
     ACTIVE = "active"
     COMMITTING = "committing"
+    PREPARED = "prepared"
     COMMITTED = "committed"
     ROLLED_BACK = "rolled back"
 
@@ -163,6 +164,7 @@ class Transaction:
         self._on_prepare: list[Callable[[], Any]] = []
         self._on_commit: list[Callable[[], Any]] = []
         self._on_rollback: list[Callable[[], Any]] = []
+        self._prepared: tuple[bytes, WriteSet] = (b"", WriteSet())
 
     # ------------------------------------------------------------- drivers
     def _drive(self, op: Op) -> Any:
@@ -583,8 +585,61 @@ class Transaction:
 
     def rollback(self) -> None:
         """Drop every change and release every lock (B5).  Safe to call twice."""
-        if self._state in (_State.ACTIVE, _State.COMMITTING):
+        if self._state is _State.PREPARED:
+            self.abort_prepared()
+        elif self._state in (_State.ACTIVE, _State.COMMITTING):
             self._finish(_State.ROLLED_BACK)
+
+    # ------------------------------------------- two-phase commit (B6, B9)
+    def prepare(self, gtid: bytes) -> bool:
+        """Phase one of two-phase commit: vote yes, durably.
+
+        Runs the update triggers and prepare notifiers, then makes the write set
+        durable *without applying it*, under the global transaction id ``gtid``,
+        and keeps every lock.  From then on only :meth:`commit_prepared` or
+        :meth:`abort_prepared` (or ``db.resolve(gtid, ...)``) end the transaction —
+        also after a crash: the prepared write set and its write locks are
+        recovered when the database is reopened (``db.in_doubt()``).
+
+        Returns False for a read-only transaction, which is then already finished
+        (it has nothing to commit, so it need not take part in phase two).
+        """
+        ws = self._prepare_commit()
+        if ws is None:
+            self._finish(_State.COMMITTED)
+            return False
+        record = self.db._prepared_record(ws, self.db._locks.held_by(self.id))
+        try:
+            self.db._committer.commit(WriteSet([(True, self.db._store.prepared, gtid, record)]))
+        except BaseException:
+            self._finish(_State.ROLLED_BACK)
+            raise
+        self._state = _State.PREPARED
+        self._prepared = (gtid, ws)
+        self.db._in_doubt[gtid] = self
+        return True
+
+    def _phase_two(self, commit: bool) -> WriteSet:
+        if self._state is not _State.PREPARED:
+            raise TransactionClosed(f"transaction {self.id} is {self._state.value}, not prepared")
+        gtid, ws = self._prepared
+        drop = (False, self.db._store.prepared, gtid, None)
+        return WriteSet([*ws.ops, drop], ws.count_deltas) if commit else WriteSet([drop])
+
+    def commit_prepared(self) -> None:
+        """Phase two, commit: apply the prepared write set durably, then release the locks.
+
+        If the store fails, the transaction stays prepared and this may be called again.
+        """
+        self.db._committer.commit(self._phase_two(True))
+        self.db._in_doubt.pop(self._prepared[0], None)
+        self._finish(_State.COMMITTED)
+
+    def abort_prepared(self) -> None:
+        """Phase two, abort: forget the prepared write set durably, then release the locks."""
+        self.db._committer.commit(self._phase_two(False))
+        self.db._in_doubt.pop(self._prepared[0], None)
+        self._finish(_State.ROLLED_BACK)
 
     # ------------------------------------------------------------- commit
     def _lookup_args(
@@ -738,8 +793,10 @@ class Transaction:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if exc_type is None and self._state is _State.ACTIVE:
-            self.commit()
+        if exc_type is None:
+            if self._state is _State.ACTIVE:
+                self.commit()
+            # A prepared transaction waits for phase two; leaving the block keeps it.
         else:
             self.rollback()
 

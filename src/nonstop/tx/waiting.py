@@ -162,6 +162,11 @@ class LockTable:
         for waiter in (*woken, *orphans):
             waiter.wake()
 
+    def held_by(self, txn: Hashable) -> dict[Hashable, LockMode]:
+        """A copy of every lock ``txn`` holds (to make a prepared transaction's locks durable)."""
+        with self._mutex:
+            return self._manager.held_by(txn)
+
     def mode_held(self, txn: Hashable, resource: Hashable) -> LockMode | None:
         """The mode ``txn`` holds on ``resource``, or ``None``."""
         with self._mutex:
