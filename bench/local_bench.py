@@ -147,6 +147,7 @@ class Config:
     clients: tuple[int, ...] = CLIENTS
     workloads: tuple[str, ...] = WORKLOADS
     modes: tuple[str, ...] = MODES
+    rounds: int = 2  # interleaved slices per cell (the duration is split between them)
     profile: str = "auto"  # auto (where a goal is missed) | always | never
     tmpdir: str | None = None
     out: Path = RESULTS
@@ -180,6 +181,26 @@ class ReadResult:
     floor: float
     load_rate: float
     runs: dict[str, list[float]] = field(default_factory=dict)
+
+
+def _fields(cfg: Config) -> dict[str, Any]:
+    return {name: getattr(cfg, name) for name in cfg.__slots__}  # type: ignore[attr-defined]
+
+
+def merge(parts: list[Result]) -> Result:
+    """Several slices of one cell as one result (CPU per op weighted by ops)."""
+    ops = sum(p.ops for p in parts)
+    seconds = sum(p.seconds for p in parts)
+    lats = [x for p in parts for x in p.latencies]
+    extra: dict[str, Any] = {}
+    for p in parts:
+        for k, v in p.extra.items():
+            if k != "cpu_us":
+                extra[k] = extra.get(k, 0) + v if isinstance(v, int) else v
+    weighted = [(p.cpu_us, p.ops) for p in parts if p.ops and p.cpu_us == p.cpu_us]
+    if weighted:
+        extra["cpu_us"] = sum(c * n for c, n in weighted) / sum(n for _, n in weighted)
+    return Result(ops, seconds, lats, extra)
 
 
 # ------------------------------------------------------------- the cells
@@ -362,17 +383,20 @@ class StackSampler:
                 for key in seen:
                     self.inclusive[role][key] += 1
 
-    def report(self, top: int = 12) -> str:
+    def report(self, top: int = 12, *, main_thread: bool = True) -> str:
         out: list[str] = []
         for role, n in self.samples.most_common():
-            if role == "other threads":
+            if role == "other threads" or (role.startswith("main") and not main_thread):
                 continue
             out.append(f"{role}: {n} samples")
             out.append("  self  (the line each thread was on; C calls show as their caller)")
             for key, c in self.self_lines[role].most_common(top):
                 out.append(f"  {100 * c / n:5.1f}%  {key}")
-            out.append("  inclusive (function anywhere on the stack)")
-            for key, c in self.inclusive[role].most_common(top + 4):
+            out.append(
+                "  inclusive (function anywhere on the stack; those on every stack left out)"
+            )
+            shown = [(k, c) for k, c in self.inclusive[role].most_common() if c < n]
+            for key, c in shown[:top]:
                 out.append(f"  {100 * c / n:5.1f}%  {key}")
             out.append("")
         return "\n".join(out)
@@ -391,44 +415,121 @@ def _where(frame: FrameType, *, line: bool) -> str:
 
 
 @contextmanager
-def profiled(sink: list[str], title: str, *, tree: bool = True, note: str = "") -> Iterator[None]:
-    """Sample every thread (:class:`StackSampler`) and, with ``tree``, profile the calling
-    thread with pyinstrument too; append a text report to ``sink``."""
+def profiled(
+    sink: list[str],
+    title: str,
+    *,
+    threads: bool = True,
+    tree: bool = True,
+    note: str = "",
+) -> Iterator[dict[str, Any]]:
+    """Profile the block; append a text report to ``sink``.
+
+    ``threads``: sample every thread (:class:`StackSampler`).  ``tree``: profile the
+    calling thread with pyinstrument — its hottest functions by own time and the top
+    of its call tree.  The block may set ``ops`` and ``unit`` in the dict it gets:
+    the flat profile is then in µs per operation.
+    """
+    box: dict[str, Any] = {}
     profiler: Any = None
     if tree:
         try:
             from pyinstrument import Profiler
         except ImportError:
-            note += "\n\n(pyinstrument is not installed, no call tree: run `make venv`.)"
+            note += "(pyinstrument is not installed, no call tree: run `make venv`.)  "
         else:
-            profiler = Profiler(interval=0.001, async_mode="disabled")
-    sampler = StackSampler()
+            profiler = Profiler(interval=0.0005, async_mode="disabled")
+    sampler = StackSampler() if threads else None
     t0 = time.perf_counter()
-    with sampler:
+    with sampler if sampler is not None else _null():
         if profiler is not None:
             profiler.start()
         try:
-            yield
+            yield box
         finally:
             if profiler is not None:
                 profiler.stop()
-    text = [
-        f"### {title}\n",
-        f"{note}Wall-clock samples of every thread ({time.perf_counter() - t0:.1f} s).  "
-        "Percentages are of that thread role's samples; time spent waiting (for a lock, "
-        "the commit, the GIL inside a C call) counts too.\n",
-        "```\n" + sampler.report() + "```\n",
-    ]
-    if profiler is not None:
-        lines = profiler.output_text(unicode=False, color=False, show_all=False).splitlines()
-        start = next((i for i, ln in enumerate(lines) if ln.startswith("Profile at")), -1)
-        body = [ln for ln in lines[start + 1 :] if ln.strip()]
+    text = [f"### {title}\n", note]
+    if sampler is not None:
         text.append(
-            "pyinstrument call tree of the profiled thread (seconds, top):\n\n```\n"
-            + "\n".join(body[:TREE_LINES])
-            + "\n```\n"
+            f"Wall-clock samples of every thread ({time.perf_counter() - t0:.1f} s).  "
+            "Percentages are of that thread role's samples; time spent waiting (for a lock, "
+            "the commit, the GIL inside a C call) counts too.\n\n```\n"
+            + sampler.report(main_thread=tree)
+            + "```\n"
         )
+    if profiler is not None:
+        if box.get("steps") and box.get("ops"):
+            text.append(_steps_text(profiler, box["steps"], box["ops"], box.get("unit", "op")))
+        text.append(_pyinstrument_text(profiler, box.get("ops"), box.get("unit", "op")))
     sink.append("\n".join(text))
+
+
+# The steps of one transfer, by the function that does each (pyinstrument names).
+ANATOMY = (
+    ("run_with_retries", "the whole transfer (`@transactional` call)"),
+    ("transfer", "its body: two `tx.get(Account, number=..., lock='write')`, two writes"),
+    ("Transaction.find", "  of which the two unique-key lookups (lock + read)"),
+    ("Transaction._prepare_commit", "commit: triggers, build the write set"),
+    ("GroupCommitter.submit", "commit: queue the write set, wake the writer"),
+    ("Event.wait", "commit: wait until the writer says durable"),
+    ("Transaction._finish", "commit: release the locks"),
+)
+
+
+def _steps_text(profiler: Any, steps: tuple[tuple[str, str], ...], ops: int, unit: str) -> str:
+    """Inclusive wall time of named functions (outermost occurrence), per operation."""
+    root = profiler.last_session.root_frame()
+    totals = dict.fromkeys((name for name, _ in steps), 0.0)
+
+    def walk(frame: Any, open_names: frozenset[str]) -> None:
+        name = f"{frame.class_name}.{frame.function}" if frame.class_name else frame.function
+        if name in totals and name not in open_names:
+            totals[name] += frame.time
+            open_names = open_names | {name}
+        for child in frame.children:
+            walk(child, open_names)
+
+    if root is not None:
+        walk(root, frozenset())
+    rows = [f"{'µs/' + unit:>12}  step"]
+    rows += [f"{totals[name] * 1e6 / ops:12.1f}  {label}" for name, label in steps]
+    return (
+        f"Where the wall time of one {unit} goes while profiled (pyinstrument slows the "
+        "Python parts down):\n\n```\n" + "\n".join(rows) + "\n```\n"
+    )
+
+
+def _pyinstrument_text(profiler: Any, ops: int | None, unit: str) -> str:
+    root = profiler.last_session.root_frame()
+    own: collections.Counter[str] = collections.Counter()
+    stack = [root] if root is not None else []
+    while stack:
+        frame = stack.pop()
+        real = [c for c in frame.children if not c.is_synthetic]
+        stack.extend(real)
+        mine = frame.time - sum(c.time for c in real)
+        if mine > 0:
+            path = frame.file_path_short or ""
+            where = f"{path}:{frame.line_no}" if frame.line_no else path
+            own[f"{frame.function}  {where}"] += mine
+    total = root.time if root is not None else 0.0
+    if ops:
+        scale, label = 1e6 / ops, f"µs per {unit}"
+    else:
+        scale, label = 1.0, "seconds"
+    flat = [f"{'own time':>10}  {'share':>6}  function  (file:line)"]
+    for name, t in own.most_common(25):
+        flat.append(f"{t * scale:10.2f}  {100 * t / total if total else 0:5.1f}%  {name}")
+    lines = profiler.output_text(unicode=False, color=False, show_all=False).splitlines()
+    start = next((i for i, ln in enumerate(lines) if ln.startswith("Profile at")), -1)
+    body = [ln for ln in lines[start + 1 :] if ln.strip()]
+    return (
+        f"pyinstrument, the profiled thread: hottest functions by own time ({label}; "
+        "a C function such as `lock.acquire` is time spent inside it, e.g. waiting):\n\n"
+        "```\n" + "\n".join(flat) + "\n```\n\n"
+        "Call tree (seconds, top):\n\n```\n" + "\n".join(body[:TREE_LINES]) + "\n```\n"
+    )
 
 
 # ------------------------------------------------------------------ runner
@@ -446,15 +547,38 @@ def run(cfg: Config) -> Path:
         os.rmdir(probe_dir)
     _log(f"fsync of 4 KiB: p50 {fs50:.2f} ms, p99 {fs99:.2f} ms")
     cells: list[Cell] = []
+    # Each (workload, clients) group runs in `rounds` interleaved slices, so that a burst
+    # of other work on the shared machine hits every system alike.
+    rounds = max(1, cfg.rounds)
+    part = Config(**{**_fields(cfg), "duration": cfg.duration / rounds})
     for workload in cfg.workloads:
         for clients in cfg.clients:
-            sq = sqlite_cell(cfg, workload, clients)
+            sqs: list[Result] = []
+            fls: list[Result] = []
+            runs: dict[str, list[tuple[Result, dict[str, Any]]]] = {m: [] for m in cfg.modes}
+            for _ in range(rounds):
+                sqs.append(sqlite_cell(part, workload, clients))
+                fls.append(floor_cell(part, workload, clients))
+                for mode in cfg.modes:
+                    runs[mode].append(nonstop_cell(part, workload, mode, clients))
+            sq, fl = merge(sqs), merge(fls)
             _log(f"{workload:8} {clients:3} sqlite   {sq.ops_per_s:9.0f}/s")
-            fl = floor_cell(cfg, workload, clients)
             _log(f"{workload:8} {clients:3} lmdb     {fl.ops_per_s:9.0f}/s (batch {clients})")
             for mode in cfg.modes:
-                res, info = nonstop_cell(cfg, workload, mode, clients)
-                cell = Cell(workload, clients, mode, res, sq, fl, **info)
+                res = merge([r for r, _ in runs[mode]])
+                infos = [i for _, i in runs[mode]]
+                cell = Cell(
+                    workload,
+                    clients,
+                    mode,
+                    res,
+                    sq,
+                    fl,
+                    groups=sum(i["groups"] for i in infos),
+                    commits=sum(i["commits"] for i in infos),
+                    largest_group=max(i["largest_group"] for i in infos),
+                    invariant=next((i["invariant"] for i in infos if i["invariant"] != "ok"), "ok"),
+                )
                 cells.append(cell)
                 _log(
                     f"{workload:8} {clients:3} {mode:8} {res.ops_per_s:9.0f}/s "
@@ -499,6 +623,8 @@ def run_profiles(cfg: Config) -> list[str]:
         tmpdir=cfg.tmpdir,
     )
     if "transfer" in cfg.workloads:
+        _log("profiling: CPU cost of one transfer")
+        out.extend(cpu_anatomy(cfg))
         for mode in cfg.modes:
             _log(f"profiling: transfers, {clients} {mode}")
             sink: list[str] = []
@@ -532,9 +658,44 @@ def run_profiles(cfg: Config) -> list[str]:
         try:
             load(db, cfg.read_objects)
             title = f"Snapshot read of {cfg.read_objects:,} objects in one transaction"
-            with profiled(out, title), db.transaction("snapshot") as tx:
+            with (
+                profiled(out, title, threads=False) as box,
+                db.transaction("snapshot") as tx,
+            ):
                 objs = tx.query(Account).lock("none").all()
                 sum(o.balance for o in objs)
+                box["ops"], box["unit"] = len(objs), "object"
+        finally:
+            db.close()
+    return out
+
+
+def cpu_anatomy(cfg: Config, n: int = 3000) -> list[str]:
+    """Where the CPU of one transfer goes: one thread, no fsync (``durability="none"``)."""
+    out: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="nonstop-cpu-", dir=cfg.tmpdir) as d:
+        db = nonstop.open(d, durability="none")
+        try:
+            load(db, cfg.accounts)
+            rng = random.Random(3)
+            for _ in range(300):
+                transfer(db, *pick(rng, cfg.accounts, "transfer"))
+            c0, t0 = time.process_time(), time.perf_counter()
+            for _ in range(n):
+                transfer(db, *pick(rng, cfg.accounts, "transfer"))
+            cpu = (time.process_time() - c0) / n * 1e6
+            wall = (time.perf_counter() - t0) / n * 1e6
+            note = (
+                f'One client thread, `durability="none"` (no fsync), {n:,} transfers: '
+                f"**{cpu:.0f} µs of CPU per transfer** (whole process, the group-commit "
+                f"writer included), {wall:.0f} µs wall.  With one GIL, 10,000 transfers/s "
+                "leaves at most 100 µs of CPU per transfer for everything.\n\n"
+            )
+            with profiled(out, "CPU cost of one transfer", threads=False, note=note) as box:
+                for _ in range(n):
+                    transfer(db, *pick(rng, cfg.accounts, "transfer"))
+                box["ops"], box["unit"] = n, "transfer"
+                box["steps"] = ANATOMY
         finally:
             db.close()
     return out
@@ -577,6 +738,24 @@ def evaluate(cells: list[Cell], reads: ReadResult) -> list[Goal]:
     return goals
 
 
+def reading(cells: list[Cell]) -> list[str]:
+    """Plain sentences on the transfer cells at the most clients: disk or CPU bound?"""
+    out: list[str] = []
+    top = max((c.clients for c in cells), default=0)
+    for c in cells:
+        if c.workload != "transfer" or c.clients != top:
+            continue
+        ceiling = 1e6 / c.nonstop.cpu_us if c.nonstop.cpu_us == c.nonstop.cpu_us else 0.0
+        floor = f"{c.floor.ops_per_s:,.0f}/s" if c.floor else "n/a"
+        out.append(
+            f"* transfers, {top} {c.mode}: {c.nonstop.ops_per_s:,.0f}/s with "
+            f"{c.per_group:.1f} commits per fsync'd group; the LMDB floor at batch {top} "
+            f"does {floor}; nonstop spent {c.nonstop.cpu_us:,.0f} µs of CPU per transfer, "
+            f"so one GIL caps it near {ceiling:,.0f}/s whatever the disk does."
+        )
+    return out
+
+
 def _ratio(a: Result, b: Result) -> float:
     return a.ops_per_s / b.ops_per_s if b.ops_per_s else float("inf")
 
@@ -610,8 +789,9 @@ def render(
         f"| SQLite | {sqlite3.sqlite_version} |",
         f"| asyncio | {loop_name} |",
         f"| fsync of 4 KiB on the temp dir's disk | p50 {fsync[0]:.2f} ms, p99 {fsync[1]:.2f} ms |",
-        f"| each cell | {cfg.warmup:g} s warm-up, then {cfg.duration:g} s measured; "
-        f"fresh temp directory; {cfg.accounts:,} accounts |",
+        f"| each cell | {cfg.rounds} interleaved round(s) (SQLite, LMDB floor, nonstop threads, "
+        f"nonstop asyncio), each {cfg.warmup:g} s warm-up then {cfg.duration / cfg.rounds:g} s "
+        f"measured in a fresh temp directory with {cfg.accounts:,} accounts |",
         "",
         "## Goals",
         "",
@@ -620,20 +800,23 @@ def render(
     ]
     for name, value, ok in goals:
         lines.append(f"| {name} | {value} | {'met' if ok else '**below**'} |")
+    lines += ["", *reading(cells), "", "## Transactions"]
     lines += [
         "",
-        "## Transactions",
-        "",
         "ops/s = committed transactions per second (durable); p50/p99 = latency of one "
-        "transaction in ms, as its client saw it.  SQLite runs with threads in both the "
+        "transaction in ms, as its client saw it.  CPU µs/op = the process's CPU time "
+        "(every thread) per operation: unlike ops/s it barely moves when other work shares "
+        "the machine, and with one GIL, 1,000,000 ÷ CPU µs/op is roughly the most one "
+        "process can do however fast the disk is.  SQLite runs with threads in both the "
         "threads and the asyncio rows (it has no asyncio API; the asyncio row repeats the "
         "threads measurement).  LMDB floor = raw LMDB, one writer, `clients` operations per "
         "fsync'd write transaction (its latency is one batch).",
         "",
-        "| workload | clients | mode | nonstop ops/s | p50 | p99 | commits/group | "
-        "SQLite ops/s | p50 | p99 | nonstop ÷ SQLite | LMDB floor ops/s | nonstop ÷ floor |",
+        "| workload | clients | mode | nonstop ops/s | p50 | p99 | CPU µs/op | commits/group | "
+        "SQLite ops/s | p50 | p99 | CPU µs/op | nonstop ÷ SQLite | LMDB floor ops/s | "
+        "nonstop ÷ floor |",
         "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
-        "| ---: |",
+        "| ---: | ---: | ---: |",
     ]
     for c in cells:
         sq, fl = c.sqlite, c.floor
@@ -644,10 +827,12 @@ def render(
             f"{c.nonstop.ops_per_s:,.0f}",
             f"{c.nonstop.p50:.2f}",
             f"{c.nonstop.p99:.2f}",
+            f"{c.nonstop.cpu_us:,.0f}",
             f"{c.per_group:.1f} (max {c.largest_group})",
             f"{sq.ops_per_s:,.0f}" if sq else "—",
             f"{sq.p50:.2f}" if sq else "—",
             f"{sq.p99:.2f}" if sq else "—",
+            f"{sq.cpu_us:,.0f}" if sq else "—",
             f"**{_ratio(c.nonstop, sq):.2f}×**" if sq else "—",
             f"{fl.ops_per_s:,.0f}" if fl else "—",
             f"{_ratio(c.nonstop, fl):.2f}" if fl else "—",

@@ -63,6 +63,11 @@ class Result:
         return data[idx] * 1000.0
 
     @property
+    def cpu_us(self) -> float:
+        """Process CPU time (all threads) per operation, in µs: robust to a busy machine."""
+        return float(self.extra.get("cpu_us", float("nan")))
+
+    @property
     def p50(self) -> float:
         return self.percentile(50)
 
@@ -91,6 +96,7 @@ def run_threads(
     barrier = threading.Barrier(clients + 1)
     window: list[float] = [0.0, 0.0]
     per_thread: list[list[float]] = [[] for _ in range(clients)]
+    done = [0] * clients
     errors: list[BaseException] = []
 
     def worker(i: int) -> None:
@@ -102,6 +108,7 @@ def run_threads(
             barrier.abort()
             return
         lat = per_thread[i]
+        count = 0
         try:
             barrier.wait()
             start, end = window
@@ -111,9 +118,11 @@ def run_threads(
                 if t0 >= end:
                     break
                 op(rng)
+                count += 1
                 t1 = clock()
                 if t0 >= start and t1 < end:
                     lat.append(t1 - t0)
+            done[i] = count
         except threading.BrokenBarrierError:
             pass
         except BaseException as exc:
@@ -129,16 +138,22 @@ def run_threads(
     now = time.perf_counter()
     window[0] = now + warmup
     window[1] = now + warmup + duration
+    cpu0 = time.process_time()
     try:
         barrier.wait()
     except threading.BrokenBarrierError:
         pass
     for t in threads:
         t.join()
+    cpu = time.process_time() - cpu0
     if errors:
         raise errors[0]
     lats = [x for lat in per_thread for x in lat]
-    return Result(len(lats), duration, lats)
+    return Result(len(lats), duration, lats, {"cpu_us": _per_op(cpu, sum(done))})
+
+
+def _per_op(cpu: float, ops: int) -> float:
+    return cpu / ops * 1e6 if ops else float("nan")
 
 
 async def run_tasks(
@@ -148,6 +163,7 @@ async def run_tasks(
     now = time.perf_counter()
     start, end = now + warmup, now + warmup + duration
     lats: list[float] = []
+    done = [0]
 
     async def worker(i: int) -> None:
         rng = random.Random(seed * 1000 + i)
@@ -157,12 +173,15 @@ async def run_tasks(
             if t0 >= end:
                 break
             await op(rng)
+            done[0] += 1
             t1 = clock()
             if t0 >= start and t1 < end:
                 lats.append(t1 - t0)
 
+    cpu0 = time.process_time()
     await asyncio.gather(*(worker(i) for i in range(clients)))
-    return Result(len(lats), duration, lats)
+    cpu = time.process_time() - cpu0
+    return Result(len(lats), duration, lats, {"cpu_us": _per_op(cpu, done[0])})
 
 
 def fsync_cost(directory: str, rounds: int = 50) -> tuple[float, float]:
@@ -305,8 +324,9 @@ class LmdbFloor:
         clock = time.perf_counter
         now = clock()
         start, end = now + warmup, now + warmup + duration
-        ops = 0
+        ops = total = 0
         lats: list[float] = []
+        cpu0 = time.process_time()
         while True:
             t0 = clock()
             if t0 >= end:
@@ -319,10 +339,12 @@ class LmdbFloor:
                         rec["balance"] += 1 if j == len(ids) - 1 else -1
                         txn.put(k(i), msgpack.packb(rec))
             t1 = clock()
+            total += batch
             if t0 >= start and t1 < end:
                 ops += batch
                 lats.append(t1 - t0)
-        return Result(ops, duration, lats)
+        cpu = time.process_time() - cpu0
+        return Result(ops, duration, lats, {"cpu_us": _per_op(cpu, total)})
 
     def scan(self) -> tuple[int, int]:
         """Cursor over every record, msgpack-decoded; returns (records, sum of balances)."""

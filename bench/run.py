@@ -41,6 +41,9 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__)
     p.add_argument("--only", choices=SUITES, default="all", help="which benchmark (default: all)")
     p.add_argument("--duration", type=float, default=4.0, help="measured seconds per cell")
+    p.add_argument(
+        "--rounds", type=int, default=2, help="interleaved slices per cell (split the duration)"
+    )
     p.add_argument("--warmup", type=float, default=0.5, help="warm-up seconds per cell")
     p.add_argument("--accounts", type=int, default=10_000, help="accounts in the dataset")
     p.add_argument(
@@ -86,6 +89,7 @@ def main(argv: list[str] | None = None) -> None:
         cfg = local_bench.Config(
             duration=1.0 if args.quick else args.duration,
             warmup=0.2 if args.quick else args.warmup,
+            rounds=1 if args.quick else args.rounds,
             accounts=args.accounts,
             read_objects=50_000 if args.quick else args.read_objects,
             clients=args.clients,
