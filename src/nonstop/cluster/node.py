@@ -184,6 +184,28 @@ class _Pending:
     timer: str | None = None
 
 
+def _sorted_sends(actions: list[Action]) -> list[Action]:
+    """Order each run of consecutive Sends by destination (stable per destination).
+
+    Sends to different nodes are independent (different connections), so their
+    relative order means nothing -- but a component that iterates a ``set`` of
+    names emits them in an order that depends on the interpreter's hash seed,
+    and then a simulation seed would not replay in another process.
+    """
+    out: list[Action] = []
+    run: list[Send] = []
+    for action in actions:
+        if isinstance(action, Send):
+            run.append(action)
+            continue
+        if run:
+            out.extend(sorted(run, key=lambda a: a.to))
+            run = []
+        out.append(action)
+    out.extend(sorted(run, key=lambda a: a.to))
+    return out
+
+
 def _chain(digest: bytes, index: int, term: int, kind: str, data: Any) -> bytes:
     """Next link of the applied-history hash chain (see ``applied`` notifications)."""
     h = hashlib.blake2b(digest, digest_size=16)
@@ -320,7 +342,7 @@ class ClusterNode:
 
     def _from_raft(self, actions: list[Action]) -> list[Action]:
         """Carry out Raft's output: envelopes, leader/view tracking, applying entries."""
-        out = self._wrap("raft", actions)
+        out = self._wrap("raft", _sorted_sends(actions))
         for action in actions:
             if isinstance(action, Notify):
                 if action.kind == "leader":

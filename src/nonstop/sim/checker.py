@@ -65,6 +65,7 @@ class ClusterChecker:
     view_members: dict[int, list[NodeId]] = field(default_factory=dict)
     last_applied: dict[NodeId, int] = field(default_factory=dict)
     acked: dict[int, tuple[int, Any]] = field(default_factory=dict)  # rid -> (index, value)
+    acked_at: dict[int, list[int]] = field(default_factory=dict)  # index -> rids
     refused_while_disabled: int = 0
     max_violations: int = 20
 
@@ -136,7 +137,10 @@ class ClusterChecker:
         if data["kind"] == "snapshot":
             return
         value = data.get("value")
-        self.values.setdefault(index, value)
+        if index not in self.values:
+            self.values[index] = value
+            for rid in self.acked_at.get(index, ()):
+                self._check_ack(sim, rid)
         if data["kind"] == "config" and isinstance(value, dict):
             view = int(value.get("view_id", 0))
             members = sorted(value.get("members", []))
@@ -170,6 +174,7 @@ class ClusterChecker:
         if ok and record is not None and "index" in reply:
             value = record.payload.get("value") if isinstance(record.payload, dict) else None
             self.acked[action.request_id] = (int(reply["index"]), value)
+            self.acked_at.setdefault(int(reply["index"]), []).append(action.request_id)
             self._check_ack(sim, action.request_id)
 
     def _check_ack(self, sim: Simulation, rid: int) -> None:

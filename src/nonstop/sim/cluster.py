@@ -32,7 +32,7 @@ from nonstop.cluster.raft import ROLE_LEADER, RaftConfig
 from nonstop.runtime.interface import Machine, NodeId
 from nonstop.sim import nemesis
 from nonstop.sim.checker import ClusterChecker, Violation
-from nonstop.sim.core import DiskConfig, NetConfig, Simulation
+from nonstop.sim.core import DiskConfig, NetConfig, Simulation, SimulationError
 
 NodeFactory = Callable[[ClusterConfig, random.Random, Mapping[bytes, bytes]], Machine]
 
@@ -58,6 +58,10 @@ class ScenarioConfig:
         default_factory=lambda: RaftConfig(election_timeout=0.5, heartbeat_interval=0.05)
     )
     snapshot_every: int = 16
+    disk: DiskConfig | None = None
+    """Fixed disk behaviour; default: fsync latency drawn per seed (0.5 ms up to 100 ms)."""
+    max_events: int = 400_000
+    """A run that needs more events than this is a runaway (normal runs need ~10k)."""
     node_factory: NodeFactory | None = None
     """Build a node's machine; default ClusterNode.  Tests plug broken machines in here."""
 
@@ -98,7 +102,8 @@ def run_seed(
         duplicate=rng.choice([0.0, 0.01, 0.05]),
         reorder=rng.choice([0.0, 0.05, 0.2]),
     )
-    sim = Simulation(rng.getrandbits(64), net, DiskConfig(), trace=trace)
+    disk = cfg.disk or DiskConfig(sync_min=0.0005, sync_max=rng.choice([0.004, 0.02, 0.1]))
+    sim = Simulation(rng.getrandbits(64), net, disk, trace=trace, max_events=cfg.max_events)
     n = rng.choice(cfg.nodes)
     names = [f"n{i}" for i in range(1, n + 1)]
     joiner = names[-1] if rng.random() < cfg.joiner_probability else None
@@ -171,6 +176,32 @@ def run_seed(
         t += cfg.client_interval
 
     # ------------------------------------------------------------ run
+    try:
+        _drive(sim, checker, names, cfg)
+    except SimulationError as exc:  # a runaway protocol is a failed run, not a crashed campaign
+        checker.fail(sim, "runaway", str(exc))
+    applied = {x: m.applied_index for x in names if isinstance(m := sim.machine(x), ClusterNode)}
+    checker.final(sim, [x for x in names if sim.nodes[x].up], applied)
+    violations = list(checker.violations)
+    stats = {
+        "events": sim.events,
+        "messages": sim.messages_sent,
+        "dropped": sim.messages_dropped,
+        "acked": len(checker.acked),
+        "leaders": len(checker.leaders),
+        "refused_while_disabled": checker.refused_while_disabled,
+        "virtual_time": sim.now,
+        "wall_time": time.perf_counter() - wall,
+        "crashes": sum(node.crashes for node in sim.nodes.values()),
+    }
+    result = RunResult(seed, not violations, violations, faults, names, sim.trace_digest, stats)
+    return result, sim
+
+
+def _drive(
+    sim: Simulation, checker: ClusterChecker, names: list[NodeId], cfg: ScenarioConfig
+) -> None:
+    """Run the fault phase, then demand convergence and one more commit everywhere."""
     sim.run_until(cfg.heal_at)
     deadline = cfg.heal_at + cfg.converge_within
 
@@ -203,22 +234,6 @@ def run_seed(
                 "liveness",
                 f"final proposal on {leader} not applied everywhere: {sim.requests[rid].reply!r}",
             )
-    applied = {x: m.applied_index for x in names if isinstance(m := sim.machine(x), ClusterNode)}
-    checker.final(sim, [x for x in names if sim.nodes[x].up], applied)
-    violations = list(checker.violations)
-    stats = {
-        "events": sim.events,
-        "messages": sim.messages_sent,
-        "dropped": sim.messages_dropped,
-        "acked": len(checker.acked),
-        "leaders": len(checker.leaders),
-        "refused_while_disabled": checker.refused_while_disabled,
-        "virtual_time": sim.now,
-        "wall_time": time.perf_counter() - wall,
-        "crashes": sum(node.crashes for node in sim.nodes.values()),
-    }
-    result = RunResult(seed, not violations, violations, faults, names, sim.trace_digest, stats)
-    return result, sim
 
 
 def _leader_of(sim: Simulation, names: list[NodeId]) -> NodeId | None:
