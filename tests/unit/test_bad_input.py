@@ -54,6 +54,44 @@ def test_wrong_field_types(db: nonstop.Database) -> None:
         assert a.balance == 0  # nothing changed by the refused writes
 
 
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"log": [object()]}, r"Mailbox\.log cannot be stored: cannot encode a object"),
+        ({"log": [{1, 2}]}, r"Mailbox\.log cannot be stored: cannot encode a set"),
+        ({"log": ["bad \ud800"]}, r"Mailbox\.log cannot be stored: .*surrogates"),
+        ({"runs": 2**70}, r"Mailbox\.runs cannot be stored"),
+    ],
+)
+def test_values_that_cannot_be_stored(
+    db: nonstop.Database, values: dict[str, object], message: str
+) -> None:
+    from tests.bankmodel import Mailbox
+
+    with pytest.raises(nonstop.FieldError, match=message), db.transaction() as tx:
+        tx.create(Mailbox, name="ok")
+        tx.create(Mailbox, name="bad", **values)
+    with db.transaction() as tx:
+        assert tx.count(Mailbox) == 0  # nothing was written
+        tx.create(Mailbox, name="ok")  # and the store is fine
+
+
+def test_unencodable_strings_as_keys_and_async_arguments(db: nonstop.Database) -> None:
+    from tests.bankmodel import Mailbox
+
+    with db.transaction() as tx:
+        with pytest.raises(nonstop.FieldError, match="surrogate"):
+            tx.create(Account, number="bad \ud800")
+        with pytest.raises(nonstop.FieldError, match="surrogate"):
+            tx.find(Account, number="bad \udcff")
+        m = tx.create(Mailbox, name="m")
+        with pytest.raises(nonstop.BadArgument, match="cannot be stored"):
+            m.deliver("bad \ud800")
+        with pytest.raises(nonstop.BadArgument, match="cannot be stored"):
+            m.deliver(2**70)
+        assert tx.count(Account) == 0
+
+
 def test_writing_an_immutable_key(db: nonstop.Database) -> None:
     open_accounts(db, ["k"])
     with db.transaction() as tx:

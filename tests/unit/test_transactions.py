@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -555,3 +556,26 @@ async def test_async_attribute_access_never_blocks_the_loop(bank: Any) -> None:
     finally:
         holder.rollback()
     assert balance(db, "A000") == 1000
+
+
+async def test_cancelled_tasks_commit_all_or_nothing_and_leak_no_lock(bank: Any) -> None:
+    db, _ = bank
+    rng = random.Random(5)
+
+    async def deposit(i: int) -> None:
+        async with db.transaction() as tx:
+            a = await tx.get(Account, number="A000", lock="write")
+            a.balance += 1
+            await tx.create(Transfer, tid=f"c{i}", dst="A000", amount=1)
+
+    tasks = [asyncio.create_task(deposit(i)) for i in range(40)]
+    for t in tasks:  # cancel at random moments: waiting for the lock, mid-body, mid-commit
+        await asyncio.sleep(rng.uniform(0, 0.004))
+        t.cancel()
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    assert all(r is None or isinstance(r, asyncio.CancelledError) for r in results)
+    async with db.transaction(lock_timeout=2) as tx:
+        done = await tx.count(Transfer)
+        a = await tx.get(Account, number="A000", lock="write")  # no lock was left behind
+        assert a.balance == 1000 + done
+    assert 0 <= done <= 40
