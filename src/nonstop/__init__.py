@@ -28,6 +28,7 @@ from nonstop.errors import (
     LockTimeout,
     NotFound,
     ObjectNotInTransaction,
+    RequestExpired,
     Retryable,
     SchemaError,
     StoreError,
@@ -42,6 +43,7 @@ from nonstop.model.managed import Managed
 from nonstop.model.ref import Ref
 from nonstop.tx.async_transaction import AsyncTransaction
 from nonstop.tx.asyncmethods import asynchronous
+from nonstop.tx.requests import run_request
 from nonstop.tx.runner import transactional
 from nonstop.tx.transaction import Transaction
 
@@ -68,6 +70,7 @@ __all__ = [
     "NotFound",
     "ObjectNotInTransaction",
     "Ref",
+    "RequestExpired",
     "Retryable",
     "SchemaError",
     "StoreError",
@@ -81,5 +84,6 @@ __all__ = [
     "field",
     "key",
     "open",
+    "run_request",
     "transactional",
 ]

@@ -80,6 +80,10 @@ class KeyTooLong(Error):
     """An encoded key value exceeds the store's key size limit."""
 
 
+class RequestExpired(Error):
+    """A retried request is older than the results kept for its client (H1): outcome unknown."""
+
+
 class BadArgument(Error, TypeError):
     """An argument cannot be stored (for example an asynchronous method argument)."""
 

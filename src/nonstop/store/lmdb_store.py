@@ -16,6 +16,7 @@ name           key                                              value
 ``dead``       8-byte sequence                                  msgpack failed async call
 ``prepared``   global transaction id                            msgpack prepared write set
                                                                 and locks (2PC, B6/B9)
+``results``    client id + 0x00 + 8-byte sequence               msgpack request result (H1)
 =============  ===============================================  =========================
 
 The directory is locked with ``flock`` so that a second process cannot open it
@@ -86,6 +87,7 @@ class Store:
                     b"asyncq",
                     b"dead",
                     b"prepared",
+                    b"results",
                 ):
                     self._dbs[name] = self.env.open_db(name, txn=txn)
                 self._check_format(txn, location)
@@ -97,6 +99,7 @@ class Store:
             self.asyncq = self._dbs[b"asyncq"]
             self.dead = self._dbs[b"dead"]
             self.prepared = self._dbs[b"prepared"]
+            self.results = self._dbs[b"results"]
             # Bumped by the group committer after every LMDB commit (before any lock
             # is released): a reader that saw the same value before a read and after
             # taking a lock knows its read is still current.

@@ -619,6 +619,31 @@ class Transaction:
         self.db._in_doubt[gtid] = self
         return True
 
+    def _discard_changes(self) -> None:
+        """Undo every change made so far but keep the locks (a savepoint at the start).
+
+        Used to record the outcome of an aborted request in the same transaction
+        (see ``nonstop.tx.requests``).  Objects are re-read from the store, which is
+        safe: this transaction still holds the write lock of everything it changed.
+        """
+        store = self.db._store
+        for e in list(self._entries.values()):
+            if e.status in (CREATED, CREATED_DELETED):
+                e.status = CREATED_DELETED
+            elif e.status in (DIRTY, DELETED):
+                rec = store.get_object(e.ref)
+                if rec is None:
+                    e.status = CREATED_DELETED  # gone: nothing of ours to write
+                    continue
+                fresh = self._entry_from_record(e.ref, rec, e.lock)
+                e.state, e.version, e.status = fresh.state, fresh.version, CLEAN
+                e.orig, e.triggered = None, False
+                fresh.handle = None
+                self._entries[e.ref] = e
+        self._claimed.clear()
+        self._async_calls.clear()
+        self._raw_ops.clear()
+
     def _phase_two(self, commit: bool) -> WriteSet:
         if self._state is not _State.PREPARED:
             raise TransactionClosed(f"transaction {self.id} is {self._state.value}, not prepared")
