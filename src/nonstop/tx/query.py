@@ -129,9 +129,10 @@ class Query(Generic[M]):
     def _key(self, name: str) -> KeyInfo:
         self._field(name)
         key = self._info.keys.get(name)
-        if key is None:
+        if key is None or not key.options.ordered:
+            what = "not a key" if key is None else "not an ordered key"
             raise BadArgument(
-                f"{self._info.name}.{name} is not a key; ordered and range queries need "
+                f"{self._info.name}.{name} is {what}; ordered and range queries need "
                 f"`{name}: ... = nonstop.key(ordered=True)`"
             )
         return key
