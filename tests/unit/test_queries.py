@@ -231,6 +231,11 @@ def test_ordered_iteration_both_directions_and_limits(db: nonstop.Database) -> N
         assert ranks(tx.query(Special).order_by("rank").all()) == [3, 9]
         with pytest.raises(nonstop.BadArgument, match="not a key"):
             tx.query(Item).order_by("note")
+        # key() documents that range() and order_by() check the ordered flag
+        with pytest.raises(nonstop.BadArgument, match=r"Item\.colour is not an ordered key"):
+            tx.query(Item).range("colour", "a", "z")
+        with pytest.raises(nonstop.BadArgument, match="not an ordered key"):
+            tx.query(Item).order_by("sku")
         with pytest.raises(nonstop.BadArgument, match="no field"):
             tx.query(Item).where(nothing=1)
         with pytest.raises(nonstop.BadArgument, match="limit"):
