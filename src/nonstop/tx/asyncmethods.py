@@ -35,7 +35,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from nonstop.errors import DatabaseClosed, Error
+from nonstop.errors import DatabaseClosed, Error, UnknownType
 from nonstop.model.codec import pack, unpack
 from nonstop.model.ref import REF_SIZE, Ref
 
@@ -182,6 +182,11 @@ class AsyncDispatcher:
                 self._busy.add(target)
             try:
                 done = self._run(keys)
+            except UnknownType as exc:
+                # Opened before the application imported the type: wait for it.
+                log.warning("asynchronous calls wait for their type: %s", exc)
+                time.sleep(0.5)
+                done = []
             except Exception:
                 if self._stopping:
                     return  # closing: the calls stay queued and run after a reopen
@@ -247,8 +252,8 @@ class AsyncDispatcher:
 
         try:
             run_with_retries(db, call, isolation=self._isolation_of(keys[0]))
-        except DatabaseClosed:
-            raise  # rolled back by the close, not failed: keep them queued
+        except (DatabaseClosed, UnknownType):
+            raise  # not the call's fault (closing, type not imported yet): keep them queued
         except Exception as exc:
             if len(keys) > 1:
                 with self._cond:
