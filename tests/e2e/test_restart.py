@@ -119,3 +119,47 @@ def test_pending_async_calls_resume_after_sigkill(tmp_path: Path) -> None:
         with nonstop.open(store) as db:  # nothing runs a second time after another restart
             assert db.wait_for_async(10)
             assert db.stats()["async_executed"] == 0
+
+
+def test_pending_calls_wait_for_their_type_to_be_imported(store_dir: Path) -> None:
+    """A process that opens the store before importing a type's module must not lose its calls."""
+    import subprocess
+    import sys
+    import textwrap
+
+    from tests.conftest import ROOT, child_env
+
+    with nonstop.open(store_dir) as db:
+        blocker = db.transaction().__enter__()
+        with db.transaction() as tx:
+            box = tx.create(Mailbox, name="late")
+        blocker.get(Mailbox, name="late", lock="write")  # keep the calls pending
+        with db.transaction() as tx:
+            for i in range(3):
+                tx.get(Mailbox, name="late", lock="none").deliver(f"call-{i}")
+        blocker.rollback()
+        db._dispatcher.close()  # stop before they run (simulates a stop right after commit)
+    code = textwrap.dedent(
+        f"""
+        import time, nonstop
+        db = nonstop.open({str(store_dir)!r})  # bank.Mailbox is not imported here
+        time.sleep(0.5)
+        print(db.stats()["async_failed"], len(db.dead_letters()))
+        db.close()
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["0", "0"], out.stdout
+    with nonstop.open(store_dir) as db:
+        assert db.wait_for_async(10)
+        assert db.dead_letters() == []
+        with db.transaction() as tx:
+            assert tx.get(Mailbox, name="late").log == ["call-0", "call-1", "call-2"]
