@@ -132,7 +132,7 @@ def test_pending_calls_wait_for_their_type_to_be_imported(store_dir: Path) -> No
     with nonstop.open(store_dir) as db:
         blocker = db.transaction().__enter__()
         with db.transaction() as tx:
-            box = tx.create(Mailbox, name="late")
+            tx.create(Mailbox, name="late")
         blocker.get(Mailbox, name="late", lock="write")  # keep the calls pending
         with db.transaction() as tx:
             for i in range(3):
