@@ -8,6 +8,8 @@ import time
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from tests.bankmodel import Account
 from tests.conftest import run_threads
 
@@ -453,3 +455,62 @@ def test_absent_key_stays_absent_under_a_locked_lookup(db: nonstop.Database) -> 
 
         assert run_threads(1, lambda _: creator()) == ["blocked"]
         assert tx.find(Account, number="ghost") is None
+
+
+# ---------------------------------------------- range queries vs a naive filter
+_owners = st.text(alphabet="abc\x00", max_size=3)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    committed=st.lists(_owners, max_size=8),
+    changes=st.lists(st.tuples(st.sampled_from(["create", "move", "delete"]), _owners), max_size=5),
+    lo=st.none() | _owners,
+    hi=st.none() | _owners,
+    inclusive=st.tuples(st.booleans(), st.booleans()),
+    descending=st.booleans(),
+)
+def test_range_queries_match_a_naive_filter(
+    tmp_path_factory: pytest.TempPathFactory,
+    committed: list[str],
+    changes: list[tuple[str, str]],
+    lo: str | None,
+    hi: str | None,
+    inclusive: tuple[bool, bool],
+    descending: bool,
+) -> None:
+    db = nonstop.open(tmp_path_factory.mktemp("range"), durability="none")
+    try:
+        model: dict[str, str] = {}
+        with db.transaction() as tx:
+            for i, owner in enumerate(committed):
+                tx.create(Account, number=f"c{i}", owner=owner)
+                model[f"c{i}"] = owner
+        with db.transaction() as tx:
+            for j, (kind, owner) in enumerate(changes):
+                if kind == "create" or not model:
+                    tx.create(Account, number=f"n{j}", owner=owner)
+                    model[f"n{j}"] = owner
+                    continue
+                number = sorted(model)[j % len(model)]
+                if kind == "move":
+                    tx.get(Account, number=number).owner = owner
+                    model[number] = owner
+                else:
+                    tx.delete(tx.get(Account, number=number))
+                    del model[number]
+
+            def wanted(o: str) -> bool:
+                if lo is not None and (o < lo or (o == lo and not inclusive[0])):
+                    return False
+                return not (hi is not None and (o > hi or (o == hi and not inclusive[1])))
+
+            expected = sorted((o for o in model.values() if wanted(o)), reverse=descending)
+            q = tx.query(Account).range("owner", lo, hi, inclusive=inclusive)
+            got = [a.owner for a in q.order_by("owner", descending=descending).all()]
+            assert got == expected
+            assert tx.query(Account).range("owner", lo, hi, inclusive=inclusive).count() == len(
+                expected
+            )
+    finally:
+        db.close()
