@@ -246,3 +246,36 @@ TestStoreVsDict = StoreVsDict.TestCase
 TestStoreVsDict.settings = settings(
     max_examples=40, stateful_step_count=12, deadline=None, suppress_health_check=list(HealthCheck)
 )
+
+
+def test_a_newer_type_version_reads_old_objects_transparently(store_dir: Path) -> None:
+    class V1(nonstop.Managed, name="test_store.Evolving", version=1):
+        code: str = nonstop.key(unique=True)
+        old: int = 0
+
+    with nonstop.open(store_dir) as db, db.transaction() as tx:
+        tx.create(V1, code="a", old=3)
+
+    class V2(nonstop.Managed, name="test_store.Evolving", version=2):
+        code: str = nonstop.key(unique=True)
+        added: int = 5
+
+    with nonstop.open(store_dir) as db:
+        with db.transaction() as tx:
+            a = tx.get(V2, code="a")
+            assert a.added == 5  # new field: its default
+            assert not hasattr(type(a), "old")
+            a.added = 6
+        with db.transaction() as tx:
+            assert tx.get(V2, code="a").added == 6
+            assert tx.count(V2) == 1
+
+    class V1Again(nonstop.Managed, name="test_store.Evolving", version=1):
+        code: str = nonstop.key(unique=True)
+
+    with (
+        nonstop.open(store_dir) as db,
+        pytest.raises(nonstop.TypeVersionMismatch, match="version 2"),
+        db.transaction() as tx,
+    ):
+        tx.get(V1Again, code="a")
