@@ -196,10 +196,13 @@ def test_explicit_write_lock_avoids_promotion_deadlocks(bank: Any) -> None:
     db, _ = bank
     n = 3
     attempts = [0] * n
+    gate = threading.Barrier(n)
 
     @nonstop.transactional
     def bump(tx: nonstop.Transaction, i: int) -> None:
         attempts[i] += 1
+        if attempts[i] == 1:
+            gate.wait(5)  # all ask at once (a read lock here would end in promotion deadlocks)
         a = tx.get(Account, number="A000", lock="write")
         time.sleep(0.01)
         a.balance += 1
