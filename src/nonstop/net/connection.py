@@ -68,6 +68,14 @@ class Connection:
             self._pending.extend(self._decoder.feed(data))
         return self._pending.popleft()
 
+    async def recv_many(self) -> list[Any]:
+        """Every value already received (waiting for at least one); errors as :meth:`recv`."""
+        if not self._pending:
+            self._pending.append(await self.recv())
+        out = list(self._pending)
+        self._pending.clear()
+        return out
+
     def send(self, value: Any) -> bool:
         """Queue ``value`` for sending; False when it was dropped (closed or backlogged).
 
