@@ -260,9 +260,9 @@ def sqlite_cell(cfg: Config, workload: str, clients: int) -> Result:
     return res
 
 
-def floor_cell(cfg: Config, workload: str, batch: int) -> Result:
+def floor_cell(cfg: Config, workload: str, batch: int, *, metasync: bool = True) -> Result:
     with tempfile.TemporaryDirectory(prefix="lmdb-bench-", dir=cfg.tmpdir) as d:
-        floor = LmdbFloor(d, cfg.accounts)
+        floor = LmdbFloor(d, cfg.accounts, metasync=metasync)
         try:
             return floor.run(workload, batch, cfg.duration, cfg.warmup)
         finally:
@@ -449,7 +449,7 @@ def profiled(
         finally:
             if profiler is not None:
                 profiler.stop()
-    text = [f"### {title}\n", note]
+    text = [f"### {title}\n"] + ([note] if note else [])
     if sampler is not None:
         text.append(
             f"Wall-clock samples of every thread ({time.perf_counter() - t0:.1f} s).  "
@@ -546,6 +546,12 @@ def run(cfg: Config) -> Path:
     finally:
         os.rmdir(probe_dir)
     _log(f"fsync of 4 KiB: p50 {fs50:.2f} ms, p99 {fs99:.2f} ms")
+    probe = Config(duration=1.0, warmup=0.2, accounts=cfg.accounts, tmpdir=cfg.tmpdir)
+    commit_cost = (
+        floor_cell(probe, "rmw", 1).ops_per_s,
+        floor_cell(probe, "rmw", 1, metasync=False).ops_per_s,
+    )
+    _log(f"LMDB lone commits/s: {commit_cost[0]:.0f} (metasync off: {commit_cost[1]:.0f})")
     cells: list[Cell] = []
     # Each (workload, clients) group runs in `rounds` interleaved slices, so that a burst
     # of other work on the shared machine hits every system alike.
@@ -604,6 +610,7 @@ def run(cfg: Config) -> Path:
         goals,
         profiles,
         fsync=(fs50, fs99),
+        commit_cost=commit_cost,
         load=(load_before, os.getloadavg()),
         elapsed=time.perf_counter() - t_start,
     )
@@ -768,6 +775,7 @@ def render(
     profiles: list[str],
     *,
     fsync: tuple[float, float],
+    commit_cost: tuple[float, float],
     load: tuple[tuple[float, float, float], tuple[float, float, float]],
     elapsed: float,
 ) -> str:
@@ -789,6 +797,9 @@ def render(
         f"| SQLite | {sqlite3.sqlite_version} |",
         f"| asyncio | {loop_name} |",
         f"| fsync of 4 KiB on the temp dir's disk | p50 {fsync[0]:.2f} ms, p99 {fsync[1]:.2f} ms |",
+        f"| lone durable LMDB commits (1 update each) | {commit_cost[0]:,.0f}/s; "
+        f"{commit_cost[1]:,.0f}/s with `metasync=False` (LMDB syncs twice per commit: data, "
+        "then meta page) |",
         f"| each cell | {cfg.rounds} interleaved round(s) (SQLite, LMDB floor, nonstop threads, "
         f"nonstop asyncio), each {cfg.warmup:g} s warm-up then {cfg.duration / cfg.rounds:g} s "
         f"measured in a fresh temp directory with {cfg.accounts:,} accounts |",

@@ -299,13 +299,15 @@ class LmdbFloor:
 
     _KEY = ">Q"
 
-    def __init__(self, directory: str, accounts: int) -> None:
+    def __init__(self, directory: str, accounts: int, *, metasync: bool = True) -> None:
+        """``metasync=False`` (not durable for the last commit) shows what the second
+        sync of each LMDB commit, the meta page's, costs."""
         self.accounts = accounts
         self.env = lmdb.open(
             os.path.join(directory, "lmdb-floor"),
             map_size=1 << 34,
             sync=True,
-            metasync=True,
+            metasync=metasync,
             readahead=False,
         )
         with self.env.begin(write=True) as txn:

@@ -2,7 +2,8 @@
 
 By default the local benchmark runs (writing ``bench/results/local.md``), then the
 cluster benchmark if ``bench/cluster_bench.py`` exists.  ``--only`` picks one.
-Options this module does not know are passed on to the cluster benchmark.
+Options this module does not know are passed on to the cluster benchmark (and
+``--quick`` too).
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ def main(argv: list[str] | None = None) -> None:
         )
         local_bench.run(cfg)
     if args.only in ("cluster", "all"):
-        run_cluster(rest)
+        run_cluster([*rest, "--quick"] if args.quick else rest)
 
 
 if __name__ == "__main__":
