@@ -28,6 +28,11 @@ speaks.  A peer announcing our (or another live peer's) location code is
 peer "until the error is corrected": a later hello with a sound identity
 (the operator fixed the configuration and restarted it) is accepted again.
 
+A hello also lists the addresses its sender knows (``peers``): a node learns
+the address of a member it has never been configured with from any peer that
+has (dynamic discovery by gossip, C2); a gossiped address never replaces one
+the node already has, so static configuration wins.
+
 Node up/down *notifiers* are run by the runtimes, not by this machine (a
 notifier is application code: it may block, it runs in a transaction).  The
 machine walks through ``InUpNotifier``/``InDownNotifier`` and emits a
@@ -37,7 +42,7 @@ calls, and calls a newly installed notifier for every peer already Up.
 
 Wire messages (all dicts, field ``t``)::
 
-    {"t": "hello", "id": {identity}, "en": bool, "ack": bool}
+    {"t": "hello", "id": {identity}, "en": bool, "ack": bool, "peers": {name: address}}
     {"t": "ka", "n": seq, "en": bool}       keep-alive request
     {"t": "kar", "n": seq, "en": True}      keep-alive reply (never sent while Disabled)
 """
@@ -243,7 +248,18 @@ class FailureDetector:
         return actions
 
     def _hello(self, *, ack: bool) -> dict[str, Any]:
-        return {"t": "hello", "id": self.identity.to_wire(), "en": self.enabled, "ack": ack}
+        known = {
+            name: peer.address
+            for name, peer in sorted(self.peers.items())
+            if peer.address is not None and peer.state not in ERROR_STATES
+        }
+        return {
+            "t": "hello",
+            "id": self.identity.to_wire(),
+            "en": self.enabled,
+            "ack": ack,
+            "peers": known,
+        }
 
     def _on_tick(self, now: float) -> list[Action]:
         actions: list[Action] = [SetTimer(TICK_TIMER, self.config.keepalive_interval)]
@@ -330,6 +346,7 @@ class FailureDetector:
         peer = self.peers[sender]
         if peer.address is None:
             actions.extend(self.add_peer(sender, ident.address))
+        actions.extend(self._learn_addresses(payload.get("peers")))
         peer.identity = ident
         problem_state, problem = self._check_identity(ident)
         if problem_state is not None:
@@ -356,6 +373,24 @@ class FailureDetector:
                 actions.extend(self._set_state(peer, NodeState.DISCOVERED))
             actions.extend(self._set_state(peer, NodeState.IN_UP_NOTIFIER))
             actions.extend(self._set_state(peer, NodeState.UP))
+        return actions
+
+    def _learn_addresses(self, gossip: Any) -> list[Action]:
+        """Addresses a peer knows and we do not: dynamic discovery by gossip (C2).
+
+        Only fills gaps: a name we have no address for, or do not know at all.
+        Never replaces an address we have (static configuration always wins).
+        """
+        if not isinstance(gossip, dict):
+            return []
+        actions: list[Action] = []
+        for name in sorted(k for k in gossip if isinstance(k, str)):
+            address = gossip[name]
+            if name == self.identity.name or not isinstance(address, str):
+                continue
+            peer = self.peers.get(name)
+            if peer is None or peer.address is None:
+                actions.extend(self.add_peer(name, address))
         return actions
 
     def _check_identity(self, ident: NodeIdentity) -> tuple[NodeState | None, str | None]:

@@ -106,7 +106,7 @@ from nonstop.cluster.failure import (
     NodeState,
     location_code,
 )
-from nonstop.cluster.quorum import QuorumPolicy, QuorumState
+from nonstop.cluster.quorum import Quorum, QuorumPolicy, QuorumState
 from nonstop.cluster.raft import ROLE_LEADER, Entry, Raft, RaftConfig
 from nonstop.errors import NotLeader
 from nonstop.runtime.interface import (
@@ -260,6 +260,7 @@ class ClusterNode:
         self._forwarded: dict[int, tuple[int, str]] = {}  # forward id -> (request id, timer)
         self._next_forward = 0
         self._now = 0.0
+        self._bound: tuple[frozenset[NodeId], Quorum | None] | None = None
 
     def _next_token(self) -> int:
         self._token += 1
@@ -363,9 +364,13 @@ class ClusterNode:
         members = self.raft.members
         if not members:
             return QUORUM_DISABLED
-        try:
-            bound = self.policy.bind(members)
-        except ValueError:
+        if self._bound is None or self._bound[0] != members:
+            try:
+                self._bound = (members, self.policy.bind(members))
+            except ValueError:
+                self._bound = (members, None)
+        bound = self._bound[1]
+        if bound is None:
             return QUORUM_DISABLED
         return str(bound.state([self.name, *self.detector.up_peers()]))
 
@@ -383,7 +388,10 @@ class ClusterNode:
         actions: list[Action] = []
         for entry in entries:
             if entry.kind == "snapshot":
-                state = msgpack.unpackb(entry.data["state"], raw=False)
+                raw = entry.data.get("state")
+                # None: reset to the empty initial state (Raft does that only after a
+                # split brain under a non-intersecting quorum policy).
+                state = msgpack.unpackb(raw, raw=False) if raw is not None else {"digest": b""}
                 self.applied_digest = state["digest"]
                 self.applied_index = entry.index
                 self._since_snapshot = 0

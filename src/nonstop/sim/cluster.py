@@ -89,7 +89,7 @@ class RunResult:
 
 
 def run_seed(
-    seed: int, config: ScenarioConfig | None = None, *, trace: bool = False
+    seed: int, config: ScenarioConfig | None = None, *, trace: bool = False, digest: bool = True
 ) -> tuple[RunResult, Simulation]:
     """Run one seed of the cluster scenario; returns the result and the simulation."""
     cfg = config or ScenarioConfig()
@@ -103,7 +103,9 @@ def run_seed(
         reorder=rng.choice([0.0, 0.05, 0.2]),
     )
     disk = cfg.disk or DiskConfig(sync_min=0.0005, sync_max=rng.choice([0.004, 0.02, 0.1]))
-    sim = Simulation(rng.getrandbits(64), net, disk, trace=trace, max_events=cfg.max_events)
+    sim = Simulation(
+        rng.getrandbits(64), net, disk, trace=trace, digest=digest, max_events=cfg.max_events
+    )
     n = rng.choice(cfg.nodes)
     names = [f"n{i}" for i in range(1, n + 1)]
     joiner = names[-1] if rng.random() < cfg.joiner_probability else None
@@ -181,7 +183,8 @@ def run_seed(
     except SimulationError as exc:  # a runaway protocol is a failed run, not a crashed campaign
         checker.fail(sim, "runaway", str(exc))
     applied = {x: m.applied_index for x in names if isinstance(m := sim.machine(x), ClusterNode)}
-    checker.final(sim, [x for x in names if sim.nodes[x].up], applied)
+    converged = not any(v.invariant in ("liveness", "runaway") for v in checker.violations)
+    checker.final(sim, [x for x in names if sim.nodes[x].up], applied, converged=converged)
     violations = list(checker.violations)
     stats = {
         "events": sim.events,

@@ -1,0 +1,237 @@
+"""ClusterNode on the simulator: election, quorum (D16), admin requests, discovery (C2).
+
+Each test builds a small cluster by hand and drives one situation; the random
+campaign (test_campaign.py) covers the combinations.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from nonstop.cluster.failure import DetectorConfig, location_code
+from nonstop.cluster.node import ClusterConfig, ClusterNode
+from nonstop.cluster.raft import RaftConfig
+from nonstop.runtime.interface import ClientRequest, Received
+from nonstop.sim.checker import ClusterChecker
+from nonstop.sim.core import Simulation
+
+pytestmark = pytest.mark.timeout(60)
+
+RAFT = RaftConfig(election_timeout=0.5, heartbeat_interval=0.05)
+
+
+def config(name: str, members: list[str], peers: dict[str, str], **kw: Any) -> ClusterConfig:
+    return ClusterConfig(
+        name=name,
+        address=f"sim://{name}",
+        store_timestamp=1000 + int(name[1:]),
+        members=tuple(members),
+        static_peers={k: v for k, v in peers.items() if k != name},
+        detector=DetectorConfig(),
+        raft=RAFT,
+        **kw,
+    )
+
+
+def build(names: list[str], seed: int = 1, *, members: list[str] | None = None, **kw: Any):
+    sim = Simulation(seed)
+    checker = ClusterChecker().attach(sim)
+    members = names if members is None else members
+    peers = {n: f"sim://{n}" for n in names}
+    for name in names:
+        cfg = config(name, members if name in members else [], peers, **kw)
+        sim.add_node(name, lambda rng, rec, cfg=cfg: ClusterNode(cfg, rng, rec))
+    return sim, checker
+
+
+def node(sim: Simulation, name: str) -> ClusterNode:
+    m = sim.machine(name)
+    assert isinstance(m, ClusterNode)
+    return m
+
+
+def ask(sim: Simulation, name: str, payload: dict[str, Any], wait: float = 1.0) -> Any:
+    rid = sim.request(name, payload)
+    deadline = sim.now + wait
+    while sim.requests[rid].reply is None and sim.now < deadline:
+        sim.run_for(0.01)
+    return sim.requests[rid].reply
+
+
+def leader(sim: Simulation, names: list[str]) -> str:
+    leaders = {node(sim, n).raft.leader for n in names}
+    assert len(leaders) == 1 and None not in leaders, leaders
+    return leaders.pop()
+
+
+def states(status: dict[str, Any]) -> dict[str, str]:
+    return {n["name"]: n["state"] for n in status["nodes"]}
+
+
+def test_three_nodes_elect_a_leader_and_report_status():
+    names = ["n1", "n2", "n3"]
+    sim, checker = build(names)
+    sim.run_until(3.0)
+    lead = leader(sim, names)
+    for name in names:
+        status = ask(sim, name, {"op": "status"})
+        assert set(status) >= {"name", "view", "quorum", "leader", "term", "nodes", "warnings"}
+        assert status["name"] == name
+        assert status["quorum"] == "Active"
+        assert status["leader"] == lead
+        assert status["view"] == 1
+        assert status["members"] == names
+        assert states(status) == {n: ("Self" if n == name else "Up") for n in names}
+        assert all(set(n) >= {"name", "address", "state"} for n in status["nodes"])
+        assert status["warnings"] == []
+    reply = ask(sim, lead, {"op": "propose", "value": "hello"})
+    assert reply["ok"] is True
+    follower = next(n for n in names if n != lead)
+    assert ask(sim, follower, {"op": "propose", "value": "x"}) == {
+        "error": "NotLeader",
+        "leader": lead,
+        "message": f"the leader is {lead}",
+    }
+    assert checker.violations == []
+
+
+def test_minority_side_is_disabled_refuses_work_and_is_seen_down():
+    names = ["n1", "n2", "n3"]
+    sim, checker = build(names, seed=2)
+    sim.run_until(2.0)
+    sim.partition(["n3"])
+    sim.run_until(4.0)
+    alone = ask(sim, "n3", {"op": "status"})  # status is answered while Disabled
+    assert alone["quorum"] == "Disabled"
+    refused = ask(sim, "n3", {"op": "propose", "value": 1})
+    assert refused["error"] == "QuorumLost"
+    assert ask(sim, "n3", {"op": "join", "name": "n9", "address": "x"})["error"] == "QuorumLost"
+    majority = ask(sim, "n1", {"op": "status"})
+    assert majority["quorum"] == "Partial"
+    assert states(majority)["n3"] == "Down"
+    lead = leader(sim, ["n1", "n2"])
+    assert ask(sim, lead, {"op": "propose", "value": 2})["ok"] is True
+    sim.heal()
+    sim.run_until(7.0)
+    assert {node(sim, n).quorum_state for n in names} == {"Active"}
+    assert leader(sim, names) in names
+    assert checker.violations == []
+    assert checker.refused_while_disabled == 2
+
+
+def test_node_that_cannot_hear_the_others_is_disabled_and_seen_down():
+    """One-way partition: n3's messages go out, nothing comes in."""
+    names = ["n1", "n2", "n3"]
+    sim, checker = build(names, seed=3)
+    sim.run_until(2.0)
+    sim.block("n1", "n3")
+    sim.block("n2", "n3")
+    sim.run_until(4.0)
+    assert node(sim, "n3").quorum_state == "Disabled"
+    # n3 still talks, but a Disabled node's messages are not liveness: it is Down to the rest
+    for name in ("n1", "n2"):
+        assert states(ask(sim, name, {"op": "status"}))["n3"] == "Down"
+        assert node(sim, name).quorum_state == "Partial"
+    sim.heal()
+    sim.run_until(6.0)
+    assert {node(sim, n).quorum_state for n in names} == {"Active"}
+    assert checker.violations == []
+
+
+def test_join_through_a_follower_is_forwarded_to_the_leader_and_leave_works():
+    names = ["n1", "n2", "n3"]
+    sim, checker = build([*names, "n4"], seed=4, members=names)
+    # n4 knows nobody's address by configuration in this test: it waits to be added
+    sim.crash("n4")
+    bare = config("n4", [], {})
+    sim.nodes["n4"].factory = lambda rng, rec: ClusterNode(bare, rng, rec)
+    sim.restart("n4")
+    sim.run_until(2.0)
+    lead = leader(sim, names)
+    follower = next(n for n in names if n != lead)
+    reply = ask(sim, follower, {"op": "join", "name": "n4", "address": "sim://n4"}, wait=3.0)
+    assert reply["ok"] is True
+    assert "n4" in reply["members"]
+    sim.run_until(sim.now + 2.0)
+    everyone = [*names, "n4"]
+    assert leader(sim, everyone) == lead
+    assert {node(sim, n).view for n in everyone} == {reply["view"]}
+    assert {node(sim, n).quorum_state for n in everyone} == {"Active"}  # n4 learned addresses
+    reply = ask(sim, lead, {"op": "leave", "name": "n2" if lead != "n2" else "n1"}, wait=3.0)
+    assert reply["ok"] is True
+    assert len(reply["members"]) == 3
+    assert checker.violations == []
+
+
+def test_discovery_announcements_add_peers_but_static_addresses_win():
+    names = ["n1", "n2"]
+    sim, _ = build(names, seed=5)
+    sim.run_until(0.5)
+    n1 = node(sim, "n1")
+    n1.handle(Received(sim.now, "n7", {"k": "disc", "name": "n7", "address": "10.0.0.7:1"}))
+    n1.handle(Received(sim.now, "n2", {"k": "disc", "name": "n2", "address": "evil:1"}))
+    n1.handle(Received(sim.now, "n2", {"k": "disc", "name": 5}))  # malformed: ignored
+    status = n1.handle(ClientRequest(sim.now, 1, {"op": "status"}))[0].payload
+    by_name = {n["name"]: n for n in status["nodes"]}
+    assert by_name["n7"]["state"] == "Discovered"
+    assert by_name["n7"]["address"] == "10.0.0.7:1"
+    assert by_name["n7"]["member"] is False
+    assert by_name["n2"]["address"] == "sim://n2"
+
+
+def test_duplicate_location_shows_up_in_status_warnings():
+    names = ["n1", "n2", "n3"]
+    sim = Simulation(6)
+    peers = {n: f"sim://{n}" for n in names}
+    for name in names:
+        extra = {"location": location_code("n1")} if name == "n3" else {}
+        cfg = config(name, names, peers, **extra)
+        sim.add_node(name, lambda rng, rec, cfg=cfg: ClusterNode(cfg, rng, rec))
+    sim.run_until(2.0)
+    status = ask(sim, "n1", {"op": "status"})
+    assert states(status)["n3"] == "DuplicateLocation"
+    assert any("n3" in w and "location code" in w for w in status["warnings"])
+    assert status["quorum"] == "Partial"  # n3 does not count
+
+
+def test_unknown_and_malformed_requests_get_bad_request():
+    sim, _ = build(["n1"], seed=7)
+    sim.run_until(1.0)
+    assert ask(sim, "n1", {"op": "dance"})["error"] == "BadRequest"
+    assert ask(sim, "n1", "not a dict")["error"] == "BadRequest"
+    assert ask(sim, "n1", {"op": "propose", "value": 1})["ok"] is True  # a cluster of one
+
+
+def test_committed_entries_survive_a_full_cluster_restart():
+    names = ["n1", "n2", "n3"]
+    sim, checker = build(names, seed=8)
+    sim.run_until(2.0)
+    lead = leader(sim, names)
+    acked = [ask(sim, lead, {"op": "propose", "value": f"v{i}"})["index"] for i in range(5)]
+    for name in names:
+        sim.crash(name)
+    for name in names:
+        sim.restart(name)
+    sim.run_until(sim.now + 3.0)
+    lead = leader(sim, names)
+    final = ask(sim, lead, {"op": "propose", "value": "after"})
+    assert final["ok"] is True and final["index"] > max(acked)
+    sim.run_until(sim.now + 1.0)
+    digests = {node(sim, n).applied_digest for n in names}
+    assert len(digests) == 1
+    for index in acked:
+        assert checker.values[index]["v"] == f"v{acked.index(index)}"
+    assert checker.violations == []
+
+
+def test_quorum_off_never_disables_and_warns():
+    names = ["n1", "n2", "n3"]
+    sim, _ = build(names, seed=9, quorum={"mode": "off"})
+    sim.run_until(2.0)
+    sim.partition(["n3"])
+    sim.run_until(4.0)
+    status = ask(sim, "n3", {"op": "status"})
+    assert status["quorum"] == "Partial"
+    assert any("split brain" in w for w in status["warnings"])
