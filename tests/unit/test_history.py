@@ -13,6 +13,8 @@ from __future__ import annotations
 import io
 import json
 import random
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -293,6 +295,14 @@ def test_jsonl_round_trip_and_cli(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert capsys.readouterr().out.startswith("valid")
     (tmp_path / "junk.jsonl").write_text("{not json\n")
     assert main([str(tmp_path / "junk.jsonl")]) == 2
+    # The module entry point, as the fault runs call it.
+    proc = subprocess.run(
+        [sys.executable, "-m", "nonstop.sim.history", str(bad), "--show", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 1 and proc.stdout.startswith("INVALID"), proc.stderr
 
 
 def test_recorder_marks_unfinished_transactions_info() -> None:

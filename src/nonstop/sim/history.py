@@ -467,8 +467,8 @@ def _key_edges(
     # unknown.  An ``info`` transaction none of whose appends was seen anywhere may
     # never have committed, so it is left out.
     seen = set(order)
-    unseen = sorted({w for v, w in writer.items() if v not in seen and committed[w]})
-    unseen_value = {w: v for v, w in writer.items() if w in unseen and v not in seen}
+    unseen_value = {w: v for v, w in writer.items() if v not in seen and committed[w]}
+    unseen = sorted(unseen_value)
     # ww: consecutive committed elements of the order, then the last one to the unseen.
     wr_of = [writer[order[i]] for i in committed_idx]
     for j in range(1, len(committed_idx)):
