@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import decimal
+import functools
 import struct
 from typing import Any
 
@@ -68,8 +69,11 @@ def pack(value: Any) -> bytes:
     return _packer.pack(value)
 
 
+_unpackb = functools.partial(msgpack.unpackb, ext_hook=_ext_hook, raw=False, strict_map_key=False)
+
+
 def unpack(data: bytes) -> Any:
-    return msgpack.unpackb(data, ext_hook=_ext_hook, raw=False, strict_map_key=False)
+    return _unpackb(data)
 
 
 # ------------------------------------------------------------- index keys

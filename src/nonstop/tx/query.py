@@ -228,7 +228,15 @@ class Query(Generic[M]):
         store = self._tx.db._store
         if key is None:
             for info in self._info.concrete_types():
-                for ref in store.iter_extent(rtxn, info.name):
+                prefix = info.name.encode() + b"\x00"
+                plen = len(prefix)
+                cur = rtxn.cursor(db=store.extents)
+                if not cur.set_range(prefix):
+                    continue
+                for ext in cur.iternext(keys=True, values=False):
+                    if not ext.startswith(prefix):
+                        break
+                    ref = ext[plen:]
                     yield ref, ref
             return
         db = store.index_db(key.db_name, unique=key.options.unique)
@@ -275,6 +283,78 @@ class Query(Generic[M]):
                 return False
         return True
 
+    def _read_unlocked(self) -> list[Any]:
+        """Lock-free read in one pass and one LMDB snapshot (the bulk/snapshot fast path).
+
+        Nothing to wait for and no user code to run, so it scans, decodes and
+        materialises in a tight loop with the cyclic GC paused.
+        """
+        tx = self._tx
+        store = tx.db._store
+        key, path = self._access_key()
+        cls = self._info.cls
+        entries = tx._entries
+        mine = {
+            ref: e for ref, e in entries.items() if e.status != CLEAN and isinstance(e.handle, cls)
+        }
+        # The scan itself enforces the access key's equality or range; check the
+        # rest (equality on other fields, a range on another key) per object.
+        scanned = set() if key is None else {key.field}
+        check = bool(set(self._eq) - scanned) or (
+            self._range is not None and self._range[0] not in scanned
+        )
+        ordered = self._order is not None or bool(mine)
+        limit = self._limit
+        keyed: list[tuple[bytes, bytes, Any]] = []
+        results: list[Any] = []
+        make = tx._entry_from_record
+        matches = self._matches_index
+        # Objects whose stored type version and field count match their class take
+        # the short way (no transparent upgrade needed); others go through make().
+        current: dict[str, TypeInfo] = {t.name: t for t in self._info.concrete_types() if t.version}
+        with _gc_paused(), store.read() as rtxn:
+            get = rtxn.get
+            objects = store.objects
+            for sort_key, ref in self._scan(rtxn, key, path):
+                if ref in mine:
+                    continue
+                e = entries.get(ref)
+                if e is None:
+                    raw = get(ref, db=objects)
+                    if raw is None:
+                        continue
+                    rec = unpack(raw)
+                    type_name, type_version, version, state = rec
+                    info = current.get(type_name)
+                    if info is None:
+                        if key is not None and not self._type_ok(type_name):
+                            continue
+                        e = make(ref, rec, NONE)
+                    elif type_version == info.version and len(state) == len(info.fields):
+                        e = Entry(tx, ref, info, state, version, NONE, CLEAN)
+                        entries[ref] = e
+                    else:
+                        e = make(ref, rec, NONE)
+                if check and not matches(e.state):
+                    continue
+                if ordered:
+                    keyed.append((sort_key, ref, e.handle))
+                else:
+                    results.append(e.handle)
+                    if limit is not None and len(results) >= limit:
+                        break
+        if not ordered:
+            return results
+        for ref, e in mine.items():
+            if e.status < DELETED and matches(e.state):
+                keyed.append((self._sort_key(e.state, ref), ref, e.handle))
+        if self._order is not None:
+            keyed.sort(key=lambda c: (c[0], c[1]), reverse=self._order[1])
+        else:
+            keyed.sort(key=lambda c: c[1])
+        handles = [h for _, _, h in keyed]
+        return handles if limit is None else handles[:limit]
+
     def _g_run(self) -> Op:
         tx = self._tx
         tx._check_usable()
@@ -283,28 +363,9 @@ class Query(Generic[M]):
         limit = self._limit
         if limit == 0:
             return results
-        candidates = self._candidates()
         if mode == NONE and not self._filters:
-            # No lock to wait for and no user code to run: a tight loop, GC paused.
-            with _gc_paused():
-                cls = self._info.cls
-                entries = tx._entries
-                for _, ref, rec in candidates:
-                    e = entries.get(ref)
-                    if e is None:
-                        if rec is None:
-                            rec = tx.db._store.get_object(ref)
-                            if rec is None:
-                                continue
-                        e = tx._entry_from_record(ref, rec, NONE)
-                    elif e.status >= DELETED:
-                        continue
-                    if not isinstance(e.handle, cls) or not self._matches_index(e.state):
-                        continue
-                    results.append(e.handle)
-                    if limit is not None and len(results) >= limit:
-                        break
-            return results
+            return self._read_unlocked()
+        candidates = self._candidates()
         for _, ref, rec in candidates:
             e: Entry | None = tx._entries.get(ref)
             if e is None and mode == NONE and rec is not None:
