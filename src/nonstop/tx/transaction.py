@@ -266,35 +266,24 @@ class Transaction:
             e.status = DIRTY
         e.state[name] = value
 
-    def _upgrade_now(self, e: Entry, mode: int) -> None:
-        op = self._g_upgrade(e, mode)
-        try:
-            request = next(op)
-            while True:
-                self._lock_now(*request)
-                request = op.send(None)
-        except StopIteration:
-            pass
-
-    def _claim_now(self, key: KeyInfo, value: Any, e: Entry) -> None:
-        op = self._g_claim(key, value, e.ref)
-        try:
-            request = next(op)
-            while True:
-                self._lock_now(*request)
-                request = op.send(None)
-        except StopIteration:
-            pass
-
-    def _deref(self, ref: Ref) -> Managed | None:
-        op = self._g_load(ref.raw, self._default_lock)
+    def _drive_now(self, op: Op) -> Any:
+        """Run a generator operation from attribute access, taking locks with ``_lock_now``."""
         try:
             request = next(op)
             while True:
                 self._lock_now(*request)
                 request = op.send(None)
         except StopIteration as stop:
-            e = stop.value
+            return stop.value
+
+    def _upgrade_now(self, e: Entry, mode: int) -> None:
+        self._drive_now(self._g_upgrade(e, mode))
+
+    def _claim_now(self, key: KeyInfo, value: Any, e: Entry) -> None:
+        self._drive_now(self._g_claim(key, value, e.ref))
+
+    def _deref(self, ref: Ref) -> Managed | None:
+        e = self._drive_now(self._g_load(ref.raw, self._default_lock))
         return None if e is None else e.handle
 
     # ------------------------------------------------ generator operations
