@@ -44,6 +44,7 @@ from typing import Any
 import lmdb
 
 import nonstop
+from bench import peers
 from bench.peers import (
     WORKLOADS,
     LmdbFloor,
@@ -323,15 +324,19 @@ def _noop() -> None:
 
 
 class StackSampler:
-    """A wall-clock sampler of every thread's Python stack (``sys._current_frames``).
+    """Every thread's CPU time, and a sampler of every thread's Python stack.
 
-    pyinstrument sees only the thread it runs on; this sees the client threads and
-    the group-commit writer.  A thread inside C code (an fsync, an LMDB call, a
-    lock wait) shows as the Python line that called it.  It costs some GIL time
-    itself (one sample every ``interval`` seconds), so absolute rates drop a little.
+    CPU time and run-queue wait per thread come from Linux schedstat (read every
+    ``cpu_interval``, and by each client thread as it ends; exact, whatever the GIL
+    does): which thread role is busy, which waits, and how much the machine's other
+    work kept runnable threads off the CPUs.  Stacks come from ``sys._current_frames`` every
+    ``interval``: pyinstrument sees only its own thread, this sees the client
+    threads and the group-commit writer.  A sample is taken when the sampler holds
+    the GIL, so lines where a thread had released it (a C call such as an fsync or
+    an LMDB read, a lock wait) are over-represented against pure-Python lines.
     """
 
-    def __init__(self, interval: float = 0.002) -> None:
+    def __init__(self, interval: float = 0.005) -> None:
         self.interval = interval
         self.self_lines: dict[str, collections.Counter[str]] = collections.defaultdict(
             collections.Counter
@@ -340,16 +345,84 @@ class StackSampler:
             collections.Counter
         )
         self.samples: collections.Counter[str] = collections.Counter()
+        self.cpu_interval = 0.1
+        self._cpu_start: dict[int, tuple[float, float]] = {}
+        self._cpu_last: dict[int, tuple[float, float]] = {}
+        self._tid_role: dict[int, str] = {}
+        self._threads_per_role: dict[str, set[int]] = collections.defaultdict(set)
+        self._wall = 0.0
+        self._cpu_lock = threading.Lock()
+        self._final: set[int] = set()  # threads whose last CPU figure is exact
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="bench-sampler", daemon=True)
 
     def __enter__(self) -> StackSampler:
+        self._wall = time.perf_counter()
+        self._read_cpu(first=True)
+        peers.on_thread_exit.append(self._thread_exit)
         self._thread.start()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self._stop.set()
         self._thread.join()
+        peers.on_thread_exit.remove(self._thread_exit)
+        self._read_cpu()
+        self._wall = time.perf_counter() - self._wall
+
+    def _thread_exit(self, tid: int, sched: tuple[float, float]) -> None:
+        """A client thread's exact figures, reported by itself as it ends."""
+        with self._cpu_lock:
+            self._tid_role[tid] = self.role(threading.current_thread().name)
+            self._cpu_start.setdefault(tid, (0.0, 0.0))
+            self._cpu_last[tid] = sched
+            self._final.add(tid)
+
+    def _read_cpu(self, *, first: bool = False) -> None:
+        """CPU and run-queue wait of every live thread of this process (Linux schedstat)."""
+        roles = {t.native_id: self.role(t.name) for t in threading.enumerate()}
+        try:
+            tids = [int(t) for t in os.listdir("/proc/self/task")]
+        except OSError:
+            return
+        for tid in tids:
+            try:
+                sched = peers.thread_sched(tid)
+            except (OSError, ValueError):
+                continue  # the thread ended, or no schedstat
+            with self._cpu_lock:
+                if tid in self._final:
+                    continue
+                if tid in roles and tid not in self._tid_role:
+                    self._tid_role[tid] = roles[tid]
+                if first or tid not in self._cpu_start:
+                    self._cpu_start[tid] = sched if first else (0.0, 0.0)
+                self._cpu_last[tid] = sched
+
+    def cpu_report(self) -> str:
+        busy: collections.Counter[str] = collections.Counter()
+        waiting: collections.Counter[str] = collections.Counter()
+        count: collections.Counter[str] = collections.Counter()
+        for tid, (cpu, wait) in self._cpu_last.items():
+            role = self._tid_role.get(tid) or "other threads"
+            if tid == self._thread.native_id:
+                role = "the sampler itself"
+            cpu0, wait0 = self._cpu_start.get(tid, (0.0, 0.0))
+            busy[role] += cpu - cpu0
+            waiting[role] += wait - wait0
+            count[role] += 1
+        wall = self._wall or 1.0
+        out = [
+            f"Per thread role over {wall:.1f} s of wall time (Linux schedstat, exact): CPU used, "
+            "and time runnable but waiting for a CPU (taken by other threads or processes), "
+            "both in % of one core:"
+        ]
+        for role, cpu in busy.most_common():
+            out.append(
+                f"  {role:26} {count[role]:3} thread(s)  CPU {100 * cpu / wall:5.1f}%  "
+                f"waiting for a CPU {100 * waiting[role] / wall:5.1f}%"
+            )
+        return "\n".join(out) + "\n"
 
     @staticmethod
     def role(name: str) -> str:
@@ -363,7 +436,11 @@ class StackSampler:
 
     def _run(self) -> None:
         me = threading.get_ident()
+        next_cpu = time.perf_counter() + self.cpu_interval
         while not self._stop.wait(self.interval):
+            if time.perf_counter() >= next_cpu:
+                self._read_cpu()
+                next_cpu = time.perf_counter() + self.cpu_interval
             names = {t.ident: t.name for t in threading.enumerate()}
             for ident, frame in sys._current_frames().items():
                 if ident == me:
@@ -452,10 +529,15 @@ def profiled(
     text = [f"### {title}\n"] + ([note] if note else [])
     if sampler is not None:
         text.append(
-            f"Wall-clock samples of every thread ({time.perf_counter() - t0:.1f} s).  "
+            "```\n" + sampler.cpu_report() + "```\n\n"
+            f"Wall-clock stack samples of every thread ({time.perf_counter() - t0:.1f} s).  "
             "Percentages are of that thread role's samples; time spent waiting (for a lock, "
-            "the commit, the GIL inside a C call) counts too.\n\n```\n"
-            + sampler.report(main_thread=tree)
+            "the commit) counts too.  Samples are taken when the sampler holds the GIL, so "
+            "lines where a thread had released it (C calls: fsync, LMDB reads, lock waits) "
+            "are over-represented"
+            + (" — for the event-loop thread see pyinstrument below" if tree else "")
+            + ".\n\n```\n"
+            + sampler.report(main_thread=not tree)
             + "```\n"
         )
     if profiler is not None:
@@ -655,7 +737,7 @@ def run_profiles(cfg: Config) -> list[str]:
                 "\n\n",
                 f"\n\n{res.ops_per_s:,.0f} transfers/s while profiled, "
                 f"{info['commits'] / groups:.1f} commits per group, "
-                f"{groups / (short.duration + short.warmup):,.0f} groups/s.  ",
+                f"{groups / (short.duration + short.warmup):,.0f} groups/s.\n\n",
                 1,
             )
             out.extend(sink)

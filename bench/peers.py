@@ -39,6 +39,26 @@ AsyncOp = Callable[[random.Random], Awaitable[Any]]
 
 WORKLOADS = ("rmw", "transfer")
 
+# Called as hook(native thread id, (CPU seconds, seconds runnable but waiting for a CPU))
+# when a client thread ends, so that a profiler can account for it (it is gone after).
+on_thread_exit: list[Callable[[int, tuple[float, float]], None]] = []
+
+
+def thread_sched(tid: int | None = None) -> tuple[float, float]:
+    """(CPU seconds, seconds spent runnable waiting for a CPU) of a thread (Linux).
+
+    ``tid`` None: the calling thread.  Falls back to ``time.thread_time()`` and nan.
+    """
+    path = "/proc/thread-self/schedstat" if tid is None else f"/proc/self/task/{tid}/schedstat"
+    try:
+        with open(path) as f:
+            run_ns, wait_ns, _ = f.read().split()
+        return int(run_ns) / 1e9, int(wait_ns) / 1e9
+    except (OSError, ValueError):
+        if tid is None:
+            return time.thread_time(), float("nan")
+        raise
+
 
 # --------------------------------------------------------------- measuring
 @dataclass(slots=True)
@@ -129,6 +149,10 @@ def run_threads(
             errors.append(exc)
         finally:
             cleanup()
+            if on_thread_exit:
+                sched = thread_sched()
+                for hook in on_thread_exit:
+                    hook(threading.get_native_id(), sched)
 
     threads = [
         threading.Thread(target=worker, args=(i,), name=f"bench-client-{i}") for i in range(clients)
