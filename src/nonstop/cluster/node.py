@@ -507,11 +507,10 @@ class ClusterNode:
         if self.raft.role != ROLE_LEADER:
             return self._forward(op, payload, reply_to)
         pending = _Pending(op, reply_to, name=name)
-        already = (
-            name in self.view_members
-            if op == "join"
-            else name not in self.view_members and name not in self.raft.members
-        )
+        # Done already only if both the committed view and the latest appended
+        # configuration agree: a pending opposite change must not be reported as done.
+        in_view, in_config = name in self.view_members, name in self.raft.members
+        already = (in_view and in_config) if op == "join" else not (in_view or in_config)
         if already:
             return self._answer(
                 pending, {"ok": True, "view": self.view, "members": self.view_members}

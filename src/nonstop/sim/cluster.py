@@ -50,6 +50,8 @@ class ScenarioConfig:
     fault_kinds: tuple[str, ...] = nemesis.FAULT_KINDS
     joiner_probability: float = 0.3
     weights_probability: float = 0.2
+    membership_probability: float = 0.25
+    """Probability that an operator removes a founder (``leave``) and adds it back (``join``)."""
     client_interval: float = 0.05
     detector: DetectorConfig = field(
         default_factory=lambda: DetectorConfig(keepalive_interval=0.1, non_response_timeout=0.4)
@@ -171,6 +173,22 @@ def run_seed(
             elif isinstance(reply, dict) and reply.get("ok"):
                 client["leader"] = record.node
 
+    if rng.random() < cfg.membership_probability:
+        victim = rng.choice(founders)
+        t_leave = rng.uniform(cfg.fault_start, cfg.heal_at - 0.5)
+        t_join = t_leave + rng.uniform(0.3, 1.5)
+
+        def leave() -> None:
+            sim.request(client["leader"], {"op": "leave", "name": victim})
+
+        def join() -> None:
+            sim.request(
+                client["leader"], {"op": "join", "name": victim, "address": addresses[victim]}
+            )
+
+        sim.at(t_leave, leave)
+        sim.at(t_join, join)
+
     t = 0.3
     while t < cfg.heal_at:
         sim.at(t, send_one)
@@ -212,9 +230,20 @@ def _drive(
         return _agreement(sim, names) is None
 
     done = False
+    next_retry = sim.now + 1.0
     while sim.now < deadline and not done:
         sim.run_for(0.05)
         done = converged()
+        if not done and sim.now >= next_retry:
+            # The operator notices a node missing from the view and adds it (again).
+            next_retry = sim.now + 1.0
+            leader = _leader_of(sim, names)
+            lm = sim.machine(leader) if leader else None
+            if isinstance(lm, ClusterNode):
+                for name in names:
+                    if name not in lm.view_members and sim.nodes[name].up:
+                        address = f"sim://{name}"
+                        sim.request(leader, {"op": "join", "name": name, "address": address})
     if not done:
         checker.fail(sim, "liveness", f"no agreement after the heal: {_agreement(sim, names)}")
     else:
@@ -268,6 +297,8 @@ def _agreement(sim: Simulation, names: list[NodeId]) -> str | None:
     lm = sim.machine(leader)
     if not isinstance(lm, ClusterNode) or lm.raft.role != ROLE_LEADER:
         return f"{leader} is named leader but is not"
+    if set(lm.raft.members) != set(lm.raft.view_members):
+        return f"membership change in flight on {leader}"
     if sorted(lm.view_members) != sorted(names):
         return f"view members {lm.view_members} != {names}"
     return None
