@@ -514,3 +514,17 @@ def test_range_queries_match_a_naive_filter(
             )
     finally:
         db.close()
+
+
+async def test_async_queries_count_range_order_and_own_writes(db: nonstop.Database) -> None:
+    make_items(db, [5, 3, 9, 1, 7, 3])
+    async with db.transaction() as tx:
+        await tx.create(Item, sku="x", code=60, rank=4, colour="blue", slot=60)
+        q = tx.query(Item).where(colour="blue").range("rank", 6, None)
+        assert sorted(ranks(await q.all())) == [7, 9]
+        assert await tx.query(Item).where(colour="blue").range("rank", 6, None).count() == 2
+        down = tx.query(Item).range("rank", 3, 7).order_by("rank", descending=True)
+        assert ranks(await down.all()) == [5, 4, 3, 3]
+        assert ranks([i async for i in tx.query(Item).order_by("rank").limit(2)]) == [1, 3]
+        assert (await tx.query(Item).order_by("rank").first()).rank == 1  # type: ignore[union-attr]
+        assert len(await tx.extent(Special)) == 2
