@@ -146,3 +146,26 @@ def test_a_node_that_acks_before_persisting_is_caught_and_the_real_one_is_not():
     seed = caught[0]
     # the same fault schedule with the real node is fine
     assert run_seed(seed, correct)[0].ok
+
+
+class IgnoresQuorum(ClusterNode):
+    """A deliberately broken node: it keeps accepting work after losing quorum (D16)."""
+
+    @property
+    def enabled(self) -> bool:
+        return True
+
+
+def test_a_node_that_ignores_quorum_loss_is_caught_and_the_real_one_refuses_work():
+    kinds = ("partition", "one_way")
+    broken = ScenarioConfig(fault_kinds=kinds, node_factory=IgnoresQuorum)
+    caught = None
+    for seed in range(30):
+        result, _ = run_seed(seed, broken)
+        if any(v.invariant == "disabled-acts" for v in result.violations):
+            caught = seed
+            break
+    assert caught is not None, "the checker missed a node acting while Disabled"
+    result, _ = run_seed(caught, ScenarioConfig(fault_kinds=kinds))
+    assert result.ok, result.violations
+    assert result.stats["refused_while_disabled"] > 0  # the real node was asked, and refused
