@@ -123,6 +123,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import zlib
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -167,9 +168,10 @@ K_CONFIG = "m"
 _KINDS = frozenset({K_CMD, K_NOOP, K_CONFIG})
 
 # With a non-intersecting policy every candidate only campaigns in terms it "owns"
-# (term % _BALLOT_SPACE == its rank among the voters), so two leaders never share a term and the
-# log matching property (same index and term => same entry) survives a split brain.
-_BALLOT_SPACE = 1024
+# (term % _BALLOT_SPACE == a hash of its name), so two leaders never share a term and the log
+# matching property (same index and term => same entry) survives a split brain.  A hash, not a
+# rank among the voters, because the two sides of a split brain may have different voter lists.
+_BALLOT_SPACE = 1 << 16
 
 
 def log_key(index: int) -> bytes:
@@ -232,6 +234,8 @@ class _Peer:
     last_ack: float = float("-inf")
     progress: float = float("-inf")  # last answer to an append that carried entries
     snap_sent: float = float("-inf")
+    probe: int = 0  # next index of the last back-off probe, and when it was sent
+    probe_at: float = float("-inf")
     reset: bool = False
 
 
@@ -270,6 +274,7 @@ class Raft:
         self._next_token = next_token or itertools.count(1).__next__
         self._contacts = [c for c in contacts if c != node_id]
         self._join_target = 0
+        self._ballot = zlib.crc32(node_id.encode()) % _BALLOT_SPACE
         self._leader_hint: NodeId | None = None
 
         # Persistent state (mirrored by b"raft/..." keys).
@@ -306,6 +311,7 @@ class Raft:
         self._durable_last = 0
         self._durable_hs: tuple[int, NodeId | None] = (0, None)
         self._was_member = False
+        self._reset_wanted = False  # we asked the leader for a reset snapshot
 
         self._recover(recovered)
         if self.last_index == 0 and bootstrap_members:
@@ -752,9 +758,7 @@ class Raft:
     def _next_campaign_term(self) -> int:
         if self._intersecting():
             return self.term + 1
-        ranks = sorted(self._configs[-1].everyone())
-        rank = ranks.index(self.id) % _BALLOT_SPACE if self.id in ranks else 0
-        t = (self.term // _BALLOT_SPACE) * _BALLOT_SPACE + rank
+        t = (self.term // _BALLOT_SPACE) * _BALLOT_SPACE + self._ballot
         while t <= self.term:
             t += _BALLOT_SPACE
         return t
@@ -859,6 +863,7 @@ class Raft:
                         "pt": self._term_at(prev),
                         "ents": ents,
                         "commit": self.commit_index,
+                        "last": self.last_index,
                     },
                 )
             )
@@ -876,6 +881,7 @@ class Raft:
                         "pt": self._term_at(prev),
                         "ents": [],
                         "commit": min(self.commit_index, prev),
+                        "last": self.last_index,
                     },
                 )
             )
@@ -1034,10 +1040,21 @@ class Raft:
             return
         base = {"t": "raft.append_r", "term": self.term, "e": 1 if ents else 0}
         if prev < self._snap_index:
-            # Everything up to our snapshot is committed, hence identical to the leader's.
+            # The append starts inside our snapshot.  Committed entries are identical to the
+            # leader's (with an intersecting policy), but we still compare the entry at our
+            # snapshot index: after a split brain it may differ.  If the append does not reach
+            # that far, ask for what follows the snapshot instead of acknowledging blindly.
             skip = self._snap_index - prev
-            if len(ents) <= skip:
-                self._deferred.append(Send(sender, {**base, "ok": True, "match": prev + len(ents)}))
+            if len(ents) < skip:
+                if _is_int(p.get("last")) and p["last"] < self._snap_index:
+                    # We committed beyond the leader's whole log: only after a split brain.
+                    self._request_reset(sender, self._snap_index, base, out)
+                    return
+                nxt = self._snap_index + 1
+                out.append(Send(sender, {**base, "ok": False, "prev": prev, "ci": nxt, "ct": None}))
+                return
+            if ents[skip - 1][0] != self._snap_term:
+                self._request_reset(sender, self._snap_index, base, out)
                 return
             ents, prev, pt = ents[skip:], self._snap_index, self._snap_term
         if prev > self.last_index:
@@ -1093,6 +1110,7 @@ class Raft:
                 "replacing local cluster state with the leader's snapshot",
             )
         )
+        self._reset_wanted = True
         out.append(Send(sender, {**base, "ok": False, "reset": True}))
 
     def _on_append_r(
@@ -1140,7 +1158,17 @@ class Raft:
                 j -= 1
             if j > self._snap_index and self._term_at(j) == ct:
                 nxt = j + 1
-        peer.next = max(peer.match + 1, min(nxt, rprev))
+        if ci <= peer.match:
+            # The follower holds less than it once acknowledged: it replaced its log (a split
+            # brain reset) or lost its disk.  Forget the stale match; only delays commits.
+            peer.match = ci - 1
+        nxt = max(peer.match + 1, min(nxt, rprev))
+        if nxt == peer.probe and now - peer.probe_at < self.cfg.heartbeat_interval:
+            # A duplicate rejection of a probe we just sent: do not answer twice (message storms
+            # under duplication); a lost probe is retried by the heartbeat.
+            return
+        peer.probe, peer.probe_at = nxt, now
+        peer.next = nxt
         peer.inflight = 0
         peer.progress = now
         self._send_append(now, sender, peer, out, heartbeat=False)
@@ -1157,6 +1185,10 @@ class Raft:
         if not self._accept_leader(now, sender, term, out):
             return
         reply = {"t": "raft.snap_r", "term": self.term, "match": idx}
+        if reset and not self._reset_wanted:
+            # A late or duplicated reset snapshot: we asked once and have been repaired since.
+            reset = False
+        self._reset_wanted = False
         if idx <= self.commit_index and not reset:
             self._deferred.append(Send(sender, reply))
             return
