@@ -182,6 +182,7 @@ class ReadResult:
     floor: float
     load_rate: float
     runs: dict[str, list[float]] = field(default_factory=dict)
+    profile: list[str] = field(default_factory=list)  # report sections, when profiled
 
 
 def _fields(cfg: Config) -> dict[str, Any]:
@@ -273,6 +274,7 @@ def floor_cell(cfg: Config, workload: str, batch: int, *, metasync: bool = True)
 def read_cell(cfg: Config) -> ReadResult:
     n = cfg.read_objects
     runs: dict[str, list[float]] = {"all": [], "touch": [], "sqlite": [], "floor": []}
+    profile: list[str] = []
     with tempfile.TemporaryDirectory(prefix="nonstop-read-", dir=cfg.tmpdir) as d:
         db = nonstop.open(d)
         try:
@@ -287,6 +289,18 @@ def read_cell(cfg: Config) -> ReadResult:
                 assert len(objs) == n and total == n * INITIAL_BALANCE, (len(objs), total)
                 runs["all"].append(n / (t1 - t0))
                 runs["touch"].append(n / (t2 - t0))
+                del objs
+            below = statistics.median(runs["touch"]) < GOAL_SNAPSHOT
+            if cfg.profile == "always" or (cfg.profile == "auto" and below):
+                _log("profiling: snapshot read")
+                title = f"Snapshot read of {n:,} objects in one transaction"
+                with (
+                    profiled(profile, title, threads=False) as box,
+                    db.transaction("snapshot") as tx,
+                ):
+                    objs = tx.query(Account).lock("none").all()
+                    sum(o.balance for o in objs)
+                    box["ops"], box["unit"] = len(objs), "object"
                 del objs
         finally:
             db.close()
@@ -307,7 +321,9 @@ def read_cell(cfg: Config) -> ReadResult:
         finally:
             floor.close()
     med = {k: statistics.median(v) for k, v in runs.items()}
-    return ReadResult(n, med["all"], med["touch"], med["sqlite"], med["floor"], load_rate, runs)
+    return ReadResult(
+        n, med["all"], med["touch"], med["sqlite"], med["floor"], load_rate, runs, profile
+    )
 
 
 # ---------------------------------------------------------------- profiles
@@ -682,9 +698,10 @@ def run(cfg: Config) -> Path:
 
     goals = evaluate(cells, reads)
     profiles: list[str] = []
-    missed = [g for g in goals if not g[2]]
-    if cfg.profile == "always" or (cfg.profile == "auto" and missed):
+    transfers_missed = any(not ok for name, _, ok in goals if name.startswith("transfers"))
+    if cfg.profile == "always" or (cfg.profile == "auto" and transfers_missed):
         profiles = run_profiles(cfg)
+    profiles += reads.profile
     text = render(
         cfg,
         cells,
@@ -741,21 +758,6 @@ def run_profiles(cfg: Config) -> list[str]:
                 1,
             )
             out.extend(sink)
-    _log("profiling: snapshot read")
-    with tempfile.TemporaryDirectory(prefix="nonstop-read-", dir=cfg.tmpdir) as d:
-        db = nonstop.open(d)
-        try:
-            load(db, cfg.read_objects)
-            title = f"Snapshot read of {cfg.read_objects:,} objects in one transaction"
-            with (
-                profiled(out, title, threads=False) as box,
-                db.transaction("snapshot") as tx,
-            ):
-                objs = tx.query(Account).lock("none").all()
-                sum(o.balance for o in objs)
-                box["ops"], box["unit"] = len(objs), "object"
-        finally:
-            db.close()
     return out
 
 
