@@ -207,11 +207,16 @@ def merge(parts: list[Result]) -> Result:
 
 # ------------------------------------------------------------- the cells
 def nonstop_cell(
-    cfg: Config, workload: str, mode: str, clients: int, profiler: Any = None
+    cfg: Config,
+    workload: str,
+    mode: str,
+    clients: int,
+    profiler: Any = None,
+    durability: str = "fsync",
 ) -> tuple[Result, dict[str, Any]]:
     """One nonstop cell in a fresh store; ``profiler`` is a context manager factory or None."""
     with tempfile.TemporaryDirectory(prefix="nonstop-bench-", dir=cfg.tmpdir) as d:
-        db = nonstop.open(d)
+        db = nonstop.open(d, durability=durability)
         try:
             load(db, cfg.accounts)
             before = db.stats()
@@ -729,6 +734,23 @@ def run_profiles(cfg: Config) -> list[str]:
         tmpdir=cfg.tmpdir,
     )
     if "transfer" in cfg.workloads:
+        _log(f"profiling: transfers, {clients} clients, without fsync")
+        rows = [
+            "### Without fsync: the CPU ceiling\n",
+            f'The transfer cells at {clients} clients again, with `durability="none"` '
+            "(commits are not synced: not a mode the goals allow, but it shows what the "
+            "transaction layer alone can do on this machine right now).\n",
+            "| mode | transfers/s | p50 ms | p99 ms | CPU µs/op | commits/group |",
+            "| --- | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for mode in cfg.modes:
+            res, info = nonstop_cell(short, "transfer", mode, clients, durability="none")
+            per = info["commits"] / info["groups"] if info["groups"] else 0.0
+            rows.append(
+                f"| {mode} | {res.ops_per_s:,.0f} | {res.p50:.2f} | {res.p99:.2f} | "
+                f"{res.cpu_us:,.0f} | {per:.1f} |"
+            )
+        out.append("\n".join(rows) + "\n")
         _log("profiling: CPU cost of one transfer")
         out.extend(cpu_anatomy(cfg))
         for mode in cfg.modes:
