@@ -50,6 +50,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from nonstop.errors import ProtocolError
 from nonstop.net import handshake
 from nonstop.net.connection import Connection, HandshakeRejected, accept, dial
 from nonstop.net.discovery import Discovery, DiscoveryConfig
@@ -194,7 +195,7 @@ class PeerLink:
                 await self._sleep(max(delay, 1.0))
                 delay = min(delay * 2, rt.config.redial_max)
                 continue
-            except (OSError, TimeoutError, EOFError, FrameError) as exc:
+            except (OSError, TimeoutError, EOFError, ProtocolError) as exc:
                 log.debug("dial %s failed: %r", self.address, exc)
                 self.first_attempt.set()
                 await self._sleep(delay)
