@@ -562,7 +562,8 @@ class ClusterNode:
         if not isinstance(body, dict):
             return [Log("warning", f"malformed admin message from {sender}")]
         if "re" in body:  # the leader's answer to a request we forwarded
-            forwarded = self._forwarded.pop(body["re"], None)
+            fid = body["re"]
+            forwarded = self._forwarded.pop(fid, None) if isinstance(fid, int) else None
             if forwarded is None:
                 return []
             request_id, timer = forwarded
