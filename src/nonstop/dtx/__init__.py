@@ -1,0 +1,29 @@
+"""Distributed transactions: two-phase commit whose outcome is decided in a replicated log.
+
+* :mod:`nonstop.dtx.protocol` -- :class:`DtxNode`, the sans-I/O coordinator and
+  participant machine, and the :class:`ResourceManager` seam to the store;
+* :mod:`nonstop.dtx.decisions` -- the decision log's contract and state machine
+  (first writer wins, compaction by floors), for the Raft integration to host;
+* :mod:`nonstop.dtx.simulated` -- a simulated store and decision log;
+* :mod:`nonstop.dtx.scenario` -- the bank workload under faults, with its checker;
+* :mod:`nonstop.dtx.campaign` -- ``python -m nonstop.dtx.campaign --seeds N``.
+
+Design: ``docs/design/dtx.md``.
+"""
+
+from nonstop.dtx.decisions import ABORT, COMMIT, LOG, DecisionTable, make_gtid, parse_gtid
+from nonstop.dtx.protocol import DtxConfig, DtxNode, Ready, Refused, ResourceManager
+
+__all__ = [
+    "ABORT",
+    "COMMIT",
+    "LOG",
+    "DecisionTable",
+    "DtxConfig",
+    "DtxNode",
+    "Ready",
+    "Refused",
+    "ResourceManager",
+    "make_gtid",
+    "parse_gtid",
+]

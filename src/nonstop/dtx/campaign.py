@@ -1,0 +1,164 @@
+"""Run the distributed-commit scenario over many seeds: ``python -m nonstop.dtx.campaign``.
+
+    python -m nonstop.dtx.campaign --seeds 10000             # seeds 0..9999 on every core
+    python -m nonstop.dtx.campaign --seeds 500 --start 7000  # seeds 7000..7499
+    python -m nonstop.dtx.campaign --seed 1234 --verbose     # replay one seed, explain it
+    python -m nonstop.dtx.campaign --seed 1234 --step after_propose   # force the crash step
+
+Every failing seed is printed with the one-line command that replays it; the
+exit status is 1 if any seed failed.  (Its own module rather than a plug-in of
+``nonstop.sim.campaign``, which runs the cluster scenario only.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from nonstop.dtx.scenario import STEPS, ScenarioConfig, run_seed
+
+
+@dataclass(frozen=True, slots=True)
+class SeedOutcome:
+    seed: int
+    ok: bool
+    summary: str
+    violations: tuple[str, ...]
+    events: int
+    step: str
+
+
+def replay_command(seed: int, step: str | None = None) -> str:
+    forced = f" --step {step}" if step is not None else ""
+    return f"python -m nonstop.dtx.campaign --seed {seed}{forced} --verbose"
+
+
+def run_one(
+    seed: int, step: str | None = None, config: ScenarioConfig | None = None
+) -> SeedOutcome:
+    """One seed; an exception in the code under test is that seed's failure."""
+    try:
+        result, _ = run_seed(seed, config, step=step)
+    except Exception as exc:
+        return SeedOutcome(seed, False, f"seed {seed}: EXCEPTION", (repr(exc),), 0, step or "?")
+    return SeedOutcome(
+        seed,
+        result.ok,
+        result.summary(),
+        tuple(str(v) for v in result.violations),
+        int(result.stats["events"]),
+        result.step,
+    )
+
+
+def _run_args(args: tuple[int, str | None, ScenarioConfig | None]) -> SeedOutcome:
+    return run_one(*args)
+
+
+def run_campaign(
+    seeds: Iterable[int],
+    *,
+    step: str | None = None,
+    config: ScenarioConfig | None = None,
+    jobs: int | None = None,
+    progress: bool = False,
+) -> list[SeedOutcome]:
+    """Run ``seeds`` on ``jobs`` processes (default: every core); outcomes sorted by seed."""
+    work = [(s, step, config) for s in seeds]
+    jobs = jobs or os.cpu_count() or 1
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(work), unit="seed", file=sys.stderr, dynamic_ncols=True)
+    pool = None
+    if jobs == 1:
+        iterator: Iterable[SeedOutcome] = map(_run_args, work)
+    else:
+        pool = multiprocessing.get_context("fork").Pool(jobs)
+        iterator = pool.imap_unordered(_run_args, work, chunksize=16)
+    outcomes: list[SeedOutcome] = []
+    try:
+        for outcome in iterator:
+            outcomes.append(outcome)
+            if bar is not None:
+                if not outcome.ok:
+                    bar.write(failure_text(outcome, step))
+                bar.update(1)
+    finally:
+        if pool is not None:
+            pool.close()
+            pool.join()
+        if bar is not None:
+            bar.close()
+    outcomes.sort(key=lambda o: o.seed)
+    return outcomes
+
+
+def failure_text(outcome: SeedOutcome, step: str | None = None) -> str:
+    first = outcome.violations[0] if outcome.violations else "?"
+    return f"FAIL seed {outcome.seed}: {first}\n  replay: {replay_command(outcome.seed, step)}"
+
+
+def explain(seed: int, step: str | None = None, *, full_trace: bool = False) -> bool:
+    """Replay one seed and print its shape, faults, notable events and verdict."""
+    result, sim = run_seed(seed, step=step, trace=True)
+    print(f"seed {seed}: nodes {', '.join(result.nodes)}; coordinator crash step {result.step}")
+    print("fault schedule:")
+    for fault in result.faults:
+        print("  " + fault.describe())
+    keep = ("FAULT", "dtx.", "dl.")
+    for line in sim.trace:
+        if full_trace or any(k in line for k in keep):
+            print("  " + (line if full_trace else line[:400]))
+    print(result.summary())
+    for violation in result.violations:
+        print(f"  VIOLATION {violation}")
+    return result.ok
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if argv is None and os.environ.get("PYTHONHASHSEED") != "0":
+        env = {**os.environ, "PYTHONHASHSEED": "0"}
+        os.execve(sys.executable, [sys.executable, "-m", "nonstop.dtx.campaign", *args_list], env)
+    parser = argparse.ArgumentParser(prog="python -m nonstop.dtx.campaign", description=__doc__)
+    parser.add_argument("--seeds", type=int, default=1000, help="how many seeds to run")
+    parser.add_argument("--start", type=int, default=0, help="first seed")
+    parser.add_argument("--seed", type=int, help="run only this seed")
+    parser.add_argument("--step", choices=STEPS, help="force the coordinator crash step")
+    parser.add_argument("--verbose", action="store_true", help="explain the run (with --seed)")
+    parser.add_argument("--trace", action="store_true", help="print every event (with --seed)")
+    parser.add_argument("--jobs", type=int, default=None, help="worker processes (default: cores)")
+    args = parser.parse_args(args_list)
+    if args.seed is not None:
+        if args.verbose or args.trace:
+            return 0 if explain(args.seed, args.step, full_trace=args.trace) else 1
+        outcome = run_one(args.seed, args.step)
+        print(outcome.summary)
+        for v in outcome.violations:
+            print(f"  VIOLATION {v}")
+        return 0 if outcome.ok else 1
+    started = time.perf_counter()
+    outcomes = run_campaign(
+        range(args.start, args.start + args.seeds), step=args.step, jobs=args.jobs, progress=True
+    )
+    failures = [o for o in outcomes if not o.ok]
+    elapsed = time.perf_counter() - started
+    for outcome in failures:
+        print(failure_text(outcome, args.step))
+    events = sum(o.events for o in outcomes)
+    print(
+        f"{len(outcomes)} seeds, {len(failures)} failed, {events} events, "
+        f"{elapsed:.1f}s wall ({len(outcomes) / max(elapsed, 1e-9):.1f} seeds/s)"
+    )
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

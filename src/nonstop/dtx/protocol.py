@@ -1,0 +1,748 @@
+"""Two-phase commit with a replicated decision: the coordinator and participant roles.
+
+One sans-I/O :class:`DtxNode` per node plays both roles (every node coordinates
+the transactions its clients start, and is a participant of any transaction
+that writes or reads its objects).  It follows ``nonstop.runtime.interface``:
+events in, actions out, durable state only through ``Persist`` and only acted
+upon after ``Persisted``.  See ``docs/design/dtx.md`` for the full protocol;
+in short:
+
+1. **Record.**  A client asks ``{"op": "run", "branches": {node: [op, ...]}}``.
+   The coordinator durably records the gtid and its branches (so that a
+   coordinator that crashes can still finish or roll back what it started).
+2. **Prepare.**  Each participant takes its locks (strict 2PL, through its
+   :class:`ResourceManager`), computes its branch and durably records it as
+   *prepared* before it votes yes; or votes no (refused, deadlock, lock wait
+   past ``branch_timeout``).  Prepares are retransmitted until voted on.
+3. **Decide.**  All yes: the coordinator *proposes* ``commit`` to the decision
+   log (:mod:`nonstop.dtx.decisions`) and only acts on the log's answer.  A no
+   vote or ``vote_timeout`` before it proposed: it aborts on its own authority
+   (nobody else can ever propose commit), answers ``Aborted`` / ``Unavailable``
+   (B8) and rolls back every branch.
+4. **Phase two.**  The outcome goes to every participant, retried until every
+   one has acknowledged, which each does only once the outcome is durable.  The
+   coordinator then forgets the gtid and raises its *floor* (compaction).
+5. **Termination (B9).**  A participant prepared for ``decision_timeout``
+   without an outcome proposes ``abort`` to the log; whichever decision the log
+   holds first is the outcome for everybody.  A recovered coordinator looks its
+   unfinished gtids up in the log and proposes ``abort`` for the undecided ones:
+   it never guesses, and since a participant's outcome is applied idempotently
+   and remembered (tombstones), a late message can never flip it.
+
+The resource manager is the seam to the store: :class:`nonstop.dtx.simulated.
+SimResourceManager` in the simulator, an adapter over ``Database`` /
+``Transaction.prepare`` / ``Database.resolve`` in production.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import msgpack
+
+from nonstop.dtx.decisions import (
+    ABORT,
+    COMMIT,
+    DECIDED,
+    FORGET,
+    LOG,
+    LOOKUP,
+    OUTCOMES,
+    PROPOSE,
+    UNKNOWN,
+    make_gtid,
+    parse_gtid,
+)
+from nonstop.runtime.interface import (
+    Action,
+    ClientRequest,
+    Event,
+    Log,
+    NodeId,
+    Notify,
+    Persist,
+    Persisted,
+    Received,
+    Reply,
+    Send,
+    SetTimer,
+    Started,
+    TimerFired,
+)
+
+# Message types between nodes ("t" of the payload).
+PREPARE = "dtx.prepare"  # coordinator -> participant {"g", "ops", "f"}
+VOTE = "dtx.vote"  # participant -> coordinator {"g", "v": "yes"|"no", "r": reads, "why"}
+OUTCOME = "dtx.outcome"  # coordinator -> participant {"g", "o", "f"}
+ACK = "dtx.ack"  # participant -> coordinator {"g"}
+
+TICK = "dtx.tick"
+
+# Durable keys owned by the machine (the resource manager owns its own prefix).
+K_COORD = b"dtx/c/"  # + gtid -> coordinator record {"b": branches}
+K_SEQ = b"dtx/seq"  # -> the next sequence number this coordinator will use
+K_PREPARED = b"dtx/p/"  # + gtid -> prepared branch {"r": resource manager record}
+K_TOMB = b"dtx/t/"  # + gtid -> outcome applied here (until the coordinator's floor passes)
+K_FLOOR = b"dtx/f/"  # + coordinator -> the highest floor learned from it
+
+
+def _pack(value: Any) -> bytes:
+    return msgpack.packb(value, use_bin_type=True)
+
+
+def _unpack(raw: bytes) -> Any:
+    return msgpack.unpackb(raw, raw=False, strict_map_key=False)
+
+
+# ----------------------------------------------------------------- resource manager
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """A branch holds all its locks and computed its effects: persist ``record``, vote yes."""
+
+    gtid: str
+    record: bytes
+    reads: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """A branch cannot prepare (constraint, deadlock victim): vote no.  Its locks are gone."""
+
+    gtid: str
+    reason: str
+
+
+Progress = Ready | Refused
+
+
+class ResourceManager(Protocol):
+    """The participant's store, sans-I/O: what the machine asks of it, and why.
+
+    Locks are taken by :meth:`open` and held until :meth:`finish`; a branch that
+    waits for a lock is reported later, in the ``Progress`` list returned by
+    whichever call released the lock.  Effects are computed under the locks at
+    prepare time, so the prepared record is exactly what commit will install.
+    """
+
+    def check_ops(self, ops: Any) -> str | None:
+        """Why ``ops`` (from the wire) is malformed, or None."""
+        ...
+
+    def open(self, gtid: str, ops: list[Any]) -> list[Progress]:
+        """Start a branch: take its locks.
+
+        The list holds this branch's result unless it waits for a lock, plus any
+        branch that a refusal (deadlock victim) unblocked.
+        """
+        ...
+
+    def finish(
+        self, gtid: str, commit: bool
+    ) -> tuple[list[tuple[bytes, bytes | None]], list[Progress]]:
+        """End a branch (any state): apply it in memory if ``commit``, release its locks.
+
+        Returns the writes that make the effect durable (the machine persists
+        them atomically with the end of the prepared record) and the waiting
+        branches the released locks let progress.
+        """
+        ...
+
+    def recover(self, gtid: str, record: bytes) -> None:
+        """Reinstall a prepared branch after a restart (its locks held again)."""
+        ...
+
+
+# ----------------------------------------------------------------- configuration
+@dataclass(frozen=True, slots=True)
+class DtxConfig:
+    """Timeouts (seconds of ``event.now``).  Why each exists is in docs/design/dtx.md."""
+
+    tick: float = 0.05
+    """One periodic timer drives every deadline and retransmission."""
+    retry: float = 0.1
+    """Retransmit prepares, outcomes and log requests this often until answered."""
+    vote_timeout: float = 0.5
+    """Coordinator: votes missing this long after prepare -> abort, ``Unavailable`` (B8)."""
+    branch_timeout: float = 0.4
+    """Participant: not prepared this long after the prepare arrived -> abort the branch (B4)."""
+    decision_timeout: float = 0.6
+    """Participant: prepared this long without an outcome -> propose abort to the log (B9)."""
+
+
+# ----------------------------------------------------------------- state
+@dataclass(slots=True)
+class CoordTx:
+    """The coordinator's view of one global transaction."""
+
+    gtid: str
+    seq: int
+    branches: dict[NodeId, list[Any]]
+    request_id: int | None
+    phase: str
+    """recording -> preparing -> deciding -> finishing; recovering after a restart."""
+    votes: dict[NodeId, dict[str, Any]] = field(default_factory=dict)
+    proposed: str | None = None
+    outcome: str | None = None
+    acks: set[NodeId] = field(default_factory=set)
+    vote_deadline: float = 0.0
+    next_retry: float = 0.0
+    replied: bool = False
+
+
+@dataclass(slots=True)
+class Branch:
+    """A participant's branch of one global transaction."""
+
+    gtid: str
+    coordinator: NodeId
+    state: str
+    """locking -> persisting -> prepared -> resolving (then gone, leaving a tombstone)."""
+    deadline: float
+    reads: dict[str, Any] = field(default_factory=dict)
+    pending_outcome: str | None = None
+    resolving: str | None = None
+    next_ask: float = 0.0
+    asked: bool = False
+
+
+# ----------------------------------------------------------------- the machine
+class DtxNode:
+    """Coordinator and participant of distributed transactions on one node (module doc)."""
+
+    def __init__(
+        self,
+        name: NodeId,
+        rm: ResourceManager,
+        rng: random.Random,
+        recovered: Mapping[bytes, bytes],
+        config: DtxConfig | None = None,
+    ) -> None:
+        self.name = name
+        self.rm = rm
+        self.rng = rng
+        self.config = config or DtxConfig()
+        self.now = 0.0
+        self.coord: dict[str, CoordTx] = {}
+        self.branches: dict[str, Branch] = {}
+        self.tombs: dict[str, str] = {}
+        self.durable_tombs: set[str] = set()
+        self.floors: dict[NodeId, int] = {}
+        self.next_seq = 1
+        self.sent_floor = 0
+        self._token = 0
+        self._on_persisted: dict[int, tuple[str, str]] = {}
+        self._out: list[Action] = []
+        self._loop: list[Any] = []
+        self._recover(recovered)
+
+    # ------------------------------------------------------------- recovery
+    def _recover(self, recovered: Mapping[bytes, bytes]) -> None:
+        """Rebuild from durable state: unfinished gtids, prepared branches, tombstones, floors."""
+        for key in sorted(recovered):
+            raw = recovered[key]
+            if key == K_SEQ:
+                self.next_seq = max(self.next_seq, int(_unpack(raw)))
+            elif key.startswith(K_COORD):
+                gtid = key[len(K_COORD) :].decode()
+                parsed = parse_gtid(gtid)
+                assert parsed is not None
+                rec = _unpack(raw)
+                self.coord[gtid] = CoordTx(gtid, parsed[1], rec["b"], None, "recovering")
+                self.next_seq = max(self.next_seq, parsed[1] + 1)
+            elif key.startswith(K_PREPARED):
+                gtid = key[len(K_PREPARED) :].decode()
+                rec = _unpack(raw)
+                self.rm.recover(gtid, rec["r"])
+                self.branches[gtid] = Branch(gtid, rec["c"], "prepared", 0.0, rec.get("reads", {}))
+            elif key.startswith(K_TOMB):
+                gtid = key[len(K_TOMB) :].decode()
+                self.tombs[gtid] = raw.decode()
+                self.durable_tombs.add(gtid)
+            elif key.startswith(K_FLOOR):
+                self.floors[key[len(K_FLOOR) :].decode()] = int(_unpack(raw))
+
+    # ------------------------------------------------------------- events
+    def handle(self, event: Event) -> list[Action]:
+        self.now = event.now
+        self._out = []
+        if isinstance(event, Started):
+            self._started()
+        elif isinstance(event, TimerFired):
+            if event.name == TICK:
+                self._tick()
+        elif isinstance(event, Persisted):
+            self._persisted(event.token)
+        elif isinstance(event, Received):
+            self._received(event.sender, event.payload)
+        elif isinstance(event, ClientRequest):
+            self._client(event.request_id, event.payload)
+        while self._loop:  # messages this node sent itself
+            self._received(self.name, self._loop.pop(0))
+        out, self._out = self._out, []
+        return out
+
+    def _started(self) -> None:
+        for b in self.branches.values():  # recovered prepared branches: in doubt from now
+            b.deadline = self.now + self.config.decision_timeout
+        for tx in self.coord.values():
+            tx.next_retry = self.now
+        self._out.append(SetTimer(TICK, self.config.tick))
+        if self.coord or self.branches:
+            self._log("info", f"recovered {len(self.coord)} gtids, {len(self.branches)} prepared")
+
+    def _received(self, sender: NodeId, payload: Any) -> None:
+        if not isinstance(payload, dict) or not isinstance(payload.get("t"), str):
+            self._log("warning", f"dropped malformed message from {sender}: {payload!r:.80}")
+            return
+        kind = payload["t"]
+        gtid = payload.get("g")
+        parsed = parse_gtid(gtid)
+        if kind == FORGET or parsed is None:
+            self._log("warning", f"dropped {kind} from {sender}: bad gtid {gtid!r:.40}")
+            return
+        coordinator = parsed[0]
+        if kind in (DECIDED, UNKNOWN):
+            if sender != LOG:
+                self._log("warning", f"dropped {kind} from {sender}: not the log")
+            elif kind == DECIDED and payload.get("o") in OUTCOMES:
+                self._decided(gtid, payload["o"])
+            elif kind == UNKNOWN:
+                self._unknown(gtid, bool(payload.get("forgotten")))
+            return
+        if kind in (PREPARE, OUTCOME):
+            if sender != coordinator:
+                self._log("warning", f"dropped {kind} {gtid} from {sender}: not its coordinator")
+                return
+            floor = payload.get("f")
+            if isinstance(floor, int) and not isinstance(floor, bool):
+                self._learn_floor(coordinator, floor)
+            if kind == PREPARE:
+                self._prepare(gtid, payload.get("ops"))
+            elif payload.get("o") in OUTCOMES:
+                self._participant_outcome(gtid, payload["o"])
+            return
+        if kind in (VOTE, ACK):
+            tx = self.coord.get(gtid)
+            if tx is None or sender not in tx.branches:
+                return  # late or duplicated: the transaction is over, or not ours
+            if kind == ACK:
+                self._acked(tx, sender)
+            elif payload.get("v") == "yes" and isinstance(payload.get("r", {}), dict):
+                self._voted_yes(tx, sender, payload.get("r", {}))
+            elif payload.get("v") == "no":
+                self._voted_no(tx, sender, str(payload.get("why", "")))
+            return
+        self._log("warning", f"dropped unknown message {kind!r} from {sender}")
+
+    def _tick(self) -> None:
+        self._out.append(SetTimer(TICK, self.config.tick))
+        now = self.now
+        for tx in list(self.coord.values()):
+            if self.coord.get(tx.gtid) is tx:
+                self._coord_tick(tx, now)
+        for b in list(self.branches.values()):
+            if self.branches.get(b.gtid) is not b:
+                continue  # ended by an earlier one's released locks
+            if b.state == "locking" and now >= b.deadline:
+                self._branch_timeout(b)
+            elif b.state == "prepared" and now >= b.deadline and now >= b.next_ask:
+                b.next_ask = now + self.config.retry
+                self._in_doubt(b)
+
+    def _persisted(self, token: int) -> None:
+        what = self._on_persisted.pop(token, None)
+        if what is None:
+            return
+        kind, gtid = what
+        if kind == "recorded":
+            tx = self.coord.get(gtid)
+            if tx is not None and tx.phase == "recording":
+                self._start_prepare(tx)
+        elif kind == "prepared":
+            b = self.branches.get(gtid)
+            if b is not None and b.state == "persisting":
+                self._branch_prepared(b)
+        elif kind == "resolved":
+            b = self.branches.get(gtid)
+            if b is not None and b.state == "resolving":
+                self._branch_resolved(b)
+
+    # ------------------------------------------------------------- helpers
+    def _send(self, to: NodeId, payload: dict[str, Any]) -> None:
+        if to == self.name:
+            self._loop.append(payload)
+        else:
+            self._out.append(Send(to, payload))
+
+    def _persist(self, writes: list[tuple[bytes, bytes | None]], then: tuple[str, str]) -> None:
+        self._token += 1
+        if then[0]:
+            self._on_persisted[self._token] = then
+        self._out.append(Persist(self._token, tuple(writes)))
+
+    def _log(self, level: str, message: str) -> None:
+        self._out.append(Log(level, f"dtx {self.name}: {message}"))
+
+    def floor(self) -> int:
+        """Every gtid of this coordinator below this sequence has finished everywhere."""
+        return min([tx.seq for tx in self.coord.values()] + [self.next_seq])
+
+    # ============================================================= coordinator
+    def _client(self, request_id: int, payload: Any) -> None:
+        if isinstance(payload, dict) and payload.get("op") == "status":
+            self._out.append(Reply(request_id, self.status()))
+            return
+        branches = payload.get("branches") if isinstance(payload, dict) else None
+        why = self._check_branches(branches) if payload_op(payload) == "run" else "unknown op"
+        if why is not None:
+            self._out.append(Reply(request_id, {"ok": False, "error": "BadRequest", "why": why}))
+            return
+        assert isinstance(branches, dict)
+        seq = self.next_seq
+        self.next_seq += 1
+        gtid = make_gtid(self.name, seq)
+        tx = CoordTx(gtid, seq, branches, request_id, "recording")
+        self.coord[gtid] = tx
+        # Recorded before any prepare leaves: a crashed coordinator must find every
+        # gtid whose branches may hold locks, to finish or roll them back.
+        self._persist(
+            [(K_COORD + gtid.encode(), _pack({"b": branches})), (K_SEQ, _pack(self.next_seq))],
+            ("recorded", gtid),
+        )
+
+    def _check_branches(self, branches: Any) -> str | None:
+        if not isinstance(branches, dict) or not branches:
+            return "branches must be a non-empty {node: [op, ...]}"
+        for node, ops in branches.items():
+            if not isinstance(node, str) or not node or node == LOG:
+                return f"bad node {node!r:.40}"
+            why = self.rm.check_ops(ops)
+            if why is not None:
+                return f"{node}: {why}"
+        return None
+
+    def _start_prepare(self, tx: CoordTx) -> None:
+        tx.phase = "preparing"
+        tx.vote_deadline = self.now + self.config.vote_timeout
+        tx.next_retry = self.now + self.config.retry
+        self._out.append(
+            Notify(
+                "dtx.begin", {"g": tx.gtid, "request_id": tx.request_id, "branches": tx.branches}
+            )
+        )
+        for node in sorted(tx.branches):
+            self._send_prepare(tx, node)
+
+    def _send_prepare(self, tx: CoordTx, node: NodeId) -> None:
+        ops = tx.branches[node]
+        self._send(node, {"t": PREPARE, "g": tx.gtid, "ops": ops, "f": self.floor()})
+
+    def _voted_yes(self, tx: CoordTx, node: NodeId, reads: dict[str, Any]) -> None:
+        if tx.phase != "preparing":
+            return  # a duplicate or late vote: phase one is over
+        tx.votes[node] = reads
+        if len(tx.votes) == len(tx.branches):
+            self._on_all_yes(tx)
+
+    def _on_all_yes(self, tx: CoordTx) -> None:
+        """Every branch is prepared: propose commit, and act only on the log's answer."""
+        tx.phase = "deciding"
+        tx.proposed = COMMIT
+        tx.next_retry = self.now + self.config.retry
+        self._propose(tx.gtid, COMMIT, sorted(tx.branches))
+
+    def _propose(self, gtid: str, outcome: str, tell: list[NodeId]) -> None:
+        self._send(LOG, {"t": PROPOSE, "g": gtid, "o": outcome, "n": sorted({self.name, *tell})})
+
+    def _voted_no(self, tx: CoordTx, node: NodeId, why: str) -> None:
+        if tx.phase == "preparing":
+            self._abort_before_commit(tx, "Aborted", f"{node} voted no: {why}")
+
+    def _abort_before_commit(self, tx: CoordTx, error: str, why: str) -> None:
+        """Abort on our own authority: safe because only this incarnation could propose commit.
+
+        The log is not consulted: a participant in doubt that asks it finds no
+        commit (nobody will ever propose one) and gets its own abort decided.
+        """
+        self._reply(tx, {"ok": False, "outcome": ABORT, "error": error, "why": why, "g": tx.gtid})
+        self._enter_phase_two(tx, ABORT)
+
+    def _coord_tick(self, tx: CoordTx, now: float) -> None:
+        if tx.phase == "preparing":
+            if now >= tx.vote_deadline:
+                missing = sorted(set(tx.branches) - set(tx.votes))
+                self._abort_before_commit(tx, "Unavailable", f"no vote from {missing}")
+                return
+            if now >= tx.next_retry:
+                tx.next_retry = now + self.config.retry
+                for node in sorted(set(tx.branches) - set(tx.votes)):
+                    self._send_prepare(tx, node)
+        elif tx.phase == "deciding" and now >= tx.next_retry:
+            tx.next_retry = now + self.config.retry
+            assert tx.proposed is not None
+            self._propose(tx.gtid, tx.proposed, sorted(tx.branches))
+        elif tx.phase == "recovering" and now >= tx.next_retry:
+            tx.next_retry = now + self.config.retry
+            self._send(LOG, {"t": LOOKUP, "g": tx.gtid})
+        elif tx.phase == "finishing" and now >= tx.next_retry:
+            tx.next_retry = now + self.config.retry
+            self._send_outcomes(tx)
+
+    def _coord_decided(self, tx: CoordTx, outcome: str) -> None:
+        if tx.outcome is not None:
+            if tx.outcome != outcome:
+                self._log("error", f"{tx.gtid}: log says {outcome} but we finish {tx.outcome}")
+            return
+        if tx.phase == "recording":
+            return  # cannot be: nobody has heard of the gtid yet
+        if outcome == COMMIT:
+            reads: dict[str, Any] = {}
+            for node in sorted(tx.votes):
+                reads.update(tx.votes[node])
+            self._reply(tx, {"ok": True, "outcome": COMMIT, "g": tx.gtid, "reads": reads})
+        else:
+            self._reply(tx, {"ok": False, "outcome": ABORT, "error": "Aborted", "g": tx.gtid})
+        self._enter_phase_two(tx, outcome)
+
+    def _coord_unknown(self, tx: CoordTx, forgotten: bool) -> None:
+        if tx.phase != "recovering":
+            return
+        if forgotten:
+            # Below our own floor: phase two finished before the crash, only the
+            # record's deletion was lost.
+            self._finished(tx)
+        else:
+            # Undecided: we lost the votes, so we can only propose abort.  If our
+            # commit proposal from before the crash is still in flight and lands
+            # first, the log says commit and we finish that instead.
+            tx.phase = "deciding"
+            tx.proposed = ABORT
+            tx.next_retry = self.now + self.config.retry
+            self._propose(tx.gtid, ABORT, sorted(tx.branches))
+
+    def _enter_phase_two(self, tx: CoordTx, outcome: str) -> None:
+        tx.outcome = outcome
+        tx.phase = "finishing"
+        tx.next_retry = self.now + self.config.retry
+        self._send_outcomes(tx)
+
+    def _send_outcomes(self, tx: CoordTx) -> None:
+        assert tx.outcome is not None
+        floor = self.floor()
+        for node in sorted(set(tx.branches) - tx.acks):
+            self._send(node, {"t": OUTCOME, "g": tx.gtid, "o": tx.outcome, "f": floor})
+
+    def _acked(self, tx: CoordTx, node: NodeId) -> None:
+        if tx.phase != "finishing":
+            return  # it resolved through the log; it will ack again once we know the outcome
+        tx.acks.add(node)
+        if tx.acks >= set(tx.branches):
+            self._finished(tx)
+
+    def _finished(self, tx: CoordTx) -> None:
+        """Phase two is complete everywhere: forget the gtid, raise the floor (compaction)."""
+        del self.coord[tx.gtid]
+        self._persist([(K_COORD + tx.gtid.encode(), None)], ("", tx.gtid))
+        self._out.append(Notify("dtx.finished", {"g": tx.gtid, "o": tx.outcome}))
+        floor = self.floor()
+        if floor > self.sent_floor:
+            self.sent_floor = floor
+            self._send(LOG, {"t": FORGET, "c": self.name, "f": floor})
+
+    def _reply(self, tx: CoordTx, payload: dict[str, Any]) -> None:
+        if tx.request_id is not None and not tx.replied:
+            tx.replied = True
+            self._out.append(Reply(tx.request_id, payload))
+
+    # ============================================================= participant
+    def _prepare(self, gtid: str, ops: Any) -> None:
+        parsed = parse_gtid(gtid)
+        assert parsed is not None
+        coordinator, seq = parsed
+        if seq < self.floors.get(coordinator, 0):
+            self._vote(gtid, coordinator, False, "finished long ago")
+            return
+        tomb = self.tombs.get(gtid)
+        if tomb is not None:
+            if tomb == ABORT:  # aborted here (maybe on our own, B9): a late prepare gets no
+                self._vote(gtid, coordinator, False, "aborted")
+            return
+        b = self.branches.get(gtid)
+        if b is not None:
+            if b.state == "prepared":  # our vote was lost: say it again
+                self._vote(gtid, coordinator, True, reads=b.reads)
+            return
+        why = self.rm.check_ops(ops)
+        if why is not None:
+            self._vote(gtid, coordinator, False, f"bad ops: {why}")
+            return
+        assert isinstance(ops, list)
+        self.branches[gtid] = Branch(
+            gtid, coordinator, "locking", self.now + self.config.branch_timeout
+        )
+        self._progress(self.rm.open(gtid, ops))
+
+    def _progress(self, results: list[Progress]) -> None:
+        for result in results:
+            b = self.branches.get(result.gtid)
+            if b is None or b.state != "locking":
+                continue
+            if isinstance(result, Refused):
+                del self.branches[b.gtid]
+                self.tombs[b.gtid] = ABORT
+                self._vote(b.gtid, b.coordinator, False, result.reason)
+                continue
+            b.state = "persisting"
+            b.reads = result.reads
+            record = {"c": b.coordinator, "r": result.record, "reads": result.reads}
+            self._persist([(K_PREPARED + b.gtid.encode(), _pack(record))], ("prepared", b.gtid))
+
+    def _branch_prepared(self, b: Branch) -> None:
+        b.state = "prepared"
+        b.deadline = self.now + self.config.decision_timeout
+        if b.pending_outcome is not None:  # the outcome overtook our durable prepare
+            self._participant_outcome(b.gtid, b.pending_outcome)
+            return
+        self._vote(b.gtid, b.coordinator, True, reads=b.reads)
+
+    def _vote(
+        self,
+        gtid: str,
+        coordinator: NodeId,
+        yes: bool,
+        why: str = "",
+        reads: dict[str, Any] | None = None,
+    ) -> None:
+        if yes:
+            self._send(coordinator, {"t": VOTE, "g": gtid, "v": "yes", "r": reads or {}})
+        else:
+            self._send(coordinator, {"t": VOTE, "g": gtid, "v": "no", "why": why})
+
+    def _branch_timeout(self, b: Branch) -> None:
+        """Never prepared in time (lock wait, lost coordinator): abort it, release the locks."""
+        del self.branches[b.gtid]
+        self.tombs[b.gtid] = ABORT
+        _, progress = self.rm.finish(b.gtid, False)
+        self._vote(b.gtid, b.coordinator, False, "branch timeout")
+        self._progress(progress)
+
+    def _in_doubt(self, b: Branch) -> None:
+        """Prepared and no outcome in time (B9): ask the log, proposing abort.
+
+        The proposal doubles as the lookup: if a decision exists, the log answers
+        with it; if not, ours becomes the decision.  Either way everybody applies
+        the one the log holds, so waiting for a dead coordinator ends here.
+        """
+        b.asked = True
+        self._propose(b.gtid, ABORT, [b.coordinator])
+
+    def _participant_outcome(self, gtid: str, outcome: str) -> None:
+        b = self.branches.get(gtid)
+        parsed = parse_gtid(gtid)
+        assert parsed is not None
+        coordinator, seq = parsed
+        if b is None:
+            tomb = self.tombs.get(gtid)
+            if tomb is not None and tomb != outcome:
+                self._log("error", f"{gtid}: told {outcome} but applied {tomb}")
+                self._out.append(Notify("dtx.conflict", {"g": gtid, "o": outcome, "had": tomb}))
+                return
+            if tomb is None and outcome == COMMIT and seq >= self.floors.get(coordinator, 0):
+                # A commit needs our durable yes vote, so a prepared record: losing it is a bug.
+                self._log("error", f"{gtid}: commit for a branch never prepared here")
+                self._out.append(Notify("dtx.conflict", {"g": gtid, "o": outcome, "had": None}))
+                return
+            if tomb is None and outcome == ABORT:
+                self.tombs[gtid] = ABORT  # so a prepare still in flight is refused
+            self._send(coordinator, {"t": ACK, "g": gtid})
+            return
+        if b.state == "locking":
+            if outcome == COMMIT:
+                self._log("error", f"{gtid}: commit before we prepared")
+                self._out.append(Notify("dtx.conflict", {"g": gtid, "o": outcome, "had": None}))
+                return
+            del self.branches[gtid]
+            self.tombs[gtid] = ABORT
+            _, progress = self.rm.finish(gtid, False)
+            self._send(coordinator, {"t": ACK, "g": gtid})
+            self._progress(progress)
+        elif b.state == "persisting":
+            b.pending_outcome = outcome
+        elif b.state == "prepared":
+            self._resolve(b, outcome)
+        elif b.resolving != outcome:
+            self._log("error", f"{gtid}: told {outcome} while applying {b.resolving}")
+            self._out.append(Notify("dtx.conflict", {"g": gtid, "o": outcome, "had": b.resolving}))
+
+    def _resolve(self, b: Branch, outcome: str) -> None:
+        """Apply the outcome: effects, end of the prepared record and tombstone in one write."""
+        b.state = "resolving"
+        b.resolving = outcome
+        writes, progress = self.rm.finish(b.gtid, outcome == COMMIT)
+        writes = [
+            *writes,
+            (K_PREPARED + b.gtid.encode(), None),
+            (K_TOMB + b.gtid.encode(), outcome.encode()),
+        ]
+        self._persist(writes, ("resolved", b.gtid))
+        self._progress(progress)
+
+    def _branch_resolved(self, b: Branch) -> None:
+        assert b.resolving is not None
+        del self.branches[b.gtid]
+        self.tombs[b.gtid] = b.resolving
+        self.durable_tombs.add(b.gtid)
+        self._out.append(Notify("dtx.resolved", {"g": b.gtid, "o": b.resolving, "node": self.name}))
+        self._send(b.coordinator, {"t": ACK, "g": b.gtid})
+
+    def _learn_floor(self, coordinator: NodeId, floor: int) -> None:
+        """The coordinator finished every gtid below ``floor``: drop their tombstones."""
+        if floor <= self.floors.get(coordinator, 0):
+            return
+        self.floors[coordinator] = floor
+        writes: list[tuple[bytes, bytes | None]] = [(K_FLOOR + coordinator.encode(), _pack(floor))]
+        for gtid in list(self.tombs):
+            parsed = parse_gtid(gtid)
+            if parsed is not None and parsed[0] == coordinator and parsed[1] < floor:
+                del self.tombs[gtid]
+                if gtid in self.durable_tombs:
+                    self.durable_tombs.discard(gtid)
+                    writes.append((K_TOMB + gtid.encode(), None))
+        self._persist(writes, ("", ""))
+
+    # ============================================================= the log's answers
+    def _decided(self, gtid: str, outcome: str) -> None:
+        tx = self.coord.get(gtid)
+        if tx is not None:
+            self._coord_decided(tx, outcome)
+        if gtid in self.branches:
+            self._participant_outcome(gtid, outcome)
+
+    def _unknown(self, gtid: str, forgotten: bool) -> None:
+        tx = self.coord.get(gtid)
+        if tx is not None:
+            self._coord_unknown(tx, forgotten)
+        b = self.branches.get(gtid)
+        if b is not None and forgotten and b.state == "prepared":
+            # Finished everywhere, yet prepared here: a ghost of a duplicated
+            # prepare.  Its outcome was applied already; this copy must not be.
+            self._log("warning", f"{gtid}: prepared after it was finished; discarding")
+            self._resolve(b, ABORT)
+
+    # ============================================================= inspection
+    def status(self) -> dict[str, Any]:
+        """What this node is doing (client ``status`` op, tests, the campaign's liveness check)."""
+        return {
+            "node": self.name,
+            "coordinating": {g: tx.phase for g, tx in sorted(self.coord.items())},
+            "branches": {g: b.state for g, b in sorted(self.branches.items())},
+            "tombstones": len(self.tombs),
+            "floor": self.floor(),
+        }
+
+
+def payload_op(payload: Any) -> Any:
+    return payload.get("op") if isinstance(payload, dict) else None

@@ -1,0 +1,450 @@
+"""The bank under faults: one seed = one run of distributed transfers, checked.
+
+:func:`run_seed` draws everything from the seed:
+
+1. 3-5 participant nodes, each the master of a few accounts (balance 100),
+   plus the decision log node (:data:`~nonstop.dtx.decisions.LOG`); network
+   loss, duplication and reordering rates and the disk's fsync latency;
+2. a client that submits cross-node transfers (and some same-node ones) and
+   read-only *audits* over every account of every node, to random coordinators;
+3. the nemesis (:mod:`nonstop.sim.nemesis`) crashes, pauses, partitions (both
+   ways and one way) and drops messages, the log node included (a lost Raft
+   quorum), until ``heal_at``;
+4. a **coordinator crash at one protocol step** (:data:`STEPS`): before prepare,
+   after some prepares, after proposing commit, when the decision arrives,
+   during phase two -- chosen by the seed or forced by the caller;
+5. after the heal everything must settle within ``settle_within`` virtual
+   seconds, and a last audit must commit.
+
+:class:`DtxChecker` then asserts (online, from what machines say, and on the
+final state): one outcome per gtid everywhere (log and participants), commit
+applied only after the log decided it, at most once per node, never partially;
+clients told "commit" see it applied everywhere, clients told "abort" or
+``Unavailable`` see it applied nowhere; every committed audit reads the exact
+total; final balances, in memory and on disk, equal the initial ones plus the
+committed transfers; nobody is left in doubt or coordinating.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from nonstop.dtx.decisions import COMMIT, DECIDED, LOG, PROPOSE
+from nonstop.dtx.protocol import ACK, K_TOMB, VOTE, DtxConfig, DtxNode
+from nonstop.dtx.simulated import K_KV, SimDecisionLog, make_node
+from nonstop.runtime.interface import (
+    Action,
+    ClientRequest,
+    Event,
+    NodeId,
+    Notify,
+    Persist,
+    Received,
+    Send,
+)
+from nonstop.sim import nemesis
+from nonstop.sim.core import DiskConfig, NetConfig, Simulation, SimulationError
+
+STEPS = (
+    "none",
+    "before_prepare",
+    "after_some_prepares",
+    "after_propose",
+    "after_decided",
+    "during_phase2",
+)
+"""Where the injected coordinator crash lands (see :class:`CrashAtStep`)."""
+
+INITIAL = 100
+
+
+@dataclass(slots=True)
+class ScenarioConfig:
+    nodes: tuple[int, ...] = (3, 3, 4, 5)
+    accounts_per_node: int = 3
+    client_start: float = 0.2
+    fault_start: float = 0.5
+    heal_at: float = 3.0
+    fault_rate: float = 1.5
+    fault_kinds: tuple[str, ...] = nemesis.FAULT_KINDS
+    settle_within: float = 8.0
+    max_events: int = 600_000
+    dtx: DtxConfig = field(default_factory=DtxConfig)
+    node_class: type[DtxNode] = DtxNode
+    """Tests plug broken variants in here (the mutation check)."""
+
+
+@dataclass(slots=True)
+class Violation:
+    time: float
+    invariant: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"t={self.time:.3f} {self.invariant}: {self.detail}"
+
+
+@dataclass(slots=True)
+class DtxResult:
+    seed: int
+    ok: bool
+    step: str
+    violations: list[Violation]
+    faults: list[nemesis.Fault]
+    nodes: list[NodeId]
+    stats: dict[str, Any]
+
+    def summary(self) -> str:
+        s = self.stats
+        return (
+            f"seed {self.seed}: {'ok' if self.ok else 'FAIL'} nodes={len(self.nodes)} "
+            f"step={self.step} faults={len(self.faults)} txs={s['begun']} "
+            f"committed={s['committed']} acked={s['acked_commit']} audits={s['audits']} "
+            f"events={s['events']} virtual={s['virtual_time']:.2f}s wall={s['wall_time']:.3f}s"
+        )
+
+
+# ------------------------------------------------------------------ checker
+@dataclass(slots=True)
+class DtxChecker:
+    """Online and final invariants of a run (module doc)."""
+
+    violations: list[Violation] = field(default_factory=list)
+    decisions: dict[str, str] = field(default_factory=dict)
+    begun: dict[str, dict[str, Any]] = field(default_factory=dict)
+    request_gtid: dict[int, str] = field(default_factory=dict)
+    resolved: dict[str, dict[NodeId, str]] = field(default_factory=dict)
+    commits: Counter[tuple[str, NodeId]] = field(default_factory=Counter)
+    max_violations: int = 20
+
+    def attach(self, sim: Simulation) -> DtxChecker:
+        sim.observers.append(self.observe)
+        sim.fault_observers.append(self.on_fault)
+        return self
+
+    def on_fault(self, sim: Simulation, what: str, details: dict[str, Any]) -> None:
+        """A crash may leave a resolution durable without its ``Persisted`` (a torn tail).
+
+        Its tombstone is then on disk although the node never said so: count it
+        as applied, with the same checks as a notified one.
+        """
+        if what != "crash" or details["node"] == LOG:
+            return
+        node = details["node"]
+        for key, raw in sorted(sim.nodes[node].disk.durable.items()):
+            if key.startswith(K_TOMB):
+                gtid = key[len(K_TOMB) :].decode()
+                if node not in self.resolved.get(gtid, {}):
+                    self._resolved(sim, node, gtid, raw.decode())
+
+    def fail(self, sim: Simulation, invariant: str, detail: str) -> None:
+        if len(self.violations) < self.max_violations:
+            self.violations.append(Violation(sim.now, invariant, detail))
+
+    def observe(self, sim: Simulation, node: NodeId, event: Event, actions: list[Action]) -> None:
+        for action in actions:
+            if isinstance(action, Send) and node == LOG:
+                p = action.payload
+                if p.get("t") == DECIDED:
+                    self._decision(sim, p["g"], p["o"])
+            elif isinstance(action, Notify):
+                self._notify(sim, node, action)
+
+    def _decision(self, sim: Simulation, gtid: str, outcome: str) -> None:
+        known = self.decisions.setdefault(gtid, outcome)
+        if known != outcome:
+            self.fail(sim, "log-agreement", f"{gtid} decided {known} and {outcome}")
+
+    def _notify(self, sim: Simulation, node: NodeId, action: Notify) -> None:
+        data = action.data
+        if action.kind == "dl.decided":
+            self._decision(sim, data["g"], data["o"])
+        elif action.kind == "dtx.begin":
+            self.begun[data["g"]] = data["branches"]
+            if data["request_id"] is not None:
+                self.request_gtid[data["request_id"]] = data["g"]
+        elif action.kind == "dtx.resolved":
+            self._resolved(sim, node, data["g"], data["o"])
+        elif action.kind == "dtx.conflict":
+            self.fail(sim, "conflict", f"{node}: {data}")
+
+    def _resolved(self, sim: Simulation, node: NodeId, gtid: str, outcome: str) -> None:
+        where = self.resolved.setdefault(gtid, {})
+        for other, o in where.items():
+            if o != outcome:
+                self.fail(sim, "agreement", f"{gtid}: {other} applied {o}, {node} {outcome}")
+        where[node] = outcome
+        if outcome == COMMIT:
+            self.commits[(gtid, node)] += 1
+            if self.commits[(gtid, node)] > 1:
+                self.fail(sim, "exactly-once", f"{gtid} committed twice on {node}")
+            if self.decisions.get(gtid) != COMMIT:
+                self.fail(
+                    sim,
+                    "commit-before-decision",
+                    f"{node} applied commit of {gtid}; log has {self.decisions.get(gtid)}",
+                )
+        elif self.decisions.get(gtid) == COMMIT:
+            self.fail(sim, "agreement", f"{node} aborted {gtid}, the log decided commit")
+
+    # -------------------------------------------------------------- final
+    def final(
+        self, sim: Simulation, names: list[NodeId], accounts: dict[NodeId, list[str]], total: int
+    ) -> None:
+        committed = {g for g, o in self.decisions.items() if o == COMMIT}
+        committed |= {g for g, where in self.resolved.items() if COMMIT in where.values()}
+        # No partial application, after the heal and settling.
+        for gtid in sorted(committed):
+            branches = self.begun.get(gtid)
+            if branches is None:
+                self.fail(sim, "unknown-gtid", f"{gtid} committed but never begun")
+                continue
+            where = self.resolved.get(gtid, {})
+            missing = sorted(n for n in branches if where.get(n) != COMMIT)
+            if missing:
+                self.fail(sim, "atomicity", f"{gtid} committed but not applied on {missing}")
+        # What clients were told.
+        for rid, record in sorted(sim.requests.items()):
+            reply = record.reply
+            if not isinstance(reply, dict) or "outcome" not in reply:
+                continue
+            gtid = reply.get("g")
+            if reply["outcome"] == COMMIT:
+                if gtid not in committed:
+                    self.fail(sim, "acked-commit", f"request {rid} acked commit of {gtid}: lost")
+                reads = reply.get("reads") or {}
+                everything = {a for accs in accounts.values() for a in accs}
+                if reads and set(reads) == everything and sum(reads.values()) != total:
+                    self.fail(sim, "audit", f"{gtid} read total {sum(reads.values())} != {total}")
+            elif gtid in committed:
+                self.fail(sim, "acked-abort", f"request {rid} told {reply} but {gtid} committed")
+        # Balances: initial plus every committed transfer, exactly once, in memory and on disk.
+        expected = {a: INITIAL for accs in accounts.values() for a in accs}
+        for gtid in committed:
+            for ops in (self.begun.get(gtid) or {}).values():
+                for kind, key, amount in ops:
+                    if kind == "add":
+                        expected[key] += amount
+        for name in names:
+            machine = sim.machine(name)
+            durable = sim.nodes[name].disk.durable
+            for acc in accounts[name]:
+                raw = durable.get(K_KV + acc.encode())
+                on_disk = INITIAL if raw is None else msgpack.unpackb(raw)
+                in_memory = machine.rm.kv[acc] if isinstance(machine, DtxNode) else None
+                if on_disk != expected[acc] or in_memory not in (None, expected[acc]):
+                    self.fail(
+                        sim,
+                        "balance",
+                        f"{acc}: expected {expected[acc]}, disk {on_disk}, memory {in_memory}",
+                    )
+        if sum(expected.values()) != total:
+            self.fail(sim, "conservation", f"committed transfers change the total: {expected}")
+
+
+# ------------------------------------------------------------------ crash injection
+@dataclass(slots=True)
+class CrashAtStep:
+    """Crash ``coordinator`` the first time (after ``after``) it reaches ``step``.
+
+    Steps are recognised from the coordinator's events and actions:
+    ``before_prepare`` -- it recorded a new gtid (the record may be lost);
+    ``after_some_prepares`` -- a first yes vote arrived; ``after_propose`` -- it
+    proposed commit to the log; ``after_decided`` -- the decision arrived (the
+    crash happens before any of the event's actions: no reply, no phase two);
+    ``during_phase2`` -- a first acknowledgement arrived.
+    """
+
+    step: str
+    coordinator: NodeId
+    after: float
+    down_for: float
+    fired_at: float | None = None
+    enabled: bool = True
+
+    def attach(self, sim: Simulation) -> CrashAtStep:
+        sim.observers.append(self.observe)
+        return self
+
+    def observe(self, sim: Simulation, node: NodeId, event: Event, actions: list[Action]) -> None:
+        if (
+            not self.enabled
+            or self.fired_at is not None
+            or node != self.coordinator
+            or sim.now < self.after
+        ):
+            return
+        if not self._matches(event, actions):
+            return
+        self.fired_at = sim.now
+        if self.step == "after_decided":
+            sim.crash(node)  # now: the event's actions are never carried out
+        else:
+            sim.at(sim.now, lambda: sim.crash(node))  # right after the step's actions
+        sim.at(sim.now + self.down_for, lambda: sim.restart(node))
+
+    def _matches(self, event: Event, actions: list[Action]) -> bool:
+        step = self.step
+        if step == "before_prepare":
+            return isinstance(event, ClientRequest) and any(isinstance(a, Persist) for a in actions)
+        if step == "after_propose":
+            return any(
+                isinstance(a, Send)
+                and a.to == LOG
+                and a.payload.get("t") == PROPOSE
+                and a.payload.get("o") == COMMIT
+                for a in actions
+            )
+        if not isinstance(event, Received) or not isinstance(event.payload, dict):
+            return False
+        kind = event.payload.get("t")
+        if step == "after_some_prepares":
+            return kind == VOTE and event.payload.get("v") == "yes"
+        if step == "after_decided":
+            return kind == DECIDED and event.payload.get("o") == COMMIT
+        if step == "during_phase2":
+            return kind == ACK
+        return False
+
+
+# ------------------------------------------------------------------ the run
+def run_seed(
+    seed: int,
+    config: ScenarioConfig | None = None,
+    *,
+    step: str | None = None,
+    trace: bool = False,
+) -> tuple[DtxResult, Simulation]:
+    """Run one seed (module doc); ``step`` forces the coordinator crash step."""
+    cfg = config or ScenarioConfig()
+    wall = time.perf_counter()
+    rng = random.Random(seed)
+    net = NetConfig(
+        delay_min=0.0005,
+        delay_mean=rng.choice([0.001, 0.003, 0.01]),
+        drop=rng.choice([0.0, 0.0, 0.01, 0.05]),
+        duplicate=rng.choice([0.0, 0.01, 0.05]),
+        reorder=rng.choice([0.0, 0.05, 0.2]),
+    )
+    disk = DiskConfig(sync_min=0.0005, sync_max=rng.choice([0.004, 0.02, 0.05]))
+    sim = Simulation(
+        rng.getrandbits(64), net, disk, trace=trace, digest=trace, max_events=cfg.max_events
+    )
+    n = rng.choice(cfg.nodes)
+    names = [f"n{i}" for i in range(1, n + 1)]
+    accounts = {x: [f"{x}a{i}" for i in range(cfg.accounts_per_node)] for x in names}
+    all_accounts = [(x, a) for x in names for a in accounts[x]]
+    total = INITIAL * len(all_accounts)
+
+    checker = DtxChecker().attach(sim)
+    for name in names:
+        factory = make_node(name, dict.fromkeys(accounts[name], INITIAL), cfg.dtx, cfg.node_class)
+        sim.add_node(name, factory)
+    sim.add_node(LOG, SimDecisionLog)
+
+    chosen = step if step is not None else rng.choice(STEPS)
+    injector = None
+    if chosen != "none":
+        injector = CrashAtStep(
+            chosen,
+            rng.choice(names),
+            rng.uniform(cfg.client_start, cfg.heal_at * 0.7),
+            rng.choice([0.05, 0.3, 1.0, 2.0]),
+        ).attach(sim)
+
+    faults = nemesis.plan(
+        rng,
+        [*names, LOG],
+        start=cfg.fault_start,
+        heal_at=cfg.heal_at,
+        rate=cfg.fault_rate,
+        kinds=cfg.fault_kinds,
+    )
+    nemesis.install(sim, faults, cfg.heal_at)
+
+    # ------------------------------------------------------------ workload
+    interval = rng.choice([0.02, 0.04, 0.08])
+
+    def transfer() -> dict[str, Any]:
+        (xa, a), (xb, b) = rng.sample(all_accounts, 2)
+        if xa == xb and rng.random() < 0.7:  # mostly cross-node
+            xb, b = rng.choice([p for p in all_accounts if p[0] != xa])
+        amount = rng.randint(1, 40)
+        branches: dict[str, list[list[Any]]] = {}
+        branches.setdefault(xa, []).append(["add", a, -amount])
+        branches.setdefault(xb, []).append(["add", b, amount])
+        return {"op": "run", "branches": branches}
+
+    def audit() -> dict[str, Any]:
+        return {"op": "run", "branches": {x: [["read", a, 0] for a in accounts[x]] for x in names}}
+
+    def submit() -> None:
+        payload = audit() if rng.random() < 0.12 else transfer()
+        sim.request(rng.choice(names), payload)
+
+    t = cfg.client_start
+    while t < cfg.heal_at:
+        sim.at(t, submit)
+        t += interval
+
+    # ------------------------------------------------------------ run
+    try:
+        sim.run_until(cfg.heal_at)
+        deadline = cfg.heal_at + cfg.settle_within
+        while sim.now < deadline and _busy(sim, names) is not None:
+            sim.run_for(0.1)
+        busy = _busy(sim, names)
+        if busy is not None:
+            checker.fail(
+                sim, "liveness", f"not settled {cfg.settle_within}s after the heal: {busy}"
+            )
+        else:
+            if injector is not None:
+                injector.enabled = False  # the final audit checks liveness, not crashes
+            rid = sim.request(names[0], audit())
+            while sim.now < deadline + 3.0 and sim.requests[rid].reply is None:
+                sim.run_for(0.05)
+            reply = sim.requests[rid].reply
+            if not (isinstance(reply, dict) and reply.get("outcome") == COMMIT):
+                checker.fail(sim, "liveness", f"final audit did not commit: {reply!r:.200}")
+            sim.run_for(0.5)  # its phase two
+    except SimulationError as exc:
+        checker.fail(sim, "runaway", str(exc))
+    checker.final(sim, names, accounts, total)
+
+    replies = [r.reply for r in sim.requests.values() if isinstance(r.reply, dict)]
+    stats = {
+        "events": sim.events,
+        "messages": sim.messages_sent,
+        "begun": len(checker.begun),
+        "committed": sum(1 for o in checker.decisions.values() if o == COMMIT),
+        "acked_commit": sum(1 for r in replies if r.get("outcome") == COMMIT),
+        "unavailable": sum(1 for r in replies if r.get("error") == "Unavailable"),
+        "audits": sum(1 for r in replies if r.get("outcome") == COMMIT and r.get("reads")),
+        "crash_fired": None if injector is None else injector.fired_at,
+        "virtual_time": sim.now,
+        "wall_time": time.perf_counter() - wall,
+    }
+    violations = list(checker.violations)
+    result = DtxResult(seed, not violations, chosen, violations, faults, names, stats)
+    return result, sim
+
+
+def _busy(sim: Simulation, names: list[NodeId]) -> str | None:
+    """None once every node is up and has nothing in flight; else what is still going on."""
+    for name in [*names, LOG]:
+        node = sim.nodes[name]
+        if not node.up or node.paused:
+            return f"{name} is down"
+    for name in names:
+        m = sim.machine(name)
+        assert isinstance(m, DtxNode)
+        if m.coord or m.branches:
+            return f"{name}: {m.status()}"
+    return None
