@@ -194,6 +194,17 @@ def test_duplicate_location_shows_up_in_status_warnings():
     assert states(status)["n3"] == "DuplicateLocation"
     assert any("n3" in w and "location code" in w for w in status["warnings"])
     assert status["quorum"] == "Partial"  # n3 does not count
+    # and nothing but detector traffic flows between n3 and the others
+    raft_traffic = []
+    sim.observers.append(
+        lambda s, n, e, actions: raft_traffic.extend(
+            (n, a.to) for a in actions if getattr(a, "to", None) and a.payload.get("k") != "fd"
+        )
+    )
+    sim.run_until(3.0)
+    assert raft_traffic, "the healthy nodes keep talking"
+    assert not [(n, to) for n, to in raft_traffic if "n3" in (n, to) and n != "n3"]
+    assert not [(n, to) for n, to in raft_traffic if n == "n3" and to == "n1"]
 
 
 def test_unknown_and_malformed_requests_get_bad_request():

@@ -26,7 +26,9 @@ Routing inside the node
   with kind ``"fd"`` (detector), ``"raft"`` (cluster log) or ``"adm"``
   (forwarded admin requests and their answers).  ``en`` is the sender's
   quorum flag: messages from a Disabled node are not liveness (D16), so the
-  rest of the cluster sees a node without quorum as Down.
+  rest of the cluster sees a node without quorum as Down.  Only detector
+  messages are exchanged with a peer in DuplicateLocation, DuplicateTimestamp
+  or UnsupportedProtocol state (C3: no communication until corrected).
 * Timers: ``"fd:<name>"`` (detector), ``"raft.*"`` (Raft's own names),
   ``"node:<name>"`` (this class: forwarded request time-outs).
 * ``Persist`` tokens come from one counter shared by the components; a
@@ -81,6 +83,9 @@ Notifications (``Notify``)
 node applies, in order (``digest`` chains every entry before it, so two nodes
 with equal digests at an index applied identical histories up to it).
 
+A node that is not (yet) in the cluster log's membership -- a joiner waiting
+to be added -- is Disabled: it has no quorum to be part of.
+
 Acting while Disabled
 ---------------------
 A Disabled node does not *act*: it accepts no work (no ``proposed``, no ``ok``
@@ -100,6 +105,7 @@ from typing import Any
 import msgpack
 
 from nonstop.cluster.failure import (
+    ERROR_STATES,
     DetectorConfig,
     FailureDetector,
     NodeIdentity,
@@ -313,6 +319,10 @@ class ClusterNode:
             return self.detector.add_peer(name, address, static=False)
         actions = self.detector.heard(event.now, event.sender, bool(payload.get("en", True)))
         body = payload.get("b")
+        if kind != "fd" and self.detector.state_of(event.sender) in ERROR_STATES:
+            # Duplicate location/timestamp or unsupported protocol: "no communication
+            # can occur with this node until the error is corrected" (C3).
+            return actions
         if kind == "fd":
             actions += self._wrap("fd", self.detector.on_message(event.now, event.sender, body))
         elif kind == "raft":
@@ -329,6 +339,8 @@ class ClusterNode:
         out: list[Action] = []
         for action in actions:
             if isinstance(action, Send):
+                if kind != "fd" and self.detector.state_of(action.to) in ERROR_STATES:
+                    continue  # no communication with a node in an error state (C3)
                 out.append(Send(action.to, self._envelope(kind, action.payload)))
             elif kind == "fd" and isinstance(action, SetTimer):
                 out.append(SetTimer("fd:" + action.name, action.delay))
