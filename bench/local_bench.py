@@ -1002,8 +1002,10 @@ def render(
         lines += [
             "## Profiles",
             "",
-            "Taken after the measurements, in separate short runs, because a goal above is "
-            "below target (or `--profile always`).",
+            "Taken because a goal above is below target (or `--profile always`): the "
+            "transfer cases in separate short runs after the measurements, the snapshot "
+            "read on the store it was just measured on.  Profiling slows the code down: "
+            "read proportions, not rates.",
             "",
         ]
         lines += profiles
