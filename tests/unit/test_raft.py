@@ -58,8 +58,11 @@ class StateMachine:
         self.views: list[tuple[int, list[str]]] = []
         self.last = 0
 
-    def apply(self, e: Entry) -> None:
+    def apply(self, e: Entry, strict: bool = True) -> None:
         if e.kind == "snapshot":
+            # Within one incarnation a snapshot only ever moves the state forward, except for
+            # a split-brain reset under a non-intersecting policy.
+            assert not strict or self.last == 0 or e.index > self.last, (e.index, self.last)
             st = e.data["state"]
             self.cmds = [] if st is None else msgpack.unpackb(st, raw=False)["cmds"]
             self.views = [(e.data["view_id"], e.data["members"])] if e.data["view_id"] else []
@@ -206,7 +209,7 @@ class Cluster:
     def drain(self, name: str) -> None:
         node, sm = self.nodes[name], self.sm[name]
         for e in node.take_applied():
-            sm.apply(e)
+            sm.apply(e, self.strict)
             if not self.strict:
                 continue  # a non-intersecting policy may legitimately commit divergent entries
             if e.kind == "config":

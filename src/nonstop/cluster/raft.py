@@ -312,6 +312,7 @@ class Raft:
         self._durable_hs: tuple[int, NodeId | None] = (0, None)
         self._was_member = False
         self._reset_wanted = False  # we asked the leader for a reset snapshot
+        self._leader_last = 0  # the largest "last" the current leader has told us
 
         self._recover(recovered)
         if self.last_index == 0 and bootstrap_members:
@@ -1023,6 +1024,8 @@ class Raft:
             out.append(Log("debug", f"raft: stale term {term} < {self.term} from {sender}"))
             out.append(Send(sender, {"t": "raft.append_r", "term": self.term, "ok": False}))
             return False
+        if term > self.term or self.role != ROLE_FOLLOWER or sender != self.leader:
+            self._leader_last = 0
         if term > self.term or self.role != ROLE_FOLLOWER:
             self._become_follower(now, term, sender, out)
         else:
@@ -1038,6 +1041,8 @@ class Raft:
             raise _Bad("negative prev")
         if not self._accept_leader(now, sender, term, out):
             return
+        if _is_int(p.get("last")):
+            self._leader_last = max(self._leader_last, p["last"])
         base = {"t": "raft.append_r", "term": self.term, "e": 1 if ents else 0}
         if prev < self._snap_index:
             # The append starts inside our snapshot.  Committed entries are identical to the
@@ -1046,8 +1051,10 @@ class Raft:
             # that far, ask for what follows the snapshot instead of acknowledging blindly.
             skip = self._snap_index - prev
             if len(ents) < skip:
-                if _is_int(p.get("last")) and p["last"] < self._snap_index:
+                if not self._intersecting() and self._leader_last < self._snap_index:
                     # We committed beyond the leader's whole log: only after a split brain.
+                    # (The largest "last" seen from this leader, because a delayed append
+                    # carries an old one.)
                     self._request_reset(sender, self._snap_index, base, out)
                     return
                 nxt = self._snap_index + 1
