@@ -56,9 +56,8 @@ class ScenarioConfig:
     detector: DetectorConfig = field(
         default_factory=lambda: DetectorConfig(keepalive_interval=0.1, non_response_timeout=0.4)
     )
-    raft: RaftConfig = field(
-        default_factory=lambda: RaftConfig(election_timeout=0.5, heartbeat_interval=0.05)
-    )
+    raft: RaftConfig | None = None
+    """Fixed Raft timing; default: election timeout drawn per seed (0.3, 0.5 or 1.0 s)."""
     snapshot_every: int = 16
     disk: DiskConfig | None = None
     """Fixed disk behaviour; default: fsync latency drawn per seed (0.5 ms up to 100 ms)."""
@@ -115,6 +114,9 @@ def run_seed(
     quorum: dict[str, Any] = {"mode": "majority"}
     if rng.random() < cfg.weights_probability:
         quorum["weights"] = {x: rng.choice([1, 1, 2]) for x in names}
+    raft = cfg.raft or RaftConfig(
+        election_timeout=rng.choice([0.3, 0.5, 0.5, 1.0]), heartbeat_interval=0.05
+    )
     addresses = {x: f"sim://{x}" for x in names}
     timestamps = {x: 1_700_000_000 + i for i, x in enumerate(names)}
     factory = cfg.node_factory or ClusterNode
@@ -128,7 +130,7 @@ def run_seed(
             static_peers={x: a for x, a in addresses.items() if x != name},
             detector=cfg.detector,
             quorum=quorum,
-            raft=cfg.raft,
+            raft=raft,
             snapshot_every=cfg.snapshot_every,
         )
         return lambda node_rng, recovered: factory(node_cfg, node_rng, recovered)
