@@ -279,3 +279,103 @@ def test_a_newer_type_version_reads_old_objects_transparently(store_dir: Path) -
         db.transaction() as tx,
     ):
         tx.get(V1Again, code="a")
+
+
+class Rec(nonstop.Managed, name="test_store.Rec"):
+    number: str = nonstop.key(unique=True)
+    slot: int = nonstop.key(unique=True, mutable=True)
+    owner: str = nonstop.key(ordered=True, mutable=True, default="")
+
+
+class UniqueKeysVsDict(RuleBasedStateMachine):
+    """Random moves of a mutable unique key (and creates/deletes) vs a dict, with rollbacks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dir = tempfile.mkdtemp(prefix="nonstop-ukeys-")
+        self.db = nonstop.open(self.dir, durability="none")
+        self.model: dict[str, tuple[int, str]] = {}
+
+    @rule(
+        ops=st.lists(
+            st.tuples(
+                st.sampled_from(["create", "slot", "slot", "owner", "delete"]),
+                st.sampled_from(["R0", "R1", "R2"]),
+                st.integers(0, 3),
+            ),
+            max_size=8,
+        ),
+        commit=st.booleans(),
+        preload=st.permutations(["R0", "R1", "R2"]),
+    )
+    def transaction(
+        self, ops: list[tuple[str, str, int]], commit: bool, preload: list[str]
+    ) -> None:
+        work = dict(self.model)
+        tx = self.db.transaction().__enter__()
+        for number in preload:  # the order objects enter the transaction varies too
+            tx.find(Rec, number=number)
+        for kind, number, v in ops:
+            holder = next((n for n, (s, _) in work.items() if s == v), None)
+            obj = tx.find(Rec, number=number)
+            assert (obj is not None) == (number in work)
+            if kind == "create":
+                if number in work or holder is not None:
+                    with pytest.raises(nonstop.DuplicateKey):
+                        tx.create(Rec, number=number, slot=v, owner=f"o{v}")
+                else:
+                    tx.create(Rec, number=number, slot=v, owner=f"o{v}")
+                    work[number] = (v, f"o{v}")
+            elif obj is None:
+                continue
+            elif kind == "slot":
+                if holder is not None and holder != number:
+                    with pytest.raises(nonstop.DuplicateKey):
+                        obj.slot = v
+                else:
+                    obj.slot = v
+                    work[number] = (v, work[number][1])
+            elif kind == "owner":
+                obj.owner = f"o{v}"
+                work[number] = (work[number][0], f"o{v}")
+            else:
+                tx.delete(obj)
+                del work[number]
+        assert self.view(tx) == work
+        if commit:
+            tx.commit()
+            self.model = work
+        else:
+            tx.rollback()
+
+    @rule()
+    def reopen(self) -> None:
+        self.db.close()
+        self.db = nonstop.open(self.dir, durability="none")
+
+    @staticmethod
+    def view(tx: nonstop.Transaction) -> dict[str, tuple[int, str]]:
+        got = {r.number: (r.slot, r.owner) for r in tx.extent(Rec)}
+        assert tx.count(Rec) == len(got)
+        for v in range(5):
+            found = tx.find(Rec, slot=v)
+            owners = [n for n, (s, _) in got.items() if s == v]
+            assert (found.number if found is not None else None) == (owners[0] if owners else None)
+        ordered = [r.owner for r in tx.query(Rec).order_by("owner").all()]
+        assert ordered == sorted(o for _, o in got.values())
+        return got
+
+    @invariant()
+    def store_matches_model(self) -> None:
+        with self.db.transaction() as tx:
+            assert self.view(tx) == self.model
+
+    def teardown(self) -> None:
+        self.db.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+TestUniqueKeysVsDict = UniqueKeysVsDict.TestCase
+TestUniqueKeysVsDict.settings = settings(
+    max_examples=60, stateful_step_count=10, deadline=None, suppress_health_check=list(HealthCheck)
+)
