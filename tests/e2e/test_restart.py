@@ -81,7 +81,10 @@ def test_pending_async_calls_resume_after_close(store_dir: Path) -> None:
         with db.transaction() as tx:
             box = tx.create(Mailbox, name="slow")
             box.slow_deliver("call-0", 0.3)
-        time.sleep(0.05)  # call-0 is running
+        deadline = time.monotonic() + 10
+        while not db._dispatcher._busy:  # call-0 is running
+            assert time.monotonic() < deadline
+            time.sleep(0.002)
         for i in range(1, n):
             with db.transaction() as tx:
                 tx.get(Mailbox, name="slow", lock="none").slow_deliver(f"call-{i}", 0.01)

@@ -14,6 +14,8 @@ import nonstop
 from nonstop import Managed, asynchronous, key
 
 ATTEMPTS: list[str] = []
+GATE = threading.Barrier(2)
+PASSED: list[str] = []
 
 
 class Chain(Managed, name="test_async_methods.Chain"):
@@ -36,7 +38,9 @@ class Chain(Managed, name="test_async_methods.Chain"):
     def bump_both(self) -> None:
         ATTEMPTS.append(self.name)
         self.count += 1  # write lock on self
-        time.sleep(0.05)  # the other worker takes its own first lock meanwhile
+        if not PASSED:  # first attempts: both hold their own lock before either goes on
+            GATE.wait(5)
+            PASSED.append(self.name)
         assert self.partner is not None
         self.partner.count += 1  # then the partner: a lock cycle between the two workers
 
@@ -171,6 +175,8 @@ def test_replayed_on_deadlock(tmp_path: Any) -> None:
         ATTEMPTS.clear()
         rounds = 3
         for _ in range(rounds):
+            PASSED.clear()
+            GATE.reset()
             with db.transaction() as tx:
                 tx.get(Chain, name="a", lock="none").bump_both()
                 tx.get(Chain, name="b", lock="none").bump_both()
