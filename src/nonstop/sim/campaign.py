@@ -19,8 +19,11 @@ import sys
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from nonstop.runtime.interface import Action, Event, Notify
 from nonstop.sim.cluster import RunResult, run_seed
+from nonstop.sim.core import Simulation
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,36 +104,42 @@ def _failure_text(outcome: SeedOutcome) -> str:
 
 def explain(seed: int, *, full_trace: bool = False) -> RunResult:
     """Replay one seed and print its shape, faults, notable events and verdict."""
-    result, sim = run_seed(seed, trace=True)
+    notable: list[str] = []
+
+    def watch(sim: Simulation) -> None:
+        def on_actions(sim: Simulation, node: str, event: Event, actions: list[Action]) -> None:
+            for action in actions:
+                if isinstance(action, Notify) and action.kind in NOTABLE:
+                    notable.append(f"{sim.now:10.6f} {node:4s} {action.kind:7s} {action.data}")
+
+        def on_fault(sim: Simulation, what: str, details: dict[str, Any]) -> None:
+            notable.append(f"{sim.now:10.6f} ---- {what:7s} {details}")
+
+        sim.observers.append(on_actions)
+        sim.fault_observers.append(on_fault)
+
+    result, sim = run_seed(seed, trace=full_trace, on_start=watch)
     print(f"seed {seed}: nodes {', '.join(result.nodes)}")
     print("fault schedule:")
     for fault in result.faults:
         print("  " + fault.describe())
-    print("trace:" if full_trace else "trace (faults, roles, leaders, views, quorum):")
-    keep = ("FAULT", "'role'", "kind='leader'", "kind='view'", "kind='quorum'")
-    for line in sim.trace:
-        if full_trace or any(k in line for k in keep):
-            print("  " + (line if full_trace else _short(line)))
+    if full_trace:
+        print("trace:")
+        for line in sim.trace:
+            print("  " + line)
+    else:
+        print("events (faults, roles, leaders, views, quorum; --trace for everything):")
+        for line in notable:
+            print("  " + line)
     print(result.summary())
     for violation in result.violations:
         print(f"  VIOLATION {violation}")
-    print(f"trace digest {result.digest}")
+    if full_trace:
+        print(f"trace digest {result.digest}")
     return result
 
 
-def _short(line: str) -> str:
-    """Keep the time, the node and the notifications of a trace line."""
-    if "FAULT" in line:
-        return line
-    time_s, node, rest = line.split(" ", 2)
-    notes = []
-    start = 0
-    while (i := rest.find("Notify(", start)) != -1:
-        j = rest.find(")", i)
-        notes.append(rest[i : j + 1])
-        start = j + 1
-    kept = [n for n in notes if any(k in n for k in ("'role'", "leader", "view", "quorum"))]
-    return f"{time_s} {node} " + " ".join(kept)
+NOTABLE = frozenset({"role", "leader", "view", "quorum"})
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -90,9 +90,17 @@ class RunResult:
 
 
 def run_seed(
-    seed: int, config: ScenarioConfig | None = None, *, trace: bool = False, digest: bool = True
+    seed: int,
+    config: ScenarioConfig | None = None,
+    *,
+    trace: bool = False,
+    digest: bool = True,
+    on_start: Callable[[Simulation], None] | None = None,
 ) -> tuple[RunResult, Simulation]:
-    """Run one seed of the cluster scenario; returns the result and the simulation."""
+    """Run one seed of the cluster scenario; returns the result and the simulation.
+
+    ``on_start(sim)`` is called before anything runs (to attach observers).
+    """
     cfg = config or ScenarioConfig()
     wall = time.perf_counter()
     rng = random.Random(seed)
@@ -136,6 +144,8 @@ def run_seed(
         return lambda node_rng, recovered: factory(node_cfg, node_rng, recovered)
 
     checker = ClusterChecker().attach(sim)
+    if on_start is not None:
+        on_start(sim)
     for name in founders:
         sim.add_node(name, make(name))
     if joiner is not None:
