@@ -1270,10 +1270,15 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+_MAX_INT = (1 << 63) - 1  # what msgpack (and our own Persist) can carry
+
+
 def _int(p: Mapping[str, Any], key: str) -> int:
     v = p.get(key)
     if not _is_int(v):
         raise _Bad(f"field {key!r} must be an int, got {type(v).__name__}")
+    if not 0 <= v <= _MAX_INT:
+        raise _Bad(f"field {key!r} out of range: {v}")
     return v
 
 
@@ -1293,18 +1298,27 @@ def _names(v: Any) -> frozenset[NodeId]:
 def _entries(v: Any) -> list[tuple[int, str, Any]]:
     if not isinstance(v, list | tuple):
         raise _Bad("ents must be a list")
-    out = []
+    out: list[tuple[int, str, Any]] = []
     for e in v:
-        if not (isinstance(e, list | tuple) and len(e) == 3 and _is_int(e[0]) and e[1] in _KINDS):
+        if not (
+            isinstance(e, list | tuple)
+            and len(e) == 3
+            and _is_int(e[0])
+            and 0 <= e[0] <= _MAX_INT
+            and isinstance(e[1], str)
+            and e[1] in _KINDS
+        ):
             raise _Bad("malformed entry")
+        data = e[2]
         if e[1] == K_CONFIG:
-            d = e[2]
-            if not isinstance(d, dict):
+            if not isinstance(data, dict):
                 raise _Bad("malformed config entry")
-            _names(d.get("voters"))
-            if d.get("old") is not None:
-                _names(d.get("old"))
-        out.append((e[0], e[1], e[2]))
+            old = data.get("old")
+            data = {
+                "voters": sorted(_names(data.get("voters"))),
+                "old": None if old is None else sorted(_names(old)),
+            }
+        out.append((e[0], e[1], data))
     return out
 
 
