@@ -115,7 +115,10 @@ class AsyncDispatcher:
         self.failed = 0
         with db._store.read() as rtxn:
             keys = list(rtxn.cursor(db=db._store.asyncq).iternext(keys=True, values=False))
-        self._seq = 1 + max((int.from_bytes(k[REF_SIZE + 1 :], "big") for k in keys), default=0)
+            # Dead letters are keyed by sequence: never reuse one after a restart.
+            dead = rtxn.cursor(db=db._store.dead)
+            last_dead = int.from_bytes(dead.key(), "big") if dead.last() else 0
+        self._seq = 1 + max([last_dead, *(int.from_bytes(k[REF_SIZE + 1 :], "big") for k in keys)])
         self._add(keys)
         self._threads = [
             threading.Thread(target=self._work, name=f"nonstop-async-{i}", daemon=True)
