@@ -166,3 +166,14 @@ def test_pending_calls_wait_for_their_type_to_be_imported(store_dir: Path) -> No
         assert db.dead_letters() == []
         with db.transaction() as tx:
             assert tx.get(Mailbox, name="late").log == ["call-0", "call-1", "call-2"]
+
+
+def test_dead_letters_survive_restarts_and_are_never_overwritten(store_dir: Path) -> None:
+    for i in range(3):
+        with nonstop.open(store_dir) as db:
+            with db.transaction() as tx:
+                box, _ = tx.get_or_create(Mailbox, name="m")
+                box.explode(f"boom-{i}")
+            assert db.wait_for_async(10)
+            errors = [d["error"] for d in db.dead_letters()]
+            assert errors == [f"ValueError: boom-{j}" for j in range(i + 1)]
