@@ -58,6 +58,7 @@ FORGET = "dl.forget"  # {"t", "c": coordinator, "f": floor}
 # Answers from the log.
 DECIDED = "dl.decided"  # {"t", "g", "o"}
 UNKNOWN = "dl.unknown"  # {"t", "g", "forgotten": bool}
+FORGOT = "dl.forgot"  # {"t", "c", "f"}: the floor is applied (the coordinator stops resending)
 
 
 def make_gtid(coordinator: str, seq: int) -> str:

@@ -48,6 +48,7 @@ from nonstop.dtx.decisions import (
     COMMIT,
     DECIDED,
     FORGET,
+    FORGOT,
     LOG,
     LOOKUP,
     OUTCOMES,
@@ -170,6 +171,8 @@ class DtxConfig:
     """Participant: not prepared this long after the prepare arrived -> abort the branch (B4)."""
     decision_timeout: float = 0.6
     """Participant: prepared this long without an outcome -> propose abort to the log (B9)."""
+    forget_every: float = 1.0
+    """Resend an unconfirmed compaction floor this often (it is only an optimisation)."""
 
 
 # ----------------------------------------------------------------- state
@@ -232,6 +235,9 @@ class DtxNode:
         self.floors: dict[NodeId, int] = {}
         self.next_seq = 1
         self.sent_floor = 0
+        self.log_floor = 0
+        """The highest floor the log confirmed; FORGET is resent until it reaches ours."""
+        self._next_forget = 0.0
         self._token = 0
         self._on_persisted: dict[int, tuple[str, str]] = {}
         self._out: list[Action] = []
@@ -298,6 +304,11 @@ class DtxNode:
             self._log("warning", f"dropped malformed message from {sender}: {payload!r:.80}")
             return
         kind = payload["t"]
+        if kind == FORGOT:
+            floor = payload.get("f")
+            if sender == LOG and isinstance(floor, int) and payload.get("c") == self.name:
+                self.log_floor = max(self.log_floor, floor)
+            return
         gtid = payload.get("g")
         parsed = parse_gtid(gtid)
         if kind == FORGET or parsed is None:
@@ -343,6 +354,8 @@ class DtxNode:
         for tx in list(self.coord.values()):
             if self.coord.get(tx.gtid) is tx:
                 self._coord_tick(tx, now)
+        if now >= self._next_forget and self.floor() > max(self.log_floor, 1):
+            self._forget()
         for b in list(self.branches.values()):
             if self.branches.get(b.gtid) is not b:
                 continue  # ended by an earlier one's released locks
@@ -547,10 +560,14 @@ class DtxNode:
         del self.coord[tx.gtid]
         self._persist([(K_COORD + tx.gtid.encode(), None)], ("", tx.gtid))
         self._out.append(Notify("dtx.finished", {"g": tx.gtid, "o": tx.outcome}))
-        floor = self.floor()
-        if floor > self.sent_floor:
-            self.sent_floor = floor
-            self._send(LOG, {"t": FORGET, "c": self.name, "f": floor})
+        if self.floor() > self.sent_floor:
+            self._forget()
+
+    def _forget(self) -> None:
+        """Compaction: tell the log every gtid of ours below the floor is finished everywhere."""
+        self._next_forget = self.now + self.config.forget_every
+        self.sent_floor = self.floor()
+        self._send(LOG, {"t": FORGET, "c": self.name, "f": self.sent_floor})
 
     def _reply(self, tx: CoordTx, payload: dict[str, Any]) -> None:
         if tx.request_id is not None and not tx.replied:

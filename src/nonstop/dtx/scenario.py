@@ -413,7 +413,15 @@ def run_seed(
             reply = sim.requests[rid].reply
             if not (isinstance(reply, dict) and reply.get("outcome") == COMMIT):
                 checker.fail(sim, "liveness", f"final audit did not commit: {reply!r:.200}")
-            sim.run_for(0.5)  # its phase two
+            # Its phase two, then compaction: the log must have forgotten every
+            # decision (bounded history) once the floors reached it.
+            sim.run_for(cfg.dtx.forget_every + 0.5)
+            log = sim.machine(LOG)
+            if isinstance(log, SimDecisionLog) and log.table.decisions:
+                kept = sorted(log.table.decisions)[:5]
+                checker.fail(
+                    sim, "compaction", f"log still holds {len(log.table.decisions)}: {kept}"
+                )
     except SimulationError as exc:
         checker.fail(sim, "runaway", str(exc))
     checker.final(sim, names, accounts, total)

@@ -26,6 +26,7 @@ import msgpack
 from nonstop.dtx.decisions import (
     DECIDED,
     FORGET,
+    FORGOT,
     LOG,
     LOOKUP,
     OUTCOMES,
@@ -228,12 +229,14 @@ class SimDecisionLog:
             coord, floor = payload.get("c"), payload.get("f")
             if not isinstance(coord, str) or not isinstance(floor, int) or coord != sender:
                 return [Log("warning", f"log: bad forget from {sender}")]
+            forgot = Send(sender, {"t": FORGOT, "c": coord, "f": floor})
             if floor <= self.table.floors.get(coord, 0):
-                return []
+                return [forgot]
             gone = self.table.forget(coord, floor)
             self._token += 1
             writes = [(b"fl/" + coord.encode(), _pack(floor))]
             writes += [(b"d/" + g.encode(), None) for g in gone]
+            self._waiting[self._token] = [forgot]  # acknowledged once durable
             return [Persist(self._token, tuple(writes))]
         gtid = payload.get("g")
         if parse_gtid(gtid) is None:
