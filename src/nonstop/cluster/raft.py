@@ -127,7 +127,7 @@ import zlib
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import msgpack
 
@@ -179,8 +179,11 @@ def log_key(index: int) -> bytes:
     return KEY_LOG_PREFIX + index.to_bytes(8, "big")
 
 
+_packer = msgpack.Packer(use_bin_type=True)  # reused: cheaper than packb() per entry
+
+
 def _pack(value: Any) -> bytes:
-    return msgpack.packb(value, use_bin_type=True)
+    return _packer.pack(value)
 
 
 def _unpack(raw: bytes) -> Any:
@@ -198,9 +201,11 @@ class RaftConfig:
     join_retry_interval: float = 0.5
 
 
-@dataclass(frozen=True, slots=True)
-class Entry:
-    """A committed entry handed to the state machine above (see module docstring)."""
+class Entry(NamedTuple):
+    """A committed entry handed to the state machine above (see module docstring).
+
+    A named tuple rather than a dataclass: one is built per committed entry, on the hot path.
+    """
 
     index: int
     term: int
@@ -853,7 +858,7 @@ class Raft:
             prev = peer.next - 1
             end = min(self.last_index, prev + self.cfg.max_entries_per_append)
             lo = prev - self._snap_index
-            ents = [list(e) for e in self._log[lo : end - self._snap_index]]
+            ents = self._log[lo : end - self._snap_index]  # tuples travel as msgpack arrays
             out.append(
                 Send(
                     peer_id,
@@ -903,14 +908,16 @@ class Raft:
         if index <= self.commit_index:
             return
         self.commit_index = index
-        while self.last_applied < self.commit_index:
-            i = self.last_applied + 1
-            term, kind, data = self._entry(i)
+        log, applied, base = self._log, self._applied, self._snap_index + 1
+        i = self.last_applied + 1
+        while i <= index:
+            term, kind, data = log[i - base]
             self.last_applied = i
             if kind == K_CMD:
-                self._applied.append(Entry(i, term, "cmd", data))
+                applied.append(Entry(i, term, "cmd", data))
             elif kind == K_CONFIG:
                 self._apply_config(i, term, data, out)
+            i += 1
 
     def _apply_config(self, index: int, term: int, data: Any, out: list[Action]) -> None:
         if data["old"] is not None:
@@ -1299,14 +1306,17 @@ def _entries(v: Any) -> list[tuple[int, str, Any]]:
     if not isinstance(v, list | tuple):
         raise _Bad("ents must be a list")
     out: list[tuple[int, str, Any]] = []
+    kinds = _KINDS
     for e in v:
+        # type() instead of isinstance(): this runs once per replicated entry, and it also
+        # rejects bools posing as ints.
         if not (
-            isinstance(e, list | tuple)
+            type(e) in (list, tuple)
             and len(e) == 3
-            and _is_int(e[0])
+            and type(e[0]) is int
             and 0 <= e[0] <= _MAX_INT
-            and isinstance(e[1], str)
-            and e[1] in _KINDS
+            and type(e[1]) is str
+            and e[1] in kinds
         ):
             raise _Bad("malformed entry")
         data = e[2]
