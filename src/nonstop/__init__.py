@@ -45,7 +45,7 @@ from nonstop.tx.async_transaction import AsyncTransaction
 from nonstop.tx.asyncmethods import asynchronous
 from nonstop.tx.requests import run_request
 from nonstop.tx.runner import transactional
-from nonstop.tx.transaction import Transaction
+from nonstop.tx.transaction import Transaction, transaction_of
 
 __version__ = "0.1.0"
 
@@ -85,5 +85,6 @@ __all__ = [
     "key",
     "open",
     "run_request",
+    "transaction_of",
     "transactional",
 ]

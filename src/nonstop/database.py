@@ -82,8 +82,14 @@ class Database:
         self._committer = GroupCommitter(self._store)
         # Prepared (phase-one) transactions awaiting their outcome, by global id.
         self._in_doubt: dict[bytes, Transaction | InDoubt] = {}
-        self._recover_prepared()
-        self._dispatcher = AsyncDispatcher(self, workers=async_workers)
+        try:
+            self._recover_prepared()
+            self._dispatcher = AsyncDispatcher(self, workers=async_workers)
+        except BaseException:
+            # Do not keep the store (and its directory lock) open behind a failed open.
+            self._committer.close()
+            self._store.close()
+            raise
 
     # ----------------------------------------------------------- public API
     def transaction(

@@ -169,13 +169,15 @@ class Query(Generic[M]):
     # ------------------------------------------------------------ internals
     def _access_key(self) -> tuple[KeyInfo | None, str]:
         info = self._info
-        for name in self._eq:
+        for name, value in self._eq.items():
             key = info.keys.get(name)
-            if key is not None and key.options.unique:
+            if key is not None and key.options.unique and value is not None:
                 return key, "eq"
-        for name in self._eq:
-            if name in info.keys:
-                return info.keys[name], "eq"
+        for name, value in self._eq.items():
+            key = info.keys.get(name)
+            # A unique index does not hold None: scan for that one instead.
+            if key is not None and (value is not None or not key.options.unique):
+                return key, "eq"
         if self._range is not None:
             return info.keys[self._range[0]], "range"
         if self._order is not None:

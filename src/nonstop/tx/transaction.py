@@ -256,10 +256,11 @@ class Transaction:
             key = e.info.keys[name]
             if key.options.unique:
                 self._claim_now(key, value, e)
-                old_slot = (key.db_name, encode_key(e.state[name]))
-                self._claimed.pop(old_slot, None)
-                # Hold the old value until commit: a creator of it must wait for us.
-                self._lock_now(old_slot, WRITE)
+                if e.state[name] is not None:
+                    old_slot = (key.db_name, encode_key(e.state[name]))
+                    self._claimed.pop(old_slot, None)
+                    # Hold the old value until commit: a creator of it must wait for us.
+                    self._lock_now(old_slot, WRITE)
             if e.orig is None and e.status != CREATED:
                 e.orig = {k: e.state[k] for k in e.info.keys if e.info.keys[k].options.mutable}
         if e.status == CLEAN:
@@ -355,7 +356,13 @@ class Transaction:
         e.lock = max(e.lock, mode)
 
     def _g_claim(self, key: KeyInfo, value: Any, ref: bytes) -> Op:
-        """Take a unique key value for ``ref``; DuplicateKey if someone else holds it."""
+        """Take a unique key value for ``ref``; DuplicateKey if someone else holds it.
+
+        ``None`` is not a value of a unique key (as NULL in SQL): any number of
+        objects may leave an optional unique key unset, and it is not indexed.
+        """
+        if value is None:
+            return
         kb = encode_key(value)
         slot = (key.db_name, kb)
         holder = self._claimed.get(slot)
@@ -376,6 +383,8 @@ class Transaction:
 
     def _g_lookup(self, info: TypeInfo, key: KeyInfo, value: Any, mode: int) -> Op:
         """Unique lookup.  With a lock mode, an absent key stays absent until commit."""
+        if value is None:
+            return None  # unique keys do not index None (see _g_claim)
         kb = encode_key(value)
         slot = (key.db_name, kb)
         mine = self._claimed.get(slot)
@@ -452,10 +461,11 @@ class Transaction:
             e.handle.on_delete()
         for name, key in e.info.keys.items():
             if key.options.unique:
-                kb = encode_key(e.state[name])
-                yield from self._need((key.db_name, kb), WRITE)
-                self._claimed.pop((key.db_name, kb), None)
-                if e.orig is not None and name in e.orig:
+                if e.state[name] is not None:
+                    kb = encode_key(e.state[name])
+                    yield from self._need((key.db_name, kb), WRITE)
+                    self._claimed.pop((key.db_name, kb), None)
+                if e.orig is not None and e.orig.get(name) is not None:
                     yield from self._need((key.db_name, encode_key(e.orig[name])), WRITE)
         e.status = CREATED_DELETED if e.status == CREATED else DELETED
 
@@ -751,11 +761,12 @@ class Transaction:
 
     def _index_op(self, ops: list[Any], key: KeyInfo, value: Any, ref: bytes, *, put: bool) -> None:
         db = self.db._store.index_db(key.db_name, unique=key.options.unique)
-        kb = encode_key(value)
         if key.options.unique:
-            ops.append((put, db, kb, ref if put else None))
+            if value is None:
+                return  # not indexed (see _g_claim)
+            ops.append((put, db, encode_key(value), ref if put else None))
         else:
-            ops.append((put, db, kb, ref))
+            ops.append((put, db, encode_key(value), ref))
 
     def _finish(self, outcome: _State) -> None:
         self._state = outcome
@@ -829,6 +840,22 @@ def _pack_record(info: TypeInfo, version: int, state: dict[str, Any]) -> bytes:
             except (TypeError, ValueError, OverflowError) as one:
                 raise FieldError(f"{info.name}.{name} cannot be stored: {one}") from None
         raise FieldError(f"{info.name} object cannot be stored: {exc}") from None
+
+
+def transaction_of(obj: Managed) -> Transaction:
+    """The transaction a managed object was obtained in.
+
+    Lets code that only has an object — a trigger, an asynchronous method, a
+    helper — look up, create or delete other objects in the same transaction.
+    """
+    if not isinstance(obj, Managed):
+        raise BadArgument(f"expected a managed object, got {type(obj).__name__}")
+    tx: Transaction = obj._e.tx
+    if tx._state is not _State.ACTIVE:
+        raise ObjectNotInTransaction(
+            f"{type(obj).__name__} object's transaction is {tx._state.value}"
+        )
+    return tx
 
 
 def _refs_out(value: Any) -> Any:
