@@ -494,3 +494,15 @@ def test_fuzzed_messages_never_raise():
 def test_tick_timer_is_rearmed():
     p = Harness("p1")
     assert SetTimer(TICK, CFG.tick) in p.tick(0.05)
+
+
+def test_a_ghost_prepare_of_a_compacted_gtid_is_discarded_not_applied():
+    p = Harness("p1", {"x": 100})
+    p.recv("c", prepare_msg("c.1", [["add", "x", -30]]))
+    p.sync()
+    p.tick(0.7)
+    acts = p.recv(LOG, {"t": UNKNOWN, "g": "c.1", "forgotten": True})
+    assert notes(acts, "dtx.resolved") == [] and not p.node.branches
+    p.sync()
+    assert K_PREPARED + b"c.1" not in p.disk and p.node.rm.kv["x"] == 100
+    assert p.node.rm.locks.holders("x") == {}

@@ -747,7 +747,10 @@ class DtxNode:
             # Finished everywhere, yet prepared here: a ghost of a duplicated
             # prepare.  Its outcome was applied already; this copy must not be.
             self._log("warning", f"{gtid}: prepared after it was finished; discarding")
-            self._resolve(b, ABORT)
+            del self.branches[gtid]
+            _, progress = self.rm.finish(gtid, False)
+            self._persist([(K_PREPARED + gtid.encode(), None)], ("", gtid))
+            self._progress(progress)
 
     # ============================================================= inspection
     def status(self) -> dict[str, Any]:
