@@ -208,8 +208,9 @@ def run_seed(
         t += cfg.client_interval
 
     # ------------------------------------------------------------ run
+    converged_after: float | None = None
     try:
-        _drive(sim, checker, names, cfg)
+        converged_after = _drive(sim, checker, names, cfg)
     except SimulationError as exc:  # a runaway protocol is a failed run, not a crashed campaign
         checker.fail(sim, "runaway", str(exc))
     applied = {x: m.applied_index for x in names if isinstance(m := sim.machine(x), ClusterNode)}
@@ -226,6 +227,7 @@ def run_seed(
         "virtual_time": sim.now,
         "wall_time": time.perf_counter() - wall,
         "crashes": sum(node.crashes for node in sim.nodes.values()),
+        "converged_after": converged_after,
     }
     result = RunResult(seed, not violations, violations, faults, names, sim.trace_digest, stats)
     return result, sim
@@ -233,8 +235,11 @@ def run_seed(
 
 def _drive(
     sim: Simulation, checker: ClusterChecker, names: list[NodeId], cfg: ScenarioConfig
-) -> None:
-    """Run the fault phase, then demand convergence and one more commit everywhere."""
+) -> float | None:
+    """Run the fault phase, then demand convergence and one more commit everywhere.
+
+    Returns how long after the heal the cluster agreed (None if it never did).
+    """
     sim.run_until(cfg.heal_at)
     deadline = cfg.heal_at + cfg.converge_within
 
@@ -258,26 +263,28 @@ def _drive(
                         sim.request(leader, {"op": "join", "name": name, "address": address})
     if not done:
         checker.fail(sim, "liveness", f"no agreement after the heal: {_agreement(sim, names)}")
-    else:
-        # One more proposal through the agreed leader must commit everywhere.
-        leader = _leader_of(sim, names)
-        assert leader is not None
-        rid = sim.request(leader, {"op": "propose", "value": "final"})
-        finished = False
-        while sim.now < deadline and not finished:
-            sim.run_for(0.05)
-            reply = sim.requests[rid].reply
-            finished = (
-                isinstance(reply, dict)
-                and reply.get("ok") is True
-                and _all_applied(sim, names, int(reply["index"]))
-            )
-        if not finished:
-            checker.fail(
-                sim,
-                "liveness",
-                f"final proposal on {leader} not applied everywhere: {sim.requests[rid].reply!r}",
-            )
+        return None
+    agreed_after = sim.now - cfg.heal_at
+    # One more proposal through the agreed leader must commit everywhere.
+    leader = _leader_of(sim, names)
+    assert leader is not None
+    rid = sim.request(leader, {"op": "propose", "value": "final"})
+    finished = False
+    while sim.now < deadline and not finished:
+        sim.run_for(0.05)
+        reply = sim.requests[rid].reply
+        finished = (
+            isinstance(reply, dict)
+            and reply.get("ok") is True
+            and _all_applied(sim, names, int(reply["index"]))
+        )
+    if not finished:
+        checker.fail(
+            sim,
+            "liveness",
+            f"final proposal on {leader} not applied everywhere: {sim.requests[rid].reply!r}",
+        )
+    return agreed_after
 
 
 def _leader_of(sim: Simulation, names: list[NodeId]) -> NodeId | None:
