@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from nonstop.dtx.campaign import failure_text, main, run_campaign
+from nonstop.dtx.campaign import COUNTERS, failure_text, main, run_campaign, totals
 from nonstop.dtx.decisions import COMMIT
 from nonstop.dtx.protocol import Branch, CoordTx, DtxNode
 from nonstop.dtx.scenario import STEPS, ScenarioConfig, run_seed
@@ -42,7 +42,11 @@ def test_a_thousand_seeds_of_transfers_under_faults_keep_every_invariant():
     # Every crash step was exercised, and the runs did real work.
     assert {o.step for o in outcomes} == set(STEPS)
     assert sum(o.events for o in outcomes) > SEEDS * 500
-    print(f"\n{SEEDS} seeds in {elapsed:.1f}s")
+    paths = {k: sum(dict(o.counters)[k] for o in outcomes) for k in COUNTERS}
+    # The hard paths happened: B8 (Unavailable), B9 (in doubt, both ways the race goes).
+    assert paths["unavailable"] > 0 and paths["audits"] > 0
+    assert paths["asked_then_commit"] > 0 and paths["asked_then_abort"] > 0
+    print(f"\n{SEEDS} seeds in {elapsed:.1f}s; paths: {totals(outcomes)}")
 
 
 @pytest.mark.timeout(240)

@@ -22,6 +22,17 @@ from dataclasses import dataclass
 
 from nonstop.dtx.scenario import STEPS, ScenarioConfig, run_seed
 
+COUNTERS = (
+    "begun",
+    "committed",
+    "acked_commit",
+    "unavailable",
+    "audits",
+    "in_doubt_asks",
+    "asked_then_commit",
+    "asked_then_abort",
+)
+
 
 @dataclass(frozen=True, slots=True)
 class SeedOutcome:
@@ -31,6 +42,8 @@ class SeedOutcome:
     violations: tuple[str, ...]
     events: int
     step: str
+    counters: tuple[tuple[str, int], ...] = ()
+    """Which paths the seed exercised (Unavailable replies, in-doubt participants...)."""
 
 
 def replay_command(seed: int, step: str | None = None) -> str:
@@ -53,6 +66,7 @@ def run_one(
         tuple(str(v) for v in result.violations),
         int(result.stats["events"]),
         result.step,
+        tuple((k, int(result.stats[k])) for k in COUNTERS),
     )
 
 
@@ -98,6 +112,15 @@ def run_campaign(
             bar.close()
     outcomes.sort(key=lambda o: o.seed)
     return outcomes
+
+
+def totals(outcomes: Iterable[SeedOutcome]) -> str:
+    """Sums of :data:`COUNTERS` over ``outcomes`` (what the campaign exercised)."""
+    sums: dict[str, int] = dict.fromkeys(COUNTERS, 0)
+    for o in outcomes:
+        for k, v in o.counters:
+            sums[k] += v
+    return " ".join(f"{k}={v}" for k, v in sums.items())
 
 
 def failure_text(outcome: SeedOutcome, step: str | None = None) -> str:
@@ -153,6 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for outcome in failures:
         print(failure_text(outcome, args.step))
     events = sum(o.events for o in outcomes)
+    print("paths: " + totals(outcomes))
     print(
         f"{len(outcomes)} seeds, {len(failures)} failed, {events} events, "
         f"{elapsed:.1f}s wall ({len(outcomes) / max(elapsed, 1e-9):.1f} seeds/s)"

@@ -35,7 +35,7 @@ from typing import Any
 
 import msgpack
 
-from nonstop.dtx.decisions import COMMIT, DECIDED, LOG, PROPOSE
+from nonstop.dtx.decisions import ABORT, COMMIT, DECIDED, LOG, PROPOSE
 from nonstop.dtx.protocol import ACK, K_TOMB, VOTE, DtxConfig, DtxNode
 from nonstop.dtx.simulated import K_KV, SimDecisionLog, make_node
 from nonstop.runtime.interface import (
@@ -121,6 +121,10 @@ class DtxChecker:
     request_gtid: dict[int, str] = field(default_factory=dict)
     resolved: dict[str, dict[NodeId, str]] = field(default_factory=dict)
     commits: Counter[tuple[str, NodeId]] = field(default_factory=Counter)
+    asked: set[tuple[str, NodeId]] = field(default_factory=set)
+    """(gtid, participant) pairs where the participant, in doubt, proposed abort (B9)."""
+    asked_then: Counter[str] = field(default_factory=Counter)
+    """What those participants ended up applying: the log's race, both ways."""
     max_violations: int = 20
 
     def attach(self, sim: Simulation) -> DtxChecker:
@@ -153,6 +157,12 @@ class DtxChecker:
                 p = action.payload
                 if p.get("t") == DECIDED:
                     self._decision(sim, p["g"], p["o"])
+            elif isinstance(action, Send) and action.to == LOG:
+                p = action.payload
+                if p.get("t") == PROPOSE and p.get("o") == ABORT and "n" in p:
+                    coordinator = p["g"].rpartition(".")[0]
+                    if coordinator != node:
+                        self.asked.add((p["g"], node))
             elif isinstance(action, Notify):
                 self._notify(sim, node, action)
 
@@ -180,6 +190,8 @@ class DtxChecker:
             if o != outcome:
                 self.fail(sim, "agreement", f"{gtid}: {other} applied {o}, {node} {outcome}")
         where[node] = outcome
+        if (gtid, node) in self.asked:
+            self.asked_then[outcome] += 1
         if outcome == COMMIT:
             self.commits[(gtid, node)] += 1
             if self.commits[(gtid, node)] > 1:
@@ -440,6 +452,9 @@ def run_seed(
         "acked_commit": sum(1 for r in replies if r.get("outcome") == COMMIT),
         "unavailable": sum(1 for r in replies if r.get("error") == "Unavailable"),
         "audits": sum(1 for r in replies if r.get("outcome") == COMMIT and r.get("reads")),
+        "in_doubt_asks": len(checker.asked),
+        "asked_then_commit": checker.asked_then[COMMIT],
+        "asked_then_abort": checker.asked_then[ABORT],
         "crash_fired": None if injector is None else injector.fired_at,
         "virtual_time": sim.now,
         "wall_time": time.perf_counter() - wall,
