@@ -19,7 +19,7 @@ import pytest
 
 from nonstop.dtx.campaign import COUNTERS, failure_text, main, run_campaign, totals
 from nonstop.dtx.decisions import COMMIT
-from nonstop.dtx.protocol import Branch, CoordTx, DtxNode
+from nonstop.dtx.protocol import Branch, CoordTx, DtxNode, Progress, Ready
 from nonstop.dtx.scenario import STEPS, ScenarioConfig, run_seed
 
 SEEDS = int(os.environ.get("NONSTOP_DTX_SEEDS", "1000"))
@@ -113,6 +113,17 @@ class GuessAfterRecovery(DtxNode):
             super()._coord_unknown(tx, forgotten)
 
 
+class YesBeforeDurable(DtxNode):
+    """Broken: a participant votes yes before its prepared record is durable."""
+
+    def _progress(self, results: list[Progress]) -> None:
+        for result in results:
+            b = self.branches.get(result.gtid)
+            if isinstance(result, Ready) and b is not None and b.state == "locking":
+                self._vote(result.gtid, b.coordinator, True, reads=result.reads)
+        super()._progress(results)
+
+
 def _first_caught(node_class: type[DtxNode], step: str | None, seeds: range) -> list[str]:
     cfg = ScenarioConfig(node_class=node_class)
     for seed in seeds:
@@ -130,6 +141,7 @@ def _first_caught(node_class: type[DtxNode], step: str | None, seeds: range) -> 
         (CommitOnTimeout, "after_some_prepares"),
         (CommitBeforeDecision, None),
         (GuessAfterRecovery, "after_some_prepares"),
+        (YesBeforeDurable, None),
     ],
 )
 def test_broken_variants_are_caught_by_the_invariants(node_class, step):

@@ -126,6 +126,7 @@ class DtxChecker:
     asked_then: Counter[str] = field(default_factory=Counter)
     """What those participants ended up applying: the log's race, both ways."""
     max_violations: int = 20
+    _seen: set[tuple[str, str]] = field(default_factory=set)
 
     def attach(self, sim: Simulation) -> DtxChecker:
         sim.observers.append(self.observe)
@@ -148,6 +149,10 @@ class DtxChecker:
                     self._resolved(sim, node, gtid, raw.decode())
 
     def fail(self, sim: Simulation, invariant: str, detail: str) -> None:
+        """Record a violation once (a retransmitted message repeats its symptom)."""
+        if (invariant, detail) in self._seen:
+            return
+        self._seen.add((invariant, detail))
         if len(self.violations) < self.max_violations:
             self.violations.append(Violation(sim.now, invariant, detail))
 
