@@ -806,8 +806,13 @@ def run_random_schedule(seed: int, duration: float = 2.0, *, off: bool = False) 
                 new = node.members | {rng.choice(outsiders)}
             else:
                 new = node.members - {rng.choice(sorted(node.members - {lead}))}
+            new_policy = None
+            if not off and rng.random() < 0.25:  # the D16 policy can change too (a config entry)
+                new_policy = rng.choice(
+                    [QuorumPolicy.majority(), QuorumPolicy.majority({rng.choice(names): 2})]
+                )
             try:
-                c.execute(lead, node.change_members(c.now, new))
+                c.execute(lead, node.change_members(c.now, new, policy=new_policy))
             except ValueError:
                 pass  # a change in progress, or the leader's first entry is not committed
         leader = c.leader()
@@ -961,3 +966,53 @@ def test_fuzzed_messages_never_raise() -> None:
         p = _mutations(rng, rng.choice(samples))
         target = rng.choice(sorted(c.up))
         c.deliver(target, Received(c.now, rng.choice([*NAMES3, "n4", "zz"]), p))
+
+
+def test_quorum_policy_changes_through_the_log() -> None:
+    """D16 policies are cluster state: a committed (joint) configuration change, like members."""
+    c = Cluster(NAMES3, seed=17)
+    leader = c.wait_leader()
+    c.run(0.2)
+    assert all(c.nodes[n].policy == QuorumPolicy.majority() for n in NAMES3)
+    # A policy the members cannot serve is refused before anything is appended.
+    with pytest.raises(ValueError):
+        c.nodes[leader].change_policy(c.now, QuorumPolicy.minimum_votes(4))
+    # Give the leader 3 of 5 votes: from then on it commits alone.
+    heavy = QuorumPolicy.majority({leader: 3})
+    c.execute(leader, c.nodes[leader].change_policy(c.now, heavy))
+    c.run_until(lambda: all(c.nodes[n].view_id == 2 for n in NAMES3), timeout=5)
+    for n in NAMES3:
+        assert c.nodes[n].policy == heavy
+        assert c.nodes[n].quorum is not None and c.nodes[n].quorum.threshold == 3
+        assert c.sm[n].views[-1] == (2, NAMES3)
+    for n in NAMES3:
+        if n != leader:
+            c.crash(n)
+    c.propose("alone", via=leader)
+    c.run_until(lambda: c.cmds(leader) == ["alone"], timeout=2)
+    # The policy survives restarts (it is in the log / snapshot, not only in memory).
+    c.snapshot(leader)
+    c.run(0.05)
+    c.crash(leader)
+    node = c.restart(leader, bootstrap=NAMES3)
+    assert node.policy == heavy
+    assert c.wait_leader() == leader
+
+
+def test_policy_change_needs_old_and_new_quorums() -> None:
+    """While C_old,new is in effect, commits need a quorum under the old *and* the new policy."""
+    c = Cluster(NAMES3, seed=18)
+    leader = c.wait_leader()
+    c.run(0.2)
+    others = [n for n in NAMES3 if n != leader]
+    # Partition one follower away, then ask for "all three votes": the joint entry can reach a
+    # majority of the old policy, but never 3 votes of the new one.
+    c.partition([others[0]], [leader, others[1]])
+    c.execute(leader, c.nodes[leader].change_policy(c.now, QuorumPolicy.minimum_votes(3)))
+    index = c.nodes[leader].last_index
+    c.run(0.5)
+    assert c.nodes[leader].commit_index < index
+    assert c.nodes[leader].in_joint_consensus
+    c.heal()
+    c.run_until(lambda: all(c.nodes[n].view_id == 2 for n in NAMES3), timeout=5)
+    assert all(c.nodes[n].policy == QuorumPolicy.minimum_votes(3) for n in NAMES3)

@@ -126,7 +126,7 @@ import random
 import zlib
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, NamedTuple
 
 import msgpack
@@ -219,11 +219,13 @@ class _Bad(Exception):
 
 @dataclass(slots=True)
 class _Config:
-    """A membership configuration: ``old`` is set while in joint consensus (C_old,new)."""
+    """A configuration: voters and quorum policy; ``old*`` set in joint consensus (C_old,new)."""
 
     index: int
     voters: frozenset[NodeId]
     old: frozenset[NodeId] | None
+    policy: QuorumPolicy
+    old_policy: QuorumPolicy | None = None
 
     def everyone(self) -> frozenset[NodeId]:
         return self.voters | (self.old or frozenset())
@@ -274,7 +276,7 @@ class Raft:
     ) -> None:
         self.id = node_id
         self._rng = rng
-        self.policy = policy or QuorumPolicy.majority()
+        self._initial_policy = policy or QuorumPolicy.majority()
         self.cfg = config or RaftConfig()
         self._next_token = next_token or itertools.count(1).__next__
         self._contacts = [c for c in contacts if c != node_id]
@@ -290,7 +292,7 @@ class Raft:
         self._snap_state: bytes | None = None
         self._snap_view: tuple[int, frozenset[NodeId]] = (0, frozenset())
         self._log: list[tuple[int, str, Any]] = []  # entry i is self._log[i - snap_index - 1]
-        self._configs: list[_Config] = [_Config(0, frozenset(), None)]
+        self._configs: list[_Config] = [_Config(0, frozenset(), None, self._initial_policy)]
 
         # Volatile state.
         self.role = ROLE_FOLLOWER
@@ -322,9 +324,11 @@ class Raft:
         self._recover(recovered)
         if self.last_index == 0 and bootstrap_members:
             members = frozenset(bootstrap_members)
-            self.policy.bind(members)  # a bad policy for the founders is a configuration error
+            self._initial_policy.bind(members)  # a bad policy for founders: configuration error
             if node_id in members:
-                self._append_local(0, K_CONFIG, {"voters": sorted(members), "old": None})
+                data = {"voters": sorted(members), "old": None}
+                data["policy"] = self._initial_policy.to_config()
+                self._append_local(0, K_CONFIG, data)
         self._durable_hs = (self.term, self.voted_for)
         self._rebind()
         # Term-0 entries (the bootstrap config) are committed by construction.
@@ -360,11 +364,14 @@ class Raft:
         self._snap_term = int(snap["term"])
         self._snap_state = snap["state"]
         old = snap["old"]
+        policy = _policy(snap.get("policy"), self._initial_policy)
         self._configs = [
             _Config(
                 self._snap_index,
                 frozenset(snap["voters"]),
                 None if old is None else frozenset(old),
+                policy,
+                None if old is None else _policy(snap.get("old_policy"), policy),
             )
         ]
         self._snap_view = (int(snap["view_id"]), frozenset(snap["view_members"]))
@@ -399,6 +406,15 @@ class Raft:
     def members(self) -> frozenset[NodeId]:
         """Voters of the latest appended config (C_new while in joint consensus)."""
         return self._configs[-1].voters
+
+    @property
+    def policy(self) -> QuorumPolicy:
+        """The quorum policy in effect: the one of the latest appended configuration.
+
+        It starts as the constructor's policy (written into the bootstrap entry) and changes
+        only through :meth:`change_policy`, a committed configuration change like membership.
+        """
+        return self._configs[-1].policy
 
     @property
     def quorum(self) -> Quorum | None:
@@ -487,7 +503,15 @@ class Raft:
         """Remove a voter (RemoveServer).  See :meth:`change_members`."""
         return self.change_members(now, self.members - {node})
 
-    def change_members(self, now: float, members: Iterable[NodeId]) -> list[Action]:
+    def change_policy(self, now: float, policy: QuorumPolicy) -> list[Action]:
+        """Change the quorum policy (D16) through the log; same rules as :meth:`change_members`."""
+        self._require_leader()
+        self._change_members(now, self.members, policy)
+        return self._finish(now, [])
+
+    def change_members(
+        self, now: float, members: Iterable[NodeId], *, policy: QuorumPolicy | None = None
+    ) -> list[Action]:
         """Start a joint-consensus change to ``members``; one change at a time.
 
         Raises NotLeader; ValueError when a change is in progress, when this new leader has not
@@ -496,10 +520,12 @@ class Raft:
         members comes out of :meth:`take_applied`.
         """
         self._require_leader()
-        self._change_members(now, frozenset(members))
+        self._change_members(now, frozenset(members), policy)
         return self._finish(now, [])
 
-    def _change_members(self, now: float, new: frozenset[NodeId]) -> None:
+    def _change_members(
+        self, now: float, new: frozenset[NodeId], policy: QuorumPolicy | None = None
+    ) -> None:
         cur = self._configs[-1]
         if cur.old is not None or cur.index > self.commit_index:
             raise ValueError("a membership change is already in progress")
@@ -508,11 +534,14 @@ class Raft:
             raise ValueError("the new leader has not committed its first entry yet; retry")
         if not new:
             raise ValueError("the cluster cannot have no members")
-        self.policy.bind(new)  # raises ValueError for a member set the policy cannot serve
-        if new == cur.voters:
+        policy = policy or cur.policy
+        policy.bind(new)  # raises ValueError for a member set the policy cannot serve
+        if new == cur.voters and policy == cur.policy:
             return
         # Joint consensus (C_old,new): effective as soon as appended; C_new follows on commit.
-        self._append_local(self.term, K_CONFIG, {"voters": sorted(new), "old": sorted(cur.voters)})
+        data = {"voters": sorted(new), "old": sorted(cur.voters)}
+        data["policy"], data["old_policy"] = policy.to_config(), cur.policy.to_config()
+        self._append_local(self.term, K_CONFIG, data)
         for n in sorted(new - cur.everyone()):
             if n != self.id:
                 self._peers[n] = _Peer(next=self.last_index, last_ack=now, progress=now)
@@ -538,9 +567,7 @@ class Raft:
         del self._log[: index - self._snap_index]
         self._snap_index, self._snap_term, self._snap_state = index, term, state
         self._snap_view = (vid, vmem)
-        self._configs = [_Config(index, cfg.voters, cfg.old)] + [
-            c for c in self._configs if c.index > index
-        ]
+        self._configs = [replace(cfg, index=index)] + [c for c in self._configs if c.index > index]
         self._view_hist = [(index, vid, vmem)] + [h for h in self._view_hist if h[0] > index]
         self._writes[KEY_SNAPSHOT] = _pack(self._snap_record())
         return self._finish(now, [])
@@ -554,6 +581,8 @@ class Raft:
             "state": self._snap_state,
             "voters": sorted(cfg.voters),
             "old": None if cfg.old is None else sorted(cfg.old),
+            "policy": cfg.policy.to_config(),
+            "old_policy": None if cfg.old_policy is None else cfg.old_policy.to_config(),
             "view_id": vid,
             "view_members": sorted(vmem),
         }
@@ -621,8 +650,16 @@ class Raft:
         index = self.last_index
         if kind == K_CONFIG:
             old = data["old"]
+            prev = self._configs[-1].policy
+            policy = _policy(data.get("policy"), prev)
             self._configs.append(
-                _Config(index, frozenset(data["voters"]), None if old is None else frozenset(old))
+                _Config(
+                    index,
+                    frozenset(data["voters"]),
+                    None if old is None else frozenset(old),
+                    policy,
+                    None if old is None else _policy(data.get("old_policy"), prev),
+                )
             )
             if self.id in self._configs[-1].everyone():
                 self._was_member = True
@@ -648,19 +685,25 @@ class Raft:
         if len(self._configs) != had_config:
             self._rebind()
 
-    def _bind(self, members: frozenset[NodeId]) -> Quorum | None:
+    def _bind(self, members: frozenset[NodeId], policy: QuorumPolicy) -> Quorum | None:
         if not members:
             return None
         try:
-            return self.policy.bind(members)
+            return policy.bind(members)
         except ValueError:
-            # A config that came in through the log although this node's policy rejects it
-            # (policies differ between nodes): fall back to a plain majority, never crash.
-            return QuorumPolicy.majority(self.policy.weights).bind(members)
+            # A config the policy rejects (only possible from a log written with other
+            # rules, e.g. recovered state): fall back to a plain majority, never crash.
+            try:
+                return QuorumPolicy.majority(policy.weights).bind(members)
+            except ValueError:
+                return QuorumPolicy.majority().bind(members)
 
     def _rebind(self) -> None:
         cfg = self._configs[-1]
-        self._quorums = (self._bind(cfg.voters), None if cfg.old is None else self._bind(cfg.old))
+        old = None
+        if cfg.old is not None:
+            old = self._bind(cfg.old, cfg.old_policy or cfg.policy)
+        self._quorums = (self._bind(cfg.voters, cfg.policy), old)
 
     def _has_quorum(self, nodes: Iterable[NodeId]) -> bool:
         q_new, q_old = self._quorums
@@ -823,7 +866,7 @@ class Raft:
         if latest.old is not None and latest.index <= self.commit_index:
             # The previous leader died between committing C_old,new and appending C_new:
             # finish the change (when it commits later instead, _apply_config does this).
-            self._append_local(self.term, K_CONFIG, {"voters": sorted(latest.voters), "old": None})
+            self._append_local(self.term, K_CONFIG, _final_config(latest))
         out.append(Log("info", f"raft: {self.id} is leader of term {self.term}"))
         out.append(SetTimer(TIMER_HEARTBEAT, self.cfg.heartbeat_interval))
         out.append(SetTimer(TIMER_ELECTION, self.cfg.election_timeout))
@@ -924,14 +967,20 @@ class Raft:
             # C_old,new committed: the leader now appends C_new (dissertation §4.3).
             latest = self._configs[-1]
             if self.role == ROLE_LEADER and latest.index == index:
-                self._append_local(self.term, K_CONFIG, {"voters": data["voters"], "old": None})
+                self._append_local(self.term, K_CONFIG, _final_config(latest))
             return
         members = frozenset(data["voters"])
         self.view_id += 1
         self.view_members = members
         self._view_hist.append((index, self.view_id, members))
+        policy = self._config_at(index).policy.to_config()
         self._applied.append(
-            Entry(index, term, "config", {"members": sorted(members), "view_id": self.view_id})
+            Entry(
+                index,
+                term,
+                "config",
+                {"members": sorted(members), "view_id": self.view_id, "policy": policy},
+            )
         )
         out.append(Notify("view", {"view_id": self.view_id, "members": sorted(members)}))
         if self.role == ROLE_LEADER:
@@ -1194,6 +1243,8 @@ class Raft:
             raise _Bad("state must be bytes or None")
         voters, old = _names(p.get("voters")), p.get("old")
         old_set = None if old is None else _names(old)
+        policy = _wire_policy(p.get("policy"), self._initial_policy)
+        old_policy = None if old is None else _wire_policy(p.get("old_policy"), policy)
         view_id, view_members = _int(p, "view_id"), _names(p.get("view_members"))
         reset = bool(p.get("reset"))
         if not self._accept_leader(now, sender, term, out):
@@ -1217,7 +1268,7 @@ class Raft:
             suffix_configs = []
         self._snap_index, self._snap_term, self._snap_state = idx, sterm, state
         self._snap_view = (view_id, view_members)
-        self._configs = [_Config(idx, voters, old_set), *suffix_configs]
+        self._configs = [_Config(idx, voters, old_set, policy, old_policy), *suffix_configs]
         self._view_hist = [(idx, view_id, view_members)]
         self._rebind()
         if self.id in self._configs[-1].everyone():
@@ -1273,6 +1324,28 @@ class Raft:
             self._leader_hint = hint
 
 
+def _policy(cfg: Any, default: QuorumPolicy) -> QuorumPolicy:
+    """A policy from its stored ``to_config()`` form; ``default`` when absent (inherited)."""
+    return default if cfg is None else QuorumPolicy.from_config(cfg)
+
+
+def _wire_policy(cfg: Any, default: QuorumPolicy | None) -> QuorumPolicy:
+    """Like :func:`_policy` for a message field: anything malformed is a :class:`_Bad`."""
+    if cfg is None and default is not None:
+        return default
+    if not isinstance(cfg, dict):
+        raise _Bad("policy must be a dict")
+    try:
+        return QuorumPolicy.from_config(cfg)
+    except (ValueError, TypeError) as e:
+        raise _Bad(f"bad policy: {e}")
+
+
+def _final_config(joint: _Config) -> dict[str, Any]:
+    """The C_new entry that completes the joint configuration ``joint``."""
+    return {"voters": sorted(joint.voters), "old": None, "policy": joint.policy.to_config()}
+
+
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -1323,11 +1396,15 @@ def _entries(v: Any) -> list[tuple[int, str, Any]]:
         if e[1] == K_CONFIG:
             if not isinstance(data, dict):
                 raise _Bad("malformed config entry")
-            old = data.get("old")
+            old, policy, old_policy = data.get("old"), data.get("policy"), data.get("old_policy")
             data = {
                 "voters": sorted(_names(data.get("voters"))),
                 "old": None if old is None else sorted(_names(old)),
             }
+            if policy is not None:
+                data["policy"] = _wire_policy(policy, None).to_config()
+            if old_policy is not None:
+                data["old_policy"] = _wire_policy(old_policy, None).to_config()
         out.append((e[0], e[1], data))
     return out
 
