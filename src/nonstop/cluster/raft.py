@@ -48,17 +48,20 @@ does not lead.  An index returned by ``propose`` is *not* a promise: the entry c
 later comes out of :meth:`Raft.take_applied` with that index and the command; after a leader change
 it may be overwritten by another leader's entry (compare the command, e.g. carry a request id).
 
-Membership (leader only, one change at a time; joint consensus, see below)::
+Membership and quorum policy (leader only, one change at a time; joint consensus, see below)::
 
     actions = raft.add_member(now, "n4")     # raises NotLeader, or ValueError when a change is
-    actions = raft.remove_member(now, "n2")  # pending / the member set is invalid for the policy
-    actions = raft.change_members(now, {"n1", "n3", "n4"})
+    actions = raft.remove_member(now, "n2")  # pending, the leader's first entry is not committed
+    actions = raft.change_members(now, {"n1", "n3", "n4"})  # yet, or the policy cannot serve
+    actions = raft.change_policy(now, QuorumPolicy.minimum_votes(2))  # the new member set
+    actions = raft.change_members(now, members, policy=policy)       # both at once
 
 Consuming the committed log::
 
     for entry in raft.take_applied():        # committed entries, in log order
         entry.kind == "cmd"       # entry.data is the proposed command
-        entry.kind == "config"    # entry.data == {"members": [...], "view_id": int}: a new view
+        entry.kind == "config"    # entry.data == {"members": [...], "view_id": int,
+                                  #   "policy": QuorumPolicy.to_config() dict}: a new view
         entry.kind == "snapshot"  # entry.data == {"state": bytes | None, "members": [...],
                                   #   "view_id": int}: REPLACE the applied state with ``state``
                                   #   (a snapshot installed from the leader, or the local snapshot
@@ -84,6 +87,9 @@ Read-only properties: ``role`` (``"follower" | "pre_candidate" | "candidate" | "
 ``term``, ``leader`` (NodeId | None), ``commit_index``, ``last_applied``, ``last_index``,
 ``snapshot_index``, ``in_joint_consensus``,
 ``members`` (voters of the latest *appended* config, in effect for this node's quorums),
+``policy`` (the :class:`~nonstop.cluster.quorum.QuorumPolicy` of that config: the constructor's
+``policy`` only seeds the bootstrap entry; afterwards the log decides, so the node composition
+should evaluate D16 quorum states with ``raft.policy``),
 ``view_id`` / ``view_members`` (the latest *committed* view: the counter of committed membership
 changes, 1 for the bootstrap view, identical sequence on every node), ``quorum`` (the bound
 :class:`~nonstop.cluster.quorum.Quorum` for ``members``).
@@ -113,10 +119,12 @@ its writes (group commit); the runtime may merge several into one fsync.
 Quorum policies
 ---------------
 Election and commit quorums are the weighted threshold of the ``QuorumPolicy`` bound to the
-voters (in joint consensus: a quorum of the old *and* of the new voters).  With a non-intersecting
-policy (``off``, or ``allow_non_intersecting=True``) two leaders can exist at the same time on two
-sides of a partition and the log can diverge; see ``docs/design/cluster-log.md`` for exactly what
-that means.
+voters (in joint consensus: a quorum of the old voters under the old policy *and* of the new
+voters under the new policy).  The policy is part of each configuration entry, so it is cluster
+state like the members: every node uses the same one, and it survives restarts and snapshots.
+With a non-intersecting policy (``off``, or ``allow_non_intersecting=True``) two leaders can
+exist at the same time on two sides of a partition and the log can diverge; see
+``docs/design/cluster-log.md`` for exactly what that means.
 """
 
 from __future__ import annotations
