@@ -798,7 +798,12 @@ def run_random_schedule(seed: int, duration: float = 2.0, *, off: bool = False) 
             n = rng.choice(sorted(set(names) - down))
             if c.sm[n].last > c.nodes[n].snapshot_index:
                 c.snapshot(n)
-        elif r < 0.21 and (lead := c.leader()) is not None:
+        elif r < 0.22 and (lead := c.leader()) is not None and rng.random() < 0.3:
+            try:  # hand leadership over (to the most up-to-date voter)
+                c.execute(lead, c.nodes[lead].transfer_leadership(c.now))
+            except (ValueError, NotLeader):
+                pass
+        elif r < 0.22 and (lead := c.leader()) is not None:
             # Membership changes under faults: remove a member or add a non-member back.
             node = c.nodes[lead]
             outsiders = sorted(set(names) - node.members)
@@ -813,10 +818,10 @@ def run_random_schedule(seed: int, duration: float = 2.0, *, off: bool = False) 
                 )
             try:
                 c.execute(lead, node.change_members(c.now, new, policy=new_policy))
-            except ValueError:
-                pass  # a change in progress, or the leader's first entry is not committed
+            except (ValueError, NotLeader):
+                pass  # a change in progress, a first entry not committed yet, or a hand-over
         leader = c.leader()
-        if leader is not None:
+        if leader is not None and c.nodes[leader]._transfer is None:
             if rng.random() < 0.5:
                 c.propose(next(counter), via=leader)
             else:
@@ -827,7 +832,12 @@ def run_random_schedule(seed: int, duration: float = 2.0, *, off: bool = False) 
     c.drop = 0.0
     for n in sorted(down):
         c.restart(n)
-    c.run_until(lambda: c.leader() is not None, timeout=20)
+
+    def settled() -> bool:
+        leader = c.leader()
+        return leader is not None and c.nodes[leader]._transfer is None
+
+    c.run_until(settled, timeout=20)
     c.propose("final")
 
     def members_converged() -> bool:
@@ -1016,3 +1026,42 @@ def test_policy_change_needs_old_and_new_quorums() -> None:
     c.heal()
     c.run_until(lambda: all(c.nodes[n].view_id == 2 for n in NAMES3), timeout=5)
     assert all(c.nodes[n].policy == QuorumPolicy.minimum_votes(3) for n in NAMES3)
+
+
+def test_leadership_transfer() -> None:
+    c = Cluster(NAMES3, seed=19)
+    old = c.wait_leader()
+    for i in range(10):
+        c.propose(i)
+    c.run(0.1)
+    target = next(n for n in NAMES3 if n != old)
+    term = c.nodes[old].term
+    c.execute(old, c.nodes[old].transfer_leadership(c.now, target))
+    with pytest.raises(NotLeader) as exc:
+        c.nodes[old].propose(c.now, "during")
+    assert exc.value.leader == target
+    # Well before any election timeout could fire (0.15 s), the target leads.
+    c.run_until(lambda: c.leader() == target, timeout=0.05)
+    assert c.nodes[target].term > term
+    c.propose("after", via=target)
+    c.run_until(lambda: c.converged(), timeout=2)
+    assert c.cmds(old) == [*range(10), "after"]
+    # Default target: the most up-to-date other voter; a bad target is refused.
+    with pytest.raises(ValueError):
+        c.nodes[target].transfer_leadership(c.now, "nobody")
+    c.execute(target, c.nodes[target].transfer_leadership(c.now))
+    c.run_until(lambda: c.leader() not in (None, target), timeout=0.05)
+
+
+def test_leadership_transfer_to_unreachable_target_times_out() -> None:
+    c = Cluster(NAMES3, seed=20)
+    old = c.wait_leader()
+    c.run(0.1)
+    target = next(n for n in NAMES3 if n != old)
+    c.crash(target)
+    c.propose("x", via=old)  # the target can no longer be up to date
+    c.execute(old, c.nodes[old].transfer_leadership(c.now, target))
+    c.run(2 * FAST.election_timeout)
+    assert c.leader() == old
+    c.propose("y", via=old)  # proposals are taken again after giving up
+    c.run_until(lambda: c.cmds(old) == ["x", "y"], timeout=1)

@@ -328,6 +328,7 @@ class Raft:
         self._was_member = False
         self._reset_wanted = False  # we asked the leader for a reset snapshot
         self._leader_last = 0  # the largest "last" the current leader has told us
+        self._transfer: tuple[NodeId, float] | None = None  # (target, give up at)
 
         self._recover(recovered)
         if self.last_index == 0 and bootstrap_members:
@@ -488,6 +489,38 @@ class Raft:
     def _require_leader(self) -> None:
         if self.role != ROLE_LEADER:
             raise NotLeader(f"{self.id} is not the cluster log leader", self.leader)
+        if self._transfer is not None:
+            # While handing over, new entries would only delay the target's catching up.
+            raise NotLeader(f"{self.id} is handing leadership over", self._transfer[0])
+
+    def transfer_leadership(self, now: float, target: NodeId | None = None) -> list[Action]:
+        """Hand leadership to ``target`` (default: the most up-to-date other voter).
+
+        Dissertation §3.10: the leader stops taking proposals, brings the target up to date,
+        then tells it to campaign at once (``raft.timeout_now``); the target's vote requests
+        override leader stickiness.  Given up after one election timeout.  Useful before
+        removing or restarting the leader.  Raises NotLeader, or ValueError for a bad target.
+        """
+        self._require_leader()
+        voters = self._configs[-1].voters - {self.id}
+        if target is None:
+            if not voters:
+                raise ValueError("no other voter to hand leadership to")
+            target = max(sorted(voters), key=lambda n: self._peers[n].match)
+        if target not in voters or target not in self._peers:
+            raise ValueError(f"{target} is not another voter of the cluster")
+        self._transfer = (target, now + self.cfg.election_timeout)
+        out: list[Action] = [Log("info", f"raft: {self.id} hands leadership to {target}")]
+        self._maybe_timeout_now(out)
+        return self._finish(now, out)
+
+    def _maybe_timeout_now(self, out: list[Action]) -> None:
+        if self._transfer is None:
+            return
+        target = self._transfer[0]
+        peer = self._peers.get(target)
+        if peer is not None and peer.match == self.last_index:
+            out.append(Send(target, {"t": "raft.timeout_now", "term": self.term}))
 
     def propose(self, now: float, command: Any, *, flush: bool = True) -> tuple[int, list[Action]]:
         """Append ``command``; returns its index and (if ``flush``) the actions to carry out."""
@@ -751,6 +784,7 @@ class Raft:
         self, now: float, term: int, leader: NodeId | None, out: list[Action]
     ) -> None:
         was_leader = self.role == ROLE_LEADER
+        self._transfer = None
         if term > self.term:
             self._set_hard_state(term, None)
         self._set_role(ROLE_FOLLOWER, out)
@@ -838,7 +872,7 @@ class Raft:
         if self._has_quorum(self._votes):
             self._start_election(now, out)
 
-    def _start_election(self, now: float, out: list[Action]) -> None:
+    def _start_election(self, now: float, out: list[Action], *, force: bool = False) -> None:
         term = self._campaign_term
         if term <= self.term:  # our term moved on during the pre-vote
             term = self._next_campaign_term()
@@ -848,6 +882,8 @@ class Raft:
         self._votes = set()  # our own vote counts once it is durable (see _maybe_win)
         out.append(SetTimer(TIMER_ELECTION, self._election_delay()))
         msg = {"t": "raft.vote", "term": self.term, "li": self.last_index, "lt": self.last_term}
+        if force:
+            msg["force"] = True  # a leadership transfer: the old leader asked for this election
         for n in sorted(self._configs[-1].everyone()):
             if n != self.id:
                 out.append(Send(n, msg))
@@ -884,6 +920,9 @@ class Raft:
     def _on_heartbeat_timer(self, now: float, out: list[Action]) -> None:
         if self.role != ROLE_LEADER:
             return
+        if self._transfer is not None and now >= self._transfer[1]:
+            out.append(Log("warning", f"raft: handing leadership to {self._transfer[0]} timed out"))
+            self._transfer = None
         patience = max(self.cfg.election_timeout / 2, 2 * self.cfg.heartbeat_interval)
         for peer_id, peer in self._peers.items():
             if (peer.inflight or peer.next > peer.match + 1) and now - peer.progress > patience:
@@ -1055,7 +1094,7 @@ class Raft:
             out.append(Send(sender, {"t": "raft.vote_r", "term": self.term, "ok": False}))
             return
         if term > self.term:
-            if self._leader_recent(now):
+            if self._leader_recent(now) and p.get("force") is not True:
                 # Leader stickiness (dissertation §4.2.3): a current leader exists, so this is a
                 # removed or partitioned server; do not let it raise our term.
                 out.append(
@@ -1209,6 +1248,8 @@ class Raft:
             if match > peer.match:
                 peer.match = match
                 self._leader_advance_commit(now, out)
+                if self._transfer is not None and self._transfer[0] == sender:
+                    self._maybe_timeout_now(out)
             peer.next = max(peer.next, peer.match + 1)
             return
         if p.get("reset"):
@@ -1312,12 +1353,25 @@ class Raft:
         peer.next = peer.match + 1
         self._leader_advance_commit(now, out)
 
+    def _on_timeout_now(
+        self, now: float, sender: NodeId, p: dict[str, Any], out: list[Action]
+    ) -> None:
+        term = _int(p, "term")
+        if term != self.term or sender != self.leader or self.role != ROLE_FOLLOWER:
+            out.append(Log("debug", f"raft: ignored stale timeout_now from {sender}"))
+            return
+        if not self._is_voter():
+            return
+        out.append(Log("info", f"raft: {self.id} campaigns at {sender}'s request"))
+        self._campaign_term = self._next_campaign_term()
+        self._start_election(now, out, force=True)
+
     def _on_join(self, now: float, sender: NodeId, p: dict[str, Any], out: list[Action]) -> None:
         if self.role != ROLE_LEADER:
             out.append(Send(sender, {"t": "raft.join_r", "leader": self.leader}))
             return
-        if sender in self._configs[-1].everyone():
-            return  # already added; it will hear from us
+        if sender in self._configs[-1].everyone() or self._transfer is not None:
+            return  # already added (it will hear from us), or we are handing over
         try:
             self._change_members(now, self.members | {sender})
             out.append(Log("info", f"raft: adding {sender} to the cluster at its request"))
@@ -1427,5 +1481,6 @@ Raft._HANDLERS = {
     "raft.snap": Raft._on_snap,
     "raft.snap_r": Raft._on_snap_r,
     "raft.join": Raft._on_join,
+    "raft.timeout_now": Raft._on_timeout_now,
     "raft.join_r": Raft._on_join_r,
 }
