@@ -55,6 +55,9 @@ Membership and quorum policy (leader only, one change at a time; joint consensus
     actions = raft.change_members(now, {"n1", "n3", "n4"})  # yet, or the policy cannot serve
     actions = raft.change_policy(now, QuorumPolicy.minimum_votes(2))  # the new member set
     actions = raft.change_members(now, members, policy=policy)       # both at once
+    actions = raft.transfer_leadership(now, "n2")  # or None: the most up-to-date voter; until
+                                                   # done (or one election timeout) propose()
+                                                   # raises NotLeader(leader=target)
 
 Consuming the committed log::
 
