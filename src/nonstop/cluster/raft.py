@@ -444,9 +444,6 @@ class Raft:
             return None
         return self._log[index - self._snap_index - 1][0]
 
-    def _entry(self, index: int) -> tuple[int, str, Any]:
-        return self._log[index - self._snap_index - 1]
-
     # --------------------------------------------------------------- input
     def handle(self, event: Event) -> list[Action]:
         """Consume one event; see the module docstring."""
