@@ -178,6 +178,9 @@ class FailureDetector:
     identity: NodeIdentity
     config: DetectorConfig = field(default_factory=DetectorConfig)
     rng: random.Random = field(default_factory=lambda: random.Random(0))
+    """The only randomness allowed (machine contract rule 2).  Not drawn from today:
+    keep-alives are sent on one fixed tick for all peers, which keeps simulated
+    runs cheap; jitter, if ever needed, must come from here."""
     peers: dict[NodeId, PeerInfo] = field(default_factory=dict)
     enabled: bool = True
     _seq: int = 0
