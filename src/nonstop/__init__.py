@@ -3,6 +3,8 @@
 Start here:
 
 * :func:`open` — an embedded single-node database (``nonstop.database``);
+* :func:`connect` / :func:`connect_async` — a handle on a running cluster
+  (status and administration from any node, with fail-over; ``nonstop.client``);
 * :class:`Managed`, :func:`key`, :func:`field` — declaring managed types (``nonstop.model``);
 * ``db.transaction()`` — transactions, sync and async (``nonstop.tx``);
 * :func:`transactional` — run a function as a transaction, replayed on deadlock;
@@ -10,6 +12,7 @@ Start here:
 * ``nonstop.errors`` — every error nonstop raises on purpose.
 """
 
+from nonstop.client import AsyncClient, Client, connect, connect_async
 from nonstop.database import Database, open
 from nonstop.errors import (
     Abort,
@@ -51,8 +54,10 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Abort",
+    "AsyncClient",
     "AsyncTransaction",
     "BadArgument",
+    "Client",
     "Conflict",
     "CorruptStore",
     "Database",
@@ -81,6 +86,8 @@ __all__ = [
     "TypeVersionMismatch",
     "UnknownType",
     "asynchronous",
+    "connect",
+    "connect_async",
     "field",
     "key",
     "open",
