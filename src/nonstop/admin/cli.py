@@ -299,7 +299,11 @@ def local_up(
 
 
 def wait_active(addresses: list[str], timeout: float) -> dict[str, Any] | None:
-    """Poll status until every node reports quorum Active; the last status, or None."""
+    """Poll status until every node reports quorum Active and the same leader.
+
+    Returns the first node's last status, or None on timeout.  Waiting for an
+    agreed leader too means the status printed after ``local up`` is settled.
+    """
     from nonstop.client import Client
 
     deadline = time.monotonic() + timeout
@@ -311,7 +315,13 @@ def wait_active(addresses: list[str], timeout: float) -> dict[str, Any] | None:
                     statuses.append(c.status())
             except Error:
                 break
-        if len(statuses) == len(addresses) and all(s.get("quorum") == "Active" for s in statuses):
+        leaders = {s.get("leader") for s in statuses}
+        if (
+            len(statuses) == len(addresses)
+            and all(s.get("quorum") == "Active" for s in statuses)
+            and len(leaders) == 1
+            and None not in leaders
+        ):
             return statuses[0]
         time.sleep(0.1)
     return None
