@@ -344,3 +344,18 @@ def test_runaway_machine_is_stopped():
     sim.add_node("a", lambda rng, rec: Spinner())
     with pytest.raises(SimulationError):
         sim.run_until(1.0)
+
+
+def test_a_stalled_disk_holds_persisted_until_the_stall_ends():
+    machines, factory_for = scripted()
+    sim = Simulation(14, disk=DiskConfig(sync_min=0.001, sync_max=0.001))
+    sim.add_node("a", factory_for("a"))
+    sim.run_until(0.1)
+    sim.stall_disk("a", 0.5)
+    sim.request("a", {"op": "persist", "token": 1, "w": [["k", "v"]]})
+    sim.run_until(0.55)
+    assert not any(isinstance(e, Persisted) for e in machines["a"].seen)
+    assert sim.nodes["a"].disk.durable == {}
+    sim.run_until(1.0)
+    done = [e for e in machines["a"].seen if isinstance(e, Persisted)]
+    assert [(e.token, round(e.now, 6)) for e in done] == [(1, 0.6)]

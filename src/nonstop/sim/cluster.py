@@ -47,7 +47,7 @@ class ScenarioConfig:
     heal_at: float = 4.0
     converge_within: float = 12.0
     fault_rate: float = 2.0
-    fault_kinds: tuple[str, ...] = nemesis.FAULT_KINDS
+    fault_kinds: tuple[str, ...] = (*nemesis.FAULT_KINDS, *nemesis.EXTRA_KINDS)
     joiner_probability: float = 0.3
     weights_probability: float = 0.2
     membership_probability: float = 0.25

@@ -18,6 +18,8 @@ What is simulated (see ``docs/design/simulation.md``):
   and each ``Persisted(token)`` is delivered.  A crash loses the buffer, except
   possibly a prefix of it (the OS may have written some of it already), which
   keeps each ``Persist`` atomic and in order as the contract promises.
+* **Disk stalls** -- :meth:`Simulation.stall_disk` holds every fsync of a node
+  for a while, as a saturated or failing disk does, while the node runs on.
 * **Nodes** -- crash (state and timers lost, durable dict kept), restart (a
   new machine from the durable dict), pause/resume (SIGSTOP/SIGCONT: nothing is
   delivered and no timer fires while paused; on resume the backlog arrives in
@@ -109,6 +111,8 @@ class Disk:
     pending: list[Persist] = field(default_factory=list)
     sync_scheduled: bool = False
     syncs: int = 0
+    stall_until: float = 0.0
+    """No fsync completes before this time (a stalled disk: a full queue, a dying SSD)."""
 
     def apply(self, persist: Persist) -> None:
         for key, value in persist.writes:
@@ -249,6 +253,12 @@ class Simulation:
         backlog, node.backlog = node.backlog, []
         for _, _, kind, data in sorted(backlog, key=lambda e: (e[0], e[1])):
             self._push(self.now, kind, data)
+
+    def stall_disk(self, name: NodeId, duration: float) -> None:
+        """No fsync of ``name`` completes for ``duration`` seconds (the node keeps running)."""
+        node = self._node(name)
+        node.disk.stall_until = max(node.disk.stall_until, self.now + duration)
+        self._fault("stall", node=name, duration=round(duration, 6))
 
     def is_up(self, name: NodeId) -> bool:
         node = self._node(name)
@@ -459,7 +469,8 @@ class Simulation:
             if not disk.sync_scheduled:
                 disk.sync_scheduled = True
                 latency = self.rng.uniform(self.disk_config.sync_min, self.disk_config.sync_max)
-                self._push(self.now + latency, "event", (node.name, node.incarnation, "sync", None))
+                when = max(self.now + latency, disk.stall_until)
+                self._push(when, "event", (node.name, node.incarnation, "sync", None))
         elif isinstance(action, Reply):
             record = self.requests.get(action.request_id)
             if record is not None and record.replied_at is None:

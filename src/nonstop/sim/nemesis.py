@@ -3,7 +3,8 @@
 Faults are the ones a cluster meets in production (and that Jepsen found the
 anchor systems losing data under): process crashes with restarts, process
 pauses (GC, SIGSTOP, a VM migration), symmetric partitions, one-way partitions
-(a firewall rule or a half-dead NIC), and bursts of message loss.  Each fault
+(a firewall rule or a half-dead NIC), bursts of message loss, and (opt-in)
+disk stalls.  Each fault
 is undone after a random duration, so several overlap; at ``heal_at`` every
 fault is undone at once and the cluster must converge (the liveness check).
 
@@ -21,6 +22,10 @@ from nonstop.runtime.interface import NodeId
 from nonstop.sim.core import Simulation
 
 FAULT_KINDS = ("crash", "pause", "partition", "one_way", "loss")
+"""The default kinds (other scenarios rely on this tuple staying as it is)."""
+
+EXTRA_KINDS = ("stall",)
+"""Opt-in kinds: ``stall`` holds a node's fsyncs for a while (a slow or failing disk)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +62,7 @@ def plan(
     while t < heal_at:
         kind = rng.choice(list(kinds))
         duration = min(rng.uniform(0.2, 1.5), heal_at - t)
-        if kind in ("crash", "pause"):
+        if kind in ("crash", "pause", "stall"):
             faults.append(Fault(kind, t, duration, (rng.choice(names),)))
         elif kind == "partition":
             side = rng.sample(names, rng.randint(1, max(1, len(names) // 2)))
@@ -119,6 +124,9 @@ def install(sim: Simulation, faults: Sequence[Fault], heal_at: float) -> None:
             links = links_of(fault)
             sim.at(fault.start, lambda ls=links: cut(ls, True))
             sim.at(end, lambda ls=links: cut(ls, False))
+        elif fault.kind == "stall":
+            node = fault.nodes[0]
+            sim.at(fault.start, lambda n=node, d=fault.duration: sim.stall_disk(n, d))
         elif fault.kind == "loss":
             sim.at(fault.start, lambda f=fault: sim.loss_burst(f.duration, f.probability))
 
