@@ -12,7 +12,8 @@
    quorum), until ``heal_at``;
 4. a **coordinator crash at one protocol step** (:data:`STEPS`): before prepare,
    after some prepares, after proposing commit, when the decision arrives,
-   during phase two -- chosen by the seed or forced by the caller;
+   during phase two -- or a participant's crash just after it voted yes, or
+   while its outcome is being written -- chosen by the seed or forced;
 5. after the heal everything must settle within ``settle_within`` virtual
    seconds, and a last audit must commit.
 
@@ -58,8 +59,11 @@ STEPS = (
     "after_propose",
     "after_decided",
     "during_phase2",
+    "participant_prepared",
+    "participant_resolving",
 )
-"""Where the injected coordinator crash lands (see :class:`CrashAtStep`)."""
+"""Where the injected crash lands (see :class:`CrashAtStep`): the coordinator's steps,
+then two of a participant's (the target node crashes in that role instead)."""
 
 INITIAL = 100
 
@@ -268,18 +272,21 @@ class DtxChecker:
 # ------------------------------------------------------------------ crash injection
 @dataclass(slots=True)
 class CrashAtStep:
-    """Crash ``coordinator`` the first time (after ``after``) it reaches ``step``.
+    """Crash ``target`` the first time (after ``after``) it reaches ``step``.
 
     Steps are recognised from the coordinator's events and actions:
     ``before_prepare`` -- it recorded a new gtid (the record may be lost);
     ``after_some_prepares`` -- a first yes vote arrived; ``after_propose`` -- it
     proposed commit to the log; ``after_decided`` -- the decision arrived (the
     crash happens before any of the event's actions: no reply, no phase two);
-    ``during_phase2`` -- a first acknowledgement arrived.
+    ``during_phase2`` -- a first acknowledgement arrived.  Participant steps
+    (the target plays participant): ``participant_prepared`` -- it sent a yes
+    vote for another node's gtid; ``participant_resolving`` -- it started
+    writing an outcome (the write may be lost, or survive torn).
     """
 
     step: str
-    coordinator: NodeId
+    target: NodeId
     after: float
     down_for: float
     fired_at: float | None = None
@@ -293,7 +300,7 @@ class CrashAtStep:
         if (
             not self.enabled
             or self.fired_at is not None
-            or node != self.coordinator
+            or node != self.target
             or sim.now < self.after
         ):
             return
@@ -308,6 +315,19 @@ class CrashAtStep:
 
     def _matches(self, event: Event, actions: list[Action]) -> bool:
         step = self.step
+        if step == "participant_prepared":
+            return any(
+                isinstance(a, Send)
+                and a.payload.get("t") == VOTE
+                and a.payload.get("v") == "yes"
+                and a.to != self.target
+                for a in actions
+            )
+        if step == "participant_resolving":
+            return any(
+                isinstance(a, Persist) and any(k.startswith(K_TOMB) for k, _ in a.writes)
+                for a in actions
+            )
         if step == "before_prepare":
             return isinstance(event, ClientRequest) and any(isinstance(a, Persist) for a in actions)
         if step == "after_propose":
