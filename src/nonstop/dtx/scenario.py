@@ -8,8 +8,8 @@
 2. a client that submits cross-node transfers (and some same-node ones) and
    read-only *audits* over every account of every node, to random coordinators;
 3. the nemesis (:mod:`nonstop.sim.nemesis`) crashes, pauses, partitions (both
-   ways and one way) and drops messages, the log node included (a lost Raft
-   quorum), until ``heal_at``;
+   ways and one way), stalls disks and drops messages, the log node included
+   (a lost Raft quorum), until ``heal_at``;
 4. a **coordinator crash at one protocol step** (:data:`STEPS`): before prepare,
    after some prepares, after proposing commit, when the decision arrives,
    during phase two -- or a participant's crash just after it voted yes, or
@@ -76,7 +76,8 @@ class ScenarioConfig:
     fault_start: float = 0.5
     heal_at: float = 3.0
     fault_rate: float = 1.5
-    fault_kinds: tuple[str, ...] = nemesis.FAULT_KINDS
+    fault_kinds: tuple[str, ...] = (*nemesis.FAULT_KINDS, *nemesis.EXTRA_KINDS)
+    """Every fault the nemesis knows, disk stalls included (slow prepares and decisions)."""
     settle_within: float = 8.0
     max_events: int = 600_000
     dtx: DtxConfig = field(default_factory=DtxConfig)
