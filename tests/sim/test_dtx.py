@@ -13,6 +13,8 @@ that replays it.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -148,3 +150,15 @@ def test_broken_variants_are_caught_by_the_invariants(node_class, step):
     caught = _first_caught(node_class, step, range(200))
     assert caught, f"{node_class.__name__} was not caught in 200 seeds"
     print(f"\n{node_class.__name__}: {caught[0]}: {caught[1]}")
+
+
+@pytest.mark.timeout(120)
+def test_cli_runs_a_small_campaign_and_exits_zero():
+    out = subprocess.run(
+        [sys.executable, "-m", "nonstop.dtx.campaign", "--seeds", "8", "--start", "500"],
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "8 seeds, 0 failed" in out.stdout and "paths: begun=" in out.stdout
