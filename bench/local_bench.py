@@ -26,7 +26,6 @@ import functools
 import os
 import platform
 import random
-import shlex
 import sqlite3
 import statistics
 import subprocess
@@ -1043,7 +1042,12 @@ def _runs(values: list[float]) -> str:
     return ", ".join(f"{v:,.0f}" for v in values)
 
 
-def main(argv: list[str] | None = None, command: str | None = None) -> Path:
-    """Run the local benchmark with defaults (``bench.run`` parses the options)."""
-    cfg = Config(command=command or "python -m bench.run " + shlex.join(argv or []))
-    return run(cfg)
+def main(argv: list[str] | None = None) -> None:
+    """``python -m bench.local_bench [options]``: the same as ``bench.run --only local``."""
+    from bench import run as cli
+
+    cli.main(["--only", "local", *(sys.argv[1:] if argv is None else argv)])
+
+
+if __name__ == "__main__":
+    main()
