@@ -48,6 +48,8 @@ log = logging.getLogger("nonstop.async")
 
 # Most queued calls of one target run together in one transaction (see _run).
 MAX_BATCH = 256
+# Seconds a worker waits for more calls before running a batch smaller than MAX_BATCH.
+LINGER = 0.01
 
 # The object whose asynchronous method is running (None outside one): the sender
 # of any call it makes, so that self-sends can be recognised.
@@ -180,9 +182,17 @@ class AsyncDispatcher:
                 if self._stopping:
                     return
                 target = self._ready.popleft()
+                self._busy.add(target)
+                small = len(self._pending[target]) < MAX_BATCH
+            if small and LINGER:
+                # Let more calls for this target arrive first: fewer, larger transactions,
+                # and a worker that is runnable less often.  A runnable worker costs the
+                # application threads dearly: LMDB drops the GIL on every read and the
+                # worker takes it each time (measured: 53 us per read instead of ~2 us).
+                time.sleep(LINGER)
+            with self._cond:
                 size = 1 if target in self._single else MAX_BATCH
                 keys = self._pending[target][:size]
-                self._busy.add(target)
             try:
                 done = self._run(keys)
             except UnknownType as exc:
@@ -198,8 +208,9 @@ class AsyncDispatcher:
                 done = []
             with self._cond:
                 queue = self._pending[target]
-                for key in done:
-                    queue.remove(key)
+                if done:
+                    finished = set(done)  # one pass, not one list.remove per call
+                    queue[:] = [k for k in queue if k not in finished]
                 self._busy.discard(target)
                 if queue:
                     self._ready.append(target)
@@ -229,8 +240,9 @@ class AsyncDispatcher:
             outcome.clear()
             ran.clear()
             target = tx.by_ref(Ref(target_ref))
-            for key in keys:
-                raw = tx._raw_get(db._store.asyncq, key)
+            with db._store.read() as rtxn:  # every queued record of the batch, one snapshot
+                records = [rtxn.get(key, db=db._store.asyncq) for key in keys]
+            for key, raw in zip(keys, records, strict=True):
                 ran.append(key)
                 if raw is None:  # already ran (cannot happen in one process; cheap to check)
                     outcome.append("gone")
