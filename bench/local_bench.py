@@ -141,13 +141,13 @@ def event_loop_factory() -> tuple[Callable[[], asyncio.AbstractEventLoop] | None
 @dataclass(slots=True)
 class Config:
     duration: float = 4.0
-    warmup: float = 0.5
+    warmup: float = 0.3
     accounts: int = 10_000
     read_objects: int = 200_000
     clients: tuple[int, ...] = CLIENTS
     workloads: tuple[str, ...] = WORKLOADS
     modes: tuple[str, ...] = MODES
-    rounds: int = 2  # interleaved slices per cell (the duration is split between them)
+    rounds: int = 3  # interleaved slices per cell (the duration is split between them)
     profile: str = "auto"  # auto (where a goal is missed) | always | never
     tmpdir: str | None = None
     out: Path = RESULTS
@@ -166,6 +166,7 @@ class Cell:
     commits: int = 0
     largest_group: int = 0
     invariant: str = "ok"
+    fsync_ms: float = float("nan")  # the disk's fsync p50 right before this group of cells
 
     @property
     def per_group(self) -> float:
@@ -639,6 +640,14 @@ def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def _fsync_p50(cfg: Config) -> float:
+    probe_dir = tempfile.mkdtemp(prefix="fsync-probe-", dir=cfg.tmpdir)
+    try:
+        return fsync_cost(probe_dir, rounds=30)[0]
+    finally:
+        os.rmdir(probe_dir)
+
+
 def run(cfg: Config) -> Path:
     t_start = time.perf_counter()
     load_before = os.getloadavg()
@@ -664,6 +673,7 @@ def run(cfg: Config) -> Path:
             sqs: list[Result] = []
             fls: list[Result] = []
             runs: dict[str, list[tuple[Result, dict[str, Any]]]] = {m: [] for m in cfg.modes}
+            disk = _fsync_p50(cfg)
             for _ in range(rounds):
                 sqs.append(sqlite_cell(part, workload, clients))
                 fls.append(floor_cell(part, workload, clients))
@@ -686,6 +696,7 @@ def run(cfg: Config) -> Path:
                     commits=sum(i["commits"] for i in infos),
                     largest_group=max(i["largest_group"] for i in infos),
                     invariant=next((i["invariant"] for i in infos if i["invariant"] != "ok"), "ok"),
+                    fsync_ms=disk,
                 )
                 cells.append(cell)
                 _log(
@@ -712,7 +723,7 @@ def run(cfg: Config) -> Path:
         reads,
         goals,
         profiles,
-        fsync=(fs50, fs99),
+        fsync=(fs50, fs99, _fsync_p50(cfg)),
         commit_cost=commit_cost,
         load=(load_before, os.getloadavg()),
         elapsed=time.perf_counter() - t_start,
@@ -851,7 +862,7 @@ def evaluate(cells: list[Cell], reads: ReadResult) -> list[Goal]:
 
 
 def reading(cells: list[Cell]) -> list[str]:
-    """Plain sentences on the transfer cells at the most clients: disk or CPU bound?"""
+    """Plain sentences on the transfer cells: disk or CPU bound, and why the ratios."""
     out: list[str] = []
     top = max((c.clients for c in cells), default=0)
     for c in cells:
@@ -864,6 +875,19 @@ def reading(cells: list[Cell]) -> list[str]:
             f"{c.per_group:.1f} commits per fsync'd group; the LMDB floor at batch {top} "
             f"does {floor}; nonstop spent {c.nonstop.cpu_us:,.0f} µs of CPU per transfer, "
             f"so one GIL caps it near {ceiling:,.0f}/s whatever the disk does."
+        )
+    for c in cells:
+        if c.workload != "transfer" or c.clients != 8 or c.sqlite is None:
+            continue
+        out.append(
+            f"* transfers, 8 {c.mode} (fsync {c.fsync_ms:.2f} ms before the row): groups of "
+            f"{c.per_group:.1f} commits for 8 clients — the clients fall into two cohorts, one "
+            "running while the other's group syncs.  Each group is one LMDB commit, two syncs "
+            "(data, then meta page); SQLite syncs once per commit.  So when syncs dominate "
+            "(fsync of a few ms) nonstop ÷ SQLite tends to commits per group ÷ 2 ≈ "
+            f"{c.per_group / 2:.1f}×; when the disk is fast (fsync ≈ 0.2 ms) CPU decides: "
+            f"here nonstop spent {c.nonstop.cpu_us:,.0f} µs of CPU per transfer, SQLite "
+            f"{c.sqlite.cpu_us:,.0f} µs.  Measured: {_ratio(c.nonstop, c.sqlite):.2f}×."
         )
     return out
 
@@ -879,7 +903,7 @@ def render(
     goals: list[Goal],
     profiles: list[str],
     *,
-    fsync: tuple[float, float],
+    fsync: tuple[float, float, float],
     commit_cost: tuple[float, float],
     load: tuple[tuple[float, float, float], tuple[float, float, float]],
     elapsed: float,
@@ -901,7 +925,9 @@ def render(
         f"| LMDB | py-lmdb {lmdb.__version__}, liblmdb {'.'.join(map(str, lmdb.version()))} |",
         f"| SQLite | {sqlite3.sqlite_version} |",
         f"| asyncio | {loop_name} |",
-        f"| fsync of 4 KiB on the temp dir's disk | p50 {fsync[0]:.2f} ms, p99 {fsync[1]:.2f} ms |",
+        f"| fsync of 4 KiB on the temp dir's disk | at the start p50 {fsync[0]:.2f} ms, "
+        f"p99 {fsync[1]:.2f} ms; at the end p50 {fsync[2]:.2f} ms (it changes with the "
+        "other work on the machine: see the fsync column below) |",
         f"| lone durable LMDB commits (1 update each) | {commit_cost[0]:,.0f}/s; "
         f"{commit_cost[1]:,.0f}/s with `metasync=False` (LMDB syncs twice per commit: data, "
         "then meta page) |",
@@ -920,7 +946,10 @@ def render(
     lines += [
         "",
         "ops/s = committed transactions per second (durable); p50/p99 = latency of one "
-        "transaction in ms, as its client saw it.  CPU µs/op = the process's CPU time "
+        "transaction in ms, as its client saw it.  fsync ms = p50 of a 4 KiB write + fsync "
+        "on the same disk right before the row's cells: the disk's mood of the moment, which "
+        "decides whether SQLite (one sync per commit) or CPU bounds the results.  "
+        "CPU µs/op = the process's CPU time "
         "(every thread) per operation: unlike ops/s it barely moves when other work shares "
         "the machine, and with one GIL, 1,000,000 ÷ CPU µs/op is roughly the most one "
         "process can do however fast the disk is.  SQLite runs with threads in both the "
@@ -928,17 +957,19 @@ def render(
         "threads measurement).  LMDB floor = raw LMDB, one writer, `clients` operations per "
         "fsync'd write transaction (its latency is one batch).",
         "",
-        "| workload | clients | mode | nonstop ops/s | p50 | p99 | CPU µs/op | commits/group | "
+        "| workload | clients | fsync ms | mode | nonstop ops/s | p50 | p99 | CPU µs/op | "
+        "commits/group | "
         "SQLite ops/s | p50 | p99 | CPU µs/op | nonstop ÷ SQLite | LMDB floor ops/s | "
         "nonstop ÷ floor |",
-        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
-        "| ---: | ---: | ---: |",
+        "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+        "| ---: | ---: | ---: | ---: |",
     ]
     for c in cells:
         sq, fl = c.sqlite, c.floor
         row = [
             c.workload,
             str(c.clients),
+            f"{c.fsync_ms:.2f}",
             c.mode,
             f"{c.nonstop.ops_per_s:,.0f}",
             f"{c.nonstop.p50:.2f}",

@@ -43,9 +43,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--only", choices=SUITES, default="all", help="which benchmark (default: all)")
     p.add_argument("--duration", type=float, default=4.0, help="measured seconds per cell")
     p.add_argument(
-        "--rounds", type=int, default=2, help="interleaved slices per cell (split the duration)"
+        "--rounds", type=int, default=3, help="interleaved slices per cell (split the duration)"
     )
-    p.add_argument("--warmup", type=float, default=0.5, help="warm-up seconds per cell")
+    p.add_argument("--warmup", type=float, default=0.3, help="warm-up seconds per slice")
     p.add_argument("--accounts", type=int, default=10_000, help="accounts in the dataset")
     p.add_argument(
         "--read-objects", type=int, default=200_000, help="objects in the snapshot-read test"
