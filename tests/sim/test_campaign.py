@@ -57,3 +57,25 @@ def test_cli_reports_and_exits_zero_on_success():
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "8 seeds, 0 failed" in out.stdout
+
+
+# Seeds the campaign once failed on, each replayed on its own (fast) so a regression names
+# the bug: joint-consensus deadlock (a voter removed by an uncommitted C_new holding the
+# longest log did not campaign), and a joiner dropping (pre-)votes from "unknown" nodes.
+REGRESSION_SEEDS = {
+    1651: "joint consensus: removed voter with the longest log must campaign",
+    5420: "joint consensus: removed voter with the longest log must campaign",
+    2200: "joiner must answer votes without consulting its configuration",
+    3541: "joiner must answer votes without consulting its configuration",
+    4246: "joiner must answer votes without consulting its configuration",
+    4288: "joiner must answer votes without consulting its configuration",
+    4577: "joiner must answer votes without consulting its configuration",
+    6095: "joiner must answer votes without consulting its configuration",
+}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("seed", sorted(REGRESSION_SEEDS))
+def test_regression_seed(seed: int) -> None:
+    (outcome,) = run_campaign([seed], jobs=1)
+    assert outcome.ok, f"{REGRESSION_SEEDS[seed]}: {outcome.violations}"

@@ -536,8 +536,9 @@ def test_malformed_messages_are_dropped_with_a_log() -> None:
     for p in bad:
         acts = node.handle(Received(0.1, "n2", p))
         assert any(isinstance(a, Log) for a in acts), p
-    # Unknown senders of votes and answers, and stale terms.
-    acts = node.handle(Received(0.1, "zz", {"t": "raft.vote", "term": 9, "li": 0, "lt": 0}))
+    # Answers from unknown senders are dropped (vote *requests* are answered whatever the
+    # configuration says, dissertation §4.1: see test_votes_are_answered_without_...).
+    acts = node.handle(Received(0.1, "zz", {"t": "raft.vote_r", "term": 0, "ok": True}))
     assert any(isinstance(a, Log) for a in acts)
     assert node.term == 0
     # Not Raft's business at all: ignored silently.
@@ -1065,3 +1066,64 @@ def test_leadership_transfer_to_unreachable_target_times_out() -> None:
     assert c.leader() == old
     c.propose("y", via=old)  # proposals are taken again after giving up
     c.run_until(lambda: c.cmds(old) == ["x", "y"], timeout=1)
+
+
+def test_voter_removed_by_an_uncommitted_config_still_campaigns() -> None:
+    """Seeds 1651/5420: the node C_new removes holds the longest log; until C_new commits it
+    must campaign (dissertation §4.2.2), else the others, needing its vote, never elect."""
+    rec = _recovered_log([1], NAMES3, 1)
+    rec[log_key(3)] = msgpack.packb([1, "m", {"voters": ["n1", "n2"], "old": NAMES3}])
+    rec[log_key(4)] = msgpack.packb([1, "m", {"voters": ["n1", "n2"], "old": None}])
+    node = Raft("n3", random.Random(0), rec, config=FAST)
+    assert node.members == {"n1", "n2"} and node.commit_index == 1
+    acts = node.handle(Started(0.0)) + node.handle(TimerFired(1.0, TIMER_ELECTION))
+    pre = {a.to for a in acts if isinstance(a, Send) and a.payload["t"] == "raft.prevote"}
+    assert pre == {"n1", "n2"}
+    # Once C_new is known committed, a removed node stays quiet.
+    node.commit_index = 4
+    acts = node.handle(TimerFired(5.0, TIMER_ELECTION))
+    assert not [a for a in acts if isinstance(a, Send) and a.payload["t"] == "raft.prevote"]
+
+
+def test_votes_are_answered_without_consulting_the_configuration() -> None:
+    """Seeds 2200, 3541, 4246, 4288, 4577, 6095: a joiner whose log does not hold the config
+    adding it yet (empty log) must answer (pre-)votes of a candidate it does not know (§4.1)."""
+    joiner = Raft("n4", random.Random(0), {}, contacts=["n1"], config=FAST)
+    joiner.handle(Started(0.0))
+    acts = joiner.handle(Received(5.0, "n1", {"t": "raft.prevote", "term": 3, "li": 7, "lt": 2}))
+    answers = [a for a in acts if isinstance(a, Send) and a.payload["t"] == "raft.prevote_r"]
+    assert answers and answers[0].payload["ok"] is True
+    acts = joiner.handle(Received(5.0, "n1", {"t": "raft.vote", "term": 3, "li": 7, "lt": 2}))
+    for p in [a for a in acts if isinstance(a, Persist)]:
+        acts += joiner.handle(Persisted(5.0, p.token))
+    grants = [a for a in acts if isinstance(a, Send) and a.payload["t"] == "raft.vote_r"]
+    assert grants and grants[0].payload["ok"] is True
+
+
+def test_duplicated_install_snapshot_is_delivered_once() -> None:
+    """A duplicated (or re-requested) InstallSnapshot of the snapshot already installed and
+    applied must not hand the same snapshot entry to the state machine again."""
+    node = Raft("n2", random.Random(0), {}, bootstrap_members=NAMES3, config=FAST)
+    node.handle(Started(0.0))
+    node.take_applied()
+    snap = {
+        "t": "raft.snap",
+        "term": 2,
+        "index": 9,
+        "term_at": 2,
+        "state": b"s9",
+        "voters": NAMES3,
+        "old": None,
+        "policy": QuorumPolicy.majority().to_config(),
+        "old_policy": None,
+        "view_id": 1,
+        "view_members": NAMES3,
+        "reset": False,
+    }
+    node.handle(Received(1.0, "n1", snap))
+    assert [e.kind for e in node.take_applied()] == ["snapshot"]
+    node.handle(Received(1.1, "n1", snap))  # plain duplicate
+    node._reset_wanted = True  # a reset asked for again in between, then the same snapshot
+    node.handle(Received(1.2, "n1", {**snap, "reset": True}))
+    assert node.take_applied() == []
+    assert node.last_applied == node.commit_index == node.snapshot_index == 9

@@ -756,6 +756,23 @@ class Raft:
     def _is_voter(self) -> bool:
         return self.id in self._configs[-1].everyone()
 
+    def _may_campaign(self) -> bool:
+        """Whether this node may start an election: a voter of the latest config, or of the
+        config in effect before an uncommitted change that removes it.
+
+        A node removed by C_new (appended, not yet committed) may hold the longest log: the
+        remaining voters need its vote or its leadership, and it must still campaign until the
+        change is final (dissertation §4.2.2; etcd applies a config before it stops campaigning).
+        Elected, it counts votes and commits under the latest config (without itself), commits
+        C_new with its no-op and steps down when C_new applies (:meth:`_apply_config`).
+        """
+        latest = self._configs[-1]
+        if self.id in latest.everyone():
+            return True
+        if latest.index <= self.commit_index:
+            return False
+        return any(self.id in c.everyone() for c in self._configs if c.index <= self.commit_index)
+
     def _intersecting(self) -> bool:
         return all(q is None or q.intersecting for q in self._quorums)
 
@@ -840,7 +857,7 @@ class Raft:
             if now - self._leader_contact >= self.cfg.election_timeout:
                 self._send_join(out)
             return
-        if not self._is_voter() or self._quorums[0] is None:
+        if not self._may_campaign() or self._quorums[0] is None:
             return
         if self.role == ROLE_FOLLOWER and self.leader is not None:
             self._set_leader(None, out)
@@ -1052,14 +1069,13 @@ class Raft:
             return True
         return self.leader is not None and now - self._leader_contact < self.cfg.election_timeout
 
-    def _known_voter(self, sender: NodeId) -> bool:
-        return any(sender in c.everyone() for c in self._configs)
-
+    # Vote and pre-vote requests are answered without consulting the configuration
+    # (dissertation §4.1): a joiner whose log does not yet hold the config that added it, or a
+    # voter that has not yet seen the config adding the candidate, must still vote, or a cluster
+    # that needs that vote never elects a leader.  A removed server cannot disrupt: pre-vote and
+    # leader stickiness refuse it while a leader is alive, and its log is older than the quorum's.
     def _on_prevote(self, now: float, sender: NodeId, p: dict[str, Any], out: list[Action]) -> None:
         term, li, lt = _int(p, "term"), _int(p, "li"), _int(p, "lt")
-        if not self._known_voter(sender):
-            out.append(Log("warning", f"raft: dropped pre-vote from unknown node {sender}"))
-            return
         ok = term > self.term and self._log_ok(li, lt) and not self._leader_recent(now)
         # "cur" tells a pre-candidate behind our term to catch up (see _on_prevote_r).
         out.append(Send(sender, {"t": "raft.prevote_r", "term": term, "ok": ok, "cur": self.term}))
@@ -1087,9 +1103,6 @@ class Raft:
 
     def _on_vote(self, now: float, sender: NodeId, p: dict[str, Any], out: list[Action]) -> None:
         term, li, lt = _int(p, "term"), _int(p, "li"), _int(p, "lt")
-        if not self._known_voter(sender):
-            out.append(Log("warning", f"raft: dropped vote request from unknown node {sender}"))
-            return
         if term < self.term:
             out.append(Send(sender, {"t": "raft.vote_r", "term": self.term, "ok": False}))
             return
@@ -1306,6 +1319,15 @@ class Raft:
         if idx <= self.commit_index and not reset:
             self._deferred.append(Send(sender, reply))
             return
+        # The snapshot we already hold and have applied nothing beyond (a duplicated or
+        # re-requested InstallSnapshot): installing it again must not hand the same snapshot
+        # entry to the state machine a second time; a snapshot always moves the state forward.
+        already = (
+            idx == self._snap_index
+            and sterm == self._snap_term
+            and state == self._snap_state
+            and self.last_applied == idx
+        )
         keep_suffix = not reset and self._term_at(idx) == sterm and idx <= self.last_index
         if keep_suffix:
             for i in range(self._snap_index + 1, idx + 1):
@@ -1326,8 +1348,9 @@ class Raft:
         self.last_applied = idx
         self.view_id, self.view_members = view_id, view_members
         self._durable_last = min(self._durable_last, idx)
-        self._applied.append(self._snapshot_entry())
-        out.append(Notify("view", {"view_id": view_id, "members": sorted(view_members)}))
+        if not already:
+            self._applied.append(self._snapshot_entry())
+            out.append(Notify("view", {"view_id": view_id, "members": sorted(view_members)}))
         self._writes[KEY_SNAPSHOT] = _pack(self._snap_record())
         self._deferred.append(Send(sender, reply))
 
