@@ -7,10 +7,13 @@ on them whatever the import path.
 
 from __future__ import annotations
 
+import threading
 import time
 
 import nonstop
 from nonstop import Managed, asynchronous, key
+
+SLOW_STARTED = threading.Event()
 
 
 class Account(Managed, name="bank.Account"):
@@ -42,6 +45,7 @@ class Mailbox(Managed, name="bank.Mailbox"):
 
     @asynchronous
     def slow_deliver(self, item: str, seconds: float = 0.02) -> None:
+        SLOW_STARTED.set()  # lets an in-process test know a call is really running
         time.sleep(seconds)  # a window for a kill or a close while calls are pending
         self.log = [*self.log, item]
         self.runs += 1
