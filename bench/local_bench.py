@@ -932,7 +932,7 @@ def render(
         f"{commit_cost[1]:,.0f}/s with `metasync=False` (LMDB syncs twice per commit: data, "
         "then meta page) |",
         f"| each cell | {cfg.rounds} interleaved round(s) (SQLite, LMDB floor, nonstop threads, "
-        f"nonstop asyncio), each {cfg.warmup:g} s warm-up then {cfg.duration / cfg.rounds:g} s "
+        f"nonstop asyncio), each {cfg.warmup:g} s warm-up then {cfg.duration / cfg.rounds:.2f} s "
         f"measured in a fresh temp directory with {cfg.accounts:,} accounts |",
         "",
         "## Goals",
