@@ -547,7 +547,7 @@ def profiled(
         finally:
             if profiler is not None:
                 profiler.stop()
-    text = [f"### {title}\n"] + ([note] if note else [])
+    text = [f"### {title}\n"] + ([note.rstrip() + "\n"] if note else [])
     if sampler is not None:
         text.append(
             "```\n" + sampler.cpu_report() + "```\n\n"
@@ -558,7 +558,7 @@ def profiled(
             "are over-represented"
             + (" — for the event-loop thread see pyinstrument below" if tree else "")
             + ".\n\n```\n"
-            + sampler.report(main_thread=not tree)
+            + sampler.report(main_thread=False)
             + "```\n"
         )
     if profiler is not None:
