@@ -6,6 +6,7 @@ campaign (test_campaign.py) covers the combinations.
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
@@ -246,3 +247,34 @@ def test_quorum_off_never_disables_and_warns():
     status = ask(sim, "n3", {"op": "status"})
     assert status["quorum"] == "Partial"
     assert any("split brain" in w for w in status["warnings"])
+
+
+def test_quorum_state_follows_the_policy_in_the_log_not_the_config_file():
+    """The D16 policy is cluster state: a node configured "majority" whose log says "off"
+    evaluates "off" (a lone node stays enabled), and vice versa."""
+    import msgpack
+
+    from nonstop.cluster.quorum import QuorumPolicy
+    from nonstop.cluster.raft import log_key
+    from nonstop.runtime.interface import Started
+
+    peers = {n: f"sim://{n}" for n in ["n1", "n2", "n3"]}
+    entry = {"voters": ["n1", "n2", "n3"], "old": None, "policy": QuorumPolicy.off().to_config()}
+    rec = {log_key(1): msgpack.packb([0, "m", entry], use_bin_type=True)}
+    lone = ClusterNode(config("n1", ["n1", "n2", "n3"], peers), random.Random(1), rec)
+    lone.handle(Started(0.0))
+    assert lone.raft.policy.mode == "off"
+    assert lone.quorum_state != "Disabled"  # majority (the file) would say Disabled
+    assert any("split brain" in w for w in lone.status()["warnings"])
+
+
+def test_snapshot_reset_to_the_initial_state_is_applied():
+    """A snapshot entry with state None (quorum-off reset to index 0) resets the applied state."""
+    from nonstop.cluster.raft import Entry
+
+    sim, _ = build(["n1", "n2", "n3"])
+    sim.run_until(2.0)
+    n1 = node(sim, "n1")
+    assert n1.applied_index > 0
+    n1._apply([Entry(0, 0, "snapshot", {"state": None, "members": [], "view_id": 0})])
+    assert n1.applied_index == 0 and n1.applied_digest == b""

@@ -228,6 +228,7 @@ class ClusterNode:
         self.config = config
         self.name = config.name
         self.rng = rng
+        # Only seeds the bootstrap configuration entry; the policy in effect is raft.policy.
         self.policy = QuorumPolicy.from_config(config.quorum)
         self.detector = FailureDetector(identity=config.identity(), config=config.detector, rng=rng)
         for peer, address in sorted(config.static_peers.items()):
@@ -266,7 +267,7 @@ class ClusterNode:
         self._forwarded: dict[int, tuple[int, str]] = {}  # forward id -> (request id, timer)
         self._next_forward = 0
         self._now = 0.0
-        self._bound: tuple[frozenset[NodeId], Quorum | None] | None = None
+        self._bound: tuple[frozenset[NodeId], QuorumPolicy, Quorum | None] | None = None
 
     def _next_token(self) -> int:
         self._token += 1
@@ -373,15 +374,18 @@ class ClusterNode:
 
     # ---------------------------------------------------------------- quorum
     def _compute_quorum(self) -> str:
-        members = self.raft.members
+        # The policy is cluster state (a committed configuration entry, D16): evaluate the one
+        # in effect in the log, not this node's configuration file, which only seeds the
+        # bootstrap entry -- otherwise a policy change would leave nodes disagreeing.
+        members, policy = self.raft.members, self.raft.policy
         if not members:
             return QUORUM_DISABLED
-        if self._bound is None or self._bound[0] != members:
+        if self._bound is None or self._bound[0] != members or self._bound[1] != policy:
             try:
-                self._bound = (members, self.policy.bind(members))
+                self._bound = (members, policy, policy.bind(members))
             except ValueError:
-                self._bound = (members, None)
-        bound = self._bound[1]
+                self._bound = (members, policy, None)
+        bound = self._bound[2]
         if bound is None:
             return QUORUM_DISABLED
         return str(bound.state([self.name, *self.detector.up_peers()]))
@@ -625,9 +629,10 @@ class ClusterNode:
                 }
             )
         warnings = self.detector.warnings()
-        if self.policy.mode == "off" or self.policy.allow_non_intersecting:
+        policy = self.raft.policy
+        if policy.mode == "off" or policy.allow_non_intersecting:
             warnings.append(
-                f"quorum policy {self.policy.mode!r} does not make quorums intersect: "
+                f"quorum policy {policy.mode!r} does not make quorums intersect: "
                 "both sides of a partition may stay active (split brain)"
             )
         return {
