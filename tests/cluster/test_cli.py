@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from nonstop.node.datadir import DataDir, pid_alive
-from tests.cluster.conftest import MACHINE, kill_dir_nodes, run_cli, wait_until
+from tests.cluster.conftest import MACHINE, REAL_CLUSTER, kill_dir_nodes, run_cli, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -47,6 +47,11 @@ def test_local_up_status_partial_restart_down(folder: Path) -> None:
     assert status["quorum"] == "Active"
     assert isinstance(status["view"], int)
     assert "leader" in status
+    if REAL_CLUSTER:
+        assert status["members"] == ["A", "B", "C"]
+        assert set(status["live"]) <= {"A", "B", "C"}
+        assert status["views"][-1]["id"] == status["view"]
+        assert set(status["views"][-1]) == {"id", "members", "live"}
     nodes = {n["name"]: n for n in status["nodes"]}
     assert set(nodes) == {"A", "B", "C"}
     for n in nodes.values():
@@ -56,6 +61,8 @@ def test_local_up_status_partial_restart_down(folder: Path) -> None:
     # table output names every node
     code, out, _ = run_cli("cluster", "status", "--dir", str(folder))
     assert code == 0 and all(f"\n{x} " in out for x in "ABC")
+    if REAL_CLUSTER:
+        assert "members A,B,C  live " in out
 
     # kill B; `local up` starts only B again, on its old data
     old_b = DataDir(folder / "B").running_pid()

@@ -169,3 +169,19 @@ def test_a_node_that_ignores_quorum_loss_is_caught_and_the_real_one_refuses_work
     result, _ = run_seed(caught, ScenarioConfig(fault_kinds=kinds))
     assert result.ok, result.violations
     assert result.stats["refused_while_disabled"] > 0  # the real node was asked, and refused
+
+
+def test_a_skipped_or_different_liveness_view_is_caught():
+    """Views (config and liveness entries) must be applied consecutively, identically."""
+    checker, sim = fresh()
+    v1 = {"view_id": 1, "members": ["n1", "n2"], "live": ["n1", "n2"]}
+    v2 = {"view_id": 2, "members": ["n1", "n2"], "live": ["n1"]}
+    v3 = {"view_id": 3, "members": ["n1", "n2"], "live": ["n1", "n2"]}
+    feed(checker, sim, "n1", [applied(1, "a", v1, "config"), applied(2, "b", v2, "view")])
+    assert checker.violations == []
+    feed(checker, sim, "n2", [applied(1, "a", v1, "config"), applied(3, "c", v3, "view")])
+    assert [v.invariant for v in checker.violations] == ["views"]  # n2 skipped view 2
+    checker, sim = fresh()
+    feed(checker, sim, "n1", [applied(2, "b", v2, "view")])
+    feed(checker, sim, "n2", [applied(2, "b", {**v2, "live": ["n2"]}, "view")])
+    assert [v.invariant for v in checker.violations] == ["views"]  # same id, other live set

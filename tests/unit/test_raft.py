@@ -1127,3 +1127,43 @@ def test_duplicated_install_snapshot_is_delivered_once() -> None:
     node.handle(Received(1.2, "n1", {**snap, "reset": True}))
     assert node.take_applied() == []
     assert node.last_applied == node.commit_index == node.snapshot_index == 9
+
+
+def test_liveness_views_are_committed_one_at_a_time_and_survive_restarts() -> None:
+    """A view is (id, members, live); the leader commits liveness views through the log,
+    at most one in flight; ids count every view, identically everywhere, across restarts."""
+    c = Cluster(NAMES3, seed=21)
+    leader = c.wait_leader()
+    c.run(0.1)
+    lr = c.nodes[leader]
+    assert lr.view == (1, frozenset(NAMES3), frozenset(NAMES3))  # bootstrap: all live
+    down = next(n for n in NAMES3 if n != leader)
+    c.execute(leader, lr.propose_view(c.now, set(NAMES3) - {down}))
+    assert lr.view_in_flight
+    assert lr.propose_view(c.now, {leader}) == []  # one in flight at a time
+    c.run_until(lambda: all(c.nodes[n].view_id == 2 for n in NAMES3), timeout=5)
+    assert lr.propose_view(c.now, set(NAMES3) - {down}) == []  # nothing changed
+    for n in NAMES3:
+        assert c.nodes[n].view_live == frozenset(NAMES3) - {down}
+        assert c.nodes[n].view_members == frozenset(NAMES3)
+    c.execute(leader, lr.propose_view(c.now, NAMES3))
+    c.run_until(lambda: all(c.nodes[n].view_id == 3 for n in NAMES3), timeout=5)
+    for n in NAMES3:
+        c.snapshot(n)
+    c.crash(down)
+    c.restart(down)
+    c.run_until(lambda: c.nodes[down].view_id == 3, timeout=5)
+    assert c.nodes[down].view == c.nodes[leader].view
+
+
+def test_a_follower_told_the_leader_is_down_campaigns_soon() -> None:
+    c = Cluster(NAMES3, seed=22)
+    leader = c.wait_leader()
+    c.run(0.1)
+    follower = next(n for n in NAMES3 if n != leader)
+    acts = c.nodes[follower].leader_unreachable(c.now)
+    timers = [a for a in acts if isinstance(a, SetTimer) and a.name == TIMER_ELECTION]
+    assert timers and timers[0].delay < 2 * FAST.heartbeat_interval
+    assert c.nodes[follower].leader is None
+    # A leader, or a follower without a leader, ignores it.
+    assert c.nodes[leader].leader_unreachable(c.now) == []

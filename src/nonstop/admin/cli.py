@@ -220,6 +220,11 @@ def emit_status(status: dict[str, Any], as_json: bool) -> None:
         f"node {status.get('name')}: view {status.get('view')}  quorum {status.get('quorum')}  "
         f"leader {leader if leader else '-'} (term {status.get('term', 0)})"
     )
+    if "members" in status:
+        # The committed view: configured members, and those its leader saw Up when deciding it.
+        members = ",".join(status.get("members") or []) or "-"
+        live = ",".join(status.get("live") or []) or "-"
+        click.echo(f"view {status.get('view')}: members {members}  live {live}")
     rows = [("NAME", "ADDRESS", "STATE", "PID")] + [
         (str(n["name"]), str(n["address"] or "-"), str(n["state"]), str(n["pid"] or "-"))
         for n in nodes

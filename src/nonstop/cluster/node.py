@@ -45,10 +45,17 @@ Admin requests (``ClientRequest.payload``) and their ``Reply.payload``
 --------------------------------------------------------------------------
 ``{"op": "status"}`` is always answered, also while Disabled::
 
-    {"name": str, "view": int, "members": [str], "quorum": "Active"|"Partial"|"Disabled",
+    {"name": str, "view": int, "members": [str], "live": [str],
+     "views": [{"id": int, "members": [str], "live": [str]}],
+     "quorum": "Active"|"Partial"|"Disabled",
      "leader": str | None, "term": int, "role": str, "commit_index": int,
      "nodes": [{"name": str, "address": str | None, "state": str, "member": bool}],
      "warnings": [str]}
+
+``view``/``members``/``live`` are the latest committed view: its id, the configured
+voters, and the members its leader saw Up.  ``views`` lists the last 16 committed
+views, oldest first; it is part of the applied state (kept in snapshots), so every
+node that applied the same log reports the same list.
 
 ``nodes`` lists this node first (state ``"Self"``) then every known peer with its
 remote node state (C3: Undiscovered, Discovered, InUpNotifier, Up,
@@ -77,7 +84,7 @@ refused or lost the change), ``Unknown`` (the outcome cannot be known here),
 Notifications (``Notify``)
 --------------------------
 ``node_state`` {peer, old, new} (detector), ``quorum`` {state, old},
-``leader`` {term, leader}, ``view`` {view_id, members}, ``role`` {role, term}
+``leader`` {term, leader}, ``view`` {view_id, members, live}, ``role`` {role, term}
 (from Raft), ``proposed`` {index, term} (a work request entered the log), and
 ``applied`` {index, term, kind, value, digest} for every committed entry this
 node applies, in order (``digest`` chains every entry before it, so two nodes
@@ -85,6 +92,15 @@ with equal digests at an index applied identical histories up to it).
 
 A node that is not (yet) in the cluster log's membership -- a joiner waiting
 to be added -- is Disabled: it has no quorum to be part of.
+
+Views on failure
+----------------
+The leader, while it has quorum, commits a new view (Raft ``propose_view``)
+whenever the set of members its detector sees Up differs from the committed
+view's ``live`` set: checked once per event, at most one in flight (the next
+follows its commit).  A follower whose detector marks the leader Down tells Raft
+(``leader_unreachable``) so that the survivors elect a new leader, and get a
+new view, without waiting out the election timeout.
 
 Acting while Disabled
 ---------------------
@@ -138,6 +154,9 @@ QUORUM_DISABLED = str(QuorumState.DISABLED)
 
 WORK_OPS = frozenset({"join", "leave", "propose"})
 """Operations refused while Disabled (D16)."""
+
+VIEW_HISTORY = 16
+"""How many of the latest committed views the status reply lists (``views``)."""
 
 FORWARD_TIMEOUT = 3.0
 """Seconds to wait for a forwarded join/leave, or for a membership change to commit."""
@@ -258,6 +277,10 @@ class ClusterNode:
         self.term = 0
         self.view = 0
         self.view_members: list[NodeId] = []
+        self.view_live: list[NodeId] = []
+        # The latest committed views, oldest first: part of the applied state (in snapshots),
+        # so every node, restarted or not, reports the same sequence.
+        self.views: list[dict[str, Any]] = []
         self.applied_index = 0
         self.applied_digest = b""
         self._since_snapshot = 0
@@ -358,19 +381,56 @@ class ClusterNode:
         """Carry out Raft's output: envelopes, leader/view tracking, applying entries."""
         out = self._wrap("raft", _sorted_sends(actions))
         for action in actions:
-            if isinstance(action, Notify):
-                if action.kind == "leader":
-                    self.leader = action.data.get("leader")
-                    self.term = int(action.data.get("term", self.term))
-                elif action.kind == "view":
-                    out += self._on_view(action.data)
+            if isinstance(action, Notify) and action.kind == "leader":
+                self.leader = action.data.get("leader")
+                self.term = int(action.data.get("term", self.term))
         self.term = max(self.term, self.raft.term)
         out += self._apply(self.raft.take_applied())
+        if self._pending_log and max(self._pending_log) > self.raft.last_index:
+            # A newer leader's log replaced ours below a pending proposal: nothing will ever be
+            # applied at its index here until that leader's log grows that far, which a quiet
+            # cluster may never do.  Whether another copy commits cannot be known here.
+            for index in sorted(i for i in self._pending_log if i > self.raft.last_index):
+                out += self._answer(
+                    self._pending_log.pop(index),
+                    {"error": "Unknown", "message": "the entry was dropped by a newer leader"},
+                )
         return out
 
     def _after(self, actions: list[Action]) -> list[Action]:
-        """Recompute quorum after anything that may have changed the Up set or the voters."""
-        return actions + self._update_quorum()
+        """Recompute quorum after anything that may have changed the Up set or the voters;
+        as leader, commit a new view when the members seen Up changed."""
+        leader = self.raft.leader
+        if leader is not None and any(
+            isinstance(a, Notify)
+            and a.kind == "node_state"
+            and a.data.get("peer") == leader
+            and str(a.data.get("new")) == str(NodeState.DOWN)
+            for a in actions
+        ):
+            actions += self._from_raft(self.raft.leader_unreachable(self._now))
+        actions += self._update_quorum()
+        return actions + self._maybe_propose_view()
+
+    def _maybe_propose_view(self) -> list[Action]:
+        """Leader with quorum: put the members it sees Up into the log as a new view.
+
+        Called once per event, so every detector change of one event lands in one view;
+        Raft keeps at most one such entry in flight, and the next one (if the Up set moved
+        on meanwhile) follows its commit.  Without quorum nothing is proposed: a minority
+        leader's view could not commit anyway, and D16 says a Disabled node does not act.
+        """
+        raft = self.raft
+        if raft.role != ROLE_LEADER or not self.enabled or raft.view_in_flight:
+            return []
+        members = raft.view_members
+        live = {self.name, *self.detector.up_peers()} & members
+        if live == raft.view_live:
+            return []
+        try:
+            return self._from_raft(raft.propose_view(self._now, live))
+        except NotLeader:
+            return []
 
     # ---------------------------------------------------------------- quorum
     def _compute_quorum(self) -> str:
@@ -411,7 +471,8 @@ class ClusterNode:
                 self.applied_digest = state["digest"]
                 self.applied_index = entry.index
                 self._since_snapshot = 0
-                actions += self._view_from(entry.data)
+                self.views = list(state.get("views", []))
+                actions += self._view_from(entry.data, record=False)
                 for index in sorted(i for i in self._pending_log if i <= entry.index):
                     pending = self._pending_log.pop(index)
                     actions += self._answer(
@@ -426,6 +487,7 @@ class ClusterNode:
                             "term": entry.term,
                             "kind": "snapshot",
                             "value": None,
+                            "view": self.view,
                             "digest": self.applied_digest.hex(),
                         },
                     )
@@ -436,7 +498,7 @@ class ClusterNode:
             )
             self.applied_index = entry.index
             self._since_snapshot += 1
-            if entry.kind == "config":
+            if entry.kind in ("config", "view"):
                 actions += self._view_from(entry.data)
             actions.append(
                 Notify(
@@ -461,22 +523,31 @@ class ClusterNode:
                     }
                 actions += self._answer(pending, answer)
         if entries and self._since_snapshot >= self.config.snapshot_every:
-            state = msgpack.packb({"digest": self.applied_digest}, use_bin_type=True)
+            state = msgpack.packb(
+                {"digest": self.applied_digest, "views": self.views}, use_bin_type=True
+            )
             actions += self._wrap("raft", self.raft.snapshot(self._now, self.applied_index, state))
             self._since_snapshot = 0
         return actions
 
-    def _view_from(self, data: Mapping[str, Any]) -> list[Action]:
-        members = sorted(data.get("members", []))
-        view = int(data.get("view_id", self.view))
-        if view == self.view and members == self.view_members:
-            return []
-        return self._on_view({"view_id": view, "members": members})
+    def _view_from(self, data: Mapping[str, Any], *, record: bool = True) -> list[Action]:
+        """A view entry (config, liveness or snapshot) applied: it is the current view.
 
-    def _on_view(self, data: Mapping[str, Any]) -> list[Action]:
-        """A membership view committed: learn its members, answer waiting joins/leaves."""
-        self.view = max(self.view, int(data.get("view_id", self.view)))
-        self.view_members = sorted(data.get("members", []))
+        A snapshot may carry view 0 (reset to the initial state); ids otherwise only grow
+        within the applied sequence, which Raft guarantees.
+        """
+        members = sorted(data.get("members", []))
+        live = sorted(data.get("live", members))
+        self.view = int(data.get("view_id", self.view))
+        if record:
+            self.views.append({"id": self.view, "members": members, "live": live})
+            del self.views[:-VIEW_HISTORY]
+        self.view_live = live
+        return self._on_view(members)
+
+    def _on_view(self, members: list[NodeId]) -> list[Action]:
+        """A view committed: learn its members, answer waiting joins/leaves."""
+        self.view_members = members
         actions: list[Action] = []
         for member in self.view_members:
             if member not in self.detector.peers and member != self.name:
@@ -639,6 +710,8 @@ class ClusterNode:
             "name": self.name,
             "view": self.view,
             "members": list(self.view_members),
+            "live": list(self.view_live),
+            "views": [dict(v) for v in self.views],
             "quorum": self.quorum_state,
             "leader": self.raft.leader,
             "term": self.raft.term,

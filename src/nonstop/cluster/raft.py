@@ -59,14 +59,23 @@ Membership and quorum policy (leader only, one change at a time; joint consensus
                                                    # done (or one election timeout) propose()
                                                    # raises NotLeader(leader=target)
 
+Views (leader only) and fail-over::
+
+    actions = raft.propose_view(now, live)   # commit (id+1, members, live & members); [] while
+                                             # one is in flight or nothing changed
+    actions = raft.leader_unreachable(now)   # follower: the detector saw the leader Down;
+                                             # campaign after a short jittered delay
+
 Consuming the committed log::
 
     for entry in raft.take_applied():        # committed entries, in log order
         entry.kind == "cmd"       # entry.data is the proposed command
-        entry.kind == "config"    # entry.data == {"members": [...], "view_id": int,
+        entry.kind == "config"    # entry.data == {"members": [...], "view_id": int, "live": [...],
                                   #   "policy": QuorumPolicy.to_config() dict}: a new view
+        entry.kind == "view"      # entry.data == {"members", "view_id", "live"}: a new view, same
+                                  #   members, another live set (see propose_view)
         entry.kind == "snapshot"  # entry.data == {"state": bytes | None, "members": [...],
-                                  #   "view_id": int}: REPLACE the applied state with ``state``
+                                  #   "view_id": int, "live": [...]}: REPLACE the applied state
                                   #   (a snapshot installed from the leader, or the local snapshot
                                   #   after a restart); entries after it follow.  ``state`` is None
                                   #   only for a reset to the empty initial state (index 0), which
@@ -93,12 +102,13 @@ Read-only properties: ``role`` (``"follower" | "pre_candidate" | "candidate" | "
 ``policy`` (the :class:`~nonstop.cluster.quorum.QuorumPolicy` of that config: the constructor's
 ``policy`` only seeds the bootstrap entry; afterwards the log decides, so the node composition
 should evaluate D16 quorum states with ``raft.policy``),
-``view_id`` / ``view_members`` (the latest *committed* view: the counter of committed membership
-changes, 1 for the bootstrap view, identical sequence on every node), ``quorum`` (the bound
-:class:`~nonstop.cluster.quorum.Quorum` for ``members``).
+``view`` (the latest *committed* :class:`View`: id, members, live) and its parts ``view_id`` /
+``view_members`` / ``view_live`` (the id counts every committed view entry, membership or
+liveness, 1 for the bootstrap view, identical sequence on every node), ``view_in_flight``,
+``quorum`` (the bound :class:`~nonstop.cluster.quorum.Quorum` for ``members``).
 
 Notifications emitted as actions: ``Notify("leader", {"term", "leader"})`` when the known leader
-changes, ``Notify("view", {"view_id", "members"})`` when a membership change commits,
+changes, ``Notify("view", {"view_id", "members", "live"})`` when a view commits,
 ``Notify("role", {"role", "term"})`` on role changes.
 
 Bootstrap and join
@@ -176,7 +186,8 @@ KEY_LOG_PREFIX = b"raft/log/"
 K_CMD = "c"
 K_NOOP = "n"
 K_CONFIG = "m"
-_KINDS = frozenset({K_CMD, K_NOOP, K_CONFIG})
+K_VIEW = "v"  # a liveness view: {"live": [...]}, proposed by the leader (see propose_view)
+_KINDS = frozenset({K_CMD, K_NOOP, K_CONFIG, K_VIEW})
 
 # With a non-intersecting policy every candidate only campaigns in terms it "owns"
 # (term % _BALLOT_SPACE == a hash of its name), so two leaders never share a term and the log
@@ -222,6 +233,24 @@ class Entry(NamedTuple):
     term: int
     kind: str
     data: Any
+
+
+class View(NamedTuple):
+    """A committed view: its id, the configured voters, and those the leader saw Up.
+
+    Ids count every committed view entry (membership change or liveness change), so every
+    node goes through the same numbered sequence; they survive restarts and snapshots.
+    """
+
+    id: int
+    members: frozenset[NodeId]
+    live: frozenset[NodeId]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"view_id": self.id, "members": sorted(self.members), "live": sorted(self.live)}
+
+
+_NO_VIEW = View(0, frozenset(), frozenset())
 
 
 class _Bad(Exception):
@@ -301,7 +330,7 @@ class Raft:
         self._snap_index = 0
         self._snap_term = 0
         self._snap_state: bytes | None = None
-        self._snap_view: tuple[int, frozenset[NodeId]] = (0, frozenset())
+        self._snap_view: View = _NO_VIEW
         self._log: list[tuple[int, str, Any]] = []  # entry i is self._log[i - snap_index - 1]
         self._configs: list[_Config] = [_Config(0, frozenset(), None, self._initial_policy)]
 
@@ -310,9 +339,9 @@ class Raft:
         self.leader: NodeId | None = None
         self.commit_index = 0
         self.last_applied = 0
-        self.view_id = 0
-        self.view_members: frozenset[NodeId] = frozenset()
-        self._view_hist: list[tuple[int, int, frozenset[NodeId]]] = [(0, 0, frozenset())]
+        self.view: View = _NO_VIEW  # the latest committed view
+        self._view_hist: list[tuple[int, View]] = [(0, _NO_VIEW)]  # (log index, view)
+        self._view_inflight = 0  # index of this leader's liveness view entry not yet committed
         self._applied: list[Entry] = []
         self._leader_contact = float("-inf")
         self._campaign_term = 0
@@ -386,22 +415,45 @@ class Raft:
                 None if old is None else _policy(snap.get("old_policy"), policy),
             )
         ]
-        self._snap_view = (int(snap["view_id"]), frozenset(snap["view_members"]))
-        self._view_hist = [(self._snap_index, *self._snap_view)]
-        self.view_id, self.view_members = self._snap_view
+        members = frozenset(snap["view_members"])
+        live = snap.get("view_live")
+        self._snap_view = View(
+            int(snap["view_id"]), members, members if live is None else frozenset(live)
+        )
+        self._view_hist = [(self._snap_index, self._snap_view)]
+        self.view = self._snap_view
         self.commit_index = max(self.commit_index, self._snap_index)
         self.last_applied = self._snap_index
 
     def _snapshot_entry(self) -> Entry:
-        vid, members = self._snap_view
         return Entry(
             self._snap_index,
             self._snap_term,
             "snapshot",
-            {"state": self._snap_state, "members": sorted(members), "view_id": vid},
+            {"state": self._snap_state, **self._snap_view.to_dict()},
         )
 
     # ---------------------------------------------------------- properties
+    @property
+    def view_id(self) -> int:
+        """Id of the latest committed view (0 before any)."""
+        return self.view.id
+
+    @property
+    def view_members(self) -> frozenset[NodeId]:
+        """Voters of the latest committed view."""
+        return self.view.members
+
+    @property
+    def view_live(self) -> frozenset[NodeId]:
+        """Members the leader saw Up when the latest committed view was decided."""
+        return self.view.live
+
+    @property
+    def view_in_flight(self) -> bool:
+        """Whether this leader has a liveness view appended but not committed yet."""
+        return self._view_inflight > self.commit_index
+
     @property
     def last_index(self) -> int:
         return self._snap_index + len(self._log)
@@ -536,6 +588,39 @@ class Raft:
             self._append_local(self.term, K_CMD, c)
         return first, self._finish(now, [])
 
+    def leader_unreachable(self, now: float) -> list[Action]:
+        """The failure detector saw the known leader Down: campaign soon, without waiting out
+        the election timeout (which a new view after a leader crash would otherwise add).
+
+        Safe: it only forgets the leader and shortens this follower's election timer (jittered
+        over two heartbeats so that survivors do not split the vote).  The pre-vote still needs
+        a quorum that has lost the leader too, so a detector mistake on one node cannot depose
+        a leader the others still hear (leader stickiness).
+        """
+        if self.role != ROLE_FOLLOWER or self.leader is None or self.leader == self.id:
+            return []
+        out: list[Action] = []
+        self._leader_contact = float("-inf")
+        self._set_leader(None, out)
+        delay = self._rng.random() * 2 * self.cfg.heartbeat_interval
+        out.append(SetTimer(TIMER_ELECTION, delay))
+        return self._finish(now, out)
+
+    def propose_view(self, now: float, live: Iterable[NodeId]) -> list[Action]:
+        """Commit a liveness view: the current members with ``live`` the ones seen Up.
+
+        Leader only (raises NotLeader); at most one in flight: returns ``[]`` without appending
+        while an earlier one is uncommitted, or when ``live`` (restricted to the members of the
+        latest committed view) is already the committed view's live set.  Once committed it
+        comes out of :meth:`take_applied` as a ``view`` entry with the next view id.
+        """
+        self._require_leader()
+        want = frozenset(live) & self.view.members
+        if self.view_in_flight or want == self.view.live:
+            return []
+        self._view_inflight = self._append_local(self.term, K_VIEW, {"live": sorted(want)})
+        return self._finish(now, [])
+
     def add_member(self, now: float, node: NodeId) -> list[Action]:
         """Add a voter (AddServer).  See :meth:`change_members`."""
         return self.change_members(now, self.members | {node})
@@ -600,22 +685,22 @@ class Raft:
         if index > self.last_applied:
             raise ValueError(f"cannot snapshot at {index}: only {self.last_applied} applied")
         cfg = self._config_at(index)
-        vid, vmem = self._view_at(index)
+        view = self._view_at(index)
         term = self._term_at(index)
         assert term is not None
         for i in range(self._snap_index + 1, index + 1):
             self._writes[log_key(i)] = None
         del self._log[: index - self._snap_index]
         self._snap_index, self._snap_term, self._snap_state = index, term, state
-        self._snap_view = (vid, vmem)
+        self._snap_view = view
         self._configs = [replace(cfg, index=index)] + [c for c in self._configs if c.index > index]
-        self._view_hist = [(index, vid, vmem)] + [h for h in self._view_hist if h[0] > index]
+        self._view_hist = [(index, view)] + [h for h in self._view_hist if h[0] > index]
         self._writes[KEY_SNAPSHOT] = _pack(self._snap_record())
         return self._finish(now, [])
 
     def _snap_record(self) -> dict[str, Any]:
         cfg = self._configs[0]
-        vid, vmem = self._snap_view
+        view = self._snap_view
         return {
             "index": self._snap_index,
             "term": self._snap_term,
@@ -624,8 +709,9 @@ class Raft:
             "old": None if cfg.old is None else sorted(cfg.old),
             "policy": cfg.policy.to_config(),
             "old_policy": None if cfg.old_policy is None else cfg.old_policy.to_config(),
-            "view_id": vid,
-            "view_members": sorted(vmem),
+            "view_id": view.id,
+            "view_members": sorted(view.members),
+            "view_live": sorted(view.live),
         }
 
     def _config_at(self, index: int) -> _Config:
@@ -635,12 +721,12 @@ class Raft:
                 found = c
         return found
 
-    def _view_at(self, index: int) -> tuple[int, frozenset[NodeId]]:
+    def _view_at(self, index: int) -> View:
         found = self._view_hist[0]
         for h in self._view_hist:
             if h[0] <= index:
                 found = h
-        return found[1], found[2]
+        return found[1]
 
     def _finish(self, now: float, out: list[Action]) -> list[Action]:
         """Replicate new entries, then emit one Persist for this call's writes (group commit).
@@ -813,10 +899,8 @@ class Raft:
 
     def _on_started(self, now: float, out: list[Action]) -> None:
         out.append(Notify("role", {"role": self.role, "term": self.term}))
-        if self.view_id:
-            out.append(
-                Notify("view", {"view_id": self.view_id, "members": sorted(self.view_members)})
-            )
+        if self.view.id:
+            out.append(Notify("view", self.view.to_dict()))
         out.append(SetTimer(TIMER_ELECTION, self._election_delay()))
         if self._wants_join():
             self._send_join(out)
@@ -923,6 +1007,7 @@ class Raft:
         # The no-op commits everything before it (entries of past terms are never committed by
         # counting replicas, Raft §5.4.2).
         self._term_start = self._append_local(self.term, K_NOOP, None)
+        self._view_inflight = 0
         latest = self._configs[-1]
         if latest.old is not None and latest.index <= self.commit_index:
             # The previous leader died between committing C_old,new and appending C_new:
@@ -1024,6 +1109,10 @@ class Raft:
                 applied.append(Entry(i, term, "cmd", data))
             elif kind == K_CONFIG:
                 self._apply_config(i, term, data, out)
+            elif kind == K_VIEW:
+                cur = self.view
+                live = frozenset(data["live"]) & cur.members
+                self._new_view(i, term, View(cur.id + 1, cur.members, live), "view", {}, out)
             i += 1
 
     def _apply_config(self, index: int, term: int, data: Any, out: list[Action]) -> None:
@@ -1034,19 +1123,14 @@ class Raft:
                 self._append_local(self.term, K_CONFIG, _final_config(latest))
             return
         members = frozenset(data["voters"])
-        self.view_id += 1
-        self.view_members = members
-        self._view_hist.append((index, self.view_id, members))
+        cur = self.view
+        # Who is live in a membership view: the members live before, plus the added ones (an
+        # operator or the node itself just asked for it).  A deterministic function of the log,
+        # so every node computes the same view; the leader corrects it with a liveness view.
+        live = (cur.live & members) | (members - cur.members)
         policy = self._config_at(index).policy.to_config()
-        self._applied.append(
-            Entry(
-                index,
-                term,
-                "config",
-                {"members": sorted(members), "view_id": self.view_id, "policy": policy},
-            )
-        )
-        out.append(Notify("view", {"view_id": self.view_id, "members": sorted(members)}))
+        view = View(cur.id + 1, members, live)
+        self._new_view(index, term, view, "config", {"policy": policy}, out)
         if self.role == ROLE_LEADER:
             latest = self._configs[-1]
             if latest.index == index and self.id not in latest.voters:
@@ -1058,6 +1142,14 @@ class Raft:
                 # Forget peers that left.
                 for gone in sorted(set(self._peers) - latest.everyone()):
                     del self._peers[gone]
+
+    def _new_view(
+        self, index: int, term: int, view: View, kind: str, extra: dict[str, Any], out: list[Action]
+    ) -> None:
+        self.view = view
+        self._view_hist.append((index, view))
+        self._applied.append(Entry(index, term, kind, {**view.to_dict(), **extra}))
+        out.append(Notify("view", view.to_dict()))
 
     # ------------------------------------------------------------ messages
     def _log_ok(self, li: int, lt: int) -> bool:
@@ -1307,7 +1399,11 @@ class Raft:
         old_set = None if old is None else _names(old)
         policy = _wire_policy(p.get("policy"), self._initial_policy)
         old_policy = None if old is None else _wire_policy(p.get("old_policy"), policy)
-        view_id, view_members = _int(p, "view_id"), _names(p.get("view_members"))
+        view_members = _names(p.get("view_members"))
+        live = p.get("view_live")
+        view = View(
+            _int(p, "view_id"), view_members, view_members if live is None else _names(live)
+        )
         reset = bool(p.get("reset"))
         if not self._accept_leader(now, sender, term, out):
             return
@@ -1338,19 +1434,19 @@ class Raft:
             self._truncate_from(self._snap_index + 1)
             suffix_configs = []
         self._snap_index, self._snap_term, self._snap_state = idx, sterm, state
-        self._snap_view = (view_id, view_members)
+        self._snap_view = view
         self._configs = [_Config(idx, voters, old_set, policy, old_policy), *suffix_configs]
-        self._view_hist = [(idx, view_id, view_members)]
+        self._view_hist = [(idx, view)]
         self._rebind()
         if self.id in self._configs[-1].everyone():
             self._was_member = True
         self.commit_index = idx if reset else max(self.commit_index, idx)
         self.last_applied = idx
-        self.view_id, self.view_members = view_id, view_members
+        self.view = view
         self._durable_last = min(self._durable_last, idx)
         if not already:
             self._applied.append(self._snapshot_entry())
-            out.append(Notify("view", {"view_id": view_id, "members": sorted(view_members)}))
+            out.append(Notify("view", view.to_dict()))
         self._writes[KEY_SNAPSHOT] = _pack(self._snap_record())
         self._deferred.append(Send(sender, reply))
 
@@ -1490,6 +1586,10 @@ def _entries(v: Any) -> list[tuple[int, str, Any]]:
                 data["policy"] = _wire_policy(policy, None).to_config()
             if old_policy is not None:
                 data["old_policy"] = _wire_policy(old_policy, None).to_config()
+        elif e[1] == K_VIEW:
+            if not isinstance(data, dict):
+                raise _Bad("malformed view entry")
+            data = {"live": sorted(_names(data.get("live")))}
         out.append((e[0], e[1], data))
     return out
 

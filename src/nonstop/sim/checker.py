@@ -14,8 +14,11 @@ the machines directly.  Safety properties, checked online:
 * **durability of acknowledgements** -- a ``propose`` answered ``ok`` at index
   *i* has its value at *i* in the global sequence (and, after the heal, on
   every node);
-* **views** -- every view id means the same member set on every node, and
-  view ids grow with the log index;
+* **views** -- every view id means the same view (members and live set) on
+  every node, view ids grow with the log index, and each node applies them
+  one after the other (id + 1 each time; a snapshot may jump ahead), so every
+  node goes through the same sequence of views; after the heal the final view
+  has every node live (checked by the scenario's agreement condition);
 * **no acting while Disabled** -- a node whose last ``quorum`` notification
   was Disabled does not answer keep-alives, does not put work into the log
   (``proposed``), and answers every work request with ``QuorumLost``.
@@ -62,7 +65,8 @@ class ClusterChecker:
     digests: dict[int, str] = field(default_factory=dict)
     values: dict[int, Any] = field(default_factory=dict)
     view_at: dict[int, int] = field(default_factory=dict)  # log index -> view id
-    view_members: dict[int, list[NodeId]] = field(default_factory=dict)
+    view_members: dict[int, tuple[list[NodeId], list[NodeId]]] = field(default_factory=dict)
+    node_view: dict[NodeId, int] = field(default_factory=dict)  # last view id applied
     last_applied: dict[NodeId, int] = field(default_factory=dict)
     acked: dict[int, tuple[int, Any]] = field(default_factory=dict)  # rid -> (index, value)
     acked_at: dict[int, list[int]] = field(default_factory=dict)  # index -> rids
@@ -84,6 +88,7 @@ class ClusterChecker:
             node = details["node"]
             self.quorum[node] = "Disabled"  # a node (re)starts Disabled
             self.last_applied.pop(node, None)
+            self.node_view.pop(node, None)
 
     # ---------------------------------------------------------------- events
     def observe(self, sim: Simulation, node: NodeId, event: Event, actions: list[Action]) -> None:
@@ -135,18 +140,27 @@ class ClusterChecker:
         if known != digest:
             self.fail(sim, "log-prefix", f"{node} applied a different history at index {index}")
         if data["kind"] == "snapshot":
+            if "view" in data:
+                self.node_view[node] = int(data["view"])
             return
         value = data.get("value")
         if index not in self.values:
             self.values[index] = value
             for rid in self.acked_at.get(index, ()):
                 self._check_ack(sim, rid)
-        if data["kind"] == "config" and isinstance(value, dict):
+        if data["kind"] in ("config", "view") and isinstance(value, dict):
             view = int(value.get("view_id", 0))
             members = sorted(value.get("members", []))
-            seen = self.view_members.setdefault(view, members)
-            if seen != members:
-                self.fail(sim, "views", f"view {view} is {seen} and {members} ({node})")
+            live = sorted(value.get("live", []))
+            seen = self.view_members.setdefault(view, (members, live))
+            if seen != (members, live):
+                self.fail(sim, "views", f"view {view} is {seen} and {(members, live)} ({node})")
+            if not set(live) <= set(members):
+                self.fail(sim, "views", f"view {view} has live {live} outside {members}")
+            previous = self.node_view.get(node)
+            if previous is not None and view != previous + 1:
+                self.fail(sim, "views", f"{node} applied view {view} after view {previous}")
+            self.node_view[node] = view
             self.view_at.setdefault(index, view)
             for other_index, other_view in self.view_at.items():
                 if (other_index < index) != (other_view < view) and other_index != index:

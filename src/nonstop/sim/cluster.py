@@ -10,8 +10,9 @@ One seed = one run of :func:`run_seed`:
 3. the nemesis crashes, pauses, partitions (both ways and one way) and drops
    messages until ``heal_at``; then heals everything;
 4. liveness: within ``converge_within`` virtual seconds every node must be up
-   with quorum Active, agree on one leader and one view, and a last proposal
-   must commit and be applied by every node;
+   with quorum Active, agree on one leader and one view whose members and live
+   set are every node, and a last proposal must commit and be applied by every
+   node;
 5. the checkers (:mod:`nonstop.sim.checker`) must have seen no violation.
 
 Everything is cheap on purpose (a few virtual seconds, short timeouts scaled
@@ -273,6 +274,13 @@ def _drive(
     while sim.now < deadline and not finished:
         sim.run_for(0.05)
         reply = sim.requests[rid].reply
+        if isinstance(reply, dict) and reply.get("error") and _agreement(sim, names) is None:
+            # Refused or lost (leadership moved right after the agreement): a client retries
+            # through the leader everyone now agrees on.
+            leader = _leader_of(sim, names)
+            assert leader is not None
+            rid = sim.request(leader, {"op": "propose", "value": "final"})
+            continue
         finished = (
             isinstance(reply, dict)
             and reply.get("ok") is True
@@ -320,6 +328,10 @@ def _agreement(sim: Simulation, names: list[NodeId]) -> str | None:
         return f"membership change in flight on {leader}"
     if sorted(lm.view_members) != sorted(names):
         return f"view members {lm.view_members} != {names}"
+    for name in names:
+        m = sim.machine(name)
+        if isinstance(m, ClusterNode) and sorted(m.view_live) != sorted(names):
+            return f"view {m.view} on {name} has live {m.view_live}, not every node"
     return None
 
 
