@@ -40,8 +40,10 @@ class NodeConfig:
     protocol: list[int] = field(default_factory=lambda: [PROTOCOL_MIN, PROTOCOL_MAX])
     """Wire protocol range spoken; only changed to test upgrades (E4)."""
     max_frame_bytes: int = DEFAULT_MAX_FRAME
-    keepalive_interval: float = 0.2
-    nonresponse_timeout: float = 1.0
+    # Defaults detect a dead node in well under a second on a LAN (~0.5-0.6 s
+    # measured: bench/results/cluster.md); raise them on slow or lossy networks.
+    keepalive_interval: float = 0.1
+    nonresponse_timeout: float = 0.4
     connect_timeout: float = 2.0
     log_level: str = "info"
     log_file: str | None = None

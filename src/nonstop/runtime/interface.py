@@ -137,7 +137,7 @@ class Notify:
     """Something the outside world may want to know (state changes, C3/D16 notifiers).
 
     ``kind`` examples: ``"node_state"`` (peer, old, new), ``"quorum"`` (state),
-    ``"view"`` (view id, members), ``"leader"`` (term, leader).
+    ``"view"`` (view id, members, live), ``"leader"`` (term, leader).
     """
 
     kind: str
