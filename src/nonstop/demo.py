@@ -68,8 +68,9 @@ def transfer(tx: nonstop.Transaction, tid: str, src: int, dst: int, amount: int)
 
 
 @nonstop.transactional
-async def transfer_async(tx: nonstop.AsyncTransaction, tid: str, src: int, dst: int,
-                         amount: int) -> None:
+async def transfer_async(
+    tx: nonstop.AsyncTransaction, tid: str, src: int, dst: int, amount: int
+) -> None:
     a = await tx.get(Account, number=src, lock="write")
     b = await tx.get(Account, number=dst, lock="write")
     if a.balance < amount:
@@ -86,8 +87,9 @@ def build_bank(db: nonstop.Database, accounts: int) -> None:
         for start in range(0, accounts, batch):
             with db.transaction() as tx:
                 for n in range(start, min(start + batch, accounts)):
-                    tx.create(Account, number=n, owner=OWNERS[n % len(OWNERS)],
-                              balance=START_BALANCE)
+                    tx.create(
+                        Account, number=n, owner=OWNERS[n % len(OWNERS)], balance=START_BALANCE
+                    )
             bar.update(min(batch, accounts - start))
     with db.transaction() as tx:
         tx.create(Ledger, name="main")
@@ -134,8 +136,9 @@ def run_transfers(db: nonstop.Database, accounts: int, total: int) -> tuple[int,
 
     started = time.perf_counter()
     per, extra = divmod(threads_share, 8)
-    workers = [threading.Thread(target=thread_worker, args=(w, per + (w < extra)))
-               for w in range(8)]
+    workers = [
+        threading.Thread(target=thread_worker, args=(w, per + (w < extra))) for w in range(8)
+    ]
     for t in workers:
         t.start()
     try:
@@ -166,8 +169,9 @@ def check(db: nonstop.Database, accounts: int, acked: int) -> list[str]:
             problems.append(f"{transfers} transfer records for {acked} acknowledged transfers")
         if ledger.recorded != acked:
             problems.append(f"ledger counted {ledger.recorded} transfers, expected {acked}")
-        expected_owner_rows = sum(1 for n in range(accounts) if OWNERS[n % len(OWNERS)] in
-                                  ("ann", "bob"))
+        expected_owner_rows = sum(
+            1 for n in range(accounts) if OWNERS[n % len(OWNERS)] in ("ann", "bob")
+        )
         if by_owner != expected_owner_rows:
             problems.append(f"range query found {by_owner} rows, expected {expected_owner_rows}")
     return problems
@@ -188,11 +192,15 @@ def main(argv: list[str] | None = None) -> int:
     build_bank(db, args.accounts)
     print(f"  created {args.accounts:,} accounts in {time.perf_counter() - t0:.1f} s")
     acked, elapsed = run_transfers(db, args.accounts, args.transfers)
-    print(f"  {acked:,} transfers acknowledged in {elapsed:.1f} s "
-          f"({args.transfers / elapsed:,.0f}/s from 8 threads + 64 asyncio tasks, durable)")
+    print(
+        f"  {acked:,} transfers acknowledged in {elapsed:.1f} s "
+        f"({args.transfers / elapsed:,.0f}/s from 8 threads + 64 asyncio tasks, durable)"
+    )
     stats = db.stats()
-    print(f"  group commit: {stats['commits']:,} commits in {stats['commit_groups']:,} fsyncs "
-          f"(up to {stats['largest_group']} per fsync)")
+    print(
+        f"  group commit: {stats['commits']:,} commits in {stats['commit_groups']:,} fsyncs "
+        f"(up to {stats['largest_group']} per fsync)"
+    )
     db.wait_for_async(timeout=120)
     db.close()
 
@@ -204,8 +212,10 @@ def main(argv: list[str] | None = None) -> int:
     if problems:
         print("FAILED:\n  " + "\n  ".join(problems))
         return 1
-    print("OK: total conserved, every acknowledged transfer applied exactly once, "
-          "async ledger exact, indexes consistent after reopen.")
+    print(
+        "OK: total conserved, every acknowledged transfer applied exactly once, "
+        "async ledger exact, indexes consistent after reopen."
+    )
     return 0
 
 
