@@ -34,8 +34,10 @@ fmt: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m bench.run
 
+# The long simulation campaigns: the cluster log and the distributed-commit protocol.
 sim: $(STAMP)
 	$(PY) -m nonstop.sim.campaign --seeds $(SEEDS)
+	$(PY) -m nonstop.dtx.campaign --seeds $(SEEDS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .nonstop build src/*.egg-info
