@@ -130,6 +130,17 @@ from nonstop.cluster.failure import (
 )
 from nonstop.cluster.quorum import Quorum, QuorumPolicy, QuorumState
 from nonstop.cluster.raft import ROLE_LEADER, Entry, Raft, RaftConfig
+from nonstop.dtx.decisions import (
+    DECIDED,
+    FORGET,
+    FORGOT,
+    LOOKUP,
+    OUTCOMES,
+    PROPOSE,
+    UNKNOWN,
+    DecisionTable,
+    parse_gtid,
+)
 from nonstop.errors import NotLeader
 from nonstop.runtime.interface import (
     Action,
@@ -291,6 +302,11 @@ class ClusterNode:
         self._next_forward = 0
         self._now = 0.0
         self._bound: tuple[frozenset[NodeId], QuorumPolicy, Quorum | None] | None = None
+        # The decision log (dtx, B9): applied state like the views, rebuilt from the log and
+        # snapshots on restart, never persisted on its own.
+        self.decisions = DecisionTable()
+        self._dl_answers: list[dict[str, Any]] = []  # for the local DtxNode, see take_...
+        self._dl_inflight: dict[tuple[Any, ...], tuple[int, int]] = {}  # key -> (index, term)
 
     def _next_token(self) -> int:
         self._token += 1
@@ -354,6 +370,8 @@ class ClusterNode:
             actions += self._from_raft(self.raft.handle(inner))
         elif kind == "adm":
             actions += self._on_admin_message(event.sender, body)
+        elif kind == "dl":
+            actions += self._on_decision_message(event.sender, body)
         else:
             actions.append(Log("warning", f"unknown message kind {kind!r} from {event.sender}"))
         return actions
@@ -472,6 +490,10 @@ class ClusterNode:
                 self.applied_index = entry.index
                 self._since_snapshot = 0
                 self.views = list(state.get("views", []))
+                table = state.get("dl") or {}
+                self.decisions = DecisionTable(
+                    dict(table.get("d", {})), {c: int(f) for c, f in table.get("f", {}).items()}
+                )
                 actions += self._view_from(entry.data, record=False)
                 for index in sorted(i for i in self._pending_log if i <= entry.index):
                     pending = self._pending_log.pop(index)
@@ -500,6 +522,8 @@ class ClusterNode:
             self._since_snapshot += 1
             if entry.kind in ("config", "view"):
                 actions += self._view_from(entry.data)
+            elif entry.kind == "cmd" and isinstance(entry.data, dict) and "dl" in entry.data:
+                actions += self._apply_decision(entry.index, entry.data)
             actions.append(
                 Notify(
                     "applied",
@@ -523,8 +547,10 @@ class ClusterNode:
                     }
                 actions += self._answer(pending, answer)
         if entries and self._since_snapshot >= self.config.snapshot_every:
+            table = {"d": self.decisions.decisions, "f": self.decisions.floors}
             state = msgpack.packb(
-                {"digest": self.applied_digest, "views": self.views}, use_bin_type=True
+                {"digest": self.applied_digest, "views": self.views, "dl": table},
+                use_bin_type=True,
             )
             actions += self._wrap("raft", self.raft.snapshot(self._now, self.applied_index, state))
             self._since_snapshot = 0
@@ -679,6 +705,151 @@ class ClusterNode:
             return [Reply(pending.reply_to[1], answer)]
         _, node, fid = pending.reply_to
         return [Send(node, self._envelope("adm", {"re": fid, "reply": answer}))]
+
+    # ------------------------------------------------------- the decision log
+    def decision_request(self, now: float, payload: Any) -> list[Action]:
+        """A request of the local DtxNode to the decision log (``Send(to="@decisions")``).
+
+        ``dl.propose`` and ``dl.forget`` become ``decide``/``forget`` entries; ``dl.lookup``
+        becomes a ``lookup`` entry, which is how lookups are made linearizable: the answer is
+        the table as applied at the lookup's own position in the log, so it reflects every
+        decision committed before the lookup was asked.  (A read index would save the entry,
+        but lookups are rare -- recovery and in-doubt participants -- and the entry needs no
+        extra machinery.)  The leader proposes; a follower forwards to the leader it knows.
+        Nothing is answered now: answers come when the entry is applied here (see
+        :meth:`take_decision_answers`).  Without quorum, leader or valid input the request
+        is dropped: the machine retries (dtx.md section 7, point 3).
+        """
+        self._now = now
+        entry = self._decision_entry(payload, self.name)
+        if entry is None:
+            return [Log("warning", f"decision log: malformed request {payload!r:.80}")]
+        entry["r"] = [self.name, self._nonce]
+        return self._after(self._route_decision(entry))
+
+    def take_decision_answers(self) -> list[dict[str, Any]]:
+        """The decision log's answers for the local DtxNode since the last call, in order."""
+        answers, self._dl_answers = self._dl_answers, []
+        return answers
+
+    @staticmethod
+    def _decision_entry(payload: Any, requester: NodeId) -> dict[str, Any] | None:
+        """The log entry for a dl.* request, validated (bad input never reaches the log)."""
+        if not isinstance(payload, dict):
+            return None
+        kind = payload.get("t")
+        if kind == FORGET:
+            coord, floor = payload.get("c"), payload.get("f")
+            # Only a coordinator moves its own floor (dtx.md section 7, point 5).
+            if coord != requester or not isinstance(floor, int) or isinstance(floor, bool):
+                return None
+            return {"dl": "forget", "c": coord, "f": floor}
+        gtid = payload.get("g")
+        if parse_gtid(gtid) is None:
+            return None
+        if kind == LOOKUP:
+            return {"dl": "lookup", "g": gtid}
+        if kind == PROPOSE:
+            tell = payload.get("n", [])
+            if payload.get("o") not in OUTCOMES or not isinstance(tell, list):
+                return None
+            names = sorted({n for n in tell if isinstance(n, str)})
+            return {"dl": "decide", "g": gtid, "o": payload["o"], "n": names}
+        return None
+
+    def _route_decision(self, entry: dict[str, Any]) -> list[Action]:
+        if not self.enabled:
+            return []  # D16: a Disabled node does not act; the requester retries
+        if self.raft.role != ROLE_LEADER:
+            leader = self.raft.leader
+            if leader is None or leader == self.name:
+                return []
+            return [Send(leader, self._envelope("dl", entry))]
+        # Retries of a request still in flight in this term add nothing: one entry each.
+        key = (entry["dl"], entry.get("g"), entry.get("o"), entry.get("c"), entry.get("f"))
+        key += tuple(entry["r"])
+        inflight = self._dl_inflight.get(key)
+        if (
+            inflight is not None
+            and inflight[0] > self.applied_index
+            and inflight[1] == self.raft.term
+        ):
+            return []
+        try:
+            index, actions = self.raft.propose(self._now, entry)
+        except NotLeader:
+            return []
+        self._dl_inflight[key] = (index, self.raft.term)
+        return self._from_raft(actions)
+
+    def _on_decision_message(self, sender: NodeId, body: Any) -> list[Action]:
+        """A peer forwarded its DtxNode's request: propose it if we lead, else drop it."""
+        requester = body.get("r") if isinstance(body, dict) else None
+        if (
+            not isinstance(requester, list)
+            or len(requester) != 2
+            or requester[0] != sender
+            or not isinstance(requester[1], int)
+        ):
+            return [Log("warning", f"decision log: malformed forward from {sender}")]
+        payload = dict(body)
+        kind = payload.get("dl")
+        payload["t"] = {"decide": PROPOSE, "lookup": LOOKUP, "forget": FORGET}.get(kind)
+        entry = self._decision_entry(payload, sender)
+        if entry is None:
+            return [Log("warning", f"decision log: malformed forward from {sender}")]
+        entry["r"] = [sender, requester[1]]
+        if self.raft.role != ROLE_LEADER:
+            return []  # no second hop: the requester retries and finds the new leader
+        return self._route_decision(entry)
+
+    def _apply_decision(self, index: int, data: dict[str, Any]) -> list[Action]:
+        """Apply a decision-log entry to the table (every node, same order) and answer.
+
+        Only the incarnation that asked (``r`` = name and this incarnation's nonce) gets the
+        answer: a restarted node re-applying its log must not hear stale ``unknown``
+        answers meant for its previous life.  ``dl.decided`` also goes to the nodes named in
+        a new decision's ``n`` -- always the table's outcome, never the proposal's.
+        """
+        for key in [k for k, (i, _) in self._dl_inflight.items() if i <= index]:
+            del self._dl_inflight[key]
+        kind = data.get("dl")
+        requester = data.get("r")
+        mine = isinstance(requester, list) and requester == [self.name, self._nonce]
+        actions: list[Action] = []
+        if kind == "forget":
+            coord, floor = data.get("c"), data.get("f")
+            if not isinstance(coord, str) or not isinstance(floor, int):
+                return [Log("error", f"decision log: bad forget entry {data!r:.80}")]
+            self.decisions.forget(coord, floor)
+            if mine:
+                self._dl_answers.append({"t": FORGOT, "c": coord, "f": floor})
+            return actions
+        gtid = data.get("g")
+        if parse_gtid(gtid) is None:
+            return [Log("error", f"decision log: bad entry {data!r:.80}")]
+        if kind == "lookup":
+            if mine:
+                outcome = self.decisions.lookup(gtid)
+                if outcome is not None:
+                    self._dl_answers.append({"t": DECIDED, "g": gtid, "o": outcome})
+                else:
+                    forgotten = self.decisions.forgotten(gtid)
+                    self._dl_answers.append({"t": UNKNOWN, "g": gtid, "forgotten": forgotten})
+            return actions
+        if kind != "decide" or data.get("o") not in OUTCOMES:
+            return [Log("error", f"decision log: bad entry {data!r:.80}")]
+        known = self.decisions.lookup(gtid)
+        decided = self.decisions.decide(gtid, data["o"])
+        if decided is None:
+            if mine:
+                self._dl_answers.append({"t": UNKNOWN, "g": gtid, "forgotten": True})
+            return actions
+        actions.append(Notify("dl.decided", {"g": gtid, "o": decided}))
+        tell = data.get("n", []) if known is None else []
+        if mine or self.name in tell:
+            self._dl_answers.append({"t": DECIDED, "g": gtid, "o": decided})
+        return actions
 
     def status(self) -> dict[str, Any]:
         """The ``status`` admin reply (see module docstring)."""

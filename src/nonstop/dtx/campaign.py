@@ -4,6 +4,7 @@
     python -m nonstop.dtx.campaign --seeds 500 --start 7000  # seeds 7000..7499
     python -m nonstop.dtx.campaign --seed 1234 --verbose     # replay one seed, explain it
     python -m nonstop.dtx.campaign --seed 1234 --step after_propose   # force the crash step
+    python -m nonstop.dtx.campaign --seeds 1000 --clustered  # the decision log is the Raft log
 
 Every failing seed is printed with the one-line command that replays it; the
 exit status is 1 if any seed failed.  (Its own module rather than a plug-in of
@@ -46,8 +47,9 @@ class SeedOutcome:
     """Which paths the seed exercised (Unavailable replies, in-doubt participants...)."""
 
 
-def replay_command(seed: int, step: str | None = None) -> str:
+def replay_command(seed: int, step: str | None = None, clustered: bool = False) -> str:
     forced = f" --step {step}" if step is not None else ""
+    forced += " --clustered" if clustered else ""
     return f"python -m nonstop.dtx.campaign --seed {seed}{forced} --verbose"
 
 
@@ -102,7 +104,7 @@ def run_campaign(
             outcomes.append(outcome)
             if bar is not None:
                 if not outcome.ok:
-                    bar.write(failure_text(outcome, step))
+                    bar.write(failure_text(outcome, step, bool(config and config.clustered)))
                 bar.update(1)
     finally:
         if pool is not None:
@@ -123,14 +125,21 @@ def totals(outcomes: Iterable[SeedOutcome]) -> str:
     return " ".join(f"{k}={v}" for k, v in sums.items())
 
 
-def failure_text(outcome: SeedOutcome, step: str | None = None) -> str:
+def failure_text(outcome: SeedOutcome, step: str | None = None, clustered: bool = False) -> str:
     first = outcome.violations[0] if outcome.violations else "?"
-    return f"FAIL seed {outcome.seed}: {first}\n  replay: {replay_command(outcome.seed, step)}"
+    replay = replay_command(outcome.seed, step, clustered)
+    return f"FAIL seed {outcome.seed}: {first}\n  replay: {replay}"
 
 
-def explain(seed: int, step: str | None = None, *, full_trace: bool = False) -> bool:
+def explain(
+    seed: int,
+    step: str | None = None,
+    *,
+    full_trace: bool = False,
+    config: ScenarioConfig | None = None,
+) -> bool:
     """Replay one seed and print its shape, faults, notable events and verdict."""
-    result, sim = run_seed(seed, step=step, trace=True)
+    result, sim = run_seed(seed, config, step=step, trace=True)
     print(f"seed {seed}: nodes {', '.join(result.nodes)}; coordinator crash step {result.step}")
     print("fault schedule:")
     for fault in result.faults:
@@ -158,23 +167,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--verbose", action="store_true", help="explain the run (with --seed)")
     parser.add_argument("--trace", action="store_true", help="print every event (with --seed)")
     parser.add_argument("--jobs", type=int, default=None, help="worker processes (default: cores)")
+    parser.add_argument(
+        "--clustered",
+        action="store_true",
+        help="the decision log is the real cluster (Raft) log, not the simulated one",
+    )
     args = parser.parse_args(args_list)
+    config = ScenarioConfig(clustered=True) if args.clustered else None
     if args.seed is not None:
         if args.verbose or args.trace:
-            return 0 if explain(args.seed, args.step, full_trace=args.trace) else 1
-        outcome = run_one(args.seed, args.step)
+            ok = explain(args.seed, args.step, full_trace=args.trace, config=config)
+            return 0 if ok else 1
+        outcome = run_one(args.seed, args.step, config)
         print(outcome.summary)
         for v in outcome.violations:
             print(f"  VIOLATION {v}")
         return 0 if outcome.ok else 1
     started = time.perf_counter()
     outcomes = run_campaign(
-        range(args.start, args.start + args.seeds), step=args.step, jobs=args.jobs, progress=True
+        range(args.start, args.start + args.seeds),
+        step=args.step,
+        config=config,
+        jobs=args.jobs,
+        progress=True,
     )
     failures = [o for o in outcomes if not o.ok]
     elapsed = time.perf_counter() - started
     for outcome in failures:
-        print(failure_text(outcome, args.step))
+        print(failure_text(outcome, args.step, args.clustered))
     events = sum(o.events for o in outcomes)
     print("paths: " + totals(outcomes))
     print(

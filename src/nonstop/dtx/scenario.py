@@ -36,9 +36,13 @@ from typing import Any
 
 import msgpack
 
-from nonstop.dtx.decisions import ABORT, COMMIT, DECIDED, LOG, PROPOSE
+from nonstop.cluster.failure import DetectorConfig
+from nonstop.cluster.node import ClusterConfig
+from nonstop.cluster.raft import RaftConfig
+from nonstop.dtx.clustered import DtxClusterNode
+from nonstop.dtx.decisions import ABORT, COMMIT, DECIDED, LOG, PROPOSE, DecisionTable
 from nonstop.dtx.protocol import ACK, K_TOMB, VOTE, DtxConfig, DtxNode
-from nonstop.dtx.simulated import K_KV, SimDecisionLog, make_node
+from nonstop.dtx.simulated import K_KV, SimDecisionLog, SimResourceManager, make_node
 from nonstop.runtime.interface import (
     Action,
     ClientRequest,
@@ -50,6 +54,7 @@ from nonstop.runtime.interface import (
     Send,
 )
 from nonstop.sim import nemesis
+from nonstop.sim.checker import ClusterChecker
 from nonstop.sim.core import DiskConfig, NetConfig, Simulation, SimulationError
 
 STEPS = (
@@ -83,6 +88,10 @@ class ScenarioConfig:
     dtx: DtxConfig = field(default_factory=DtxConfig)
     node_class: type[DtxNode] = DtxNode
     """Tests plug broken variants in here (the mutation check)."""
+    clustered: bool = False
+    """The decision log is the real cluster log: every node is a :class:`DtxClusterNode`
+    (Raft member + DtxNode) and there is no ``@decisions`` node; the cluster checker's
+    safety invariants (:class:`~nonstop.sim.checker.ClusterChecker`) run too."""
 
 
 @dataclass(slots=True)
@@ -168,13 +177,18 @@ class DtxChecker:
                 if p.get("t") == DECIDED:
                     self._decision(sim, p["g"], p["o"])
             elif isinstance(action, Send) and action.to == LOG:
-                p = action.payload
-                if p.get("t") == PROPOSE and p.get("o") == ABORT and "n" in p:
-                    coordinator = p["g"].rpartition(".")[0]
-                    if coordinator != node:
-                        self.asked.add((p["g"], node))
+                self._asked(node, action.payload)
+            elif isinstance(action, Notify) and action.kind == "dl.request":
+                self._asked(node, action.data["payload"])
             elif isinstance(action, Notify):
                 self._notify(sim, node, action)
+
+    def _asked(self, node: NodeId, p: dict[str, Any]) -> None:
+        """A request to the log: note participants in doubt that proposed abort (B9)."""
+        if p.get("t") == PROPOSE and p.get("o") == ABORT and "n" in p:
+            coordinator = p["g"].rpartition(".")[0]
+            if coordinator != node:
+                self.asked.add((p["g"], node))
 
     def _decision(self, sim: Simulation, gtid: str, outcome: str) -> None:
         known = self.decisions.setdefault(gtid, outcome)
@@ -259,7 +273,7 @@ class DtxChecker:
             for acc in accounts[name]:
                 raw = durable.get(K_KV + acc.encode())
                 on_disk = INITIAL if raw is None else msgpack.unpackb(raw)
-                in_memory = machine.rm.kv[acc] if isinstance(machine, DtxNode) else None
+                in_memory = _dtx(machine).rm.kv[acc] if _dtx(machine) is not None else None
                 if on_disk != expected[acc] or in_memory not in (None, expected[acc]):
                     self.fail(
                         sim,
@@ -333,12 +347,28 @@ class CrashAtStep:
             return isinstance(event, ClientRequest) and any(isinstance(a, Persist) for a in actions)
         if step == "after_propose":
             return any(
-                isinstance(a, Send)
-                and a.to == LOG
-                and a.payload.get("t") == PROPOSE
-                and a.payload.get("o") == COMMIT
+                (
+                    isinstance(a, Send)
+                    and a.to == LOG
+                    and a.payload.get("t") == PROPOSE
+                    and a.payload.get("o") == COMMIT
+                )
+                or (
+                    isinstance(a, Notify)
+                    and a.kind == "dl.request"
+                    and a.data["payload"].get("t") == PROPOSE
+                    and a.data["payload"].get("o") == COMMIT
+                )
                 for a in actions
             )
+        if step == "after_decided" and any(
+            isinstance(a, Notify)
+            and a.kind == "dl.answer"
+            and a.data["payload"].get("t") == DECIDED
+            and a.data["payload"].get("o") == COMMIT
+            for a in actions
+        ):
+            return True  # clustered: the decision came out of the local log's apply
         if not isinstance(event, Received) or not isinstance(event.payload, dict):
             return False
         kind = event.payload.get("t")
@@ -381,10 +411,15 @@ def run_seed(
     total = INITIAL * len(all_accounts)
 
     checker = DtxChecker().attach(sim)
-    for name in names:
-        factory = make_node(name, dict.fromkeys(accounts[name], INITIAL), cfg.dtx, cfg.node_class)
-        sim.add_node(name, factory)
-    sim.add_node(LOG, SimDecisionLog)
+    cluster_checker = ClusterChecker().attach(sim) if cfg.clustered else None
+    if cfg.clustered:
+        _add_clustered(sim, rng, names, accounts, cfg)
+    else:
+        for name in names:
+            balances = dict.fromkeys(accounts[name], INITIAL)
+            sim.add_node(name, make_node(name, balances, cfg.dtx, cfg.node_class))
+        sim.add_node(LOG, SimDecisionLog)
+    servers = names if cfg.clustered else [*names, LOG]
 
     chosen = step if step is not None else rng.choice(STEPS)
     injector = None
@@ -398,7 +433,7 @@ def run_seed(
 
     faults = nemesis.plan(
         rng,
-        [*names, LOG],
+        servers,
         start=cfg.fault_start,
         heal_at=cfg.heal_at,
         rate=cfg.fault_rate,
@@ -435,9 +470,9 @@ def run_seed(
     try:
         sim.run_until(cfg.heal_at)
         deadline = cfg.heal_at + cfg.settle_within
-        while sim.now < deadline and _busy(sim, names) is not None:
+        while sim.now < deadline and _busy(sim, names, servers) is not None:
             sim.run_for(0.1)
-        busy = _busy(sim, names)
+        busy = _busy(sim, names, servers)
         if busy is not None:
             checker.fail(
                 sim, "liveness", f"not settled {cfg.settle_within}s after the heal: {busy}"
@@ -454,20 +489,20 @@ def run_seed(
             # Its phase two, then compaction: the log must have forgotten every
             # decision (bounded history) once the floors reached it.
             # (FORGET is resent every ``forget_every`` until acknowledged: allow a few losses.)
-            log = sim.machine(LOG)
-            assert isinstance(log, SimDecisionLog)
+            # Clustered: every node's replica of the table must be compacted.
             end = sim.now + 5 * cfg.dtx.forget_every + 0.5
             sim.run_for(0.5)
-            while sim.now < end and log.table.decisions:
+            while sim.now < end and _held(sim, names, cfg.clustered):
                 sim.run_for(0.1)
-            if log.table.decisions:
-                kept = sorted(log.table.decisions)[:5]
-                checker.fail(
-                    sim, "compaction", f"log still holds {len(log.table.decisions)}: {kept}"
-                )
+            held = _held(sim, names, cfg.clustered)
+            if held:
+                checker.fail(sim, "compaction", f"log still holds {held}")
     except SimulationError as exc:
         checker.fail(sim, "runaway", str(exc))
     checker.final(sim, names, accounts, total)
+    if cluster_checker is not None:  # the cluster log's own safety invariants (online)
+        for v in cluster_checker.violations:
+            checker.fail(sim, f"cluster-{v.invariant}", f"t={v.time:.3f} {v.detail}")
 
     replies = [r.reply for r in sim.requests.values() if isinstance(r.reply, dict)]
     stats = {
@@ -490,15 +525,80 @@ def run_seed(
     return result, sim
 
 
-def _busy(sim: Simulation, names: list[NodeId]) -> str | None:
+def _dtx(machine: Any) -> DtxNode | None:
+    """The DtxNode of a participant machine, plain or composed with the cluster layer."""
+    if isinstance(machine, DtxClusterNode):
+        return machine.dtx
+    return machine if isinstance(machine, DtxNode) else None
+
+
+def _tables(sim: Simulation, names: list[NodeId], clustered: bool) -> list[DecisionTable]:
+    """The decision table(s): every node's replica, or the simulated log's one."""
+    if not clustered:
+        log = sim.machine(LOG)
+        assert isinstance(log, SimDecisionLog)
+        return [log.table]
+    out = []
+    for name in names:
+        m = sim.machine(name)
+        assert isinstance(m, DtxClusterNode)
+        out.append(m.cluster.decisions)
+    return out
+
+
+def _held(sim: Simulation, names: list[NodeId], clustered: bool) -> str:
+    """Decisions some replica still holds (empty once compaction reached every one)."""
+    for table in _tables(sim, names, clustered):
+        if table.decisions:
+            return f"{len(table.decisions)}: {sorted(table.decisions)[:5]}"
+    return ""
+
+
+def _add_clustered(
+    sim: Simulation,
+    rng: random.Random,
+    names: list[NodeId],
+    accounts: dict[NodeId, list[str]],
+    cfg: ScenarioConfig,
+) -> None:
+    """Every participant is a Raft member too: the decision log is the cluster log."""
+    raft = RaftConfig(election_timeout=rng.choice([0.3, 0.5]), heartbeat_interval=0.05)
+    detector = DetectorConfig(keepalive_interval=0.1, non_response_timeout=0.4)
+    addresses = {x: f"sim://{x}" for x in names}
+    for i, name in enumerate(names):
+        node_cfg = ClusterConfig(
+            name=name,
+            address=addresses[name],
+            store_timestamp=1_700_000_000 + i,
+            members=tuple(names),
+            static_peers={x: a for x, a in addresses.items() if x != name},
+            detector=detector,
+            raft=raft,
+            snapshot_every=rng.choice([16, 64, 256]),
+        )
+        balances = dict.fromkeys(accounts[name], INITIAL)
+
+        def factory(
+            node_rng: random.Random,
+            recovered: Any,
+            node_cfg: ClusterConfig = node_cfg,
+            balances: dict[str, int] = balances,
+        ) -> DtxClusterNode:
+            rm = SimResourceManager(balances, recovered)
+            return DtxClusterNode(node_cfg, rm, node_rng, recovered, cfg.dtx, cfg.node_class)
+
+        sim.add_node(name, factory)
+
+
+def _busy(sim: Simulation, names: list[NodeId], servers: list[NodeId]) -> str | None:
     """None once every node is up and has nothing in flight; else what is still going on."""
-    for name in [*names, LOG]:
+    for name in servers:
         node = sim.nodes[name]
         if not node.up or node.paused:
             return f"{name} is down"
     for name in names:
-        m = sim.machine(name)
-        assert isinstance(m, DtxNode)
+        m = _dtx(sim.machine(name))
+        assert m is not None
         if m.coord or m.branches:
             return f"{name}: {m.status()}"
     return None
