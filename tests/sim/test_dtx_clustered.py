@@ -17,6 +17,13 @@ import random
 import time
 
 import pytest
+from test_dtx import (  # the same broken variants (tests/sim is on the path)
+    SEMANTIC,
+    CommitBeforeDecision,
+    CommitOnTimeout,
+    GuessAfterRecovery,
+    YesBeforeDurable,
+)
 
 from nonstop.cluster.node import ClusterConfig
 from nonstop.dtx.campaign import failure_text, run_campaign, totals
@@ -78,6 +85,26 @@ def test_crash_at_each_step_over_the_raft_decision_log(step):
             failed.append(f"seed {seed}: {result.violations[0]}")
     assert not failed, "\n".join(failed)
     assert fired >= 5, f"the crash at {step} fired on only {fired} of 8 seeds"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("node_class", "step"),
+    [
+        (CommitOnTimeout, "after_some_prepares"),
+        (CommitBeforeDecision, None),
+        (GuessAfterRecovery, "after_some_prepares"),
+        (YesBeforeDurable, None),
+    ],
+)
+def test_broken_variants_are_caught_over_the_raft_decision_log(node_class, step):
+    """The invariants still bite with the real log (the mutations of ``test_dtx.py``)."""
+    cfg = ScenarioConfig(node_class=node_class, clustered=True)
+    for seed in range(100):
+        result, _ = run_seed(seed, cfg, step=step)
+        if any(v.invariant in SEMANTIC for v in result.violations):
+            return
+    pytest.fail(f"{node_class.__name__} was not caught in 100 clustered seeds")
 
 
 def test_a_clustered_seed_replays_identically():

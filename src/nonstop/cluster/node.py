@@ -23,8 +23,9 @@ the log is recomputed from it after a restart, never persisted on its own.
 Routing inside the node
 -----------------------
 * Messages between nodes are envelopes ``{"k": kind, "en": enabled, "b": body}``
-  with kind ``"fd"`` (detector), ``"raft"`` (cluster log) or ``"adm"``
-  (forwarded admin requests and their answers).  ``en`` is the sender's
+  with kind ``"fd"`` (detector), ``"raft"`` (cluster log), ``"adm"``
+  (forwarded admin requests and their answers) or ``"dl"`` (a decision-log
+  request forwarded to the leader, see below).  ``en`` is the sender's
   quorum flag: messages from a Disabled node are not liveness (D16), so the
   rest of the cluster sees a node without quorum as Down.  Only detector
   messages are exchanged with a peer in DuplicateLocation, DuplicateTimestamp
@@ -89,6 +90,16 @@ Notifications (``Notify``)
 ``applied`` {index, term, kind, value, digest} for every committed entry this
 node applies, in order (``digest`` chains every entry before it, so two nodes
 with equal digests at an index applied identical histories up to it).
+
+The decision log (distributed commit, B9)
+-----------------------------------------
+``decisions`` is a :class:`~nonstop.dtx.decisions.DecisionTable` built by applying
+``cmd`` entries with a ``"dl"`` field (``decide``, ``forget``, ``lookup``) in log
+order on every node; it is in every snapshot.  :meth:`ClusterNode.decision_request`
+takes a local DtxNode's ``dl.*`` request (the leader proposes, a follower forwards);
+:meth:`ClusterNode.take_decision_answers` returns the answers produced when such
+entries were applied here for this incarnation.  The composition with the DtxNode
+is :class:`nonstop.dtx.clustered.DtxClusterNode`; design: docs/design/dtx.md §8.1.
 
 A node that is not (yet) in the cluster log's membership -- a joiner waiting
 to be added -- is Disabled: it has no quorum to be part of.

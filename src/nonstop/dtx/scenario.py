@@ -497,6 +497,16 @@ def run_seed(
             held = _held(sim, names, cfg.clustered)
             if held:
                 checker.fail(sim, "compaction", f"log still holds {held}")
+            # Clustered: every replica applies the same decide/forget sequence (followers
+            # learn the commit index a heartbeat later: compare once they caught up).
+            end = sim.now + 2.0
+            tables = _tables(sim, names, cfg.clustered)
+            while sim.now < end and any(t != tables[0] for t in tables):
+                sim.run_for(0.05)
+                tables = _tables(sim, names, cfg.clustered)
+            if any(t != tables[0] for t in tables):
+                differ = [(n, t.floors) for n, t in zip(names, tables, strict=True)]
+                checker.fail(sim, "replicas", f"decision tables differ: {differ}")
     except SimulationError as exc:
         checker.fail(sim, "runaway", str(exc))
     checker.final(sim, names, accounts, total)
