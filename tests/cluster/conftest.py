@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import random
 import re
 import signal
 import socket
@@ -34,28 +33,10 @@ DETECT_WITHIN = 4 * NONRESPONSE + 1.0
 on a loaded 2-core machine."""
 
 
-def cluster_machine() -> str:
-    """The cluster machine when it can be built here, else the runtime's probe machine.
-
-    While the cluster log is being written the real machine may not construct;
-    the transport, process and CLI behaviour under test is the same with the probe.
-    """
-    forced = os.environ.get("NONSTOP_TEST_MACHINE")
-    if forced:
-        return forced
-    try:
-        from nonstop.node.config import NodeConfig
-        from nonstop.node.datadir import Identity
-        from nonstop.node.machine import build_cluster_node
-
-        cfg = NodeConfig(name="A", data="/nonexistent", members=["A", "B", "C"])
-        build_cluster_node(cfg, Identity("t", "A", 1, 1), {}, random.Random(0))
-    except Exception:
-        return "nonstop.node.machine:build_probe"
-    return "nonstop.node.machine:build_cluster_node"
-
-
-MACHINE = cluster_machine()
+# The machine the node processes run: the real cluster node (failure detector,
+# Raft cluster log, quorum).  NONSTOP_TEST_MACHINE may name another factory to
+# debug the transport alone; the default suite always tests the real one.
+MACHINE = os.environ.get("NONSTOP_TEST_MACHINE", "nonstop.node.machine:build_cluster_node")
 REAL_CLUSTER = MACHINE.endswith("build_cluster_node")
 
 

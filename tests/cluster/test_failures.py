@@ -111,7 +111,6 @@ def test_sigstop_is_seen_down_then_heals(procs: Callable[..., Procs]) -> None:
     assert p.states("A")["C"] == "Up"
 
 
-@pytest.mark.skipif(not REAL_CLUSTER, reason="join needs the cluster log")
 def test_new_node_joins_through_any_address(procs: Callable[..., Procs]) -> None:
     p = procs(3)
     p.start_all()
@@ -126,7 +125,6 @@ def test_new_node_joins_through_any_address(procs: Callable[..., Procs]) -> None
         wait_until(lambda: c.status()["quorum"] == "Active", 10, "D to see quorum Active")
 
 
-@pytest.mark.skipif(not REAL_CLUSTER, reason="join needs the cluster log")
 def test_protocol_versions_between_real_nodes(procs: Callable[..., Procs]) -> None:
     """E4: a node speaking 1..2 joins a 1..1 cluster; a node speaking only 2..3 is refused."""
     p = procs(3)

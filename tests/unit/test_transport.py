@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import shutil
 import socket
 import struct
 import subprocess
@@ -296,7 +295,6 @@ def make_certs(folder: Path) -> TLSConfig:
     )
 
 
-@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl CLI")
 def test_tls_round_trip(tmp_path: Path) -> None:
     tls = make_certs(tmp_path)
 

@@ -15,6 +15,7 @@ and no error; otherwise the request is cancelled and nothing is left held.
 from __future__ import annotations
 
 import asyncio
+from abc import ABC, abstractmethod
 from collections.abc import Hashable
 from threading import Event, Lock
 
@@ -24,7 +25,7 @@ from nonstop.tx.locks import DeadlockFound, Grant, Granted, LockManager, LockMod
 __all__ = ["LockTable"]
 
 
-class _Waiter:
+class _Waiter(ABC):
     """One blocked request; ``granted``/``error`` are written only under the table's mutex."""
 
     __slots__ = ("error", "granted")
@@ -33,8 +34,9 @@ class _Waiter:
         self.granted = False
         self.error: BaseException | None = None
 
+    @abstractmethod
     def wake(self) -> None:
-        raise NotImplementedError
+        """Wake whoever waits (a thread's event or a task's future)."""
 
 
 class _ThreadWaiter(_Waiter):
