@@ -14,7 +14,6 @@ exit status is 1 if any seed failed.  (Its own module rather than a plug-in of
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import os
 import sys
 import time
@@ -22,6 +21,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from nonstop.dtx.scenario import STEPS, ScenarioConfig, run_seed
+from nonstop.sim.runner import run_many
 
 COUNTERS = (
     "begun",
@@ -85,35 +85,15 @@ def run_campaign(
     progress: bool = False,
 ) -> list[SeedOutcome]:
     """Run ``seeds`` on ``jobs`` processes (default: every core); outcomes sorted by seed."""
-    work = [(s, step, config) for s in seeds]
-    jobs = jobs or os.cpu_count() or 1
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(work), unit="seed", file=sys.stderr, dynamic_ncols=True)
-    pool = None
-    if jobs == 1:
-        iterator: Iterable[SeedOutcome] = map(_run_args, work)
-    else:
-        pool = multiprocessing.get_context("fork").Pool(jobs)
-        iterator = pool.imap_unordered(_run_args, work, chunksize=16)
-    outcomes: list[SeedOutcome] = []
-    try:
-        for outcome in iterator:
-            outcomes.append(outcome)
-            if bar is not None:
-                if not outcome.ok:
-                    bar.write(failure_text(outcome, step, bool(config and config.clustered)))
-                bar.update(1)
-    finally:
-        if pool is not None:
-            pool.close()
-            pool.join()
-        if bar is not None:
-            bar.close()
-    outcomes.sort(key=lambda o: o.seed)
-    return outcomes
+    clustered = bool(config and config.clustered)
+    return run_many(
+        _run_args,
+        [(s, step, config) for s in seeds],
+        failure_text=lambda outcome: failure_text(outcome, step, clustered),
+        jobs=jobs,
+        progress=progress,
+        chunksize=16,
+    )
 
 
 def totals(outcomes: Iterable[SeedOutcome]) -> str:

@@ -13,7 +13,6 @@ iterates a ``set`` of strings replays identically in another process.
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import os
 import sys
 import time
@@ -24,6 +23,7 @@ from typing import Any
 from nonstop.runtime.interface import Action, Event, Notify
 from nonstop.sim.cluster import RunResult, run_seed
 from nonstop.sim.core import Simulation
+from nonstop.sim.runner import run_many
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,39 +62,7 @@ def run_campaign(
     seeds: Iterable[int], *, jobs: int | None = None, progress: bool = False
 ) -> list[SeedOutcome]:
     """Run ``seeds`` on ``jobs`` worker processes (default: every core); outcomes by seed."""
-    seeds = list(seeds)
-    jobs = jobs or os.cpu_count() or 1
-    outcomes: list[SeedOutcome] = []
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(seeds), unit="seed", file=sys.stderr, dynamic_ncols=True)
-    if jobs == 1:
-        iterator: Iterable[SeedOutcome] = map(run_one, seeds)
-        pool = None
-    else:
-        pool = multiprocessing.get_context("fork").Pool(jobs)
-        iterator = pool.imap_unordered(run_one, seeds, chunksize=8)
-    failed = 0
-    try:
-        for outcome in iterator:
-            outcomes.append(outcome)
-            if not outcome.ok:
-                failed += 1
-                if bar is not None:
-                    bar.write(_failure_text(outcome))
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(failed=failed)
-    finally:
-        if pool is not None:
-            pool.close()
-            pool.join()
-        if bar is not None:
-            bar.close()
-    outcomes.sort(key=lambda o: o.seed)
-    return outcomes
+    return run_many(run_one, list(seeds), failure_text=_failure_text, jobs=jobs, progress=progress)
 
 
 def _failure_text(outcome: SeedOutcome) -> str:
