@@ -13,15 +13,12 @@ exit status is 1 if any seed failed.  (Its own module rather than a plug-in of
 
 from __future__ import annotations
 
-import argparse
-import os
-import sys
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from nonstop.dtx.scenario import STEPS, ScenarioConfig, run_seed
-from nonstop.sim.runner import run_many
+from nonstop.sim.runner import campaign_parser, pin_hash_seed, run_many
 
 COUNTERS = (
     "begun",
@@ -135,18 +132,9 @@ def explain(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args_list = list(sys.argv[1:] if argv is None else argv)
-    if argv is None and os.environ.get("PYTHONHASHSEED") != "0":
-        env = {**os.environ, "PYTHONHASHSEED": "0"}
-        os.execve(sys.executable, [sys.executable, "-m", "nonstop.dtx.campaign", *args_list], env)
-    parser = argparse.ArgumentParser(prog="python -m nonstop.dtx.campaign", description=__doc__)
-    parser.add_argument("--seeds", type=int, default=1000, help="how many seeds to run")
-    parser.add_argument("--start", type=int, default=0, help="first seed")
-    parser.add_argument("--seed", type=int, help="run only this seed")
+    args_list = pin_hash_seed("nonstop.dtx.campaign", argv)
+    parser = campaign_parser("nonstop.dtx.campaign", __doc__)
     parser.add_argument("--step", choices=STEPS, help="force the coordinator crash step")
-    parser.add_argument("--verbose", action="store_true", help="explain the run (with --seed)")
-    parser.add_argument("--trace", action="store_true", help="print every event (with --seed)")
-    parser.add_argument("--jobs", type=int, default=None, help="worker processes (default: cores)")
     parser.add_argument(
         "--clustered",
         action="store_true",

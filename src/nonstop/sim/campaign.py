@@ -12,9 +12,6 @@ iterates a ``set`` of strings replays identically in another process.
 
 from __future__ import annotations
 
-import argparse
-import os
-import sys
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -23,7 +20,7 @@ from typing import Any
 from nonstop.runtime.interface import Action, Event, Notify
 from nonstop.sim.cluster import RunResult, run_seed
 from nonstop.sim.core import Simulation
-from nonstop.sim.runner import run_many
+from nonstop.sim.runner import campaign_parser, pin_hash_seed, run_many
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,17 +108,8 @@ NOTABLE = frozenset({"role", "leader", "view", "quorum"})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args_list = list(sys.argv[1:] if argv is None else argv)
-    if argv is None and os.environ.get("PYTHONHASHSEED") != "0":
-        env = {**os.environ, "PYTHONHASHSEED": "0"}
-        os.execve(sys.executable, [sys.executable, "-m", "nonstop.sim.campaign", *args_list], env)
-    parser = argparse.ArgumentParser(prog="python -m nonstop.sim.campaign", description=__doc__)
-    parser.add_argument("--seeds", type=int, default=1000, help="how many seeds to run")
-    parser.add_argument("--start", type=int, default=0, help="first seed")
-    parser.add_argument("--seed", type=int, help="run only this seed")
-    parser.add_argument("--verbose", action="store_true", help="explain the run (with --seed)")
-    parser.add_argument("--trace", action="store_true", help="print every event (with --seed)")
-    parser.add_argument("--jobs", type=int, default=None, help="worker processes (default: cores)")
+    args_list = pin_hash_seed("nonstop.sim.campaign", argv)
+    parser = campaign_parser("nonstop.sim.campaign", __doc__)
     args = parser.parse_args(args_list)
     if args.seed is not None:
         if args.verbose or args.trace:

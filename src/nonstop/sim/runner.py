@@ -9,6 +9,7 @@ outcomes come back sorted by seed.
 
 from __future__ import annotations
 
+import argparse
 import multiprocessing
 import os
 import sys
@@ -67,3 +68,28 @@ def run_many(
             bar.close()
     outcomes.sort(key=lambda o: o.seed)
     return outcomes
+
+
+def pin_hash_seed(module: str, argv: Sequence[str] | None) -> list[str]:
+    """Re-run ``python -m module`` with ``PYTHONHASHSEED=0`` unless it already is.
+
+    A seed must replay identically in any process: anything iterating a set of
+    strings would otherwise differ between runs.  Returns the arguments to parse.
+    """
+    args = list(sys.argv[1:] if argv is None else argv)
+    if argv is None and os.environ.get("PYTHONHASHSEED") != "0":
+        env = {**os.environ, "PYTHONHASHSEED": "0"}
+        os.execve(sys.executable, [sys.executable, "-m", module, *args], env)
+    return args
+
+
+def campaign_parser(module: str, description: str | None) -> argparse.ArgumentParser:
+    """The options every campaign takes: a seed range, one seed to replay, workers."""
+    parser = argparse.ArgumentParser(prog=f"python -m {module}", description=description)
+    parser.add_argument("--seeds", type=int, default=1000, help="how many seeds to run")
+    parser.add_argument("--start", type=int, default=0, help="first seed")
+    parser.add_argument("--seed", type=int, help="run only this seed")
+    parser.add_argument("--verbose", action="store_true", help="explain the run (with --seed)")
+    parser.add_argument("--trace", action="store_true", help="print every event (with --seed)")
+    parser.add_argument("--jobs", type=int, default=None, help="worker processes (default: cores)")
+    return parser
