@@ -234,7 +234,8 @@ class Database:
         """Encode a prepared write set and its write locks by database *name*."""
         names = self._store.names()
         ops = [[is_put, names[id(db)], key, value] for is_put, db, key, value in ws.ops]
-        uniques = {n: not self._store.is_dupsort(n) for _, n, _, _ in ops if n.startswith(b"ix:")}
+        index_names = {n for _, n, _, _ in ops if n.startswith(b"ix:")}
+        uniques = {n: not self._store.is_dupsort(n) for n in index_names}
         held = [
             ["o", r] if isinstance(r, bytes) else ["k", r[0], r[1]]
             for r, mode in locks.items()
