@@ -132,3 +132,11 @@ class NotLeader(ClusterError):
 
 class ProtocolError(ClusterError):
     """A peer spoke a protocol version or framing this node does not support (C7/E4)."""
+
+
+class NotRemote(Error):
+    """A method not marked ``@nonstop.remote`` was called on an object mastered on another node."""
+
+
+class Aborted(ClusterError):
+    """A distributed transaction was rolled back by its commit protocol (a participant refused)."""
