@@ -208,6 +208,47 @@ async def run_tasks(
     return Result(len(lats), duration, lats, {"cpu_us": _per_op(cpu, done[0])})
 
 
+AsyncClientFactory = Callable[[int], Awaitable[tuple[AsyncOp, Callable[[], Awaitable[Any]]]]]
+
+
+async def run_clients(
+    clients: int, make: AsyncClientFactory, duration: float, warmup: float, seed: int = 1
+) -> Result:
+    """Like :func:`run_tasks`, but each task has its own client: ``await make(i)`` returns
+    (op, async close) — e.g. one database connection per client task.
+
+    ``extra``: ``cpu_us`` (this process, per op), ``done`` (ops finished, warm-up
+    included).
+    """
+    pairs = await asyncio.gather(*(make(i) for i in range(clients)))
+    now = time.perf_counter()
+    start, end = now + warmup, now + warmup + duration
+    lats: list[float] = []
+    done = [0]
+
+    async def worker(i: int) -> None:
+        op = pairs[i][0]
+        rng = random.Random(seed * 1000 + i)
+        clock = time.perf_counter
+        while True:
+            t0 = clock()
+            if t0 >= end:
+                break
+            await op(rng)
+            done[0] += 1
+            t1 = clock()
+            if t0 >= start and t1 < end:
+                lats.append(t1 - t0)
+
+    cpu0 = time.process_time()
+    try:
+        await asyncio.gather(*(worker(i) for i in range(clients)))
+    finally:
+        cpu = time.process_time() - cpu0
+        await asyncio.gather(*(close() for _, close in pairs), return_exceptions=True)
+    return Result(len(lats), duration, lats, {"cpu_us": _per_op(cpu, done[0]), "done": done[0]})
+
+
 def fsync_cost(directory: str, rounds: int = 50) -> tuple[float, float]:
     """p50 and p99 (ms) of write(4 KiB) + fsync on ``directory``'s disk."""
     path = os.path.join(directory, "fsync.probe")
