@@ -1,0 +1,227 @@
+"""A local cluster owned by one Python process: started, crashed, restarted, always stopped.
+
+The cluster demo, the distributed benchmark and the end-to-end tests need the
+same thing: N real node processes on 127.0.0.1 with an application module
+loaded, a way to SIGKILL one and start it again on its data, and the certainty
+that nothing is left running whatever happens — an exception, Ctrl-C, SIGTERM
+or a normal exit.  :class:`OwnedCluster` is that: every node runs in its own
+process group, and :meth:`OwnedCluster.close` (also run at interpreter exit and
+on SIGTERM/SIGHUP while the cluster is open) stops them gracefully and then
+SIGKILLs whatever is left.
+
+    with OwnedCluster(folder, 3, apps=["nonstop.demo_bank"]) as oc:
+        client = nonstop.connect(oc.addresses)
+        oc.kill("B"); oc.restart("B")
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from nonstop.admin.local import LocalCluster, LocalNode, spawn_node
+from nonstop.client.handle import Client
+from nonstop.errors import Error
+from nonstop.node.datadir import pid_alive
+
+# Defaults for a cluster on one loaded machine: a dead node is seen Down in about a
+# second; the data directories are durable (fsync on).
+DEFAULT_OPTIONS: dict[str, Any] = {
+    "keepalive_interval": 0.1,
+    "nonresponse_timeout": 0.5,
+    "sync": True,
+}
+
+
+class OwnedCluster:
+    """``n`` node processes in ``folder`` (names A, B, C…), owned by this process."""
+
+    def __init__(
+        self,
+        folder: str | Path,
+        n: int = 3,
+        *,
+        apps: list[str] | None = None,
+        options: dict[str, Any] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        opts = {**DEFAULT_OPTIONS, **(options or {})}
+        if apps:
+            opts["app"] = list(apps)
+        self.lc = LocalCluster(folder)
+        self.layout = self.lc.create(n, None, opts)
+        self.nodes: dict[str, LocalNode] = {node.name: node for node in self.lc.nodes(self.layout)}
+        self.pids: dict[str, int] = {}
+        self._all_pids: set[int] = set()
+        self._env = env
+        self._closed = False
+        self._old_handlers: dict[int, Any] = {}
+        atexit.register(self.close)
+        self._install_signal_handlers()
+
+    # ------------------------------------------------------------------ nodes
+    @property
+    def names(self) -> list[str]:
+        return list(self.nodes)
+
+    @property
+    def addresses(self) -> list[str]:
+        return [node.listen for node in self.nodes.values()]
+
+    def address(self, name: str) -> str:
+        return self.nodes[name].listen
+
+    def log_path(self, name: str) -> Path:
+        return self.nodes[name].data / "node.log"
+
+    def start(self, name: str, timeout: float = 30.0) -> int:
+        """Start node ``name`` (on its old data if any); returns once it listens."""
+        node = self.nodes[name]
+        self.lc.write_config(self.layout, node)
+        with _environ(self._env):
+            pid = spawn_node(node.config, node.data, timeout=timeout)
+        self.pids[name] = pid
+        self._all_pids.add(pid)
+        return pid
+
+    def start_all(self, timeout: float = 60.0) -> None:
+        """Start every node and wait until each reports quorum ``Active``."""
+        for name in self.nodes:
+            self.start(name)
+        self.wait_active(timeout=timeout)
+
+    def kill(self, name: str) -> None:
+        """SIGKILL node ``name`` (a crash: no graceful shutdown) and wait until it is gone."""
+        pid = self.pids.pop(name)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+        _wait(lambda: not pid_alive(pid), 10, f"{name} to die")
+
+    def restart(self, name: str, timeout: float = 60.0) -> None:
+        """Start a killed node again on its data; returns once the cluster is Active."""
+        self.start(name)
+        self.wait_active(timeout=timeout)
+
+    def status(self, name: str) -> dict[str, Any]:
+        with Client([self.address(name)], timeout=2.0, rounds=1) as c:
+            return c.status()
+
+    def wait_active(self, names: list[str] | None = None, timeout: float = 60.0) -> None:
+        """Until every node in ``names`` (default: all running) reports quorum Active
+        with every member live."""
+
+        def ok() -> bool:
+            for n in names or list(self.pids):
+                st = self.status(n)
+                if st.get("quorum") != "Active" or sorted(st.get("live", [])) != sorted(
+                    st.get("members", [])
+                ):
+                    return False
+            return True
+
+        _wait(ok, timeout, "quorum Active on every node")
+
+    def alive(self) -> list[str]:
+        return [n for n, pid in self.pids.items() if pid_alive(pid)]
+
+    # --------------------------------------------------------------- stopping
+    def stop(self, timeout: float = 15.0) -> None:
+        """Graceful stop of every node (SIGTERM), SIGKILL after ``timeout``."""
+        for pid in list(self.pids.values()):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for pid in list(self.pids.values()):
+            while pid_alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        self.pids.clear()
+        self._kill_all()
+
+    def _kill_all(self) -> None:
+        for pid in self._all_pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGCONT)
+                os.killpg(pid, signal.SIGKILL)
+
+    def close(self) -> None:
+        """Stop everything this object started.  Idempotent; also runs at exit."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.stop()
+        finally:
+            self._kill_all()
+            self._restore_signal_handlers()
+            with contextlib.suppress(Exception):
+                atexit.unregister(self.close)
+
+    def __enter__(self) -> OwnedCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ----------------------------------------------------------- signals
+    def _install_signal_handlers(self) -> None:
+        # SIGTERM/SIGHUP would end the interpreter without atexit: turn them into
+        # SystemExit so that finally blocks and close() run.  Only the main thread
+        # may set handlers; elsewhere atexit and the caller's finally must do.
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            with contextlib.suppress(ValueError, OSError):
+                self._old_handlers[sig] = signal.signal(sig, _exit_on_signal)
+
+    def _restore_signal_handlers(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig, old in self._old_handlers.items():
+            with contextlib.suppress(ValueError, OSError, TypeError):
+                signal.signal(sig, old)
+        self._old_handlers.clear()
+
+
+def _exit_on_signal(signum: int, _frame: FrameType | None) -> None:
+    sys.exit(128 + signum)
+
+
+def _wait(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    last_error: BaseException | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = predicate()
+        except (Error, OSError) as exc:
+            last_error, value = exc, None
+        if value:
+            return value
+        time.sleep(0.05)
+    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last_error})")
+
+
+@contextlib.contextmanager
+def _environ(extra: dict[str, str] | None) -> Any:
+    """Temporarily extend os.environ (spawn_node passes it to the child)."""
+    if not extra:
+        yield
+        return
+    old = {k: os.environ.get(k) for k in extra}
+    os.environ.update(extra)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
