@@ -24,7 +24,7 @@ still guaranteed.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from nonstop.errors import BadArgument, RequestExpired
@@ -70,53 +70,19 @@ def run_request(
         raise BadArgument("a request sequence number is an int >= 0")
     if window < 1:
         raise BadArgument("window must be >= 1")
-    prefix = _prefix(client)
-    results = db._store.results
-    key = prefix + _SEQ.pack(seq)
+    _key(client, seq)  # a bad id fails before any transaction starts
 
     def body(tx: Transaction) -> tuple[bool, Any]:
-        # Lock the request's slot *before* looking for its result, so that two
-        # concurrent retries cannot both find nothing and both run.
-        tx._lock_blocking((b"request", key), _write_mode())
-        raw = tx._raw_get(results, key)
-        if raw is not None:
-            ok, value = unpack(raw)
-            return ok, value
-        low_raw = tx._raw_get(results, prefix + _LOW)
-        low = 0 if low_raw is None else _SEQ.unpack(low_raw)[0]
-        if seq < low:
-            raise RequestExpired(
-                f"request {seq} of client {client!r} is older than the {window} results "
-                f"kept (oldest kept: {low}); its outcome is no longer known here"
-            )
+        found = tx._drive(g_claim_request(tx, client, seq, window))
+        if found is not None:
+            return found
         try:
             value = fn(tx, *args, **kwargs)
             outcome = (True, value)
         except Abort as exc:
             tx._discard_changes()
             outcome = (False, str(exc))
-        try:
-            record = pack(list(outcome))
-        except TypeError as exc:
-            raise BadArgument(f"the result of request {seq} cannot be stored: {exc}") from None
-        tx._raw_ops.append((True, results, key, record))
-        new_low = seq + 1 - window
-        if new_low > low:
-            # Concurrent requests of one client may both slide the window: serialize
-            # the update and never move the mark backwards.
-            tx._lock_blocking((b"request-low", prefix), _write_mode())
-            low_raw = tx._raw_get(results, prefix + _LOW)
-            low = 0 if low_raw is None else _SEQ.unpack(low_raw)[0]
-        if new_low > low:
-            tx._raw_ops.append((True, results, prefix + _LOW, _SEQ.pack(new_low)))
-            stale = prefix + _SEQ.pack(new_low)
-            with db._store.read() as rtxn:
-                cur = rtxn.cursor(db=results)
-                if cur.set_range(prefix + _SEQ.pack(low)):
-                    for old in cur.iternext(values=False):
-                        if old >= stale or not old.startswith(prefix) or old == prefix + _LOW:
-                            break
-                        tx._raw_ops.append((False, results, old, None))
+        tx._drive(g_record_result(tx, client, seq, outcome[0], outcome[1], window))
         return outcome
 
     ok, value = run_with_retries(db, body, isolation=isolation)
@@ -125,10 +91,99 @@ def run_request(
     return value  # type: ignore[no-any-return]
 
 
+def _key(client: str, seq: int) -> tuple[bytes, bytes]:
+    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
+        raise BadArgument("a request sequence number is an int >= 0")
+    prefix = _prefix(client)
+    return prefix, prefix + _SEQ.pack(seq)
+
+
+def g_claim_request(
+    tx: Transaction, client: str, seq: int, window: int = DEFAULT_WINDOW
+) -> Generator[tuple[Any, Any], None, tuple[bool, Any] | None]:
+    """Generator op: lock request ``(client, seq)`` in ``tx``; its recorded ``(ok, value)`` or None.
+
+    Drive it with ``tx._drive`` (threads) or ``await tx._adrive`` (asyncio).  The
+    slot is locked *before* the result is looked for, so two concurrent retries
+    cannot both find nothing and both run.  ``RequestExpired`` below the window.
+    """
+    if window < 1:
+        raise BadArgument("window must be >= 1")
+    prefix, key = _key(client, seq)
+    results = tx.db._store.results
+    yield from tx._need((b"request", key), _write_mode())
+    raw = tx._raw_get(results, key)
+    if raw is not None:
+        ok, value = unpack(raw)
+        return bool(ok), value
+    low_raw = tx._raw_get(results, prefix + _LOW)
+    low = 0 if low_raw is None else _SEQ.unpack(low_raw)[0]
+    if seq < low:
+        raise RequestExpired(
+            f"request {seq} of client {client!r} is older than the {window} results "
+            f"kept (oldest kept: {low}); its outcome is no longer known here"
+        )
+    return None
+
+
+def g_record_result(
+    tx: Transaction, client: str, seq: int, ok: bool, value: Any, window: int = DEFAULT_WINDOW
+) -> Generator[tuple[Any, Any], None, None]:
+    """Generator op: write ``(ok, value)`` as the result of ``(client, seq)`` in ``tx``'s commit.
+
+    Call after :func:`g_claim_request` found nothing, in the same transaction:
+    the result becomes durable exactly when (and only if) ``tx`` commits.  It
+    also slides the client's window, dropping results that fell out of it.
+    """
+    prefix, key = _key(client, seq)
+    results = tx.db._store.results
+    try:
+        record = pack([ok, value])
+    except TypeError as exc:
+        raise BadArgument(f"the result of request {seq} cannot be stored: {exc}") from None
+    tx._raw_ops.append((True, results, key, record))
+    low_raw = tx._raw_get(results, prefix + _LOW)
+    low = 0 if low_raw is None else _SEQ.unpack(low_raw)[0]
+    new_low = seq + 1 - window
+    if new_low > low:
+        # Concurrent requests of one client may both slide the window: serialize
+        # the update and never move the mark backwards.
+        yield from tx._need((b"request-low", prefix), _write_mode())
+        low_raw = tx._raw_get(results, prefix + _LOW)
+        low = 0 if low_raw is None else _SEQ.unpack(low_raw)[0]
+    if new_low > low:
+        tx._raw_ops.append((True, results, prefix + _LOW, _SEQ.pack(new_low)))
+        stale = prefix + _SEQ.pack(new_low)
+        with tx.db._store.read() as rtxn:
+            cur = rtxn.cursor(db=results)
+            if cur.set_range(prefix + _SEQ.pack(low)):
+                for old in cur.iternext(values=False):
+                    if old >= stale or not old.startswith(prefix) or old == prefix + _LOW:
+                        break
+                    tx._raw_ops.append((False, results, old, None))
+
+
+def lookup_result(db: Database, client: str, seq: int) -> tuple[bool, Any] | None:
+    """The recorded ``(ok, value)`` of request ``(client, seq)``, or None (no lock taken)."""
+    _, key = _key(client, seq)
+    with db._store.read() as rtxn:
+        raw = rtxn.get(key, db=db._store.results)
+    if raw is None:
+        return None
+    ok, value = unpack(bytes(raw))
+    return bool(ok), value
+
+
 def _write_mode() -> Any:
     from nonstop.tx.locks import LockMode
 
     return LockMode.WRITE
 
 
-__all__ = ["DEFAULT_WINDOW", "run_request"]
+__all__ = [
+    "DEFAULT_WINDOW",
+    "g_claim_request",
+    "g_record_result",
+    "lookup_result",
+    "run_request",
+]
