@@ -243,9 +243,12 @@ class Transaction:
         if e.status >= DELETED:
             raise Deleted(f"{e.info.name} object was deleted in this transaction")
         f = e.info.fields[name]
-        value = f.check(e.info.name, value)
-        if f.kind == "ref" and value is not None:
-            value = Ref(self._entry_of(value).ref)  # as in create: only this tx's objects
+        if not (f.kind == "ref" and isinstance(value, Ref)):
+            # A Ref as such is taken as is: over the data path its object may live on
+            # another node, so it cannot be an object of this transaction.
+            value = f.check(e.info.name, value)
+            if f.kind == "ref" and value is not None:
+                value = Ref(self._entry_of(value).ref)  # as in create: only this tx's objects
         if f.key is not None and not f.key.mutable and e.status != CREATED:
             raise ImmutableKey(
                 f"{e.info.name}.{name} is an immutable key; it cannot change after create"
@@ -432,7 +435,11 @@ class Transaction:
         state: dict[str, Any] = {}
         for name, f in fields.items():
             if name in values:
-                v = f.check(info.name, values[name])
+                v = values[name]
+                if f.kind == "ref" and isinstance(v, Ref):
+                    state[name] = v  # a reference as such (see _write_field)
+                    continue
+                v = f.check(info.name, v)
                 if f.kind == "ref" and v is not None:
                     self._entry_of(v)
                     v = Ref(v._e.ref)
