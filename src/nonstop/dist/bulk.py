@@ -1,0 +1,778 @@
+"""Bulk operations for the Spark pipeline (data-path.md §6): node side, blocking.
+
+The node's data service runs ``HANDLERS[op](BulkContext(db, node), payload)``
+in a worker thread and replies with the return value; an exception becomes an
+error reply.  Every handler also works in-process against ``nonstop.open(path)``.
+
+Columns travel in one of two formats (``format`` in the payload):
+
+* ``"arrow"`` (what Spark uses): an Arrow IPC stream of one record batch.  The
+  node decodes each object once (msgpack, C) into Python column lists and
+  ``pyarrow`` turns each list into a column in C; the Spark side hands the
+  batch to Spark as is, so no per-row Python work happens on the reading side
+  at all — the fastest end to end, since Spark's Python data source turns
+  tuples into Arrow itself otherwise.
+* ``"columns"``: ``codec.pack({field: [values]})`` — no pyarrow needed, every
+  field kind (lists, dicts, ``Any``) survives; for Python clients.
+
+Arrow column types: bool, int64, float64, string, binary,
+``timestamp[us, UTC]`` (naive datetimes are taken as UTC), date32,
+``decimal128(38, 18)``, references as their text form ``"<loc>-<ts>-<n>"``.
+Lists, dicts and ``Any`` have no Arrow form here: selecting them with the
+arrow format is a :class:`~nonstop.errors.SchemaError` naming the field.
+
+Writes go through ordinary serializable transactions (locks, unique-key
+claims, indexes, triggers), so bulk loads and online transactions see each
+other exactly as two transactions do.  Bookkeeping lives in the store's
+``bulk`` database, written in the same commit as the data it describes:
+
+=====================  =============================================
+key                    value
+=====================  =============================================
+``t/<tag>``            an applied upsert batch (a replay is skipped)
+``s/<stream>``         last committed micro-batch id of a stream sink
+``j/<job>``            a staged overwrite: its type
+``o/<job>/<tag>``      one staged part of an overwrite (packed columns)
+``d/<job>``            a committed overwrite's result (commit is idempotent)
+=====================  =============================================
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import heapq
+import math
+import secrets
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from nonstop.errors import (
+    BadArgument,
+    DuplicateKey,
+    Error,
+    FieldError,
+    Retryable,
+    SchemaError,
+    TooManyRetries,
+    TypeVersionMismatch,
+)
+from nonstop.model.codec import encode_key, pack, unpack
+from nonstop.model.managed import KeyInfo, TypeInfo
+from nonstop.model.ref import REF_SIZE, Ref
+from nonstop.store.group_commit import WriteSet
+from nonstop.tx.locks import LockMode
+
+if TYPE_CHECKING:
+    from nonstop.database import Database
+    from nonstop.tx.transaction import Transaction
+
+FORMATS = ("arrow", "columns")
+ROWS_PER_RANGE = 50_000
+"""Largest range ``bulk.plan`` hands out: one scan of it fits a frame and one snapshot."""
+REF_COLUMN = "_ref"
+"""Pseudo-field: the object's reference as text (read-only)."""
+ARROW_KINDS = frozenset(
+    {"bool", "int", "float", "str", "bytes", "datetime", "date", "decimal", "ref"}
+)
+DECIMAL_PRECISION, DECIMAL_SCALE = 38, 18
+FILTER_OPS = ("eq", "lt", "le", "gt", "ge", "in")
+RETRIES = 20
+
+
+@dataclass(slots=True)
+class BulkContext:
+    """What a bulk handler runs against: the node's open database and its name."""
+
+    db: Database
+    node: str = ""
+
+
+# ------------------------------------------------------------------ helpers
+def _bulk_db(db: Database) -> Any:
+    # A plain (non-dupsort) named database, created on first use and registered
+    # with the store so that prepared records can name it.
+    return db._store.index_db(b"bulk", unique=True)
+
+
+def _type(ctx: BulkContext, payload: dict[str, Any]) -> TypeInfo:
+    name = payload.get("type")
+    if not isinstance(name, str) or not name:
+        raise BadArgument("a bulk operation needs 'type': the managed type's name")
+    info = ctx.db._type_by_name(name)  # UnknownType when not defined
+    tv = payload.get("tv")
+    if tv is not None and tv != info.version:
+        raise TypeVersionMismatch(
+            f"{name}: the client has version {tv}, node {ctx.node or ctx.db.path!r} has "
+            f"version {info.version}"
+        )
+    return info
+
+
+def _fields(info: TypeInfo, wanted: Any, fmt: str) -> list[str]:
+    if wanted is None:
+        names = list(info.fields)
+    elif isinstance(wanted, list | tuple) and all(isinstance(f, str) for f in wanted):
+        names = list(wanted)
+    else:
+        raise BadArgument("'fields' must be a list of field names")
+    unknown = [n for n in names if n not in info.fields and n != REF_COLUMN]
+    if unknown:
+        raise FieldError(
+            f"{info.name} has no field(s) {', '.join(map(repr, unknown))} "
+            f"(fields: {', '.join(info.fields)})"
+        )
+    if fmt == "arrow":
+        for n in names:
+            if n != REF_COLUMN and info.fields[n].kind not in ARROW_KINDS:
+                raise SchemaError(
+                    f"{info.name}.{n} is a {info.fields[n].kind} field, which has no Arrow/Spark "
+                    "column type; leave it out (Spark option 'exclude') or use format 'columns'"
+                )
+    return names
+
+
+def _format(payload: dict[str, Any]) -> str:
+    fmt = payload.get("format", "columns")
+    if fmt not in FORMATS:
+        raise BadArgument(f"format must be one of {FORMATS}, not {fmt!r}")
+    return str(fmt)
+
+
+def _ref_arg(value: Any, what: str) -> bytes | None:
+    if value is None:
+        return None
+    if isinstance(value, bytes) and len(value) == REF_SIZE:
+        return value
+    raise BadArgument(f"'{what}' must be a {REF_SIZE}-byte reference or None")
+
+
+# ------------------------------------------------------------- arrow columns
+def arrow_type(kind: str) -> Any:
+    """The Arrow type of a field kind (see the module docstring)."""
+    import pyarrow as pa
+
+    return {
+        "bool": pa.bool_(),
+        "int": pa.int64(),
+        "float": pa.float64(),
+        "str": pa.string(),
+        "bytes": pa.binary(),
+        "datetime": pa.timestamp("us", tz="UTC"),
+        "date": pa.date32(),
+        "decimal": pa.decimal128(DECIMAL_PRECISION, DECIMAL_SCALE),
+        "ref": pa.string(),
+    }[kind]
+
+
+def _to_arrow(info: TypeInfo, names: list[str], cols: list[list[Any]]) -> bytes:
+    import pyarrow as pa
+
+    arrays = []
+    for name, values in zip(names, cols, strict=True):
+        kind = "ref" if name == REF_COLUMN else info.fields[name].kind
+        if kind == "ref":
+            values = [None if v is None else str(v) for v in values]
+        try:
+            arrays.append(pa.array(values, type=arrow_type(kind)))
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
+            raise FieldError(f"{info.name}.{name} has a value Arrow cannot hold: {exc}") from None
+    batch = pa.RecordBatch.from_arrays(arrays, names=names)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as out:
+        out.write_batch(batch)
+    return sink.getvalue().to_pybytes()  # type: ignore[no-any-return]
+
+
+def decode_rows(rows: Any, fmt: str) -> dict[str, list[Any]]:
+    """Rows of a write: Arrow IPC bytes or packed columns → {column: [python values]}."""
+    if not isinstance(rows, bytes):
+        raise BadArgument("'rows' must be bytes (Arrow IPC stream or packed columns)")
+    if fmt == "arrow":
+        import pyarrow as pa
+
+        try:
+            table = pa.ipc.open_stream(rows).read_all()
+        except pa.ArrowInvalid as exc:
+            raise BadArgument(f"'rows' is not an Arrow IPC stream: {exc}") from None
+        return {name: table.column(name).to_pylist() for name in table.column_names}
+    try:
+        cols = unpack(rows)
+    except Exception as exc:
+        raise BadArgument(f"'rows' is not packed columns: {exc}") from None
+    if not isinstance(cols, dict) or not all(isinstance(v, list) for v in cols.values()):
+        raise BadArgument("'rows' must pack a map of column name -> list of values")
+    return cols
+
+
+def encode_rows(cols: dict[str, list[Any]]) -> bytes:
+    """Packed-columns form of ``{column: [values]}`` (the ``columns`` format)."""
+    return pack(cols)
+
+
+# ------------------------------------------------------------------- plan
+def plan(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any]:
+    """Split a type's local extent into reference ranges ``[lo, hi)`` for parallel scans.
+
+    ``splits``: ranges wanted (at least); a range never holds more than
+    ``max_rows`` (default :data:`ROWS_PER_RANGE`) objects, so that one scan of
+    it is one reply and one snapshot.  The first range starts at None and the
+    last ends at None, so objects created after planning are still covered.
+    """
+    info = _type(ctx, payload)
+    splits = payload.get("splits", 1)
+    max_rows = payload.get("max_rows") or ROWS_PER_RANGE
+    if not isinstance(splits, int) or splits < 1 or not isinstance(max_rows, int):
+        raise BadArgument("'splits' must be an int >= 1 and 'max_rows' an int")
+    store = ctx.db._store
+    names = [t.name for t in info.concrete_types()]
+    with store.read() as rtxn:
+        snapshot = rtxn.id()
+        if len(names) == 1:
+            refs = list(store.iter_extent(rtxn, names[0]))
+        else:
+            refs = sorted(r for n in names for r in store.iter_extent(rtxn, n))
+    n = len(refs)
+    parts = max(splits, math.ceil(n / max(1, max_rows)), 1)
+    parts = min(parts, max(1, n))
+    step = math.ceil(n / parts) if n else 1
+    bounds: list[bytes | None] = [None, *(refs[i] for i in range(step, n, step)), None]
+    ranges = [[bounds[i], bounds[i + 1]] for i in range(len(bounds) - 1)]
+    return {"snapshot": snapshot, "count": n, "ranges": ranges, "node": ctx.node}
+
+
+# ------------------------------------------------------------------- scan
+def _extent_refs(store: Any, rtxn: Any, type_name: str, lo: bytes | None) -> Iterator[bytes]:
+    prefix = type_name.encode() + b"\x00"
+    cur = rtxn.cursor(db=store.extents)
+    if not cur.set_range(prefix + (lo or b"")):
+        return
+    plen = len(prefix)
+    for key in cur.iternext(keys=True, values=False):
+        if not key.startswith(prefix):
+            return
+        yield key[plen:]
+
+
+def _compile_filters(info: TypeInfo, filters: Any) -> list[tuple[str, str, Any]]:
+    if not filters:
+        return []
+    if not isinstance(filters, list):
+        raise BadArgument("'filters' must be a list of [field, op, value]")
+    out = []
+    for f in filters:
+        if not (isinstance(f, list | tuple) and len(f) == 3 and f[1] in FILTER_OPS):
+            raise BadArgument(f"a filter is [field, op, value] with op in {FILTER_OPS}: {f!r}")
+        name, op, value = f
+        if name not in info.fields or info.fields[name].kind not in ARROW_KINDS - {"decimal"}:
+            raise BadArgument(f"cannot filter on {info.name}.{name!s}")
+        if op == "in":
+            value = {encode_key(_coerce(info, name, v)) for v in value}
+        else:
+            value = encode_key(_coerce(info, name, value))
+        out.append((name, op, value))
+    return out
+
+
+def _coerce(info: TypeInfo, name: str, value: Any) -> Any:
+    kind = info.fields[name].kind
+    if kind == "ref" and isinstance(value, str):
+        return Ref.parse(value)
+    if kind == "float" and isinstance(value, int):
+        return float(value)
+    return value
+
+
+def _passes(state: dict[str, Any], filters: list[tuple[str, str, Any]]) -> bool:
+    for name, op, kb in filters:
+        v = state.get(name)
+        if v is None:
+            return False  # SQL semantics: a comparison with NULL is not true
+        k = encode_key(v)
+        if op == "eq":
+            ok = k == kb
+        elif op == "in":
+            ok = k in kb
+        elif op == "lt":
+            ok = k < kb
+        elif op == "le":
+            ok = k <= kb
+        elif op == "gt":
+            ok = k > kb
+        else:
+            ok = k >= kb
+        if not ok:
+            return False
+    return True
+
+
+def scan(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any]:
+    """Read a reference range of a type's local extent from ONE read snapshot, as columns.
+
+    ``lo``/``hi``: the range ``[lo, hi)`` (None: open); ``after``: resume
+    strictly after this reference (the previous reply's ``next``); ``limit``:
+    at most this many rows, then ``next`` is the last reference returned (None
+    when the range is exhausted); ``filters``: ``[[field, op, value], ...]``
+    ANDed, ``op`` in eq/lt/le/gt/ge/in.  An equality on a unique key reads
+    through its index instead of scanning.
+    """
+    info = _type(ctx, payload)
+    fmt = _format(payload)
+    names = _fields(info, payload.get("fields"), fmt)
+    lo = _ref_arg(payload.get("lo"), "lo")
+    hi = _ref_arg(payload.get("hi"), "hi")
+    after = _ref_arg(payload.get("after"), "after")
+    limit = payload.get("limit")
+    if limit is not None and (not isinstance(limit, int) or limit < 1):
+        raise BadArgument("'limit' must be an int >= 1 or None")
+    filters = _compile_filters(info, payload.get("filters"))
+    store = ctx.db._store
+    types = {t.name: t for t in info.concrete_types()}
+    defaults = {n: f for n, f in info.fields.items() if n in names}
+    cols: list[list[Any]] = [[] for _ in names]
+    plan_cols = [(i, n, n == REF_COLUMN) for i, n in enumerate(names)]
+    start = max(x for x in (lo, after) if x is not None) if (lo or after) else None
+    count = 0
+    last: bytes | None = None
+    more = False
+    with store.read() as rtxn:
+        snapshot = rtxn.id()
+        refs = _point_refs(info, filters, store, rtxn)
+        if refs is None:
+            gens = [_extent_refs(store, rtxn, t, start) for t in types]
+            refs = gens[0] if len(gens) == 1 else heapq.merge(*gens)
+        get = rtxn.get
+        objects = store.objects
+        for ref in refs:
+            if (after is not None and ref <= after) or (lo is not None and ref < lo):
+                continue
+            if hi is not None and ref >= hi:
+                break
+            if limit is not None and count >= limit:
+                more = True
+                break
+            raw = get(ref, db=objects)
+            if raw is None:
+                continue
+            type_name, _, _, state = unpack(raw)
+            if type_name not in types:
+                continue
+            if filters and not _passes(state, filters):
+                continue
+            for i, n, is_ref in plan_cols:
+                if is_ref:
+                    cols[i].append(Ref(ref))
+                elif n in state:
+                    cols[i].append(state[n])
+                else:  # written by an older version of the type: the field's default
+                    cols[i].append(defaults[n].make_default())
+            count += 1
+            last = ref
+    if fmt == "arrow":
+        rows = _to_arrow(info, names, cols)
+    else:
+        rows = encode_rows(dict(zip(names, cols, strict=True)))
+    return {"rows": rows, "n": count, "next": last if more else None, "snapshot": snapshot}
+
+
+def _point_refs(
+    info: TypeInfo, filters: list[tuple[str, str, Any]], store: Any, rtxn: Any
+) -> list[bytes] | None:
+    """An equality filter on a unique key: the (at most one) reference from its index."""
+    for name, op, kb in filters:
+        key = info.keys.get(name)
+        if op == "eq" and key is not None and key.options.unique:
+            ref = rtxn.get(kb, db=store.index_db(key.db_name, unique=True))
+            return [] if ref is None else [bytes(ref)]
+    return None
+
+
+# ------------------------------------------------------------------ writes
+def _key_of(info: TypeInfo, payload: dict[str, Any]) -> KeyInfo:
+    uniques = [k for k in info.keys.values() if k.options.unique]
+    name = payload.get("key")
+    if name is None:
+        if not uniques:
+            raise SchemaError(f"{info.name} has no unique key: bulk writes upsert by one")
+        return uniques[0]
+    key = info.keys.get(name)
+    if key is None or not key.options.unique:
+        raise BadArgument(
+            f"{info.name}.{name} is not a unique key "
+            f"(unique keys: {', '.join(k.field for k in uniques) or '(none)'})"
+        )
+    return key
+
+
+def _rows_of(info: TypeInfo, key: KeyInfo, payload: dict[str, Any]) -> list[dict[str, Any]]:
+    """Validate a batch: known fields, equal column lengths, keys present, unique, not null."""
+    cols = decode_rows(payload.get("rows"), _format(payload))
+    unknown = [c for c in cols if c not in info.fields]
+    if unknown:
+        raise FieldError(
+            f"column(s) {', '.join(map(repr, unknown))} are not fields of {info.name} "
+            f"(fields: {', '.join(info.fields)})"
+        )
+    if key.field not in cols:
+        raise FieldError(f"the rows have no column {key.field!r}, the key of {info.name}")
+    lengths = {len(v) for v in cols.values()}
+    if len(lengths) > 1:
+        raise BadArgument(f"columns have different lengths: {sorted(lengths)}")
+    for i, value in enumerate(cols[key.field]):
+        if value is None:
+            raise FieldError(f"row {i}: null in key column {info.name}.{key.field}")
+    names = list(cols)
+    conv = [(n, _converter(info, n)) for n in names]
+    rows = [
+        {n: c(v) for (n, c), v in zip(conv, values, strict=True)}
+        for values in zip(*(cols[n] for n in names), strict=True)
+    ]
+    seen: set[bytes] = set()
+    for row in rows:
+        value = row[key.field]
+        kb = encode_key(value)
+        if kb in seen:
+            raise DuplicateKey(f"{info.name}.{key.field} = {value!r} appears twice in one batch")
+        seen.add(kb)
+    return rows
+
+
+def _converter(info: TypeInfo, name: str) -> Callable[[Any], Any]:
+    f = info.fields[name]
+    kind = f.kind
+
+    def check(value: Any) -> Any:
+        return f.check(info.name, value)
+
+    if kind == "ref":
+
+        def ref(value: Any) -> Any:
+            if value is None or isinstance(value, Ref):
+                return value
+            try:
+                if isinstance(value, str):
+                    return Ref.parse(value)
+                if isinstance(value, bytes | bytearray):
+                    return Ref(bytes(value))
+            except ValueError as exc:
+                raise FieldError(f"{info.name}.{name}: {exc}") from None
+            raise FieldError(f"{info.name}.{name} takes a reference, not {type(value).__name__}")
+
+        return ref
+    if kind == "datetime":
+
+        def datetime(value: Any) -> Any:
+            # Arrow hands out zoneinfo UTC; store the stdlib UTC (same instant, same bytes
+            # as objects written by Python code).
+            if isinstance(value, _dt.datetime) and value.tzinfo is not None:
+                value = value.astimezone(_dt.UTC)
+            return check(value)
+
+        return datetime
+    return check
+
+
+def _load_refs(tx: Transaction, info: TypeInfo, row: dict[str, Any]) -> dict[str, Any]:
+    """Reference fields become handles in ``tx`` (the API's rule); a dangling one is an error."""
+    if not info.ref_fields:
+        return row
+    out = dict(row)
+    for name in info.ref_fields & row.keys():
+        ref = row[name]
+        if ref is None:
+            continue
+        obj = tx.by_ref(ref, lock="read")
+        if obj is None:
+            raise FieldError(f"{info.name}.{name}: no object with reference {ref}")
+        ref_type = info.fields[name].ref_type
+        if ref_type is not None and not isinstance(obj, ref_type):
+            raise FieldError(f"{info.name}.{name}: {ref} is a {type(obj).__name__}")
+        out[name] = obj
+    return out
+
+
+def _apply_upsert(
+    tx: Transaction, info: TypeInfo, key: KeyInfo, rows: list[dict[str, Any]]
+) -> tuple[int, int]:
+    inserted = updated = 0
+    for row in rows:
+        row = _load_refs(tx, info, row)
+        obj = tx.find(info.cls, lock="write", **{key.field: row[key.field]})
+        if obj is None:
+            tx.create(info.cls, **row)
+            inserted += 1
+            continue
+        state = obj._e.state
+        changed = False
+        for name, value in row.items():
+            current = state[name]
+            if info.fields[name].kind == "ref" and value is not None:
+                same = current is not None and current.raw == value._e.ref
+            else:
+                same = current == value and type(current) is type(value)
+            if not same:
+                setattr(obj, name, value)
+                changed = True
+        updated += changed
+    return inserted, updated
+
+
+def _lock(tx: Transaction, slot: bytes) -> None:
+    # Two attempts of one Spark task (a retry, a speculative copy) racing on the
+    # same tag serialize here; the second then sees the first one's record.
+    tx._drive(tx._need(("bulk", slot), LockMode.WRITE))
+
+
+def _retrying(fn: Callable[[], Any]) -> Any:
+    """Run ``fn`` (one transaction) again on deadlock or conflict, as @transactional does."""
+    for attempt in range(RETRIES):
+        try:
+            return fn()
+        except Retryable:
+            if attempt == RETRIES - 1:
+                raise
+            time.sleep(min(0.2, 0.005 * 2**attempt))
+    raise TooManyRetries("bulk write kept conflicting")  # pragma: no cover
+
+
+def upsert(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any]:
+    """Insert or update rows by the type's unique key, in ONE transaction.
+
+    ``tag``: an id of this batch that is the same on every retry (e.g. job,
+    Spark partition, batch number).  It is recorded in the same commit; a batch
+    whose tag is already recorded changes nothing and replies ``replayed``.
+    ``stream``: ``[stream id, batch id]`` — also record the micro-batch id as
+    the stream's last committed one, in the same commit.  Bad rows (unknown
+    field, wrong type, null or duplicate key, immutable key change) raise and
+    write nothing.
+    """
+    info = _type(ctx, payload)
+    key = _key_of(info, payload)
+    rows = _rows_of(info, key, payload)
+    tag = payload.get("tag")
+    if tag is not None and not isinstance(tag, str):
+        raise BadArgument("'tag' must be a string or None")
+    db = ctx.db
+    bulk = _bulk_db(db)
+
+    def run() -> dict[str, Any]:
+        with db.transaction() as tx:
+            if tag is not None:
+                slot = b"t/" + tag.encode()
+                _lock(tx, slot)
+                done = tx._raw_get(bulk, slot)
+                if done is not None:
+                    return {**unpack(done), "replayed": True}
+            inserted, updated = _apply_upsert(tx, info, key, rows)
+            result = {"inserted": inserted, "updated": updated, "replayed": False}
+            if tag is not None:
+                record = {"inserted": inserted, "updated": updated, "at": time.time()}
+                tx._raw_ops.append((True, bulk, slot, pack(record)))
+            return result
+
+    return _retrying(run)  # type: ignore[no-any-return]
+
+
+def forget(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any]:
+    """Drop the upsert tags starting with ``prefix`` (a finished job's bookkeeping)."""
+    prefix = payload.get("prefix")
+    if not isinstance(prefix, str) or not prefix:
+        raise BadArgument("'prefix' must be a non-empty string")
+    keys = _keys_with(ctx.db, b"t/" + prefix.encode())
+    if keys:
+        bulk = _bulk_db(ctx.db)
+        ctx.db._committer.commit(WriteSet([(False, bulk, k, None) for k in keys]))
+    return {"forgotten": len(keys)}
+
+
+def _keys_with(db: Database, prefix: bytes) -> list[bytes]:
+    bulk = _bulk_db(db)
+    out = []
+    with db._store.read() as rtxn:
+        cur = rtxn.cursor(db=bulk)
+        if cur.set_range(prefix):
+            for k in cur.iternext(keys=True, values=False):
+                if not k.startswith(prefix):
+                    break
+                out.append(bytes(k))
+    return out
+
+
+# ----------------------------------------------------------------- streams
+def _stream_slot(payload: dict[str, Any]) -> bytes:
+    stream = payload.get("stream")
+    if not isinstance(stream, str) or not stream:
+        raise BadArgument("'stream' must be a non-empty string (the sink's id)")
+    return b"s/" + stream.encode()
+
+
+def stream_last(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any]:
+    """The last micro-batch id committed for ``stream`` on this node (None: none yet)."""
+    slot = _stream_slot(payload)
+    bulk = _bulk_db(ctx.db)  # before the read: a read snapshot cannot see a newer database
+    with ctx.db._store.read() as rtxn:
+        raw = rtxn.get(slot, db=bulk)
+    return {"batch": None if raw is None else unpack(raw)}
+
+
+def stream_commit(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any]:
+    """Record ``batch`` as committed for ``stream`` (never moves backwards)."""
+    slot = _stream_slot(payload)
+    batch = payload.get("batch")
+    if not isinstance(batch, int) or batch < 0:
+        raise BadArgument("'batch' must be an int >= 0")
+    db = ctx.db
+    bulk = _bulk_db(db)
+
+    def run() -> dict[str, Any]:
+        with db.transaction() as tx:
+            _lock(tx, slot)
+            raw = tx._raw_get(bulk, slot)
+            last = None if raw is None else unpack(raw)
+            if last is None or batch > last:
+                tx._raw_ops.append((True, bulk, slot, pack(batch)))
+                last = batch
+            return {"batch": last}
+
+    return _retrying(run)  # type: ignore[no-any-return]
+
+
+# --------------------------------------------------------------- overwrite
+def _job(payload: dict[str, Any]) -> str:
+    job = payload.get("job")
+    if not isinstance(job, str) or not job or "/" in job:
+        raise BadArgument("'job' must be the id bulk.overwrite.begin returned")
+    return job
+
+
+def overwrite_begin(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any]:
+    """Start a staged overwrite of a type; returns its ``job`` id.
+
+    ``job`` may be given (the Spark writer passes one id to every node).
+    """
+    info = _type(ctx, payload)
+    job = payload.get("job") or secrets.token_hex(8)
+    job = _job({"job": job})
+    bulk = _bulk_db(ctx.db)
+    record = pack({"type": info.name, "at": time.time()})
+    ctx.db._committer.commit(WriteSet([(True, bulk, b"j/" + job.encode(), record)]))
+    return {"job": job}
+
+
+def overwrite_part(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any]:
+    """Stage rows of an overwrite, invisibly.  The same ``tag`` again replaces that part."""
+    job = _job(payload)
+    info = _type(ctx, payload)
+    key = _key_of(info, payload)
+    rows = _rows_of(info, key, payload)  # bad rows fail now, before the swap
+    tag = payload.get("tag")
+    if not isinstance(tag, str) or not tag:
+        raise BadArgument("'tag' must name this part (the same on a retry)")
+    db = ctx.db
+    bulk = _bulk_db(db)
+    with db._store.read() as rtxn:
+        meta = rtxn.get(b"j/" + job.encode(), db=bulk)
+    if meta is None:
+        raise BadArgument(f"no staged overwrite {job!r} on this node (aborted or committed?)")
+    if unpack(meta)["type"] != info.name:
+        raise BadArgument(f"overwrite {job!r} is of type {unpack(meta)['type']}, not {info.name}")
+    staged = pack({"key": key.field, "rows": rows})
+    slot = f"o/{job}/{tag}".encode()
+    db._committer.commit(WriteSet([(True, bulk, slot, staged)]))
+    return {"rows": len(rows)}
+
+
+def overwrite_commit(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any]:
+    """Swap in the staged objects: ONE transaction deletes the type's objects and creates
+    the staged ones.  A reader sees the old set or the new.  Committing again replies
+    the same result; a duplicate key across parts aborts the swap and changes nothing.
+    """
+    job = _job(payload)
+    info = _type(ctx, payload)
+    db = ctx.db
+    bulk = _bulk_db(db)
+    jslot = b"j/" + job.encode()
+    dslot = b"d/" + job.encode()
+
+    def run() -> dict[str, Any]:
+        with db.transaction() as tx:
+            _lock(tx, jslot)
+            done = tx._raw_get(bulk, dslot)
+            if done is not None:
+                return {**unpack(done), "replayed": True}
+            if tx._raw_get(bulk, jslot) is None:
+                raise BadArgument(f"no staged overwrite {job!r} on this node (aborted?)")
+            parts = _keys_with(db, f"o/{job}/".encode())
+            deleted = 0
+            for obj in tx.query(info.cls).lock("write").all():
+                tx.delete(obj)
+                deleted += 1
+            inserted = 0
+            for slot in parts:
+                part = unpack(tx._raw_get(bulk, slot))
+                for row in part["rows"]:
+                    try:
+                        tx.create(info.cls, **_load_refs(tx, info, row))
+                    except DuplicateKey as exc:
+                        raise DuplicateKey(f"overwrite {job!r}: {exc} (in two parts)") from None
+                    inserted += 1
+            result = {"deleted": deleted, "inserted": inserted}
+            ops = [(False, bulk, s, None) for s in parts]
+            ops += [(False, bulk, jslot, None), (True, bulk, dslot, pack(result))]
+            tx._raw_ops.extend(ops)
+            return {**result, "replayed": False}
+
+    return _retrying(run)  # type: ignore[no-any-return]
+
+
+def overwrite_abort(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any]:
+    """Drop a staged overwrite (nothing of it was ever visible).  Idempotent."""
+    job = _job(payload)
+    db = ctx.db
+    bulk = _bulk_db(db)
+    keys = _keys_with(db, f"o/{job}/".encode())
+    with db._store.read() as rtxn:
+        if rtxn.get(b"j/" + job.encode(), db=bulk) is not None:
+            keys.append(b"j/" + job.encode())
+    if keys:
+        db._committer.commit(WriteSet([(False, bulk, k, None) for k in keys]))
+    return {"dropped": len(keys)}
+
+
+# ------------------------------------------------------------------ schema
+def schema(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any]:
+    """The type's schema as stored (``TypeInfo.schema()``) plus its unique keys."""
+    info = _type(ctx, payload)
+    out = info.schema()
+    out["unique"] = [k.field for k in info.keys.values() if k.options.unique]
+    out["count"] = sum(ctx.db._store.count(t.name) for t in info.concrete_types())
+    return out
+
+
+HANDLERS: dict[str, Callable[[BulkContext, dict[str, Any]], Any]] = {
+    "bulk.schema": schema,
+    "bulk.plan": plan,
+    "bulk.scan": scan,
+    "bulk.upsert": upsert,
+    "bulk.forget": forget,
+    "bulk.stream.last": stream_last,
+    "bulk.stream.commit": stream_commit,
+    "bulk.overwrite.begin": overwrite_begin,
+    "bulk.overwrite.part": overwrite_part,
+    "bulk.overwrite.commit": overwrite_commit,
+    "bulk.overwrite.abort": overwrite_abort,
+}
+"""``op`` → handler; the data service runs ``HANDLERS[op](BulkContext(db, node), payload)``."""
+
+
+def handle(ctx: BulkContext, payload: dict[str, Any]) -> Any:
+    """Dispatch one ``bulk.*`` request (BadArgument for an unknown op)."""
+    op = payload.get("op")
+    fn = HANDLERS.get(op) if isinstance(op, str) else None
+    if fn is None:
+        raise BadArgument(f"unknown bulk op {op!r} (known: {', '.join(sorted(HANDLERS))})")
+    return fn(ctx, payload)
+
+
+__all__ = ["FORMATS", "HANDLERS", "BulkContext", "Error", "arrow_type", "decode_rows", "handle"]

@@ -1,0 +1,43 @@
+"""Managed types of the pipeline tests: one field of every kind Spark can carry.
+
+Named explicitly (``name=``) so that a bulk server started in a child process
+(``--app tests.spark.model``) and the pytest process agree on them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from decimal import Decimal
+from typing import Any
+
+from nonstop import Managed, key
+
+
+class Owner(Managed, name="pipe.Owner"):
+    name: str = key(unique=True)
+
+
+class Item(Managed, name="pipe.Item"):
+    """Every Arrow-mappable field kind, most of them optional."""
+
+    sku: str = key(unique=True)
+    qty: int = 0
+    price: float = 0.0
+    active: bool = True
+    label: str | None = key(ordered=True, mutable=True, default=None)
+    blob: bytes | None = None
+    made: dt.datetime | None = None
+    day: dt.date | None = None
+    cost: Decimal | None = None
+    owner: Owner | None = None
+
+
+class Tagged(Managed, name="pipe.Tagged"):
+    """A type with a field Spark cannot carry (a dict)."""
+
+    code: int = key(unique=True)
+    extra: dict[str, Any] | None = None
+
+
+class Keyless(Managed, name="pipe.Keyless"):
+    value: int = 0
