@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 SEEDS ?= 1000
 
-.PHONY: demo test lint fmt bench sim clean venv
+.PHONY: demo test lint fmt bench bench-dist sim clean venv
 
 venv: $(STAMP)
 
@@ -33,6 +33,10 @@ fmt: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m bench.run
+
+# Cross-node transfers on a local 3-node cluster vs PostgreSQL → bench/results/distributed.md
+bench-dist: $(STAMP)
+	$(PY) -m bench.distributed_bench
 
 # The long simulation campaigns: the cluster log and the distributed-commit protocol.
 sim: $(STAMP)

@@ -1,0 +1,408 @@
+"""Distributed benchmark: cross-node transfers on a 3-node cluster vs PostgreSQL.
+
+``python -m bench.distributed_bench [--clients 1,16,64] [--duration 4] [--rounds 2]``
+(or ``make bench-dist``) writes ``bench/results/distributed.md``.
+
+* **nonstop**: a local 3-node cluster of real processes on 127.0.0.1 (fsync on,
+  the application module ``nonstop.demo_bank`` loaded by every node).  Half the
+  accounts are created on node A, half on node B; every transfer moves money
+  between one account of A and one of B (random direction), with
+  ``nonstop.demo_bank.transfer_async`` unchanged — two write locks taken in
+  account order, a ``Transfer`` record created, commit — so every transfer is a
+  distributed transaction (two-phase commit, decision in the Raft cluster log).
+  Each client is an asyncio task with its own handle (``nonstop.connect_async``);
+  clients attach to A and B alternately (the attached node coordinates).
+* **PostgreSQL**: Debian's server started by the benchmark in a temp dir on
+  loopback (``bench.pg_peer``: ``fsync=on``, ``synchronous_commit=on``), the same
+  transfer as one single-node transaction (two UPDATEs in id order, one INSERT),
+  one psycopg async connection per client task.
+
+Both run in this same process on the same event loop type (uvloop), in
+interleaved slices (``--rounds``), with the fsync cost measured right before
+each slice.  CPU per transfer is given for the client process and for the
+servers (the three nodes; the PostgreSQL postmaster and backends).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime as dt
+import os
+import platform
+import random
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import nonstop
+from bench.peers import Result, fsync_cost, run_clients
+from bench.pg_peer import PostgresPeer, proc_cpu
+from nonstop.admin.owned import OwnedCluster
+from nonstop.demo_bank import START_BALANCE, Account, Transfer, transfer_async
+
+RESULTS = Path(__file__).parent / "results" / "distributed.md"
+CLIENTS = (1, 16, 64)
+
+
+@dataclass
+class Config:
+    clients: tuple[int, ...] = CLIENTS
+    duration: float = 4.0
+    warmup: float = 0.5
+    rounds: int = 2
+    accounts: int = 1000  # per node (A and B)
+    tmpdir: str | None = None
+    out: Path = RESULTS
+    command: str = "make bench-dist"
+
+
+@dataclass
+class Cell:
+    """One (system, clients) cell over all its slices."""
+
+    system: str
+    clients: int
+    results: list[Result] = field(default_factory=list)
+    fsync_ms: list[float] = field(default_factory=list)
+    load: list[float] = field(default_factory=list)
+    server_cpu_us: list[float] = field(default_factory=list)
+    errors: int = 0
+
+    def ops_per_s(self) -> float:
+        ops = sum(r.ops for r in self.results)
+        secs = sum(r.seconds for r in self.results)
+        return ops / secs if secs else 0.0
+
+    def lat(self, q: float) -> float:
+        merged = Result(0, 1.0, [x for r in self.results for x in r.latencies])
+        return merged.percentile(q)
+
+    def cpu(self) -> float:
+        return _mean([r.cpu_us for r in self.results])
+
+    def server_cpu(self) -> float:
+        return _mean(self.server_cpu_us)
+
+
+def _mean(xs: list[float]) -> float:
+    xs = [x for x in xs if x == x]
+    return statistics.fmean(xs) if xs else float("nan")
+
+
+def event_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()  # type: ignore[no-any-return]
+
+
+def arun(coro: Awaitable[Any]) -> Any:
+    """Run ``coro`` on a fresh uvloop (as the node runtime uses), or asyncio's loop."""
+    with asyncio.Runner(loop_factory=event_loop) as runner:
+        return runner.run(coro)  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------- nonstop
+class NonstopSide:
+    """The 3-node cluster with ``accounts`` accounts on A (0..n-1) and on B (n..2n-1)."""
+
+    def __init__(self, folder: Path, accounts: int) -> None:
+        self.accounts = accounts
+        self.cluster = OwnedCluster(folder, 3, apps=["nonstop.demo_bank"])
+        self.cluster.start_all()
+        self.errors = 0
+        self._load()
+
+    def _load(self) -> None:
+        n = self.accounts
+        with nonstop.connect(self.cluster.addresses) as client:
+            for node, base in (("A", 0), ("B", n)):
+                for start in range(0, n, 500):
+                    with client.transaction() as tx:
+                        for i in range(start, min(n, start + 500)):
+                            tx.create(Account, node=node, number=base + i, balance=START_BALANCE)
+
+    def pick(self, rng: random.Random) -> tuple[int, int]:
+        a = rng.randrange(self.accounts)  # on A
+        b = self.accounts + rng.randrange(self.accounts)  # on B
+        return (a, b) if rng.random() < 0.5 else (b, a)
+
+    def node_pids(self) -> list[int]:
+        return list(self.cluster.pids.values())
+
+    def make_op(
+        self,
+    ) -> Callable[[int], Awaitable[tuple[Callable[[random.Random], Awaitable[None]], Any]]]:
+        addresses = self.cluster.addresses
+        attach = [[addresses[0], addresses[1]], [addresses[1], addresses[0]]]
+
+        async def make(i: int) -> tuple[Callable[[random.Random], Awaitable[None]], Any]:
+            client = await nonstop.connect_async(attach[i % 2] + addresses[2:])
+
+            async def op(rng: random.Random) -> None:
+                src, dst = self.pick(rng)
+                try:
+                    await transfer_async(client, uuid.uuid4().hex, src, dst, 1)
+                except nonstop.errors.Error:
+                    self.errors += 1  # counted, reported: the run goes on
+
+            return op, client.aclose
+
+        return make
+
+    async def runtime_stats(self) -> dict[str, dict[str, Any]]:
+        out: dict[str, dict[str, Any]] = {}
+        for name in self.cluster.names:
+            with contextlib.suppress(Exception):
+                client = await nonstop.connect_async([self.cluster.address(name)])
+                try:
+                    out[name] = await client.request({"op": "runtime_stats"})
+                finally:
+                    await client.aclose()
+        return out
+
+    def check(self) -> tuple[int, int]:
+        """(total balance, transfers recorded) through the client, cluster scope."""
+        with nonstop.connect(self.cluster.addresses) as client, client.transaction() as tx:
+            total = sum(a.balance for a in tx.query(Account).all())
+            transfers = tx.count(Transfer)
+        return total, transfers
+
+    def close(self) -> None:
+        self.cluster.close()
+
+
+async def ping_rtt(addresses: list[str], n: int = 200) -> float:
+    """p50 of one client request round trip (``ping``) to a node, in ms."""
+    client = await nonstop.connect_async(addresses[:1])
+    times = []
+    try:
+        for _ in range(n):
+            t0 = time.perf_counter()
+            await client.ping()
+            times.append(time.perf_counter() - t0)
+    finally:
+        await client.aclose()
+    return statistics.median(times) * 1000
+
+
+# ------------------------------------------------------------------ running
+def run(cfg: Config) -> Path:
+    base = Path(tempfile.mkdtemp(prefix="nonstop-dist-bench-", dir=cfg.tmpdir))
+    load_before = os.getloadavg()
+    started = time.time()
+    pg: PostgresPeer | None = None
+    ns: NonstopSide | None = None
+    cells: dict[tuple[str, int], Cell] = {}
+    stats: dict[int, dict[str, Any]] = {}
+    try:
+        t0 = time.perf_counter()
+        ns = NonstopSide(base / "cluster", cfg.accounts)
+        print(f"cluster up, {2 * cfg.accounts} accounts in {time.perf_counter() - t0:.1f} s")
+        pg = PostgresPeer(2 * cfg.accounts, tmpdir=str(base))
+        print(f"PostgreSQL {pg.version} up on 127.0.0.1:{pg.port}")
+        rtt = arun(ping_rtt(ns.cluster.addresses))
+        slice_s = cfg.duration / cfg.rounds
+        for clients in cfg.clients:
+            for system in ("postgresql", "nonstop"):
+                cells[(system, clients)] = Cell(system, clients)
+            before = arun(ns.runtime_stats())
+            for rnd in range(cfg.rounds):
+                order = ("postgresql", "nonstop") if rnd % 2 == 0 else ("nonstop", "postgresql")
+                for system in order:
+                    cell = cells[(system, clients)]
+                    cell.fsync_ms.append(fsync_cost(str(base))[0])
+                    cell.load.append(os.getloadavg()[0])
+                    if system == "postgresql":
+                        res = arun(pg.run(clients, slice_s, cfg.warmup, ns.pick))
+                        cell.server_cpu_us.append(res.extra["server_cpu_us"])
+                    else:
+                        res = arun(_run_nonstop(ns, clients, slice_s, cfg.warmup))
+                        cell.server_cpu_us.append(res.extra["server_cpu_us"])
+                        cell.errors += res.extra["errors"]
+                    cell.results.append(res)
+                    print(
+                        f"{system:10s} {clients:3d} clients round {rnd + 1}: "
+                        f"{res.ops_per_s:7.0f}/s p50 {res.p50:6.2f} ms p99 {res.p99:6.2f} ms "
+                        f"fsync {cell.fsync_ms[-1]:.2f} ms load {cell.load[-1]:.2f}",
+                        flush=True,
+                    )
+            after = arun(ns.runtime_stats())
+            stats[clients] = _diff_stats(before, after)
+        total, transfers = ns.check()
+        pg_total, pg_transfers = pg.total()
+        checks = {
+            "nonstop_total_ok": total == 2 * cfg.accounts * START_BALANCE,
+            "nonstop_transfers": transfers,
+            "pg_total_ok": pg_total == 2 * cfg.accounts * START_BALANCE,
+            "pg_transfers": pg_transfers,
+        }
+    finally:
+        if ns is not None:
+            ns.close()
+        if pg is not None:
+            pg.stop()
+        import shutil
+
+        shutil.rmtree(base, ignore_errors=True)
+    report = render(cfg, cells, stats, checks, rtt, load_before, os.getloadavg(), started)
+    cfg.out.parent.mkdir(parents=True, exist_ok=True)
+    cfg.out.write_text(report)
+    print(f"wrote {cfg.out}")
+    return cfg.out
+
+
+async def _run_nonstop(ns: NonstopSide, clients: int, duration: float, warmup: float) -> Result:
+    pids = ns.node_pids()
+    cpu0 = proc_cpu(pids)
+    errors0 = ns.errors
+    res = await run_clients(clients, ns.make_op(), duration, warmup)
+    done = res.extra.get("done", res.ops)
+    res.extra["server_cpu_us"] = (proc_cpu(pids) - cpu0) / done * 1e6 if done else float("nan")
+    res.extra["errors"] = ns.errors - errors0
+    return res
+
+
+def _diff_stats(
+    before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]]
+) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for node, rep in after.items():
+        b = (before.get(node) or {}).get("stats", {})
+        a = rep.get("stats", {})
+        out[node] = {
+            k: a[k] - b.get(k, 0) for k in sorted(a) if isinstance(a[k], int | float) and a[k]
+        }
+    return out
+
+
+# ------------------------------------------------------------------ report
+def render(
+    cfg: Config,
+    cells: dict[tuple[str, int], Cell],
+    stats: dict[int, dict[str, Any]],
+    checks: dict[str, Any],
+    rtt_ms: float,
+    load_before: tuple[float, float, float],
+    load_after: tuple[float, float, float],
+    started: float,
+) -> str:
+    day = dt.datetime.fromtimestamp(started, dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        "# Distributed benchmark: cross-node transfers vs PostgreSQL",
+        "",
+        f"Produced by `{cfg.command}` on {day}, {_git_state()}.",
+        "",
+        "| machine | |",
+        "| --- | --- |",
+        f"| CPUs | {os.cpu_count()} (shared with other work) |",
+        f"| load average before / after | {_la(load_before)} / {_la(load_after)} |",
+        f"| Python | {platform.python_version()} |",
+        f"| client request round trip (ping, p50) | {rtt_ms:.3f} ms |",
+        "",
+        f"Accounts: {cfg.accounts} on node A, {cfg.accounts} on node B (PostgreSQL: the same "
+        f"{2 * cfg.accounts} rows in one table).  Each cell: {cfg.rounds} interleaved slices of "
+        f"{cfg.duration / cfg.rounds:.1f} s measured after {cfg.warmup} s warm-up.",
+        "",
+        "| clients | system | transfers/s | p50 ms | p99 ms | client CPU µs/op "
+        "| server CPU µs/op | fsync ms (per slice) | load (per slice) | errors |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for clients in cfg.clients:
+        for system in ("nonstop", "postgresql"):
+            c = cells[(system, clients)]
+            lines.append(
+                f"| {clients} | {system} | {c.ops_per_s():,.0f} | {c.lat(50):.2f} | "
+                f"{c.lat(99):.2f} | {c.cpu():.0f} | {c.server_cpu():.0f} | "
+                f"{', '.join(f'{x:.2f}' for x in c.fsync_ms)} | "
+                f"{', '.join(f'{x:.1f}' for x in c.load)} | {c.errors} |"
+            )
+    lines += ["", "| clients | nonstop ÷ PostgreSQL (transfers/s) | goal |", "| --- | --- | --- |"]
+    for clients in cfg.clients:
+        ns, pg = cells[("nonstop", clients)], cells[("postgresql", clients)]
+        ratio = ns.ops_per_s() / pg.ops_per_s() if pg.ops_per_s() else float("nan")
+        goal = ("**met**" if ratio >= 1 else "**below**") if clients == 64 else ""
+        lines.append(f"| {clients} | {ratio:.2f} | {'≥ 1×: ' + goal if goal else ''} |")
+    lines += [
+        "",
+        f"Checks after the run: nonstop total conserved: {checks['nonstop_total_ok']} "
+        f"({checks['nonstop_transfers']} transfers recorded); PostgreSQL total conserved: "
+        f"{checks['pg_total_ok']} ({checks['pg_transfers']} transfers recorded).",
+        "",
+        "## Node counters per client count (runtime_stats, difference over the cell)",
+        "",
+    ]
+    for clients, per_node in stats.items():
+        lines.append(f"* {clients} clients: " + "; ".join(f"{n}: {v}" for n, v in per_node.items()))
+    lines.append("")
+    return "\n".join(lines)
+
+
+def _la(load: tuple[float, float, float]) -> str:
+    return " ".join(f"{x:.2f}" for x in load)
+
+
+def _git_state() -> str:
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "src"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown commit"
+    return f"commit {head}" + (" + uncommitted changes in src/" if dirty else "")
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    p = argparse.ArgumentParser(prog="python -m bench.distributed_bench", description=__doc__)
+    p.add_argument("--clients", default=",".join(map(str, CLIENTS)))
+    p.add_argument("--duration", type=float, default=4.0, help="measured seconds per cell")
+    p.add_argument("--rounds", type=int, default=2, help="interleaved slices per cell")
+    p.add_argument("--warmup", type=float, default=0.5, help="warm-up seconds per slice")
+    p.add_argument("--accounts", type=int, default=1000, help="accounts on each of A and B")
+    p.add_argument("--tmpdir", default=None, help="where the cluster and PostgreSQL data go")
+    p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--quick", action="store_true", help="1 s cells, one slice (smoke test)")
+    args = p.parse_args(argv)
+    cfg = Config(
+        clients=tuple(int(x) for x in args.clients.split(",") if x),
+        duration=1.0 if args.quick else args.duration,
+        warmup=0.2 if args.quick else args.warmup,
+        rounds=1 if args.quick else args.rounds,
+        accounts=args.accounts,
+        tmpdir=args.tmpdir,
+        out=args.out,
+        command=(
+            "make bench-dist"
+            if not argv
+            else "python -m bench.distributed_bench " + shlex.join(argv)
+        ),
+    )
+    run(cfg)
+
+
+if __name__ == "__main__":
+    main()
