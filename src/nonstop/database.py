@@ -82,6 +82,10 @@ class Database:
         self._committer = GroupCommitter(self._store)
         # Prepared (phase-one) transactions awaiting their outcome, by global id.
         self._in_doubt: dict[bytes, Transaction | InDoubt] = {}
+        # Prepared write sets computed but not yet durable, by global id, for a caller
+        # that commits the prepared record together with its own keys
+        # (nonstop.dist.resource): the transaction and its prepared record's write set.
+        self._preparing: dict[bytes, tuple[Transaction, WriteSet]] = {}
         try:
             self._recover_prepared()
             self._dispatcher = AsyncDispatcher(self, workers=async_workers)
@@ -280,17 +284,25 @@ class InDoubt:
         self.ws = ws
         self.id = next(_txn_ids)
 
-    def _end(self, ws: WriteSet) -> None:
-        self.db._committer.commit(ws)
+    def _phase_two(self, commit: bool) -> WriteSet:
+        """What phase two commits: the write set applied (commit) and the record dropped."""
+        drop = (False, self.db._store.prepared, self.gtid, None)
+        if commit:
+            return WriteSet([*self.ws.ops, drop], dict(self.ws.count_deltas))
+        return WriteSet([drop])
+
+    def _phase_two_durable(self, commit: bool) -> None:
+        """Phase two's write set is durable: no longer in doubt, locks released."""
         self.db._in_doubt.pop(self.gtid, None)
         self.db._locks.release_all(self.id)
 
     def commit_prepared(self) -> None:
-        drop = (False, self.db._store.prepared, self.gtid, None)
-        self._end(WriteSet([*self.ws.ops, drop], self.ws.count_deltas))
+        self.db._committer.commit(self._phase_two(True))
+        self._phase_two_durable(True)
 
     def abort_prepared(self) -> None:
-        self._end(WriteSet([(False, self.db._store.prepared, self.gtid, None)]))
+        self.db._committer.commit(self._phase_two(False))
+        self._phase_two_durable(False)
 
 
 def open(path: str | os.PathLike[str], **options: Any) -> Database:

@@ -79,6 +79,7 @@ PREPARE = "dtx.prepare"  # coordinator -> participant {"g", "ops", "f"}
 VOTE = "dtx.vote"  # participant -> coordinator {"g", "v": "yes"|"no", "r": reads, "why"}
 OUTCOME = "dtx.outcome"  # coordinator -> participant {"g", "o", "f"}
 ACK = "dtx.ack"  # participant -> coordinator {"g"}
+RM = "dtx.rm"  # the node to itself: {"p": [Progress, ...]} reported later by its resource manager
 
 TICK = "dtx.tick"
 
@@ -173,6 +174,21 @@ class DtxConfig:
     """Participant: prepared this long without an outcome -> propose abort to the log (B9)."""
     forget_every: float = 1.0
     """Resend an unconfirmed compaction floor this often (it is only an optimisation)."""
+
+    @classmethod
+    def real(cls) -> DtxConfig:
+        """Timeouts for real networks and disks (the defaults are the simulator's).
+
+        Why these values: docs/design/dtx.md section 5.
+        """
+        return cls(
+            tick=0.05,
+            retry=0.5,
+            vote_timeout=5.0,
+            branch_timeout=4.0,
+            decision_timeout=5.0,
+            forget_every=2.0,
+        )
 
 
 # ----------------------------------------------------------------- state
@@ -304,6 +320,9 @@ class DtxNode:
             self._log("warning", f"dropped malformed message from {sender}: {payload!r:.80}")
             return
         kind = payload["t"]
+        if kind == RM:
+            self._rm_progress(sender, payload.get("p"))
+            return
         if kind == FORGOT:
             floor = payload.get("f")
             if sender == LOG and isinstance(floor, int) and payload.get("c") == self.name:
@@ -347,6 +366,23 @@ class DtxNode:
                 self._voted_no(tx, sender, str(payload.get("why", "")))
             return
         self._log("warning", f"dropped unknown message {kind!r} from {sender}")
+
+    def _rm_progress(self, sender: NodeId, progress: Any) -> None:
+        """Results the resource manager computed asynchronously (a real store's prepare).
+
+        The runtime hands them in as a message from this node to itself; a peer
+        cannot forge one (its sender is never our name), and anything else is
+        dropped like any malformed message.
+        """
+        if sender != self.name:
+            self._log("warning", f"dropped {RM} from {sender}: only this node reports progress")
+            return
+        if not isinstance(progress, list) or not all(
+            isinstance(p, Ready | Refused) for p in progress
+        ):
+            self._log("warning", f"dropped malformed {RM}: {progress!r:.80}")
+            return
+        self._progress(progress)
 
     def _tick(self) -> None:
         self._out.append(SetTimer(TICK, self.config.tick))

@@ -17,6 +17,9 @@ name           key                                              value
 ``prepared``   global transaction id                            msgpack prepared write set
                                                                 and locks (2PC, B6/B9)
 ``results``    client id + 0x00 + 8-byte sequence               msgpack request result (H1)
+``dtx``        ``dtx/...`` (the decision protocol's own keys)   its values (opaque here):
+                                                                committed together with the
+                                                                prepared records (2PC)
 =============  ===============================================  =========================
 
 The directory is locked with ``flock`` so that a second process cannot open it
@@ -88,6 +91,7 @@ class Store:
                     b"dead",
                     b"prepared",
                     b"results",
+                    b"dtx",
                 ):
                     self._dbs[name] = self.env.open_db(name, txn=txn)
                 self._check_format(txn, location)
@@ -100,6 +104,8 @@ class Store:
             self.dead = self._dbs[b"dead"]
             self.prepared = self._dbs[b"prepared"]
             self.results = self._dbs[b"results"]
+            # Created on open when missing, so a store written before it existed opens too.
+            self.dtx = self._dbs[b"dtx"]
             # Bumped by the group committer after every LMDB commit (before any lock
             # is released): a reader that saw the same value before a read and after
             # taking a lock knows its read is still current.

@@ -165,15 +165,11 @@ class AsyncTransaction(Transaction):
 
     async def prepare(self, gtid: bytes) -> bool:  # type: ignore[override]
         """See :meth:`Transaction.prepare`."""
-        ws = self._prepare_commit()
-        if ws is None:
-            self._finish(_State.COMMITTED)
+        record = self._prepare_writes(gtid)
+        if record is None:
             return False
-        record = self.db._prepared_record(ws, self.db._locks.held_by(self.id))
-        await self._durable(WriteSet([(True, self.db._store.prepared, gtid, record)]), None)
-        self._state = _State.PREPARED
-        self._prepared = (gtid, ws)
-        self.db._in_doubt[gtid] = self
+        await self._durable(record, None)
+        self._prepared_durable()
         return True
 
     async def commit_prepared(self) -> None:  # type: ignore[override]

@@ -610,20 +610,45 @@ class Transaction:
         Returns False for a read-only transaction, which is then already finished
         (it has nothing to commit, so it need not take part in phase two).
         """
-        ws = self._prepare_commit()
-        if ws is None:
-            self._finish(_State.COMMITTED)
+        record = self._prepare_writes(gtid)
+        if record is None:
             return False
-        record = self.db._prepared_record(ws, self.db._locks.held_by(self.id))
         try:
-            self.db._committer.commit(WriteSet([(True, self.db._store.prepared, gtid, record)]))
+            self.db._committer.commit(record)
         except BaseException:
             self._finish(_State.ROLLED_BACK)
             raise
-        self._state = _State.PREPARED
-        self._prepared = (gtid, ws)
-        self.db._in_doubt[gtid] = self
+        self._prepared_durable()
         return True
+
+    # The halves of prepare and of phase two, for a caller that makes the write set
+    # durable itself, atomically with writes of its own (``nonstop.dist.resource``
+    # commits the decision protocol's keys in the same store commit).
+    def _prepare_writes(self, gtid: bytes, *, keep_read_only: bool = False) -> WriteSet | None:
+        """First half of :meth:`prepare`: triggers, notifiers, the prepared write set.
+
+        Returns the (not yet committed) write set that records the prepared
+        transaction; the transaction is unusable from here on and keeps every
+        lock.  A read-only transaction finishes and returns None, unless
+        ``keep_read_only``: then it is prepared with an empty write set, so it
+        holds its locks until phase two like any other participant.  If the
+        triggers or notifiers raise, the transaction is rolled back and the error
+        propagates.
+        """
+        ws = self._prepare_commit()
+        if ws is None:
+            if not keep_read_only:
+                self._finish(_State.COMMITTED)
+                return None
+            ws = WriteSet()
+        record = self.db._prepared_record(ws, self.db._locks.held_by(self.id))
+        self._prepared = (gtid, ws)
+        return WriteSet([(True, self.db._store.prepared, gtid, record)])
+
+    def _prepared_durable(self) -> None:
+        """Second half of :meth:`prepare`: the record is durable, so the transaction is in doubt."""
+        self._state = _State.PREPARED
+        self.db._in_doubt[self._prepared[0]] = self
 
     def _discard_changes(self) -> None:
         """Undo every change made so far but keep the locks (a savepoint at the start).
@@ -651,11 +676,17 @@ class Transaction:
         self._raw_ops.clear()
 
     def _phase_two(self, commit: bool) -> WriteSet:
+        """First half of phase two: what to commit (the write set or nothing; record dropped)."""
         if self._state is not _State.PREPARED:
             raise TransactionClosed(f"transaction {self.id} is {self._state.value}, not prepared")
         gtid, ws = self._prepared
         drop = (False, self.db._store.prepared, gtid, None)
         return WriteSet([*ws.ops, drop], ws.count_deltas) if commit else WriteSet([drop])
+
+    def _phase_two_durable(self, commit: bool) -> None:
+        """Second half of phase two: its write set (:meth:`_phase_two`) is durable; end."""
+        self.db._in_doubt.pop(self._prepared[0], None)
+        self._finish(_State.COMMITTED if commit else _State.ROLLED_BACK)
 
     def commit_prepared(self) -> None:
         """Phase two, commit: apply the prepared write set durably, then release the locks.
@@ -663,14 +694,12 @@ class Transaction:
         If the store fails, the transaction stays prepared and this may be called again.
         """
         self.db._committer.commit(self._phase_two(True))
-        self.db._in_doubt.pop(self._prepared[0], None)
-        self._finish(_State.COMMITTED)
+        self._phase_two_durable(True)
 
     def abort_prepared(self) -> None:
         """Phase two, abort: forget the prepared write set durably, then release the locks."""
         self.db._committer.commit(self._phase_two(False))
-        self.db._in_doubt.pop(self._prepared[0], None)
-        self._finish(_State.ROLLED_BACK)
+        self._phase_two_durable(False)
 
     # ------------------------------------------------------------- commit
     def _lookup_args(

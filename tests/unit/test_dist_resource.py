@@ -1,0 +1,511 @@
+"""The 2PC participant on the real store: DtxNode + StoreResourceManager + DtxPersister.
+
+Two or three real Databases in one process, driven by the in-process runtime of
+tests/dtx_store_harness.py: transfers across stores commit, refused branches
+(conflict, lock timeout, missing branch, failing trigger) abort and change
+nothing, a participant closed and reopened between its prepare and the
+outcome comes back in doubt and applies the outcome exactly once, and the
+machine's durable keys always agree with the store's prepared records.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import lmdb
+import pytest
+from tests.bankmodel import Account
+from tests.dtx_store_harness import Cluster
+
+import nonstop
+from nonstop.dist.resource import (
+    RECORD,
+    DtxPersister,
+    StoreResourceManager,
+    recovered_dtx_state,
+)
+from nonstop.dtx.protocol import K_PREPARED, K_TOMB, RM, VOTE, DtxConfig, DtxNode, Ready, Refused
+from nonstop.errors import StoreError
+from nonstop.model.codec import pack
+from nonstop.runtime.interface import Log, Persist, Received, Started
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def run(test: Callable[[Path], Awaitable[None]], root: Path) -> None:
+    asyncio.run(test(root))
+
+
+def balances(db: nonstop.Database) -> dict[str, int]:
+    with db.transaction(isolation="snapshot") as tx:
+        return {a.number: a.balance for a in tx.query(Account).all()}
+
+
+def seed(root: Path, accounts: dict[str, dict[str, int]]) -> None:
+    for node, numbers in accounts.items():
+        with nonstop.open(root / node) as db, db.transaction() as tx:
+            for number, balance in numbers.items():
+                tx.create(Account, number=number, balance=balance)
+
+
+def dtx_keys(db: nonstop.Database, prefix: bytes) -> dict[bytes, bytes]:
+    return {k[len(prefix) :]: v for k, v in recovered_dtx_state(db).items() if k.startswith(prefix)}
+
+
+def consistent(db: nonstop.Database) -> None:
+    """The store's in-doubt set is exactly the machine's prepared keys."""
+    assert set(db.in_doubt()) == set(dtx_keys(db, K_PREPARED))
+
+
+async def transfer_branches(
+    c: Cluster, amount: int, *, src: str = "n1", dst: str = "n2"
+) -> tuple[dict[str, list[Any]], dict[str, Any]]:
+    """Open a branch on each node, read the accounts under write locks, build the writes."""
+    b1, tx1 = await c.branch(src)
+    b2, tx2 = await c.branch(dst)
+    a = await tx1.get(Account, number="A", lock="write")
+    b = await tx2.get(Account, number="B", lock="write")
+    ops = {
+        src: [["b", b1], c.write(a, balance=a.balance - amount)],
+        dst: [["b", b2], c.write(b, balance=b.balance + amount)],
+    }
+    return ops, {src: tx1, dst: tx2}
+
+
+# ------------------------------------------------------------------ happy path
+def test_transfer_across_two_stores_commits(tmp_path: Path) -> None:
+    seed(tmp_path, {"n1": {"A": 100}, "n2": {"B": 0}})
+
+    async def body(root: Path) -> None:
+        c = Cluster(root, ["n1", "n2"])
+        try:
+            ops, txs = await transfer_branches(c, 30)
+            reply = await c.run("n1", ops)
+            assert reply["ok"] is True and reply["outcome"] == "commit", reply
+            await c.settled()
+            assert balances(c.dbs["n1"]) == {"A": 70}
+            assert balances(c.dbs["n2"]) == {"B": 30}
+            assert not txs["n1"].active and not txs["n2"].active  # ended by phase two
+            for n in ("n1", "n2"):
+                consistent(c.dbs[n])
+                assert dtx_keys(c.dbs[n], K_TOMB) == {reply["g"].encode(): b"commit"}
+            # Locks are released: a new transaction writes both accounts at once.
+            for n, number in (("n1", "A"), ("n2", "B")):
+                async with c.dbs[n].transaction(lock_timeout=0.2) as tx:
+                    (await tx.get(Account, number=number, lock="write")).balance += 1
+            # A second transfer (the coordinator's seq moves on) commits too.
+            ops, _ = await transfer_branches(c, 10)
+            reply2 = await c.run("n1", ops)
+            assert reply2["ok"] is True and reply2["g"] != reply["g"]
+            await c.settled()
+            assert balances(c.dbs["n1"]) == {"A": 61}
+            assert balances(c.dbs["n2"]) == {"B": 41}
+            assert not c.errors
+        finally:
+            c.close()
+
+    run(body, tmp_path)
+
+
+def test_transfer_creating_an_object_and_three_nodes(tmp_path: Path) -> None:
+    """A branch may create objects before the commit; the write set names them at version 0."""
+    seed(tmp_path, {"n1": {"A": 100}, "n2": {"B": 0}, "n3": {}})
+
+    async def body(root: Path) -> None:
+        c = Cluster(root, ["n1", "n2", "n3"])
+        try:
+            ops, _ = await transfer_branches(c, 25)
+            b3, tx3 = await c.branch("n3")
+            created = await tx3.create(Account, number="C", balance=0)
+            ops["n3"] = [["b", b3], c.write(created, balance=5)]
+            reply = await c.run("n2", ops)  # a coordinator that is also a participant
+            assert reply["ok"] is True, reply
+            await c.settled()
+            assert balances(c.dbs["n1"]) == {"A": 75}
+            assert balances(c.dbs["n2"]) == {"B": 25}
+            assert balances(c.dbs["n3"]) == {"C": 5}
+            with c.dbs["n3"].transaction() as tx:
+                assert tx.count(Account) == 1
+        finally:
+            c.close()
+
+    run(body, tmp_path)
+
+
+def test_read_only_branch_votes_yes_and_holds_its_read_lock_until_the_outcome(
+    tmp_path: Path,
+) -> None:
+    seed(tmp_path, {"n1": {"A": 100}, "n2": {"B": 7}})
+
+    async def body(root: Path) -> None:
+        c = Cluster(root, ["n1", "n2"])
+        try:
+            b1, tx1 = await c.branch("n1")
+            b2, tx2 = await c.branch("n2")
+            a = await tx1.get(Account, number="A", lock="write")
+            assert (await tx2.get(Account, number="B")).balance == 7  # a read lock only
+            held: list[bool] = []
+
+            def on_vote(sender: str, to: str, payload: Any) -> bool:
+                if sender == "n2" and payload.get("t") == VOTE:
+                    # n2 voted yes: it is prepared (with an empty write set), still locked.
+                    held.append(c.dbs["n2"].in_doubt() == [payload["g"].encode()])
+                return False
+
+            c.drop = on_vote
+            reply = await c.run("n1", {"n1": [["b", b1], c.write(a, balance=1)], "n2": [["b", b2]]})
+            assert reply["ok"] is True, reply
+            await c.settled()
+            assert held == [True]
+            assert balances(c.dbs["n1"]) == {"A": 1}
+            assert balances(c.dbs["n2"]) == {"B": 7}
+            assert not tx2.active
+            async with c.dbs["n2"].transaction(lock_timeout=0.2) as tx:
+                (await tx.get(Account, number="B", lock="write")).balance = 8
+            consistent(c.dbs["n2"])
+        finally:
+            c.close()
+
+    run(body, tmp_path)
+
+
+# ------------------------------------------------------------------ refusals
+def _refused_case(
+    tmp_path: Path,
+    spoil: Callable[[Cluster, dict[str, list[Any]], dict[str, Any]], Awaitable[None]],
+    why: str,
+) -> None:
+    seed(tmp_path, {"n1": {"A": 100}, "n2": {"B": 0}})
+
+    async def body(root: Path) -> None:
+        c = Cluster(root, ["n1", "n2"], lock_timeout=0.3)
+        try:
+            ops, txs = await transfer_branches(c, 30)
+            await spoil(c, ops, txs)
+            before = {n: balances(c.dbs[n]) for n in ("n1", "n2")}
+            assert before["n1"] == {"A": 100} and before["n2"]["B"] == 0
+            reply = await c.run("n1", ops)
+            assert reply["ok"] is False and reply["error"] == "Aborted", reply
+            assert why in reply["why"], reply
+            await c.settled()
+            assert {n: balances(c.dbs[n]) for n in ("n1", "n2")} == before
+            for n in ("n1", "n2"):
+                consistent(c.dbs[n])
+                # Durable abort tombstones only where a branch had prepared.
+                assert set(dtx_keys(c.dbs[n], K_TOMB).values()) <= {b"abort"}
+                assert not c.dbs[n]._preparing
+                assert not txs[n].active  # rolled back, locks released
+                async with c.dbs[n].transaction(lock_timeout=2.0) as tx:
+                    for acc in await tx.query(Account).lock("write").all():
+                        acc.balance += 0
+            assert not c.errors
+        finally:
+            c.close()
+
+    run(body, tmp_path)
+
+
+def test_stale_version_is_refused_as_conflict(tmp_path: Path) -> None:
+    async def spoil(c: Cluster, ops: dict[str, list[Any]], txs: dict[str, Any]) -> None:
+        ops["n2"][1][3] += 1  # the client read another version than the branch holds
+
+    _refused_case(tmp_path, spoil, "n2 voted no: conflict")
+
+
+def test_missing_branch_is_refused_at_once(tmp_path: Path) -> None:
+    async def spoil(c: Cluster, ops: dict[str, list[Any]], txs: dict[str, Any]) -> None:
+        del c.branches[ops["n2"][0][1]]  # idle-rolled-back / unknown to the data service
+        await txs["n2"].rollback()
+
+    _refused_case(tmp_path, spoil, "n2 voted no: branch gone")
+
+
+def test_lock_wait_past_the_lock_timeout_is_refused(tmp_path: Path) -> None:
+    async def spoil(c: Cluster, ops: dict[str, list[Any]], txs: dict[str, Any]) -> None:
+        # The branch read C without locking it; another transaction holds C's write
+        # lock through the prepare, so the write waits past lock_timeout (0.3 s).
+        b2 = ops["n2"][0][1]
+        async with c.dbs["n2"].transaction() as tx:
+            await tx.create(Account, number="C", balance=3)
+        c_obj = await txs["n2"].get(Account, number="C", lock="none")
+        ops["n2"].append(c.write(c_obj, balance=4))
+        blocker = await c.dbs["n2"].transaction().__aenter__()
+        await blocker.get(Account, number="C", lock="write")
+        c.loop.call_later(0.6, lambda: c.loop.create_task(blocker.rollback()))
+        assert b2 in c.branches
+
+    _refused_case(tmp_path, spoil, "n2 voted no: lock timeout")
+
+
+def test_failing_prepare_notifier_is_refused_with_its_reason(tmp_path: Path) -> None:
+    async def spoil(c: Cluster, ops: dict[str, list[Any]], txs: dict[str, Any]) -> None:
+        def veto() -> None:
+            raise nonstop.Abort("the external system said no")
+
+        txs["n1"].on_prepare(veto)
+
+    _refused_case(tmp_path, spoil, "n1 voted no: Abort: the external system said no")
+
+
+def test_unknown_field_is_refused(tmp_path: Path) -> None:
+    async def spoil(c: Cluster, ops: dict[str, list[Any]], txs: dict[str, Any]) -> None:
+        ops["n2"][1][4] = pack({"_e": 1})  # must never reach an attribute that is not a field
+
+    _refused_case(tmp_path, spoil, "n2 voted no: FieldError")
+
+
+def test_no_vote_aborts_a_branch_already_prepared_elsewhere(tmp_path: Path) -> None:
+    """n1 prepares durably (in doubt, locked), n2 refuses: n1's prepared record goes away."""
+    seed(tmp_path, {"n1": {"A": 100}, "n2": {"B": 0}})
+
+    async def body(root: Path) -> None:
+        c = Cluster(root, ["n1", "n2"])
+        try:
+            ops, txs = await transfer_branches(c, 30)
+            ops["n2"][1][3] += 5
+            seen: list[list[bytes]] = []
+
+            def delay_n2(sender: str, to: str, payload: Any) -> bool:
+                # n2's no vote gets through only once n1 is durably prepared (the
+                # coordinator resends the prepare; n2 answers no again).
+                if sender == "n2" and payload.get("t") == VOTE:
+                    seen.append(c.dbs["n1"].in_doubt())
+                    return not seen[-1]
+                return False
+
+            c.drop = delay_n2
+            reply = await c.run("n1", ops)
+            # (the resent prepare finds n2's abort tombstone: "aborted", not "conflict")
+            assert reply["ok"] is False and "n2 voted no" in reply["why"], reply
+            await c.settled()
+            assert balances(c.dbs["n1"]) == {"A": 100}
+            assert c.dbs["n1"].in_doubt() == []
+            # n1 had prepared durably and then applied the abort with a durable tombstone.
+            assert seen[-1] == [reply["g"].encode()]
+            assert dtx_keys(c.dbs["n1"], K_TOMB) == {reply["g"].encode(): b"abort"}
+            consistent(c.dbs["n1"])
+            assert not txs["n1"].active
+        finally:
+            c.close()
+
+    run(body, tmp_path)
+
+
+# ------------------------------------------------------------------ restarts
+def test_participant_reopened_in_doubt_applies_the_outcome_once(tmp_path: Path) -> None:
+    seed(tmp_path, {"n1": {"A": 100}, "n2": {"B": 0}})
+
+    async def body(root: Path) -> None:
+        # decision_timeout long enough that n2 learns the outcome from the coordinator.
+        cfg = DtxConfig(tick=0.02, retry=0.05, vote_timeout=1.5, branch_timeout=1.0,
+                        decision_timeout=5.0)  # fmt: skip
+        c = Cluster(root, ["n1", "n2"], config=cfg)
+        try:
+            ops, _ = await transfer_branches(c, 30)
+            state: dict[str, Any] = {"down": False}
+
+            def cut(sender: str, to: str, payload: Any) -> bool:
+                if sender == "n2" and payload.get("t") == VOTE and not state["down"]:
+                    # n2 is durably prepared; it goes down before any outcome reaches it.
+                    state["down"] = True
+                    c.stop("n2")
+                    state["reopened"] = nonstop.open(root / "n2", lock_timeout=0.2)
+                    return False  # the vote itself was sent: it gets through
+                return state["down"] and "n2" in (sender, to) and sender != to
+
+            c.drop = cut
+            reply = await c.run("n1", ops)
+            assert reply["ok"] is True, reply  # n2's yes vote was delivered before it stopped
+            db2: nonstop.Database = state["reopened"]
+            gtid = reply["g"].encode()
+            assert db2.in_doubt() == [gtid]  # recovered in doubt, with its write lock
+            assert dtx_keys(db2, K_PREPARED).keys() == {gtid}
+            assert balances(db2) == {"B": 0}
+            with pytest.raises(nonstop.LockTimeout), db2.transaction() as tx:
+                tx.get(Account, number="B", lock="write")
+            db2.close()
+            await asyncio.sleep(0.2)  # the coordinator keeps resending the outcome
+            state["down"] = False
+            c.start("n2")
+            assert c.rms["n2"].branches() == {reply["g"]: "recovered"}
+            await c.settled()
+            assert balances(c.dbs["n1"]) == {"A": 70}
+            assert balances(c.dbs["n2"]) == {"B": 30}
+            consistent(c.dbs["n2"])
+            assert dtx_keys(c.dbs["n2"], K_TOMB) == {gtid: b"commit"}
+            # Duplicated outcomes after the fact are acknowledged, never re-applied.
+            dup = {"t": "dtx.outcome", "g": reply["g"], "o": "commit"}
+            for _ in range(3):
+                c.dispatch("n2", Received(c.loop.time(), "n1", dup))
+            await asyncio.sleep(0.1)
+            assert balances(c.dbs["n2"]) == {"B": 30}
+            c.stop("n2")
+            c.start("n2")
+            assert balances(c.dbs["n2"]) == {"B": 30}
+            assert c.dbs["n2"].in_doubt() == []
+            assert not c.errors
+        finally:
+            c.close()
+
+    run(body, tmp_path)
+
+
+def test_in_doubt_participant_of_a_dead_coordinator_aborts_through_the_log(
+    tmp_path: Path,
+) -> None:
+    """The coordinator stops after the prepares: n2 asks the log (B9), gets abort, rolls back."""
+    seed(tmp_path, {"n1": {"A": 100}, "n2": {"B": 0}})
+
+    async def body(root: Path) -> None:
+        c = Cluster(root, ["n1", "n2"])
+        try:
+            ops, _ = await transfer_branches(c, 30)
+
+            def kill_coordinator(sender: str, to: str, payload: Any) -> bool:
+                if to == "n1" and sender == "n2" and payload.get("t") == VOTE:
+                    if "n1" in c.machines:
+                        c.stop("n1")
+                    return True
+                return False
+
+            c.drop = kill_coordinator
+            c.submit("n1", ops)
+            await asyncio.sleep(1.0)
+            db2 = c.dbs["n2"]
+            assert db2.in_doubt() == []  # decided abort by the log after decision_timeout
+            assert balances(db2) == {"B": 0}
+            assert list(dtx_keys(db2, K_TOMB).values()) == [b"abort"]
+            consistent(db2)
+            c.drop = lambda *_: False
+            c.start("n1")  # recovers its record and its prepared branch, learns abort
+            await c.settled()
+            assert balances(c.dbs["n1"]) == {"A": 100}
+            consistent(c.dbs["n1"])
+        finally:
+            c.close()
+
+    run(body, tmp_path)
+
+
+# ------------------------------------------------------------------ pieces
+def test_machine_accepts_rm_progress_only_from_itself(tmp_path: Path) -> None:
+    class NullRm:
+        def check_ops(self, ops: Any) -> str | None:
+            return None
+
+        def open(self, gtid: str, ops: list[Any]) -> list[Any]:
+            return []
+
+        def finish(self, gtid: str, commit: bool) -> tuple[list[Any], list[Any]]:
+            return [], []
+
+        def recover(self, gtid: str, record: bytes) -> None:
+            pass
+
+    node = DtxNode("n2", NullRm(), random.Random(1), {})
+    node.handle(Started(0.0))
+    node.handle(Received(0.0, "n1", {"t": "dtx.prepare", "g": "n1.1", "ops": [1], "f": 0}))
+    assert node.branches["n1.1"].state == "locking"
+    forged = node.handle(Received(0.1, "n1", {"t": RM, "p": [Ready("n1.1", b"r", {})]}))
+    assert [type(a) for a in forged] == [Log]
+    assert node.branches["n1.1"].state == "locking"
+    junk = node.handle(Received(0.1, "n2", {"t": RM, "p": "nonsense"}))
+    assert [type(a) for a in junk] == [Log] and node.branches["n1.1"].state == "locking"
+    mine = node.handle(Received(0.2, "n2", {"t": RM, "p": [Ready("n1.1", b"r", {})]}))
+    assert [type(a) for a in mine] == [Persist]
+    assert mine[0].writes[0][0] == K_PREPARED + b"n1.1"
+    assert node.branches["n1.1"].state == "persisting"
+    node.handle(Received(0.3, "n1", {"t": "dtx.prepare", "g": "n1.2", "ops": [1], "f": 0}))
+    refused = node.handle(Received(0.3, "n2", {"t": RM, "p": [Refused("n1.2", "conflict")]}))
+    assert "n1.2" not in node.branches
+    assert refused[0].payload == {"t": VOTE, "g": "n1.2", "v": "no", "why": "conflict"}
+
+
+def test_real_config_orders_its_timeouts() -> None:
+    cfg = DtxConfig.real()
+    assert cfg.tick < cfg.retry < cfg.branch_timeout < cfg.vote_timeout
+    assert cfg.decision_timeout >= cfg.vote_timeout
+    assert cfg != DtxConfig()
+
+
+def test_check_ops_shapes(tmp_path: Path) -> None:
+    with nonstop.open(tmp_path / "s") as db:
+        rm = StoreResourceManager(db, lambda _: None, lambda _: None)
+        ref = b"r" * 20
+        assert rm.check_ops([["b", "c.1"]]) is None
+        assert rm.check_ops([["b", "c.1"], ["w", ref, "T", 3, b"\x80"]]) is None
+        for bad in (
+            [],
+            "x",
+            [["w", ref, "T", 3, b"\x80"]],
+            [["b", ""]],
+            [["b", "c.1"], ["w", b"short", "T", 3, b"\x80"]],
+            [["b", "c.1"], ["w", ref, "T", -1, b"\x80"]],
+            [["b", "c.1"], ["w", ref, "T", True, b"\x80"]],
+            [["b", "c.1"], ["w", ref, "T", 1, {}]],
+            [["b", "c.1"], ["x", ref, "T", 1, b"\x80"]],
+        ):
+            assert rm.check_ops(bad) is not None, bad
+
+
+def test_persister_writes_plain_keys_and_a_resolve_for_an_unknown_gtid(tmp_path: Path) -> None:
+    with nonstop.open(tmp_path / "s") as db:
+        p = DtxPersister(db)
+        results: list[BaseException | None] = []
+
+        def persist(writes: tuple[tuple[bytes, bytes | None], ...]) -> None:
+            box: list[BaseException | None] = []
+            import threading
+
+            ev = threading.Event()
+            p.persist(writes, lambda exc: (box.append(exc), ev.set()))
+            assert ev.wait(5)
+            results.extend(box)
+
+        persist(((b"dtx/seq", b"\x05"), (b"dtx/c/n1.4", b"rec")))
+        # Abort of a branch that never prepared here: only the machine's keys change.
+        persist(((K_PREPARED + b"n9.1", None), (K_TOMB + b"n9.1", b"abort")))
+        assert results == [None, None]
+        assert recovered_dtx_state(db) == {
+            b"dtx/seq": b"\x05",
+            b"dtx/c/n1.4": b"rec",
+            K_TOMB + b"n9.1": b"abort",
+        }
+        with pytest.raises(ValueError):
+            p.persist(((b"raft/x", b"1"),), lambda exc: None)
+        with pytest.raises(StoreError):  # a prepared key with no prepared write set: a bug
+            p.persist(((K_PREPARED + b"n9.2", RECORD),), lambda exc: None)
+
+
+def test_recover_refuses_dtx_state_of_another_store(tmp_path: Path) -> None:
+    with nonstop.open(tmp_path / "s") as db:
+        rm = StoreResourceManager(db, lambda _: None, lambda _: None)
+        with pytest.raises(StoreError):
+            rm.recover("n1.1", RECORD)
+
+
+def test_old_store_without_the_dtx_database_opens(tmp_path: Path) -> None:
+    path = tmp_path / "old"
+    with nonstop.open(path) as db, db.transaction() as tx:
+        tx.create(Account, number="A", balance=5)
+        assert tx.prepare(b"g-old") is True
+    # Make it look like a store written before the dtx database existed.
+    env = lmdb.open(str(path), max_dbs=64)
+    with env.begin(write=True) as txn:
+        txn.drop(env.open_db(b"dtx", txn=txn), delete=True)
+    with env.begin() as txn:
+        names = {bytes(k) for k, _ in txn.cursor()}
+    env.close()
+    assert b"dtx" not in names and b"prepared" in names
+    with nonstop.open(path) as db:
+        assert recovered_dtx_state(db) == {}
+        assert db.in_doubt() == [b"g-old"]
+        assert db.resolve(b"g-old", commit=True) is True
+        assert balances(db) == {"A": 5}
+        DtxPersister(db)  # and the new database is usable at once
+    with nonstop.open(path) as db:
+        assert balances(db) == {"A": 5} and db.in_doubt() == []
