@@ -48,6 +48,8 @@ class NodeConfig:
     log_level: str = "info"
     log_file: str | None = None
     machine: str = DEFAULT_MACHINE
+    app: list[str] = field(default_factory=list)
+    """Application modules imported at start, before the store opens (F2, ``--app``)."""
     sync: bool = True
     tls: TLSConfig = field(default_factory=TLSConfig)
     discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)
@@ -113,11 +115,23 @@ def from_mapping(data: dict[str, Any], base: NodeConfig | None = None) -> NodeCo
             cfg.discovery = DiscoveryConfig(**_only(value, DiscoveryConfig, "discovery"))
         elif key in ("join", "members"):
             setattr(cfg, key, parse_join(value))
+        elif key == "app":
+            cfg.app = parse_app_list(value)
         elif key in known and key != "extra":
             setattr(cfg, key, value)
         else:
             cfg.extra[key] = value
     return cfg
+
+
+def parse_app_list(value: Any) -> list[str]:
+    """``app`` from a file: one module name or a list of them."""
+    from nonstop.dist.apps import AppLoadError, parse_apps
+
+    try:
+        return parse_apps(value)
+    except AppLoadError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _only(value: Any, cls: type, section: str) -> dict[str, Any]:

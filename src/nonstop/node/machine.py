@@ -1,24 +1,53 @@
 """Which protocol machine a node process runs, built from its configuration.
 
-The default is the cluster layer, :class:`nonstop.cluster.node.ClusterNode`.
-The ``machine`` config key (``"module:callable"``) selects another factory with
-the same signature — tests and benchmarks use
-:func:`build_probe` to exercise the runtime on its own.
+The default is the cluster layer with distributed commit,
+:class:`nonstop.dtx.clustered.DtxClusterNode` (a ``ClusterNode`` plus the
+two-phase-commit machine over the node's object store); without an object
+store it is the plain :class:`nonstop.cluster.node.ClusterNode`.  The
+``machine`` config key (``"module:callable"``) selects another factory with the
+same signature — tests and benchmarks use :func:`build_probe` to exercise the
+runtime on its own.  A factory that declares a ``context`` keyword gets the
+node's :class:`NodeContext` (the object store and the data service's hooks).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
+import inspect
 import random
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from nonstop.node.config import ConfigError, NodeConfig, split_join
 from nonstop.node.datadir import Identity
 from nonstop.runtime.interface import Machine
 
-MachineFactory = Callable[[NodeConfig, Identity, dict[bytes, bytes], random.Random], Machine]
+MachineFactory = Callable[..., Machine]
+"""``(cfg, ident, recovered, rng[, context=NodeContext])`` → the node's machine."""
+
+
+@dataclass
+class NodeContext:
+    """What the node process gives a machine factory beyond the configuration."""
+
+    db: Any = None
+    """The node's object store (``nonstop.Database``), or None."""
+    lookup_branch: Callable[[str], Any] | None = None
+    """The data service's branch registry (``DataService.lookup_branch``)."""
+    feed: Callable[[list[Any]], None] | None = None
+    """Hands the resource manager's late progress to the machine (on the loop)."""
+    persister: Any = None
+    """Set by the factory: who writes the machine's ``dtx/`` keys (``DtxPersister``)."""
+
+
+def takes_context(factory: MachineFactory) -> bool:
+    """Does ``factory`` accept the ``context`` keyword?"""
+    try:
+        return "context" in inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def resolve(spec: str) -> MachineFactory:
@@ -33,11 +62,42 @@ def resolve(spec: str) -> MachineFactory:
 
 
 def build_cluster_node(
-    cfg: NodeConfig, ident: Identity, recovered: dict[bytes, bytes], rng: random.Random
+    cfg: NodeConfig,
+    ident: Identity,
+    recovered: dict[bytes, bytes],
+    rng: random.Random,
+    context: NodeContext | None = None,
 ) -> Machine:
-    """The real cluster layer: failure detector, cluster log and quorum."""
+    """The real cluster layer (failure detector, cluster log, quorum) and distributed commit.
+
+    With an object store in ``context`` the machine is a ``DtxClusterNode``
+    whose resource manager is the store (``nonstop.dist.resource``); its durable
+    ``dtx/`` state is read back from the store and written through
+    ``context.persister``.
+    """
+    config = cluster_config(cfg, ident)
+    if context is None or context.db is None:
+        from nonstop.cluster.node import ClusterNode
+
+        return ClusterNode(config, rng, recovered)
+    from nonstop.dist.resource import DtxPersister, StoreResourceManager, recovered_dtx_state
+    from nonstop.dtx.clustered import DtxClusterNode
+    from nonstop.dtx.protocol import DtxConfig
+
+    assert context.lookup_branch is not None and context.feed is not None
+    db = context.db
+    merged = {**recovered, **recovered_dtx_state(db)}
+    rm = StoreResourceManager(db, context.lookup_branch, context.feed)
+    context.persister = DtxPersister(db)
+    real = getattr(DtxConfig, "real", None)
+    dtx_config = real() if real is not None else DtxConfig()
+    return DtxClusterNode(config, rm, rng, merged, dtx_config)
+
+
+def cluster_config(cfg: NodeConfig, ident: Identity) -> Any:
+    """The :class:`~nonstop.cluster.node.ClusterConfig` of this node."""
     from nonstop.cluster.failure import DetectorConfig
-    from nonstop.cluster.node import ClusterConfig, ClusterNode
+    from nonstop.cluster.node import ClusterConfig
 
     _, static_peers = split_join(cfg.join)
     # Extra config keys named like a ClusterConfig field (quorum, raft,
@@ -53,7 +113,7 @@ def build_cluster_node(
         "detector",
     }
     kwargs: dict[str, Any] = {k: v for k, v in cfg.extra.items() if k in passthrough}
-    config = ClusterConfig(
+    return ClusterConfig(
         name=ident.name,
         address=cfg.listen,
         store_timestamp=ident.timestamp,
@@ -67,7 +127,6 @@ def build_cluster_node(
         ),
         **kwargs,
     )
-    return ClusterNode(config, rng, recovered)
 
 
 def build_probe(

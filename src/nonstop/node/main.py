@@ -26,7 +26,7 @@ from typing import Any
 from nonstop.net.handshake import ROLE_NODE, Hello
 from nonstop.node.config import ConfigError, NodeConfig, split_join
 from nonstop.node.datadir import DataDir, Identity
-from nonstop.node.machine import resolve
+from nonstop.node.machine import NodeContext, resolve, takes_context
 from nonstop.runtime.real import (
     RealRuntime,
     RuntimeConfig,
@@ -59,26 +59,56 @@ def setup_logging(cfg: NodeConfig) -> None:
     root.setLevel(getattr(logging, cfg.log_level.upper(), logging.INFO))
 
 
-def open_object_store(datadir: DataDir) -> Any:
-    """Open ``DATA/store`` with ``nonstop.open`` when the store layer provides it."""
+def open_object_store(datadir: DataDir, ident: Identity | None = None) -> Any:
+    """Open ``DATA/store`` with ``nonstop.open`` when the store layer provides it.
+
+    A new store takes the node's location code (C1), so the references it makes
+    name this node: that is how every node finds an object's master from its
+    reference (data-path.md section 5).  An existing store keeps its own.
+    """
     import nonstop
 
     opener = getattr(nonstop, "open", None)
     if opener is None:
         return None
     try:
-        return opener(str(datadir.store_path))
+        if ident is not None:
+            from nonstop.store.lmdb_store import Store
+
+            Store(datadir.store_path, location=ident.location).close()
+        db = opener(str(datadir.store_path))
     except Exception as exc:
         raise NodeStartError(f"cannot open the object store {datadir.store_path}: {exc}") from exc
+    if ident is not None and db.location != ident.location:
+        log.warning(
+            "the object store's location %016x is not the node's %016x (store made before "
+            "this node had its identity); its objects are found through the store's code",
+            db.location,
+            ident.location,
+        )
+    return db
+
+
+def load_app_modules(cfg: NodeConfig) -> None:
+    """Import the application modules (F2) before the store opens; one-line error."""
+    from nonstop.dist.apps import AppLoadError, load_apps
+
+    try:
+        modules = load_apps(cfg.app)
+    except AppLoadError as exc:
+        raise NodeStartError(str(exc)) from exc
+    if modules:
+        log.info("application modules: %s", ", ".join(m.__name__ for m in modules))
 
 
 async def serve(cfg: NodeConfig, datadir: DataDir) -> None:
     """Run until SIGTERM/SIGINT (graceful) or a fatal identity error."""
+    load_app_modules(cfg)
     store, ident = datadir.open_identity(cfg)
     object_store = None
     try:
-        object_store = open_object_store(datadir)
-        runtime = make_runtime(cfg, store, ident)
+        object_store = open_object_store(datadir, ident)
+        runtime = make_runtime(cfg, store, ident, object_store)
         install_node_notifiers(runtime)
         failure: list[str] = []
         stop = asyncio.Event()
@@ -207,7 +237,10 @@ async def auto_join(runtime: RealRuntime, cfg: NodeConfig) -> None:
         delay = min(delay * 2, 2.0)
 
 
-def make_runtime(cfg: NodeConfig, store: Any, ident: Identity) -> RealRuntime:
+def make_runtime(
+    cfg: NodeConfig, store: Any, ident: Identity, object_store: Any = None
+) -> RealRuntime:
+    """The runtime of this node, with its data service when there is an object store."""
     factory = resolve(cfg.machine)
     plain, static_peers = split_join(cfg.join)
     hello = Hello(
@@ -222,10 +255,19 @@ def make_runtime(cfg: NodeConfig, store: Any, ident: Identity) -> RealRuntime:
         pid=os.getpid(),
     )
     rng = new_rng()
-    return RealRuntime(
+    context = NodeContext(db=object_store)
+
+    def machine_factory(recovered: dict[bytes, bytes]) -> Any:
+        if not takes_context(factory):
+            return factory(cfg, ident, recovered, rng)
+        machine = factory(cfg, ident, recovered, rng, context=context)
+        runtime.dtx_persister = context.persister
+        return machine
+
+    runtime = RealRuntime(
         hello=hello,
         store=store,
-        machine_factory=lambda recovered: factory(cfg, ident, recovered, rng),
+        machine_factory=machine_factory,
         config=RuntimeConfig(
             listen=cfg.listen,
             join=plain,
@@ -236,6 +278,35 @@ def make_runtime(cfg: NodeConfig, store: Any, ident: Identity) -> RealRuntime:
             connect_timeout=cfg.connect_timeout,
         ),
     )
+    if object_store is not None:
+        attach_data_service(runtime, object_store, cfg, context)
+    return runtime
+
+
+def attach_data_service(runtime: RealRuntime, db: Any, cfg: NodeConfig, context: Any) -> None:
+    """The node's data service (``nonstop.dist.service``) and its hooks into the machine."""
+    import dataclasses
+
+    from nonstop.dist.service import DataService, ServiceConfig
+    from nonstop.runtime.interface import Received
+
+    names = {f.name for f in dataclasses.fields(ServiceConfig)}
+    config = ServiceConfig(**{k: v for k, v in cfg.extra.items() if k in names})
+    service = DataService(runtime, db, config)
+    runtime.data_service = service
+
+    def feed(progress: list[Any]) -> None:
+        # Never inside the machine's own handle(): the next loop turn.
+        assert runtime.loop is not None
+        payload = {"t": "dtx.rm", "p": progress}
+        runtime.loop.call_soon(
+            lambda: runtime._dispatch(
+                Received(now=runtime.now(), sender=runtime.name, payload=payload)
+            )
+        )
+
+    context.lookup_branch = service.lookup_branch
+    context.feed = feed
 
 
 def run(cfg: NodeConfig) -> int:

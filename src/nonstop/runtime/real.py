@@ -14,11 +14,19 @@ an fsync never stalls keep-alives.  The actions of
 * ``Persist`` → queued; all ``Persist`` actions of one loop turn (and those
   that arrive while a commit is in flight) go into **one** LMDB write
   transaction with one fsync, after which ``Persisted`` is fed for each token
-  in order (group commit);
+  in order (group commit).  A ``Persist`` of the distributed-commit machine
+  (keys ``dtx/...``) goes instead to :attr:`RealRuntime.dtx_persister`, which
+  writes it in the object store's group commit (data-path.md section 5);
 * ``Reply`` → the client connection that sent the request (dropped if gone);
 * ``Notify`` → a structured ``nonstop.notify`` log line plus the callbacks in
   :attr:`RealRuntime.notifiers`;
 * ``Log`` → the ``nonstop.machine`` logger.
+
+Peer messages whose ``t`` starts with ``data.`` and the client ops of the data
+path (``tx.*``, ``bulk.*``, ``nodes``, ``types``, ``request.result``) go to
+:attr:`RealRuntime.data_service` (``nonstop.dist.service``), not to the
+machine; :meth:`RealRuntime.submit` lets it ask the machine for things (a
+two-phase commit) without a client connection.
 
 The runtime also tells the machine what only the transport sees, in the
 conventions of :class:`nonstop.cluster.node.ClusterNode`:
@@ -50,7 +58,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from nonstop.errors import ProtocolError
+from nonstop.dist.service import is_data_message, is_data_op
+from nonstop.errors import ProtocolError, Unavailable
 from nonstop.net import handshake
 from nonstop.net.connection import Connection, HandshakeRejected, accept, dial
 from nonstop.net.discovery import Discovery, DiscoveryConfig
@@ -95,6 +104,9 @@ QUIET_NOTIFY = frozenset({"applied", "proposed"})
 """Per-entry notifications: logged at debug only (one line per log entry costs throughput)."""
 
 BACKLOG = 1024
+
+DTX_KEYS = b"dtx/"
+"""Durable keys of the distributed-commit machine: written by the dtx persister."""
 """Messages kept for a peer while its connection is being (re)established."""
 
 _LEVELS = {
@@ -288,6 +300,12 @@ class RealRuntime:
             Reconnect: self._do_reconnect,
         }
         self.started_at = 0.0
+        self.data_service: Any = None
+        """The node's data service (``nonstop.dist.service.DataService``), if any."""
+        self.dtx_persister: Any = None
+        """Writes the ``dtx/`` keys of ``Persist`` actions (``nonstop.dist.resource``), if any."""
+        self._internal: dict[int, asyncio.Future[Any]] = {}
+        """Requests of :meth:`submit`: request id → the future of the machine's reply."""
         self.identity_error: HandshakeRejected | None = None
         self.on_identity_error: Callable[[HandshakeRejected], None] | None = None
 
@@ -310,6 +328,8 @@ class RealRuntime:
         )
         self.started_at = self.now()
         self.machine = self.machine_factory(self.store.recovered())
+        if self.data_service is not None:
+            self.data_service.start()
         self._dispatch(Started(now=self.now()))
         for name, address in self.config.static_peers.items():
             self.learn(name, address, SOURCE_STATIC, feed=False)
@@ -362,6 +382,12 @@ class RealRuntime:
                 conn.close()
         for task in list(self._tasks):
             task.cancel()
+        for fut in self._internal.values():
+            if not fut.done():
+                fut.set_exception(Unavailable(f"node {self.name} is stopping"))
+        self._internal.clear()
+        if self.data_service is not None:
+            await self.data_service.stop()
         # Let an in-flight commit finish and write what is still queued: a
         # Persist already emitted is worth keeping even if nobody hears of it.
         with contextlib.suppress(TimeoutError):
@@ -423,8 +449,54 @@ class RealRuntime:
             old.cancel()
 
     def _do_persist(self, action: Persist) -> None:
+        if self.dtx_persister is not None and any(k.startswith(DTX_KEYS) for k, _ in action.writes):
+            # The machine's distributed-commit keys live in the object store, committed
+            # with the store's own writes (a Persist never mixes them with raft/ keys).
+            self._persist_dtx(action)
+            return
         self._persist_queue.append(action)
         self._schedule_flush()
+
+    def _persist_dtx(self, action: Persist) -> None:
+        loop = self.loop
+        assert loop is not None
+        token = action.token
+
+        def done(exc: BaseException | None) -> None:  # on the store's writer thread
+            loop.call_soon_threadsafe(self._dtx_persisted, token, exc)
+
+        try:
+            self.dtx_persister.persist(list(action.writes), done)
+        except Exception as exc:
+            self._dtx_persisted(token, exc)
+
+    def _dtx_persisted(self, token: int, exc: BaseException | None) -> None:
+        if exc is not None:
+            log.critical("distributed-commit state commit failed, stopping the node: %r", exc)
+            if self.fatal is None:
+                self.fatal = exc
+            self._spawn(self.stop())
+            return
+        self.stats["dtx_persists"] += 1
+        self._dispatch(Persisted(now=self.now(), token=token))
+
+    def submit(self, payload: Any) -> asyncio.Future[Any]:
+        """Hand the machine a client request from inside the node; the future of its reply.
+
+        The data service asks for two-phase commits this way (``{"op": "run"}``):
+        the request is a ``ClientRequest`` like any other, only its ``Reply``
+        resolves the future instead of going to a connection.
+        """
+        assert self.loop is not None
+        fut: asyncio.Future[Any] = self.loop.create_future()
+        if self._stopping:
+            fut.set_exception(Unavailable(f"node {self.name} is stopping"))
+            return fut
+        rid = self._next_request
+        self._next_request += 1
+        self._internal[rid] = fut
+        self._dispatch(ClientRequest(now=self.now(), request_id=rid, payload=payload))
+        return fut
 
     def _do_reply(self, action: Reply) -> None:
         self._reply(action.request_id, action.payload)
@@ -605,6 +677,10 @@ class RealRuntime:
         if exc.code in IDENTITY_CODES and exc.peer is not None and peer_name:
             self._feed_refused_hello(exc.peer)
 
+    def send(self, to: str, payload: Any) -> None:
+        """Send ``payload`` to node ``to`` (best effort, like the machine's ``Send``)."""
+        self._send(to, payload)
+
     def _send(self, to: str, payload: Any) -> None:
         if to == self.name:
             assert self.loop is not None
@@ -699,7 +775,11 @@ class RealRuntime:
                 for value in values:
                     if isinstance(value, dict) and value.get("t") == "m":
                         self.stats["received"] += 1
-                        event = Received(now=self.now(), sender=peer.name, payload=value.get("p"))
+                        payload = value.get("p")
+                        if self.data_service is not None and is_data_message(payload):
+                            self.data_service.on_peer(peer.name, payload)
+                            continue
+                        event = Received(now=self.now(), sender=peer.name, payload=payload)
                         self._dispatch(event)
                     elif isinstance(value, dict) and value.get("t") == "addr":
                         self._on_address_book(peer.name, value.get("book"))
@@ -715,6 +795,7 @@ class RealRuntime:
 
     async def _serve_client(self, conn: Connection) -> None:
         mine: set[int] = set()
+        served = False
         try:
             while True:
                 try:
@@ -736,15 +817,22 @@ class RealRuntime:
                     if local is not None:
                         conn.send({"t": "rep", "id": client_id, "p": local})
                         continue
+                    op = payload.get("op") if isinstance(payload, dict) else None
+                    if self.data_service is not None and is_data_op(op):
+                        served = True
+                        self.data_service.on_client(conn, client_id, payload)
+                        continue
                     rid = self._next_request
                     self._next_request += 1
-                    op = payload.get("op") if isinstance(payload, dict) else None
                     self._requests[rid] = (conn, client_id, op)
                     mine.add(rid)
                     self._dispatch(ClientRequest(now=self.now(), request_id=rid, payload=payload))
         finally:
             for rid in mine:
                 self._requests.pop(rid, None)
+            if served and self.data_service is not None:
+                # Its open transactions are rolled back (B8).
+                self.data_service.connection_closed(conn)
 
     def _local_request(self, payload: Any) -> Any:
         """Requests the runtime answers itself (they must work even if the machine is stuck)."""
@@ -768,6 +856,11 @@ class RealRuntime:
         return None
 
     def _reply(self, request_id: int, payload: Any) -> None:
+        internal = self._internal.pop(request_id, None)
+        if internal is not None:
+            if not internal.done():
+                internal.set_result(payload)
+            return
         entry = self._requests.pop(request_id, None)
         if entry is None:
             return
