@@ -9,6 +9,7 @@ Start here:
 * ``db.transaction()`` — transactions, sync and async (``nonstop.tx``);
 * :func:`transactional` — run a function as a transaction, replayed on deadlock;
 * :func:`asynchronous` — methods that run after commit, exactly once;
+* :func:`remote` — methods that run on the object's node when called through a client;
 * ``nonstop.errors`` — every error nonstop raises on purpose.
 """
 
@@ -16,6 +17,7 @@ from nonstop.client import AsyncClient, Client, connect, connect_async
 from nonstop.database import Database, open
 from nonstop.errors import (
     Abort,
+    Aborted,
     BadArgument,
     Conflict,
     CorruptStore,
@@ -30,6 +32,7 @@ from nonstop.errors import (
     KeyTooLong,
     LockTimeout,
     NotFound,
+    NotRemote,
     ObjectNotInTransaction,
     RequestExpired,
     Retryable,
@@ -39,11 +42,13 @@ from nonstop.errors import (
     TooManyRetries,
     TransactionClosed,
     TypeVersionMismatch,
+    Unavailable,
     UnknownType,
 )
 from nonstop.model.fields import field, key
 from nonstop.model.managed import Managed
 from nonstop.model.ref import Ref
+from nonstop.model.remote import remote
 from nonstop.tx.async_transaction import AsyncTransaction
 from nonstop.tx.asyncmethods import asynchronous
 from nonstop.tx.requests import run_request
@@ -54,6 +59,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Abort",
+    "Aborted",
     "AsyncClient",
     "AsyncTransaction",
     "BadArgument",
@@ -73,6 +79,7 @@ __all__ = [
     "LockTimeout",
     "Managed",
     "NotFound",
+    "NotRemote",
     "ObjectNotInTransaction",
     "Ref",
     "RequestExpired",
@@ -84,6 +91,7 @@ __all__ = [
     "Transaction",
     "TransactionClosed",
     "TypeVersionMismatch",
+    "Unavailable",
     "UnknownType",
     "asynchronous",
     "connect",
@@ -91,6 +99,7 @@ __all__ = [
     "field",
     "key",
     "open",
+    "remote",
     "run_request",
     "transaction_of",
     "transactional",

@@ -1,10 +1,18 @@
-"""Client handles on a running cluster: ``connect`` (blocking) and ``connect_async``."""
+"""Client handles on a running cluster: ``connect`` (blocking) and ``connect_async``.
+
+Both give transactions on the cluster with the embedded API
+(``cluster.transaction()``, ``@nonstop.transactional``): see
+:mod:`nonstop.client.remote`.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from typing import Any
 
 from nonstop.client.handle import AsyncClient, Client
+from nonstop.client.remote import RemoteTransaction
+from nonstop.client.remote_async import AsyncRemoteTransaction
 
 
 def connect(addresses: str | list[str], **options: Any) -> Client:
@@ -23,11 +31,44 @@ def connect(addresses: str | list[str], **options: Any) -> Client:
     return client
 
 
-async def connect_async(addresses: str | list[str], **options: Any) -> AsyncClient:
-    """An asyncio handle on the cluster; connects to the first node that answers."""
-    client = AsyncClient(addresses, **options)
-    await client.ping()
-    return client
+class _Connecting:
+    """What :func:`connect_async` returns: await it, or ``async with`` it (closed on exit)."""
+
+    def __init__(self, addresses: str | list[str], options: dict[str, Any]) -> None:
+        self._client = AsyncClient(addresses, **options)
+
+    async def _open(self) -> AsyncClient:
+        try:
+            await self._client.ping()
+        except BaseException:
+            await self._client.aclose()
+            raise
+        return self._client
+
+    def __await__(self) -> Generator[Any, None, AsyncClient]:
+        return self._open().__await__()
+
+    async def __aenter__(self) -> AsyncClient:
+        return await self._open()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._client.aclose()
 
 
-__all__ = ["AsyncClient", "Client", "connect", "connect_async"]
+def connect_async(addresses: str | list[str], **options: Any) -> Any:
+    """An asyncio handle on the cluster; connects to the first node that answers.
+
+    ``client = await nonstop.connect_async(...)`` or
+    ``async with nonstop.connect_async(...) as client:`` (closed at the end).
+    """
+    return _Connecting(addresses, options)
+
+
+__all__ = [
+    "AsyncClient",
+    "AsyncRemoteTransaction",
+    "Client",
+    "RemoteTransaction",
+    "connect",
+    "connect_async",
+]

@@ -13,6 +13,13 @@ raises :class:`nonstop.errors.Unavailable`.  A node that answers
 still have quorum.  Requests here are admin requests, which are idempotent
 (status) or checked by the cluster (join/leave of a known name), so sending
 one again to another node is safe.
+
+Transactions (``cluster.transaction()``, ``@nonstop.transactional``) run on
+the node the client is attached to (``nonstop.client.remote``).  A new
+transaction goes to the first reachable node, starting with the current one;
+a transaction whose node dies fails with :class:`~nonstop.errors.Unavailable`
+(B8) and the next one goes to another node.  Commits are exactly once (H1):
+each client has an id (``client_id``) and numbers its commits.
 """
 
 from __future__ import annotations
@@ -23,16 +30,32 @@ import itertools
 import os
 import socket
 import ssl
+import threading
 import time
+import uuid
 from typing import Any
 
-from nonstop.errors import ClusterError, NotLeader, ProtocolError, QuorumLost, Unavailable
-from nonstop.net.connection import Connection, dial
+from nonstop.client.channel import NETWORK_ERRORS, AsyncChannel, SyncChannel
+from nonstop.client.remote import RemoteTransaction
+from nonstop.client.remote_async import AsyncRemoteTransaction
+from nonstop.dist.wire import raise_error
+from nonstop.errors import (
+    Aborted,
+    ClusterError,
+    NotLeader,
+    ProtocolError,
+    QuorumLost,
+    Unavailable,
+)
 from nonstop.net.frames import DEFAULT_MAX_FRAME, FrameDecoder, FrameError, encode
 from nonstop.net.handshake import PROTOCOL_MAX, PROTOCOL_MIN, ROLE_CLIENT, Hello, check
 from nonstop.net.tls import TLSConfig, client_context
 
 DEFAULT_TIMEOUT = 5.0
+DEFAULT_OP_TIMEOUT = 30.0
+"""How long a data request may take (it may wait for locks on the node)."""
+POOL_SIZE = 16
+_SWITCH_NODE = ("QuorumLost", "NotLeader")
 
 
 def parse_addresses(addresses: str | list[str] | tuple[str, ...]) -> list[str]:
@@ -76,6 +99,26 @@ def raise_for_error(reply: Any) -> Any:
     return reply
 
 
+def _settled(reply: Any, address: str, cause: BaseException) -> bool:
+    """Interpret a ``request.result`` reply: True committed, False running, else raise."""
+    raise_error(reply)
+    state = reply.get("state") if isinstance(reply, dict) else None
+    if state == "committed":
+        return True
+    if state == "running":
+        return False
+    if state == "aborted":
+        result = reply.get("result")
+        if isinstance(result, dict) and "error" in result:
+            raise_error(result)
+        raise Aborted(f"the transaction was rolled back ({result!r})")
+    # "unknown": the node never recorded the commit, so it rolled the session back.
+    raise Unavailable(
+        f"lost the commit's connection to {address} ({cause!r}); the node has no record "
+        "of the commit: it was not committed"
+    )
+
+
 class _Fatal(Exception):
     """Not worth trying another node (the request itself is wrong)."""
 
@@ -92,6 +135,7 @@ class Client:
         rounds: int = 2,
         tls: TLSConfig | None = None,
         max_frame: int = DEFAULT_MAX_FRAME,
+        op_timeout: float = DEFAULT_OP_TIMEOUT,
     ) -> None:
         self.addresses = parse_addresses(addresses)
         self.cluster = cluster
@@ -105,6 +149,13 @@ class Client:
         self._ids = itertools.count(1)
         self.node: Hello | None = None
         """The hello of the node currently connected to."""
+        self.op_timeout = op_timeout
+        self.client_id = uuid.uuid4().hex
+        """This client's id in exactly-once commit requests (H1)."""
+        self._seq = itertools.count(1)
+        self._pool: list[SyncChannel] = []
+        self._pool_lock = threading.Lock()
+        self._type_cache: dict[str, Any] = {}
 
     # ------------------------------------------------------------ plumbing
     @property
@@ -209,12 +260,130 @@ class Client:
         """Remove node ``name`` from the cluster membership."""
         return self.call({"op": "leave", "name": name})  # type: ignore[no-any-return]
 
+    def nodes(self) -> list[dict[str, Any]]:
+        """The cluster's nodes: ``[{"name", "address", "location", "up"}, ...]``."""
+        return raise_error(self.request({"op": "nodes"}))["nodes"]  # type: ignore[no-any-return]
+
+    # -------------------------------------------------------------- data
+    def transaction(self, isolation: str = "serializable") -> RemoteTransaction:
+        """A new transaction on the cluster: ``with cluster.transaction() as tx``.
+
+        The same API as an embedded transaction (see :mod:`nonstop.client.remote`);
+        it begins on the node with its first operation.
+        """
+        return RemoteTransaction(self, isolation)
+
+    def _dial(self, address: str) -> SyncChannel:
+        return SyncChannel(
+            address,
+            _client_hello(self.cluster),
+            timeout=self.timeout,
+            ssl_context=self._ssl,
+            max_frame=self.max_frame,
+        )
+
+    def _checkout(self, address: str) -> Any:
+        with self._pool_lock:
+            while self._pool:
+                chan = self._pool.pop()
+                if chan.address == address and not chan.broken:
+                    return chan
+                chan.close()
+        return self._dial(address)
+
+    def _release(self, chan: Any) -> None:
+        """A transaction is over; its connection may carry the next one."""
+        if chan.broken:
+            return
+        with self._pool_lock:
+            if len(self._pool) < POOL_SIZE and chan.address == self.address:
+                self._pool.append(chan)
+                return
+        chan.close()
+
+    def _discard(self, chan: Any) -> None:
+        """A connection failed: drop it, and make new transactions try the next node."""
+        chan.close()
+        with self._pool_lock:
+            if chan.address == self.address:
+                self._index = (self._index + 1) % len(self.addresses)
+
+    def _next_request(self) -> list[Any]:
+        return [self.client_id, next(self._seq)]
+
+    def _open_session(self, begin: dict[str, Any]) -> tuple[Any, int]:
+        """Begin a session on the first node that takes it: (channel, session id)."""
+        last: BaseException | None = None
+        for _ in range(self.rounds):
+            for _ in range(len(self.addresses)):
+                address = self.address
+                try:
+                    chan = self._checkout(address)
+                except NETWORK_ERRORS as exc:
+                    last = exc
+                    self._switch(address)
+                    continue
+                try:
+                    reply = chan.call(begin, self.timeout)
+                except NETWORK_ERRORS as exc:
+                    last = exc
+                    chan.close()
+                    self._switch(address)
+                    continue
+                if isinstance(reply, dict) and reply.get("error") in _SWITCH_NODE:
+                    last = ClusterError(f"{address}: {reply.get('message')}")
+                    self._release(chan)
+                    self._switch(address)
+                    continue
+                try:
+                    return chan, int(raise_error(reply)["s"])
+                except BaseException:
+                    self._release(chan)
+                    raise
+            time.sleep(0.05)
+        raise Unavailable(f"no node took a transaction at {', '.join(self.addresses)}: {last!r}")
+
+    def _switch(self, address: str) -> None:
+        with self._pool_lock:
+            if address == self.address:
+                self._index = (self._index + 1) % len(self.addresses)
+
+    def _request_result(self, address: str, req: list[Any], cause: BaseException) -> None:
+        """After a lost commit reply: ask ``address`` for the outcome (H1); see commit()."""
+        deadline = time.monotonic() + self.op_timeout
+        delay = 0.01
+        while True:
+            try:
+                chan = self._dial(address)
+                try:
+                    reply = chan.call({"op": "request.result", "req": req}, self.timeout)
+                finally:
+                    chan.close()
+            except NETWORK_ERRORS as exc:
+                raise Unavailable(
+                    f"the reply to a commit was lost ({cause!r}) and {address} cannot be asked "
+                    f"({exc!r}): the outcome is unknown"
+                ) from exc
+            if _settled(reply, address, cause):
+                return
+            if time.monotonic() > deadline:
+                raise Unavailable(
+                    f"the commit on {address} is still running after {self.op_timeout}s: "
+                    "the outcome is unknown"
+                )
+            time.sleep(delay)
+            delay = min(0.2, delay * 2)
+
     def close(self) -> None:
         if self._sock is not None:
             with contextlib.suppress(OSError):
                 self._sock.close()
         self._sock = None
         self._pending = []
+        with self._pool_lock:
+            pool, self._pool = self._pool, []
+        for chan in pool:
+            chan.close()
 
     def __enter__(self) -> Client:
         return self
@@ -224,7 +393,12 @@ class Client:
 
 
 class AsyncClient:
-    """The asyncio twin of :class:`Client` (same fail-over rules)."""
+    """The asyncio twin of :class:`Client` (same fail-over rules).
+
+    It keeps one connection to its current node, multiplexed: admin requests
+    and the requests of every running transaction share it, replies matched by
+    id, so many tasks' transactions are in flight at once.
+    """
 
     def __init__(
         self,
@@ -236,6 +410,7 @@ class AsyncClient:
         tls: TLSConfig | None = None,
         max_frame: int = DEFAULT_MAX_FRAME,
         protocol: tuple[int, int] = (PROTOCOL_MIN, PROTOCOL_MAX),
+        op_timeout: float = DEFAULT_OP_TIMEOUT,
     ) -> None:
         self.addresses = parse_addresses(addresses)
         self.cluster = cluster
@@ -243,11 +418,16 @@ class AsyncClient:
         self.rounds = rounds
         self.max_frame = max_frame
         self.protocol = protocol
+        self.op_timeout = op_timeout
         self._ssl: ssl.SSLContext | None = client_context(tls) if tls and tls.enabled else None
         self._index = 0
-        self._conn: Connection | None = None
-        self._ids = itertools.count(1)
+        self._chan: AsyncChannel | None = None
         self._lock = asyncio.Lock()
+        self._dial_lock = asyncio.Lock()
+        self.client_id = uuid.uuid4().hex
+        """This client's id in exactly-once commit requests (H1)."""
+        self._seq = itertools.count(1)
+        self._type_cache: dict[str, Any] = {}
 
     @property
     def address(self) -> str:
@@ -255,27 +435,46 @@ class AsyncClient:
 
     @property
     def node(self) -> Hello | None:
-        return self._conn.peer if self._conn is not None else None
+        return self._chan.node if self._chan is not None else None
+
+    async def _dial(self, address: str) -> Any:
+        return await AsyncChannel.open(
+            address,
+            _client_hello(self.cluster, self.protocol),
+            timeout=self.timeout,
+            ssl_context=self._ssl,
+            max_frame=self.max_frame,
+        )
+
+    async def _channel(self) -> Any:
+        """The connection to the current node, dialled if there is none (one dial at a time)."""
+        chan = self._chan
+        if chan is not None and not chan.closed:
+            return chan
+        async with self._dial_lock:
+            if self._chan is None or self._chan.closed:
+                self._chan = await self._dial(self.address)
+            return self._chan
 
     async def _roundtrip(self, payload: Any) -> Any:
-        if self._conn is None or self._conn.closed:
-            host, _, port = self.address.rpartition(":")
-            self._conn = await dial(
-                host.strip("[]"),
-                int(port),
-                _client_hello(self.cluster, self.protocol),
-                ssl_context=self._ssl,
-                timeout=self.timeout,
-                max_frame=self.max_frame,
-            )
-        conn = self._conn
-        rid = next(self._ids)
-        conn.send({"t": "req", "id": rid, "p": payload})
-        async with asyncio.timeout(self.timeout):
-            while True:
-                value = await conn.recv()
-                if isinstance(value, dict) and value.get("t") == "rep" and value.get("id") == rid:
-                    return value.get("p")
+        try:
+            chan = await self._channel()
+        except NETWORK_ERRORS:
+            self._switch(self.address)
+            raise
+        try:
+            return await chan.call(payload, self.timeout)
+        except NETWORK_ERRORS:
+            self._discard(chan)
+            raise
+
+    def _discard(self, chan: Any) -> None:
+        """A connection failed: close it and make new requests try the next node (once)."""
+        if self._chan is chan:
+            self._chan = None
+            self._index = (self._index + 1) % len(self.addresses)
+        with contextlib.suppress(Exception):
+            chan.close()
 
     async def request(self, payload: Any) -> Any:
         async with self._lock:
@@ -285,15 +484,13 @@ class AsyncClient:
                 for _ in range(len(self.addresses)):
                     try:
                         reply = await self._roundtrip(payload)
-                    except (OSError, EOFError, FrameError, ProtocolError, TimeoutError) as exc:
+                    except NETWORK_ERRORS as exc:
                         last = exc
-                        await self.aclose()
-                        self._index = (self._index + 1) % len(self.addresses)
                         continue
                     if isinstance(reply, dict) and reply.get("error") == "QuorumLost":
                         quorum_lost = QuorumLost(str(reply.get("message")))
-                        await self.aclose()
-                        self._index = (self._index + 1) % len(self.addresses)
+                        if self._chan is not None:
+                            self._discard(self._chan)
                         continue
                     return reply
                 await asyncio.sleep(0.1)
@@ -316,10 +513,77 @@ class AsyncClient:
     async def leave(self, name: str) -> dict[str, Any]:
         return await self.call({"op": "leave", "name": name})  # type: ignore[no-any-return]
 
+    async def nodes(self) -> list[dict[str, Any]]:
+        """The cluster's nodes: ``[{"name", "address", "location", "up"}, ...]``."""
+        return raise_error(await self.request({"op": "nodes"}))["nodes"]  # type: ignore[no-any-return]
+
+    # -------------------------------------------------------------- data
+    def transaction(self, isolation: str = "serializable") -> AsyncRemoteTransaction:
+        """A new transaction on the cluster: ``async with cluster.transaction() as tx``."""
+        return AsyncRemoteTransaction(self, isolation)
+
+    def _next_request(self) -> list[Any]:
+        return [self.client_id, next(self._seq)]
+
+    async def _open_session(self, begin: dict[str, Any]) -> tuple[Any, int]:
+        """Begin a session on the first node that takes it: (channel, session id)."""
+        last: BaseException | None = None
+        for _ in range(self.rounds):
+            for _ in range(len(self.addresses)):
+                try:
+                    chan = await self._channel()
+                except NETWORK_ERRORS as exc:
+                    last = exc
+                    self._switch(self.address)
+                    continue
+                try:
+                    reply = await chan.call(begin, self.timeout)
+                except NETWORK_ERRORS as exc:
+                    last = exc
+                    self._discard(chan)
+                    continue
+                if isinstance(reply, dict) and reply.get("error") in _SWITCH_NODE:
+                    last = ClusterError(f"{chan.address}: {reply.get('message')}")
+                    self._discard(chan)
+                    continue
+                return chan, int(raise_error(reply)["s"])
+            await asyncio.sleep(0.05)
+        raise Unavailable(f"no node took a transaction at {', '.join(self.addresses)}: {last!r}")
+
+    def _switch(self, address: str) -> None:
+        if address == self.address and (self._chan is None or self._chan.closed):
+            self._index = (self._index + 1) % len(self.addresses)
+
+    async def _request_result(self, address: str, req: list[Any], cause: BaseException) -> None:
+        """After a lost commit reply: ask ``address`` for the outcome (H1); see commit()."""
+        deadline = time.monotonic() + self.op_timeout
+        delay = 0.01
+        while True:
+            try:
+                chan = await self._dial(address)
+                try:
+                    reply = await chan.call({"op": "request.result", "req": req}, self.timeout)
+                finally:
+                    await chan.aclose()
+            except NETWORK_ERRORS as exc:
+                raise Unavailable(
+                    f"the reply to a commit was lost ({cause!r}) and {address} cannot be asked "
+                    f"({exc!r}): the outcome is unknown"
+                ) from exc
+            if _settled(reply, address, cause):
+                return
+            if time.monotonic() > deadline:
+                raise Unavailable(
+                    f"the commit on {address} is still running after {self.op_timeout}s: "
+                    "the outcome is unknown"
+                )
+            await asyncio.sleep(delay)
+            delay = min(0.2, delay * 2)
+
     async def aclose(self) -> None:
-        if self._conn is not None:
-            await self._conn.aclose()
-        self._conn = None
+        chan, self._chan = self._chan, None
+        if chan is not None:
+            await chan.aclose()
 
     async def __aenter__(self) -> AsyncClient:
         return self

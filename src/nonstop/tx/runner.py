@@ -82,6 +82,11 @@ async def run_with_retries_async(
     ) from last
 
 
+def _joins(target: Any, transaction: type) -> bool:
+    """A transaction (embedded, or a client's remote one) is joined, not replayed."""
+    return isinstance(target, transaction) or getattr(target, "__nonstop_transaction__", False)
+
+
 def transactional(
     fn: Callable[..., Any] | None = None,
     *,
@@ -96,7 +101,7 @@ def transactional(
 
             @functools.wraps(func)
             async def async_runner(target: Any, *args: Any, **kwargs: Any) -> Any:
-                if isinstance(target, Transaction):
+                if _joins(target, Transaction):
                     return await func(target, *args, **kwargs)
                 return await run_with_retries_async(
                     target, func, *args, isolation=isolation, max_retries=max_retries, **kwargs
@@ -106,7 +111,7 @@ def transactional(
 
         @functools.wraps(func)
         def runner(target: Any, *args: Any, **kwargs: Any) -> Any:
-            if isinstance(target, Transaction):
+            if _joins(target, Transaction):
                 return func(target, *args, **kwargs)
             return run_with_retries(
                 target, func, *args, isolation=isolation, max_retries=max_retries, **kwargs

@@ -1,0 +1,203 @@
+"""Connections that carry a client's data requests to one node.
+
+A session transaction belongs to the connection that began it (data-path.md
+§3), so a transaction keeps its connection from ``tx.begin`` to its end:
+
+* :class:`SyncChannel` — one blocking socket, one request at a time; the
+  blocking :class:`~nonstop.client.handle.Client` keeps a small pool of them
+  so that threads can run transactions side by side.
+* :class:`AsyncChannel` — one asyncio connection multiplexed by request id:
+  many transactions (tasks) of one :class:`~nonstop.client.handle.AsyncClient`
+  have requests in flight on it at once, and replies come back in any order.
+
+Both raise ``OSError`` / ``EOFError`` / ``TimeoutError`` (:data:`NETWORK_ERRORS`)
+when the node cannot be reached or does not answer in time; callers turn that
+into :class:`~nonstop.errors.Unavailable`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import socket
+import ssl
+import time
+from typing import Any
+
+from nonstop.errors import ProtocolError
+from nonstop.net.connection import Connection, dial
+from nonstop.net.frames import DEFAULT_MAX_FRAME, FrameDecoder, FrameError, encode
+from nonstop.net.handshake import Hello, check
+
+NETWORK_ERRORS = (OSError, EOFError, TimeoutError, FrameError, ProtocolError)
+"""What a lost, refused, reset or silent connection raises (ConnectionError is an OSError)."""
+
+
+def split_address(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+class SyncChannel:
+    """A blocking connection to one node; ``call`` sends a request and waits for its reply."""
+
+    def __init__(
+        self,
+        address: str,
+        hello: Hello,
+        *,
+        timeout: float,
+        ssl_context: ssl.SSLContext | None = None,
+        max_frame: int = DEFAULT_MAX_FRAME,
+    ) -> None:
+        self.address = address
+        self.max_frame = max_frame
+        self.broken = False
+        self._ids = itertools.count(1)
+        self._decoder = FrameDecoder(max_frame)
+        self._pending: list[Any] = []
+        host, port = split_address(address)
+        sock = socket.create_connection((host, port), timeout=timeout)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if ssl_context is not None:
+                sock = ssl_context.wrap_socket(sock, server_hostname=host)
+            self._sock = sock
+            sock.sendall(encode(hello.to_wire(), max_frame))
+            answer = self._recv()
+            if isinstance(answer, dict) and answer.get("t") == "reject":
+                raise ProtocolError(f"{address}: {answer.get('code')}: {answer.get('reason')}")
+            try:
+                theirs = Hello.from_wire(answer)
+            except ValueError as exc:
+                raise ProtocolError(f"{address}: {exc}") from exc
+            _, rejection = check(hello, theirs)
+            if rejection is not None:
+                raise ProtocolError(f"{address}: {rejection.code}: {rejection.reason}")
+            self.node = theirs
+        except BaseException:
+            with contextlib.suppress(OSError):
+                sock.close()
+            raise
+
+    def _recv(self) -> Any:
+        while not self._pending:
+            data = self._sock.recv(256 * 1024)
+            if not data:
+                raise EOFError(f"{self.address} closed the connection")
+            self._pending.extend(self._decoder.feed(data))
+        return self._pending.pop(0)
+
+    def call(self, payload: Any, timeout: float) -> Any:
+        """Send one request and return its reply payload; network errors mark the channel broken."""
+        if self.broken:
+            raise ConnectionResetError(f"connection to {self.address} is broken")
+        rid = next(self._ids)
+        try:
+            self._sock.settimeout(timeout)
+            self._sock.sendall(encode({"t": "req", "id": rid, "p": payload}, self.max_frame))
+            deadline = time.monotonic() + timeout
+            while True:
+                self._sock.settimeout(max(0.001, deadline - time.monotonic()))
+                value = self._recv()
+                if isinstance(value, dict) and value.get("t") == "rep" and value.get("id") == rid:
+                    return value.get("p")
+        except BaseException:
+            # A reply may still be on its way: the stream is out of step, never reuse it.
+            self.close()
+            raise
+
+    def close(self) -> None:
+        self.broken = True
+        with contextlib.suppress(OSError):
+            self._sock.close()
+
+
+class AsyncChannel:
+    """An asyncio connection to one node, multiplexed: requests wait for replies by id."""
+
+    def __init__(self, conn: Connection, address: str) -> None:
+        self.conn = conn
+        self.address = address
+        self.node = conn.peer
+        self._ids = itertools.count(1)
+        self._waiting: dict[int, asyncio.Future[Any]] = {}
+        self._closed = False
+        self._reader = asyncio.get_running_loop().create_task(self._read())
+
+    @classmethod
+    async def open(
+        cls,
+        address: str,
+        hello: Hello,
+        *,
+        timeout: float,
+        ssl_context: ssl.SSLContext | None = None,
+        max_frame: int = DEFAULT_MAX_FRAME,
+    ) -> AsyncChannel:
+        host, port = split_address(address)
+        conn = await dial(
+            host, port, hello, ssl_context=ssl_context, timeout=timeout, max_frame=max_frame
+        )
+        return cls(conn, address)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed or self.conn.closed
+
+    async def _read(self) -> None:
+        try:
+            while True:
+                for value in await self.conn.recv_many():
+                    if not (isinstance(value, dict) and value.get("t") == "rep"):
+                        continue
+                    future = self._waiting.pop(value.get("id"), None)  # type: ignore[arg-type]
+                    if future is not None and not future.done():
+                        future.set_result(value.get("p"))
+        except (Exception, asyncio.CancelledError):
+            pass
+        finally:
+            self._fail_all()
+
+    def _fail_all(self) -> None:
+        self._closed = True
+        self.conn.close()
+        waiting, self._waiting = self._waiting, {}
+        for future in waiting.values():
+            if not future.done():
+                future.set_exception(ConnectionResetError(f"connection to {self.address} lost"))
+
+    async def call(self, payload: Any, timeout: float) -> Any:
+        """Send one request and await its reply (other requests may be in flight)."""
+        if self.closed:
+            raise ConnectionResetError(f"connection to {self.address} is closed")
+        rid = next(self._ids)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._waiting[rid] = future
+        try:
+            if not self.conn.send({"t": "req", "id": rid, "p": payload}):
+                raise ConnectionResetError(f"connection to {self.address} is closed")
+            async with asyncio.timeout(timeout):
+                return await future
+        finally:
+            self._waiting.pop(rid, None)
+
+    def close(self) -> None:
+        """Close now; requests waiting for replies fail with ConnectionResetError."""
+        self._fail_all()
+
+    def send_nowait(self, payload: Any) -> None:
+        """Fire and forget (best-effort rollback of an abandoned session)."""
+        if not self.closed:
+            self.conn.send({"t": "req", "id": next(self._ids), "p": payload})
+
+    async def aclose(self) -> None:
+        self._reader.cancel()
+        with contextlib.suppress(BaseException):
+            await self._reader
+        self._fail_all()
+        await self.conn.aclose()
+
+
+__all__ = ["NETWORK_ERRORS", "AsyncChannel", "SyncChannel", "split_address"]

@@ -1,0 +1,865 @@
+"""Remote transactions: the embedded transaction API, run on a cluster node over the network.
+
+``cluster.transaction()`` (``cluster = nonstop.connect(...)``) returns a
+:class:`RemoteTransaction`: the same methods as
+:class:`nonstop.Transaction`, so one ``@nonstop.transactional`` function runs
+unchanged against a :class:`~nonstop.Database` or a cluster.  The wire contract
+is ``docs/design/data-path.md`` §2–3.
+
+What a client sees:
+
+* **Handles are real instances** of the managed class.  Reading a field reads
+  the state the node returned with the object (no round trip); ``isinstance``,
+  ``==``/``hash`` and plain methods work over that cached state.
+* **Field writes are deferred (C5).**  They are checked locally at once (unknown
+  field, wrong type, immutable key: the same errors as embedded, nothing sent)
+  and buffered per object; the buffer travels as ``w`` with the next query,
+  delete, remote call or the commit, so a transfer costs one round trip per
+  lookup plus the commit.  A lock a write needs is taken on the node at that
+  flush; take it with the lookup (``lock="write"``) to avoid deadlocks there.
+* **One round trip per operation.**  ``tx.begin`` goes with the first operation
+  (lazily: a transaction that does nothing costs nothing).
+* **Methods marked** ``@nonstop.remote`` run on the object's master node
+  (``tx.call``: pending writes flushed first, the resulting states copied back).
+* **Errors** come back as the same :mod:`nonstop.errors` classes;
+  ``Retryable`` ones (Deadlock, LockTimeout, Conflict) make ``@transactional``
+  replay the function.  A lost connection before commit raises
+  :class:`~nonstop.errors.Unavailable` (B8): the node rolls the session back.
+* **Exactly-once commit (H1)**: see :meth:`RemoteTransaction.commit`.
+
+The protocol logic (what to send, what a reply means) lives in
+:class:`RemoteTransactionBase` as generators that yield request payloads and
+receive replies, so the blocking and the asyncio flavours
+(:mod:`nonstop.client.remote_async`) share it; they differ only in how they
+wait for the network.  A transaction is used by one thread or task at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Iterator
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from nonstop.dist.wire import obj_in, raise_error, write_out
+from nonstop.errors import (
+    BadArgument,
+    Deleted,
+    FieldError,
+    ImmutableKey,
+    NotFound,
+    ObjectNotInTransaction,
+    Retryable,
+    TransactionClosed,
+    Unavailable,
+)
+from nonstop.model.codec import encode_key, pack, unpack
+from nonstop.model.managed import KeyInfo, Managed, TypeInfo, lookup_type, type_info
+from nonstop.model.ref import Ref
+from nonstop.tx.transaction import NONE, READ, WRITE, _describe, _State, parse_lock
+
+if TYPE_CHECKING:
+    from nonstop.client.handle import Client
+
+M = TypeVar("M", bound=Managed)
+
+# Entry status (the subset of the embedded one a client needs).
+CLEAN, CREATED, DELETED = 0, 2, 3
+
+SCOPES = ("local", "cluster")
+AUDITS = ("at_least_one", "skip_down", "fail_if_down")
+ISOLATIONS = {"serializable": "serializable", "snapshot": "read_committed"}
+ISOLATIONS["read_committed"] = "read_committed"
+
+Request = dict[str, Any]
+Op = Generator[Request, Any, Any]
+"""A protocol step: yields request payloads, receives each reply (errors already raised)."""
+
+
+class RemoteEntry:
+    """A remote transaction's view of one object: its cached state and pending writes."""
+
+    __slots__ = ("changes", "handle", "info", "lock", "ref", "state", "status", "tx", "version")
+
+    def __init__(
+        self,
+        tx: RemoteTransactionBase,
+        ref: bytes,
+        info: TypeInfo,
+        state: dict[str, Any],
+        version: int,
+        lock: int,
+        status: int,
+    ) -> None:
+        self.tx = tx
+        self.ref = ref
+        self.info = info
+        self.state = state
+        self.version = version  # the version the node read (0: created in this transaction)
+        self.lock = lock
+        self.status = status
+        self.changes: dict[str, Any] = {}  # deferred writes not sent yet
+        handle = info.cls.__new__(info.cls)
+        object.__setattr__(handle, "_e", self)
+        self.handle = handle
+
+
+def check_scope(scope: Any) -> Any:
+    if isinstance(scope, str):
+        if scope not in SCOPES:
+            raise BadArgument(
+                f"scope must be 'local', 'cluster' or a list of node names: {scope!r}"
+            )
+        return scope
+    if isinstance(scope, list | tuple) and scope and all(isinstance(n, str) for n in scope):
+        return list(scope)
+    raise BadArgument(f"scope must be 'local', 'cluster' or a list of node names, not {scope!r}")
+
+
+def check_audit(audit: Any) -> str:
+    if audit not in AUDITS:
+        raise BadArgument(f"audit must be one of {', '.join(AUDITS)}, not {audit!r}")
+    return str(audit)
+
+
+def _lock_name(mode: str | None) -> str | None:
+    parse_lock(mode)  # BadArgument for anything else
+    return mode
+
+
+class RemoteQueryBase(Generic[M]):
+    """The query builder of a remote transaction (the embedded ``Query`` API plus scope/audit).
+
+    ``where``/``range``/``order_by``/``lock``/``limit`` run on the nodes;
+    ``filter`` predicates run here, over the returned handles.  The default
+    scope is the whole cluster (``"cluster"``), each object once, with audit
+    ``"skip_down"`` (nodes that are down are skipped).
+    """
+
+    def __init__(self, tx: RemoteTransactionBase, info: TypeInfo) -> None:
+        self._tx = tx
+        self._info = info
+        self._eq: dict[str, Any] = {}
+        self._range: list[Any] | None = None
+        self._order: list[Any] | None = None
+        self._lock: str | None = None
+        self._limit: int | None = None
+        self._filters: list[Callable[[Any], bool]] = []
+        self._scope: Any = "cluster"
+        self._audit = "skip_down"
+
+    def where(self, **equal: Any) -> Any:
+        """Keep objects whose fields equal these values."""
+        for name, value in equal.items():
+            f = self._field(name)
+            value = f.check(self._info.name, value)
+            self._eq[name] = Ref(value._e.ref) if isinstance(value, Managed) else value
+        return self
+
+    def range(
+        self,
+        field: str,
+        lo: Any = None,
+        hi: Any = None,
+        *,
+        inclusive: tuple[bool, bool] = (True, False),
+    ) -> Any:
+        """Objects whose ordered key ``field`` is in [lo, hi) (by default), in key order."""
+        self._key(field)
+        f = self._info.fields[field]
+        lo = None if lo is None else f.check(self._info.name, lo)
+        hi = None if hi is None else f.check(self._info.name, hi)
+        for v in (lo, hi):
+            if v is not None:
+                encode_key(v)
+        self._range = [field, lo, hi, bool(inclusive[0]), bool(inclusive[1])]
+        if self._order is None:
+            self._order = [field, False]
+        return self
+
+    def order_by(self, field: str, *, descending: bool = False) -> Any:
+        """Iterate in the order of key ``field`` (merge-sorted across nodes)."""
+        self._key(field)
+        self._order = [field, bool(descending)]
+        return self
+
+    def lock(self, mode: str | None) -> Any:
+        """Lock mode for the returned objects: 'none', 'read' or 'write'."""
+        self._lock = _lock_name(mode)
+        return self
+
+    def limit(self, n: int) -> Any:
+        if not isinstance(n, int) or n < 0:
+            raise BadArgument("limit must be an int >= 0")
+        self._limit = n
+        return self
+
+    def filter(self, predicate: Callable[[M], bool]) -> Any:
+        """Keep objects for which ``predicate(obj)`` is true (evaluated on the client)."""
+        self._filters.append(predicate)
+        return self
+
+    def scope(self, scope: str | list[str]) -> Any:
+        """Where to look: ``"local"`` (the attached node), ``"cluster"``, or node names."""
+        self._scope = check_scope(scope)
+        return self
+
+    def audit(self, mode: str) -> Any:
+        """``"at_least_one"``, ``"skip_down"`` (default) or ``"fail_if_down"``."""
+        self._audit = check_audit(mode)
+        return self
+
+    def _field(self, name: str) -> Any:
+        f = self._info.fields.get(name)
+        if f is None:
+            raise BadArgument(f"{self._info.name} has no field {name!r}")
+        return f
+
+    def _key(self, name: str) -> KeyInfo:
+        self._field(name)
+        key = self._info.keys.get(name)
+        if key is None or not key.options.ordered:
+            what = "not a key" if key is None else "not an ordered key"
+            raise BadArgument(
+                f"{self._info.name}.{name} is {what}; ordered and range queries need "
+                f"`{name}: ... = nonstop.key(ordered=True)`"
+            )
+        return key
+
+    def _payload(self, lock: str | None, limit: int | None) -> Request:
+        return {
+            "op": "tx.query",
+            "type": self._info.name,
+            "tv": self._info.version,
+            "where": pack(self._eq),
+            "range": None if self._range is None else pack(self._range),
+            "order": self._order,
+            "limit": None if self._filters else limit,
+            "lock": lock,
+            "scope": self._scope,
+            "audit": self._audit,
+        }
+
+    def _g_all(self, lock: str | None = None, limit: Any = ...) -> Op:
+        limit = self._limit if limit is ... else limit
+        if limit == 0:
+            return []
+        found = yield from self._tx._g_query(
+            self._payload(self._lock if lock is None else lock, limit), self._lock
+        )
+        if self._filters:
+            found = [h for h in found if all(p(h) for p in self._filters)]
+            if limit is not None:
+                found = found[:limit]
+        return found
+
+    def _g_count(self) -> Op:
+        if not (self._eq or self._range or self._filters):
+            n = yield from self._tx._g_count(self._info, self._scope, self._audit)
+            return n
+        found = yield from self._g_all(lock="none", limit=None)
+        return len(found)
+
+
+class RemoteQuery(RemoteQueryBase[M]):
+    """A remote query of a blocking transaction: ``all()``, ``first()``, ``count()``."""
+
+    _tx: RemoteTransaction
+
+    def all(self) -> list[M]:
+        return self._tx._drive(self._g_all())  # type: ignore[no-any-return]
+
+    def first(self) -> M | None:
+        found = self._tx._drive(self._g_all(limit=1))
+        return found[0] if found else None
+
+    def count(self) -> int:
+        """How many objects match in the scope (no locks)."""
+        return self._tx._drive(self._g_count())  # type: ignore[no-any-return]
+
+    def __iter__(self) -> Iterator[M]:
+        return iter(self.all())
+
+
+class RemoteTransactionBase:
+    """The protocol logic shared by the blocking and asyncio remote transactions."""
+
+    __nonstop_transaction__ = True  # @transactional joins it instead of starting another
+    _is_async = False
+
+    def __init__(self, client: Any, isolation: str = "serializable") -> None:
+        if isolation not in ISOLATIONS:
+            raise BadArgument(f"isolation must be 'serializable' or 'snapshot', not {isolation!r}")
+        self.client = client
+        self.isolation = isolation
+        self._iso = ISOLATIONS[isolation]
+        self._default_lock = READ if isolation == "serializable" else NONE
+        self._state = _State.ACTIVE
+        self._doomed: BaseException | None = None
+        self._entries: dict[bytes, RemoteEntry] = {}
+        self._dirty: dict[bytes, RemoteEntry] = {}
+        self._s: int | None = None  # the node's session id once begun
+        self._chan: Any = None  # the channel the session lives on
+
+    # ----------------------------------------------------------- checks
+    @property
+    def active(self) -> bool:
+        return self._state is _State.ACTIVE
+
+    @property
+    def node(self) -> str | None:
+        """The name of the node coordinating this transaction (None before the first op)."""
+        hello = getattr(self._chan, "node", None)
+        return None if hello is None else hello.name
+
+    def _check_usable(self) -> None:
+        if self._state is not _State.ACTIVE:
+            raise TransactionClosed(f"remote transaction is {self._state.value}")
+        if self._doomed is not None:
+            raise self._doomed
+
+    def _entry_of(self, obj: Any) -> RemoteEntry:
+        if not isinstance(obj, Managed):
+            raise BadArgument(f"expected a managed object, got {type(obj).__name__}")
+        entry = obj._e
+        if entry.tx is not self:
+            raise ObjectNotInTransaction(
+                f"{type(obj).__name__} object was obtained in another transaction; "
+                "get it again in this one"
+            )
+        self._check_usable()
+        return entry  # type: ignore[no-any-return]
+
+    def _type(self, cls: Any) -> TypeInfo:
+        if isinstance(cls, str):
+            return lookup_type(cls)
+        return type_info(cls)
+
+    # ------------------------------------------------------ field access
+    def _read_field(self, e: RemoteEntry, name: str) -> Any:
+        if self._state is not _State.ACTIVE:
+            raise ObjectNotInTransaction(
+                f"{e.info.name} object used outside its transaction (which is {self._state.value})"
+            )
+        if e.status >= DELETED:
+            raise Deleted(f"{e.info.name} object was deleted in this transaction")
+        value = e.state[name]
+        if value is not None and name in e.info.ref_fields:
+            return self._deref(value)
+        return value
+
+    def _deref(self, ref: Ref) -> Any:
+        raise NotImplementedError
+
+    def _write_field(self, e: RemoteEntry, name: str, value: Any) -> None:
+        if self._state is not _State.ACTIVE:
+            raise ObjectNotInTransaction(
+                f"{e.info.name} object used outside its transaction (which is {self._state.value})"
+            )
+        self._check_usable()
+        if e.status >= DELETED:
+            raise Deleted(f"{e.info.name} object was deleted in this transaction")
+        f = e.info.fields[name]
+        value = f.check(e.info.name, value)
+        if f.kind == "ref" and value is not None:
+            value = Ref(self._entry_of(value).ref)
+        if f.key is not None:
+            if not f.key.mutable and e.status != CREATED:
+                raise ImmutableKey(
+                    f"{e.info.name}.{name} is an immutable key; it cannot change after create"
+                )
+            encode_key(value)  # KeyTooLong now, not at the flush
+        elif f.kind in ("any", "list", "dict"):
+            _check_storable(e.info.name, name, value)
+        e.state[name] = value
+        e.changes[name] = value
+        self._dirty[e.ref] = e
+
+    # -------------------------------------------------------- wire helpers
+    def _writes(self) -> list[list[Any]]:
+        return [
+            write_out(e.ref, e.info.name, e.version, e.changes)
+            for e in self._dirty.values()
+            if e.changes
+        ]
+
+    def _flushed(self, sent: list[list[Any]]) -> None:
+        """The node took the writes sent: forget them (later writes start a new buffer)."""
+        for w in sent:
+            e = self._dirty.pop(w[0], None)
+            if e is not None:
+                e.changes = {}
+
+    def _with_writes(self, payload: Request) -> tuple[Request, list[list[Any]]]:
+        sent = self._writes()
+        if sent:
+            payload["w"] = sent
+        return payload, sent
+
+    def _intake(self, obj: Any, lock: int) -> RemoteEntry:
+        """Cache an object a reply carried; the handle is the same for the same reference."""
+        ref, type_name, version, state = obj_in(obj)
+        e = self._entries.get(ref)
+        if e is not None:
+            if lock > e.lock:
+                e.lock = lock
+            if not e.changes and e.status < DELETED:
+                # Nothing of ours pending on it: the node's state is the newer one.
+                e.state = _complete(e.info, state)
+                e.version = version
+            return e
+        info = self._info_by_name(type_name)
+        e = RemoteEntry(self, ref, info, _complete(info, state), version, lock, CLEAN)
+        self._entries[ref] = e
+        return e
+
+    def _info_by_name(self, name: str) -> TypeInfo:
+        cache: dict[str, TypeInfo] = self.client._type_cache
+        info = cache.get(name)
+        if info is None:
+            info = lookup_type(name)
+            cache[name] = info
+        return info
+
+    def _lock_mode(self, lock: str | None) -> int:
+        mode = parse_lock(lock)
+        return self._default_lock if mode is None else int(mode)
+
+    # ------------------------------------------------- protocol operations
+    def _g_lookup(self, cls: Any, lock: str | None, key: dict[str, Any]) -> Op:
+        info = self._type(cls)
+        if len(key) != 1:
+            raise BadArgument(f"look up {info.name} by exactly one unique key, e.g. find(T, key=v)")
+        ((name, value),) = key.items()
+        k = info.keys.get(name)
+        if k is None or not k.options.unique:
+            uniques = [n for n, ki in info.keys.items() if ki.options.unique] or ["(none)"]
+            raise BadArgument(
+                f"{info.name}.{name} is not a unique key (unique keys: {', '.join(uniques)}); "
+                f"use tx.query({info.cls.__name__}).where({name}=...) for non-unique lookups"
+            )
+        value = info.fields[name].check(info.name, value)
+        if isinstance(value, Managed):
+            value = Ref(self._entry_of(value).ref)
+        if value is None:
+            return None  # unique keys do not index None
+        encode_key(value)
+        mode = self._lock_mode(lock)
+        payload: Request = {
+            "op": "tx.get",
+            "type": info.name,
+            "tv": info.version,
+            "key": pack({name: value}),
+            "lock": lock,
+        }
+        sent: list[list[Any]] = []
+        if any(name in e.changes for e in self._dirty.values() if e.info.keys):
+            # A pending change of a key: the node must see it to answer right.
+            payload, sent = self._with_writes(payload)
+        reply = yield payload
+        self._flushed(sent)
+        obj = reply.get("o")
+        if obj is None:
+            return None
+        e = self._intake(obj, mode)
+        if e.status >= DELETED:
+            return None
+        return e.handle
+
+    def _g_by_ref(self, ref: Any, lock: str | None) -> Op:
+        if not isinstance(ref, Ref):
+            raise BadArgument(f"by_ref takes a Ref, not {type(ref).__name__}")
+        mode = self._lock_mode(lock)
+        e = self._entries.get(ref.raw)
+        if e is not None and (e.lock >= mode or e.status == CREATED):
+            return None if e.status >= DELETED else e.handle
+        reply = yield {"op": "tx.ref", "ref": ref.raw, "lock": lock}
+        obj = reply.get("o")
+        if obj is None:
+            return None
+        e = self._intake(obj, mode)
+        return None if e.status >= DELETED else e.handle
+
+    def _g_lock(self, obj: Any, mode: str) -> Op:
+        e = self._entry_of(obj)
+        m = parse_lock(mode) or NONE
+        if m <= e.lock or e.status == CREATED:
+            return None
+        reply = yield {"op": "tx.ref", "ref": e.ref, "lock": mode}
+        if reply.get("o") is None:
+            raise Deleted(f"{e.info.name} object no longer exists")
+        self._intake(reply["o"], int(m))
+        return None
+
+    def _g_create(self, cls: Any, node: str | None, values: dict[str, Any]) -> Op:
+        info = self._type(cls)
+        fields = info.fields
+        unknown = [n for n in values if n not in fields]
+        if unknown:
+            raise FieldError(f"{info.name} has no field(s) {', '.join(map(repr, unknown))}")
+        missing = [f.name for f in info.required if f.name not in values]
+        if missing:
+            raise FieldError(f"{info.name} needs a value for {', '.join(map(repr, missing))}")
+        if node is not None and not isinstance(node, str):
+            raise BadArgument(f"node must be a node name, not {node!r}")
+        state: dict[str, Any] = {}
+        for name, f in fields.items():
+            if name in values:
+                v = f.check(info.name, values[name])
+                if f.kind == "ref" and v is not None:
+                    v = Ref(self._entry_of(v).ref)
+                state[name] = v
+            else:
+                state[name] = f.make_default()
+        for name in info.keys:
+            encode_key(state[name])
+        packed = _pack_state(info, state)
+        payload: Request = {
+            "op": "tx.create",
+            "type": info.name,
+            "tv": info.version,
+            "st": packed,
+            "node": node,
+        }
+        reply = yield payload
+        ref, _, version, node_state = obj_in(reply["o"])
+        e = RemoteEntry(self, ref, info, _complete(info, node_state), version, WRITE, CREATED)
+        self._entries[ref] = e
+        return e.handle
+
+    def _g_delete(self, obj: Any) -> Op:
+        e = self._entry_of(obj)
+        if e.status >= DELETED:
+            raise Deleted(f"{e.info.name} object is already deleted")
+        payload, sent = self._with_writes({"op": "tx.delete", "ref": e.ref})
+        yield payload
+        self._flushed(sent)
+        e.status = DELETED
+        e.changes = {}
+        self._dirty.pop(e.ref, None)
+        return None
+
+    def _g_count(self, info: TypeInfo, scope: Any, audit: str) -> Op:
+        reply = yield {
+            "op": "tx.count",
+            "type": info.name,
+            "tv": info.version,
+            "scope": check_scope(scope),
+            "audit": check_audit(audit),
+        }
+        return int(reply["n"])
+
+    def _g_query(self, payload: Request, lock: str | None) -> Op:
+        mode = self._lock_mode(lock)
+        payload, sent = self._with_writes(payload)
+        reply = yield payload
+        self._flushed(sent)
+        out: list[Any] = []
+        seen: set[bytes] = set()
+        for obj in reply.get("os") or []:
+            e = self._intake(obj, mode)
+            if e.ref in seen or e.status >= DELETED:
+                continue  # each object once, even if two nodes answered for it
+            seen.add(e.ref)
+            out.append(e.handle)
+        return out
+
+    def _g_call(self, obj: Any, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Op:
+        e = self._entry_of(obj)
+        if e.status >= DELETED:
+            raise Deleted(f"{e.info.name} object was deleted in this transaction")
+        try:
+            packed_args = pack([_refs_out(list(args)), _refs_out(kwargs)])
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise BadArgument(
+                f"argument of remote {e.info.name}.{method} cannot be sent: {exc}"
+            ) from None
+        payload, sent = self._with_writes(
+            {"op": "tx.call", "ref": e.ref, "m": method, "a": packed_args}
+        )
+        reply = yield payload
+        self._flushed(sent)
+        for state in reply.get("os") or []:
+            self._intake(state, WRITE)
+        result = reply.get("r")
+        return None if result is None else self._refs_in(unpack(result))
+
+    def _refs_in(self, value: Any) -> Any:
+        """Results of remote calls: references to objects this transaction holds become handles."""
+        if isinstance(value, Ref):
+            e = self._entries.get(value.raw)
+            return value if e is None else e.handle
+        if isinstance(value, list):
+            return [self._refs_in(v) for v in value]
+        if isinstance(value, dict):
+            return {k: self._refs_in(v) for k, v in value.items()}
+        return value
+
+    def _begin_payload(self) -> Request:
+        return {"op": "tx.begin", "iso": self._iso}
+
+    def _commit_payload(self, req: list[Any]) -> tuple[Request, list[list[Any]]]:
+        return self._with_writes({"op": "tx.commit", "s": self._s, "req": req})
+
+    # ------------------------------------------------------------- endings
+    def _ended(self, outcome: _State) -> None:
+        self._state = outcome
+        # Break handle <-> entry cycles; kept handles still say their transaction is over.
+        for e in self._entries.values():
+            e.handle = None
+        self._entries = {}
+        self._dirty = {}
+
+    def _absorb(self, exc: BaseException) -> None:
+        """A failed request: retryable errors and lost connections doom the transaction."""
+        if isinstance(exc, Retryable | Unavailable):
+            self._doomed = exc
+
+    def ref(self, obj: Managed) -> Ref:
+        """The object's reference (C1)."""
+        return Ref(self._entry_of(obj).ref)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.isolation} {self._state.value} s={self._s}>"
+
+
+class RemoteTransaction(RemoteTransactionBase):
+    """A blocking transaction run on a cluster node; see the module docstring.
+
+    Obtain one with ``cluster.transaction()`` or through ``@nonstop.transactional``.
+    """
+
+    client: Client
+
+    # ----------------------------------------------------------- driving
+    def _drive(self, op: Op) -> Any:
+        self._check_usable()
+        try:
+            payload = next(op)
+            while True:
+                reply = self._send(payload)
+                payload = op.send(reply)
+        except StopIteration as stop:
+            return stop.value
+
+    def _send(self, payload: Request) -> Any:
+        try:
+            if self._s is None:
+                self._chan, self._s = self.client._open_session(self._begin_payload())
+            payload["s"] = self._s
+            try:
+                reply = self._chan.call(payload, self.client.op_timeout)
+            except BaseException as exc:
+                self._lost(exc)
+                raise AssertionError("unreachable") from None
+            return raise_error(reply)
+        except BaseException as exc:
+            self._absorb(exc)
+            raise
+
+    def _lost(self, exc: BaseException) -> None:
+        """The connection failed under a running transaction: B8, Unavailable."""
+        self.client._discard(self._chan)
+        address = getattr(self._chan, "address", "?")
+        raise Unavailable(
+            f"lost the connection to {address} during the transaction ({exc!r}); "
+            "the node rolls it back"
+        ) from exc
+
+    def _deref(self, ref: Ref) -> Any:
+        return self._drive(self._g_by_ref(ref, None))
+
+    def _remote_call(
+        self, obj: Managed, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        return self._drive(self._g_call(obj, method, args, kwargs))
+
+    # --------------------------------------------------------------- API
+    def create(self, cls: type[M], /, *, node: str | None = None, **values: Any) -> M:
+        """Create an object, mastered on ``node`` (default: the attached node).
+
+        DuplicateKey (nothing written) if a unique key is taken; BadArgument for an
+        unknown node name.
+        """
+        return self._drive(self._g_create(cls, node, values))  # type: ignore[no-any-return]
+
+    def find(self, cls: type[M], /, *, lock: str | None = None, **key: Any) -> M | None:
+        """Unique lookup by one unique key anywhere in the cluster; None if absent."""
+        return self._drive(self._g_lookup(cls, lock, key))  # type: ignore[no-any-return]
+
+    def get(self, cls: type[M], /, *, lock: str | None = None, **key: Any) -> M:
+        """Like :meth:`find` but raises NotFound when there is no such object."""
+        obj = self.find(cls, lock=lock, **key)
+        if obj is None:
+            raise NotFound(f"no {getattr(cls, '__name__', cls)} with {_describe(key)}")
+        return obj
+
+    def get_or_create(
+        self,
+        cls: type[M],
+        /,
+        *,
+        defaults: dict[str, Any] | None = None,
+        node: str | None = None,
+        **key: Any,
+    ) -> tuple[M, bool]:
+        """Select-or-create under a write lock on the key: returns (object, created)."""
+        found = self.find(cls, lock="write", **key)
+        if found is not None:
+            return found, False
+        return self.create(cls, node=node, **{**(defaults or {}), **key}), True
+
+    def by_ref(self, ref: Ref, /, *, lock: str | None = None) -> Managed | None:
+        """The object with this reference, or None if it does not exist."""
+        return self._drive(self._g_by_ref(ref, lock))  # type: ignore[no-any-return]
+
+    def lock(self, obj: Managed, mode: str = "write") -> None:
+        """Take a lock on the object's master node now."""
+        self._drive(self._g_lock(obj, mode))
+
+    def delete(self, obj: Managed) -> None:
+        """Delete the object (its delete trigger runs on its master node)."""
+        self._drive(self._g_delete(obj))
+
+    def count(
+        self, cls: type[Managed], /, *, scope: str | list[str] = "cluster", audit: str = "skip_down"
+    ) -> int:
+        """Cardinality of the type's extent in ``scope`` (A2), with this transaction's changes."""
+        self._check_usable()
+        return self._drive(self._g_count(self._type(cls), scope, audit))  # type: ignore[no-any-return]
+
+    def extent(
+        self,
+        cls: type[M],
+        /,
+        *,
+        lock: str | None = None,
+        scope: str | list[str] = "cluster",
+        audit: str = "skip_down",
+    ) -> list[M]:
+        """Every object of the type and its subtypes in ``scope``, each once."""
+        return self.query(cls).lock(lock).scope(scope).audit(audit).all()  # type: ignore[no-any-return]
+
+    def query(self, cls: type[M], /) -> RemoteQuery[M]:
+        """Start a query: ``tx.query(Account).range("owner", "a", "m").scope("cluster").all()``."""
+        self._check_usable()
+        return RemoteQuery(self, self._type(cls))
+
+    def commit(self) -> None:
+        """Send the deferred writes and commit; returns once the outcome is durable.
+
+        Exactly once (H1): the commit carries ``(client id, sequence number)``.
+        If its reply is lost (timeout, connection reset), the client reconnects to
+        the same node and asks for the recorded outcome (``request.result``,
+        waiting while it is still running) instead of committing again; it returns
+        or raises the first outcome.  If that node cannot be reached, the outcome
+        is unknown: :class:`~nonstop.errors.Unavailable` is raised and the
+        transaction may or may not have committed — the application must check
+        (for example by a unique key the transaction created).
+        """
+        self._check_usable_or_rollback()
+        if self._s is None:
+            self._ended(_State.COMMITTED)  # nothing was ever sent
+            return
+        self._state = _State.COMMITTING
+        chan = self._chan
+        req = self.client._next_request()
+        payload, _ = self._commit_payload(req)
+        try:
+            reply = chan.call(payload, self.client.op_timeout)
+        except BaseException as exc:
+            self.client._discard(chan)
+            self._ended(_State.ROLLED_BACK)
+            self.client._request_result(chan.address, req, exc)
+            self._state = _State.COMMITTED
+            return
+        try:
+            raise_error(reply)
+        except BaseException:
+            self._ended(_State.ROLLED_BACK)
+            self.client._release(chan)
+            raise
+        self._ended(_State.COMMITTED)
+        self.client._release(chan)
+
+    def _check_usable_or_rollback(self) -> None:
+        try:
+            self._check_usable()
+        except TransactionClosed:
+            raise
+        except BaseException:
+            self.rollback()
+            raise
+
+    def rollback(self) -> None:
+        """Drop every change; the node releases every lock (B5).  Safe to call twice."""
+        if self._state not in (_State.ACTIVE, _State.COMMITTING):
+            return
+        chan, s = self._chan, self._s
+        self._ended(_State.ROLLED_BACK)
+        if chan is None or s is None:
+            return
+        if getattr(chan, "broken", False):
+            self.client._discard(chan)
+            return
+        try:
+            chan.call({"op": "tx.rollback", "s": s}, self.client.timeout)
+        except BaseException:
+            # The connection is gone: the node rolls the session back when it sees that.
+            self.client._discard(chan)
+            return
+        self.client._release(chan)
+
+    # ---------------------------------------------------------- context
+    def __enter__(self) -> RemoteTransaction:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            if self._state is _State.ACTIVE:
+                self.commit()
+        else:
+            self.rollback()
+
+
+# ---------------------------------------------------------------- helpers
+def _complete(info: TypeInfo, state: dict[str, Any]) -> dict[str, Any]:
+    """A state with exactly the client's fields (defaults for fields the node lacks)."""
+    fields = info.fields
+    if len(state) == len(fields) and all(n in state for n in fields):
+        return state
+    return {n: state[n] if n in state else f.make_default() for n, f in fields.items()}
+
+
+def _pack_state(info: TypeInfo, state: dict[str, Any]) -> bytes:
+    try:
+        return pack(state)
+    except (TypeError, ValueError, OverflowError):
+        for name, value in state.items():
+            _check_storable(info.name, name, value)
+        raise
+
+
+def _check_storable(type_name: str, name: str, value: Any) -> None:
+    try:
+        pack(value)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise FieldError(f"{type_name}.{name} cannot be stored: {exc}") from None
+
+
+def _refs_out(value: Any) -> Any:
+    """Managed handles in remote-call arguments travel as references."""
+    if isinstance(value, Managed):
+        return Ref(value._e.ref)
+    if isinstance(value, tuple | list):
+        return [_refs_out(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _refs_out(v) for k, v in value.items()}
+    return value
+
+
+__all__ = [
+    "RemoteEntry",
+    "RemoteQuery",
+    "RemoteQueryBase",
+    "RemoteTransaction",
+    "RemoteTransactionBase",
+]
