@@ -1,0 +1,285 @@
+"""The client data API against a real 3-node cluster (issue 4, client side).
+
+The README's ``transfer`` runs unchanged through ``nonstop.connect`` with
+accounts mastered on different nodes, from threads and from asyncio tasks;
+remote methods, cluster queries, deferred writes, bad inputs, and the attached
+node SIGKILLed mid-transaction.  Nodes load ``tests.distmodel`` (``--app``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import nonstop
+from nonstop.model import managed
+from tests.cluster.conftest import Procs, wait_until
+from tests.distmodel import Account, Note
+
+NAMES = ["A", "B", "C"]
+
+
+@nonstop.transactional  # the README's function, unchanged
+def transfer(tx, src, dst, amount):  # type: ignore[no-untyped-def]
+    a = tx.get(Account, number=src, lock="write")
+    b = tx.get(Account, number=dst, lock="write")
+    if a.balance < amount:
+        raise nonstop.Abort("insufficient funds")
+    a.balance -= amount
+    b.balance += amount
+
+
+@nonstop.transactional
+async def transfer_async(tx, src, dst, amount):  # type: ignore[no-untyped-def]
+    a = await tx.get(Account, number=src, lock="write")
+    b = await tx.get(Account, number=dst, lock="write")
+    if a.balance < amount:
+        raise nonstop.Abort("insufficient funds")
+    a.balance -= amount
+    b.balance += amount
+
+
+def start(folder: Path) -> Procs:
+    procs = Procs(folder, 3, {"app": ["tests.distmodel"]})
+    procs.start_all()
+    addresses = [procs.address(n) for n in NAMES]
+
+    def everyone_up() -> bool:
+        for address in addresses:
+            with nonstop.Client([address], timeout=1, rounds=1) as c:
+                if not all(n["up"] for n in c.nodes()):
+                    return False
+        return True
+
+    wait_until(everyone_up, 30, "every node to see every node up")
+    return procs
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    procs = start(tmp_path_factory.mktemp("remote"))
+    try:
+        addresses = ",".join(procs.address(n) for n in NAMES)
+        with nonstop.connect(addresses) as c, c.transaction() as tx:
+            # One account per node and per letter: A-* on A, B-* on B, C-* on C.
+            for node in NAMES:
+                for i in range(3):
+                    tx.create(
+                        Account,
+                        number=f"{node}-{i}",
+                        owner=f"{node.lower()}{i}",
+                        balance=100,
+                        node=node,
+                    )
+        yield addresses
+    finally:
+        procs.cleanup()
+
+
+def balances(c: nonstop.Client) -> dict[str, int]:
+    with c.transaction() as tx:
+        return {a.number: a.balance for a in tx.extent(Account)}
+
+
+def test_transfer_across_nodes_sync(cluster: str) -> None:
+    with nonstop.connect(cluster) as c:
+        before = balances(c)
+        transfer(c, "A-0", "B-0", 5)
+        transfer(c, "B-0", "C-0", 7)
+        with pytest.raises(nonstop.Abort):
+            transfer(c, "C-1", "A-1", 1_000)
+        after = balances(c)
+    assert after["A-0"] == before["A-0"] - 5
+    assert after["B-0"] == before["B-0"] + 5 - 7
+    assert after["C-0"] == before["C-0"] + 7
+    assert after["C-1"] == before["C-1"] and after["A-1"] == before["A-1"]
+    assert sum(after.values()) == sum(before.values()) == 900
+
+
+def test_concurrent_threads_conserve_the_total(cluster: str) -> None:
+    # Every transfer locks its accounts in one global order (src < dst), so that
+    # cross-node waits never form a cycle (those end only by the lock timeout).
+    pairs = [("A-0", "B-1"), ("A-2", "C-2"), ("B-1", "C-0"), ("A-0", "C-0")]
+    errors: list[BaseException] = []
+    shared = nonstop.connect(cluster)
+    before = balances(shared)
+
+    def worker(k: int) -> None:
+        own = nonstop.connect(cluster) if k % 2 else None  # shared and private clients
+        try:
+            for i in range(10):
+                src, dst = pairs[(k + i) % len(pairs)]
+                transfer(own or shared, src, dst, 1)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+        finally:
+            if own is not None:
+                own.close()
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    assert time.monotonic() - t0 < 60
+    after = balances(shared)
+    shared.close()
+    assert sum(after.values()) == sum(before.values())
+    moved = {n: 0 for n in before}
+    for k in range(4):
+        for i in range(10):
+            src, dst = pairs[(k + i) % len(pairs)]
+            moved[src] -= 1
+            moved[dst] += 1
+    assert after == {n: before[n] + moved[n] for n in before}
+
+
+def test_concurrent_async_tasks_on_one_connection(cluster: str) -> None:
+    pairs = [("A-1", "B-2"), ("B-2", "C-1"), ("A-1", "C-1")]
+
+    async def main() -> tuple[dict[str, int], dict[str, int]]:
+        async with nonstop.connect_async(cluster) as c:
+            async with c.transaction() as tx:
+                before = {a.number: a.balance for a in await tx.extent(Account)}
+            jobs = [transfer_async(c, *pairs[i % len(pairs)], 2) for i in range(24)]
+            await asyncio.wait_for(asyncio.gather(*jobs), 60)
+            async with c.transaction() as tx:
+                after = {a.number: a.balance for a in await tx.extent(Account)}
+            return before, after
+
+    before, after = asyncio.run(main())
+    assert sum(after.values()) == sum(before.values())
+    assert after["A-1"] == before["A-1"] - 2 * 16
+    assert after["B-2"] == before["B-2"]
+    assert after["C-1"] == before["C-1"] + 2 * 16
+
+
+def test_remote_method_runs_on_the_master(cluster: str) -> None:
+    with nonstop.connect(cluster) as c:
+        with c.transaction() as tx:
+            acct = tx.get(Account, number="C-2", lock="write")
+            start_balance = acct.balance
+            acct.balance += 1  # deferred: flushed before the call
+            assert acct.deposit(10) == start_balance + 11
+            assert acct.balance == start_balance + 11
+            assert acct.audit_note() == f"C-2:{start_balance + 11}"  # a plain method, here
+            with pytest.raises(nonstop.BadArgument):
+                acct.deposit(-1)  # the method's own error, raised on node C
+        with c.transaction() as tx:
+            assert tx.get(Account, number="C-2").balance == start_balance + 11
+
+
+def test_cluster_query_returns_each_object_once(cluster: str) -> None:
+    with nonstop.connect(cluster) as c, c.transaction() as tx:
+        everything = tx.query(Account).all()
+        numbers = [a.number for a in everything]
+        assert sorted(numbers) == sorted(f"{n}-{i}" for n in NAMES for i in range(3))
+        assert len(set(numbers)) == len(numbers)
+        ordered = tx.query(Account).order_by("owner", descending=True).all()
+        assert [a.owner for a in ordered] == sorted((a.owner for a in everything), reverse=True)
+        ranged = tx.query(Account).range("owner", "b", "c").all()
+        assert [a.owner for a in ranged] == ["b0", "b1", "b2"]
+        assert [a.number for a in tx.query(Account).scope("local").all()] == ["A-0", "A-1", "A-2"]
+        assert tx.query(Account).scope(["B", "C"]).count() == 6
+        assert tx.count(Account) == 9 and tx.count(Account, scope="local") == 3
+        assert tx.query(Account).where(owner="c1").first().number == "C-1"
+        assert tx.query(Account).audit("fail_if_down").count() == 9
+
+
+def test_deferred_writes_are_visible_after_commit(cluster: str) -> None:
+    addresses = cluster.split(",")
+    with nonstop.connect(cluster) as c, nonstop.connect(addresses[::-1]) as other:
+        with c.transaction() as tx:
+            acct = tx.get(Account, number="B-0", lock="write")
+            acct.owner = "zed"  # a mutable key, on node B, written from a client on A
+            with other.transaction() as tx2:
+                assert tx2.find(Account, number="B-0", lock="none").owner == "b0"
+                assert tx2.node == "C"
+        with other.transaction() as tx2:
+            assert tx2.get(Account, number="B-0").owner == "zed"
+            assert tx2.query(Account).where(owner="zed").first().number == "B-0"
+        with c.transaction() as tx:
+            tx.get(Account, number="B-0", lock="write").owner = "b0"
+
+
+def test_bad_inputs(cluster: str) -> None:
+    class Unknown(nonstop.Managed, name="remote.test.Unknown"):
+        tag: str = nonstop.key(unique=True)
+
+    real_note = managed._REGISTRY["dist.Note"]
+    try:
+
+        class OldNote(nonstop.Managed, name="dist.Note", version=1):
+            text: str = ""
+
+        with nonstop.connect(cluster) as c:
+            with pytest.raises(nonstop.UnknownType), c.transaction() as tx:
+                tx.create(Unknown, tag="x")
+            with pytest.raises(nonstop.TypeVersionMismatch), c.transaction() as tx:
+                tx.create(OldNote, text="old")
+            with c.transaction() as tx:
+                assert tx.count(Note) == 0, "nothing was written"
+                with pytest.raises(nonstop.BadArgument):
+                    tx.create(Account, number="X-1", node="nowhere")
+                with pytest.raises(nonstop.BadArgument):
+                    tx.query(Account).scope(["A", "nowhere"]).all()
+            with pytest.raises(nonstop.DuplicateKey), c.transaction() as tx:
+                tx.create(Account, number="A-0")
+            with c.transaction() as tx:
+                a = tx.get(Account, number="A-0")
+            with pytest.raises(nonstop.TransactionClosed):
+                tx.get(Account, number="A-0")
+            with pytest.raises(nonstop.ObjectNotInTransaction):
+                _ = a.balance
+            assert c.status()["nodes"], "admin requests still work"
+    finally:
+        managed._REGISTRY["dist.Note"] = real_note
+
+
+def test_attached_node_killed_then_next_transaction_elsewhere(tmp_path: Path) -> None:
+    procs = start(tmp_path / "kill")
+    try:
+        addresses = [procs.address(n) for n in NAMES]
+        with nonstop.connect(addresses) as c:
+            with c.transaction() as tx:
+                tx.create(Account, number="A-9", balance=10)
+                tx.create(Account, number="B-9", balance=10, node="B")
+                tx.create(Account, number="C-9", balance=10, node="C")
+            tx = c.transaction()
+            tx.get(Account, number="A-9", lock="write").balance = 0
+            assert tx.node == "A"
+            procs.kill("A")
+            t0 = time.monotonic()
+            with pytest.raises(nonstop.Unavailable):
+                tx.get(Account, number="B-9")
+            assert time.monotonic() - t0 < 5
+            with pytest.raises(nonstop.Unavailable):
+                tx.commit()
+
+            def moved() -> bool:
+                transfer(c, "B-9", "C-9", 1)
+                return True
+
+            wait_until(moved, 20, "a transfer through another node")
+            with c.transaction() as tx2:
+                b, cc = tx2.get(Account, number="B-9"), tx2.get(Account, number="C-9")
+                assert tx2.node in ("B", "C")
+                assert b.balance + cc.balance == 20 and b.balance <= 9
+                c_balance = cc.balance
+
+        async def via_async() -> int:
+            async with nonstop.connect_async(addresses) as ac:
+                await transfer_async(ac, "C-9", "B-9", 1)  # A is down: through B
+                async with ac.transaction() as atx:
+                    return (await atx.get(Account, number="C-9", lock="none")).balance
+
+        assert asyncio.run(via_async()) == c_balance - 1
+    finally:
+        procs.cleanup()
