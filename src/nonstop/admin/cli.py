@@ -56,6 +56,12 @@ def node() -> None:
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]))
 @click.option("--log-file", type=click.Path(dir_okay=False))
 @click.option("--detach", is_flag=True, help="Run in the background; return once listening.")
+@click.option(
+    "--app",
+    "apps",
+    multiple=True,
+    help="Application module to import at start (managed types, methods); repeatable.",
+)
 @click.option("--machine", hidden=True, help="module:factory of the protocol machine.")
 @click.option("--protocol", hidden=True, help="min,max wire protocol (upgrade tests).")
 def node_start(
@@ -69,6 +75,7 @@ def node_start(
     log_level: str | None,
     log_file: str | None,
     detach: bool,
+    apps: tuple[str, ...],
     machine: str | None,
     protocol: str | None,
 ) -> None:
@@ -94,6 +101,8 @@ def node_start(
         cfg.join = parse_join(join)
     if members is not None:
         cfg.members = parse_join(members)
+    if apps:
+        cfg.app = [*cfg.app, *(a for a in apps if a not in cfg.app)]
     if protocol is not None:
         try:
             lo, hi = (int(x) for x in protocol.split(","))
@@ -251,6 +260,9 @@ def local() -> None:
 @click.option(
     "--option", "options", multiple=True, help="key=value node config (JSON value), repeatable."
 )
+@click.option(
+    "--app", "apps", multiple=True, help="Application module every node imports; repeatable."
+)
 def local_up(
     count: int,
     folder: str,
@@ -258,6 +270,7 @@ def local_up(
     timeout: float,
     as_json: bool,
     options: tuple[str, ...],
+    apps: tuple[str, ...],
 ) -> None:
     """Start N nodes (or the missing ones of an existing local cluster), wait for Active."""
     lc = LocalCluster(folder)
@@ -269,6 +282,8 @@ def local_up(
             parsed[key] = json.loads(raw)
         except ValueError:
             parsed[key] = raw
+    if apps:
+        parsed["app"] = list(dict.fromkeys(apps))
     if layout is None:
         try:
             layout = lc.create(count, base_port, parsed)

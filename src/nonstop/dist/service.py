@@ -618,6 +618,9 @@ class DataService:
         future: asyncio.Future[dict[str, Any]] | None,
     ) -> dict[str, Any]:
         bid = f"{self.name}.{s.sid}"
+        down = sorted(n for n in writers if not self.is_up(n))
+        if down:
+            raise errors.Unavailable(f"node(s) {', '.join(down)} of the transaction are down")
         for node in sorted(writers - s.remote - {self.name}):
             # Writes to a node this session never opened a branch on (the client
             # cached the object elsewhere): open it now, shipping them.
@@ -648,6 +651,15 @@ class DataService:
                 "the commit decision is not known yet; ask request.result later"
             ) from None
         outcome = map_run_reply(reply)
+        if outcome.get("error") == "Aborted":
+            down = sorted(n for n in writers if not self.is_up(n))
+            if down:
+                # The abort came from a participant that could not be reached (its
+                # peers gave up waiting): a network error before commit (B8).
+                outcome = {
+                    "error": "Unavailable",
+                    "message": f"transaction rolled back: node(s) {', '.join(down)} down",
+                }
         if "error" in outcome:
             raise_error(outcome)
         return outcome
@@ -1198,7 +1210,7 @@ def map_run_reply(reply: Any) -> dict[str, Any]:
     if not isinstance(reply, dict):
         return error_out(errors.Error(f"unexpected commit reply {reply!r:.80}"))
     error = reply.get("error")
-    why = str(reply.get("why") or reply.get("message") or "")
+    why = str(reply.get("why") or reply.get("message") or "the decision log decided abort")
     if error == "Unavailable":
         return {"error": "Unavailable", "message": f"transaction rolled back: {why}"}
     if error == "Aborted":
