@@ -1,0 +1,390 @@
+"""The ``nonstop`` PySpark data source: batch reads, append/overwrite writes, a streaming sink.
+
+Reads: one Spark partition per (node, reference range) from ``bulk.plan`` on
+every up node; each partition is one ``bulk.scan`` — one read snapshot on its
+node — returned as an Arrow record batch that goes to Spark untouched.
+
+Writes: rows are cut into batches of ``batch`` rows per Spark partition and
+each batch goes to the *home node* of its keys (a stable hash of the unique
+key over the sorted node names), tagged ``<job>/<partition>/<batch>/<node>``.
+The job id is drawn once on the driver, so a retried task sends the same tags
+and its already-committed batches change nothing (``bulk.upsert``).
+``overwrite`` stages everything invisibly (``bulk.overwrite.part``) and swaps
+at job commit; a failed job is aborted and leaves nothing visible.
+
+The streaming sink writes like ``append`` and records each micro-batch id
+with the data (``bulk.stream.commit``); a replayed batch id is skipped.
+"""
+
+from __future__ import annotations
+
+import secrets
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark import TaskContext
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceReader,
+    DataSourceStreamArrowWriter,
+    EqualTo,
+    Filter,
+    GreaterThan,
+    GreaterThanOrEqual,
+    In,
+    InputPartition,
+    LessThan,
+    LessThanOrEqual,
+    WriterCommitMessage,
+)
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.types import StructType
+
+from nonstop.client.bulk import BulkClient, cluster_nodes
+from nonstop.dist.bulk import ROWS_PER_RANGE
+from nonstop.errors import Unavailable
+from nonstop.model.codec import encode_key
+from nonstop.spark.schema import Options, check_writable, columns, spark_schema, write_key
+
+NAME = "nonstop"
+SCAN_LIMIT = 4 * ROWS_PER_RANGE
+"""Rows per scan reply; a range grown past it since planning is read in pages."""
+_PUSHABLE = {
+    EqualTo: "eq",
+    GreaterThan: "gt",
+    GreaterThanOrEqual: "ge",
+    LessThan: "lt",
+    LessThanOrEqual: "le",
+    In: "in",
+}
+_FILTER_KINDS = frozenset({"bool", "int", "float", "str", "bytes", "datetime", "date", "ref"})
+
+
+def _up_nodes(opts: Options) -> list[dict[str, Any]]:
+    nodes = [n for n in cluster_nodes(opts.cluster, cluster=opts.cluster_id) if n.get("up", True)]
+    if not nodes:
+        raise Unavailable(f"no node of the cluster at {opts.cluster} is up")
+    return nodes
+
+
+def _type_schema(opts: Options) -> dict[str, Any]:
+    node = _up_nodes(opts)[0]
+    with BulkClient(node["address"], cluster=opts.cluster_id) as c:
+        return c.call("bulk.schema", type=opts.type)  # type: ignore[no-any-return]
+
+
+def home(key_value: Any, n_nodes: int) -> int:
+    """The index (in name order) of the node a key's object is written to."""
+    if n_nodes == 1 or key_value is None:
+        return 0
+    try:
+        return zlib.crc32(encode_key(key_value)) % n_nodes
+    except (TypeError, ValueError):
+        return 0  # the node reports what is wrong with the value
+
+
+# -------------------------------------------------------------------- source
+class NonstopDataSource(DataSource):
+    """``spark.read.format("nonstop")`` / ``df.write.format("nonstop")``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return NAME
+
+    def _opts(self) -> Options:
+        return Options.parse(self.options)
+
+    def schema(self) -> StructType:
+        opts = self._opts()
+        ts = _type_schema(opts)
+        return spark_schema(ts, columns(opts, ts))
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        opts = self._opts()
+        return NonstopReader(opts, _type_schema(opts), schema)
+
+    def writer(self, schema: StructType, overwrite: bool) -> NonstopWriter:
+        return NonstopWriter(self._opts(), schema, overwrite)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> NonstopStreamWriter:
+        return NonstopStreamWriter(self._opts(), schema)
+
+
+class NonstopFilteringDataSource(NonstopDataSource):
+    """The same source with filter pushdown; registered when the session enables
+    ``spark.sql.python.filterPushdown.enabled`` (Spark refuses a reader that
+    implements ``pushFilters`` otherwise)."""
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        opts = self._opts()
+        return NonstopFilteringReader(opts, _type_schema(opts), schema)
+
+
+# -------------------------------------------------------------------- reads
+@dataclass
+class NodeRange(InputPartition):
+    """One Spark partition: a reference range ``[lo, hi)`` of one node's extent."""
+
+    address: str
+    node: str
+    lo: bytes | None
+    hi: bytes | None
+    snapshot: int
+
+    def __post_init__(self) -> None:
+        super().__init__(None)
+
+
+class NonstopReader(DataSourceReader):
+    def __init__(self, opts: Options, type_schema: dict[str, Any], schema: StructType) -> None:
+        self.opts = opts
+        self.version = type_schema["version"]
+        self.columns = list(schema.fieldNames())
+        # Spark wants batches with exactly this Arrow schema (nullability included).
+        self.arrow_schema = to_arrow_schema(schema, timezone="UTC")
+        self.kinds = {n: f[0] for n, f in type_schema["fields"].items()}
+        self.filters: list[list[Any]] = []
+
+    def partitions(self) -> list[NodeRange]:
+        parts = []
+        for node in _up_nodes(self.opts):
+            with BulkClient(node["address"], cluster=self.opts.cluster_id) as c:
+                plan = c.call(
+                    "bulk.plan", type=self.opts.type, tv=self.version, splits=self.opts.splits
+                )
+            for lo, hi in plan["ranges"]:
+                parts.append(NodeRange(node["address"], node["name"], lo, hi, plan["snapshot"]))
+        return parts
+
+    def read(self, partition: NodeRange) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
+        after = None
+        with BulkClient(partition.address, cluster=self.opts.cluster_id) as c:
+            while True:
+                reply = c.call(
+                    "bulk.scan",
+                    type=self.opts.type,
+                    tv=self.version,
+                    fields=self.columns,
+                    lo=partition.lo,
+                    hi=partition.hi,
+                    after=after,
+                    limit=SCAN_LIMIT,
+                    filters=self.filters,
+                    format="arrow",
+                )
+                if reply["n"]:
+                    for b in pa.ipc.open_stream(reply["rows"]).read_all().to_batches():
+                        yield pa.RecordBatch.from_arrays(b.columns, schema=self.arrow_schema)
+                after = reply["next"]
+                if after is None:
+                    return
+
+
+class NonstopFilteringReader(NonstopReader):
+    def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:
+        """Take comparisons of one field with a constant (the node evaluates them exactly,
+        NULL never matching); give back the rest for Spark to evaluate."""
+        for f in filters:
+            op = _PUSHABLE.get(type(f))
+            attr = getattr(f, "attribute", ())
+            if op is None or len(attr) != 1 or self.kinds.get(attr[0]) not in _FILTER_KINDS:
+                yield f
+                continue
+            value = list(f.value) if op == "in" else f.value
+            self.filters.append([attr[0], op, value])
+
+
+# ------------------------------------------------------------------- writes
+@dataclass
+class WriteStats(WriterCommitMessage):
+    """What one task wrote (summed on the driver)."""
+
+    rows: int = 0
+    inserted: int = 0
+    updated: int = 0
+    replayed: int = 0
+
+
+class _Router:
+    """Cuts a task's Arrow stream into fixed-size batches and sends each to its home node.
+
+    Fixed sizes make the batch numbers — and so the tags — the same on a retry
+    of the task (same input, same order).
+    """
+
+    def __init__(self, opts: Options, nodes: list[dict[str, Any]], key: str) -> None:
+        self.opts = opts
+        self.nodes = nodes
+        self.key = key
+        self.clients: dict[str, BulkClient] = {}
+        self.stats = WriteStats()
+
+    def client(self, node: dict[str, Any]) -> BulkClient:
+        c = self.clients.get(node["name"])
+        if c is None:
+            c = self.clients[node["name"]] = BulkClient(
+                node["address"], cluster=self.opts.cluster_id
+            )
+        return c
+
+    def chunks(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.Table]:
+        size = self.opts.batch_rows
+        pending: list[pa.RecordBatch] = []
+        count = 0
+        for batch in batches:
+            pending.append(batch)
+            count += batch.num_rows
+            while count >= size:
+                table = pa.Table.from_batches(pending)
+                yield table.slice(0, size)
+                rest = table.slice(size)
+                pending, count = rest.to_batches(), rest.num_rows
+        if count:
+            yield pa.Table.from_batches(pending)
+
+    def split(self, table: pa.Table) -> Iterator[tuple[dict[str, Any], bytes]]:
+        """(node, Arrow IPC rows) for every node that is home to some of the rows."""
+        n = len(self.nodes)
+        if n == 1:
+            groups = {0: table}
+        else:
+            homes = pa.array([home(v, n) for v in table.column(self.key).to_pylist()])
+            groups = {}
+            for i in range(n):
+                part = table.filter(pc.equal(homes, i))
+                if part.num_rows:
+                    groups[i] = part
+        for i, part in groups.items():
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_stream(sink, part.schema) as out:
+                for b in part.combine_chunks().to_batches():
+                    out.write_batch(b)
+            yield self.nodes[i], sink.getvalue().to_pybytes()
+
+    def close(self) -> None:
+        for c in self.clients.values():
+            c.close()
+
+
+class NonstopWriter(DataSourceArrowWriter):
+    """``mode("append")``: upsert; ``mode("overwrite")``: staged, swapped at job commit."""
+
+    def __init__(self, opts: Options, schema: StructType, overwrite: bool) -> None:
+        self.opts = opts
+        self.overwrite = overwrite
+        ts = _type_schema(opts)
+        self.version = ts["version"]
+        self.key = write_key(opts, ts)
+        check_writable(ts, schema, self.key)
+        self.nodes = _up_nodes(opts)
+        self.job = secrets.token_hex(8)
+        if overwrite:
+            for node in self.nodes:
+                with BulkClient(node["address"], cluster=opts.cluster_id) as c:
+                    c.call("bulk.overwrite.begin", type=opts.type, tv=self.version, job=self.job)
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteStats:  # type: ignore[override]
+        pid = TaskContext.get().partitionId()  # type: ignore[union-attr]
+        router = _Router(self.opts, self.nodes, self.key)
+        try:
+            for seq, table in enumerate(router.chunks(iterator)):
+                router.stats.rows += table.num_rows
+                for node, rows in router.split(table):
+                    self._send(router, node, rows, f"{pid}/{seq}/{node['name']}")
+        finally:
+            router.close()
+        return router.stats
+
+    def _send(self, router: _Router, node: dict[str, Any], rows: bytes, where: str) -> None:
+        c = router.client(node)
+        common = {"type": self.opts.type, "tv": self.version, "rows": rows, "format": "arrow"}
+        if self.overwrite:
+            c.call("bulk.overwrite.part", job=self.job, tag=where, key=self.key, **common)
+            return
+        r = c.call("bulk.upsert", tag=f"{self.job}/{where}", key=self.key, **common)
+        router.stats.inserted += r["inserted"]
+        router.stats.updated += r["updated"]
+        router.stats.replayed += int(r["replayed"])
+
+    def commit(self, messages: list[WriteStats | None]) -> None:  # type: ignore[override]
+        for node in self.nodes:
+            with BulkClient(node["address"], cluster=self.opts.cluster_id) as c:
+                if self.overwrite:
+                    c.call("bulk.overwrite.commit", type=self.opts.type, job=self.job)
+                else:
+                    c.call("bulk.forget", prefix=f"{self.job}/")
+
+    def abort(self, messages: list[WriteStats | None]) -> None:  # type: ignore[override]
+        for node in self.nodes:
+            try:
+                with BulkClient(node["address"], cluster=self.opts.cluster_id) as c:
+                    if self.overwrite:
+                        c.call("bulk.overwrite.abort", job=self.job)
+                    else:
+                        c.call("bulk.forget", prefix=f"{self.job}/")
+            except Unavailable:
+                continue  # its staged rows stay invisible; bulk.overwrite.abort drops them later
+
+
+class NonstopStreamWriter(DataSourceStreamArrowWriter):
+    """Exactly once per micro-batch: the batch id is recorded on every node at commit;
+    a batch id at or below it is skipped, and retried tasks replay tagged batches."""
+
+    def __init__(self, opts: Options, schema: StructType) -> None:
+        self.opts = opts
+        self.stream = opts.stream or opts.type
+        ts = _type_schema(opts)
+        self.version = ts["version"]
+        self.key = write_key(opts, ts)
+        check_writable(ts, schema, self.key)
+        self.nodes = _up_nodes(opts)
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteStats:  # type: ignore[override]
+        ctx = TaskContext.get()
+        assert ctx is not None
+        batch_id = int(ctx.getLocalProperty("streaming.sql.batchId") or -1)
+        pid = ctx.partitionId()
+        router = _Router(self.opts, self.nodes, self.key)
+        try:
+            done = {
+                n["name"]: router.client(n).call("bulk.stream.last", stream=self.stream)["batch"]
+                for n in self.nodes
+            }
+            for seq, table in enumerate(router.chunks(iterator)):
+                router.stats.rows += table.num_rows
+                for node, rows in router.split(table):
+                    last = done[node["name"]]
+                    if last is not None and batch_id <= last:
+                        router.stats.replayed += 1
+                        continue
+                    r = router.client(node).call(
+                        "bulk.upsert",
+                        type=self.opts.type,
+                        tv=self.version,
+                        rows=rows,
+                        format="arrow",
+                        key=self.key,
+                        tag=f"s:{self.stream}/{batch_id}/{pid}/{seq}/{node['name']}",
+                    )
+                    router.stats.inserted += r["inserted"]
+                    router.stats.updated += r["updated"]
+                    router.stats.replayed += int(r["replayed"])
+        finally:
+            router.close()
+        return router.stats
+
+    def commit(self, messages: list[WriteStats | None], batchId: int) -> None:  # type: ignore[override]
+        for node in self.nodes:
+            with BulkClient(node["address"], cluster=self.opts.cluster_id) as c:
+                c.call("bulk.stream.commit", stream=self.stream, batch=batchId)
+                c.call("bulk.forget", prefix=f"s:{self.stream}/{batchId}/")
+
+    def abort(self, messages: list[WriteStats | None], batchId: int) -> None:  # type: ignore[override]
+        # Nothing to undo: the batch's committed parts are tagged, and Spark runs the
+        # same batch id again; its replay skips them.
+        return
