@@ -154,13 +154,15 @@ def test_read_only_branch_votes_yes_and_holds_its_read_lock_until_the_outcome(
                 if sender == "n2" and payload.get("t") == VOTE:
                     # n2 voted yes: it is prepared (with an empty write set), still locked.
                     held.append(c.dbs["n2"].in_doubt() == [payload["g"].encode()])
+                    held.append(c.rms["n2"].holds(b2))
                 return False
 
             c.drop = on_vote
             reply = await c.run("n1", {"n1": [["b", b1], c.write(a, balance=1)], "n2": [["b", b2]]})
             assert reply["ok"] is True, reply
             await c.settled()
-            assert held == [True]
+            assert held == [True, True]
+            assert not c.rms["n2"].holds(b2)
             assert balances(c.dbs["n1"]) == {"A": 1}
             assert balances(c.dbs["n2"]) == {"B": 7}
             assert not tx2.active

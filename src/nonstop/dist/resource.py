@@ -185,6 +185,13 @@ class StoreResourceManager:
         self._branches[gtid] = _Branch("", None, ready=True)
 
     # ------------------------------------------------------------ inspection
+    def holds(self, branch_id: str) -> bool:
+        """Whether the branch's transaction belongs to a two-phase commit now.
+
+        The data service must then neither commit nor roll it back (nor idle it out).
+        """
+        return any(b.branch_id == branch_id for b in self._branches.values())
+
     def branches(self) -> dict[str, str]:
         """gtid -> "preparing" / "ready" / "recovered", for status pages and tests."""
         return {
@@ -350,8 +357,10 @@ class DtxPersister:
         self._resolving.add(gtid)
 
         def ended() -> None:
-            self._resolving.discard(gtid)
+            # Out of doubt before "not resolving": never both absent-from-resolving and
+            # still in doubt, which would let a second outcome write apply it again.
             doubt._phase_two_durable(commit)
+            self._resolving.discard(gtid)
 
         after.append(ended)
         undo.append(lambda: self._resolving.discard(gtid))
