@@ -19,7 +19,7 @@ from typing import Any
 import lmdb
 import pytest
 from tests.bankmodel import Account
-from tests.dtx_store_harness import Cluster
+from tests.dtx_store_harness import CFG, Cluster
 
 import nonstop
 from nonstop.dist.resource import (
@@ -180,11 +180,13 @@ def _refused_case(
     tmp_path: Path,
     spoil: Callable[[Cluster, dict[str, list[Any]], dict[str, Any]], Awaitable[None]],
     why: str,
+    lock_timeout: float = 0.3,
+    config: DtxConfig | None = None,
 ) -> None:
     seed(tmp_path, {"n1": {"A": 100}, "n2": {"B": 0}})
 
     async def body(root: Path) -> None:
-        c = Cluster(root, ["n1", "n2"], lock_timeout=0.3)
+        c = Cluster(root, ["n1", "n2"], lock_timeout=lock_timeout, config=config or CFG)
         try:
             ops, txs = await transfer_branches(c, 30)
             await spoil(c, ops, txs)
@@ -511,3 +513,67 @@ def test_old_store_without_the_dtx_database_opens(tmp_path: Path) -> None:
         DtxPersister(db)  # and the new database is usable at once
     with nonstop.open(path) as db:
         assert balances(db) == {"A": 5} and db.in_doubt() == []
+
+
+def test_branch_timeout_during_a_lock_wait_cancels_the_prepare(tmp_path: Path) -> None:
+    """The machine gives up on a branch still waiting for a lock (branch_timeout < lock timeout).
+
+    finish() stops the preparation and rolls the transaction back at once; the
+    other transaction then gets its lock, and nothing of the branch is written.
+    """
+
+    observed: list[Any] = []
+
+    async def spoil(c: Cluster, ops: dict[str, list[Any]], txs: dict[str, Any]) -> None:
+        async with c.dbs["n2"].transaction() as tx:
+            await tx.create(Account, number="C", balance=3)
+        c_obj = await txs["n2"].get(Account, number="C", lock="none")
+        ops["n2"].append(c.write(c_obj, balance=4))
+        blocker = await c.dbs["n2"].transaction().__aenter__()
+        await blocker.get(Account, number="C", lock="write")
+
+        async def release_later() -> None:
+            await asyncio.sleep(1.5)  # after branch_timeout (1.0), before lock_timeout (5)
+            # The branch was rolled back while it still waited for the lock.
+            observed.append((txs["n2"].active, c.rms["n2"].branches()))
+            await blocker.rollback()
+
+        c.loop.create_task(release_later())
+
+    # n1, prepared, must not ask the log first (decision_timeout > branch_timeout).
+    cfg = DtxConfig(tick=0.02, retry=0.05, vote_timeout=2.0, branch_timeout=1.0,
+                    decision_timeout=3.0)  # fmt: skip
+    _refused_case(tmp_path, spoil, "n2 voted no: branch timeout", lock_timeout=5.0, config=cfg)
+    assert observed == [(False, {})]
+
+
+def test_prepare_commit_failure_rolls_the_branch_back(tmp_path: Path) -> None:
+    async def body(root: Path) -> None:
+        seed(root, {"n1": {"A": 1}})
+        db = nonstop.open(root / "n1")
+        try:
+            tx = await db.transaction().__aenter__()
+            a = await tx.get(Account, number="A", lock="write")
+            fed: list[Any] = []
+            got = asyncio.Event()
+
+            def feed(progress: list[Any]) -> None:
+                fed.extend(progress)
+                got.set()
+
+            rm = StoreResourceManager(db, {"c.1": tx}.get, feed)
+            ops = [["b", "c.1"], Cluster.write(a, balance=2)]
+            assert rm.check_ops(ops) is None
+            assert rm.open("n1.1", ops) == []
+            await asyncio.wait_for(got.wait(), 5)
+            assert fed == [Ready("n1.1", RECORD, {})]
+            assert rm.holds("c.1") and b"n1.1" in db._preparing
+            db._committer.close()  # the store can no longer commit
+            with pytest.raises(StoreError):
+                DtxPersister(db).persist(((K_PREPARED + b"n1.1", b"rec"),), lambda exc: None)
+            assert not tx.active and db.in_doubt() == []
+            assert db._locks.held_by(tx.id) == {}
+        finally:
+            db.close()
+
+    run(body, tmp_path)
