@@ -577,3 +577,35 @@ def test_prepare_commit_failure_rolls_the_branch_back(tmp_path: Path) -> None:
             db.close()
 
     run(body, tmp_path)
+
+
+def test_cluster_composition_routes_rm_progress_to_the_dtx_node() -> None:
+    """The node runtime builds a DtxClusterNode: its own dtx.rm message reaches the DtxNode."""
+    from nonstop.cluster.node import ClusterConfig
+    from nonstop.dtx.clustered import DtxClusterNode
+
+    class WaitingRm:
+        def check_ops(self, ops: Any) -> str | None:
+            return None
+
+        def open(self, gtid: str, ops: list[Any]) -> list[Any]:
+            return []  # reported later, through dtx.rm
+
+        def finish(self, gtid: str, commit: bool) -> tuple[list[Any], list[Any]]:
+            return [], []
+
+        def recover(self, gtid: str, record: bytes) -> None:
+            pass
+
+    cfg = ClusterConfig(name="a", address="sim://a", store_timestamp=1, members=("a", "b"))
+    node = DtxClusterNode(cfg, WaitingRm(), random.Random(1), {})
+    node.handle(Started(0.0))
+    node.handle(Received(0.0, "b", {"t": "dtx.prepare", "g": "b.1", "ops": [1], "f": 0}))
+    assert node.dtx.branches["b.1"].state == "locking"
+    out = node.handle(Received(0.1, "a", {"t": RM, "p": [Ready("b.1", b"r", {})]}))
+    persists = [a for a in out if isinstance(a, Persist)]
+    assert len(persists) == 1 and persists[0].token % 2 == 1  # the DtxNode's token parity
+    assert persists[0].writes[0][0] == K_PREPARED + b"b.1"
+    forged = node.handle(Received(0.2, "b", {"t": RM, "p": [Refused("b.1", "x")]}))
+    assert not [a for a in forged if isinstance(a, Persist)]
+    assert node.dtx.branches["b.1"].state == "persisting"
