@@ -210,7 +210,7 @@ def run(cfg: Config) -> Path:
         t0 = time.perf_counter()
         ns = NonstopSide(base / "cluster", cfg.accounts)
         print(f"cluster up, {2 * cfg.accounts} accounts in {time.perf_counter() - t0:.1f} s")
-        pg = PostgresPeer(2 * cfg.accounts, tmpdir=str(base))
+        pg = PostgresPeer(2 * cfg.accounts, tmpdir=cfg.tmpdir)  # its own dir: the server user's
         print(f"PostgreSQL {pg.version} up on 127.0.0.1:{pg.port}")
         rtt = arun(ping_rtt(ns.cluster.addresses))
         slice_s = cfg.duration / cfg.rounds

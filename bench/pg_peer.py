@@ -93,7 +93,7 @@ class PostgresPeer:
             # The server user must own its data directory and reach it through /tmp.
             shutil.chown(self.dir, SERVER_USER, SERVER_USER)
             os.chmod(self.dir, 0o700)
-        subprocess.run(
+        init = subprocess.run(
             self._cmd(
                 str(self.bin / "initdb"),
                 "-D",
@@ -106,9 +106,12 @@ class PostgresPeer:
                 "UTF8",
                 "--locale=C",
             ),
-            check=True,
             capture_output=True,
+            text=True,
         )
+        if init.returncode != 0:
+            # e.g. the server user cannot reach a directory under a private parent
+            raise RuntimeError(f"initdb failed in {self.data}:\n{init.stderr.strip()}")
         settings = {
             "listen_addresses": "127.0.0.1",
             "port": str(self.port),
