@@ -84,9 +84,22 @@ def test_transfer_across_two_stores_commits(tmp_path: Path) -> None:
         c = Cluster(root, ["n1", "n2"])
         try:
             ops, txs = await transfer_branches(c, 30)
+            b2 = ops["n2"][0][1]
+            plain = c.persisters["n2"].persist
+            held: list[bool] = []
+
+            def persist(writes: Any, done: Any) -> None:
+                # The outcome's write: the RM has ended the branch in memory, but
+                # the data service must keep its hands off until it is durable.
+                if any(k.startswith(K_TOMB) for k, _ in writes):
+                    held.append(c.rms["n2"].holds(b2))
+                plain(writes, done)
+
+            c.persisters["n2"].persist = persist  # type: ignore[method-assign]
             reply = await c.run("n1", ops)
             assert reply["ok"] is True and reply["outcome"] == "commit", reply
             await c.settled()
+            assert held == [True] and not c.rms["n2"].holds(b2)
             assert balances(c.dbs["n1"]) == {"A": 70}
             assert balances(c.dbs["n2"]) == {"B": 30}
             assert not txs["n1"].active and not txs["n2"].active  # ended by phase two

@@ -189,8 +189,14 @@ class StoreResourceManager:
         """Whether the branch's transaction belongs to a two-phase commit now.
 
         The data service must then neither commit nor roll it back (nor idle it out).
+        True from :meth:`open` until the outcome is durable (also after :meth:`finish`,
+        while the persister still commits the phase-two write set).
         """
-        return any(b.branch_id == branch_id for b in self._branches.values())
+        if any(b.branch_id == branch_id for b in self._branches.values()):
+            return True
+        tx = self.lookup_branch(branch_id)
+        gtid = b"" if tx is None else tx._prepared[0]
+        return bool(gtid) and (gtid in self.db._in_doubt or gtid in self.db._preparing)
 
     def branches(self) -> dict[str, str]:
         """gtid -> "preparing" / "ready" / "recovered", for status pages and tests."""
