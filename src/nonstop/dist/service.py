@@ -139,6 +139,8 @@ class Session:
     """Nodes whose branch holds changes (creates, deletes, flushed writes, calls)."""
     pending: dict[str, dict[bytes, list[Any]]] = field(default_factory=dict)
     """Writes to remote objects not yet shipped: node -> ref -> write."""
+    committed: set[str] = field(default_factory=set)
+    """Nodes whose branch two-phase commit committed (theirs to end, not ours)."""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @property
@@ -173,6 +175,8 @@ class DataService:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._sweeper: asyncio.Task[None] | None = None
         self._locations: dict[int, str] = {}
+        self._hints: collections.OrderedDict[tuple[str, Any], str] = collections.OrderedDict()
+        """(type, packed unique key) → the node a cluster-scope get found it on last."""
         self.stats = collections.Counter[str]()
 
     # ================================================================ life
@@ -333,14 +337,30 @@ class DataService:
         others = [n for n in self._scope_nodes(scope) if n != self.name and self.is_up(n)]
         if not others:
             return reply
+        # Where this key was found last time is asked first, alone: a key's object
+        # rarely moves, and one RPC instead of one per node is what makes repeated
+        # cross-node transactions cheap.  Not found there: everybody else, as usual.
+        hint_key = (p["type"], p.get("key"))
+        hint = self._hints.get(hint_key)
+        if hint in others:
+            reply = await self._on(s, hint, "branch.get", fields)
+            if reply.get("o") is not None:
+                return reply
+            others.remove(hint)
+            del self._hints[hint_key]
+            if not others:
+                return reply
         replies = await asyncio.gather(
             *(self._on(s, n, "branch.get", fields) for n in others), return_exceptions=True
         )
         failure: BaseException | None = None
-        for r in replies:
+        for node, r in zip(others, replies, strict=True):
             if isinstance(r, BaseException):
                 failure = failure or r
             elif r.get("o") is not None:
+                self._hints[hint_key] = node
+                while len(self._hints) > 100_000:
+                    self._hints.popitem(last=False)
                 return r
         if failure is not None:
             # An absent key on a node we could not ask is not known to be absent.
@@ -651,6 +671,10 @@ class DataService:
                 "the commit decision is not known yet; ask request.result later"
             ) from None
         outcome = map_run_reply(reply)
+        if outcome.get("ok"):
+            # Every branch of a committed transaction prepared: each is the resource
+            # manager's now, so no branch.end is owed to them.
+            s.committed = set(writers)
         if outcome.get("error") == "Aborted":
             down = sorted(n for n in writers if not self.is_up(n))
             if down:
@@ -700,7 +724,7 @@ class DataService:
             async with br.lock:
                 if br.tx._state is _State.ACTIVE:
                     await br.tx.rollback()
-        for node in sorted(s.remote):
+        for node in sorted(s.remote - s.committed):
             self._spawn(self._end_remote(node, bid))
         s.remote.clear()
 

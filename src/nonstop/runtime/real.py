@@ -852,6 +852,7 @@ class RealRuntime:
                 "stats": dict(self.stats),
                 "connected": sorted(n for n in self._by_name if self.connected(n)),
                 "addresses": {n: a for n, (a, _) in self.addresses.items()},
+                "data": {} if self.data_service is None else dict(self.data_service.stats),
             }
         return None
 
