@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,6 +99,9 @@ class StoreResourceManager:
         self.lookup_branch = lookup_branch
         self.feed = feed
         self._branches: dict[str, _Branch] = {}
+        # Branches finished here whose phase two the persister may still be writing:
+        # branch id -> gtid (for holds(); pruned as they leave the in-doubt set).
+        self._ending: dict[str, bytes] = {}
 
     # ------------------------------------------------------------ protocol
     def check_ops(self, ops: Any) -> str | None:
@@ -162,7 +165,12 @@ class StoreResourceManager:
             return [], []
         key = gtid.encode()
         if key in self.db._in_doubt:
-            return [], []  # durably prepared: the persister ends it with the outcome
+            # Durably prepared: the persister ends it with the outcome's write.
+            for bid, g in list(self._ending.items()):  # keep it to the ones in flight
+                if g not in self.db._in_doubt:
+                    del self._ending[bid]
+            self._ending[b.branch_id] = key
+            return [], []
         if commit:
             raise AssertionError(f"{gtid}: commit of a branch that never prepared")
         if b.task is not None and not b.task.done():
@@ -194,9 +202,11 @@ class StoreResourceManager:
         """
         if any(b.branch_id == branch_id for b in self._branches.values()):
             return True
-        tx = self.lookup_branch(branch_id)
-        gtid = b"" if tx is None else tx._prepared[0]
-        return bool(gtid) and (gtid in self.db._in_doubt or gtid in self.db._preparing)
+        gtid = self._ending.get(branch_id)
+        if gtid is not None and gtid not in self.db._in_doubt:
+            del self._ending[branch_id]  # phase two is durable: done
+            gtid = None
+        return gtid is not None
 
     def branches(self) -> dict[str, str]:
         """gtid -> "preparing" / "ready" / "recovered", for status pages and tests."""
@@ -285,7 +295,7 @@ class DtxPersister:
 
     def persist(
         self,
-        writes: tuple[tuple[bytes, bytes | None], ...],
+        writes: Sequence[tuple[bytes, bytes | None]],
         done: Callable[[BaseException | None], None],
     ) -> None:
         """Commit ``writes`` (and the 2PC effects they imply) as one store write set."""
