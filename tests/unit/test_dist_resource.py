@@ -622,3 +622,31 @@ def test_cluster_composition_routes_rm_progress_to_the_dtx_node() -> None:
     forged = node.handle(Received(0.2, "b", {"t": RM, "p": [Refused("b.1", "x")]}))
     assert not [a for a in forged if isinstance(a, Persist)]
     assert node.dtx.branches["b.1"].state == "persisting"
+
+
+def test_two_branches_promoting_the_same_read_lock_one_is_the_deadlock_victim(
+    tmp_path: Path,
+) -> None:
+    """Two global transactions read B, then both write it: one votes no (deadlock), one commits."""
+    seed(tmp_path, {"n1": {"A": 100}, "n2": {"B": 0}})
+
+    async def body(root: Path) -> None:
+        c = Cluster(root, ["n1", "n2"], lock_timeout=5.0)
+        try:
+            runs = []
+            for amount in (1, 2):
+                b2, tx2 = await c.branch("n2")
+                b = await tx2.get(Account, number="B")  # a read lock, promoted at prepare
+                runs.append({"n2": [["b", b2], c.write(b, balance=b.balance + amount)]})
+            replies = await asyncio.gather(*(c.run("n1", ops) for ops in runs))
+            oks = [r for r in replies if r["ok"]]
+            nos = [r for r in replies if not r["ok"]]
+            assert len(oks) == 1 and len(nos) == 1, replies
+            assert nos[0]["why"] == "n2 voted no: deadlock"
+            await c.settled()
+            assert balances(c.dbs["n2"])["B"] in (1, 2)
+            consistent(c.dbs["n2"])
+        finally:
+            c.close()
+
+    run(body, tmp_path)
