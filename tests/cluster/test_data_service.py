@@ -7,6 +7,8 @@ shared 2-core machine); the tests that kill nodes run last.
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import itertools
 import os
 import time
@@ -17,7 +19,7 @@ from typing import Any
 import pytest
 
 import tests.distmodel  # noqa: F401  (the types the nodes load with --app)
-from nonstop.client import Client
+from nonstop.client import AsyncClient, Client
 from nonstop.model.codec import pack, unpack
 from tests.cluster.conftest import Procs, wait_until
 
@@ -403,6 +405,65 @@ def test_lock_wait_timeout_is_retryable(cluster: Procs) -> None:
         fails(c2, "TransactionClosed", op="tx.count", s=s2, type=ACC, tv=1)
         ok(c1, op="tx.commit", s=s1, w=[write(get(c1, s1, b) or [], balance=5)])
     assert balances(cluster, [b]) == {b: 5}
+
+
+def test_concurrent_cross_node_transfers_conserve_money(cluster: Procs) -> None:
+    numbers = [uniq("m") for _ in range(6)]
+    make_accounts(cluster, {n: ("ABC"[i % 3], 1000) for i, n in enumerate(numbers)})
+    applied: dict[str, int] = dict.fromkeys(numbers, 0)
+    retries = collections.Counter[str]()
+
+    async def transfer(c: AsyncClient, src: str, dst: str, amount: int) -> None:
+        while True:
+            s = (await c.request({"op": "tx.begin"}))["s"]
+            objs = {}
+            failed = None
+            # Half of the workers lock in the opposite order: distributed deadlocks
+            # happen and end by lock-wait timeout (B4), then the transfer is replayed.
+            for n in (src, dst):
+                r = await c.request(
+                    {
+                        "op": "tx.get",
+                        "s": s,
+                        "type": ACC,
+                        "tv": 1,
+                        "key": pack({"number": n}),
+                        "lock": "write",
+                    }
+                )
+                if "error" in r:
+                    failed = r
+                    break
+                objs[n] = r["o"]
+            if failed is None:
+                w = [
+                    write(objs[src], balance=state(objs[src])["balance"] - amount),
+                    write(objs[dst], balance=state(objs[dst])["balance"] + amount),
+                ]
+                failed = await c.request({"op": "tx.commit", "s": s, "w": w})
+                if "error" not in failed:
+                    applied[src] -= amount
+                    applied[dst] += amount
+                    return
+            assert failed["error"] in ("LockTimeout", "Deadlock", "Conflict"), failed
+            retries[failed["error"]] += 1
+            await c.request({"op": "tx.rollback", "s": s})
+
+    async def worker(i: int) -> None:
+        async with AsyncClient([cluster.address("ABC"[i % 3])], timeout=30, rounds=1) as c:
+            for k in range(6):
+                src, dst = numbers[(i + k) % 6], numbers[(i + 2 * k + 1) % 6]
+                if src == dst:
+                    continue
+                await transfer(c, src, dst, 1 + (i + k) % 7)
+
+    async def main() -> None:
+        await asyncio.wait_for(asyncio.gather(*(worker(i) for i in range(9))), 90)
+
+    asyncio.run(main())
+    final = balances(cluster, numbers, "B")
+    assert sum(final.values()) == 6 * 1000
+    assert final == {n: 1000 + applied[n] for n in numbers}, (final, applied, retries)
 
 
 def test_participant_killed_mid_transaction(cluster: Procs) -> None:
