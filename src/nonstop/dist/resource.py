@@ -23,6 +23,13 @@ group committer, and makes the machine's state and the store's state move
 
 So after any crash the store's in-doubt set equals the machine's ``dtx/p/``
 keys, and an outcome tombstone exists exactly when its effect is applied.
+
+The group committer applies a group's deletes before its puts.  That is safe
+for the machine's keys because it deletes a key only after the ``Persisted`` of
+the write that put it (a record after its transaction finished, a prepared key
+after the prepare, a tombstone after it was acknowledged), so a put and a
+later delete of one key never share a group; and for objects because locks are
+held until the phase-two write set is durable.
 """
 
 from __future__ import annotations
