@@ -309,6 +309,34 @@ def test_remote_call_runs_on_the_master(cluster: Procs) -> None:
         ok(c, op="tx.rollback", s=s)
 
 
+def test_delete_a_remote_object(cluster: Procs) -> None:
+    gone, kept = uniq("del"), uniq("keep")
+    objs = make_accounts(cluster, {gone: ("C", 1), kept: ("C", 2)})
+    with client(cluster, "A") as c:
+        s = begin(c)
+        o = get(c, s, gone, lock="write")
+        assert o is not None
+        assert ok(c, op="tx.delete", s=s, ref=o[0]) == {}
+        assert get(c, s, gone) is None  # this transaction sees its own delete
+        fails(c, "NotFound", op="tx.delete", s=s, ref=o[0])
+        ok(c, op="tx.commit", s=s)
+        s = begin(c)
+        assert ok(c, op="tx.ref", s=s, ref=objs[gone][0])["o"] is None
+        assert get(c, s, gone) is None
+        assert get(c, s, kept) is not None
+        ok(c, op="tx.rollback", s=s)
+
+
+def test_bulk_ops_run_on_the_node(cluster: Procs) -> None:
+    owner = uniq("bulk")
+    make_accounts(cluster, {f"{owner}-{i}": ("B", i) for i in range(3)})
+    with client(cluster, "B") as c:
+        plan = ok(c, op="bulk.plan", type=ACC, tv=1, splits=2)
+        assert plan["node"] == "B" and plan["count"] >= 3 and plan["ranges"]
+        fails(c, "BadArgument", op="bulk.plan", type=ACC, tv=1, splits=0)
+        fails(c, "BadArgument", op="bulk.nothing")
+
+
 def test_stale_write_is_a_conflict(cluster: Procs) -> None:
     b = uniq("stale")
     make_accounts(cluster, {b: ("B", 1)})
