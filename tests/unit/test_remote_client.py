@@ -91,7 +91,7 @@ def test_writes_are_deferred_and_sent_with_the_commit(cluster: FakeCluster) -> N
             assert (w.cash, w.tags, w.rank) == (12, ["x"], 9)  # reads see own writes
             assert len(node.log) == before, "no round trip per field write"
         commit = node.ops("tx.commit")[-1]
-        assert len(commit["w"]) == 1 and commit["req"][0] == c.client_id
+        assert len(commit["w"]) == 1 and commit["req"][0] == f"{c.client_id}.1"
         with c.transaction() as tx:
             w = tx.get(Wallet, owner="ann")
             assert (w.cash, w.tags, w.rank) == (12, ["x"], 9)
@@ -360,6 +360,31 @@ def test_failover_to_the_next_node_and_unavailable_mid_transaction(cluster: Fake
         n1.up = n2.up = True
         transfer(c, "t4", "A-1", "A-2", 1)
         assert balance(c, "A-1") == 98
+
+
+def test_read_only_commits_carry_no_request_id_and_writers_use_lanes(
+    cluster: FakeCluster,
+) -> None:
+    node = cluster.nodes["n1"]
+    with cluster.client() as c:
+        assert balance(c, "A-1") == 100
+        assert node.ops("tx.commit")[-1]["req"] is None, "nothing to record for a read"
+        transfer(c, "l1", "A-1", "A-2", 1)
+        transfer(c, "l2", "A-1", "A-2", 1)
+        reqs = [p["req"] for p in node.ops("tx.commit") if p["req"]]
+        assert reqs == [[f"{c.client_id}.1", 1], [f"{c.client_id}.1", 2]]
+
+
+def test_request_lanes_one_commit_at_a_time_per_lane() -> None:
+    from nonstop.client.lanes import RequestLanes
+
+    lanes = RequestLanes("cid")
+    a, b = lanes.take(), lanes.take()
+    assert a == ["cid.1", 1] and b == ["cid.2", 1]
+    lanes.done(b)
+    assert lanes.take() == ["cid.2", 2]
+    lanes.done(a)
+    assert lanes.take() == ["cid.1", 2] and lanes.lanes == 2
 
 
 def test_connections_are_reused_between_transactions(cluster: FakeCluster) -> None:

@@ -36,6 +36,7 @@ import uuid
 from typing import Any
 
 from nonstop.client.channel import NETWORK_ERRORS, AsyncChannel, SyncChannel
+from nonstop.client.lanes import RequestLanes
 from nonstop.client.remote import RemoteTransaction
 from nonstop.client.remote_async import AsyncRemoteTransaction
 from nonstop.dist.wire import raise_error
@@ -151,8 +152,8 @@ class Client:
         """The hello of the node currently connected to."""
         self.op_timeout = op_timeout
         self.client_id = uuid.uuid4().hex
-        """This client's id in exactly-once commit requests (H1)."""
-        self._seq = itertools.count(1)
+        """This client's id in exactly-once commit requests (H1; see ``client.lanes``)."""
+        self._lanes = RequestLanes(self.client_id)
         self._pool: list[SyncChannel] = []
         self._pool_lock = threading.Lock()
         self._type_cache: dict[str, Any] = {}
@@ -309,7 +310,10 @@ class Client:
                 self._index = (self._index + 1) % len(self.addresses)
 
     def _next_request(self) -> list[Any]:
-        return [self.client_id, next(self._seq)]
+        return self._lanes.take()
+
+    def _request_done(self, req: list[Any]) -> None:
+        self._lanes.done(req)
 
     def _open_session(self, begin: dict[str, Any]) -> tuple[Any, int]:
         """Begin a session on the first node that takes it: (channel, session id)."""
@@ -425,8 +429,8 @@ class AsyncClient:
         self._lock = asyncio.Lock()
         self._dial_lock = asyncio.Lock()
         self.client_id = uuid.uuid4().hex
-        """This client's id in exactly-once commit requests (H1)."""
-        self._seq = itertools.count(1)
+        """This client's id in exactly-once commit requests (H1; see ``client.lanes``)."""
+        self._lanes = RequestLanes(self.client_id)
         self._type_cache: dict[str, Any] = {}
 
     @property
@@ -523,7 +527,10 @@ class AsyncClient:
         return AsyncRemoteTransaction(self, isolation)
 
     def _next_request(self) -> list[Any]:
-        return [self.client_id, next(self._seq)]
+        return self._lanes.take()
+
+    def _request_done(self, req: list[Any]) -> None:
+        self._lanes.done(req)
 
     async def _open_session(self, begin: dict[str, Any]) -> tuple[Any, int]:
         """Begin a session on the first node that takes it: (channel, session id)."""

@@ -297,6 +297,7 @@ class RemoteTransactionBase:
         self._entries: dict[bytes, RemoteEntry] = {}
         self._dirty: dict[bytes, RemoteEntry] = {}
         self._s: int | None = None  # the node's session id once begun
+        self._wrote = False  # anything sent that changes data (create, delete, call, writes)
         self._chan: Any = None  # the channel the session lives on
 
     # ----------------------------------------------------------- checks
@@ -383,6 +384,8 @@ class RemoteTransactionBase:
 
     def _flushed(self, sent: list[list[Any]]) -> None:
         """The node took the writes sent: forget them (later writes start a new buffer)."""
+        if sent:
+            self._wrote = True
         for w in sent:
             e = self._dirty.pop(w[0], None)
             if e is not None:
@@ -519,6 +522,7 @@ class RemoteTransactionBase:
             "st": packed,
             "node": node,
         }
+        self._wrote = True
         reply = yield payload
         ref, _, version, node_state = obj_in(reply["o"])
         e = RemoteEntry(self, ref, info, _complete(info, node_state), version, WRITE, CREATED)
@@ -530,6 +534,7 @@ class RemoteTransactionBase:
         if e.status >= DELETED:
             raise Deleted(f"{e.info.name} object is already deleted")
         payload, sent = self._with_writes({"op": "tx.delete", "ref": e.ref})
+        self._wrote = True
         yield payload
         self._flushed(sent)
         e.status = DELETED
@@ -575,6 +580,7 @@ class RemoteTransactionBase:
         payload, sent = self._with_writes(
             {"op": "tx.call", "ref": e.ref, "m": method, "a": packed_args}
         )
+        self._wrote = True  # a method may change anything
         reply = yield payload
         self._flushed(sent)
         for state in reply.get("os") or []:
@@ -596,8 +602,13 @@ class RemoteTransactionBase:
     def _begin_payload(self) -> Request:
         return {"op": "tx.begin", "iso": self._iso}
 
-    def _commit_payload(self, req: list[Any]) -> tuple[Request, list[list[Any]]]:
-        return self._with_writes({"op": "tx.commit", "s": self._s, "req": req})
+    def _commit_payload(self) -> tuple[Request, list[Any] | None]:
+        """The commit request and its exactly-once id (None for a read-only transaction:
+        nothing to apply twice, and the node then commits without writing anything)."""
+        payload, sent = self._with_writes({"op": "tx.commit", "s": self._s})
+        req = self.client._next_request() if sent or self._wrote else None
+        payload["req"] = req
+        return payload, req
 
     # ------------------------------------------------------------- endings
     def _ended(self, outcome: _State) -> None:
@@ -761,24 +772,29 @@ class RemoteTransaction(RemoteTransactionBase):
             return
         self._state = _State.COMMITTING
         chan = self._chan
-        req = self.client._next_request()
-        payload, _ = self._commit_payload(req)
+        payload, req = self._commit_payload()
         try:
-            reply = chan.call(payload, self.client.op_timeout)
-        except BaseException as exc:
-            self.client._discard(chan)
-            self._ended(_State.ROLLED_BACK)
-            self.client._request_result(chan.address, req, exc)
-            self._state = _State.COMMITTED
-            return
-        try:
-            raise_error(reply)
-        except BaseException:
-            self._ended(_State.ROLLED_BACK)
+            try:
+                reply = chan.call(payload, self.client.op_timeout)
+            except BaseException as exc:
+                self.client._discard(chan)
+                self._ended(_State.ROLLED_BACK)
+                if req is not None:
+                    self.client._request_result(chan.address, req, exc)
+                # (Read-only: every read was made under its locks; nothing to commit.)
+                self._state = _State.COMMITTED
+                return
+            try:
+                raise_error(reply)
+            except BaseException:
+                self._ended(_State.ROLLED_BACK)
+                self.client._release(chan)
+                raise
+            self._ended(_State.COMMITTED)
             self.client._release(chan)
-            raise
-        self._ended(_State.COMMITTED)
-        self.client._release(chan)
+        finally:
+            if req is not None:
+                self.client._request_done(req)
 
     def _check_usable_or_rollback(self) -> None:
         try:

@@ -175,22 +175,27 @@ class AsyncRemoteTransaction(RemoteTransactionBase):
             return
         self._state = _State.COMMITTING
         chan = self._chan
-        req = self.client._next_request()
-        payload, _ = self._commit_payload(req)
+        payload, req = self._commit_payload()
         try:
-            reply = await chan.call(payload, self.client.op_timeout)
-        except BaseException as exc:
-            self.client._discard(chan)
-            self._ended(_State.ROLLED_BACK)
-            await self.client._request_result(chan.address, req, exc)
-            self._state = _State.COMMITTED
-            return
-        self._ended(_State.COMMITTED)
-        try:
-            raise_error(reply)
-        except BaseException:
-            self._state = _State.ROLLED_BACK
-            raise
+            try:
+                reply = await chan.call(payload, self.client.op_timeout)
+            except BaseException as exc:
+                self.client._discard(chan)
+                self._ended(_State.ROLLED_BACK)
+                if req is not None:
+                    await self.client._request_result(chan.address, req, exc)
+                # (Read-only: every read was made under its locks; nothing to commit.)
+                self._state = _State.COMMITTED
+                return
+            self._ended(_State.COMMITTED)
+            try:
+                raise_error(reply)
+            except BaseException:
+                self._state = _State.ROLLED_BACK
+                raise
+        finally:
+            if req is not None:
+                self.client._request_done(req)
 
     async def rollback(self) -> None:
         """Drop every change; the node releases every lock.  Safe to call twice."""
