@@ -36,6 +36,11 @@ from nonstop.runtime.interface import Log, Persist, Received, Started
 pytestmark = pytest.mark.timeout(60)
 
 
+class Card(nonstop.Managed, name="tests.dist_resource.Card"):
+    code: str = nonstop.key(unique=True)
+    holder: Account | None = None
+
+
 def run(test: Callable[[Path], Awaitable[None]], root: Path) -> None:
     asyncio.run(test(root))
 
@@ -646,6 +651,30 @@ def test_two_branches_promoting_the_same_read_lock_one_is_the_deadlock_victim(
             await c.settled()
             assert balances(c.dbs["n2"])["B"] in (1, 2)
             consistent(c.dbs["n2"])
+        finally:
+            c.close()
+
+    run(body, tmp_path)
+
+
+def test_a_reference_field_may_point_to_an_object_of_another_node(tmp_path: Path) -> None:
+    seed(tmp_path, {"n1": {"A": 100}, "n2": {"B": 0}})
+
+    async def body(root: Path) -> None:
+        c = Cluster(root, ["n1", "n2"])
+        try:
+            _, tx1 = await c.branch("n1")
+            a = await tx1.get(Account, number="A")
+            a_ref = tx1.ref(a)
+            b2, tx2 = await c.branch("n2")
+            card = await tx2.create(Card, code="K")
+            card_ref = tx2.ref(card).raw
+            reply = await c.run("n1", {"n2": [["b", b2], c.write(card, holder=a_ref)]})
+            assert reply["ok"] is True, reply
+            await c.settled()
+            await tx1.rollback()
+            stored = c.dbs["n2"]._store.get_object(card_ref)
+            assert stored is not None and stored[3]["holder"] == a_ref
         finally:
             c.close()
 

@@ -43,7 +43,7 @@ from typing import Any
 from nonstop.database import Database, InDoubt
 from nonstop.dtx.decisions import COMMIT
 from nonstop.dtx.protocol import K_PREPARED, K_TOMB, Progress, Ready, Refused
-from nonstop.errors import Conflict, Deadlock, FieldError, LockTimeout, NotFound, StoreError
+from nonstop.errors import Conflict, Deadlock, FieldError, LockTimeout, StoreError
 from nonstop.model.codec import pack, unpack
 from nonstop.model.ref import Ref
 from nonstop.store.group_commit import Op, WriteSet
@@ -274,14 +274,9 @@ async def _apply_write(
             f"{type_name} {ref.hex()} is at version {e.version}; the write was based on {version}"
         )
     for name, value in changes.items():
-        f = e.info.fields.get(name) if isinstance(name, str) else None
-        if f is None:
+        if not (isinstance(name, str) and name in e.info.fields):
             raise FieldError(f"{type_name} has no field {name!r}")
-        if f.kind == "ref" and isinstance(value, Ref):
-            target = await tx.by_ref(value, lock="none")
-            if target is None:
-                raise NotFound(f"{type_name}.{name}: no object {value!r}")
-            value = target
+        # A reference field takes the Ref as is: its object may live on another node.
         setattr(obj, name, value)
 
 
