@@ -41,3 +41,29 @@ class Tagged(Managed, name="pipe.Tagged"):
 
 class Keyless(Managed, name="pipe.Keyless"):
     value: int = 0
+
+
+_fired: list[bool] = []
+
+
+class Flaky(Managed, name="pipe.Flaky"):
+    """Fails the first update of the object ``boom`` (in this process) — after first
+    setting ``poke``'s qty to -1 in a transaction of its own, committed at once.
+
+    A Spark task that writes ``boom`` thus fails on its first attempt with the
+    batches before it committed, and ``poke`` changed behind the writer's back.
+    """
+
+    sku: str = key(unique=True)
+    qty: int = 0
+    poke: str = ""
+
+    def on_update(self) -> None:
+        if self.sku != "boom" or _fired:
+            return
+        _fired.append(True)
+        from nonstop import Abort, transaction_of
+
+        with transaction_of(self).db.transaction() as other:
+            other.get(Flaky, sku=self.poke).qty = -1
+        raise Abort("injected failure: the first update of 'boom'")

@@ -326,3 +326,14 @@ def test_schema_and_handler_table(ctx: BulkContext) -> None:
     assert s["unique"] == ["sku"] and s["fields"]["cost"] == ["decimal", True]
     assert s["count"] == 0
     assert {"bulk.plan", "bulk.scan", "bulk.upsert", "bulk.overwrite.commit"} <= set(HANDLERS)
+
+
+def test_overwrite_commit_takes_only_the_named_attempts(ctx: BulkContext) -> None:
+    job = op(ctx, "bulk.overwrite.begin", type=T)["job"]
+    # Partition 0 failed on attempt 0 after staging a part, then attempt 1 succeeded.
+    for tag, sku in (("0/0/0", "stale"), ("0/1/0", "a"), ("0/1/1", "b"), ("1/0/0", "c")):
+        op(ctx, "bulk.overwrite.part", type=T, job=job, tag=tag, rows=encode_rows({"sku": [sku]}))
+    done = op(ctx, "bulk.overwrite.commit", type=T, job=job, parts=["0/1/", "1/0/"])
+    assert done["inserted"] == 3
+    assert sorted(read_all(ctx, fields=["sku"])["sku"]) == ["a", "b", "c"]
+    assert op(ctx, "bulk.overwrite.abort", job=job)["dropped"] == 0  # nothing left staged

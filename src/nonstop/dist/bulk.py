@@ -687,6 +687,9 @@ def overwrite_commit(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any
     """Swap in the staged objects: ONE transaction deletes the type's objects and creates
     the staged ones.  A reader sees the old set or the new.  Committing again replies
     the same result; a duplicate key across parts aborts the swap and changes nothing.
+
+    ``parts``: tag prefixes of the parts to take (Spark passes ``"<partition>/<attempt>/"``
+    of each successful task, so parts of a failed attempt are dropped, not swapped in).
     """
     job = _job(payload)
     info = _type(ctx, payload)
@@ -703,7 +706,8 @@ def overwrite_commit(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any
                 return {**unpack(done), "replayed": True}
             if tx._raw_get(bulk, jslot) is None:
                 raise BadArgument(f"no staged overwrite {job!r} on this node (aborted?)")
-            parts = _keys_with(db, f"o/{job}/".encode())
+            staged = _keys_with(db, f"o/{job}/".encode())
+            parts = _chosen(staged, f"o/{job}/".encode(), payload.get("parts"))
             deleted = 0
             for obj in tx.query(info.cls).lock("write").all():
                 tx.delete(obj)
@@ -718,12 +722,23 @@ def overwrite_commit(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any
                         raise DuplicateKey(f"overwrite {job!r}: {exc} (in two parts)") from None
                     inserted += 1
             result = {"deleted": deleted, "inserted": inserted}
-            ops = [(False, bulk, s, None) for s in parts]
+            ops = [(False, bulk, s, None) for s in staged]
             ops += [(False, bulk, jslot, None), (True, bulk, dslot, pack(result))]
             tx._raw_ops.extend(ops)
             return {**result, "replayed": False}
 
     return _retrying(run)  # type: ignore[no-any-return]
+
+
+def _chosen(staged: list[bytes], prefix: bytes, parts: Any) -> list[bytes]:
+    """The staged parts to swap in: those whose tag starts with one of ``parts`` (the
+    successful task attempts), or all of them when ``parts`` is None."""
+    if parts is None:
+        return staged
+    if not isinstance(parts, list) or not all(isinstance(p, str) for p in parts):
+        raise BadArgument("'parts' must be a list of tag prefixes or None")
+    wanted = tuple(prefix + p.encode() for p in parts)
+    return [s for s in staged if s.startswith(wanted)] if wanted else []
 
 
 def overwrite_abort(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any]:

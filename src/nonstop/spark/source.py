@@ -6,11 +6,14 @@ node — returned as an Arrow record batch that goes to Spark untouched.
 
 Writes: rows are cut into batches of ``batch`` rows per Spark partition and
 each batch goes to the *home node* of its keys (a stable hash of the unique
-key over the sorted node names), tagged ``<job>/<partition>/<batch>/<node>``.
-The job id is drawn once on the driver, so a retried task sends the same tags
-and its already-committed batches change nothing (``bulk.upsert``).
-``overwrite`` stages everything invisibly (``bulk.overwrite.part``) and swaps
-at job commit; a failed job is aborted and leaves nothing visible.
+key over the sorted node names), tagged ``<job>/<partition>/<batch>/<node>/<digest
+of the rows>``.  The job id is drawn once on the driver, so a retried task sends
+the same tags and its already-committed batches change nothing
+(``bulk.upsert``); a retry whose input arrives in another order cuts other
+batches, with other digests, which are applied again (an upsert by key: no
+duplicates).  ``overwrite`` stages everything invisibly, per task attempt
+(``bulk.overwrite.part``), and swaps in the successful attempts' parts at job
+commit; a failed job is aborted and leaves nothing visible.
 
 The streaming sink writes like ``append`` and records each micro-batch id
 with the data (``bulk.stream.commit``); a replayed batch id is skipped.
@@ -18,6 +21,7 @@ with the data (``bulk.stream.commit``); a replayed batch id is skipped.
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 import zlib
 from collections.abc import Iterator
@@ -76,6 +80,12 @@ def _type_schema(opts: Options) -> dict[str, Any]:
     node = _up_nodes(opts)[0]
     with BulkClient(node["address"], cluster=opts.cluster_id) as c:
         return c.call("bulk.schema", type=opts.type)  # type: ignore[no-any-return]
+
+
+def digest(rows: bytes) -> str:
+    """Part of a batch's tag: a retry whose input came in another order (after a
+    shuffle, say) cuts different batches, which must not pass for the old ones."""
+    return hashlib.blake2b(rows, digest_size=12).hexdigest()
 
 
 def home(key_value: Any, n_nodes: int) -> int:
@@ -204,6 +214,8 @@ class NonstopFilteringReader(NonstopReader):
 class WriteStats(WriterCommitMessage):
     """What one task wrote (summed on the driver)."""
 
+    partition: int = 0
+    attempt: int = 0
     rows: int = 0
     inserted: int = 0
     updated: int = 0
@@ -214,7 +226,7 @@ class _Router:
     """Cuts a task's Arrow stream into fixed-size batches and sends each to its home node.
 
     Fixed sizes make the batch numbers — and so the tags — the same on a retry
-    of the task (same input, same order).
+    of the task when its input comes in the same order.
     """
 
     def __init__(self, opts: Options, nodes: list[dict[str, Any]], key: str) -> None:
@@ -289,13 +301,20 @@ class NonstopWriter(DataSourceArrowWriter):
                     c.call("bulk.overwrite.begin", type=opts.type, tv=self.version, job=self.job)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteStats:  # type: ignore[override]
-        pid = TaskContext.get().partitionId()  # type: ignore[union-attr]
+        ctx = TaskContext.get()
+        assert ctx is not None
+        pid, attempt = ctx.partitionId(), ctx.attemptNumber()
         router = _Router(self.opts, self.nodes, self.key)
+        router.stats.partition, router.stats.attempt = pid, attempt
         try:
             for seq, table in enumerate(router.chunks(iterator)):
                 router.stats.rows += table.num_rows
                 for node, rows in router.split(table):
-                    self._send(router, node, rows, f"{pid}/{seq}/{node['name']}")
+                    if self.overwrite:  # staged per attempt: only the successful one counts
+                        where = f"{pid}/{attempt}/{seq}/{node['name']}"
+                    else:  # the same tag on a retry: its committed batches are skipped
+                        where = f"{pid}/{seq}/{node['name']}/{digest(rows)}"
+                    self._send(router, node, rows, where)
         finally:
             router.close()
         return router.stats
@@ -315,7 +334,8 @@ class NonstopWriter(DataSourceArrowWriter):
         for node in self.nodes:
             with BulkClient(node["address"], cluster=self.opts.cluster_id) as c:
                 if self.overwrite:
-                    c.call("bulk.overwrite.commit", type=self.opts.type, job=self.job)
+                    parts = [f"{m.partition}/{m.attempt}/" for m in messages if m is not None]
+                    c.call("bulk.overwrite.commit", type=self.opts.type, job=self.job, parts=parts)
                 else:
                     c.call("bulk.forget", prefix=f"{self.job}/")
 
@@ -369,7 +389,7 @@ class NonstopStreamWriter(DataSourceStreamArrowWriter):
                         rows=rows,
                         format="arrow",
                         key=self.key,
-                        tag=f"s:{self.stream}/{batch_id}/{pid}/{seq}/{node['name']}",
+                        tag=f"s:{self.stream}/{batch_id}/{pid}/{seq}/{digest(rows)}",
                     )
                     router.stats.inserted += r["inserted"]
                     router.stats.updated += r["updated"]
