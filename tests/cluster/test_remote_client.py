@@ -9,6 +9,7 @@ node SIGKILLed mid-transaction.  Nodes load ``tests.distmodel`` (``--app``).
 from __future__ import annotations
 
 import asyncio
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -281,5 +282,68 @@ def test_attached_node_killed_then_next_transaction_elsewhere(tmp_path: Path) ->
                     return (await atx.get(Account, number="C-9", lock="none")).balance
 
         assert asyncio.run(via_async()) == c_balance - 1
+    finally:
+        procs.cleanup()
+
+
+def test_lost_commit_reply_is_answered_by_the_recorded_outcome(
+    cluster: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """H1 against the real node: the commit reaches node A, its reply is lost with the
+    connection; the client asks ``request.result`` on a new connection and the
+    transfer is applied once."""
+    from nonstop.client.channel import SyncChannel
+    from nonstop.net.frames import encode
+
+    original = SyncChannel.call
+    asked: list[list[object]] = []
+
+    def lossy(chan: SyncChannel, payload: dict, timeout: float) -> object:  # type: ignore[type-arg]
+        if payload.get("op") == "request.result":
+            asked.append(payload["req"])
+        if payload.get("op") != "tx.commit":
+            return original(chan, payload, timeout)
+        chan._sock.sendall(encode({"t": "req", "id": 10**6, "p": payload}, chan.max_frame))
+        chan.close()  # the reply, if any, is never read
+        raise ConnectionResetError("reply lost (test)")
+
+    with nonstop.connect(cluster) as c:
+        before = balances(c)
+        monkeypatch.setattr(SyncChannel, "call", lossy)
+        transfer(c, "A-2", "C-0", 3)
+        monkeypatch.setattr(SyncChannel, "call", original)
+        after = balances(c)
+        assert len(asked) >= 1 and str(asked[0][0]).startswith(c.client_id)
+        assert after["A-2"] == before["A-2"] - 3 and after["C-0"] == before["C-0"] + 3
+        # A request id the node never saw: not committed, said as Unavailable.
+        with pytest.raises(nonstop.Unavailable, match="not committed"):
+            c._request_result(c.address, [f"{c.client_id}.999", 1], ConnectionResetError())
+
+
+def test_silent_node_gives_unavailable_after_the_op_timeout(tmp_path: Path) -> None:
+    procs = start(tmp_path / "stop")
+    try:
+        addresses = [procs.address(n) for n in NAMES]
+        with nonstop.connect(addresses, op_timeout=1.0, timeout=1.0) as c:
+            with c.transaction() as tx:
+                tx.create(Account, number="B-5", balance=10, node="B")
+                tx.create(Account, number="C-5", balance=10, node="C")
+            tx = c.transaction()
+            tx.get(Account, number="B-5", lock="none")
+            procs.signal("A", signal.SIGSTOP)
+            t0 = time.monotonic()
+            with pytest.raises(nonstop.Unavailable):
+                tx.get(Account, number="C-5", lock="none")
+            assert time.monotonic() - t0 < 3
+            tx.rollback()
+
+            def moved() -> bool:
+                transfer(c, "B-5", "C-5", 1)
+                return True
+
+            wait_until(moved, 20, "a transfer through another node")
+            with c.transaction() as tx2:
+                assert tx2.get(Account, number="C-5").balance == 11
+                assert tx2.node != "A"
     finally:
         procs.cleanup()
