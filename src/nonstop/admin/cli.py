@@ -21,6 +21,7 @@ from nonstop.admin.local import (
     spawn_node,
     stop_pid,
 )
+from nonstop.admin.pipeline import pipeline
 from nonstop.errors import Error
 from nonstop.node.config import ConfigError, NodeConfig, load, parse_join
 from nonstop.node.datadir import DataDir
@@ -362,6 +363,10 @@ def local_down(folder: str) -> None:
         if pid is not None and stop_pid(pid):
             stopped.append(n.name)
     click.echo(f"stopped: {', '.join(stopped) if stopped else 'none (nothing running)'}")
+
+
+# ============================================================= pipeline
+cli.add_command(pipeline)  # the Spark jobs: nonstop.admin.pipeline
 
 
 def main() -> None:

@@ -162,7 +162,13 @@ class NonstopReader(DataSourceReader):
 
     def partitions(self) -> list[NodeRange]:
         parts = []
-        for node in _up_nodes(self.opts):
+        nodes = _up_nodes(self.opts)
+        if self.opts.nodes:  # read what some nodes hold (an audit of one copy)
+            missing = set(self.opts.nodes) - {n["name"] for n in nodes}
+            if missing:
+                raise Unavailable(f"node(s) {', '.join(sorted(missing))} not up in the cluster")
+            nodes = [n for n in nodes if n["name"] in self.opts.nodes]
+        for node in nodes:
             with BulkClient(node["address"], cluster=self.opts.cluster_id) as c:
                 plan = c.call(
                     "bulk.plan", type=self.opts.type, tv=self.version, splits=self.opts.splits
