@@ -235,17 +235,23 @@ class Database:
             return rtxn.get(kb, db=db)  # type: ignore[no-any-return]
 
     def _prepared_record(self, ws: WriteSet, locks: dict[Any, Any]) -> bytes:
-        """Encode a prepared write set and its write locks by database *name*."""
+        """Encode a prepared write set and its locks by database *name*.
+
+        Read locks are kept too (``rlocks``, absent when none, so older versions
+        still read the record): a participant that restarts prepared must hold
+        every lock it had until the outcome, or another transaction could slip in
+        between its reads and the reads other participants are still making.
+        """
         names = self._store.names()
         ops = [[is_put, names[id(db)], key, value] for is_put, db, key, value in ws.ops]
         index_names = {n for _, n, _, _ in ops if n.startswith(b"ix:")}
         uniques = {n: not self._store.is_dupsort(n) for n in index_names}
-        held = [
-            ["o", r] if isinstance(r, bytes) else ["k", r[0], r[1]]
-            for r, mode in locks.items()
-            if mode is LockMode.WRITE
-        ]
-        return pack({"ops": ops, "deltas": ws.count_deltas, "unique": uniques, "locks": held})
+        held = [_lock_out(r) for r, mode in locks.items() if mode is LockMode.WRITE]
+        record = {"ops": ops, "deltas": ws.count_deltas, "unique": uniques, "locks": held}
+        read = [_lock_out(r) for r, mode in locks.items() if mode is LockMode.READ]
+        if read:
+            record["rlocks"] = read
+        return pack(record)
 
     def _recover_prepared(self) -> None:
         """After a restart, prepared transactions come back in doubt, holding their locks."""
@@ -258,9 +264,10 @@ class Database:
                 store.index_db(name, unique=unique)
             ops = [(p, store.db_by_name(n), k, v) for p, n, k, v in rec["ops"]]
             doubt = InDoubt(self, bytes(gtid), WriteSet(ops, rec["deltas"]))
-            for lock in rec["locks"]:
-                resource = lock[1] if lock[0] == "o" else (lock[1], lock[2])
-                if not self._locks.try_acquire(doubt.id, resource, LockMode.WRITE):
+            wanted = [(lock, LockMode.WRITE) for lock in rec["locks"]]
+            wanted += [(lock, LockMode.READ) for lock in rec.get("rlocks", ())]
+            for lock, mode in wanted:
+                if not self._locks.try_acquire(doubt.id, _lock_in(lock), mode):
                     raise StoreError(f"prepared transaction {gtid!r} conflicts with another")
             self._in_doubt[doubt.gtid] = doubt
 
@@ -269,6 +276,15 @@ class Database:
 
     def _async_committed(self, keys: list[bytes]) -> None:
         self._dispatcher.committed(keys)
+
+
+def _lock_out(resource: Any) -> list[Any]:
+    """A lock's resource for a prepared record: an object ref, or a key tuple."""
+    return ["o", resource] if isinstance(resource, bytes) else ["k", *resource]
+
+
+def _lock_in(lock: list[Any]) -> Any:
+    return lock[1] if lock[0] == "o" else tuple(lock[1:])
 
 
 class InDoubt:

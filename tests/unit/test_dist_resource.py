@@ -679,3 +679,72 @@ def test_a_reference_field_may_point_to_an_object_of_another_node(tmp_path: Path
             c.close()
 
     run(body, tmp_path)
+
+
+def test_a_prepared_transaction_keeps_its_read_locks_across_a_restart(tmp_path: Path) -> None:
+    """Strict 2PL across a crash: what a prepared branch read stays read-locked till the outcome."""
+    path = tmp_path / "s"
+    seed(tmp_path, {"s": {"A": 10, "B": 0}})
+    db = nonstop.open(path, lock_timeout=0.2)
+    tx = db.transaction().__enter__()
+    assert tx.get(Account, number="A").balance == 10  # read lock only
+    tx.get(Account, number="B", lock="write").balance = 10
+    assert tx.prepare(b"g-read") is True
+    db.close()  # the process "dies" prepared
+    with nonstop.open(path, lock_timeout=0.2) as db:
+        assert db.in_doubt() == [b"g-read"]
+        with db.transaction() as other:  # readers may share it ...
+            assert other.get(Account, number="A").balance == 10
+        with pytest.raises(nonstop.LockTimeout), db.transaction() as other:
+            other.get(Account, number="A", lock="write")  # ... writers wait for the outcome
+        assert db.resolve(b"g-read", commit=True) is True
+        with db.transaction() as other:
+            other.get(Account, number="A", lock="write").balance = 11
+        assert balances(db) == {"A": 11, "B": 10}
+
+
+def test_read_only_branch_restarted_in_doubt_keeps_its_read_lock(tmp_path: Path) -> None:
+    seed(tmp_path, {"n1": {"A": 100}, "n2": {"B": 7}})
+
+    async def body(root: Path) -> None:
+        cfg = DtxConfig(tick=0.02, retry=0.05, vote_timeout=1.5, branch_timeout=1.0,
+                        decision_timeout=5.0)  # fmt: skip
+        c = Cluster(root, ["n1", "n2"], config=cfg)
+        try:
+            b1, tx1 = await c.branch("n1")
+            b2, tx2 = await c.branch("n2")
+            a = await tx1.get(Account, number="A", lock="write")
+            await tx2.get(Account, number="B")  # read lock only: a read-only branch
+            state: dict[str, Any] = {"down": False}
+
+            def cut(sender: str, to: str, payload: Any) -> bool:
+                if sender == "n2" and payload.get("t") == VOTE and not state["down"]:
+                    state["down"] = True
+                    c.stop("n2")
+                    db2 = nonstop.open(root / "n2", lock_timeout=0.2)
+                    try:
+                        state["in_doubt"] = db2.in_doubt()
+                        with db2.transaction() as tx:
+                            tx.get(Account, number="B", lock="write")
+                    except nonstop.LockTimeout:
+                        state["locked"] = True
+                    finally:
+                        db2.close()
+                    return False
+                return state["down"] and "n2" in (sender, to) and sender != to
+
+            c.drop = cut
+            ops = {"n1": [["b", b1], c.write(a, balance=1)], "n2": [["b", b2]]}
+            reply = await c.run("n1", ops)
+            assert reply["ok"] is True, reply
+            assert state["in_doubt"] == [reply["g"].encode()] and state["locked"] is True
+            state["down"] = False
+            c.start("n2")
+            await c.settled()
+            async with c.dbs["n2"].transaction(lock_timeout=0.2) as tx:
+                (await tx.get(Account, number="B", lock="write")).balance = 8
+            assert balances(c.dbs["n1"]) == {"A": 1} and balances(c.dbs["n2"]) == {"B": 8}
+        finally:
+            c.close()
+
+    run(body, tmp_path)
