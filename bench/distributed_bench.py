@@ -76,6 +76,7 @@ class Cell:
     fsync_ms: list[float] = field(default_factory=list)
     load: list[float] = field(default_factory=list)
     server_cpu_us: list[float] = field(default_factory=list)
+    node_cpu_us: list[dict[str, float]] = field(default_factory=list)
     errors: int = 0
 
     def ops_per_s(self) -> float:
@@ -183,6 +184,57 @@ class NonstopSide:
         self.cluster.close()
 
 
+def anatomy(ns: NonstopSide, n: int = 60) -> dict[str, float]:
+    """Median ms of each step of one cross-node transfer, alone (sync client on A).
+
+    Also the same transaction's commit when it writes on the attached node only
+    (one-phase: one group commit) and a lone durable commit of a store on this disk.
+    """
+    steps: dict[str, list[float]] = {k: [] for k in ("get A", "get B", "create", "commit")}
+    one_phase: list[float] = []
+    clock = time.perf_counter
+    with nonstop.connect(ns.cluster.addresses[:1]) as client:
+        for k in range(n):
+            src, dst = k % ns.accounts, ns.accounts + k % ns.accounts
+            tx = client.transaction()
+            t0 = clock()
+            a = tx.get(Account, number=src, lock="write")
+            t1 = clock()
+            b = tx.get(Account, number=dst, lock="write")
+            t2 = clock()
+            a.balance -= 1
+            b.balance += 1
+            tx.create(Transfer, tid=uuid.uuid4().hex, src=src, dst=dst, amount=1)
+            t3 = clock()
+            tx.commit()
+            t4 = clock()
+            for name, (x, y) in zip(steps, ((t0, t1), (t1, t2), (t2, t3), (t3, t4)), strict=True):
+                steps[name].append((y - x) * 1000)
+            tx = client.transaction()
+            a = tx.get(Account, number=src, lock="write")
+            a.balance += 0
+            a.owner = a.owner  # a write on A only
+            tx.create(Transfer, tid=uuid.uuid4().hex, src=src, dst=src, amount=0)
+            t5 = clock()
+            tx.commit()
+            one_phase.append((clock() - t5) * 1000)
+    out = {k: statistics.median(v) for k, v in steps.items()}
+    out["commit, writes on A only (1PC)"] = statistics.median(one_phase)
+    return out
+
+
+def lone_store_commit_ms(folder: Path, n: int = 30) -> float:
+    """p50 of one durable single-object commit of a nonstop store on this disk."""
+    times = []
+    with nonstop.open(folder / "lone-store") as db:
+        for i in range(n):
+            t0 = time.perf_counter()
+            with db.transaction() as tx:
+                tx.create(Transfer, tid=f"lone-{i}")
+            times.append((time.perf_counter() - t0) * 1000)
+    return statistics.median(times)
+
+
 async def ping_rtt(addresses: list[str], n: int = 200) -> float:
     """p50 of one client request round trip (``ping``) to a node, in ms."""
     client = await nonstop.connect_async(addresses[:1])
@@ -213,6 +265,10 @@ def run(cfg: Config) -> Path:
         pg = PostgresPeer(2 * cfg.accounts, tmpdir=cfg.tmpdir)  # its own dir: the server user's
         print(f"PostgreSQL {pg.version} up on 127.0.0.1:{pg.port}")
         rtt = arun(ping_rtt(ns.cluster.addresses))
+        steps = anatomy(ns)
+        steps["lone durable store commit (this disk)"] = lone_store_commit_ms(base)
+        steps["fsync (4 KiB write + fsync)"] = fsync_cost(str(base))[0]
+        print("one transfer, alone:", {k: round(v, 2) for k, v in steps.items()})
         slice_s = cfg.duration / cfg.rounds
         for clients in cfg.clients:
             for system in ("postgresql", "nonstop"):
@@ -230,6 +286,7 @@ def run(cfg: Config) -> Path:
                     else:
                         res = arun(_run_nonstop(ns, clients, slice_s, cfg.warmup))
                         cell.server_cpu_us.append(res.extra["server_cpu_us"])
+                        cell.node_cpu_us.append(res.extra["node_cpu_us"])
                         cell.errors += res.extra["errors"]
                     cell.results.append(res)
                     print(
@@ -256,7 +313,7 @@ def run(cfg: Config) -> Path:
         import shutil
 
         shutil.rmtree(base, ignore_errors=True)
-    report = render(cfg, cells, stats, checks, rtt, load_before, os.getloadavg(), started)
+    report = render(cfg, cells, stats, checks, rtt, steps, load_before, os.getloadavg(), started)
     cfg.out.parent.mkdir(parents=True, exist_ok=True)
     cfg.out.write_text(report)
     print(f"wrote {cfg.out}")
@@ -267,9 +324,14 @@ async def _run_nonstop(ns: NonstopSide, clients: int, duration: float, warmup: f
     pids = ns.node_pids()
     cpu0 = proc_cpu(pids)
     errors0 = ns.errors
+    per0 = {n: proc_cpu([p]) for n, p in ns.cluster.pids.items()}
     res = await run_clients(clients, ns.make_op(), duration, warmup)
     done = res.extra.get("done", res.ops)
     res.extra["server_cpu_us"] = (proc_cpu(pids) - cpu0) / done * 1e6 if done else float("nan")
+    res.extra["node_cpu_us"] = {
+        n: (proc_cpu([p]) - per0[n]) / done * 1e6 if done else float("nan")
+        for n, p in ns.cluster.pids.items()
+    }
     res.extra["errors"] = ns.errors - errors0
     return res
 
@@ -279,11 +341,14 @@ def _diff_stats(
 ) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for node, rep in after.items():
-        b = (before.get(node) or {}).get("stats", {})
-        a = rep.get("stats", {})
-        out[node] = {
-            k: a[k] - b.get(k, 0) for k in sorted(a) if isinstance(a[k], int | float) and a[k]
-        }
+        merged: dict[str, Any] = {}
+        for part in ("stats", "data"):
+            b = (before.get(node) or {}).get(part, {})
+            a = rep.get(part) or {}
+            merged.update(
+                {k: a[k] - b.get(k, 0) for k in sorted(a) if isinstance(a[k], int | float)}
+            )
+        out[node] = {k: v for k, v in merged.items() if v}
     return out
 
 
@@ -294,6 +359,7 @@ def render(
     stats: dict[int, dict[str, Any]],
     checks: dict[str, Any],
     rtt_ms: float,
+    steps: dict[str, float],
     load_before: tuple[float, float, float],
     load_after: tuple[float, float, float],
     started: float,
@@ -340,13 +406,97 @@ def render(
         f"({checks['nonstop_transfers']} transfers recorded); PostgreSQL total conserved: "
         f"{checks['pg_total_ok']} ({checks['pg_transfers']} transfers recorded).",
         "",
-        "## Node counters per client count (runtime_stats, difference over the cell)",
+        "## One transfer alone (sync client attached to A; median ms of each step)",
+        "",
+        "| step | ms |",
+        "| --- | --- |",
+    ]
+    lines += [f"| {k} | {v:.2f} |" for k, v in steps.items()]
+    lines += [
+        "",
+        "## Per cell: CPU per node and what the nodes counted",
+        "",
+        "CPU µs per transfer of each node process (A and B hold the accounts and coordinate; "
+        "C only votes in the cluster log), then per transfer: cluster-log store commits "
+        "(`commits`, each with fsync) and their mean duration, dtx persists, peer messages "
+        "received, over the nonstop slices of the cell (idle background work included).",
+        "",
+        "| clients | CPU A | CPU B | CPU C | cluster-store commits / transfer "
+        "| ms per cluster-store commit | dtx persists / transfer | peer messages / transfer |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for clients in cfg.clients:
+        c = cells[("nonstop", clients)]
+        done = sum(r.extra.get("done", r.ops) for r in c.results) or 1
+        per = stats.get(clients, {})
+        commits = sum(v.get("commits", 0) for v in per.values())
+        commit_us = sum(v.get("commit_us", 0) for v in per.values())
+        persists = sum(v.get("dtx_persists", 0) for v in per.values())
+        received = sum(v.get("received", 0) for v in per.values())
+        cpu = {n: _mean([d.get(n, float("nan")) for d in c.node_cpu_us]) for n in "ABC"}
+        lines.append(
+            f"| {clients} | {cpu['A']:.0f} | {cpu['B']:.0f} | {cpu['C']:.0f} | "
+            f"{commits / done:.2f} | {commit_us / max(commits, 1) / 1000:.2f} | "
+            f"{persists / done:.2f} | {received / done:.1f} |"
+        )
+    lines += ["", *bounds(cfg, cells, steps), ""]
+    lines += [
+        "",
+        "Raw counters (runtime_stats and data service, difference over the cell):",
         "",
     ]
     for clients, per_node in stats.items():
         lines.append(f"* {clients} clients: " + "; ".join(f"{n}: {v}" for n, v in per_node.items()))
     lines.append("")
     return "\n".join(lines)
+
+
+def bounds(cfg: Config, cells: dict[tuple[str, int], Cell], steps: dict[str, float]) -> list[str]:
+    """The "what bounds it" section: computed from this run's numbers."""
+    top = max(cfg.clients)
+    ns, pg = cells[("nonstop", top)], cells[("postgresql", top)]
+    ns_cpu = ns.cpu() + ns.server_cpu()
+    pg_cpu = pg.cpu() + pg.server_cpu()
+    cores = os.cpu_count() or 1
+    little = top / (ns.lat(50) / 1000) if ns.lat(50) == ns.lat(50) and ns.lat(50) > 0 else 0.0
+    commit = steps.get("commit", float("nan"))
+    store = steps.get("lone durable store commit (this disk)", float("nan"))
+    fsync = steps.get("fsync (4 KiB write + fsync)", float("nan"))
+    return [
+        "## What bounds it",
+        "",
+        f"* **CPU.** At {top} clients one nonstop transfer costs {ns_cpu:,.0f} µs of CPU in all "
+        f"(client {ns.cpu():,.0f} + three nodes {ns.server_cpu():,.0f}); one PostgreSQL "
+        f"transfer {pg_cpu:,.0f} µs (client {pg.cpu():,.0f} + server {pg.server_cpu():,.0f}).  "
+        f"With all {cores} cores free the CPU ceiling would be "
+        f"{cores * 1e6 / ns_cpu:,.0f}/s for nonstop and {cores * 1e6 / pg_cpu:,.0f}/s for "
+        f"PostgreSQL: the CPU ratio alone caps nonstop at {pg_cpu / ns_cpu:.2f}× PostgreSQL "
+        "on one machine, before any waiting.  The cores are shared with other work (see the "
+        "load column), so both systems reach only part of their ceilings.",
+        f"* **Latency of the commit protocol.** Alone, the commit of a cross-node transfer "
+        f"takes {commit:.1f} ms, against {store:.2f} ms for a lone durable store commit and "
+        f"{fsync:.2f} ms for an fsync on this disk.  On its critical path are: the prepare on "
+        "A and B (one durable store commit each, in parallel), the votes, the decision "
+        "appended to the Raft cluster log (a durable commit on the leader and on a follower), "
+        "its application on the coordinator, then the reply; phase two and the `forget` "
+        "entry follow off the path.  That is about three durable commits in sequence plus "
+        "some eight messages between three processes, each a wake-up of a Python process on "
+        "a loaded machine.  The per-cell table shows what this costs in work: about two "
+        "cluster-log entries per transfer (the decision and its `forget`), each committed "
+        "with fsync on all three nodes, and six to eight dtx persists (prepared records, "
+        "outcome tombstones) in the node stores.",
+        f"* **Concurrency.** With {top} clients and a p50 of {ns.lat(50):.0f} ms, Little's law "
+        f"allows {little:,.0f} transfers/s; the measured {ns.ops_per_s():,.0f}/s is the "
+        "same queue seen from the other side: each transfer waits for CPU in three processes.",
+        "* **Lock waits** are small here: transfers take their two write locks in account "
+        f"order over {2 * cfg.accounts:,} accounts, so with {top} transfers in flight a "
+        f"transfer meets a locked account with probability about "
+        f"{1 - (1 - 2 / (2 * cfg.accounts)) ** (2 * (top - 1)):.0%} and then waits for at "
+        "most one commit.  The nodes do not export lock-wait time yet; this is an estimate.",
+        "* **Network**: a client request round trip on loopback is far below a millisecond "
+        "(table above); the cost of messages is CPU (framing, msgpack, system calls, wake-ups) "
+        "and is counted in the CPU figures, not as wire time.",
+    ]
 
 
 def _la(load: tuple[float, float, float]) -> str:
