@@ -353,6 +353,7 @@ class DataService:
         replies = await asyncio.gather(
             *(self._on(s, n, "branch.get", fields) for n in others), return_exceptions=True
         )
+        _raise_fatal(replies)
         failure: BaseException | None = None
         for node, r in zip(others, replies, strict=True):
             if isinstance(r, BaseException):
@@ -450,6 +451,7 @@ class DataService:
         replies = await asyncio.gather(
             *(self._on(s, n, op, fields) for n in nodes), return_exceptions=True
         )
+        _raise_fatal(replies)
         results: list[dict[str, Any]] = []
         failure: BaseException | None = None
         for r in replies:
@@ -1025,6 +1027,17 @@ class DataService:
         context = BulkContext(self.db, self.name)
         result = await loop.run_in_executor(None, handler, context, p)
         return result if isinstance(result, dict) else {"r": result}
+
+
+def _raise_fatal(replies: list[Any]) -> None:
+    """Re-raise the first failure of a fan-out that is not a node being unreachable.
+
+    A node that answered with an error (a lock timeout, a bad argument, ...) has
+    a verdict on the op; only ``Unavailable`` nodes may be left out of a result.
+    """
+    for r in replies:
+        if isinstance(r, BaseException) and not isinstance(r, errors.Unavailable):
+            raise r
 
 
 class _Undecided(errors.Unavailable):
