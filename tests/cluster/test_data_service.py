@@ -118,6 +118,11 @@ def balances(cluster: Procs, numbers: list[str], node: str = "C") -> dict[str, i
     return out
 
 
+def nodes_seen_by(cluster: Procs, node: str) -> list[dict[str, Any]]:
+    with client(cluster, node) as c:
+        return ok(c, op="nodes")["nodes"]  # type: ignore[no-any-return]
+
+
 def master_of(cluster: Procs, obj: list[Any]) -> str:
     with client(cluster) as c:
         nodes = ok(c, op="nodes")["nodes"]
@@ -526,11 +531,26 @@ def test_participant_killed_mid_transaction(cluster: Procs) -> None:
         got = ok(c3, op="tx.count", s=s3, type=ACC, tv=1, audit="skip_down")["n"]
         assert got >= 1
         ok(c3, op="tx.rollback", s=s3)
+    # B comes back on its data: its object is as committed, and it takes part again.
+    cluster.start("B")
+    wait_until(lambda: all(n["up"] for n in nodes_seen_by(cluster, "A")), 20, "B up again")
+    with client(cluster, "A") as c:
+        s = begin(c)
+        ob = get(c, s, b, lock="write")
+        oc = get(c, s, c_, lock="write")
+        assert ob is not None and oc is not None and state(ob)["balance"] == 1
+        ok(c, op="tx.commit", s=s, w=[write(ob, balance=0), write(oc, balance=2)])
+    assert balances(cluster, [b, c_]) == {b: 0, c_: 2}
 
 
 def test_coordinator_killed_participants_roll_back_on_their_own(cluster: Procs) -> None:
     c_ = uniq("orphan")
     make_accounts(cluster, {c_: ("C", 1)})
+    cid = uniq("restart")
+    with client(cluster, "A") as c:
+        s = begin(c)
+        create(c, s, cid, 3, node="B")
+        assert ok(c, op="tx.commit", s=s, req=[cid, 1]) == {"ok": True}
     a = client(cluster, "A")
     s = begin(a)
     assert get(a, s, c_, lock="write") is not None  # C holds the lock for A's session
@@ -560,3 +580,10 @@ def test_coordinator_killed_participants_roll_back_on_their_own(cluster: Procs) 
         # C's branch idles out (branch_idle is 2 s here) and the lock is granted (B8).
         wait_until(granted, 15, "the orphaned branch to roll back")
     assert time.monotonic() - started > 1.0  # it was held until then
+    # The restarted coordinator still knows the outcome of its request (H1): durable.
+    cluster.start("A")
+    with client(cluster, "A") as c:
+        assert ok(c, op="request.result", req=[cid, 1])["state"] == "committed"
+        assert ok(c, op="tx.commit", s=12345, req=[cid, 1]) == {"ok": True}  # a retry
+    wait_until(lambda: all(n["up"] for n in nodes_seen_by(cluster, "A")), 20, "A sees all up")
+    assert balances(cluster, [cid, c_], "A") == {cid: 3, c_: 1}

@@ -36,6 +36,7 @@ import collections
 import heapq
 import itertools
 import logging
+import random
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -163,7 +164,10 @@ class DataService:
         self.config = config or ServiceConfig()
         self.sessions: dict[int, Session] = {}
         self._by_conn: dict[int, set[int]] = collections.defaultdict(set)
-        self._next_sid = 1
+        # Branch ids "<node>.<sid>" must never repeat, also across restarts of this
+        # node: participants remember ended branches, and a reused id would either be
+        # refused or, worse, join a stale branch.  A random start per incarnation.
+        self._next_sid = random.SystemRandom().randrange(1, 1 << 52)
         self.branches: dict[str, Branch] = {}
         self._ended: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._calls: dict[int, tuple[str, asyncio.Future[Any]]] = {}
