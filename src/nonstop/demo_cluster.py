@@ -34,6 +34,7 @@ import sys
 import threading
 import time
 import uuid
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,6 +79,9 @@ def spark_session() -> Any:
     """One local Spark session on every core, quiet, for the load and the audit."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # loopback only, and no warning
+    # PySpark 4.3 warns about pandas 3 at session start; the data source uses Arrow.
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"pyspark\..*")
     from pyspark.sql import SparkSession
 
     spark = (
@@ -86,6 +90,7 @@ def spark_session() -> Any:
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.driver.memory", "1g")
+        .config("spark.ui.showConsoleProgress", "false")
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
