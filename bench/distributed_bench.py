@@ -32,13 +32,16 @@ import datetime as dt
 import os
 import platform
 import random
+import re
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,6 +67,7 @@ class Config:
     tmpdir: str | None = None
     out: Path = RESULTS
     command: str = "make bench-dist"
+    profile: bool = True
 
 
 @dataclass
@@ -184,6 +188,78 @@ class NonstopSide:
         self.cluster.close()
 
 
+def py_spy() -> str | None:
+    """The py-spy executable (next to this Python, or on PATH), or None."""
+    local = Path(sys.executable).with_name("py-spy")
+    return str(local) if local.exists() else shutil.which("py-spy")
+
+
+def profile_nodes(ns: NonstopSide, clients: int, seconds: float, folder: Path) -> list[str]:
+    """One extra, unmeasured slice with py-spy sampling every node; the hottest frames."""
+    spy = py_spy()
+    if spy is None:
+        return ["py-spy is not installed (`pip install py-spy`): no profile."]
+    spies = {
+        name: subprocess.Popen(
+            [
+                *(spy, "record", "-p", str(pid), "-d", str(int(seconds) + 1), "-r", "200"),
+                *("-f", "raw", "-o", str(folder / f"spy-{name}.txt"), "--nonblocking"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for name, pid in ns.cluster.pids.items()
+    }
+    time.sleep(0.3)
+    arun(_run_nonstop(ns, clients, seconds, 0.0))
+    out = [
+        f"py-spy (200 Hz, {seconds:.0f} s, {clients} clients, not measured above) on each "
+        "node: the share of samples of active threads (a thread inside fsync, an LMDB commit "
+        "or a socket write counts as active) whose innermost frame (*self*) or any frame "
+        "(*inclusive*, start-up, event-loop and thread-bootstrap frames left out) is the "
+        "one named.",
+        "",
+    ]
+    for name, proc in spies.items():
+        try:
+            proc.wait(timeout=seconds + 30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        out += [f"**Node {name}**", "", *_hot_frames(folder / f"spy-{name}.txt"), ""]
+    return out
+
+
+# Frames every stack of a thread starts with (process start-up, the event loop's run
+# call, thread bootstrap): left out of the inclusive list.
+_LAUNCHER = re.compile(
+    r"\((click/|<frozen runpy>|asyncio/runners\.py|threading\.py|nonstop/admin/cli\.py|"
+    r"main\.py:|concurrent/futures/thread\.py)"
+)
+
+
+def _hot_frames(path: Path, top: int = 10) -> list[str]:
+    own: Counter[str] = Counter()
+    incl: Counter[str] = Counter()
+    total = 0
+    with contextlib.suppress(OSError):
+        for line in path.read_text().splitlines():
+            stack, _, n = line.rpartition(" ")
+            if not stack or not n.isdigit():
+                continue
+            frames = stack.split(";")
+            total += int(n)
+            own[frames[-1]] += int(n)
+            for f in set(frames):
+                incl[f] += int(n)
+    if not total:
+        return ["(no samples)"]
+    rows = ["| self | frame | | inclusive | frame |", "| --- | --- | --- | --- | --- |"]
+    inc = [(f, n) for f, n in incl.most_common() if not _LAUNCHER.search(f)][:top]
+    for (fs, ns_), (fi, ni) in zip(own.most_common(top), inc, strict=False):
+        rows.append(f"| {100 * ns_ / total:.1f}% | `{fs}` | | {100 * ni / total:.1f}% | `{fi}` |")
+    return rows
+
+
 def anatomy(ns: NonstopSide, n: int = 60) -> dict[str, float]:
     """Median ms of each step of one cross-node transfer, alone (sync client on A).
 
@@ -297,6 +373,11 @@ def run(cfg: Config) -> Path:
                     )
             after = arun(ns.runtime_stats())
             stats[clients] = _diff_stats(before, after)
+        profile = (
+            profile_nodes(ns, max(cfg.clients), min(cfg.duration, 4.0), base)
+            if cfg.profile
+            else ["Not profiled (--no-profile)."]
+        )
         total, transfers = ns.check()
         pg_total, pg_transfers = pg.total()
         checks = {
@@ -310,10 +391,9 @@ def run(cfg: Config) -> Path:
             ns.close()
         if pg is not None:
             pg.stop()
-        import shutil
-
         shutil.rmtree(base, ignore_errors=True)
     report = render(cfg, cells, stats, checks, rtt, steps, load_before, os.getloadavg(), started)
+    report += "\n## Profile of the nodes\n\n" + "\n".join(profile) + "\n"
     cfg.out.parent.mkdir(parents=True, exist_ok=True)
     cfg.out.write_text(report)
     print(f"wrote {cfg.out}")
@@ -536,6 +616,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--tmpdir", default=None, help="where the cluster and PostgreSQL data go")
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--quick", action="store_true", help="1 s cells, one slice (smoke test)")
+    p.add_argument("--no-profile", action="store_true", help="skip the py-spy profile slice")
     args = p.parse_args(argv)
     cfg = Config(
         clients=tuple(int(x) for x in args.clients.split(",") if x),
@@ -545,6 +626,7 @@ def main(argv: list[str] | None = None) -> None:
         accounts=args.accounts,
         tmpdir=args.tmpdir,
         out=args.out,
+        profile=not args.no_profile,
         command=(
             "make bench-dist"
             if not argv
