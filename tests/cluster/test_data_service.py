@@ -168,6 +168,30 @@ def two_phase_commits(cluster: Procs, node: str) -> int:
         return int(c.request({"op": "runtime_stats"})["data"].get("two_phase", 0))
 
 
+def test_begin_folded_into_the_first_op(cluster: Procs) -> None:
+    a = uniq("fold")
+    with client(cluster, "B") as c:
+        reply = ok(
+            c,
+            op="tx.create",
+            begin="serializable",
+            type=ACC,
+            tv=1,
+            st=pack({"number": a, "balance": 4}),
+        )
+        s = reply["s"]
+        assert state(reply["o"])["number"] == a
+        ok(c, op="tx.commit", s=s)
+        # A failing first op still opened the session: its id comes with the error.
+        bad = fails(
+            c, "UnknownType", op="tx.get", begin="read_committed", type="no.T", tv=1, key=pack({})
+        )
+        assert get(c, bad["s"], a) is not None
+        ok(c, op="tx.rollback", s=bad["s"])
+        fails(c, "BadArgument", op="tx.get", begin="chaos", type=ACC, tv=1, key=pack({}))
+    assert balances(cluster, [a]) == {a: 4}
+
+
 def test_one_phase_commit_on_the_coordinator(cluster: Procs) -> None:
     a = uniq("one")
     before = two_phase_commits(cluster, "A")
@@ -585,5 +609,20 @@ def test_coordinator_killed_participants_roll_back_on_their_own(cluster: Procs) 
     with client(cluster, "A") as c:
         assert ok(c, op="request.result", req=[cid, 1])["state"] == "committed"
         assert ok(c, op="tx.commit", s=12345, req=[cid, 1]) == {"ok": True}  # a retry
+        # A new attempt with the same id, after the restart (nothing in memory): the
+        # commit finds the durable result, answers it, and writes nothing.
+        s = begin(c)
+        create(c, s, cid + "-again", 1)
+        assert ok(c, op="tx.commit", s=s, req=[cid, 1]) == {"ok": True}
+        s = begin(c)
+        assert (
+            get(
+                c,
+                s,
+                cid + "-again",
+            )
+            is None
+        )
+        ok(c, op="tx.rollback", s=s)
     wait_until(lambda: all(n["up"] for n in nodes_seen_by(cluster, "A")), 20, "A sees all up")
     assert balances(cluster, [cid, c_], "A") == {cid: 3, c_: 1}

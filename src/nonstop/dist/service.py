@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import heapq
 import itertools
 import logging
@@ -245,6 +246,15 @@ class DataService:
         op = p.get("op")
         if op == "tx.begin":
             return self._begin(conn, p)
+        if op in SESSION_OPS and p.get("s") is None and "begin" in p:
+            # tx.begin folded into the session's first op: one round trip less.
+            sid = self._begin(conn, {"iso": p.get("begin")})["s"]
+            try:
+                reply = await self._client_op(conn, {**p, "s": sid})
+            except errors.Error as exc:
+                reply = error_out(exc)
+            reply["s"] = sid
+            return reply
         if op in SESSION_OPS:
             session = self._session(conn, p.get("s"))
             if op == "tx.rollback":
@@ -583,7 +593,9 @@ class DataService:
         """data-path.md section 5: nothing, one local group commit, or two-phase commit."""
         req = _parse_req(p.get("req"))
         if req is not None:
-            first = await self._recorded_outcome(list(req))
+            # In memory only: a result already durable is found by the claim inside
+            # the commit itself (_record), which saves a store read per commit.
+            first = await self._recorded_outcome(list(req), durable=False)
             if first is not None:
                 await self._end_session(s)
                 return first
@@ -599,6 +611,11 @@ class DataService:
                 await self._take_writes(s, w)
             outcome = await self._decide(s, req, future)
             return outcome
+        except _AlreadyDone as done:
+            # This request committed (or aborted) before, maybe before a restart:
+            # roll this attempt back, answer the first outcome, record nothing.
+            outcome = None
+            return done.outcome
         except _Undecided as exc:
             raise errors.Unavailable(str(exc)) from None
         except Exception as exc:
@@ -609,7 +626,11 @@ class DataService:
                 s.state = "over"
                 await self._release(s)
                 if req is not None and future is not None:
-                    self._spawn(self._settle_request(req, future, outcome))
+                    if outcome is None:  # _AlreadyDone: nothing new to record
+                        self._running.pop(req, None)
+                        future.cancel()
+                    else:
+                        self._spawn(self._settle_request(req, future, outcome))
             self._forget_session(s)
 
     async def _decide(
@@ -714,7 +735,7 @@ class DataService:
         client, seq = req
         found = await tx._adrive(g_claim_request(tx, client, seq, self.config.result_window))
         if found is not None:
-            raise errors.Conflict(f"request {seq} of {client!r} is already recorded")
+            raise _AlreadyDone(_outcome_of(found))
         await tx._adrive(g_record_result(tx, client, seq, True, None, self.config.result_window))
 
     async def _release(self, s: Session) -> None:
@@ -800,25 +821,21 @@ class DataService:
             if tx._state is _State.ACTIVE:
                 await tx.rollback()
 
-    async def _recorded_outcome(self, req: Any) -> dict[str, Any] | None:
+    async def _recorded_outcome(self, req: Any, durable: bool = True) -> dict[str, Any] | None:
         """The first outcome of a commit request, if it ran here: a retry returns it (H1)."""
         key = _parse_req(req)
         if key is None:
             return None
         running = self._running.get(key)
         if running is not None:
-            return await asyncio.shield(running)
+            with contextlib.suppress(asyncio.CancelledError):
+                # Cancelled: that attempt found the result already recorded; look it up.
+                return await asyncio.shield(running)
         recent = self._recent.get(key)
-        if recent is not None:
+        if recent is not None or not durable:
             return recent
         found = lookup_result(self.db, *key)
-        if found is None:
-            return None
-        ok, value = found
-        if ok:
-            return {"ok": True}
-        name, message = ([*value, None, None])[:2] if isinstance(value, list) else (None, value)
-        return {"error": name or "Aborted", "message": message or "aborted"}
+        return None if found is None else _outcome_of(found)
 
     async def _request_result(self, req: Any) -> dict[str, Any]:
         key = _parse_req(req)
@@ -1031,6 +1048,23 @@ class DataService:
         context = BulkContext(self.db, self.name)
         result = await loop.run_in_executor(None, handler, context, p)
         return result if isinstance(result, dict) else {"r": result}
+
+
+def _outcome_of(found: tuple[bool, Any]) -> dict[str, Any]:
+    """A recorded request result → the commit reply it stands for."""
+    ok, value = found
+    if ok:
+        return {"ok": True}
+    name, message = ([*value, None, None])[:2] if isinstance(value, list) else (None, value)
+    return {"error": name or "Aborted", "message": message or "aborted"}
+
+
+class _AlreadyDone(errors.Error):
+    """The commit's request id already has a recorded outcome (H1)."""
+
+    def __init__(self, outcome: dict[str, Any]) -> None:
+        super().__init__("request already done")
+        self.outcome = outcome
 
 
 def _raise_fatal(replies: list[Any]) -> None:
