@@ -112,12 +112,13 @@ def g_claim_request(
     prefix, key = _key(client, seq)
     results = tx.db._store.results
     yield from tx._need((b"request", key), _write_mode())
-    raw = tx._raw_get(results, key)
+    with tx.db._store.read() as rtxn:  # one snapshot for both reads
+        raw = rtxn.get(key, db=results)
+        low_raw = None if raw is not None else rtxn.get(prefix + _LOW, db=results)
     if raw is not None:
-        ok, value = unpack(raw)
+        ok, value = unpack(bytes(raw))
         return bool(ok), value
-    low_raw = tx._raw_get(results, prefix + _LOW)
-    low = 0 if low_raw is None else _SEQ.unpack(low_raw)[0]
+    low = 0 if low_raw is None else _SEQ.unpack(bytes(low_raw))[0]
     if seq < low:
         raise RequestExpired(
             f"request {seq} of client {client!r} is older than the {window} results "
