@@ -172,7 +172,9 @@ class DataService:
         self.branches: dict[str, Branch] = {}
         self._ended: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._calls: dict[int, tuple[str, asyncio.Future[Any]]] = {}
-        self._call_ids = itertools.count(1)
+        # Random start too: a reply a peer queued for our previous incarnation must
+        # not resolve a call of this one.
+        self._call_ids = itertools.count(random.SystemRandom().randrange(1, 1 << 52))
         self._running: dict[tuple[str, int], asyncio.Future[dict[str, Any]]] = {}
         self._recent: collections.OrderedDict[tuple[str, int], dict[str, Any]] = (
             collections.OrderedDict()
