@@ -1,0 +1,257 @@
+"""The data service in one process: branch ops, write sets, peer RPC, idle branches.
+
+A fake runtime stands in for the network (it records what the service sends);
+the store is a real ``nonstop.Database``.  The 3-node behaviour is
+``tests/cluster/test_data_service.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from tests.distmodel import Account
+
+import nonstop
+from nonstop import errors
+from nonstop.dist.service import (
+    DataService,
+    ServiceConfig,
+    _merge_write,
+    apply_writes,
+    execute,
+    map_run_reply,
+)
+from nonstop.model.codec import pack, unpack
+from nonstop.tx.async_transaction import AsyncTransaction
+from nonstop.tx.transaction import Isolation
+
+ACC = "dist.Account"
+
+
+class FakeRuntime:
+    def __init__(self, name: str, location: int) -> None:
+        self.name = name
+        self.hello = SimpleNamespace(location=location, address="127.0.0.1:1")
+        self.peers: dict[str, Any] = {}
+        self.addresses: dict[str, Any] = {}
+        self.machine = None
+        self.sent: list[tuple[str, Any]] = []
+
+    def send(self, to: str, payload: Any) -> None:
+        self.sent.append((to, payload))
+
+    def connected(self, name: str) -> bool:
+        return False
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Iterator[nonstop.Database]:
+    database = nonstop.open(tmp_path / "store", durability="none", lock_timeout=0.2)
+    with database.transaction() as tx:
+        tx.create(Account, number="a1", balance=10)
+        tx.create(Account, number="a2", balance=20)
+    try:
+        yield database
+    finally:
+        database.close()
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def tx_of(db: nonstop.Database) -> AsyncTransaction:
+    return AsyncTransaction(db, Isolation.SERIALIZABLE, 0.2)
+
+
+# ------------------------------------------------------------------ pure mapping
+def test_commit_reply_mapping() -> None:
+    assert map_run_reply({"ok": True, "outcome": "commit"}) == {"ok": True}
+    for why, name in [
+        ("B voted no: conflict", "Conflict"),
+        ("B voted no: lock timeout", "LockTimeout"),
+        ("C voted no: deadlock", "Deadlock"),
+        ("C voted no: branch timeout", "LockTimeout"),
+        ("C voted no: FieldError: x", "Aborted"),
+        ("", "Aborted"),
+    ]:
+        reply = map_run_reply({"ok": False, "error": "Aborted", "why": why})
+        assert reply["error"] == name, why
+    assert map_run_reply({"ok": False, "error": "Unavailable", "why": "no vote"})["error"] == (
+        "Unavailable"
+    )
+    assert map_run_reply({"ok": False, "error": "BadRequest", "why": "x"})["error"] == "Error"
+    assert map_run_reply(None)["error"] == "Error"
+
+
+def test_later_writes_of_an_object_add_up() -> None:
+    pending: dict[bytes, list[Any]] = {}
+    ref = b"r" * 20
+    _merge_write(pending, [ref, ACC, 3, pack({"balance": 1})])
+    _merge_write(pending, [ref, ACC, 3, pack({"owner": "x", "balance": 2})])
+    assert pending[ref][2] == 3
+    assert unpack(pending[ref][3]) == {"balance": 2, "owner": "x"}
+
+
+# ------------------------------------------------------------------ write sets
+def test_apply_writes_checks_versions_types_and_fields(db: nonstop.Database) -> None:
+    async def main() -> None:
+        tx = tx_of(db)
+        obj = await tx.get(Account, number="a1", lock="write")
+        ref, version = obj._e.ref, obj._e.version
+        await apply_writes(tx, [[ref, ACC, version, pack({"balance": 11})]])
+        assert obj.balance == 11
+        with pytest.raises(errors.Conflict, match="version"):
+            await apply_writes(tx, [[ref, ACC, version + 1, pack({"balance": 12})]])
+        await tx.rollback()
+        tx = tx_of(db)
+        with pytest.raises(errors.BadArgument, match=r"is a dist\.Account"):
+            await apply_writes(tx, [[ref, "dist.Note", version, pack({"text": "x"})]])
+        with pytest.raises(errors.FieldError):
+            await apply_writes(tx, [[ref, ACC, version, pack({"nope": 1})]])
+        with pytest.raises(errors.UnknownType):
+            await apply_writes(tx, [[ref, "no.Type", version, pack({})]])
+        with pytest.raises(errors.ProtocolError):
+            await apply_writes(tx, [[ref, ACC, version]])
+        with pytest.raises(errors.BadArgument):
+            await apply_writes(tx, "not a list")
+        with pytest.raises(errors.Conflict, match="deleted"):
+            await apply_writes(tx, [[b"\0" * 20, ACC, 1, pack({"balance": 1})]])
+        await tx.rollback()
+
+    run(main())
+    with db.transaction() as tx:
+        assert tx.get(Account, number="a1").balance == 10  # nothing was committed
+
+
+def test_branch_ops_refuse_bad_input(db: nonstop.Database) -> None:
+    async def main() -> None:
+        tx = tx_of(db)
+        bad = [
+            ("branch.get", {"type": ACC, "tv": 1, "key": pack({"number": "a", "owner": "b"})}),
+            ("branch.get", {"type": ACC, "tv": 1, "key": b"\xc1garbage"}),
+            ("branch.get", {"type": ACC, "tv": 1, "key": "not bytes"}),
+            ("branch.query", {"type": ACC, "tv": 1, "range": pack(["owner", "a"])}),
+            ("branch.query", {"type": ACC, "tv": 1, "order": "owner"}),
+            ("branch.query", {"type": ACC, "tv": 1, "where": pack(["x"])}),
+            ("branch.create", {"type": ACC, "tv": 1, "st": pack([1])}),
+            ("branch.call", {"ref": b"x" * 20, "m": "__init__", "a": pack([[], {}])}),
+            ("branch.ref", {"ref": b"short"}),
+            ("branch.fly", {}),
+        ]
+        for op, fields in bad:
+            with pytest.raises(errors.BadArgument):
+                await execute(tx, op, fields)
+        with pytest.raises(errors.TypeVersionMismatch):
+            await execute(tx, "branch.count", {"type": ACC, "tv": 2})
+        with pytest.raises(errors.NotFound):
+            await execute(tx, "branch.delete", {"ref": b"\0" * 20})
+        # The transaction is still usable after all of that.
+        reply = await execute(tx, "branch.count", {"type": ACC, "tv": 1})
+        assert reply == {"n": 2}
+        a1 = (
+            await execute(tx, "branch.get", {"type": ACC, "tv": 1, "key": pack({"number": "a1"})})
+        )["o"]
+        called = await execute(
+            tx, "branch.call", {"ref": a1[0], "m": "audit_note", "a": pack([[], {}]), "ro": True}
+        )
+        raise AssertionError(f"not-remote method ran remotely: {called}")
+
+    with pytest.raises(errors.NotRemote):
+        run(main())
+
+
+# ------------------------------------------------------------------ the service
+def service(db: nonstop.Database, **config: Any) -> tuple[DataService, FakeRuntime]:
+    rt = FakeRuntime("B", db.location)
+    rt.peers["A"] = SimpleNamespace(location=1234, address="127.0.0.1:2")
+    return DataService(rt, db, ServiceConfig(**config)), rt
+
+
+async def peer_call(svc: DataService, rt: FakeRuntime, sender: str, msg: dict[str, Any]) -> Any:
+    rt.sent.clear()
+    svc.on_peer(sender, {"t": "data.req", "id": 7, **msg})
+    for _ in range(200):
+        await asyncio.sleep(0.005)
+        if rt.sent:
+            to, payload = rt.sent[0]
+            assert to == sender and payload["t"] == "data.rep" and payload["id"] == 7
+            return payload["p"]
+    raise AssertionError("no reply")
+
+
+def test_participant_branch_lifecycle(db: nonstop.Database) -> None:
+    async def main() -> None:
+        svc, rt = service(db, branch_idle=0.3, sweep_every=0.05, lock_wait=0.2)
+        svc.start()
+        get = {"op": "branch.get", "type": ACC, "tv": 1, "key": pack({"number": "a1"})}
+        # Only the coordinator named in the branch id may use it.
+        assert (await peer_call(svc, rt, "C", {**get, "b": "A.1", "new": True}))["error"] == (
+            "BadArgument"
+        )
+        # A branch is opened only by a request that says it is new.
+        reply = await peer_call(svc, rt, "A", {**get, "b": "A.1"})
+        assert reply["error"] == "TransactionClosed"
+        reply = await peer_call(svc, rt, "A", {**get, "b": "A.1", "new": True, "lock": "write"})
+        obj = reply["o"]
+        assert unpack(obj[3])["balance"] == 10 and "A.1" in svc.branches
+        # A write set rides on the next op; the reply says the branch changed.
+        w = [[obj[0], ACC, obj[2], pack({"balance": 9})]]
+        reply = await peer_call(svc, rt, "A", {**get, "b": "A.1", "w": w})
+        assert reply["d"] is True and unpack(reply["o"][3])["balance"] == 9
+        # Another branch waits for the write lock and times out: retryable, and
+        # that branch is over at once.
+        reply = await peer_call(svc, rt, "A", {**get, "b": "A.2", "new": True, "lock": "write"})
+        assert reply["error"] == "LockTimeout"
+        assert "A.2" not in svc.branches
+        # Idle for branch_idle: rolled back, the lock released, the id never reused.
+        await asyncio.sleep(0.6)
+        assert "A.1" not in svc.branches and svc.stats["idle_rollbacks"] == 1
+        reply = await peer_call(svc, rt, "A", {**get, "b": "A.1", "new": True})
+        assert reply["error"] == "TransactionClosed"
+        reply = await peer_call(svc, rt, "A", {**get, "b": "A.3", "new": True, "lock": "write"})
+        assert unpack(reply["o"][3])["balance"] == 10  # the write was rolled back
+        # The resource manager takes a branch over: it leaves the registry.
+        tx = svc.lookup_branch("A.3")
+        assert isinstance(tx, AsyncTransaction) and tx.active and "A.3" not in svc.branches
+        assert svc.lookup_branch("A.3") is None
+        await tx.rollback()
+        # branch.end of an unknown branch is fine (idempotent); a bad message is dropped.
+        assert await peer_call(svc, rt, "A", {"op": "branch.end", "b": "A.9"}) == {}
+        svc.on_peer("A", {"t": "data.weird"})
+        svc.on_peer("A", {"t": "data.rep", "id": 424242, "p": {}})  # nobody waits for it
+        await svc.stop()
+
+    run(main())
+
+
+def test_rpc_to_a_peer_that_is_not_up_fails_fast(db: nonstop.Database) -> None:
+    async def main() -> None:
+        svc, rt = service(db)
+        with pytest.raises(errors.Unavailable, match="not up"):
+            await svc.rpc("A", {"op": "branch.count", "b": "B.1"})
+        assert rt.sent == []
+        # A reply for the call resolves it; Down fails the ones still waiting.
+        rt.connected = lambda name: True  # type: ignore[method-assign]
+        call = asyncio.ensure_future(svc.rpc("A", {"op": "branch.count", "b": "B.1"}))
+        await asyncio.sleep(0.01)
+        ((_, sent),) = rt.sent
+        svc.on_peer("C", {"t": "data.rep", "id": sent["id"], "p": {"n": 1}})  # wrong sender
+        await asyncio.sleep(0.01)
+        assert not call.done()
+        svc.on_peer("A", {"t": "data.rep", "id": sent["id"], "p": {"n": 3}})
+        assert await call == {"n": 3}
+        call = asyncio.ensure_future(svc.rpc("A", {"op": "branch.count", "b": "B.1"}))
+        await asyncio.sleep(0.01)
+        svc._on_node_state(SimpleNamespace(data={"peer": "A", "old": "Up", "new": "Down"}))
+        with pytest.raises(errors.Unavailable, match="Down"):
+            await call
+        with pytest.raises(errors.Unavailable, match="did not answer"):
+            await svc.rpc("A", {"op": "branch.count", "b": "B.1"}, timeout=0.05)
+
+    run(main())
