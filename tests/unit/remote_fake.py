@@ -127,6 +127,13 @@ class FakeNode:
 
     def _op(self, conn: Any, p: dict[str, Any]) -> Any:
         op = p.get("op")
+        if op != "tx.begin" and p.get("s") is None and "begin" in p:
+            s = self._op(conn, {"op": "tx.begin", "iso": p["begin"]})["s"]
+            try:
+                reply = self._op(conn, {**p, "s": s})
+            except Error as exc:
+                reply = error_out(exc)
+            return {**reply, "s": s}
         if op == "tx.begin":
             iso = {"serializable": "serializable", "read_committed": "snapshot"}[p["iso"]]
             tx = self.db.transaction(iso, lock_timeout=0.3).__enter__()

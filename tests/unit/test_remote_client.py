@@ -75,7 +75,10 @@ def test_handles_are_instances_with_cached_fields_and_local_methods(cluster: Fak
         assert tx.find(Wallet, owner="nobody") is None
         with pytest.raises(nonstop.NotFound):
             tx.get(Wallet, owner="nobody")
-    assert [p["op"] for p in node.log].count("tx.begin") == 1
+    # The session began with the first op; one round trip per op, none for begin.
+    assert [p["op"] for p in node.log] == ["tx.get"] * 4 + ["tx.commit"]
+    assert "begin" in node.log[0] and all("begin" not in p for p in node.log[1:])
+    assert len({p["s"] for p in node.log[1:]}) == 1
 
 
 def test_writes_are_deferred_and_sent_with_the_commit(cluster: FakeCluster) -> None:
@@ -176,6 +179,18 @@ def test_unknown_type_and_version_mismatch_write_nothing(cluster: FakeCluster) -
         node.versions.clear()
         with c.transaction() as tx:
             assert tx.find(Wallet, owner="zed") is None
+
+
+def test_an_error_on_the_first_op_keeps_the_session_it_opened(cluster: FakeCluster) -> None:
+    node = cluster.nodes["n1"]
+    with cluster.client() as c, c.transaction() as tx:
+        with pytest.raises(nonstop.BadArgument):
+            tx.query(Wallet).scope(["nowhere"]).all()  # the node's error, first op
+        assert tx.active and tx.node == "n1"
+        assert tx.get(Wallet, owner="ann").cash == 10
+        first, second = node.log[-2:]
+        assert "begin" in first and "s" not in first and second["s"] in node.sessions
+        assert len(node.sessions) == 1
 
 
 def test_remote_method_runs_on_the_node_after_flushing(cluster: FakeCluster) -> None:

@@ -315,8 +315,10 @@ class Client:
     def _request_done(self, req: list[Any]) -> None:
         self._lanes.done(req)
 
-    def _open_session(self, begin: dict[str, Any]) -> tuple[Any, int]:
-        """Begin a session on the first node that takes it: (channel, session id)."""
+    def _open_session(self, first: dict[str, Any]) -> tuple[Any, Any]:
+        """Send a transaction's first op (it carries ``begin``) to the first node that
+        takes it: (channel, raw reply).  Trying another node is safe: a session whose
+        connection is closed is rolled back by its node."""
         last: BaseException | None = None
         for _ in range(self.rounds):
             for _ in range(len(self.addresses)):
@@ -328,7 +330,7 @@ class Client:
                     self._switch(address)
                     continue
                 try:
-                    reply = chan.call(begin, self.timeout)
+                    reply = chan.call(first, self.op_timeout)
                 except NETWORK_ERRORS as exc:
                     last = exc
                     chan.close()
@@ -336,14 +338,10 @@ class Client:
                     continue
                 if isinstance(reply, dict) and reply.get("error") in _SWITCH_NODE:
                     last = ClusterError(f"{address}: {reply.get('message')}")
-                    self._release(chan)
+                    chan.close()
                     self._switch(address)
                     continue
-                try:
-                    return chan, int(raise_error(reply)["s"])
-                except BaseException:
-                    self._release(chan)
-                    raise
+                return chan, reply
             time.sleep(0.05)
         raise Unavailable(f"no node took a transaction at {', '.join(self.addresses)}: {last!r}")
 
@@ -532,8 +530,9 @@ class AsyncClient:
     def _request_done(self, req: list[Any]) -> None:
         self._lanes.done(req)
 
-    async def _open_session(self, begin: dict[str, Any]) -> tuple[Any, int]:
-        """Begin a session on the first node that takes it: (channel, session id)."""
+    async def _open_session(self, first: dict[str, Any]) -> tuple[Any, Any]:
+        """Send a transaction's first op (it carries ``begin``) to the first node that
+        takes it: (channel, raw reply); see :meth:`Client._open_session`."""
         last: BaseException | None = None
         for _ in range(self.rounds):
             for _ in range(len(self.addresses)):
@@ -544,7 +543,7 @@ class AsyncClient:
                     self._switch(self.address)
                     continue
                 try:
-                    reply = await chan.call(begin, self.timeout)
+                    reply = await chan.call(first, self.op_timeout)
                 except NETWORK_ERRORS as exc:
                     last = exc
                     self._discard(chan)
@@ -553,7 +552,7 @@ class AsyncClient:
                     last = ClusterError(f"{chan.address}: {reply.get('message')}")
                     self._discard(chan)
                     continue
-                return chan, int(raise_error(reply)["s"])
+                return chan, reply
             await asyncio.sleep(0.05)
         raise Unavailable(f"no node took a transaction at {', '.join(self.addresses)}: {last!r}")
 

@@ -17,8 +17,8 @@ What a client sees:
   delete, remote call or the commit, so a transfer costs one round trip per
   lookup plus the commit.  A lock a write needs is taken on the node at that
   flush; take it with the lookup (``lock="write"``) to avoid deadlocks there.
-* **One round trip per operation.**  ``tx.begin`` goes with the first operation
-  (lazily: a transaction that does nothing costs nothing).
+* **One round trip per operation.**  The session begins with the first
+  operation (``begin`` folded into it): a transfer is two lookups and a commit.
 * **Methods marked** ``@nonstop.remote`` run on the object's master node
   (``tx.call``: pending writes flushed first, the resulting states copied back).
 * **Errors** come back as the same :mod:`nonstop.errors` classes;
@@ -599,8 +599,18 @@ class RemoteTransactionBase:
             return {k: self._refs_in(v) for k, v in value.items()}
         return value
 
-    def _begin_payload(self) -> Request:
-        return {"op": "tx.begin", "iso": self._iso}
+    def _first(self, payload: Request) -> Request:
+        """The session's first op, which also begins it (``begin``: one round trip less)."""
+        payload.pop("s", None)
+        payload["begin"] = self._iso
+        return payload
+
+    def _took_session(self, chan: Any, reply: Any) -> None:
+        """Remember the session the node opened for the first op (also on an error reply)."""
+        self._chan = chan
+        s = reply.get("s") if isinstance(reply, dict) else None
+        if isinstance(s, int) and not isinstance(s, bool):
+            self._s = s
 
     def _commit_payload(self) -> tuple[Request, list[Any] | None]:
         """The commit request and its exactly-once id (None for a read-only transaction:
@@ -654,13 +664,15 @@ class RemoteTransaction(RemoteTransactionBase):
     def _send(self, payload: Request) -> Any:
         try:
             if self._s is None:
-                self._chan, self._s = self.client._open_session(self._begin_payload())
-            payload["s"] = self._s
-            try:
-                reply = self._chan.call(payload, self.client.op_timeout)
-            except BaseException as exc:
-                self._lost(exc)
-                raise AssertionError("unreachable") from None
+                chan, reply = self.client._open_session(self._first(payload))
+                self._took_session(chan, reply)
+            else:
+                payload["s"] = self._s
+                try:
+                    reply = self._chan.call(payload, self.client.op_timeout)
+                except BaseException as exc:
+                    self._lost(exc)
+                    raise AssertionError("unreachable") from None
             return raise_error(reply)
         except BaseException as exc:
             self._absorb(exc)
@@ -768,7 +780,9 @@ class RemoteTransaction(RemoteTransactionBase):
         """
         self._check_usable_or_rollback()
         if self._s is None:
-            self._ended(_State.COMMITTED)  # nothing was ever sent
+            self._ended(_State.COMMITTED)  # no session was opened: nothing to commit
+            if self._chan is not None:
+                self.client._release(self._chan)
             return
         self._state = _State.COMMITTING
         chan = self._chan
@@ -811,7 +825,10 @@ class RemoteTransaction(RemoteTransactionBase):
             return
         chan, s = self._chan, self._s
         self._ended(_State.ROLLED_BACK)
-        if chan is None or s is None:
+        if chan is None:
+            return
+        if s is None:
+            self.client._release(chan)
             return
         if getattr(chan, "broken", False):
             self.client._discard(chan)

@@ -71,7 +71,9 @@ class AsyncRemoteTransaction(RemoteTransactionBase):
     async def _send(self, payload: Request) -> Any:
         try:
             if self._s is None:
-                self._chan, self._s = await self.client._open_session(self._begin_payload())
+                chan, reply = await self.client._open_session(self._first(payload))
+                self._took_session(chan, reply)
+                return raise_error(reply)
             payload["s"] = self._s
             chan = self._chan
             try:
