@@ -9,6 +9,7 @@ document).  Spark is imported only when a command runs.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -21,35 +22,52 @@ from nonstop.errors import Error
 CLUSTER_HELP = "Node addresses host:port,... (any nodes of the cluster)."
 
 
-def _progress(quiet: bool) -> Callable[[str], None]:
+def _progress() -> Callable[[str], None]:
+    """Step lines on stderr (stdout stays the report, also with --json)."""
     started = time.monotonic()
 
     def say(step: str) -> None:
-        if not quiet:
-            click.echo(f"[{time.monotonic() - started:7.1f}s] {step}", err=True)
+        click.echo(f"[{time.monotonic() - started:7.1f}s] {step}", err=True)
 
     return say
 
 
 def _run(
-    job: Callable[..., dict[str, Any]], as_json: bool, master: str, *args: Any, **kw: Any
+    job: Callable[..., dict[str, Any]],
+    checks: list[tuple[str, str]],
+    as_json: bool,
+    master: str,
+    *args: Any,
+    **kw: Any,
 ) -> dict[str, Any]:
+    """Check ``(cluster, type)`` pairs without Spark, then run ``job`` in a session."""
     from nonstop.spark import jobs
 
-    say = _progress(as_json)
-    say(f"starting Spark ({master})")
-    spark = jobs.session(master)
+    say = _progress()
     try:
-        report = job(spark, *args, progress=say, **kw)
+        for cluster, type_name in checks:
+            jobs.check_type(cluster, type_name)
     except Error as exc:
         click.echo(f"nonstop: error: {type(exc).__name__}: {exc}", err=True)
         sys.exit(1)
-    except Exception as exc:  # Spark wraps node errors: show its first line
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
-        click.echo(f"nonstop: error: {first}", err=True)
+    from pyspark.sql import SparkSession
+
+    # Called inside a running Spark application (a notebook, a test): use its session
+    # and leave it running.
+    existing = SparkSession.getActiveSession()
+    say(f"starting Spark ({master})" if existing is None else "using the active Spark session")
+    spark = jobs.session(master)
+    try:
+        report = job(spark, *args, progress=say, **kw)
+    except Exception as exc:  # Spark wraps node errors: show the nonstop one
+        message = (
+            f"{type(exc).__name__}: {exc}" if isinstance(exc, Error) else jobs.error_message(exc)
+        )
+        click.echo(f"nonstop: error: {message}", err=True)
         sys.exit(1)
     finally:
-        spark.stop()
+        if existing is None:
+            spark.stop()
     say("done")
     if as_json:
         click.echo(json.dumps(report, indent=2, default=str))
@@ -88,7 +106,17 @@ def load_cmd(
     """Load a CSV (with header), Parquet or JSON-lines file into a type (upsert by key)."""
     from nonstop.spark import jobs
 
-    _run(jobs.load, as_json, master, cluster, type_name, path, fmt=fmt, mode=mode)
+    _run(
+        jobs.load,
+        [(cluster, type_name)],
+        as_json,
+        master,
+        cluster,
+        type_name,
+        path,
+        fmt=fmt,
+        mode=mode,
+    )
 
 
 @pipeline.command("export")
@@ -100,7 +128,7 @@ def export_cmd(cluster: str, type_name: str, out: str, master: str, as_json: boo
     """Export a type to Parquet in OUT (with _nonstop.json: the snapshots it was read at)."""
     from nonstop.spark import jobs
 
-    _run(jobs.export, as_json, master, cluster, type_name, out)
+    _run(jobs.export, [(cluster, type_name)], as_json, master, cluster, type_name, out)
 
 
 @pipeline.command("import")
@@ -117,7 +145,7 @@ def import_cmd(
     """Import a Parquet export back into a type."""
     from nonstop.spark import jobs
 
-    _run(jobs.import_, as_json, master, cluster, type_name, path, mode=mode)
+    _run(jobs.import_, [(cluster, type_name)], as_json, master, cluster, type_name, path, mode=mode)
 
 
 @pipeline.command("audit")
@@ -134,7 +162,8 @@ def audit_cmd(
     Exit code 2 when they differ."""
     from nonstop.spark import jobs
 
-    report = _run(jobs.audit, as_json, master, left, right, type_name, key=key)
+    sources = [(s, type_name) for s in (left, right) if not os.path.isdir(s)]
+    report = _run(jobs.audit, sources, as_json, master, left, right, type_name, key=key)
     if not report["equal"]:
         sys.exit(2)
 

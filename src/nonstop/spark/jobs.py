@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -253,6 +254,28 @@ def audit(
     }
     report["equal"] = report["only_left"] == report["only_right"] == report["different"] == 0
     return report
+
+
+def check_type(cluster: str, type_name: str) -> dict[str, Any]:
+    """Fail fast, before Spark starts: the cluster answers and knows the type."""
+    node = cluster_nodes(cluster.partition("#")[0])[0]
+    with BulkClient(node["address"]) as c:
+        return c.call("bulk.schema", type=type_name)  # type: ignore[no-any-return]
+
+
+_NONSTOP_ERROR = re.compile(r"nonstop\.errors\.(\w+): (.*)")
+
+
+def error_message(exc: BaseException) -> str:
+    """The nonstop error inside a Spark exception (its Python traceback text), else its
+    first line."""
+    text = str(exc)
+    found = _NONSTOP_ERROR.findall(text)
+    if found:
+        name, message = found[-1]
+        return f"{name}: {message.strip()}"
+    lines = text.strip().splitlines()
+    return lines[0] if lines else repr(exc)
 
 
 def _unique_key(cluster: str, type_name: str, columns: list[str]) -> str:
