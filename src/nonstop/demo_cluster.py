@@ -221,12 +221,16 @@ def run_transfers(
     stop_at = time.monotonic() + seconds
     bar = tqdm(desc="transfers", unit="tx", mininterval=1.0, disable=not progress)
 
+    quit_chaos = threading.Event()  # set on Ctrl-C / failure: no kill or restart any more
+
     def chaos(t0: float) -> None:
-        time.sleep(seconds * 0.30)
+        if quit_chaos.wait(seconds * 0.30):
+            return
         out.kill_at = time.monotonic() - t0
         bar.write(f"  ... SIGKILL node {VICTIM} at {out.kill_at:.1f} s")
         oc.kill(VICTIM)
-        time.sleep(max(0.0, t0 + seconds * 0.55 - time.monotonic()))
+        if quit_chaos.wait(max(0.0, t0 + seconds * 0.55 - time.monotonic())):
+            return
         oc.start(VICTIM)
         out.back_at = time.monotonic() - t0
         bar.write(f"  ... node {VICTIM} restarted on its data at {out.back_at:.1f} s")
@@ -267,6 +271,7 @@ def run_transfers(
         asyncio.run(main())
     finally:
         bar.close()
+        quit_chaos.set()
         killer.join()
     out.seconds = time.monotonic() - t0
     return out
@@ -378,6 +383,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{len(out.unknown)} unknown-outcome ones"
         )
         print(f"  Parquet snapshot: {export} ({audit['exported']:,} rows)")
+    except KeyboardInterrupt:
+        print("\ninterrupted: stopping the cluster")
+        return 130
     finally:
         if spark is not None:
             with contextlib.suppress(Exception):
