@@ -54,6 +54,7 @@ class FakeNode:
         self.hidden_types: set[str] = set()
         self.versions: dict[str, int] = {}
         self.dials = 0
+        self.delay: dict[str, float] = {}  # op -> seconds before the next one is answered
 
     # ---------------------------------------------------------- serving
     def handle(self, conn: Any, p: dict[str, Any]) -> Any:
@@ -140,6 +141,8 @@ class FakeNode:
             s = next(self.ids)
             self.sessions[s] = (conn, tx)
             return {"s": s}
+        if op == "ping":
+            return {"name": self.name}
         if op == "request.result":
             if self.running_polls > 0:
                 self.running_polls -= 1
@@ -269,7 +272,9 @@ class FakeAsyncChannel:
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
-            await asyncio.sleep(0.001)  # other tasks' requests are in flight meanwhile
+            # Other tasks' requests are in flight meanwhile.
+            async with asyncio.timeout(timeout):  # as AsyncChannel: no reply in time
+                await asyncio.sleep(self.fake.delay.pop(payload.get("op"), 0.001))
         finally:
             self.in_flight -= 1
         if self.closed or not self.fake.up:

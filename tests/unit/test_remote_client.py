@@ -466,3 +466,39 @@ def test_async_errors_failover_and_use_after_commit(cluster: FakeCluster) -> Non
             assert n2.commits == 3 and n2.ops("request.result")  # x1, the read, x2 once
 
     asyncio.run(main())
+
+
+def test_async_slow_op_and_cancelled_task_keep_the_shared_connection(
+    cluster: FakeCluster,
+) -> None:
+    node = cluster.nodes["n1"]
+
+    async def main() -> None:
+        async with cluster.async_client(op_timeout=0.2) as c:
+            chans = type(c).channels  # type: ignore[attr-defined]
+            tx = c.transaction()
+            await tx.get(Account, number="A-1")
+            node.delay["tx.get"] = 0.5  # slower than op_timeout, but the node answers pings
+            with pytest.raises(nonstop.Unavailable):
+                await tx.get(Account, number="A-2")
+            assert len(chans) == 1 and not chans[0].closed, "a slow op keeps the connection"
+            await tx.rollback()
+
+            tx2 = c.transaction()
+            await tx2.get(Account, number="A-1")
+            node.delay["tx.get"] = 0.1
+            task = asyncio.ensure_future(tx2.get(Account, number="A-2"))
+            await asyncio.sleep(0.02)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            with pytest.raises(nonstop.Unavailable, match="cancelled"):
+                await tx2.get(Account, number="A-2")
+            await tx2.rollback()
+            await transfer_async(c, "s1", "A-1", "A-2", 4)
+            assert len(chans) == 1 and not chans[0].closed, "still the one connection"
+            assert not node.sessions, "every abandoned session was rolled back"
+        with cluster.client() as sc:
+            assert balance(sc, "A-1") == 96
+
+    asyncio.run(main())

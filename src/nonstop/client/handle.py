@@ -470,6 +470,18 @@ class AsyncClient:
             self._discard(chan)
             raise
 
+    async def _failed(self, chan: Any, exc: BaseException) -> None:
+        """A transaction's request failed on ``chan``: drop the connection unless it is
+        only slow.  Every task's transaction shares it, so a timeout (a long lock wait,
+        a busy node) closes it only if the node does not even answer a ping."""
+        if isinstance(exc, TimeoutError) and not chan.closed:
+            try:
+                await chan.call({"op": "ping"}, self.timeout)
+                return
+            except BaseException:
+                pass
+        self._discard(chan)
+
     def _discard(self, chan: Any) -> None:
         """A connection failed: close it and make new requests try the next node (once)."""
         if self._chan is chan:

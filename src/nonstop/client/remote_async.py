@@ -16,6 +16,7 @@ tx.by_ref(...)`` first), and a ``@nonstop.remote`` method returns an awaitable
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -78,13 +79,18 @@ class AsyncRemoteTransaction(RemoteTransactionBase):
             chan = self._chan
             try:
                 reply = await chan.call(payload, self.client.op_timeout)
-            except BaseException as exc:
-                # Lost, reset or silent (B8).  A silent node may still hold the session:
-                # ask it to roll back, without waiting; a closed link does that anyway.
+            except asyncio.CancelledError:
+                # This task was cancelled, not the connection: other transactions share it.
                 chan.send_nowait({"op": "tx.rollback", "s": self._s})
-                self.client._discard(chan)
+                self._doomed = Unavailable("the transaction's task was cancelled")
+                raise
+            except BaseException as exc:
+                # Lost, reset or silent (B8).  The node rolls the session back when the
+                # link closes; a link kept (a slow op, a live node) is told to.
+                chan.send_nowait({"op": "tx.rollback", "s": self._s})
+                await self.client._failed(chan, exc)
                 raise Unavailable(
-                    f"lost the connection to {chan.address} during the transaction ({exc!r}); "
+                    f"no answer from {chan.address} during the transaction ({exc!r}); "
                     "the node rolls it back"
                 ) from exc
             return raise_error(reply)
@@ -181,8 +187,11 @@ class AsyncRemoteTransaction(RemoteTransactionBase):
         try:
             try:
                 reply = await chan.call(payload, self.client.op_timeout)
+            except asyncio.CancelledError:
+                self._ended(_State.ROLLED_BACK)  # (outcome unknown: the task is gone)
+                raise
             except BaseException as exc:
-                self.client._discard(chan)
+                await self.client._failed(chan, exc)
                 self._ended(_State.ROLLED_BACK)
                 if req is not None:
                     await self.client._request_result(chan.address, req, exc)
