@@ -51,7 +51,7 @@ from pyspark.sql.types import StructType
 
 from nonstop.client.bulk import BulkClient, cluster_nodes
 from nonstop.dist.bulk import ROWS_PER_RANGE
-from nonstop.errors import Unavailable
+from nonstop.errors import BadArgument, Unavailable
 from nonstop.model.codec import encode_key
 from nonstop.spark.schema import Options, check_writable, columns, spark_schema, write_key
 
@@ -69,15 +69,35 @@ _PUSHABLE = {
 _FILTER_KINDS = frozenset({"bool", "int", "float", "str", "bytes", "datetime", "date", "ref"})
 
 
-def _up_nodes(opts: Options) -> list[dict[str, Any]]:
-    nodes = [n for n in cluster_nodes(opts.cluster, cluster=opts.cluster_id) if n.get("up", True)]
+def _up_nodes(opts: Options, only: list[str] | None = None) -> list[dict[str, Any]]:
+    """Every node of the cluster (or the ones named in ``only``), in name order;
+    Unavailable if one is down.
+
+    A read that skipped a down node would silently miss its objects, and a write
+    must send each key to its home among *all* nodes, so both need every node.
+    """
+    nodes = cluster_nodes(opts.cluster, cluster=opts.cluster_id)
+    if only:
+        missing = set(only) - {n["name"] for n in nodes}
+        if missing:
+            raise BadArgument(f"no node(s) {', '.join(sorted(missing))} in the cluster")
+        nodes = [n for n in nodes if n["name"] in only]
+    down = [str(n["name"]) for n in nodes if not n.get("up", True)]
+    if down:
+        raise Unavailable(
+            f"node(s) {', '.join(down)} of the cluster at {opts.cluster} are down: the "
+            "objects they master cannot be read or written now"
+        )
     if not nodes:
         raise Unavailable(f"no node of the cluster at {opts.cluster} is up")
     return nodes
 
 
 def _type_schema(opts: Options) -> dict[str, Any]:
-    node = _up_nodes(opts)[0]
+    up = [n for n in cluster_nodes(opts.cluster, cluster=opts.cluster_id) if n.get("up", True)]
+    if not up:
+        raise Unavailable(f"no node of the cluster at {opts.cluster} is up")
+    node = up[0]
     with BulkClient(node["address"], cluster=opts.cluster_id) as c:
         return c.call("bulk.schema", type=opts.type)  # type: ignore[no-any-return]
 
@@ -162,13 +182,8 @@ class NonstopReader(DataSourceReader):
 
     def partitions(self) -> list[NodeRange]:
         parts = []
-        nodes = _up_nodes(self.opts)
-        if self.opts.nodes:  # read what some nodes hold (an audit of one copy)
-            missing = set(self.opts.nodes) - {n["name"] for n in nodes}
-            if missing:
-                raise Unavailable(f"node(s) {', '.join(sorted(missing))} not up in the cluster")
-            nodes = [n for n in nodes if n["name"] in self.opts.nodes]
-        for node in nodes:
+        # Option `nodes`: read only what those nodes hold (an audit of one copy).
+        for node in _up_nodes(self.opts, self.opts.nodes):
             with BulkClient(node["address"], cluster=self.opts.cluster_id) as c:
                 plan = c.call(
                     "bulk.plan", type=self.opts.type, tv=self.version, splits=self.opts.splits
