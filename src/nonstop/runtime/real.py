@@ -475,7 +475,10 @@ class RealRuntime:
         token = action.token
 
         def done(exc: BaseException | None) -> None:  # on the store's writer thread
-            loop.call_soon_threadsafe(self._dtx_persisted, token, exc)
+            # After a stop the loop may be closed: the write is durable anyway, and
+            # nobody is left to tell.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self._dtx_persisted, token, exc)
 
         try:
             self.dtx_persister.persist(list(action.writes), done)
