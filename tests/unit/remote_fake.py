@@ -66,9 +66,10 @@ class FakeNode:
                     entry = self.sessions.pop(p["s"], None)
                     if entry is not None:
                         entry[1].rollback()
+                    error = error_out(errs[0])  # recorded as the node does
                     self.results[tuple(p["req"])] = {
                         "state": "aborted",
-                        "result": error_out(errs[0]),
+                        "result": [error["error"], error["message"]],
                     }
                 raise errs.pop(0)
             return self._op(conn, p)
@@ -204,7 +205,11 @@ class FakeNode:
             except Error as exc:
                 tx.rollback()
                 if req:
-                    self.results[req] = {"state": "aborted", "result": error_out(exc)}
+                    error = error_out(exc)
+                    self.results[req] = {
+                        "state": "aborted",
+                        "result": [error["error"], error["message"]],
+                    }
                 raise
             finally:
                 self.sessions.pop(p["s"], None)

@@ -109,7 +109,10 @@ def _settled(reply: Any, address: str, cause: BaseException) -> bool:
     if state == "running":
         return False
     if state == "aborted":
+        # The node records an aborted commit as [error class name, message].
         result = reply.get("result")
+        if isinstance(result, list | tuple) and len(result) == 2:
+            raise_error({"error": result[0], "message": result[1]})
         if isinstance(result, dict) and "error" in result:
             raise_error(result)
         raise Aborted(f"the transaction was rolled back ({result!r})")

@@ -20,7 +20,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from nonstop.client.remote import Op, RemoteQueryBase, RemoteTransactionBase, Request
+from nonstop.client.remote import DELETED, Op, RemoteQueryBase, RemoteTransactionBase, Request
 from nonstop.dist.wire import raise_error
 from nonstop.errors import BadArgument, NotFound, TransactionClosed, Unavailable
 from nonstop.model.managed import Managed
@@ -105,7 +105,7 @@ class AsyncRemoteTransaction(RemoteTransactionBase):
                 "a reference field of an object not loaded in this async remote transaction; "
                 "load it first with `await tx.by_ref(ref)`"
             )
-        return None if e.status >= 3 else e.handle
+        return None if e.status >= DELETED else e.handle
 
     def _remote_call(
         self, obj: Managed, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
