@@ -339,6 +339,49 @@ def test_attached_node_killed_then_next_transaction_elsewhere(tmp_path: Path) ->
         procs.cleanup()
 
 
+def test_async_attached_node_killed_then_next_transaction_elsewhere(tmp_path: Path) -> None:
+    procs = start(tmp_path / "akill")
+    addresses = [procs.address(n) for n in NAMES]
+
+    async def main() -> None:
+        async with nonstop.connect_async(addresses) as c:
+            async with c.transaction() as tx:
+                for node in NAMES:
+                    await tx.create(Account, number=f"{node}-8", balance=10, node=node)
+            tx = c.transaction()
+            (await tx.get(Account, number="A-8", lock="write")).balance = 0
+            victim = tx.node
+            assert victim in NAMES
+            one, two = (f"{n}-8" for n in NAMES if n != victim)
+            # Other transactions of this client share the connection: they fail too.
+            other = c.transaction()
+            await other.count(Account, scope="local")
+            await asyncio.to_thread(procs.kill, victim)
+            for doomed in (tx, other):
+                with pytest.raises(nonstop.Unavailable):
+                    await doomed.get(Account, number=one, lock="none")
+                await doomed.rollback()
+            deadline = time.monotonic() + 20
+            while True:
+                try:
+                    await transfer_async(c, one, two, 1)
+                    break
+                except nonstop.Error:
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.1)
+            async with c.transaction() as tx2:
+                x = await tx2.get(Account, number=one)
+                y = await tx2.get(Account, number=two)
+                assert tx2.node not in (None, victim)
+                assert x.balance + y.balance == 20 and x.balance <= 9
+
+    try:
+        asyncio.run(asyncio.wait_for(main(), 60))
+    finally:
+        procs.cleanup()
+
+
 def test_lost_commit_reply_is_answered_by_the_recorded_outcome(
     cluster: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
