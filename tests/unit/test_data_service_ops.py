@@ -221,6 +221,14 @@ def test_participant_branch_lifecycle(db: nonstop.Database) -> None:
         assert isinstance(tx, AsyncTransaction) and tx.active and "A.3" not in svc.branches
         assert svc.lookup_branch("A.3") is None
         await tx.rollback()
+        # Its coordinator goes Down: its open branches here are rolled back at once.
+        reply = await peer_call(svc, rt, "A", {**get, "b": "A.4", "new": True, "lock": "write"})
+        assert "A.4" in svc.branches
+        svc._on_node_state(SimpleNamespace(data={"peer": "A", "old": "Up", "new": "Down"}))
+        await asyncio.sleep(0.05)
+        assert "A.4" not in svc.branches and svc.stats["orphan_rollbacks"] == 1
+        reply = await peer_call(svc, rt, "A", {**get, "b": "A.4"})
+        assert reply["error"] == "TransactionClosed"
         # branch.end of an unknown branch is fine (idempotent); a bad message is dropped.
         assert await peer_call(svc, rt, "A", {"op": "branch.end", "b": "A.9"}) == {}
         svc.on_peer("A", {"t": "data.weird"})

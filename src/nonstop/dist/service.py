@@ -978,7 +978,13 @@ class DataService:
             self._calls.pop(call_id, None)
 
     def _on_node_state(self, action: Any) -> None:
-        """A peer left Up: its pending data requests fail now, not at their timeout (B8)."""
+        """A peer left Up: its pending data requests fail now, not at their timeout (B8).
+
+        Once it is Down, the branches it coordinates here (open, never prepared:
+        prepared ones are the resource manager's) are rolled back at once rather
+        than after ``branch_idle``: their locks are not held for a dead session.
+        If it was only slow, its next op on such a branch gets TransactionClosed.
+        """
         data = action.data
         if data.get("new") == "Up":
             return
@@ -986,6 +992,14 @@ class DataService:
         for node, fut in list(self._calls.values()):
             if node == peer and not fut.done():
                 fut.set_exception(errors.Unavailable(f"node {peer} is {data.get('new')}"))
+        if data.get("new") == "Down" and isinstance(peer, str):
+            prefix = f"{peer}."
+            for bid, br in list(self.branches.items()):
+                if bid.startswith(prefix) and not br.local:
+                    log.info("branch %s: its coordinator %s is down; rolled back", bid, peer)
+                    self.stats["orphan_rollbacks"] += 1
+                    self._mark_ended(bid)
+                    self._spawn(self._end_branch(bid))
 
     # ============================================================ cluster view
     def _cluster(self) -> Any:
