@@ -382,6 +382,30 @@ def test_async_attached_node_killed_then_next_transaction_elsewhere(tmp_path: Pa
         procs.cleanup()
 
 
+def test_async_timed_out_first_op_does_not_leave_its_session(cluster: str) -> None:
+    """A first op (it opens the session) that times out on a live node: the shared
+    connection stays, and the session its late reply names is rolled back."""
+
+    async def main() -> None:
+        async with (
+            nonstop.connect_async(cluster) as holder,
+            nonstop.connect_async(cluster, op_timeout=1.0) as c,
+        ):
+            htx = holder.transaction()
+            await htx.get(Account, number="A-0", lock="write")
+            tx = c.transaction()
+            with pytest.raises(nonstop.Unavailable):
+                await tx.get(Account, number="A-0", lock="write")  # waits for htx's lock
+            await htx.rollback()  # the waiting op now gets the lock; its reply comes late
+            await asyncio.sleep(0.3)
+            async with c.transaction() as tx3:  # same connection; the lock must be free
+                acct = await tx3.get(Account, number="A-0", lock="write")
+                assert acct.number == "A-0"
+            assert c.node is not None and c.node.name == tx3.node
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
 def test_lost_commit_reply_is_answered_by_the_recorded_outcome(
     cluster: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

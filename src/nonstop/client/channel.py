@@ -155,10 +155,20 @@ class AsyncChannel:
                     future = self._waiting.pop(value.get("id"), None)  # type: ignore[arg-type]
                     if future is not None and not future.done():
                         future.set_result(value.get("p"))
+                    else:
+                        self._abandoned(value.get("p"))
         except (Exception, asyncio.CancelledError):
             pass
         finally:
             self._fail_all()
+
+    def _abandoned(self, reply: Any) -> None:
+        """A late reply nobody waits for (timed out, cancelled).  If it opened a session
+        (a first op carrying ``begin``), nobody will ever end it: roll it back now,
+        because the connection, which would end it, stays open for other requests."""
+        s = reply.get("s") if isinstance(reply, dict) else None
+        if isinstance(s, int) and not isinstance(s, bool):
+            self.send_nowait({"op": "tx.rollback", "s": s})
 
     def _fail_all(self) -> None:
         self._closed = True

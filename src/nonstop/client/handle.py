@@ -338,6 +338,10 @@ class Client:
                     last = exc
                     chan.close()
                     self._switch(address)
+                    if isinstance(exc, TimeoutError):
+                        # Slow or stopped: the op may be waiting for a lock, which
+                        # another node would wait for too.  Fail this transaction only.
+                        raise Unavailable(f"no answer from {address} in time: {exc!r}") from exc
                     continue
                 if isinstance(reply, dict) and reply.get("error") in _SWITCH_NODE:
                     last = ClusterError(f"{address}: {reply.get('message')}")
@@ -561,6 +565,12 @@ class AsyncClient:
                     reply = await chan.call(first, self.op_timeout)
                 except NETWORK_ERRORS as exc:
                     last = exc
+                    if isinstance(exc, TimeoutError):
+                        # Slow or stopped (see Client._open_session): this transaction only.
+                        await self._failed(chan, exc)
+                        raise Unavailable(
+                            f"no answer from {chan.address} in time: {exc!r}"
+                        ) from exc
                     self._discard(chan)
                     continue
                 if isinstance(reply, dict) and reply.get("error") in _SWITCH_NODE:
