@@ -1,0 +1,244 @@
+"""Spark ↔ nonstop throughput, side by side with Spark ↔ local Parquet and Spark ↔ PostgreSQL.
+
+``python -m bench.spark_bench [--rows 200000] [--rounds 2] [--out bench/results/spark.md]``
+
+One run, one Spark session (``--master``, default ``local[*]``), three systems:
+
+* **nonstop**: a local 3-node cluster (``OwnedCluster``, fsync on) with the demo
+  bank's ``Account`` (``number`` int unique key, ``owner`` str, ``balance`` int);
+  load = ``df.write.format("nonstop").mode("append")`` into an empty type (batched
+  upsert transactions, 10,000 rows each); read = ``spark.read.format("nonstop")``.
+* **Parquet** (the floor): ``df.write.parquet`` / ``spark.read.parquet`` on local disk.
+* **PostgreSQL** over Spark's JDBC source (Debian's server on 127.0.0.1, fsync and
+  synchronous_commit on; the table has the same primary key): load with
+  ``batchsize=10000`` and ``reWriteBatchedInserts=true``; read partitioned on the
+  key into as many partitions as Spark has cores.
+
+Every round measures each system's load then read, interleaved, from the same
+cached DataFrame; each load starts from an empty table (emptied untimed). A read
+aggregates all three columns (so Parquet cannot skip columns) and is checked
+against the data. The report gives the best round of each cell and the ratios
+the issue asks for: load ≥ PostgreSQL-over-JDBC, read ≥ 50% of local Parquet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+JDBC_JAR = "/usr/share/java/postgresql.jar"
+TYPE = "nonstop.demo_bank.Account"
+
+
+def _git_commit() -> str:
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True)
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--", "src"], cwd=ROOT, capture_output=True
+    )
+    return out.stdout.decode().strip() + (" (src modified)" if dirty.stdout.strip() else "")
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rows", type=int, default=200_000)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--master", default="local[*]")
+    p.add_argument("--out", default=str(ROOT / "bench" / "results" / "spark.md"))
+    args = p.parse_args(argv)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+    from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F
+
+    from bench.pg_peer import PostgresPeer
+    from nonstop.admin.owned import OwnedCluster
+
+    load_before = os.getloadavg()
+    tmp = Path(tempfile.mkdtemp(prefix="nonstop-spark-bench-"))
+    n = args.rows
+    print(f"starting a 3-node cluster and PostgreSQL in {tmp}", file=sys.stderr)
+    with OwnedCluster(tmp / "cluster", 3, apps=["nonstop.demo_bank"]) as oc:
+        oc.start_all(timeout=90)
+        pg = PostgresPeer(accounts=0)  # its own dir: the server user must reach it
+        try:
+            import psycopg
+
+            with psycopg.connect(pg.dsn, autocommit=True) as con:
+                con.execute(
+                    "CREATE TABLE bench_accounts (number bigint PRIMARY KEY, owner text NOT NULL,"
+                    " balance bigint NOT NULL)"
+                )
+            spark = (
+                SparkSession.builder.master(args.master)
+                .appName("nonstop-spark-bench")
+                .config("spark.ui.enabled", "false")
+                .config("spark.ui.showConsoleProgress", "false")
+                .config("spark.sql.shuffle.partitions", "4")
+                .config("spark.jars", JDBC_JAR)
+                .config("spark.driver.extraClassPath", JDBC_JAR)
+                .config("spark.sql.session.timeZone", "UTC")
+                .getOrCreate()
+            )
+            spark.sparkContext.setLogLevel("ERROR")
+            import nonstop.spark
+
+            nonstop.spark.register(spark)
+            cores = spark.sparkContext.defaultParallelism
+            cluster = ",".join(oc.addresses)
+            jdbc_url = f"jdbc:postgresql://127.0.0.1:{pg.port}/postgres?reWriteBatchedInserts=true"
+            jdbc = {
+                "url": jdbc_url,
+                "dbtable": "bench_accounts",
+                "user": "postgres",
+                "driver": "org.postgresql.Driver",
+            }
+            df = (
+                spark.range(n)
+                .selectExpr(
+                    "id AS number", "concat('owner-', id % 1000) AS owner", "id % 10007 AS balance"
+                )
+                .repartition(cores)
+                .cache()
+            )
+            df.count()
+            expected = df.agg(F.sum("balance"), F.max("owner")).first()
+            empty = spark.createDataFrame([], df.schema)
+            parquet = str(tmp / "parquet")
+
+            def nonstop_write(mode: str, data: Any) -> None:
+                (
+                    data.write.format("nonstop")
+                    .option("cluster", cluster)
+                    .option("type", TYPE)
+                    .mode(mode)
+                    .save()
+                )
+
+            def check(read: Any) -> None:
+                got = read.agg(F.count("*"), F.sum("balance"), F.max("owner"), F.max("number"))
+                row = got.first()
+                assert row[0] == n and row[1] == expected[0] and row[2] == expected[1], row
+                assert row[3] == n - 1, row
+
+            def pg_truncate() -> None:
+                with psycopg.connect(pg.dsn, autocommit=True) as con:
+                    con.execute("TRUNCATE bench_accounts")
+
+            def jdbc_read() -> Any:
+                r = spark.read.format("jdbc").options(**jdbc)
+                r = r.option("partitionColumn", "number").option("lowerBound", 0)
+                return r.option("upperBound", n).option("numPartitions", cores).load()
+
+            cells: dict[str, list[float]] = {}
+
+            def timed(name: str, fn: Any) -> None:
+                started = time.perf_counter()
+                fn()
+                seconds = time.perf_counter() - started
+                cells.setdefault(name, []).append(n / seconds)
+                print(f"  {name}: {n / seconds:,.0f} rows/s ({seconds:.2f} s)", file=sys.stderr)
+
+            for r in range(args.rounds):
+                print(f"round {r + 1}/{args.rounds}", file=sys.stderr)
+                nonstop_write("overwrite", empty)  # empty the type, untimed
+                timed("load nonstop", lambda: nonstop_write("append", df))
+                timed("load parquet", lambda: df.write.mode("overwrite").parquet(parquet))
+                pg_truncate()
+                timed(
+                    "load postgresql",
+                    lambda: (
+                        df.write.format("jdbc")
+                        .options(**jdbc)
+                        .option("batchsize", 10000)
+                        .mode("append")
+                        .save()
+                    ),
+                )
+                timed(
+                    "read nonstop",
+                    lambda: check(
+                        spark.read.format("nonstop")
+                        .option("cluster", cluster)
+                        .option("type", TYPE)
+                        .load()
+                    ),
+                )
+                timed("read parquet", lambda: check(spark.read.parquet(parquet)))
+                timed("read postgresql", lambda: check(jdbc_read()))
+            spark.stop()
+        finally:
+            pg.stop()
+    load_after = os.getloadavg()
+    best = {k: max(v) for k, v in cells.items()}
+    write_report(args, n, cores, best, cells, load_before, load_after, pg.version)
+
+
+def write_report(
+    args: Any,
+    n: int,
+    cores: int,
+    best: dict[str, float],
+    cells: dict[str, list[float]],
+    load_before: tuple[float, float, float],
+    load_after: tuple[float, float, float],
+    pg_version: str,
+) -> None:
+    import pyspark
+
+    load_ratio = best["load nonstop"] / best["load postgresql"]
+    read_ratio = best["read nonstop"] / best["read parquet"]
+    lines = [
+        "# Spark pipeline benchmark",
+        "",
+        f"`{' '.join(['python -m bench.spark_bench', *(argv_of(args))])}`",
+        "",
+        f"- {n:,} rows (`number` bigint key, `owner` string, `balance` bigint), "
+        f"{args.rounds} interleaved rounds, best round shown",
+        f"- Spark {pyspark.__version__} `{args.master}` ({cores} cores), Python "
+        f"{platform.python_version()}, PostgreSQL {pg_version} + JDBC `{JDBC_JAR}`",
+        "- nonstop: local 3-node cluster, fsync on; PostgreSQL fsync and synchronous_commit on",
+        f"- load average before {load_before[0]:.2f}, after {load_after[0]:.2f} "
+        f"(on {os.cpu_count()} CPUs shared with other work)",
+        f"- source commit {_git_commit()}",
+        "",
+        "| operation | nonstop | Parquet (local) | PostgreSQL (JDBC) |",
+        "|---|---:|---:|---:|",
+    ]
+    for op in ("load", "read"):
+        row = [f"{best[f'{op} {s}']:,.0f}" for s in ("nonstop", "parquet", "postgresql")]
+        lines.append(f"| {op} (rows/s) | {' | '.join(row)} |")
+    lines += [
+        "",
+        "| goal | ratio | met |",
+        "|---|---:|---|",
+        f"| load ≥ PostgreSQL over JDBC | {load_ratio:.2f} | {_yes(load_ratio >= 1)} |",
+        f"| read ≥ 50% of local Parquet | {read_ratio:.2f} | {_yes(read_ratio >= 0.5)} |",
+        "",
+        "Every round (rows/s):",
+        "",
+    ]
+    for k, v in cells.items():
+        lines.append(f"- {k}: " + ", ".join(f"{x:,.0f}" for x in v))
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def _yes(ok: bool) -> str:
+    return "yes" if ok else "no"
+
+
+def argv_of(args: Any) -> list[str]:
+    return [f"--rows {args.rows}", f"--rounds {args.rounds}", f"--master {args.master}"]
+
+
+if __name__ == "__main__":
+    main()
