@@ -66,8 +66,8 @@ def test_handles_are_instances_with_cached_fields_and_local_methods(cluster: Fak
     with cluster.client() as c, c.transaction() as tx:
         assert isinstance(tx, RemoteTransaction)
         w = tx.get(Wallet, owner="bob")
-        again = tx.find(Wallet, owner="bob")
         sent = len(node.log)
+        again = tx.find(Wallet, owner="bob")  # held under a read lock: no round trip
         assert isinstance(w, Wallet) and w is again and w == again and hash(w) == hash(again)
         assert (w.owner, w.rank, w.cash, w.rich()) == ("bob", 1, 200, True)
         assert len(node.log) == sent, "field reads and plain methods must not go to the node"
@@ -75,6 +75,8 @@ def test_handles_are_instances_with_cached_fields_and_local_methods(cluster: Fak
         assert tx.find(Wallet, owner="nobody") is None
         with pytest.raises(nonstop.NotFound):
             tx.get(Wallet, owner="nobody")
+        assert tx.get(Wallet, owner="bob", lock="write") is w  # a stronger lock: asked
+        assert w._e.lock == 2
     # The session began with the first op; one round trip per op, none for begin.
     assert [p["op"] for p in node.log] == ["tx.get"] * 4 + ["tx.commit"]
     assert "begin" in node.log[0] and all("begin" not in p for p in node.log[1:])
@@ -98,6 +100,21 @@ def test_writes_are_deferred_and_sent_with_the_commit(cluster: FakeCluster) -> N
         with c.transaction() as tx:
             w = tx.get(Wallet, owner="ann")
             assert (w.cash, w.tags, w.rank) == (12, ["x"], 9)
+
+
+def test_lookups_of_objects_already_held_need_no_round_trip(cluster: FakeCluster) -> None:
+    node = cluster.nodes["n1"]
+    with cluster.client() as c, c.transaction() as tx:
+        eve = tx.create(Wallet, owner="eve", cash=1)
+        ann = tx.get(Wallet, owner="ann", lock="write")
+        sent = len(node.log)
+        assert tx.get(Wallet, owner="eve") is eve and tx.get(Wallet, owner="ann") is ann
+        assert tx.get_or_create(Wallet, owner="eve") == (eve, False)
+        assert len(node.log) == sent
+        tx.delete(eve)
+        assert tx.find(Wallet, owner="eve") is None  # deleted: asked again, not cached
+        assert len(node.log) == sent + 2
+        tx.rollback()
 
 
 def test_pending_writes_flush_with_a_query_and_are_seen_by_it(cluster: FakeCluster) -> None:

@@ -298,6 +298,9 @@ class RemoteTransactionBase:
         self._dirty: dict[bytes, RemoteEntry] = {}
         self._s: int | None = None  # the node's session id once begun
         self._wrote = False  # anything sent that changes data (create, delete, call, writes)
+        # Unique key value -> reference, for objects this transaction already holds:
+        # looking one up again needs no round trip (see _cached).
+        self._keyed: dict[tuple[str, str, bytes], bytes] = {}
         self._chan: Any = None  # the channel the session lives on
 
     # ----------------------------------------------------------- checks
@@ -444,8 +447,11 @@ class RemoteTransactionBase:
             value = Ref(self._entry_of(value).ref)
         if value is None:
             return None  # unique keys do not index None
-        encode_key(value)
+        slot = (info.name, name, encode_key(value))
         mode = self._lock_mode(lock)
+        hit = self._cached(slot, name, value, mode)
+        if hit is not None:
+            return hit
         payload: Request = {
             "op": "tx.get",
             "type": info.name,
@@ -464,6 +470,21 @@ class RemoteTransactionBase:
             return None
         e = self._intake(obj, mode)
         if e.status >= DELETED:
+            return None
+        self._keyed[slot] = e.ref
+        return e.handle
+
+    def _cached(self, slot: tuple[str, str, bytes], name: str, value: Any, mode: int) -> Any:
+        """The handle a unique lookup found before in this transaction, if still valid:
+        not deleted, still holding that key value, and locked at least as asked (so
+        nobody else can have moved or deleted it since)."""
+        ref = self._keyed.get(slot)
+        if ref is None:
+            return None
+        e = self._entries.get(ref)
+        if e is None or e.status >= DELETED or e.state.get(name) != value:
+            return None
+        if e.lock < mode and e.status != CREATED:
             return None
         return e.handle
 
@@ -527,6 +548,9 @@ class RemoteTransactionBase:
         ref, _, version, node_state = obj_in(reply["o"])
         e = RemoteEntry(self, ref, info, _complete(info, node_state), version, WRITE, CREATED)
         self._entries[ref] = e
+        for name, k in info.keys.items():
+            if k.options.unique and e.state[name] is not None:
+                self._keyed[(info.name, name, encode_key(e.state[name]))] = ref
         return e.handle
 
     def _g_delete(self, obj: Any) -> Op:
@@ -628,6 +652,7 @@ class RemoteTransactionBase:
             e.handle = None
         self._entries = {}
         self._dirty = {}
+        self._keyed = {}
 
     def _absorb(self, exc: BaseException) -> None:
         """A failed request: retryable errors and lost connections doom the transaction."""
