@@ -535,13 +535,18 @@ def test_concurrent_cross_node_transfers_conserve_money(cluster: Procs) -> None:
 
 
 def test_participant_killed_mid_transaction(cluster: Procs) -> None:
-    b, c_ = uniq("kb"), uniq("kc")
-    make_accounts(cluster, {b: ("B", 1), c_: ("C", 1)})
-    with client(cluster, "A") as c:
+    b, c_, d = uniq("kb"), uniq("kc"), uniq("kd")
+    make_accounts(cluster, {b: ("B", 1), c_: ("C", 1), d: ("C", 1)})
+    with client(cluster, "A") as c, client(cluster, "A") as idle:
         s = begin(c)
         ob = get(c, s, b, lock="write")
         oc = get(c, s, c_, lock="write")
         assert ob is not None and oc is not None
+        # Another session, idle (its client thinking), holds a lock on C and a
+        # branch on B.
+        si = begin(idle)
+        assert get(idle, si, b, lock="none") is not None
+        assert get(idle, si, d, lock="write") is not None
         cluster.kill("B")
         started = time.monotonic()
         reply = fails(
@@ -552,6 +557,14 @@ def test_participant_killed_mid_transaction(cluster: Procs) -> None:
         # The other branch was released: C's lock is free at once.
         s2 = begin(c)
         fails(c, "Unavailable", op="tx.query", s=s2, type=ACC, tv=1, audit="fail_if_down")
+        # The idle session was rolled back when B went Down, without its client
+        # doing anything: its lock on C is free, and its next op says why.
+        with client(cluster, "C") as other:
+            s4 = begin(other)
+            assert get(other, s4, d, lock="write") is not None
+            ok(other, op="tx.rollback", s=s4)
+        reply = fails(idle, "Unavailable", op="tx.count", s=si, type=ACC, tv=1)
+        assert "B" in reply["message"]
     with client(cluster, "C") as c3:
         s3 = begin(c3)
         held = get(c3, s3, c_, lock="write")

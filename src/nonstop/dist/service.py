@@ -41,7 +41,7 @@ import random
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from nonstop import errors
 from nonstop.dist.wire import error_out, location_of, obj_out, raise_error, write_in
@@ -171,6 +171,8 @@ class DataService:
         self._next_sid = random.SystemRandom().randrange(1, 1 << 52)
         self.branches: dict[str, Branch] = {}
         self._ended: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._broken: collections.OrderedDict[int, str] = collections.OrderedDict()
+        """Sessions rolled back because a node of theirs went down → why (for their next op)."""
         self._calls: dict[int, tuple[str, asyncio.Future[Any]]] = {}
         # Random start too: a reply a peer queued for our previous incarnation must
         # not resolve a call of this one.
@@ -269,10 +271,10 @@ class DataService:
                     first = await self._recorded_outcome(p.get("req"))
                     if first is not None:
                         return first
-                raise errors.TransactionClosed(f"transaction {p.get('s')!r} is over")
+                self._closed(p.get("s"))
             async with session.lock:
                 if session.state != "active":
-                    raise errors.TransactionClosed(f"transaction {session.sid} is over")
+                    self._closed(session.sid)
                 try:
                     return await self._session_op(session, op, p)
                 except (errors.Retryable, errors.Unavailable, errors.TransactionClosed):
@@ -290,6 +292,13 @@ class DataService:
         if isinstance(op, str) and op.startswith("bulk."):
             return await self._bulk(op, p)
         raise errors.BadArgument(f"unknown op {op!r}")
+
+    def _closed(self, sid: Any) -> NoReturn:
+        """Refuse an op of a session that is over (Unavailable if a node of it died)."""
+        broken = self._broken.get(sid)
+        if broken is not None:
+            raise errors.Unavailable(f"transaction rolled back: {broken}")
+        raise errors.TransactionClosed(f"transaction {sid!r} is over")
 
     def _session(self, conn: Any, sid: Any) -> Session | None:
         if not isinstance(sid, int) or isinstance(sid, bool):
@@ -993,6 +1002,15 @@ class DataService:
             if node == peer and not fut.done():
                 fut.set_exception(errors.Unavailable(f"node {peer} is {data.get('new')}"))
         if data.get("new") == "Down" and isinstance(peer, str):
+            for session in list(self.sessions.values()):
+                if session.state == "active" and peer in session.remote:
+                    # Its transaction cannot commit any more: release its other
+                    # branches now; the client hears Unavailable at its next op.
+                    self._broken[session.sid] = f"node {peer} of the transaction is down"
+                    while len(self._broken) > 10_000:
+                        self._broken.popitem(last=False)
+                    self.stats["sessions_broken"] += 1
+                    self._spawn(self._close_session(session))
             prefix = f"{peer}."
             for bid, br in list(self.branches.items()):
                 if bid.startswith(prefix) and not br.local:
