@@ -27,6 +27,7 @@ from nonstop.dist.service import (
     map_run_reply,
 )
 from nonstop.model.codec import pack, unpack
+from nonstop.model.ref import Ref
 from nonstop.tx.async_transaction import AsyncTransaction
 from nonstop.tx.transaction import Isolation
 
@@ -263,3 +264,32 @@ def test_rpc_to_a_peer_that_is_not_up_fails_fast(db: nonstop.Database) -> None:
             await svc.rpc("A", {"op": "branch.count", "b": "B.1"}, timeout=0.05)
 
     run(main())
+
+
+def test_no_distributed_commit_without_quorum(db: nonstop.Database) -> None:
+    async def main() -> None:
+        svc, rt = service(db)
+        rt.machine = SimpleNamespace(  # type: ignore[assignment]
+            quorum_state="Disabled",
+            detector=SimpleNamespace(state_of=lambda name: "Up"),
+            view_members=["A", "B"],
+        )
+        conn = SimpleNamespace(closed=False)
+        sid = (await svc._client_op(conn, {"op": "tx.begin"}))["s"]
+        remote = Ref.make(1234, 1, 1).raw  # mastered on A (location 1234)
+        w = [[remote, ACC, 1, pack({"balance": 1})]]
+        with pytest.raises(errors.Unavailable, match="no quorum"):
+            await svc._client_op(conn, {"op": "tx.commit", "s": sid, "w": w})
+        # The session is over, and nothing was sent anywhere (no submit, no RPC).
+        with pytest.raises(errors.TransactionClosed):
+            await svc._client_op(conn, {"op": "tx.count", "s": sid, "type": ACC, "tv": 1})
+        assert rt.sent == []
+        # A commit that wrote only here does not need the cluster log: it commits.
+        sid = (await svc._client_op(conn, {"op": "tx.begin"}))["s"]
+        st = pack({"number": "q1", "balance": 1})
+        await svc._client_op(conn, {"op": "tx.create", "s": sid, "type": ACC, "tv": 1, "st": st})
+        assert await svc._client_op(conn, {"op": "tx.commit", "s": sid}) == {"ok": True}
+
+    run(main())
+    with db.transaction() as tx:
+        assert tx.get(Account, number="q1").balance == 1

@@ -679,6 +679,12 @@ class DataService:
         down = sorted(n for n in writers if not self.is_up(n))
         if down:
             raise errors.Unavailable(f"node(s) {', '.join(down)} of the transaction are down")
+        if getattr(self._cluster(), "quorum_state", None) == "Disabled":
+            # The decision goes through the cluster log, which this node cannot
+            # reach a quorum of (D16): fail now rather than at commit_timeout.
+            raise errors.Unavailable(
+                f"node {self.name} has no quorum: a distributed commit cannot be decided here"
+            )
         for node in sorted(writers - s.remote - {self.name}):
             # Writes to a node this session never opened a branch on (the client
             # cached the object elsewhere): open it now, shipping them.
