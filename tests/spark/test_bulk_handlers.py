@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
+import time
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -337,3 +338,24 @@ def test_overwrite_commit_takes_only_the_named_attempts(ctx: BulkContext) -> Non
     assert done["inserted"] == 3
     assert sorted(read_all(ctx, fields=["sku"])["sku"]) == ["a", "b", "c"]
     assert op(ctx, "bulk.overwrite.abort", job=job)["dropped"] == 0  # nothing left staged
+
+
+def test_upsert_of_a_key_created_concurrently_updates_it(ctx: BulkContext) -> None:
+    """The batch reads its absent keys first; a key created (and locked) by another
+    transaction before the upsert locks it is found again and updated, not duplicated."""
+    holding = threading.Event()
+
+    def creator() -> None:
+        with ctx.db.transaction() as tx:
+            tx.create(Item, sku="race", qty=1)
+            holding.set()
+            time.sleep(0.3)  # the upsert's read saw no "race"; it now waits for the lock
+
+    t = threading.Thread(target=creator)
+    t.start()
+    assert holding.wait(5)
+    rows = encode_rows({"sku": ["new", "race"], "qty": [5, 7]})
+    r = op(ctx, "bulk.upsert", type=T, rows=rows)
+    t.join(5)
+    assert (r["inserted"], r["updated"]) == (1, 1)
+    assert read_all(ctx, fields=["sku", "qty"]) == {"sku": ["race", "new"], "qty": [7, 5]}
