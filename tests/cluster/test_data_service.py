@@ -565,6 +565,22 @@ def test_participant_killed_mid_transaction(cluster: Procs) -> None:
             ok(other, op="tx.rollback", s=s4)
         reply = fails(idle, "Unavailable", op="tx.count", s=si, type=ACC, tv=1)
         assert "B" in reply["message"]
+        # A found b on B before: with B down, a lookup of b is Unavailable, never a
+        # false "not found"; fail_if_down refuses any lookup while B is down.
+        s5 = begin(c)
+        fails(c, "Unavailable", op="tx.get", s=s5, type=ACC, tv=1, key=pack({"number": b}))
+        s5 = begin(c)
+        reply = c.request(
+            {
+                "op": "tx.get",
+                "s": s5,
+                "type": ACC,
+                "tv": 1,
+                "key": pack({"number": c_}),
+                "audit": "fail_if_down",
+            }
+        )
+        assert reply.get("error") == "Unavailable", reply
     with client(cluster, "C") as c3:
         s3 = begin(c3)
         held = get(c3, s3, c_, lock="write")
@@ -575,7 +591,9 @@ def test_participant_killed_mid_transaction(cluster: Procs) -> None:
         ok(c3, op="tx.rollback", s=s3)
     # B comes back on its data: its object is as committed, and it takes part again.
     cluster.start("B")
-    wait_until(lambda: all(n["up"] for n in nodes_seen_by(cluster, "A")), 20, "B up again")
+    wait_until(
+        lambda: all(n["up"] for x in "ABC" for n in nodes_seen_by(cluster, x)), 20, "B up again"
+    )
     with client(cluster, "A") as c:
         s = begin(c)
         ob = get(c, s, b, lock="write")
@@ -628,7 +646,16 @@ def test_coordinator_killed_participants_roll_back_on_their_own(cluster: Procs) 
     # The restarted coordinator still knows the outcome of its request (H1): durable.
     cluster.start("A")
     with client(cluster, "A") as c:
-        assert ok(c, op="request.result", req=[cid, 1])["state"] == "committed"
+        # "running" while A's own branch may still be in doubt (killed between the
+        # decision and its phase two): then "committed", never "unknown".
+        states: list[str] = []
+
+        def committed() -> bool:
+            states.append(ok(c, op="request.result", req=[cid, 1])["state"])
+            return states[-1] == "committed"
+
+        wait_until(committed, 20, "the recovered outcome")
+        assert set(states) <= {"running", "committed"}, states
         assert ok(c, op="tx.commit", s=12345, req=[cid, 1]) == {"ok": True}  # a retry
         # A new attempt with the same id, after the restart (nothing in memory): the
         # commit finds the durable result, answers it, and writes nothing.
@@ -645,5 +672,5 @@ def test_coordinator_killed_participants_roll_back_on_their_own(cluster: Procs) 
             is None
         )
         ok(c, op="tx.rollback", s=s)
-    wait_until(lambda: all(n["up"] for n in nodes_seen_by(cluster, "A")), 20, "A sees all up")
+    wait_until(lambda: all(n["up"] for x in "ABC" for n in nodes_seen_by(cluster, x)), 20, "all up")
     assert balances(cluster, [cid, c_], "A") == {cid: 3, c_: 1}

@@ -356,17 +356,23 @@ class DataService:
         check_type(p.get("type"), p.get("tv"))
         fields = {"type": p["type"], "tv": p.get("tv"), "key": p.get("key"), "lock": p.get("lock")}
         scope = p.get("scope", "cluster")
+        # The query audits apply (a node that is down is not asked: skip_down), and
+        # fail_if_down refuses while any node of the scope is down.
+        nodes = self._audited(scope, p.get("audit", "skip_down"))
         reply = await self._on(s, self.name, "branch.get", fields)
         if reply.get("o") is not None or scope == "local":
             return reply
-        others = [n for n in self._scope_nodes(scope) if n != self.name and self.is_up(n)]
-        if not others:
-            return reply
+        others = [n for n in nodes if n != self.name]
         # Where this key was found last time is asked first, alone: a key's object
         # rarely moves, and one RPC instead of one per node is what makes repeated
         # cross-node transactions cheap.  Not found there: everybody else, as usual.
         hint_key = (p["type"], p.get("key"))
         hint = self._hints.get(hint_key)
+        if hint is not None and hint != self.name and not self.is_up(hint):
+            # Its object lives there: "not found" would be a lie.
+            raise errors.Unavailable(f"the object lives on node {hint}, which is down")
+        if not others:
+            return reply
         if hint in others:
             reply = await self._on(s, hint, "branch.get", fields)
             if reply.get("o") is not None:
