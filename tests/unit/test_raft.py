@@ -1167,3 +1167,24 @@ def test_a_follower_told_the_leader_is_down_campaigns_soon() -> None:
     assert c.nodes[follower].leader is None
     # A leader, or a follower without a leader, ignores it.
     assert c.nodes[leader].leader_unreachable(c.now) == []
+
+
+def test_idle_followers_learn_a_commit_at_once_not_at_the_next_heartbeat() -> None:
+    # A follower-side user of the log (a two-phase-commit coordinator waiting for its
+    # decision entry to apply locally) must not wait a heartbeat interval per entry on
+    # a quiet cluster.  Heartbeats every 1 s here; every entry must apply everywhere
+    # within a few message latencies (<= 4 ms each) and disk writes (<= 1 ms).
+    slow_heartbeat = RaftConfig(election_timeout=3.0, heartbeat_interval=1.0)
+    c = Cluster(NAMES3, seed=11, cfg=slow_heartbeat)
+    leader = c.wait_leader(timeout=30)
+    c.run_until(c.converged, timeout=10)
+    followers = [n for n in NAMES3 if n != leader]
+    for i in range(5):
+        c.run(0.3)  # quiet: nothing in flight
+        start = c.now
+        c.propose(f"quiet{i}")
+        c.run_until(lambda i=i: all(f"quiet{i}" in c.cmds(n) for n in NAMES3), timeout=0.9)
+        assert c.now - start < 0.05, f"entry {i} applied on the followers after {c.now - start}s"
+        for n in followers:
+            assert c.nodes[n].commit_index == c.nodes[leader].commit_index
+    assert c.errors() == []

@@ -284,6 +284,7 @@ class _Peer:
     probe: int = 0  # next index of the last back-off probe, and when it was sent
     probe_at: float = float("-inf")
     reset: bool = False
+    told: int = 0  # the commit index last sent to it
 
 
 @dataclass(slots=True)
@@ -1067,8 +1068,10 @@ class Raft:
             )
             peer.next = end + 1
             peer.inflight += 1
+            peer.told = max(peer.told, self.commit_index)
         elif heartbeat:
             prev = max(peer.match, self._snap_index)
+            peer.told = max(peer.told, min(self.commit_index, prev))
             out.append(
                 Send(
                     peer_id,
@@ -1094,7 +1097,23 @@ class Raft:
                 continue  # only entries of the current term are committed by counting
             if self._has_quorum(p for p, m in matches.items() if m >= n):
                 self._advance_commit_to(n, out)
+                self._tell_commit(now, out)
                 break
+
+    def _tell_commit(self, now: float, out: list[Action]) -> None:
+        """Send the commit index now to idle followers that have not heard it.
+
+        A follower otherwise learns it with the next append, which on a quiet
+        cluster is the next heartbeat: a follower-side client of the log (a
+        two-phase-commit coordinator waiting for its decision to be applied
+        locally) would wait up to a heartbeat interval per entry.  Busy followers
+        (an append in flight, or entries to send) hear it with that append.
+        """
+        for peer_id, peer in self._peers.items():
+            if peer.reset or peer.inflight or peer.next <= self.last_index:
+                continue
+            if min(self.commit_index, max(peer.match, self._snap_index)) > peer.told:
+                self._send_append(now, peer_id, peer, out, heartbeat=True)
 
     def _advance_commit_to(self, index: int, out: list[Action]) -> None:
         if index <= self.commit_index:
@@ -1356,6 +1375,7 @@ class Raft:
                 if self._transfer is not None and self._transfer[0] == sender:
                     self._maybe_timeout_now(out)
             peer.next = max(peer.next, peer.match + 1)
+            self._tell_commit(now, out)  # a follower whose append was in flight at the commit
             return
         if p.get("reset"):
             peer.reset = True
