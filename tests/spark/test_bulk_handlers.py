@@ -18,6 +18,7 @@ from nonstop.errors import (
     BadArgument,
     DuplicateKey,
     FieldError,
+    KeyTooLong,
     SchemaError,
     TypeVersionMismatch,
     UnknownType,
@@ -142,6 +143,8 @@ def test_concurrent_same_tag_applies_once(ctx: BulkContext) -> None:
         ({"sku": ["a"], "owner": ["0-0-0"]}, FieldError, "no object with reference"),
         ({"sku": ["a"], "owner": ["garbage"]}, FieldError, "not a nonstop reference"),
         ({"sku": ["a", "b"], "qty": [1]}, BadArgument, "different lengths"),
+        ({"sku": ["k" * 600]}, KeyTooLong, "limit is 480 bytes"),
+        ({"sku": ["a", "b"], "label": ["ok", "L" * 600]}, KeyTooLong, "limit is 480 bytes"),
     ],
 )
 def test_bad_rows_write_nothing(

@@ -499,9 +499,9 @@ def _apply_upsert(
     tx: Transaction, info: TypeInfo, key: KeyInfo, rows: list[dict[str, Any]]
 ) -> tuple[int, int]:
     inserted = updated = 0
-    absent, seq = _absent_keys(tx, info, key, rows)
-    for row in rows:
-        kb = encode_key(row[key.field])
+    kbs = [encode_key(row[key.field]) for row in rows]
+    absent, seq = _absent_keys(tx, key, kbs)
+    for row, kb in zip(rows, kbs, strict=True):
         if kb in absent and _create_fast(tx, info, key, kb, row, seq):
             inserted += 1
             continue
@@ -526,9 +526,7 @@ def _apply_upsert(
     return inserted, updated
 
 
-def _absent_keys(
-    tx: Transaction, info: TypeInfo, key: KeyInfo, rows: list[dict[str, Any]]
-) -> tuple[set[bytes], int]:
+def _absent_keys(tx: Transaction, key: KeyInfo, kbs: list[bytes]) -> tuple[set[bytes], int]:
     """Key values of the batch no committed object holds, read in ONE snapshot.
 
     Only for the fast create path (:func:`_create_fast`), which still locks each
@@ -539,8 +537,7 @@ def _absent_keys(
     seq = store.commit_seq  # (bumped before any lock is released: see Store)
     with store.read() as rtxn:
         get = rtxn.get
-        keys = map(encode_key, (r[key.field] for r in rows))
-        return {kb for kb in keys if get(kb, db=index) is None}, seq
+        return {kb for kb in kbs if get(kb, db=index) is None}, seq
 
 
 def _create_fast(
@@ -566,8 +563,7 @@ def _create_fast(
     if missing:
         raise FieldError(f"{info.name} needs a value for {', '.join(map(repr, missing))}")
     state = {n: row[n] if n in row else f.make_default() for n, f in info.fields.items()}
-    for name in info.keys:
-        encode_key(state[name])  # KeyTooLong before anything else
+    # (A key value too long raises KeyTooLong when the write set is built: rolled back.)
     ref = store.new_ref()
     tx._claimed[slot] = ref
     try:
