@@ -3,9 +3,11 @@
 Accounts are spread over the three nodes (``tx.create(..., node=...)``), so most
 transfers are distributed transactions.  Client threads (sync handles) and
 asyncio tasks (one async handle) run transfers, each recording a ``Transfer``
-with a unique id in the same transaction.  Node B is SIGKILLed while they run
-and started again on its data.  At the end, through the client and then from
-the node stores themselves (the cluster stopped, each store opened directly):
+with a unique id in the same transaction.  The node leading the cluster log
+(where the commit decisions are made; it also holds accounts and coordinates) is
+SIGKILLed while they run and started again on its data.  At the end, through
+the client and then from the node stores themselves (the cluster stopped, each
+store opened directly):
 
 * the total is conserved and the balances match the transfer log;
 * every acknowledged transfer is recorded exactly once (across all nodes);
@@ -31,7 +33,6 @@ from nonstop.errors import Error
 
 NODES = ["A", "B", "C"]
 PER_NODE = 8
-VICTIM = "B"
 THREADS = 3
 TASKS = 6
 RUN_S = 9.0  # transfers run this long; the victim dies at KILL_AT and restarts RESTART_AFTER later
@@ -199,9 +200,11 @@ def test_bank_on_three_nodes_survives_a_sigkilled_node(tmp_path: Path) -> None:
         try:
             time.sleep(KILL_AT)
             acked_before_kill = len(ledger.acked)
-            oc.kill(VICTIM)
+            # The Raft leader: decisions in flight there must survive a new election.
+            victim = oc.status("A").get("leader") or "B"
+            oc.kill(victim)
             time.sleep(RESTART_AFTER)
-            oc.start(VICTIM)
+            oc.start(victim)
             ledger.restarted_at = time.monotonic()
         finally:
             for t in [*threads, loop_thread]:
