@@ -43,7 +43,7 @@ from typing import Any
 from tqdm import tqdm
 
 import nonstop
-from nonstop.admin.owned import OwnedCluster
+from nonstop.admin.owned import OwnedCluster, kill_leftovers
 from nonstop.demo_bank import START_BALANCE, Account, Transfer, owner_of, transfer_async
 from nonstop.errors import Error
 
@@ -322,6 +322,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     folder = Path(args.dir).resolve()
+    leftovers = kill_leftovers(folder)  # nodes of an earlier demo that was itself killed
+    if leftovers:
+        print(f"  stopped {len(leftovers)} node(s) left running by an earlier demo in {folder}")
     shutil.rmtree(folder, ignore_errors=True)
     export = folder / "export" / "accounts.parquet"
     no_spark = "--no-spark given" if args.no_spark else spark_available()

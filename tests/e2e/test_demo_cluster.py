@@ -3,7 +3,8 @@
 Without Spark (``--no-spark``: the Spark steps are the pipeline tests' business), a
 few thousand accounts and a few seconds of transfers: the demo must report OK with
 the node kill and restart in between, and leave no node process behind — also
-when it is interrupted with Ctrl-C in the middle of the transfers.
+when it is interrupted with Ctrl-C in the middle of the transfers; nodes left by a
+demo that was SIGKILLed are stopped by the next demo in the same folder.
 """
 
 from __future__ import annotations
@@ -48,11 +49,30 @@ def node_processes(folder: Path) -> list[str]:
     return found
 
 
+def wait_for_transfers(proc: subprocess.Popen[str]) -> str:
+    """Read the demo's output until its transfers run."""
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 120
+    seen = ""
+    while "loaded 3,000 accounts" not in seen:
+        line = proc.stdout.readline()
+        assert line and time.monotonic() < deadline, seen
+        seen += line
+    return seen
+
+
 def test_demo_reports_ok_and_leaves_nothing_running(tmp_path: Path) -> None:
     folder = tmp_path / "demo"
+    # A demo killed outright cannot stop its nodes; the next one in the folder does.
+    first = demo(folder, seconds=60)
+    wait_for_transfers(first)
+    first.kill()
+    first.wait(10)
+    assert len(node_processes(folder)) == 3
     proc = demo(folder, seconds=5)
     out, _ = proc.communicate(timeout=180)
     assert proc.returncode == 0, out
+    assert "stopped 3 node(s) left running by an earlier demo" in out
     assert "OK: total conserved across 3 nodes" in out
     assert "SIGKILL node B" in out and "node B restarted on its data" in out
     assert "in doubt per node after the stop: {'A': 0, 'B': 0, 'C': 0}" in out
@@ -63,13 +83,7 @@ def test_demo_reports_ok_and_leaves_nothing_running(tmp_path: Path) -> None:
 def test_demo_interrupted_stops_the_cluster(tmp_path: Path) -> None:
     folder = tmp_path / "demo"
     proc = demo(folder, seconds=60)
-    assert proc.stdout is not None
-    deadline = time.monotonic() + 120
-    seen = ""
-    while "loaded 3,000 accounts" not in seen:  # the transfers are running
-        line = proc.stdout.readline()
-        assert line and time.monotonic() < deadline, seen
-        seen += line
+    seen = wait_for_transfers(proc)
     assert len(node_processes(folder)) == 3
     time.sleep(1.0)
     proc.send_signal(signal.SIGINT)

@@ -191,6 +191,26 @@ class OwnedCluster:
         self._old_handlers.clear()
 
 
+def kill_leftovers(folder: str | Path) -> list[int]:
+    """SIGKILL every node still running on a data directory under ``folder``.
+
+    For a folder about to be reused: an earlier owner that was itself SIGKILLed
+    could not stop its nodes.  Returns the pids killed.
+    """
+    from nonstop.node.datadir import DataDir
+
+    killed = []
+    for pid_file in Path(folder).glob("**/node.pid"):
+        pid = DataDir(pid_file.parent).running_pid()
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+                killed.append(pid)
+    for pid in killed:
+        _wait(lambda pid=pid: not pid_alive(pid), 10, f"leftover node {pid} to die")
+    return killed
+
+
 def _exit_on_signal(signum: int, _frame: FrameType | None) -> None:
     sys.exit(128 + signum)
 
