@@ -212,7 +212,13 @@ def test_coordinator_commits_only_after_the_log_decided():
     assert [s.to for s in sends(acts, OUTCOME)] == ["p2"]
     acts = c.recv("p2", {"t": ACK, "g": gtid})
     assert notes(acts, "dtx.finished") == [{"g": gtid, "o": COMMIT}]
-    assert sends(acts, FORGET, LOG)[0].payload == {"t": FORGET, "c": "c", "f": 2}
+    # Compaction is batched: the floor goes to the log on the tick, once per forget_every.
+    assert sends(acts, FORGET) == []
+    assert sends(c.tick(1.0), FORGET, LOG)[0].payload == {"t": FORGET, "c": "c", "f": 2}
+    assert sends(c.tick(0.5), FORGET) == []  # not yet resent
+    assert sends(c.tick(0.6), FORGET, LOG)[0].payload["f"] == 2  # unconfirmed: resent
+    c.recv(LOG, {"t": "dl.forgot", "c": "c", "f": 2})
+    assert sends(c.tick(1.1), FORGET) == []  # confirmed
     c.sync()
     assert not any(k.startswith(K_COORD) for k in c.disk)
     assert c.recv("p2", {"t": ACK, "g": gtid}) == []  # late ack of a finished gtid
@@ -437,7 +443,12 @@ def test_floors_prune_tombstones_and_refuse_stale_prepares():
     assert K_TOMB + b"c.1" in p.disk
     p.recv("c", prepare_msg("c.5", [["add", "x", -1]], floor=3))
     p.sync()
-    assert K_TOMB + b"c.1" not in p.disk and p.node.floors == {"c": 3}
+    # The floor refuses stale prepares at once; the tombstones go on the next pruning.
+    assert p.node.floors == {"c": 3} and K_TOMB + b"c.1" in p.disk
+    assert sends(p.recv("c", prepare_msg("c.2", [["add", "x", -1]])), VOTE)[0].payload["v"] == "no"
+    p.tick(1.0)
+    p.sync()
+    assert K_TOMB + b"c.1" not in p.disk and "c.1" not in p.node.tombs
     p.crash()
     acts = p.recv("c", prepare_msg("c.1", [["add", "x", -1]]))
     assert sends(acts, VOTE)[0].payload == {

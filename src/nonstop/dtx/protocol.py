@@ -173,7 +173,10 @@ class DtxConfig:
     decision_timeout: float = 0.6
     """Participant: prepared this long without an outcome -> propose abort to the log (B9)."""
     forget_every: float = 1.0
-    """Resend an unconfirmed compaction floor this often (it is only an optimisation)."""
+    """Compaction runs this often (it is only an optimisation): the coordinator sends its
+    floor to the log (resent until confirmed) and a participant drops the tombstones
+    below the floors it learned.  Batched, not per transaction: each ``forget`` is a
+    replicated log entry and each pruning a durable write."""
 
     @classmethod
     def real(cls) -> DtxConfig:
@@ -186,8 +189,8 @@ class DtxConfig:
             retry=0.5,
             vote_timeout=5.0,
             branch_timeout=4.0,
-            decision_timeout=5.0,
-            forget_every=2.0,
+            decision_timeout=10.0,
+            forget_every=1.0,
         )
 
 
@@ -254,6 +257,9 @@ class DtxNode:
         self.log_floor = 0
         """The highest floor the log confirmed; FORGET is resent until it reaches ours."""
         self._next_forget = 0.0
+        self._next_prune = 0.0
+        self._floors_learned: set[NodeId] = set()
+        """Coordinators whose floor rose since the last pruning of their tombstones."""
         self._token = 0
         self._on_persisted: dict[int, tuple[str, str]] = {}
         self._out: list[Action] = []
@@ -392,6 +398,8 @@ class DtxNode:
                 self._coord_tick(tx, now)
         if now >= self._next_forget and self.floor() > max(self.log_floor, 1):
             self._forget()
+        if now >= self._next_prune and self._floors_learned:
+            self._prune_tombstones()
         for b in list(self.branches.values()):
             if self.branches.get(b.gtid) is not b:
                 continue  # ended by an earlier one's released locks
@@ -592,15 +600,21 @@ class DtxNode:
             self._finished(tx)
 
     def _finished(self, tx: CoordTx) -> None:
-        """Phase two is complete everywhere: forget the gtid, raise the floor (compaction)."""
+        """Phase two is complete everywhere: forget the gtid, raise the floor (compaction).
+
+        The log hears the new floor on the next tick past ``forget_every``, not now:
+        one ``forget`` entry then covers every transaction finished meanwhile.
+        """
         del self.coord[tx.gtid]
         self._persist([(K_COORD + tx.gtid.encode(), None)], ("", tx.gtid))
         self._out.append(Notify("dtx.finished", {"g": tx.gtid, "o": tx.outcome}))
-        if self.floor() > self.sent_floor:
-            self._forget()
 
     def _forget(self) -> None:
-        """Compaction: tell the log every gtid of ours below the floor is finished everywhere."""
+        """Compaction: tell the log every gtid of ours below the floor is finished everywhere.
+
+        Sent from the tick, at most every ``forget_every``, and resent until the log
+        confirms it (``log_floor``); section 6 of docs/design/dtx.md.
+        """
         self._next_forget = self.now + self.config.forget_every
         self.sent_floor = self.floor()
         self._send(LOG, {"t": FORGET, "c": self.name, "f": self.sent_floor})
@@ -752,14 +766,28 @@ class DtxNode:
         self._send(b.coordinator, {"t": ACK, "g": b.gtid})
 
     def _learn_floor(self, coordinator: NodeId, floor: int) -> None:
-        """The coordinator finished every gtid below ``floor``: drop their tombstones."""
+        """The coordinator finished every gtid below ``floor``: refuse their prepares from now.
+
+        Their tombstones are dropped later, in one durable write per ``forget_every``
+        (:meth:`_prune_tombstones`): a tombstone kept longer is only redundant (it
+        refuses the same late prepares as the floor), and the durable floor may lag
+        the one in memory for the same reason.
+        """
         if floor <= self.floors.get(coordinator, 0):
             return
         self.floors[coordinator] = floor
-        writes: list[tuple[bytes, bytes | None]] = [(K_FLOOR + coordinator.encode(), _pack(floor))]
+        self._floors_learned.add(coordinator)
+
+    def _prune_tombstones(self) -> None:
+        """Persist the floors learned since the last pruning, dropping the tombstones below."""
+        self._next_prune = self.now + self.config.forget_every
+        learned, self._floors_learned = self._floors_learned, set()
+        writes: list[tuple[bytes, bytes | None]] = [
+            (K_FLOOR + c.encode(), _pack(self.floors[c])) for c in sorted(learned)
+        ]
         for gtid in list(self.tombs):
             parsed = parse_gtid(gtid)
-            if parsed is not None and parsed[0] == coordinator and parsed[1] < floor:
+            if parsed is not None and parsed[0] in learned and parsed[1] < self.floors[parsed[0]]:
                 del self.tombs[gtid]
                 if gtid in self.durable_tombs:
                     self.durable_tombs.discard(gtid)
