@@ -230,6 +230,7 @@ def profile_nodes(ns: NonstopSide, clients: int, seconds: float, folder: Path) -
         name: subprocess.Popen(
             [
                 *(spy, "record", "-p", str(pid), "-d", str(int(seconds) + 1), "-r", "200"),
+                "--gil",
                 *("-f", "raw", "-o", str(folder / f"spy-{name}.txt"), "--nonblocking"),
             ],
             stdout=subprocess.DEVNULL,
@@ -240,9 +241,11 @@ def profile_nodes(ns: NonstopSide, clients: int, seconds: float, folder: Path) -
     time.sleep(0.3)
     arun(_run_nonstop(ns, clients, seconds, 0.0))
     out = [
-        f"py-spy (200 Hz, {seconds:.0f} s, {clients} clients, not measured above) on each "
-        "node: the share of samples of active threads (a thread inside fsync, an LMDB commit "
-        "or a socket write counts as active) whose innermost frame (*self*) or any frame "
+        f"py-spy (200 Hz, {seconds:.0f} s, {clients} clients, not measured above, `--gil`: "
+        "only the thread holding the GIL is sampled, i.e. where the node's one Python CPU "
+        "goes; a C call made with the GIL held, such as uvloop's socket write inside "
+        "`StreamWriter.write`, counts on the Python line that made it) on each node: the "
+        "share of samples whose innermost frame (*self*) or any frame "
         "(*inclusive*, start-up, event-loop and thread-bootstrap frames left out) is the "
         "one named.",
         "",
