@@ -79,8 +79,26 @@ def spark_available() -> str | None:
 
 
 # --------------------------------------------------------------------- Spark
-def spark_session() -> Any:
-    """One local Spark session on every core, quiet, for the load and the audit."""
+LOG4J2 = """\
+rootLogger.level = error
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n
+"""
+
+
+def spark_session(folder: Path) -> Any:
+    """One local Spark session on every core, quiet, for the load and the audit.
+
+    The JVM logs errors only (a log4j2 configuration in ``folder``): the demo's
+    report is the output, not Spark's start-up chatter.
+    """
+    log4j = folder / "log4j2.properties"
+    log4j.parent.mkdir(parents=True, exist_ok=True)
+    log4j.write_text(LOG4J2)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # loopback only, and no warning
@@ -95,6 +113,7 @@ def spark_session() -> Any:
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.driver.memory", "1g")
         .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={log4j}")
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
@@ -344,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
 
         if no_spark is None:
             t0 = time.perf_counter()
-            spark = spark_session()
+            spark = spark_session(folder)
             print(f"  Spark {spark.version} session in {time.perf_counter() - t0:.1f} s")
         t0 = time.perf_counter()
         if spark is not None:
