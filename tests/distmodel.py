@@ -32,3 +32,15 @@ class Note(Managed, name="dist.Note", version=2):
     """A type at version 2, to test the client's type version check."""
 
     text: str = ""
+
+
+class Inbox(Managed, name="dist.Inbox"):
+    """Target of asynchronous methods called from clients (A6 to remote targets)."""
+
+    name: str = key(unique=True)
+    items: list = nonstop.field(default_factory=list)
+
+    @nonstop.asynchronous
+    def post(self, item: str) -> None:
+        """Queued in the caller's commit on the inbox's master node; runs there afterwards."""
+        self.items = [*self.items, item]

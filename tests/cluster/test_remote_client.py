@@ -470,3 +470,60 @@ def test_silent_node_gives_unavailable_after_the_op_timeout(tmp_path: Path) -> N
                 assert tx2.node not in (None, victim)
     finally:
         procs.cleanup()
+
+
+def test_asynchronous_call_on_a_remote_object_runs_once_after_commit(cluster: str) -> None:
+    """A6 to a remote target: queued with the commit on the master, run there once; a
+    rolled-back transaction's calls never run."""
+    from tests.distmodel import Inbox
+
+    with nonstop.connect(cluster) as c:
+        with c.transaction() as tx:
+            tx.create(Inbox, name="inbox-c", node="C")
+        wait_until(lambda: _inbox(c) is not None, 20, "the inbox on C")
+        with c.transaction() as tx:  # attached to A: the inbox is remote
+            box = tx.get(Inbox, name="inbox-c")
+            box.post("one")
+            box.post("two")
+            assert box.items == []  # queued, not run: it runs after the commit
+        with pytest.raises(RuntimeError), c.transaction() as tx:
+            tx.get(Inbox, name="inbox-c").post("never")
+            raise RuntimeError("roll back")
+        with pytest.raises(nonstop.BadArgument), c.transaction() as tx:
+            tx.get(Inbox, name="inbox-c").post(object())  # cannot be sent: nothing queued
+        wait_until(lambda: _inbox(c) == ["one", "two"], 20, "both calls to run on C, in order")
+        time.sleep(0.3)
+        assert _inbox(c) == ["one", "two"]
+
+
+def test_asynchronous_call_from_an_async_client(cluster: str) -> None:
+    from tests.distmodel import Inbox
+
+    async def main() -> list[str] | None:
+        async with nonstop.connect_async(cluster) as c:
+            async with c.transaction() as tx:
+                await tx.create(Inbox, name="inbox-b", node="B")
+            for _ in range(200):
+                async with c.transaction() as tx:
+                    if await tx.find(Inbox, name="inbox-b") is not None:
+                        break
+                await asyncio.sleep(0.05)
+            async with c.transaction() as tx:
+                (await tx.get(Inbox, name="inbox-b")).post("x")
+            for _ in range(200):
+                async with c.transaction() as tx:
+                    items = (await tx.get(Inbox, name="inbox-b")).items
+                if items:
+                    return list(items)
+                await asyncio.sleep(0.05)
+            return None
+
+    assert asyncio.run(main()) == ["x"]
+
+
+def _inbox(c: nonstop.Client) -> list[str] | None:
+    from tests.distmodel import Inbox
+
+    with c.transaction() as tx:
+        box = tx.find(Inbox, name="inbox-c")
+        return None if box is None else list(box.items)

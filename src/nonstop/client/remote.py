@@ -298,6 +298,8 @@ class RemoteTransactionBase:
         self._dirty: dict[bytes, RemoteEntry] = {}
         self._s: int | None = None  # the node's session id once begun
         self._wrote = False  # anything sent that changes data (create, delete, call, writes)
+        # Asynchronous method calls (A6) not shipped yet: (handle, method, args, kwargs).
+        self._queued_calls: list[tuple[Any, str, tuple[Any, ...], dict[str, Any]]] = []
         # Unique key value -> reference, for objects this transaction already holds:
         # looking one up again needs no round trip (see _cached).
         self._keyed: dict[tuple[str, str, bytes], bytes] = {}
@@ -612,6 +614,27 @@ class RemoteTransactionBase:
         result = reply.get("r")
         return None if result is None else self._refs_in(unpack(result))
 
+    def _enqueue_async(
+        self, entry: Any, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
+        """An ``@asynchronous`` call on a remote object (A6): queued, shipped before the next op.
+
+        Like a deferred write (C5) it leaves with the next op or the commit, as a
+        ``tx.call`` of the asynchronous method on the object's master node, which
+        queues it in its own branch: it runs there after the commit, exactly once,
+        and not at all if the transaction rolls back.
+        """
+        self._check_usable()
+        if entry.status >= DELETED:
+            raise Deleted(f"{entry.info.name} object was deleted in this transaction")
+        try:
+            pack([_refs_out(list(args)), _refs_out(kwargs)])
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise BadArgument(
+                f"argument of asynchronous {entry.info.name}.{method} cannot be sent: {exc}"
+            ) from None
+        self._queued_calls.append((entry.handle, method, args, kwargs))
+
     def _refs_in(self, value: Any) -> Any:
         """Results of remote calls: references to objects this transaction holds become handles."""
         if isinstance(value, Ref):
@@ -678,6 +701,16 @@ class RemoteTransaction(RemoteTransactionBase):
     # ----------------------------------------------------------- driving
     def _drive(self, op: Op) -> Any:
         self._check_usable()
+        self._ship_queued_calls()
+        return self._drive_one(op)
+
+    def _ship_queued_calls(self) -> None:
+        """Asynchronous method calls go before the op that follows them (see _enqueue_async)."""
+        while self._queued_calls:
+            handle, method, args, kwargs = self._queued_calls.pop(0)
+            self._drive_one(self._g_call(handle, method, args, kwargs))
+
+    def _drive_one(self, op: Op) -> Any:
         try:
             payload = next(op)
             while True:
@@ -804,6 +837,12 @@ class RemoteTransaction(RemoteTransactionBase):
         (for example by a unique key the transaction created).
         """
         self._check_usable_or_rollback()
+        if self._queued_calls:
+            try:
+                self._ship_queued_calls()
+            except BaseException:
+                self.rollback()
+                raise
         if self._s is None:
             self._ended(_State.COMMITTED)  # no session was opened: nothing to commit
             if self._chan is not None:

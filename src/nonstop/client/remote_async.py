@@ -61,6 +61,16 @@ class AsyncRemoteTransaction(RemoteTransactionBase):
 
     async def _adrive(self, op: Op) -> Any:
         self._check_usable()
+        await self._ship_queued_calls()
+        return await self._adrive_one(op)
+
+    async def _ship_queued_calls(self) -> None:
+        """Asynchronous method calls go before the op that follows them (A6, _enqueue_async)."""
+        while self._queued_calls:
+            handle, method, args, kwargs = self._queued_calls.pop(0)
+            await self._adrive_one(self._g_call(handle, method, args, kwargs))
+
+    async def _adrive_one(self, op: Op) -> Any:
         try:
             payload = next(op)
             while True:
@@ -173,6 +183,7 @@ class AsyncRemoteTransaction(RemoteTransactionBase):
         """See :meth:`RemoteTransaction.commit` (exactly once, H1; Unavailable = unknown)."""
         try:
             self._check_usable()
+            await self._ship_queued_calls()
         except TransactionClosed:
             raise
         except BaseException:

@@ -49,6 +49,7 @@ from nonstop.model.codec import encode_key, pack, unpack
 from nonstop.model.managed import _REGISTRY, Managed, TypeInfo, type_info
 from nonstop.model.ref import REF_SIZE, Ref
 from nonstop.tx.async_transaction import AsyncTransaction
+from nonstop.tx.asyncmethods import AsyncMethod
 from nonstop.tx.requests import DEFAULT_WINDOW, g_claim_request, g_record_result, lookup_result
 from nonstop.tx.transaction import CLEAN, DELETED, WRITE, Entry, Isolation, _State
 
@@ -1248,7 +1249,10 @@ async def _run_call(tx: AsyncTransaction, p: dict[str, Any]) -> dict[str, Any]:
         raise errors.NotFound("no object with this reference")
     cls = type(target)
     fn = getattr(cls, method, None)
-    if fn is None or not callable(fn) or method in type_info(cls).fields:
+    # An @asynchronous method is a descriptor, not a callable: calling it through the
+    # handle queues the call in this branch (A6 to a remote target).
+    is_method = callable(fn) or isinstance(fn, AsyncMethod)
+    if fn is None or not is_method or method in type_info(cls).fields:
         raise errors.BadArgument(f"{type_info(cls).name} has no method {method!r}")
     if p.get("ro") and not _remote_marked(fn):
         raise errors.NotRemote(

@@ -61,6 +61,11 @@ current_sender: contextvars.ContextVar[bytes | None] = contextvars.ContextVar(
 class AsyncMethod:
     """Descriptor made by ``@asynchronous``: a call on a handle queues instead of running."""
 
+    # Queuing a call is location independent: a client's remote transaction ships
+    # it to the target's master node (as a ``tx.call`` of this method), where it is
+    # queued in that node's commit and runs there, exactly once (A6 to remote targets).
+    __nonstop_remote__ = True
+
     def __init__(self, func: Callable[..., Any], isolation: str) -> None:
         self.func = func
         self.isolation = isolation
