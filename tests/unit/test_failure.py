@@ -277,3 +277,27 @@ def test_notifier_registry_serializes_per_node_and_replays_up_nodes():
     registry.install(lambda peer, up: later.append((peer, up)))
     registry.run_pending()
     assert later == [("n3", True)]  # called for the node already up, not for n2 (down)
+
+
+def test_up_peers_follows_every_state_change_and_removal():
+    # up_peers is cached (the cluster node asks after every event); the cache and
+    # up_version must follow each change of the Up set, and only those.
+    sim, dets, _ = cluster(["n1", "n2", "n3"])
+    sim.run_until(0.5)
+    det = dets["n1"]
+    assert det.up_peers() == ["n2", "n3"]
+    version = det.up_version
+    sim.run_until(0.7)
+    assert det.up_version == version  # keep-alives alone change nothing
+    dets["n3"].set_enabled(False)
+    sim.run_until(2.0)
+    assert det.up_peers() == ["n2"] and det.up_version > version
+    det.up_peers().append("bogus")  # callers get a copy
+    assert det.up_peers() == ["n2"]
+    version = det.up_version
+    det.remove_peer("n2")
+    assert det.up_peers() == [] and det.up_version > version
+    dets["n3"].set_enabled(True)
+    sim.run_until(3.0)
+    assert "n3" in det.up_peers()  # (n2 may be back too: it still sends keep-alives)
+    assert det.up_peers() == sorted(n for n, p in det.peers.items() if p.state is NodeState.UP)

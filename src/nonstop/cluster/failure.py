@@ -185,6 +185,10 @@ class FailureDetector:
     enabled: bool = True
     _seq: int = 0
     _now: float = 0.0
+    up_version: int = 0
+    """Bumped whenever the Up set may have changed: the cluster node recomputes its
+    quorum once per event, and under load that must not cost a scan of the peers."""
+    _up: list[NodeId] | None = None
 
     # ------------------------------------------------------------ peer table
     def add_peer(self, name: NodeId, address: str | None, *, static: bool = False) -> list[Action]:
@@ -207,12 +211,19 @@ class FailureDetector:
 
     def remove_peer(self, name: NodeId) -> list[Action]:
         """Forget a peer (it left the cluster); no more keep-alives to it."""
-        self.peers.pop(name, None)
+        if self.peers.pop(name, None) is not None:
+            self._up_changed()
         return []
 
     def up_peers(self) -> list[NodeId]:
         """Names of peers currently Up (sorted: callers iterate it deterministically)."""
-        return sorted(n for n, p in self.peers.items() if p.state is NodeState.UP)
+        if self._up is None:
+            self._up = sorted(n for n, p in self.peers.items() if p.state is NodeState.UP)
+        return list(self._up)
+
+    def _up_changed(self) -> None:
+        self._up = None
+        self.up_version += 1
 
     def state_of(self, name: NodeId) -> NodeState:
         peer = self.peers.get(name)
@@ -435,6 +446,8 @@ class FailureDetector:
         if old is new:
             return []
         peer.state = new
+        if NodeState.UP in (old, new):
+            self._up_changed()
         return [Notify("node_state", {"peer": peer.name, "old": str(old), "new": str(new)})]
 
     # ------------------------------------------------------------ reporting

@@ -313,6 +313,9 @@ class ClusterNode:
         self._next_forward = 0
         self._now = 0.0
         self._bound: tuple[frozenset[NodeId], QuorumPolicy, Quorum | None] | None = None
+        self._quorum_key: tuple[Any, ...] | None = None
+        """(members, policy, detector Up version) of the last quorum computed: it is
+        recomputed after every event, which under load is thousands of times a second."""
         # The decision log (dtx, B9): applied state like the views, rebuilt from the log and
         # snapshots on restart, never persisted on its own.
         self.decisions = DecisionTable()
@@ -480,6 +483,10 @@ class ClusterNode:
         return str(bound.state([self.name, *self.detector.up_peers()]))
 
     def _update_quorum(self) -> list[Action]:
+        key = (self.raft.members, self.raft.policy, self.detector.up_version)
+        if key == self._quorum_key:
+            return []
+        self._quorum_key = key
         new = self._compute_quorum()
         if new == self.quorum_state:
             return []
