@@ -484,3 +484,18 @@ LockMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestLockMachine = LockMachine.TestCase
+
+
+def test_try_acquire_many_takes_the_free_ones_and_names_the_rest() -> None:
+    m = LockManager()
+    assert m.acquire("other", "w", W) is not None and m.acquire("other", "r", R) is not None
+    assert m.acquire("me", "mine", R) is not None
+    busy = m.try_acquire_many("me", ["a", "w", "r", "mine", "b", "a"], W)
+    # "w" and "r" are held by another; "mine" is mine alone (an upgrade); "a" twice is fine.
+    assert busy == ["w", "r"]
+    assert m.held_by("me") == {"mine": W, "a": W, "b": W}
+    assert m.holders("w") == {"other": W}
+    assert m.try_acquire_many("x", [], W) == [] and m.held_by("x") == {}
+    m.release_all("me")
+    assert m.held_by("me") == {} and m.holders("a") == {}
+    assert m.try_acquire_many("other", ["a"], R) == [] and m.holders("a") == {"other": R}

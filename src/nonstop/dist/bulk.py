@@ -48,6 +48,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from nonstop.dist import bulk_fast
 from nonstop.errors import (
     BadArgument,
     DuplicateKey,
@@ -408,8 +409,13 @@ def _key_of(info: TypeInfo, payload: dict[str, Any]) -> KeyInfo:
     return key
 
 
-def _rows_of(info: TypeInfo, key: KeyInfo, payload: dict[str, Any]) -> list[dict[str, Any]]:
-    """Validate a batch: known fields, equal column lengths, keys present, unique, not null."""
+def _columns_of(
+    info: TypeInfo, key: KeyInfo, payload: dict[str, Any]
+) -> tuple[list[str], list[list[Any]], list[bytes]]:
+    """Validate a batch column by column: known fields, equal lengths, values of the
+    field's type (converted as ``Field.check`` does), keys present, unique, not null.
+
+    Returns the column names, the columns and the encoded key values."""
     cols = decode_rows(payload.get("rows"), _format(payload))
     unknown = [c for c in cols if c not in info.fields]
     if unknown:
@@ -422,23 +428,51 @@ def _rows_of(info: TypeInfo, key: KeyInfo, payload: dict[str, Any]) -> list[dict
     lengths = {len(v) for v in cols.values()}
     if len(lengths) > 1:
         raise BadArgument(f"columns have different lengths: {sorted(lengths)}")
-    for i, value in enumerate(cols[key.field]):
-        if value is None:
-            raise FieldError(f"row {i}: null in key column {info.name}.{key.field}")
+    kcol = cols[key.field]
+    if None in kcol:
+        raise FieldError(f"row {kcol.index(None)}: null in key column {info.name}.{key.field}")
     names = list(cols)
-    conv = [(n, _converter(info, n)) for n in names]
-    rows = [
-        {n: c(v) for (n, c), v in zip(conv, values, strict=True)}
-        for values in zip(*(cols[n] for n in names), strict=True)
-    ]
-    seen: set[bytes] = set()
-    for row in rows:
-        value = row[key.field]
-        kb = encode_key(value)
-        if kb in seen:
-            raise DuplicateKey(f"{info.name}.{key.field} = {value!r} appears twice in one batch")
-        seen.add(kb)
-    return rows
+    out = [_checked(info, n, cols[n]) for n in names]
+    kcol = out[names.index(key.field)]
+    kbs = [encode_key(v) for v in kcol]
+    if len(set(kbs)) != len(kbs):
+        seen: set[bytes] = set()
+        for value, kb in zip(kcol, kbs, strict=True):
+            if kb in seen:
+                raise DuplicateKey(
+                    f"{info.name}.{key.field} = {value!r} appears twice in one batch"
+                )
+            seen.add(kb)
+    return names, out, kbs
+
+
+# Field kinds whose valid values are exactly these Python types (Arrow and msgpack hand
+# out nothing else for them): a column of them needs no per-value check.
+_EXACT: dict[str, frozenset[type]] = {
+    "int": frozenset({int}),
+    "float": frozenset({float}),
+    "bool": frozenset({bool}),
+    "str": frozenset({str}),
+    "bytes": frozenset({bytes}),
+}
+
+
+def _checked(info: TypeInfo, name: str, col: list[Any]) -> list[Any]:
+    f = info.fields[name]
+    exact = _EXACT.get(f.kind)
+    if exact is not None:
+        kinds = set(map(type, col))
+        if f.optional:
+            kinds.discard(type(None))
+        if kinds <= exact:
+            return col
+    return list(map(_converter(info, name), col))
+
+
+def _rows_of(info: TypeInfo, key: KeyInfo, payload: dict[str, Any]) -> list[dict[str, Any]]:
+    """Validate a batch (see :func:`_columns_of`) and return it as rows."""
+    names, cols, _ = _columns_of(info, key, payload)
+    return [dict(zip(names, values, strict=True)) for values in zip(*cols, strict=True)]
 
 
 def _converter(info: TypeInfo, name: str) -> Callable[[Any], Any]:
@@ -610,7 +644,9 @@ def upsert(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any]:
     """
     info = _type(ctx, payload)
     key = _key_of(info, payload)
-    rows = _rows_of(info, key, payload)
+    names, cols, kbs = _columns_of(info, key, payload)
+    fast = bulk_fast.covers(info, key) and not payload.get("per_row")
+    rows = [] if fast else [dict(zip(names, v, strict=True)) for v in zip(*cols, strict=True)]
     tag = payload.get("tag")
     if tag is not None and not isinstance(tag, str):
         raise BadArgument("'tag' must be a string or None")
@@ -625,7 +661,10 @@ def upsert(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any]:
                 done = tx._raw_get(bulk, slot)
                 if done is not None:
                     return {**unpack(done), "replayed": True}
-            inserted, updated = _apply_upsert(tx, info, key, rows)
+            if fast:
+                inserted, updated = bulk_fast.upsert(tx, info, key, names, cols, kbs)
+            else:
+                inserted, updated = _apply_upsert(tx, info, key, rows)
             result = {"inserted": inserted, "updated": updated, "replayed": False}
             if tag is not None:
                 record = {"inserted": inserted, "updated": updated, "at": time.time()}

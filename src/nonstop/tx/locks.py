@@ -204,6 +204,27 @@ class LockManager:
             self._grant(lock, txn, resource, mode)
         return ok
 
+    def try_acquire_many(
+        self, txn: Hashable, resources: list[Hashable], mode: LockMode
+    ) -> list[Hashable]:
+        """:meth:`try_acquire` each resource; return those not granted (a bulk write's
+        thousands of locks, most of them on resources nobody has locked: inlined)."""
+        locks = self._locks
+        held = self._held.get(txn)
+        if held is None:
+            held = self._held[txn] = {}
+        busy = []
+        for resource in resources:
+            if resource not in locks:
+                lock = locks[resource] = _Lock()
+                lock.holders[txn] = mode
+                held[resource] = mode
+            elif not self.try_acquire(txn, resource, mode):
+                busy.append(resource)
+        if not held:
+            del self._held[txn]
+        return busy
+
     def cancel(self, ticket: int) -> list[Grant]:
         """Withdraw a queued request (its waiter gave up); return waiters this unblocks.
 

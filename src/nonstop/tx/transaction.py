@@ -161,6 +161,8 @@ class Transaction:
         self._claimed: dict[tuple[bytes, bytes], bytes] = {}
         self._async_calls: list[tuple[bytes, bytes]] = []
         self._raw_ops: list[tuple[bool, Any, bytes, bytes | None]] = []
+        # Extent count changes of the raw ops (a bulk write builds its ops itself).
+        self._raw_counts: dict[bytes, int] = {}
         self._on_prepare: list[Callable[[], Any]] = []
         self._on_commit: list[Callable[[], Any]] = []
         self._on_rollback: list[Callable[[], Any]] = []
@@ -792,6 +794,8 @@ class Transaction:
         for qkey, record in self._async_calls:
             ops.append((True, store.asyncq, qkey, record))
         ops.extend(self._raw_ops)
+        for tname, delta in self._raw_counts.items():
+            deltas[tname] = deltas.get(tname, 0) + delta
         ws.ops = removals + ops
         return ws if ws.ops else None
 
