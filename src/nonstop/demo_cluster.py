@@ -352,9 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
 
     print(f"nonstop {nonstop.__version__} cluster demo — 3 nodes on 127.0.0.1, data in {folder}")
-    # The branches a killed coordinator opened on other nodes hold their locks until
-    # they idle out (B8): 10 s instead of 30 s keeps transfers that meet them short.
-    oc = OwnedCluster(folder / "cluster", 3, apps=[APP], options={"branch_idle": 10.0})
+    oc = OwnedCluster(folder / "cluster", 3, apps=[APP])
     try:
         t0 = time.perf_counter()
         oc.start_all()

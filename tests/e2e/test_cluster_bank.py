@@ -177,10 +177,7 @@ def check_bank(
 
 
 def test_bank_on_three_nodes_survives_a_sigkilled_node(tmp_path: Path) -> None:
-    # Branches the killed node coordinated keep their locks on A and C until they idle
-    # out (B8); 10 s instead of the default 30 s keeps the clients' lock waits short.
-    options = {"branch_idle": 10.0}
-    with OwnedCluster(tmp_path / "cluster", 3, apps=["nonstop.demo_bank"], options=options) as oc:
+    with OwnedCluster(tmp_path / "cluster", 3, apps=["nonstop.demo_bank"]) as oc:
         oc.start_all()
         addresses = oc.addresses
         open_accounts(addresses)
@@ -208,7 +205,9 @@ def test_bank_on_three_nodes_survives_a_sigkilled_node(tmp_path: Path) -> None:
             ledger.restarted_at = time.monotonic()
         finally:
             for t in [*threads, loop_thread]:
-                t.join(timeout=RUN_S + 30)
+                # Locks left by the crash can hold a transfer for tens of seconds after the
+                # restart (lock-wait timeouts and replays), which is slow but not wrong.
+                t.join(timeout=RUN_S + 60)
         assert not any(t.is_alive() for t in [*threads, loop_thread]), "a client hung"
         oc.wait_active(timeout=30)
 
