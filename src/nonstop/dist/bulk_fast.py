@@ -183,26 +183,27 @@ def _creates(
         elif f.default_factory is not None:
             fcols.append([f.default_factory() for _ in created])
         else:
-            fcols.append(repeat(f.default))
+            fcols.append(repeat(f.make_default()))  # (an optional field's is None)
     fnames = list(fields)
-    new_ref = store.new_ref
-    objects, extents = store.objects, store.extents
-    prefix = info.name.encode() + b"\x00"
-    head = [info.name, info.version, 1]
-    new_refs = []
-    add = ops.append
-    for values in zip(*fcols, strict=False):  # (constant defaults repeat)
-        ref = new_ref()
-        new_refs.append(ref)
-        add(
-            (
-                True,
-                objects,
-                ref,
-                _record_list([*head, dict(zip(fnames, values, strict=True))], info),
-            )
-        )
-        add((True, extents, prefix + ref, b""))
+    name, tv = info.name, info.version
+    # (zip not strict: a constant default is an endless repeat)
+    try:
+        records = [
+            pack([name, tv, 1, dict(zip(fnames, v, strict=True))])
+            for v in zip(*fcols, strict=False)
+        ]
+    except (TypeError, ValueError, OverflowError):
+        from nonstop.tx.transaction import _pack_record
+
+        for v in zip(*fcols, strict=False):  # find the row and say which field (FieldError)
+            _pack_record(info, 1, dict(zip(fnames, v, strict=True)))
+        raise
+    new_refs = store.new_refs(len(records))
+    prefix = name.encode() + b"\x00"
+    ops.extend(zip(repeat(True), repeat(store.objects), new_refs, records))
+    ops.extend(
+        zip(repeat(True), repeat(store.extents), [prefix + r for r in new_refs], repeat(b""))
+    )
     ckbs = kbs if whole else [kbs[i] for i in created]
     ops.extend(zip(repeat(True), repeat(index), ckbs, new_refs))
     for n, k in info.keys.items():
@@ -213,7 +214,7 @@ def _creates(
         if isinstance(col, list):
             ops.extend((True, db, encode_key(v), r) for v, r in zip(col, new_refs, strict=True))
         else:  # a constant default
-            kb = encode_key(fields[n].default)
+            kb = encode_key(fields[n].make_default())
             ops.extend((True, db, kb, r) for r in new_refs)
     tname = info.name.encode()
     tx._raw_counts[tname] = tx._raw_counts.get(tname, 0) + len(created)
