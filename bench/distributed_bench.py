@@ -616,13 +616,16 @@ def render(
         "",
         "CPU µs per transfer of each node process (row `nonstop`; A and B hold the accounts "
         "and coordinate; C only votes in the cluster log), then per transfer: cluster-log "
-        "store commits (`commits`, each with fsync) and their mean duration, dtx persists, "
-        "peer messages received, over the nonstop slices of the cell (idle background work "
-        "included).",
+        "store commits (`commits`, each with fsync) and their mean duration, dtx persists "
+        "(durable writes the commit protocol asks for) and the object-store commits that "
+        "carry them (`dtx_store_commits`: several persists of one event-loop turn share "
+        "one), peer messages received, over the nonstop slices of the cell (idle "
+        "background work included).",
         "",
         "| clients | CPU A | CPU B | CPU C | cluster-store commits / transfer "
-        "| ms per cluster-store commit | dtx persists / transfer | peer messages / transfer |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| ms per cluster-store commit | dtx persists / transfer "
+        "| object-store commits for dtx / transfer | peer messages / transfer |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for clients in cfg.clients:
         c = cells[("nonstop", clients)]
@@ -633,12 +636,13 @@ def render(
         commits = sum(v.get("commits", 0) for v in per.values())
         commit_us = sum(v.get("commit_us", 0) for v in per.values())
         persists = sum(v.get("dtx_persists", 0) for v in per.values())
+        store_commits = sum(v.get("dtx_store_commits", 0) for v in per.values())
         received = sum(v.get("received", 0) for v in per.values())
         cpu = {n: _mean([d.get(n, float("nan")) for d in c.node_cpu_us]) for n in "ABC"}
         lines.append(
             f"| {clients} | {cpu['A']:.0f} | {cpu['B']:.0f} | {cpu['C']:.0f} | "
             f"{commits / done:.2f} | {commit_us / max(commits, 1) / 1000:.2f} | "
-            f"{persists / done:.2f} | {received / done:.1f} |"
+            f"{persists / done:.2f} | {store_commits / done:.2f} | {received / done:.1f} |"
         )
     lines += ["", *shares(steps, stats.get(min(cfg.clients), {}), rtt_ms), ""]
     lines += ["", *bounds(cfg, cells, steps), ""]
@@ -726,12 +730,13 @@ def bounds(cfg: Config, cells: dict[tuple[str, int], Cell], steps: dict[str, flo
         f"{fsync:.2f} ms for an fsync on this disk.  On its critical path are: the prepare on "
         "A and B (one durable store commit each, in parallel), the votes, the decision "
         "appended to the Raft cluster log (a durable commit on the leader and on a follower), "
-        "its application on the coordinator, then the reply; phase two and the `forget` "
-        "entry follow off the path.  That is two durable commits in sequence (the prepare; "
-        "the decision on the leader and a follower in parallel) plus some eight messages "
+        "its application on the coordinator, then the reply; phase two and the compaction "
+        "of the decision follow off the path.  That is two durable commits in sequence "
+        "(the prepare; the decision on the leader and a follower in parallel) plus some "
+        "eight messages "
         "between three processes, each a wake-up of a Python process on a loaded machine.  "
-        "The per-cell table shows what a transfer costs in work: two cluster-log entries "
-        "(the decision and its `forget`), each committed with fsync on all three nodes "
+        "The per-cell table shows what a transfer costs in work: its decision entry in the "
+        "cluster log (compaction entries are batched), committed with fsync on the nodes "
         "(group commit shares those fsyncs under load), the dtx persists (prepared records, "
         "outcome tombstones) in the node stores, and the peer messages.",
         f"* **Under load the wait is in the commit.** At {top} clients the steps of one "
