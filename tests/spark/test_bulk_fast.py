@@ -284,3 +284,15 @@ def test_scan_pages_equal_the_filtered_path(ctx: BulkContext, limit: int) -> Non
         gone = set(range(1000)) - {o[1]["number"] for o in state(ctx)["objects"].values()}
         assert gone and set(got) == set(range(1000))  # every page came before its delete
         assert len(got) == len(set(got))
+
+
+def test_new_refs_are_fresh_across_counter_blocks(ctx: BulkContext) -> None:
+    from nonstop.store.lmdb_store import COUNTER_BLOCK
+
+    store = ctx.db._store
+    before = store.new_ref()
+    many = store.new_refs(COUNTER_BLOCK + 5)  # crosses a reservation
+    after = store.new_ref()
+    assert len(set(many)) == len(many) == COUNTER_BLOCK + 5
+    assert before < min(many) and max(many) < after
+    assert many == sorted(many) and store.new_refs(0) == []
