@@ -23,8 +23,10 @@ arrow format is a :class:`~nonstop.errors.SchemaError` naming the field.
 
 Writes go through ordinary serializable transactions (locks, unique-key
 claims, indexes, triggers), so bulk loads and online transactions see each
-other exactly as two transactions do.  Bookkeeping lives in the store's
-``bulk`` database, written in the same commit as the data it describes:
+other exactly as two transactions do; for plain types an upsert builds its
+write set without a transaction entry per row (:mod:`nonstop.dist.bulk_fast`).
+Bookkeeping lives in the store's ``bulk`` database, written in the same
+commit as the data it describes:
 
 =====================  =============================================
 key                    value
@@ -720,7 +722,8 @@ def upsert(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any]:
     ``stream``: ``[stream id, batch id]`` — also record the micro-batch id as
     the stream's last committed one, in the same commit.  Bad rows (unknown
     field, wrong type, null or duplicate key, immutable key change) raise and
-    write nothing.
+    write nothing.  ``per_row: true`` forces the per-row path even where the fast
+    path (:mod:`nonstop.dist.bulk_fast`) applies (comparisons, tests).
     """
     info = _type(ctx, payload)
     key = _key_of(info, payload)
