@@ -11,7 +11,8 @@ of the rows>``.  The job id is drawn once on the driver, so a retried task sends
 the same tags and its already-committed batches change nothing
 (``bulk.upsert``); a retry whose input arrives in another order cuts other
 batches, with other digests, which are applied again (an upsert by key: no
-duplicates).  ``overwrite`` stages everything invisibly, per task attempt
+duplicates).  A task sends to the nodes at once, each node's batches in order
+(:mod:`nonstop.spark.sender`).  ``overwrite`` stages everything invisibly, per task attempt
 (``bulk.overwrite.part``), and swaps in the successful attempts' parts at job
 commit; a failed job is aborted and leaves nothing visible.
 
@@ -26,6 +27,7 @@ import secrets
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import pyarrow as pa
@@ -54,6 +56,7 @@ from nonstop.dist.bulk import ROWS_PER_RANGE
 from nonstop.errors import BadArgument, Unavailable
 from nonstop.model.codec import encode_key
 from nonstop.spark.schema import Options, check_writable, columns, spark_schema, write_key
+from nonstop.spark.sender import NodeSenders
 
 NAME = "nonstop"
 SCAN_LIMIT = 4 * ROWS_PER_RANGE
@@ -326,30 +329,39 @@ class NonstopWriter(DataSourceArrowWriter):
         assert ctx is not None
         pid, attempt = ctx.partitionId(), ctx.attemptNumber()
         router = _Router(self.opts, self.nodes, self.key)
-        router.stats.partition, router.stats.attempt = pid, attempt
+        stats = router.stats
+        stats.partition, stats.attempt = pid, attempt
+        senders = NodeSenders()  # the nodes commit at once; each in the task's order
         try:
             for seq, table in enumerate(router.chunks(iterator)):
-                router.stats.rows += table.num_rows
+                stats.rows += table.num_rows
                 for node, rows in router.split(table):
                     if self.overwrite:  # staged per attempt: only the successful one counts
                         where = f"{pid}/{attempt}/{seq}/{node['name']}"
                     else:  # the same tag on a retry: its committed batches are skipped
                         where = f"{pid}/{seq}/{node['name']}/{digest(rows)}"
-                    self._send(router, node, rows, where)
+                    c = router.client(node)  # (made here: each is used by one sender only)
+                    senders.submit(node["name"], partial(self._send, c, rows, where))
+            senders.finish()
         finally:
+            senders.close()
             router.close()
-        return router.stats
+        for r in senders.results:
+            if r is not None:
+                stats.inserted += r["inserted"]
+                stats.updated += r["updated"]
+                stats.replayed += int(r["replayed"])
+        return stats
 
-    def _send(self, router: _Router, node: dict[str, Any], rows: bytes, where: str) -> None:
-        c = router.client(node)
+    def _send(self, c: BulkClient, rows: bytes, where: str) -> dict[str, Any] | None:
         common = {"type": self.opts.type, "tv": self.version, "rows": rows, "format": "arrow"}
         if self.overwrite:
             c.call("bulk.overwrite.part", job=self.job, tag=where, key=self.key, **common)
-            return
-        r = c.call("bulk.upsert", tag=f"{self.job}/{where}", key=self.key, **common)
-        router.stats.inserted += r["inserted"]
-        router.stats.updated += r["updated"]
-        router.stats.replayed += int(r["replayed"])
+            return None
+        reply: dict[str, Any] = c.call(
+            "bulk.upsert", tag=f"{self.job}/{where}", key=self.key, **common
+        )
+        return reply
 
     def commit(self, messages: list[WriteStats | None]) -> None:  # type: ignore[override]
         for node in self.nodes:
