@@ -27,6 +27,11 @@ class Conflict(Retryable):
     """The object changed under this transaction (a state conflict, B7); rolled back."""
 
 
+class BranchRolledBack(Retryable):
+    """A participant node already rolled back its part of this transaction (it idled past
+    ``branch_idle``, or the coordinator looked down); the transaction was rolled back."""
+
+
 class TooManyRetries(Error):
     """A transactional function was replayed ``max_retries`` times without committing."""
 

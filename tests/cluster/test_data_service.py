@@ -581,6 +581,17 @@ def test_participant_killed_mid_transaction(cluster: Procs) -> None:
             }
         )
         assert reply.get("error") == "Unavailable", reply
+        # A key that exists nowhere: with B down nobody can say so, and a
+        # get_or_create must not create a second object that B may hold.
+        s6 = begin(c)
+        reply = fails(
+            c, "Unavailable", op="tx.get", s=s6, type=ACC, tv=1, key=pack({"number": uniq("no")})
+        )
+        assert "B" in reply["message"]
+        # A key found on a node that is up is an answer as usual.
+        s7 = begin(c)
+        assert get(c, s7, c_) is not None
+        ok(c, op="tx.rollback", s=s7)
     with client(cluster, "C") as c3:
         s3 = begin(c3)
         held = get(c3, s3, c_, lock="write")
@@ -645,6 +656,8 @@ def test_coordinator_killed_participants_roll_back_on_their_own(cluster: Procs) 
     assert int(stats_of(cluster, "C").get("orphan_rollbacks", 0)) == orphans + 1
     # The restarted coordinator still knows the outcome of its request (H1): durable.
     cluster.start("A")
+    # (Until A sees its peers, a lookup of an absent key is Unavailable, not "none".)
+    wait_until(lambda: all(n["up"] for n in nodes_seen_by(cluster, "A")), 20, "A sees its peers")
     with client(cluster, "A") as c:
         # "running" while A's own branch may still be in doubt (killed between the
         # decision and its phase two): then "committed", never "unknown".

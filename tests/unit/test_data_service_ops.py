@@ -197,7 +197,7 @@ def test_participant_branch_lifecycle(db: nonstop.Database) -> None:
         )
         # A branch is opened only by a request that says it is new.
         reply = await peer_call(svc, rt, "A", {**get, "b": "A.1"})
-        assert reply["error"] == "TransactionClosed"
+        assert reply["error"] == "BranchRolledBack"
         reply = await peer_call(svc, rt, "A", {**get, "b": "A.1", "new": True, "lock": "write"})
         obj = reply["o"]
         assert unpack(obj[3])["balance"] == 10 and "A.1" in svc.branches
@@ -214,7 +214,7 @@ def test_participant_branch_lifecycle(db: nonstop.Database) -> None:
         await asyncio.sleep(0.6)
         assert "A.1" not in svc.branches and svc.stats["idle_rollbacks"] == 1
         reply = await peer_call(svc, rt, "A", {**get, "b": "A.1", "new": True})
-        assert reply["error"] == "TransactionClosed"
+        assert reply["error"] == "BranchRolledBack"
         reply = await peer_call(svc, rt, "A", {**get, "b": "A.3", "new": True, "lock": "write"})
         assert unpack(reply["o"][3])["balance"] == 10  # the write was rolled back
         # The resource manager takes a branch over: it leaves the registry.
@@ -229,7 +229,7 @@ def test_participant_branch_lifecycle(db: nonstop.Database) -> None:
         await asyncio.sleep(0.05)
         assert "A.4" not in svc.branches and svc.stats["orphan_rollbacks"] == 1
         reply = await peer_call(svc, rt, "A", {**get, "b": "A.4"})
-        assert reply["error"] == "TransactionClosed"
+        assert reply["error"] == "BranchRolledBack"
         # branch.end of an unknown branch is fine (idempotent); a bad message is dropped.
         assert await peer_call(svc, rt, "A", {"op": "branch.end", "b": "A.9"}) == {}
         svc.on_peer("A", {"t": "data.weird"})

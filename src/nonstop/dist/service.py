@@ -363,6 +363,10 @@ class DataService:
         reply = await self._on(s, self.name, "branch.get", fields)
         if reply.get("o") is not None or scope == "local":
             return reply
+        # "Not found" is only an answer once every node of the scope was asked: a key
+        # absent from the nodes that are up may live on one that is down, and a
+        # get_or_create believing it would create a second object with that key.
+        skipped = sorted(set(self._scope_nodes(scope)) - set(nodes))
         others = [n for n in nodes if n != self.name]
         # Where this key was found last time is asked first, alone: a key's object
         # rarely moves, and one RPC instead of one per node is what makes repeated
@@ -373,7 +377,7 @@ class DataService:
             # Its object lives there: "not found" would be a lie.
             raise errors.Unavailable(f"the object lives on node {hint}, which is down")
         if not others:
-            return reply
+            return _not_found(skipped)
         if hint in others:
             reply = await self._on(s, hint, "branch.get", fields)
             if reply.get("o") is not None:
@@ -381,7 +385,7 @@ class DataService:
             others.remove(hint)
             del self._hints[hint_key]
             if not others:
-                return reply
+                return _not_found(skipped)
         replies = await asyncio.gather(
             *(self._on(s, n, "branch.get", fields) for n in others), return_exceptions=True
         )
@@ -398,7 +402,7 @@ class DataService:
         if failure is not None:
             # An absent key on a node we could not ask is not known to be absent.
             raise failure
-        return {"o": None}
+        return _not_found(skipped)
 
     async def _create(self, s: Session, p: dict[str, Any]) -> dict[str, Any]:
         check_type(p.get("type"), p.get("tv"))
@@ -955,7 +959,7 @@ class DataService:
         br = self.branches.get(bid)
         if br is None:
             if not msg.get("new") or bid in self._ended:
-                raise errors.TransactionClosed(f"branch {bid} is over on {self.name}")
+                raise errors.BranchRolledBack(f"branch {bid} is over on {self.name}")
             iso = msg.get("iso") or "serializable"
             if iso not in ("serializable", "snapshot"):
                 raise errors.BadArgument(f"bad isolation {iso!r:.40}")
@@ -963,7 +967,7 @@ class DataService:
         async with br.lock:
             br.last = time.monotonic()
             if self.branches.get(bid) is not br:
-                raise errors.TransactionClosed(f"branch {bid} is over on {self.name}")
+                raise errors.BranchRolledBack(f"branch {bid} is over on {self.name}")
             try:
                 w = msg.get("w")
                 if w:
@@ -1005,7 +1009,7 @@ class DataService:
         Once it is Down, the branches it coordinates here (open, never prepared:
         prepared ones are the resource manager's) are rolled back at once rather
         than after ``branch_idle``: their locks are not held for a dead session.
-        If it was only slow, its next op on such a branch gets TransactionClosed.
+        If it was only slow, its next op on such a branch gets BranchRolledBack (retryable).
         """
         data = action.data
         if data.get("new") == "Up":
@@ -1233,6 +1237,15 @@ async def _run_query(tx: AsyncTransaction, p: dict[str, Any]) -> dict[str, Any]:
         fname = q._order[0]
         reply["k"] = [encode_key(h._e.state[fname]) for h in found]
     return reply
+
+
+def _not_found(skipped: list[str]) -> dict[str, Any]:
+    """The reply of a unique lookup that found nothing on every node it asked."""
+    if skipped:
+        raise errors.Unavailable(
+            f"not found on the nodes that are up; node(s) {', '.join(skipped)} could not be asked"
+        )
+    return {"o": None}
 
 
 def _remote_marked(fn: Any) -> bool:
