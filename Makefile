@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 SEEDS ?= 1000
 
-.PHONY: demo test lint fmt bench bench-dist sim clean venv
+.PHONY: demo demo-embedded test lint fmt bench bench-dist sim clean venv
 
 venv: $(STAMP)
 
@@ -16,7 +16,13 @@ $(STAMP): pyproject.toml
 	@$(PY) -m pip install -q -e '.[dev,spark]'
 	@touch $(STAMP)
 
+# The main job: a local 3-node cluster, a bank loaded through Spark, transfers
+# while a node is killed and restarted, a Spark audit and a Parquet export.
 demo: $(STAMP)
+	$(PY) -m nonstop.demo_cluster
+
+# The same bank on one embedded store, no cluster and no Spark (seconds).
+demo-embedded: $(STAMP)
 	$(PY) -m nonstop.demo
 
 test: $(STAMP)
