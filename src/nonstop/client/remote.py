@@ -54,7 +54,15 @@ from nonstop.errors import (
 from nonstop.model.codec import encode_key, pack, unpack
 from nonstop.model.managed import KeyInfo, Managed, TypeInfo, lookup_type, type_info
 from nonstop.model.ref import Ref
-from nonstop.tx.transaction import NONE, READ, WRITE, _describe, _State, parse_lock
+from nonstop.tx.transaction import (
+    NONE,
+    READ,
+    WRITE,
+    _describe,
+    _State,
+    parse_lock,
+    unique_lookup,
+)
 
 if TYPE_CHECKING:
     from nonstop.client.handle import Client
@@ -353,7 +361,8 @@ class RemoteTransactionBase:
         return value
 
     def _deref(self, ref: Ref) -> Any:
-        raise NotImplementedError
+        """A reference field's value as a handle: the blocking and asyncio classes differ."""
+        raise TypeError(f"{type(self).__name__} must define _deref")
 
     def _write_field(self, e: RemoteEntry, name: str, value: Any) -> None:
         if self._state is not _State.ACTIVE:
@@ -434,17 +443,8 @@ class RemoteTransactionBase:
     # ------------------------------------------------- protocol operations
     def _g_lookup(self, cls: Any, lock: str | None, key: dict[str, Any]) -> Op:
         info = self._type(cls)
-        if len(key) != 1:
-            raise BadArgument(f"look up {info.name} by exactly one unique key, e.g. find(T, key=v)")
-        ((name, value),) = key.items()
-        k = info.keys.get(name)
-        if k is None or not k.options.unique:
-            uniques = [n for n, ki in info.keys.items() if ki.options.unique] or ["(none)"]
-            raise BadArgument(
-                f"{info.name}.{name} is not a unique key (unique keys: {', '.join(uniques)}); "
-                f"use tx.query({info.cls.__name__}).where({name}=...) for non-unique lookups"
-            )
-        value = info.fields[name].check(info.name, value)
+        k, value = unique_lookup(info, key)
+        name = k.field
         if isinstance(value, Managed):
             value = Ref(self._entry_of(value).ref)
         if value is None:

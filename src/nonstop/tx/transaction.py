@@ -708,17 +708,7 @@ class Transaction:
         self, cls: type[Managed], key: dict[str, Any], lock: str | None
     ) -> tuple[TypeInfo, KeyInfo, Any, int]:
         info = self.db._ensure_type(cls)
-        if len(key) != 1:
-            raise BadArgument(f"look up {info.name} by exactly one unique key, e.g. find(T, key=v)")
-        ((name, value),) = key.items()
-        k = info.keys.get(name)
-        if k is None or not k.options.unique:
-            uniques = [n for n, ki in info.keys.items() if ki.options.unique] or ["(none)"]
-            raise BadArgument(
-                f"{info.name}.{name} is not a unique key (unique keys: {', '.join(uniques)}); "
-                f"use tx.query({cls.__name__}).where({name}=...) for non-unique lookups"
-            )
-        value = info.fields[name].check(info.name, value)
+        k, value = unique_lookup(info, key)
         if isinstance(value, Managed):
             value = Ref(value._e.ref)
         mode = parse_lock(lock)
@@ -880,6 +870,25 @@ def _pack_record(info: TypeInfo, version: int, state: dict[str, Any]) -> bytes:
             except (TypeError, ValueError, OverflowError) as one:
                 raise FieldError(f"{info.name}.{name} cannot be stored: {one}") from None
         raise FieldError(f"{info.name} object cannot be stored: {exc}") from None
+
+
+def unique_lookup(info: TypeInfo, key: dict[str, Any]) -> tuple[KeyInfo, Any]:
+    """The unique key and the checked value of ``find(T, key=value)``; BadArgument otherwise.
+
+    Shared by embedded and remote transactions, so both refuse the same lookups
+    with the same words.
+    """
+    if len(key) != 1:
+        raise BadArgument(f"look up {info.name} by exactly one unique key, e.g. find(T, key=v)")
+    ((name, value),) = key.items()
+    k = info.keys.get(name)
+    if k is None or not k.options.unique:
+        uniques = [n for n, ki in info.keys.items() if ki.options.unique] or ["(none)"]
+        raise BadArgument(
+            f"{info.name}.{name} is not a unique key (unique keys: {', '.join(uniques)}); "
+            f"use tx.query({info.cls.__name__}).where({name}=...) for non-unique lookups"
+        )
+    return k, info.fields[name].check(info.name, value)
 
 
 def transaction_of(obj: Managed) -> Transaction:
