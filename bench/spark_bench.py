@@ -62,6 +62,7 @@ def main(argv: list[str] | None = None) -> None:
     from nonstop.admin.owned import OwnedCluster
 
     load_before = os.getloadavg()
+    cpus: dict[str, list[tuple[float, float]]] = {}
     tmp = Path(tempfile.mkdtemp(prefix="nonstop-spark-bench-"))
     n = args.rows
     print(f"starting a 3-node cluster and PostgreSQL in {tmp}", file=sys.stderr)
@@ -138,13 +139,23 @@ def main(argv: list[str] | None = None) -> None:
                 return r.option("upperBound", n).option("numPartitions", cores).load()
 
             cells: dict[str, list[float]] = {}
+            node_pids = set(oc.pids.values())
 
             def timed(name: str, fn: Any) -> None:
+                spark_pids = _descendants(os.getpid()) - node_pids
+                before = (_cpu(node_pids), _cpu(spark_pids))
                 started = time.perf_counter()
                 fn()
                 seconds = time.perf_counter() - started
+                nodes_us = (_cpu(node_pids) - before[0]) / n * 1e6
+                spark_us = (_cpu(spark_pids) - before[1]) / n * 1e6
                 cells.setdefault(name, []).append(n / seconds)
-                print(f"  {name}: {n / seconds:,.0f} rows/s ({seconds:.2f} s)", file=sys.stderr)
+                cpus.setdefault(name, []).append((nodes_us, spark_us))
+                print(
+                    f"  {name}: {n / seconds:,.0f} rows/s ({seconds:.2f} s), CPU µs/row: "
+                    f"nodes {nodes_us:.1f}, Spark {spark_us:.1f}",
+                    file=sys.stderr,
+                )
 
             for r in range(args.rounds):
                 print(f"round {r + 1}/{args.rounds}", file=sys.stderr)
@@ -178,7 +189,37 @@ def main(argv: list[str] | None = None) -> None:
             pg.stop()
     load_after = os.getloadavg()
     best = {k: max(v) for k, v in cells.items()}
-    write_report(args, n, cores, best, cells, load_before, load_after, pg.version)
+    write_report(args, n, cores, best, cells, load_before, load_after, pg.version, cpus)
+
+
+def _descendants(root: int) -> set[int]:
+    """``root`` and every process below it (Spark's JVM and its Python workers)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        out.add(pid)
+        todo.extend(children.get(pid, []))
+    return out
+
+
+def _cpu(pids: set[int]) -> float:
+    """CPU seconds (user + system, all threads) the live processes ``pids`` used so far."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited (its CPU is lost to this count)
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def write_report(
@@ -190,6 +231,7 @@ def write_report(
     load_before: tuple[float, float, float],
     load_after: tuple[float, float, float],
     pg_version: str,
+    cpus: dict[str, list[tuple[float, float]]],
 ) -> None:
     import pyspark
 
@@ -227,6 +269,14 @@ def write_report(
     ]
     for k, v in cells.items():
         lines.append(f"- {k}: " + ", ".join(f"{x:,.0f}" for x in v))
+    lines += [
+        "",
+        "CPU µs per row, every round (nonstop nodes / Spark's JVM and Python workers; the",
+        "PostgreSQL server's CPU is not counted):",
+        "",
+    ]
+    for k, v in cpus.items():
+        lines.append(f"- {k}: " + ", ".join(f"{a:.1f} / {b:.1f}" for a, b in v))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
