@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 SEEDS ?= 1000
 
-.PHONY: demo demo-embedded test lint fmt bench bench-dist sim clean venv
+.PHONY: demo demo-embedded test lint fmt bench bench-dist bench-spark sim clean venv
 
 venv: $(STAMP)
 
@@ -43,6 +43,11 @@ bench: $(STAMP)
 # Cross-node transfers on a local 3-node cluster vs PostgreSQL → bench/results/distributed.md
 bench-dist: $(STAMP)
 	$(PY) -m bench.distributed_bench
+
+# Spark load/read vs Spark's own Parquet and Spark's JDBC source on PostgreSQL
+# (needs Debian's libpostgresql-jdbc-java).
+bench-spark: $(STAMP)
+	$(PY) -m bench.spark_bench
 
 # The long simulation campaigns: the cluster log and the distributed-commit protocol.
 sim: $(STAMP)
