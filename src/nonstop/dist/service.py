@@ -67,6 +67,7 @@ SESSION_OPS = frozenset(
         "tx.create",
         "tx.delete",
         "tx.call",
+        "tx.overwrite",
         "tx.commit",
         "tx.rollback",
     }
@@ -349,19 +350,52 @@ class DataService:
             return reply
         if op == "tx.call":
             return await self._call(s, p)
+        if op == "tx.overwrite":
+            return await self._overwrite(s, p)
         raise errors.BadArgument(f"unknown op {op!r}")
+
+    async def _overwrite(self, s: Session, p: dict[str, Any]) -> dict[str, Any]:
+        """Swap a staged overwrite in on EVERY node of the cluster, in this session
+        (data-path.md §6): the client's commit then makes it visible everywhere at
+        once, or nowhere (two-phase commit).  A node down: Unavailable, nothing swapped.
+        """
+        check_type(p.get("type"), p.get("tv"))
+        nodes = self._audited("cluster", "fail_if_down")
+        fields = {k: p.get(k) for k in ("type", "tv", "job", "parts")}
+        deleted = inserted = replayed = 0
+        # One node after the other in name order: two overwrites of a type then
+        # queue on the first node instead of deadlocking across nodes.
+        for node in sorted(nodes):
+            reply = await self._on(s, node, "branch.overwrite", fields)
+            s.dirty.add(node)
+            deleted += int(reply.get("deleted", 0))
+            inserted += int(reply.get("inserted", 0))
+            replayed += bool(reply.get("replayed"))
+        return {"deleted": deleted, "inserted": inserted, "replayed": replayed == len(nodes)}
 
     # -------------------------------------------------------- session ops
     async def _get(self, s: Session, p: dict[str, Any]) -> dict[str, Any]:
-        """Unique lookup, cluster scope: the local branch first, then every other up node."""
+        """Unique lookup, cluster scope: the local branch first, then every other up node.
+
+        Looking for the key, a node locks only the object it finds (``if_found``):
+        locking the key's absent slot on every node asked, in an order that depends
+        on the coordinator (itself first, then the others at once), deadlocked two
+        coordinators looking up one key: each held the absent slot the other wanted
+        next while waiting for the object, until ``lock_wait`` (data-path.md §7).
+        Only when the key is found nowhere are the absent slots locked, on every
+        node of the scope one by one in name order (then lookups cannot deadlock).
+        """
         check_type(p.get("type"), p.get("tv"))
         fields = {"type": p["type"], "tv": p.get("tv"), "key": p.get("key"), "lock": p.get("lock")}
         scope = p.get("scope", "cluster")
         # The query audits apply (a node that is down is not asked: skip_down), and
         # fail_if_down refuses while any node of the scope is down.
         nodes = self._audited(scope, p.get("audit", "skip_down"))
-        reply = await self._on(s, self.name, "branch.get", fields)
-        if reply.get("o") is not None or scope == "local":
+        if scope == "local":
+            return await self._on(s, self.name, "branch.get", fields)
+        probe = {**fields, "if_found": True}
+        reply = await self._on(s, self.name, "branch.get", probe)
+        if reply.get("o") is not None:
             return reply
         # "Not found" is only an answer once every node of the scope was asked: a key
         # absent from the nodes that are up may live on one that is down, and a
@@ -376,33 +410,44 @@ class DataService:
         if hint is not None and hint != self.name and not self.is_up(hint):
             # Its object lives there: "not found" would be a lie.
             raise errors.Unavailable(f"the object lives on node {hint}, which is down")
-        if not others:
-            return _not_found(skipped)
         if hint in others:
-            reply = await self._on(s, hint, "branch.get", fields)
+            reply = await self._on(s, hint, "branch.get", probe)
             if reply.get("o") is not None:
                 return reply
             others.remove(hint)
             del self._hints[hint_key]
-            if not others:
-                return _not_found(skipped)
-        replies = await asyncio.gather(
-            *(self._on(s, n, "branch.get", fields) for n in others), return_exceptions=True
-        )
-        _raise_fatal(replies)
-        failure: BaseException | None = None
-        for node, r in zip(others, replies, strict=True):
-            if isinstance(r, BaseException):
-                failure = failure or r
-            elif r.get("o") is not None:
-                self._hints[hint_key] = node
-                while len(self._hints) > 100_000:
-                    self._hints.popitem(last=False)
-                return r
-        if failure is not None:
-            # An absent key on a node we could not ask is not known to be absent.
-            raise failure
+        if others:
+            replies = await asyncio.gather(
+                *(self._on(s, n, "branch.get", probe) for n in others), return_exceptions=True
+            )
+            _raise_fatal(replies)
+            failure: BaseException | None = None
+            for node, r in zip(others, replies, strict=True):
+                if isinstance(r, BaseException):
+                    failure = failure or r
+                elif r.get("o") is not None:
+                    self._remember(hint_key, node)
+                    return r
+            if failure is not None:
+                # An absent key on a node we could not ask is not known to be absent.
+                raise failure
+        if skipped:
+            return _not_found(skipped)
+        # Found nowhere: lock the absent slot everywhere (a get_or_create's "absent"
+        # must stay true until commit), in name order; an object created meanwhile
+        # is found and locked instead.
+        for node in sorted(nodes):
+            reply = await self._on(s, node, "branch.get", fields)
+            if reply.get("o") is not None:
+                if node != self.name:
+                    self._remember(hint_key, node)
+                return reply
         return _not_found(skipped)
+
+    def _remember(self, hint_key: tuple[str, Any], node: str) -> None:
+        self._hints[hint_key] = node
+        while len(self._hints) > 100_000:
+            self._hints.popitem(last=False)
 
     async def _create(self, s: Session, p: dict[str, Any]) -> dict[str, Any]:
         check_type(p.get("type"), p.get("tv"))
@@ -982,7 +1027,7 @@ class DataService:
                 raise
             finally:
                 br.last = time.monotonic()
-            if op in ("branch.create", "branch.delete", "branch.call", "branch.write") or w:
+            if op in _WRITING_OPS or w:
                 reply["d"] = True
             return reply
 
@@ -1129,6 +1174,10 @@ def _raise_fatal(replies: list[Any]) -> None:
             raise r
 
 
+_WRITING_OPS = ("branch.create", "branch.delete", "branch.call", "branch.write", "branch.overwrite")
+"""Branch ops that (may) write: the participant marks its reply dirty (``d``)."""
+
+
 class _Undecided(errors.Unavailable):
     """The commit was handed to two-phase commit and is not decided yet."""
 
@@ -1172,6 +1221,11 @@ async def execute(tx: AsyncTransaction, op: str, p: dict[str, Any]) -> dict[str,
         key = _unpacked(p.get("key"), "key")
         if not isinstance(key, dict) or len(key) != 1:
             raise errors.BadArgument("key must be one unique key {field: value}")
+        # A probe of a cluster-scope lookup: no lock on an absent key's slot
+        # (DataService._get says why); the object, if found, is locked below.
+        probe = p.get("if_found") and p.get("lock") != "none"
+        if probe and await tx.find(info.cls, lock="none", **key) is None:
+            return {"o": None}
         found = await tx.find(info.cls, lock=p.get("lock"), **key)
         return {"o": None if found is None else obj_of(found._e)}
     if op == "branch.ref":
@@ -1199,6 +1253,10 @@ async def execute(tx: AsyncTransaction, op: str, p: dict[str, Any]) -> dict[str,
         return await _run_call(tx, p)
     if op == "branch.write":
         return {}
+    if op == "branch.overwrite":
+        from nonstop.dist.bulk import overwrite_branch
+
+        return await overwrite_branch(tx, check_type(p.get("type"), p.get("tv")), p)
     raise errors.BadArgument(f"unknown branch op {op!r:.40}")
 
 
