@@ -78,6 +78,7 @@ def test_commit_reply_mapping() -> None:
         ("B voted no: lock timeout", "LockTimeout"),
         ("C voted no: deadlock", "Deadlock"),
         ("C voted no: branch timeout", "LockTimeout"),
+        ("A voted no: branch gone", "BranchRolledBack"),
         ("C voted no: FieldError: x", "Aborted"),
         ("", "Aborted"),
     ]:

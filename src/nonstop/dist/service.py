@@ -82,6 +82,9 @@ RETRYABLE_REASONS = {
     "lock timeout": "LockTimeout",
     "deadlock": "Deadlock",
     "branch timeout": "LockTimeout",
+    # The participant had no branch to prepare any more (it restarted, rolled it
+    # back when this coordinator looked down, or idled it out): as for an op.
+    "branch gone": "BranchRolledBack",
 }
 """A participant's no vote (``dist.resource`` reasons, the machine's own branch timeout)
 that makes an aborted commit worth replaying → the retryable error the client gets."""
