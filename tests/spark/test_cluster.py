@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
 from nonstop.admin.owned import OwnedCluster
 from nonstop.client.bulk import BulkClient, cluster_nodes
+from nonstop.dist.bulk import decode_rows
+from nonstop.errors import Error, Retryable, Unavailable
+from nonstop.model.codec import pack
+from nonstop.spark.schema import Options
+from nonstop.spark.source import NonstopWriter, WriteStats, home
 from tests.spark.conftest import ROOT, wait_until
 
 ITEM = "pipe.Item"
@@ -52,7 +59,7 @@ def test_spark_on_a_three_node_cluster(spark: Any, cluster: OwnedCluster) -> Non
     assert back.rdd.getNumPartitions() == 6
     assert sorted((r.sku, r.qty) for r in back.select("sku", "qty").collect()) == rows
     assert read(spark, addresses, nodes="B").count() == held["B"]
-    # Overwrite: per node, each node swaps in one transaction.
+    # Overwrite: one distributed transaction swaps every node's staged parts in.
     new = spark.createDataFrame([(f"n{i}", 1) for i in range(900)], "sku string, qty long")
     new.write.format("nonstop").option("cluster", addresses).option("type", ITEM).mode(
         "overwrite"
@@ -82,3 +89,102 @@ def test_spark_on_a_three_node_cluster(spark: Any, cluster: OwnedCluster) -> Non
     assert read(spark, survivor, nodes="A,B").count() == after["A"] + after["B"]
     cluster.restart("C")
     assert read(spark, addresses).count() == 900
+
+
+def skus_on(address: str) -> set[str]:
+    """The skus of the objects one node holds (its own snapshot)."""
+    with BulkClient(address) as c:
+        reply = c.call("bulk.scan", type=ITEM, fields=["sku"], format="columns")
+    return set(decode_rows(reply["rows"], "columns")["sku"])
+
+
+def arrow_rows(skus: list[str]) -> bytes:
+    table = pa.table({"sku": skus, "qty": [1] * len(skus)})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as out:
+        out.write_table(table)
+    return sink.getvalue().to_pybytes()  # type: ignore[no-any-return]
+
+
+def locked_read(address: str, keys: list[str]) -> set[str]:
+    """One serializable transaction reading ``keys`` by key with read locks: the found ones."""
+    with BulkClient(address, timeout=30) as c:
+        sid = c.call("tx.begin", iso="serializable")["s"]
+        found = set()
+        for k in keys:
+            if c.call("tx.get", s=sid, type=ITEM, key=pack({"sku": k}), lock="read")["o"]:
+                found.add(k)
+        c.call("tx.commit", s=sid)
+    return found
+
+
+def test_overwrite_is_one_transaction_across_the_nodes(spark: Any, cluster: OwnedCluster) -> None:
+    addresses = ",".join(cluster.addresses)
+    nodes = cluster_nodes(addresses)
+    names = [n["name"] for n in nodes]
+    old = [f"o{i:04}" for i in range(600)]
+    frame = "sku string, qty long"
+    spark.createDataFrame([(k, 1) for k in old], frame).write.format("nonstop").option(
+        "cluster", addresses
+    ).option("type", ITEM).mode("append").save()
+    before = {n["name"]: skus_on(n["address"]) for n in nodes}
+    assert set().union(*before.values()) == set(old) and all(before.values())
+
+    # Staged on every node, then C is killed before the job commit.
+    opts = Options.parse({"cluster": addresses, "type": ITEM})
+    writer = NonstopWriter(opts, spark.createDataFrame([], frame).schema, True)
+    for i, n in enumerate(nodes):
+        rows = arrow_rows([f"x{i}-{j}" for j in range(50)])
+        with BulkClient(n["address"]) as c:
+            common = {"type": ITEM, "tv": writer.version, "key": writer.key, "format": "arrow"}
+            c.call(
+                "bulk.overwrite.part", job=writer.job, tag=f"0/0/0/{n['name']}", rows=rows, **common
+            )
+    cluster.kill("C")
+    survivor = cluster.address("A")
+    assert wait_until(lambda: not {n["name"]: n["up"] for n in cluster_nodes(survivor)}["C"], 15)
+    with pytest.raises(Unavailable, match=r"node\(s\) C of the cluster are down: an overwrite"):
+        writer.commit([WriteStats(partition=0, attempt=0)])
+    writer.abort([WriteStats(partition=0, attempt=0)])  # drops A's and B's parts; C is down
+    for n in nodes[:2]:  # nothing of the new set anywhere, the old set intact
+        assert skus_on(n["address"]) == before[n["name"]]
+    cluster.restart("C")
+    assert wait_until(lambda: all(n["up"] for n in cluster_nodes(survivor)), 30)
+    assert {n["name"]: skus_on(n["address"]) for n in nodes} == before
+
+    # A successful overwrite, watched by a locking reader: old set or new, never a mix.
+    new = [f"n{i:04}" for i in range(450)]
+    by_node = {name: ([], []) for name in names}
+    for k in old:
+        by_node[names[home(k, 3)]][0].append(k)
+    for k in new:
+        by_node[names[home(k, 3)]][1].append(k)
+    # Two old and two new keys of every node, read in node order (the swap's order).
+    sample = [k for name in names for group in by_node[name] for k in group[:2]]
+    seen: list[set[str]] = []
+    retried: list[Error] = []
+    stop = threading.Event()
+
+    def reader() -> None:
+        while not stop.is_set():
+            try:
+                seen.append(locked_read(cluster.address("A"), sample))
+            except (Retryable, Unavailable) as exc:  # a lock wait given up: read again
+                retried.append(exc)
+
+    thread = threading.Thread(target=reader, daemon=True)
+    thread.start()
+    try:
+        spark.createDataFrame([(k, 2) for k in new], frame).repartition(2).write.format(
+            "nonstop"
+        ).option("cluster", addresses).option("type", ITEM).mode("overwrite").save()
+        assert wait_until(lambda: bool(seen) and seen[-1] != {k for k in sample if k[0] == "o"}, 10)
+    finally:
+        stop.set()
+        thread.join(60)
+    olds, news = {k for k in sample if k[0] == "o"}, {k for k in sample if k[0] == "n"}
+    assert seen and all(s in (olds, news) for s in seen), [s for s in seen if s not in (olds, news)]
+    assert seen[0] == olds and seen[-1] == news, (seen[0], seen[-1], retried)
+    after = {n["name"]: skus_on(n["address"]) for n in nodes}
+    assert set().union(*after.values()) == set(new) and sum(map(len, after.values())) == len(new)
+    assert all(after[name] == set(by_node[name][1]) for name in names)  # each at its home

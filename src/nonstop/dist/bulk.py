@@ -46,7 +46,7 @@ import heapq
 import math
 import secrets
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
@@ -71,6 +71,7 @@ from nonstop.tx.query import _gc_paused as gc_paused
 
 if TYPE_CHECKING:
     from nonstop.database import Database
+    from nonstop.tx.async_transaction import AsyncTransaction
     from nonstop.tx.transaction import Transaction
 
 FORMATS = ("arrow", "columns")
@@ -596,12 +597,66 @@ def _load_refs(tx: Transaction, info: TypeInfo, row: dict[str, Any]) -> dict[str
     """Reference fields become handles in ``tx`` (the API's rule); a dangling one is an error."""
     if not info.ref_fields:
         return row
+    return _run_steps(tx, _g_refs(info, row))  # type: ignore[no-any-return]
+
+
+# A transaction body written once for both flavours of transaction: a generator
+# that yields the transaction calls it needs, ``(method, args, kwargs)``, and is
+# sent each call's result.  ``_run_steps`` runs it against a blocking Transaction
+# (the bulk handlers' worker thread), ``_arun_steps`` against an AsyncTransaction
+# (a branch of the data service, on the node's event loop).
+Step = tuple[str, tuple[Any, ...], dict[str, Any]]
+Steps = Generator[Step, Any, Any]
+_NEED = "_need"
+"""Step: take a lock on a resource (``tx._need``)."""
+
+
+def _run_steps(tx: Transaction, steps: Steps) -> Any:
+    value: Any = None
+    failure: Exception | None = None
+    while True:
+        try:  # a failed call is raised inside the body, where it may be handled
+            name, args, kwargs = steps.throw(failure) if failure else steps.send(value)
+        except StopIteration as stop:
+            return stop.value
+        failure = None
+        try:
+            if name == _NEED:
+                value = tx._drive(tx._need(*args))
+            else:
+                value = getattr(tx, name)(*args, **kwargs)
+        except Exception as exc:
+            failure = exc
+
+
+async def _arun_steps(tx: AsyncTransaction, steps: Steps) -> Any:
+    value: Any = None
+    failure: Exception | None = None
+    while True:
+        try:
+            name, args, kwargs = steps.throw(failure) if failure else steps.send(value)
+        except StopIteration as stop:
+            return stop.value
+        failure = None
+        try:
+            if name == _NEED:
+                value = await tx._adrive(tx._need(*args))
+            else:
+                value = await getattr(tx, name)(*args, **kwargs)
+        except Exception as exc:
+            failure = exc
+
+
+def _g_refs(info: TypeInfo, row: dict[str, Any]) -> Steps:
+    """Steps of :func:`_load_refs`."""
+    if not info.ref_fields:
+        return row
     out = dict(row)
     for name in info.ref_fields & row.keys():
         ref = row[name]
         if ref is None:
             continue
-        obj = tx.by_ref(ref, lock="read")
+        obj = yield ("by_ref", (ref,), {"lock": "read"})
         if obj is None:
             raise FieldError(f"{info.name}.{name}: no object with reference {ref}")
         ref_type = info.fields[name].ref_type
@@ -876,44 +931,75 @@ def overwrite_commit(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any
 
     ``parts``: tag prefixes of the parts to take (Spark passes ``"<partition>/<attempt>/"``
     of each successful task, so parts of a failed attempt are dropped, not swapped in).
+
+    This is ONE node's swap (the single-store ``bulk_server``); on a cluster the
+    data service's ``tx.overwrite`` runs :func:`overwrite_branch` on every node in
+    one distributed transaction instead (data-path.md §6).
     """
     job = _job(payload)
     info = _type(ctx, payload)
+    parts = payload.get("parts")
     db = ctx.db
-    bulk = _bulk_db(db)
-    jslot = b"j/" + job.encode()
-    dslot = b"d/" + job.encode()
 
     def run() -> dict[str, Any]:
         with db.transaction() as tx:
-            _lock(tx, jslot)
-            done = tx._raw_get(bulk, dslot)
-            if done is not None:
-                return {**unpack(done), "replayed": True}
-            if tx._raw_get(bulk, jslot) is None:
-                raise BadArgument(f"no staged overwrite {job!r} on this node (aborted?)")
-            staged = _keys_with(db, f"o/{job}/".encode())
-            parts = _chosen(staged, f"o/{job}/".encode(), payload.get("parts"))
-            deleted = 0
-            for obj in tx.query(info.cls).lock("write").all():
-                tx.delete(obj)
-                deleted += 1
-            inserted = 0
-            for slot in parts:
-                part = unpack(tx._raw_get(bulk, slot))
-                for row in part["rows"]:
-                    try:
-                        tx.create(info.cls, **_load_refs(tx, info, row))
-                    except DuplicateKey as exc:
-                        raise DuplicateKey(f"overwrite {job!r}: {exc} (in two parts)") from None
-                    inserted += 1
-            result = {"deleted": deleted, "inserted": inserted}
-            ops = [(False, bulk, s, None) for s in staged]
-            ops += [(False, bulk, jslot, None), (True, bulk, dslot, pack(result))]
-            tx._raw_ops.extend(ops)
-            return {**result, "replayed": False}
+            return _run_steps(tx, _g_swap(tx, info, job, parts))  # type: ignore[no-any-return]
 
     return _retrying(run)  # type: ignore[no-any-return]
+
+
+async def overwrite_branch(
+    tx: AsyncTransaction, info: TypeInfo, payload: dict[str, Any]
+) -> dict[str, Any]:
+    """The swap of :func:`overwrite_commit` in a branch ``tx`` of a distributed
+    transaction (``branch.overwrite``): nothing is committed here; the session's
+    commit makes every node's swap visible at once, or none (two-phase commit)."""
+    job = _job(payload)
+    return await _arun_steps(tx, _g_swap(tx, info, job, payload.get("parts")))  # type: ignore[no-any-return]
+
+
+def _g_swap(tx: Transaction, info: TypeInfo, job: str, parts_arg: Any) -> Steps:
+    """Steps of one node's swap: lock the job, replay its recorded result if it is
+    done, else delete the type's objects, create the chosen parts' rows, drop the
+    staged records and record the result — all in ``tx``, which it only reads and
+    adds raw records to: its other calls are steps."""
+    db = tx.db
+    bulk = _bulk_db(db)
+    jslot = b"j/" + job.encode()
+    dslot = b"d/" + job.encode()
+    # Two commits of one job (a retried job commit) serialize here; the second
+    # then sees the first one's done record.
+    yield (_NEED, (("bulk", jslot), LockMode.WRITE), {})
+    with db._store.read() as rtxn:
+        done = rtxn.get(dslot, db=bulk)
+        staged_meta = rtxn.get(jslot, db=bulk)
+    if done is not None:
+        return {**unpack(done), "replayed": True}
+    if staged_meta is None:
+        raise BadArgument(f"no staged overwrite {job!r} on this node (aborted?)")
+    staged = _keys_with(db, f"o/{job}/".encode())
+    parts = _chosen(staged, f"o/{job}/".encode(), parts_arg)
+    deleted = 0
+    for obj in (yield ("extent", (info.cls,), {"lock": "write"})):
+        yield ("delete", (obj,), {})
+        deleted += 1
+    inserted = 0
+    for slot in parts:
+        with db._store.read() as rtxn:
+            part = unpack(rtxn.get(slot, db=bulk))
+        for row in part["rows"]:
+            if info.ref_fields:
+                row = yield from _g_refs(info, row)
+            try:
+                yield ("create", (info.cls,), row)
+            except DuplicateKey as exc:
+                raise DuplicateKey(f"overwrite {job!r}: {exc} (in two parts)") from None
+            inserted += 1
+    result = {"deleted": deleted, "inserted": inserted}
+    ops: list[tuple[bool, Any, bytes, bytes | None]] = [(False, bulk, s, None) for s in staged]
+    ops += [(False, bulk, jslot, None), (True, bulk, dslot, pack(result))]
+    tx._raw_ops.extend(ops)
+    return {**result, "replayed": False}
 
 
 def _chosen(staged: list[bytes], prefix: bytes, parts: Any) -> list[bytes]:

@@ -88,8 +88,13 @@ class BulkServer(socketserver.ThreadingTCPServer):
             if op == "ping":
                 return {"name": self.name, "cluster": self.cluster, "pid": os.getpid()}
             if op == "nodes":
-                me = {"name": self.name, "address": self.address, "up": True}
-                others = [{"name": n, "address": a, "up": True} for n, a in self.peers]
+                # "transactions": False — no data service here (no tx.* ops): a
+                # Spark overwrite then swaps each store in its own transaction.
+                me = {"name": self.name, "address": self.address, "up": True, "transactions": False}
+                others = [
+                    {"name": n, "address": a, "up": True, "transactions": False}
+                    for n, a in self.peers
+                ]
                 return {"nodes": [{**me, "location": self.db.location}, *others]}
             handler = HANDLERS.get(op) if isinstance(op, str) else None
             if handler is None:

@@ -363,7 +363,13 @@ class DataService:
         once, or nowhere (two-phase commit).  A node down: Unavailable, nothing swapped.
         """
         check_type(p.get("type"), p.get("tv"))
-        nodes = self._audited("cluster", "fail_if_down")
+        nodes = self.members()
+        down = sorted(n for n in nodes if not self.is_up(n))
+        if down:
+            raise errors.Unavailable(
+                f"node(s) {', '.join(down)} of the cluster are down: an overwrite swaps the "
+                "objects of every node at once, so it needs all of them up"
+            )
         fields = {k: p.get(k) for k in ("type", "tv", "job", "parts")}
         deleted = inserted = replayed = 0
         # One node after the other in name order: two overwrites of a type then

@@ -14,7 +14,10 @@ batches, with other digests, which are applied again (an upsert by key: no
 duplicates).  A task sends to the nodes at once, each node's batches in order
 (:mod:`nonstop.spark.sender`).  ``overwrite`` stages everything invisibly, per task attempt
 (``bulk.overwrite.part``), and swaps in the successful attempts' parts at job
-commit; a failed job is aborted and leaves nothing visible.
+commit: on a cluster in ONE distributed transaction over every node (``tx.overwrite``
+then ``tx.commit``: two-phase commit), on a standalone bulk endpoint in one local
+transaction (``bulk.overwrite.commit``); a failed job is aborted and leaves
+nothing visible.
 
 The streaming sink writes like ``append`` and records each micro-batch id
 with the data (``bulk.stream.commit``); a replayed batch id is skipped.
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import time
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -53,7 +57,7 @@ from pyspark.sql.types import StructType
 
 from nonstop.client.bulk import BulkClient, cluster_nodes
 from nonstop.dist.bulk import ROWS_PER_RANGE
-from nonstop.errors import BadArgument, Unavailable
+from nonstop.errors import BadArgument, Retryable, Unavailable
 from nonstop.model.codec import encode_key
 from nonstop.spark.schema import Options, check_writable, columns, spark_schema, write_key
 from nonstop.spark.sender import NodeSenders
@@ -70,6 +74,8 @@ _PUSHABLE = {
     In: "in",
 }
 _FILTER_KINDS = frozenset({"bool", "int", "float", "str", "bytes", "datetime", "date", "ref"})
+COMMIT_RETRIES = 10
+"""Attempts of an overwrite's job commit that hit a lock conflict (a concurrent transaction)."""
 
 
 def _up_nodes(opts: Options, only: list[str] | None = None) -> list[dict[str, Any]]:
@@ -364,13 +370,38 @@ class NonstopWriter(DataSourceArrowWriter):
         return reply
 
     def commit(self, messages: list[WriteStats | None]) -> None:  # type: ignore[override]
+        if self.overwrite:
+            parts = [f"{m.partition}/{m.attempt}/" for m in messages if m is not None]
+            if all(n.get("transactions", True) for n in self.nodes):
+                self._swap_everywhere(parts)
+                return
+            for node in self.nodes:  # standalone bulk endpoints: one swap each
+                with BulkClient(node["address"], cluster=self.opts.cluster_id) as c:
+                    c.call("bulk.overwrite.commit", type=self.opts.type, job=self.job, parts=parts)
+            return
         for node in self.nodes:
             with BulkClient(node["address"], cluster=self.opts.cluster_id) as c:
-                if self.overwrite:
-                    parts = [f"{m.partition}/{m.attempt}/" for m in messages if m is not None]
-                    c.call("bulk.overwrite.commit", type=self.opts.type, job=self.job, parts=parts)
-                else:
-                    c.call("bulk.forget", prefix=f"{self.job}/")
+                c.call("bulk.forget", prefix=f"{self.job}/")
+
+    def _swap_everywhere(self, parts: list[str]) -> None:
+        """The overwrite's job commit on a cluster: ONE transaction swaps every node's
+        staged parts in (``tx.overwrite``), and its commit (two-phase) makes them
+        visible on all nodes or on none.  Any error is raised: Spark then aborts
+        the job, which drops the staged parts.  A commit that met a conflicting
+        transaction is replayed (each node's done record makes a replay of a job
+        that did commit change nothing)."""
+        args = {"type": self.opts.type, "tv": self.version, "job": self.job, "parts": parts}
+        for attempt in range(COMMIT_RETRIES):
+            try:
+                with BulkClient(self.nodes[0]["address"], cluster=self.opts.cluster_id) as c:
+                    sid = c.call("tx.begin")["s"]
+                    c.call("tx.overwrite", s=sid, **args)
+                    c.call("tx.commit", s=sid)  # (closing the connection rolls back on error)
+                return
+            except Retryable:
+                if attempt == COMMIT_RETRIES - 1:
+                    raise
+                time.sleep(min(1.0, 0.05 * 2**attempt))
 
     def abort(self, messages: list[WriteStats | None]) -> None:  # type: ignore[override]
         for node in self.nodes:
