@@ -106,6 +106,16 @@ def arrow_rows(skus: list[str]) -> bytes:
     return sink.getvalue().to_pybytes()  # type: ignore[no-any-return]
 
 
+def held(nodes: list[dict[str, Any]]) -> dict[str, set[str]]:
+    return {n["name"]: skus_on(n["address"]) for n in nodes}
+
+
+def settles(nodes: list[dict[str, Any]], want: dict[str, set[str]]) -> bool:
+    """Whether every node's snapshot shows ``want`` soon: phase two of a distributed
+    commit lands on the nodes a few ms apart (lock-free snapshot reads may lag)."""
+    return wait_until(lambda: held(nodes) == want, 10)
+
+
 def locked_read(address: str, keys: list[str]) -> set[str]:
     """One serializable transaction reading ``keys`` by key with read locks: the found ones."""
     with BulkClient(address, timeout=30) as c:
@@ -185,6 +195,50 @@ def test_overwrite_is_one_transaction_across_the_nodes(spark: Any, cluster: Owne
     olds, news = {k for k in sample if k[0] == "o"}, {k for k in sample if k[0] == "n"}
     assert seen and all(s in (olds, news) for s in seen), [s for s in seen if s not in (olds, news)]
     assert seen[0] == olds and seen[-1] == news, (seen[0], seen[-1], retried)
-    after = {n["name"]: skus_on(n["address"]) for n in nodes}
-    assert set().union(*after.values()) == set(new) and sum(map(len, after.values())) == len(new)
-    assert all(after[name] == set(by_node[name][1]) for name in names)  # each at its home
+    # Every node holds exactly its share of the new set (each key at its home).
+    assert settles(nodes, {name: set(by_node[name][1]) for name in names}), held(nodes)
+
+
+def test_overwrite_failing_on_the_last_node_changes_no_node(
+    spark: Any, cluster: OwnedCluster
+) -> None:
+    addresses = ",".join(cluster.addresses)
+    nodes = cluster_nodes(addresses)
+    frame = "sku string, qty long"
+    spark.createDataFrame([(f"o{i}", 1) for i in range(90)], frame).write.format("nonstop").option(
+        "cluster", addresses
+    ).option("type", ITEM).mode("append").save()
+    before = {n["name"]: skus_on(n["address"]) for n in nodes}
+    opts = Options.parse({"cluster": addresses, "type": ITEM})
+    writer = NonstopWriter(opts, spark.createDataFrame([], frame).schema, True)
+
+    def stage(node: dict[str, Any], tag: str, skus: list[str]) -> None:
+        with BulkClient(node["address"]) as c:
+            common = {"type": ITEM, "tv": writer.version, "key": writer.key, "format": "arrow"}
+            c.call("bulk.overwrite.part", job=writer.job, tag=tag, rows=arrow_rows(skus), **common)
+
+    stage(nodes[0], "0/0/0/A", ["a1", "a2"])
+    stage(nodes[1], "0/0/0/B", ["b1"])
+    # C (swapped last) holds one key in two parts: its swap fails after A's and B's ran.
+    stage(nodes[2], "0/0/0/C", ["dup"])
+    stage(nodes[2], "1/0/0/C", ["dup"])
+    done = [WriteStats(partition=0, attempt=0), WriteStats(partition=1, attempt=0)]
+    with pytest.raises(Error, match=r"dup.*in two parts|in two parts.*dup"):
+        writer.commit(done)
+    assert {n["name"]: skus_on(n["address"]) for n in nodes} == before
+    # Only the first attempt's parts: the swap commits on every node; a replay of the
+    # job commit (its reply lost, say) changes nothing.
+    writer.commit(done[:1])
+    want = {"A": {"a1", "a2"}, "B": {"b1"}, "C": {"dup"}}
+    assert settles(nodes, want), held(nodes)
+    with BulkClient(nodes[1]["address"]) as c:
+        sid = c.call("tx.begin")["s"]
+        again = c.call("tx.overwrite", s=sid, type=ITEM, job=writer.job, parts=["0/0/"])
+        c.call("tx.commit", s=sid)
+    assert again == {"deleted": 90, "inserted": 4, "replayed": True}  # the recorded result
+    writer.commit(done[:1])
+    assert held(nodes) == want
+    with BulkClient(nodes[0]["address"]) as c:  # a job that was never staged
+        sid = c.call("tx.begin")["s"]
+        with pytest.raises(Error, match="no staged overwrite"):
+            c.call("tx.overwrite", s=sid, type=ITEM, job="nosuchjob", parts=None)
