@@ -230,6 +230,9 @@ def test_two_phase_transfer_with_deferred_writes(cluster: Procs) -> None:
 def test_repeated_remote_lookup_asks_one_node(cluster: Procs) -> None:
     c_ = uniq("hint")
     make_accounts(cluster, {c_: ("C", 4)})
+    # Until phase two reached C, B's lock-free probe of C misses the new account and
+    # the lookup ends in the locked pass (more RPCs, data-path.md §7): wait for it.
+    assert balances(cluster, [c_], node="C") == {c_: 4}
 
     def rpcs() -> int:
         with client(cluster, "B") as c:
