@@ -242,3 +242,43 @@ def test_overwrite_failing_on_the_last_node_changes_no_node(
         sid = c.call("tx.begin")["s"]
         with pytest.raises(Error, match="no staged overwrite"):
             c.call("tx.overwrite", s=sid, type=ITEM, job="nosuchjob", parts=None)
+
+
+def test_a_node_killed_between_the_swap_and_the_commit_swaps_nothing(
+    spark: Any, cluster: OwnedCluster
+) -> None:
+    addresses = ",".join(cluster.addresses)
+    nodes = cluster_nodes(addresses)
+    frame = "sku string, qty long"
+    spark.createDataFrame([(f"o{i}", 1) for i in range(60)], frame).write.format("nonstop").option(
+        "cluster", addresses
+    ).option("type", ITEM).mode("append").save()
+    before = held(nodes)
+    opts = Options.parse({"cluster": addresses, "type": ITEM})
+    writer = NonstopWriter(opts, spark.createDataFrame([], frame).schema, True)
+    for n in nodes:
+        with BulkClient(n["address"]) as c:
+            c.call(
+                "bulk.overwrite.part",
+                job=writer.job,
+                tag=f"0/0/0/{n['name']}",
+                rows=arrow_rows([f"new-{n['name']}"]),
+                type=ITEM,
+                key=writer.key,
+                format="arrow",
+            )
+    args = {"type": ITEM, "job": writer.job, "parts": ["0/0/"]}
+    with BulkClient(cluster.address("A")) as c:
+        sid = c.call("tx.begin")["s"]
+        assert c.call("tx.overwrite", s=sid, **args)["inserted"] == 3  # swapped, uncommitted
+        cluster.kill("C")
+        assert wait_until(lambda: not {n["name"]: n["up"] for n in cluster_nodes(c.address)}["C"])
+        with pytest.raises(Unavailable, match=r"\bC\b"):
+            c.call("tx.commit", s=sid)
+    assert held(nodes[:2]) == {n: before[n] for n in ("A", "B")}  # rolled back there
+    cluster.restart("C")
+    assert wait_until(lambda: all(n["up"] for n in cluster_nodes(addresses)), 30)
+    assert held(nodes) == before  # C's swap was never prepared: gone with the process
+    # The staged parts are still there: the job commit now succeeds everywhere.
+    writer.commit([WriteStats(partition=0, attempt=0)])
+    assert settles(nodes, {n["name"]: {f"new-{n['name']}"} for n in nodes}), held(nodes)
