@@ -17,7 +17,7 @@ from nonstop.dist.bulk import decode_rows
 from nonstop.errors import Error, Retryable, Unavailable
 from nonstop.model.codec import pack
 from nonstop.spark.schema import Options
-from nonstop.spark.source import NonstopWriter, WriteStats, home
+from nonstop.spark.source import NonstopWriter, WriteStats, commit_outcome, home
 from tests.spark.conftest import ROOT, wait_until
 
 ITEM = "pipe.Item"
@@ -274,7 +274,11 @@ def test_a_node_killed_between_the_swap_and_the_commit_swaps_nothing(
         cluster.kill("C")
         assert wait_until(lambda: not {n["name"]: n["up"] for n in cluster_nodes(c.address)}["C"])
         with pytest.raises(Unavailable, match=r"\bC\b"):
-            c.call("tx.commit", s=sid)
+            c.call("tx.commit", s=sid, req=["t-kill", 1])
+    # What the writer asks after a commit error: this one did not commit.
+    assert commit_outcome(cluster.address("A"), "", ["t-kill", 1], wait=10) is False
+    with pytest.raises(Unavailable, match="not decided"):  # a node that cannot answer
+        commit_outcome(cluster.address("C"), "", ["t-kill", 1], wait=0.5)
     assert held(nodes[:2]) == {n: before[n] for n in ("A", "B")}  # rolled back there
     cluster.restart("C")
     assert wait_until(lambda: all(n["up"] for n in cluster_nodes(addresses)), 30)
@@ -282,3 +286,5 @@ def test_a_node_killed_between_the_swap_and_the_commit_swaps_nothing(
     # The staged parts are still there: the job commit now succeeds everywhere.
     writer.commit([WriteStats(partition=0, attempt=0)])
     assert settles(nodes, {n["name"]: {f"new-{n['name']}"} for n in nodes}), held(nodes)
+    req = [f"spark-overwrite-{writer.job}", 0]  # the writer's request id of that commit
+    assert commit_outcome(cluster.address("A"), "", req, wait=10) is True

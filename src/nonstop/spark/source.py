@@ -76,6 +76,8 @@ _PUSHABLE = {
 _FILTER_KINDS = frozenset({"bool", "int", "float", "str", "bytes", "datetime", "date", "ref"})
 COMMIT_RETRIES = 10
 """Attempts of an overwrite's job commit that hit a lock conflict (a concurrent transaction)."""
+OUTCOME_WAIT = 60.0
+"""How long a job commit whose reply was lost or undecided waits to learn its outcome."""
 
 
 def _up_nodes(opts: Options, only: list[str] | None = None) -> list[dict[str, Any]]:
@@ -391,12 +393,21 @@ class NonstopWriter(DataSourceArrowWriter):
         transaction is replayed (each node's done record makes a replay of a job
         that did commit change nothing)."""
         args = {"type": self.opts.type, "tv": self.version, "job": self.job, "parts": parts}
+        address, cid = self.nodes[0]["address"], self.opts.cluster_id
         for attempt in range(COMMIT_RETRIES):
+            req = [f"spark-overwrite-{self.job}", attempt]
             try:
-                with BulkClient(self.nodes[0]["address"], cluster=self.opts.cluster_id) as c:
+                with BulkClient(address, cluster=cid) as c:
                     sid = c.call("tx.begin")["s"]
                     c.call("tx.overwrite", s=sid, **args)
-                    c.call("tx.commit", s=sid)  # (closing the connection rolls back on error)
+                    try:  # (closing the connection rolls an unfinished session back)
+                        c.call("tx.commit", s=sid, req=req)
+                    except Unavailable:
+                        # Undecided, or the reply was lost: the commit may still have
+                        # happened; aborting the job then would be wrong.  Ask (H1).
+                        if commit_outcome(address, cid, req):
+                            return
+                        raise
                 return
             except Retryable:
                 if attempt == COMMIT_RETRIES - 1:
@@ -413,6 +424,30 @@ class NonstopWriter(DataSourceArrowWriter):
                         c.call("bulk.forget", prefix=f"{self.job}/")
             except Unavailable:
                 continue  # its staged rows stay invisible; bulk.overwrite.abort drops them later
+
+
+def commit_outcome(
+    address: str, cluster_id: str, req: list[Any], wait: float = OUTCOME_WAIT
+) -> bool:
+    """Whether the commit of request ``req`` on the node at ``address`` committed
+    (``request.result``); waits while it is undecided.  Unavailable when the node
+    cannot say within ``wait`` seconds: the outcome is then unknown."""
+    deadline = time.monotonic() + wait
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            with BulkClient(address, cluster=cluster_id, timeout=10) as c:
+                last = c.call("request.result", req=req)
+        except Unavailable as exc:
+            last = exc
+        else:
+            if last["state"] in ("committed", "aborted", "unknown"):
+                return bool(last["state"] == "committed")  # unknown: nothing recorded it
+        time.sleep(0.2)
+    raise Unavailable(
+        f"the overwrite's commit on {address} is not decided after {wait:.0f}s ({last}): "
+        "it may still commit; run the job again (a committed job replays as done)"
+    )
 
 
 class NonstopStreamWriter(DataSourceStreamArrowWriter):
