@@ -54,6 +54,7 @@ from nonstop.errors import (
 from nonstop.model.codec import encode_key, pack, unpack
 from nonstop.model.managed import KeyInfo, Managed, TypeInfo, lookup_type, type_info
 from nonstop.model.ref import Ref
+from nonstop.tx.query import ordered_key, query_field
 from nonstop.tx.transaction import (
     NONE,
     READ,
@@ -216,21 +217,10 @@ class RemoteQueryBase(Generic[M]):
         return self
 
     def _field(self, name: str) -> Any:
-        f = self._info.fields.get(name)
-        if f is None:
-            raise BadArgument(f"{self._info.name} has no field {name!r}")
-        return f
+        return query_field(self._info, name)
 
     def _key(self, name: str) -> KeyInfo:
-        self._field(name)
-        key = self._info.keys.get(name)
-        if key is None or not key.options.ordered:
-            what = "not a key" if key is None else "not an ordered key"
-            raise BadArgument(
-                f"{self._info.name}.{name} is {what}; ordered and range queries need "
-                f"`{name}: ... = nonstop.key(ordered=True)`"
-            )
-        return key
+        return ordered_key(self._info, name)
 
     def _payload(self, lock: str | None, limit: int | None) -> Request:
         return {

@@ -55,6 +55,30 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
+def query_field(info: TypeInfo, name: str) -> Any:
+    """The field ``name`` of ``info`` a query names; BadArgument if there is none.
+
+    Shared by embedded and remote queries, so both refuse the same queries alike.
+    """
+    f = info.fields.get(name)
+    if f is None:
+        raise BadArgument(f"{info.name} has no field {name!r}")
+    return f
+
+
+def ordered_key(info: TypeInfo, name: str) -> KeyInfo:
+    """The ordered key an ordered or range query needs; BadArgument otherwise."""
+    query_field(info, name)
+    key = info.keys.get(name)
+    if key is None or not key.options.ordered:
+        what = "not a key" if key is None else "not an ordered key"
+        raise BadArgument(
+            f"{info.name}.{name} is {what}; ordered and range queries need "
+            f"`{name}: ... = nonstop.key(ordered=True)`"
+        )
+    return key
+
+
 class Query(Generic[M]):
     """A query builder; each method returns the query, ``all()`` / ``count()`` run it."""
 
@@ -121,21 +145,10 @@ class Query(Generic[M]):
         return self
 
     def _field(self, name: str) -> Any:
-        f = self._info.fields.get(name)
-        if f is None:
-            raise BadArgument(f"{self._info.name} has no field {name!r}")
-        return f
+        return query_field(self._info, name)
 
     def _key(self, name: str) -> KeyInfo:
-        self._field(name)
-        key = self._info.keys.get(name)
-        if key is None or not key.options.ordered:
-            what = "not a key" if key is None else "not an ordered key"
-            raise BadArgument(
-                f"{self._info.name}.{name} is {what}; ordered and range queries need "
-                f"`{name}: ... = nonstop.key(ordered=True)`"
-            )
-        return key
+        return ordered_key(self._info, name)
 
     # ------------------------------------------------------------- running
     def all(self) -> list[M]:
