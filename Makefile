@@ -19,11 +19,11 @@ $(STAMP): pyproject.toml
 # The main job: a local 3-node cluster, a bank loaded through Spark, transfers
 # while a node is killed and restarted, a Spark audit and a Parquet export.
 demo: $(STAMP)
-	$(PY) -m nonstop.demo_cluster
+	$(PY) -m nonstop.demos.cluster
 
 # The same bank on one embedded store, no cluster and no Spark (seconds).
 demo-embedded: $(STAMP)
-	$(PY) -m nonstop.demo
+	$(PY) -m nonstop.demos.embedded
 
 test: $(STAMP)
 	$(PY) -m ruff check src tests bench
@@ -52,7 +52,7 @@ bench-spark: $(STAMP)
 # The long simulation campaigns: the cluster log and the distributed-commit protocol.
 sim: $(STAMP)
 	$(PY) -m nonstop.sim.campaign --seeds $(SEEDS)
-	$(PY) -m nonstop.dtx.campaign --seeds $(SEEDS)
+	$(PY) -m nonstop.sim.dtx_campaign --seeds $(SEEDS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .nonstop build src/*.egg-info

@@ -4,10 +4,10 @@
 (or ``make bench-dist``) writes ``bench/results/distributed.md``.
 
 * **nonstop**: a local 3-node cluster of real processes on 127.0.0.1 (fsync on,
-  the application module ``nonstop.demo_bank`` loaded by every node).  Half the
+  the application module ``nonstop.demos.bank`` loaded by every node).  Half the
   accounts are created on node A, half on node B; every transfer moves money
   between one account of A and one of B (random direction), with
-  ``nonstop.demo_bank.transfer_async`` unchanged — two write locks taken in
+  ``nonstop.demos.bank.transfer_async`` unchanged — two write locks taken in
   account order, a ``Transfer`` record created, commit — so every transfer is a
   distributed transaction (two-phase commit, decision in the Raft cluster log).
   Each client is an asyncio task; clients attach to A and B alternately (the
@@ -54,7 +54,7 @@ import nonstop
 from bench.peers import Result, fsync_cost, run_clients
 from bench.pg_peer import PostgresPeer, proc_cpu
 from nonstop.admin.owned import OwnedCluster
-from nonstop.demo_bank import START_BALANCE, Account, Transfer, transfer_async
+from nonstop.demos.bank import START_BALANCE, Account, Transfer, transfer_async
 
 RESULTS = Path(__file__).parent / "results" / "distributed.md"
 OWN = "nonstop, own handles"
@@ -132,7 +132,7 @@ class NonstopSide:
 
     def __init__(self, folder: Path, accounts: int) -> None:
         self.accounts = accounts
-        self.cluster = OwnedCluster(folder, 3, apps=["nonstop.demo_bank"])
+        self.cluster = OwnedCluster(folder, 3, apps=["nonstop.demos.bank"])
         self.cluster.start_all()
         self.errors = 0
         self._load()

@@ -35,7 +35,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 JDBC_JAR = "/usr/share/java/postgresql.jar"
-TYPE = "nonstop.demo_bank.Account"
+TYPE = "nonstop.demos.bank.Account"
 
 
 def _git_commit() -> str:
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="nonstop-spark-bench-"))
     n = args.rows
     print(f"starting a 3-node cluster and PostgreSQL in {tmp}", file=sys.stderr)
-    with OwnedCluster(tmp / "cluster", 3, apps=["nonstop.demo_bank"]) as oc:
+    with OwnedCluster(tmp / "cluster", 3, apps=["nonstop.demos.bank"]) as oc:
         oc.start_all(timeout=90)
         pg = PostgresPeer(accounts=0)  # its own dir: the server user must reach it
         try:

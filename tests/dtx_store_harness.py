@@ -1,15 +1,15 @@
 """A tiny in-process runtime: DtxNodes over real Databases, no network.
 
 Each node is a :class:`~nonstop.dtx.protocol.DtxNode` with a
-:class:`~nonstop.dist.resource.StoreResourceManager` and a
-:class:`~nonstop.dist.resource.DtxPersister` on its own ``nonstop.Database``;
-the decision log is a :class:`~nonstop.dtx.simulated.SimDecisionLog` whose
+:class:`~nonstop.dataplane.participant.StoreResourceManager` and a
+:class:`~nonstop.dataplane.participant.DtxPersister` on its own ``nonstop.Database``;
+the decision log is a :class:`~nonstop.sim.scenarios.dtx_resource.SimDecisionLog` whose
 keys go to an fsynced LMDB (so it survives a SIGKILL of the process too).
 ``Send`` is delivered on the next loop turn (dropped while a node is down or a
 ``drop`` hook says so), ``Persist`` goes through the persister (the log's
 through its store), timers are ``loop.call_later``.  Branches are
 ``AsyncTransaction`` objects the test opens and registers by id, as the data
-service does.  Used by tests/unit/test_dist_resource.py and the e2e crash
+service does.  Used by tests/unit/test_dataplane_participant.py and the e2e crash
 worker.
 """
 
@@ -22,11 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import nonstop
-from nonstop.dist.resource import DtxPersister, StoreResourceManager, recovered_dtx_state
-from nonstop.dist.wire import write_out
+from nonstop.dataplane.participant import DtxPersister, StoreResourceManager, recovered_dtx_state
 from nonstop.dtx.decisions import LOG
 from nonstop.dtx.protocol import DtxConfig, DtxNode, Progress
-from nonstop.dtx.simulated import SimDecisionLog
+from nonstop.model.wire import write_out
 from nonstop.runtime.interface import (
     Action,
     ClientRequest,
@@ -43,6 +42,7 @@ from nonstop.runtime.interface import (
     TimerFired,
 )
 from nonstop.runtime.storage import ClusterStore
+from nonstop.sim.scenarios.dtx_resource import SimDecisionLog
 from nonstop.tx.async_transaction import AsyncTransaction
 
 CFG = DtxConfig(tick=0.02, retry=0.05, vote_timeout=1.5, branch_timeout=1.0, decision_timeout=0.4)

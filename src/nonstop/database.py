@@ -84,7 +84,7 @@ class Database:
         self._in_doubt: dict[bytes, Transaction | InDoubt] = {}
         # Prepared write sets computed but not yet durable, by global id, for a caller
         # that commits the prepared record together with its own keys
-        # (nonstop.dist.resource): the transaction and its prepared record's write set.
+        # (nonstop.dataplane.participant): the transaction and its prepared record's write set.
         self._preparing: dict[bytes, tuple[Transaction, WriteSet]] = {}
         try:
             self._recover_prepared()

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from nonstop.client import Client
-from nonstop.dist.apps import AppLoadError, load_apps, parse_apps
+from nonstop.node.apps import AppLoadError, load_apps, parse_apps
 from nonstop.node.config import ConfigError, from_mapping
 from tests.cluster.conftest import MACHINE, free_port, kill_dir_nodes
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import nonstop
 from nonstop.admin.owned import OwnedCluster
-from nonstop.demo_bank import START_BALANCE, Account, Transfer, transfer, transfer_async
+from nonstop.demos.bank import START_BALANCE, Account, Transfer, transfer, transfer_async
 from nonstop.errors import Error
 
 NODES = ["A", "B", "C"]
@@ -180,7 +180,7 @@ def check_bank(
 
 
 def test_bank_on_three_nodes_survives_a_sigkilled_node(tmp_path: Path) -> None:
-    with OwnedCluster(tmp_path / "cluster", 3, apps=["nonstop.demo_bank"]) as oc:
+    with OwnedCluster(tmp_path / "cluster", 3, apps=["nonstop.demos.bank"]) as oc:
         oc.start_all()
         addresses = oc.addresses
         open_accounts(addresses)

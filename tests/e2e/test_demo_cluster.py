@@ -1,4 +1,4 @@
-"""The cluster demo (``python -m nonstop.demo_cluster``) as a newcomer runs it, made small.
+"""The cluster demo (``python -m nonstop.demos.cluster``) as a newcomer runs it, made small.
 
 Without Spark (``--no-spark``: the Spark steps are the pipeline tests' business), a
 few thousand accounts and a few seconds of transfers: the demo must report OK with
@@ -22,7 +22,7 @@ from tests.conftest import child_env
 def demo(folder: Path, seconds: float) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [
-            *(sys.executable, "-m", "nonstop.demo_cluster", "--no-spark", "--dir", str(folder)),
+            *(sys.executable, "-m", "nonstop.demos.cluster", "--no-spark", "--dir", str(folder)),
             *("--accounts", "3000", "--seconds", str(seconds), "--tasks", "8"),
         ],
         stdout=subprocess.PIPE,

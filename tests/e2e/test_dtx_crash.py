@@ -29,7 +29,7 @@ from tests.bankmodel import Account, Transfer
 from tests.conftest import ROOT, child_env
 
 import nonstop
-from nonstop.dist.resource import recovered_dtx_state
+from nonstop.dataplane.participant import recovered_dtx_state
 from nonstop.dtx.protocol import K_PREPARED, K_TOMB
 
 RANDOM_ROUNDS = 4

@@ -17,8 +17,8 @@ from nonstop.runtime.interface import (
     TimerFired,
 )
 from nonstop.sim.checker import ClusterChecker
-from nonstop.sim.cluster import ScenarioConfig, run_seed
 from nonstop.sim.core import DiskConfig, Simulation
+from nonstop.sim.scenarios.cluster_log import ScenarioConfig, run_seed
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -5,7 +5,7 @@ pauses, partitions (both ways and one way), message loss, duplication and
 reordering, plus a coordinator crash injected at one protocol step, and checks
 agreement, atomicity, exactly-once application, what clients were told,
 consistent audits, balances in memory and on disk, and that everything settles
-after the heal (see ``nonstop.dtx.scenario``).  ``python -m nonstop.dtx.campaign
+after the heal (see ``nonstop.sim.scenarios.dtx``).  ``python -m nonstop.sim.dtx_campaign
 --seeds N`` runs the same code on more seeds; a failing seed prints the command
 that replays it.
 """
@@ -19,10 +19,10 @@ import time
 
 import pytest
 
-from nonstop.dtx.campaign import COUNTERS, failure_text, main, run_campaign, totals
 from nonstop.dtx.decisions import COMMIT
 from nonstop.dtx.protocol import Branch, CoordTx, DtxNode, Progress, Ready
-from nonstop.dtx.scenario import STEPS, ScenarioConfig, run_seed
+from nonstop.sim.dtx_campaign import COUNTERS, failure_text, main, run_campaign, totals
+from nonstop.sim.scenarios.dtx import STEPS, ScenarioConfig, run_seed
 
 SEEDS = int(os.environ.get("NONSTOP_DTX_SEEDS", "1000"))
 SEMANTIC = {"agreement", "atomicity", "balance", "acked-commit", "acked-abort", "audit"}
@@ -67,7 +67,7 @@ def test_crash_at_each_step(step):
 
 
 def _replay(seed: int, step: str) -> str:
-    return f"python -m nonstop.dtx.campaign --seed {seed} --step {step} --verbose"
+    return f"python -m nonstop.sim.dtx_campaign --seed {seed} --step {step} --verbose"
 
 
 def test_the_checker_counts_committed_transfers_and_audits():
@@ -155,7 +155,7 @@ def test_broken_variants_are_caught_by_the_invariants(node_class, step):
 @pytest.mark.timeout(120)
 def test_cli_runs_a_small_campaign_and_exits_zero():
     out = subprocess.run(
-        [sys.executable, "-m", "nonstop.dtx.campaign", "--seeds", "8", "--start", "500"],
+        [sys.executable, "-m", "nonstop.sim.dtx_campaign", "--seeds", "8", "--start", "500"],
         capture_output=True,
         text=True,
         timeout=100,

@@ -1,12 +1,12 @@
 """Distributed commit with the real cluster log as its decision log (B9, issue 4).
 
-The same bank scenario as ``test_dtx.py`` (``nonstop.dtx.scenario``), but every
+The same bank scenario as ``test_dtx.py`` (``nonstop.sim.scenarios.dtx``), but every
 node is a :class:`~nonstop.dtx.clustered.DtxClusterNode`: a Raft member whose
 log holds the ``decide``/``forget`` entries, instead of the simulated
 ``@decisions`` node.  Faults hit the Raft members themselves (a crash or a
 partition can cost the quorum and the leader), and besides the dtx invariants
 the cluster checker's safety invariants (election safety, log prefix, views,
-no acting while Disabled) must hold.  ``python -m nonstop.dtx.campaign --seeds N
+no acting while Disabled) must hold.  ``python -m nonstop.sim.dtx_campaign --seeds N
 --clustered`` runs more seeds.
 """
 
@@ -26,7 +26,6 @@ from test_dtx import (  # the same broken variants (tests/sim is on the path)
 )
 
 from nonstop.cluster.node import ClusterConfig
-from nonstop.dtx.campaign import failure_text, run_campaign, totals
 from nonstop.dtx.clustered import DtxClusterNode
 from nonstop.dtx.decisions import (
     ABORT,
@@ -39,8 +38,6 @@ from nonstop.dtx.decisions import (
     PROPOSE,
     UNKNOWN,
 )
-from nonstop.dtx.scenario import STEPS, ScenarioConfig, run_seed
-from nonstop.dtx.simulated import SimResourceManager
 from nonstop.runtime.interface import (
     ClientRequest,
     Persist,
@@ -51,6 +48,9 @@ from nonstop.runtime.interface import (
     Started,
     TimerFired,
 )
+from nonstop.sim.dtx_campaign import failure_text, run_campaign, totals
+from nonstop.sim.scenarios.dtx import STEPS, ScenarioConfig, run_seed
+from nonstop.sim.scenarios.dtx_resource import SimResourceManager
 
 SEEDS = int(os.environ.get("NONSTOP_DTX_CLUSTERED_SEEDS", "300"))
 CLUSTERED = ScenarioConfig(clustered=True)

@@ -29,8 +29,8 @@ from nonstop.runtime.interface import (
     Started,
     TimerFired,
 )
-from nonstop.sim.cluster import run_seed
 from nonstop.sim.core import DiskConfig, NetConfig, Simulation, SimulationError
+from nonstop.sim.scenarios.cluster_log import run_seed
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -97,7 +97,7 @@ def test_different_seeds_give_different_runs():
 
 
 def test_a_seed_replays_identically_in_other_processes_whatever_the_hash_seed():
-    code = "from nonstop.sim.cluster import run_seed; print(run_seed(7)[0].digest)"
+    code = "from nonstop.sim.scenarios.cluster_log import run_seed; print(run_seed(7)[0].digest)"
     digests = set()
     for hash_seed in ("1", "2"):
         env = {**os.environ, "PYTHONHASHSEED": hash_seed}

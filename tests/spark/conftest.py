@@ -58,7 +58,7 @@ class Endpoint:
     def __init__(self, data: Path, name: str, port: int, peers: list[tuple[str, int]]) -> None:
         self.data, self.name, self.port = data, name, port
         self.address = f"127.0.0.1:{port}"
-        cmd = [sys.executable, "-m", "nonstop.dist.bulk_server", "--data", str(data)]
+        cmd = [sys.executable, "-m", "nonstop.bulk.server", "--data", str(data)]
         cmd += ["--listen", self.address, "--name", name, "--app", "tests.spark.model"]
         cmd += ["--durability", "none"]
         for peer, pport in peers:

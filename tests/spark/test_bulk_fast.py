@@ -1,4 +1,4 @@
-"""The bulk upsert's fast path (dist/bulk_fast.py): same result as the per-row path,
+"""The bulk upsert's fast path (bulk/fast.py): same result as the per-row path,
 serializable against transactions, and bad input writes nothing."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import pytest
 
 import nonstop
 from nonstop import Managed, field, key
-from nonstop.dist import bulk_fast
-from nonstop.dist.bulk import BulkContext, decode_rows, encode_rows, handle
+from nonstop.bulk import fast as bulk_fast
+from nonstop.bulk.handlers import BulkContext, decode_rows, encode_rows, handle
 from nonstop.errors import DuplicateKey, FieldError, ImmutableKey, KeyTooLong
 from nonstop.model.managed import type_info
 

@@ -1,4 +1,4 @@
-"""The node-side bulk operations (dist/bulk.py) in-process: no network, no Spark."""
+"""The node-side bulk operations (bulk/handlers.py) in-process: no network, no Spark."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 
 import nonstop
-from nonstop.dist.bulk import HANDLERS, BulkContext, decode_rows, encode_rows, handle
+from nonstop.bulk.handlers import HANDLERS, BulkContext, decode_rows, encode_rows, handle
 from nonstop.errors import (
     BadArgument,
     DuplicateKey,

@@ -12,8 +12,8 @@ import pyarrow as pa
 import pytest
 
 from nonstop.admin.owned import OwnedCluster
+from nonstop.bulk.handlers import decode_rows
 from nonstop.client.bulk import BulkClient, cluster_nodes
-from nonstop.dist.bulk import decode_rows
 from nonstop.errors import Error, Retryable, Unavailable
 from nonstop.model.codec import pack
 from nonstop.spark.schema import Options

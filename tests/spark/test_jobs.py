@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from nonstop.bulk.handlers import decode_rows, encode_rows
 from nonstop.client.bulk import BulkClient
-from nonstop.dist.bulk import decode_rows, encode_rows
 from nonstop.errors import SchemaError
 from nonstop.spark import jobs
 from tests.spark.conftest import cluster_of

@@ -33,11 +33,11 @@ def writer(df: Any, cluster: str, mode: str = "append", **options: str) -> Any:
 def test_round_trip_every_field_kind(spark: Any, endpoints: Any) -> None:
     (ep,) = endpoints(1)
     with BulkClient(ep.address) as c:
-        from nonstop.dist.bulk import encode_rows
+        from nonstop.bulk.handlers import encode_rows
 
         c.call("bulk.upsert", type="pipe.Owner", rows=encode_rows({"name": ["ann"]}))
         owner_ref = c.call("bulk.scan", type="pipe.Owner", fields=["_ref"])
-    from nonstop.dist.bulk import decode_rows
+    from nonstop.bulk.handlers import decode_rows
 
     ann = str(decode_rows(owner_ref["rows"], "columns")["_ref"][0])
     made = dt.datetime(2024, 5, 1, 12, 30, 15, 123456, tzinfo=dt.UTC)
@@ -83,7 +83,7 @@ def test_round_trip_every_field_kind(spark: Any, endpoints: Any) -> None:
 
 
 def keys_on(ep: Any, type_name: str = ITEM) -> list[str]:
-    from nonstop.dist.bulk import decode_rows
+    from nonstop.bulk.handlers import decode_rows
 
     with BulkClient(ep.address) as c:
         reply = c.call("bulk.scan", type=type_name, fields=["sku"])

@@ -12,8 +12,8 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from nonstop.bulk.handlers import decode_rows, encode_rows
 from nonstop.client.bulk import BulkClient
-from nonstop.dist.bulk import decode_rows, encode_rows
 
 ITEM = "pipe.Item"
 

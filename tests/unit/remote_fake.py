@@ -15,7 +15,6 @@ import itertools
 from typing import Any
 
 import nonstop
-from nonstop.dist.wire import error_out, obj_out, write_in
 from nonstop.errors import (
     BadArgument,
     Conflict,
@@ -27,6 +26,7 @@ from nonstop.errors import (
 from nonstop.model.codec import pack, unpack
 from nonstop.model.managed import Managed, TypeInfo, lookup_type
 from nonstop.model.ref import Ref
+from nonstop.model.wire import error_out, obj_out, write_in
 
 
 class FakeHello:

@@ -18,7 +18,7 @@ from tests.distmodel import Account
 
 import nonstop
 from nonstop import errors
-from nonstop.dist.service import (
+from nonstop.dataplane.service import (
     DataService,
     ServiceConfig,
     _merge_write,

@@ -38,7 +38,6 @@ from nonstop.dtx.protocol import (
     DtxConfig,
     DtxNode,
 )
-from nonstop.dtx.simulated import SimDecisionLog, SimResourceManager
 from nonstop.runtime.interface import (
     Action,
     ClientRequest,
@@ -53,6 +52,7 @@ from nonstop.runtime.interface import (
     Started,
     TimerFired,
 )
+from nonstop.sim.scenarios.dtx_resource import SimDecisionLog, SimResourceManager
 
 CFG = DtxConfig(tick=0.05, retry=0.1, vote_timeout=0.5, branch_timeout=0.4, decision_timeout=0.6)
 

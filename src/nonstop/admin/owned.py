@@ -9,7 +9,7 @@ process group, and :meth:`OwnedCluster.close` (also run at interpreter exit and
 on SIGTERM/SIGHUP while the cluster is open) stops them gracefully and then
 SIGKILLs whatever is left.
 
-    with OwnedCluster(folder, 3, apps=["nonstop.demo_bank"]) as oc:
+    with OwnedCluster(folder, 3, apps=["nonstop.demos.bank"]) as oc:
         client = nonstop.connect(oc.addresses)
         oc.kill("B"); oc.restart("B")
 """

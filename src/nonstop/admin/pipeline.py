@@ -175,7 +175,7 @@ def audit_cmd(
 @click.option("--name", default="", help="Node name to announce.")
 def serve_cmd(data: str, listen: str, app: tuple[str, ...], name: str) -> None:
     """Serve one embedded store to Spark jobs (the bulk ops of a node), until SIGTERM."""
-    from nonstop.dist.bulk_server import main
+    from nonstop.bulk.server import main
 
     argv = ["--data", data, "--listen", listen, "--name", name]
     for module in app:

@@ -7,7 +7,7 @@ address and does not fail over (the Spark task fails instead, and Spark
 retries it — every write carries a tag, so a retry is harmless).
 :func:`cluster_nodes` asks any node of a cluster for the list of nodes.
 
-Errors come back as the node raised them (:func:`nonstop.dist.wire.raise_error`):
+Errors come back as the node raised them (:func:`nonstop.model.wire.raise_error`):
 ``UnknownType``, ``FieldError``, ``DuplicateKey``, ...; a node that cannot be
 reached is :class:`~nonstop.errors.Unavailable`.
 """
@@ -22,8 +22,8 @@ import time
 from typing import Any
 
 from nonstop.client.handle import parse_addresses
-from nonstop.dist.wire import raise_error
 from nonstop.errors import ProtocolError, Unavailable
+from nonstop.model.wire import raise_error
 from nonstop.net.frames import FrameDecoder, FrameError, encode
 from nonstop.net.handshake import PROTOCOL_MAX, PROTOCOL_MIN, ROLE_CLIENT, Hello, check
 

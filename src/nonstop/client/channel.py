@@ -26,17 +26,13 @@ import time
 from typing import Any
 
 from nonstop.errors import ProtocolError
+from nonstop.net.address import split_address
 from nonstop.net.connection import Connection, dial
 from nonstop.net.frames import DEFAULT_MAX_FRAME, FrameDecoder, FrameError, encode
 from nonstop.net.handshake import Hello, check
 
 NETWORK_ERRORS = (OSError, EOFError, TimeoutError, FrameError, ProtocolError)
 """What a lost, refused, reset or silent connection raises (ConnectionError is an OSError)."""
-
-
-def split_address(address: str) -> tuple[str, int]:
-    host, _, port = address.rpartition(":")
-    return host.strip("[]"), int(port)
 
 
 class SyncChannel:

@@ -39,7 +39,6 @@ from nonstop.client.channel import NETWORK_ERRORS, AsyncChannel, SyncChannel
 from nonstop.client.lanes import RequestLanes
 from nonstop.client.remote import RemoteTransaction
 from nonstop.client.remote_async import AsyncRemoteTransaction
-from nonstop.dist.wire import raise_error
 from nonstop.errors import (
     Aborted,
     ClusterError,
@@ -48,6 +47,7 @@ from nonstop.errors import (
     QuorumLost,
     Unavailable,
 )
+from nonstop.model.wire import raise_error
 from nonstop.net.frames import DEFAULT_MAX_FRAME, FrameDecoder, FrameError, encode
 from nonstop.net.handshake import PROTOCOL_MAX, PROTOCOL_MIN, ROLE_CLIENT, Hello, check
 from nonstop.net.tls import TLSConfig, client_context

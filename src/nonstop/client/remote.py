@@ -39,7 +39,6 @@ from __future__ import annotations
 from collections.abc import Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from nonstop.dist.wire import obj_in, raise_error, write_out
 from nonstop.errors import (
     BadArgument,
     Deleted,
@@ -52,8 +51,10 @@ from nonstop.errors import (
     Unavailable,
 )
 from nonstop.model.codec import encode_key, pack, unpack
+from nonstop.model.entry import CLEAN, CREATED, DELETED
 from nonstop.model.managed import KeyInfo, Managed, TypeInfo, lookup_type, type_info
 from nonstop.model.ref import Ref
+from nonstop.model.wire import AUDITS, WIRE_ISOLATION, obj_in, raise_error, write_out
 from nonstop.tx.query import ordered_key, query_field
 from nonstop.tx.transaction import (
     NONE,
@@ -70,13 +71,8 @@ if TYPE_CHECKING:
 
 M = TypeVar("M", bound=Managed)
 
-# Entry status (the subset of the embedded one a client needs).
-CLEAN, CREATED, DELETED = 0, 2, 3
-
 SCOPES = ("local", "cluster")
-AUDITS = ("at_least_one", "skip_down", "fail_if_down")
-ISOLATIONS = {"serializable": "serializable", "snapshot": "read_committed"}
-ISOLATIONS["read_committed"] = "read_committed"
+ISOLATIONS = WIRE_ISOLATION
 
 Request = dict[str, Any]
 Op = Generator[Request, Any, Any]

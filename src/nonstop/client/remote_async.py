@@ -21,10 +21,10 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from nonstop.client.remote import DELETED, Op, RemoteQueryBase, RemoteTransactionBase, Request
-from nonstop.dist.wire import raise_error
 from nonstop.errors import BadArgument, NotFound, TransactionClosed, Unavailable
 from nonstop.model.managed import Managed
 from nonstop.model.ref import Ref
+from nonstop.model.wire import raise_error
 from nonstop.tx.transaction import _describe, _State
 
 if TYPE_CHECKING:

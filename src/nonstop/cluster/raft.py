@@ -154,6 +154,7 @@ import msgpack
 
 from nonstop.cluster.quorum import Quorum, QuorumPolicy
 from nonstop.errors import NotLeader
+from nonstop.net import plain
 from nonstop.runtime.interface import (
     Action,
     CancelTimer,
@@ -208,8 +209,7 @@ def _pack(value: Any) -> bytes:
     return _packer.pack(value)
 
 
-def _unpack(raw: bytes) -> Any:
-    return msgpack.unpackb(raw, raw=False, strict_map_key=False)
+_unpack = plain.unpack
 
 
 @dataclass(frozen=True, slots=True)

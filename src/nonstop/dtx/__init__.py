@@ -4,11 +4,11 @@
   participant machine, and the :class:`ResourceManager` seam to the store;
 * :mod:`nonstop.dtx.decisions` -- the decision log's contract and state machine
   (first writer wins, compaction by floors), for the Raft integration to host;
-* :mod:`nonstop.dtx.simulated` -- a simulated store and decision log;
+* :mod:`nonstop.sim.scenarios.dtx_resource` -- a simulated store and decision log;
 * :mod:`nonstop.dtx.clustered` -- :class:`~nonstop.dtx.clustered.DtxClusterNode`, the
   cluster node and this machine in one, the Raft cluster log as the decision log;
-* :mod:`nonstop.dtx.scenario` -- the bank workload under faults, with its checker;
-* :mod:`nonstop.dtx.campaign` -- ``python -m nonstop.dtx.campaign --seeds N``.
+* :mod:`nonstop.sim.scenarios.dtx` -- the bank workload under faults, with its checker;
+* :mod:`nonstop.sim.dtx_campaign` -- ``python -m nonstop.sim.dtx_campaign --seeds N``.
 
 Design: ``docs/design/dtx.md``.
 """

@@ -10,7 +10,7 @@ module holds what any implementation of that log must do, in two parts:
   per gtid, plus compaction by per-coordinator *floors*.  The production
   implementation applies ``decide`` and ``forget`` entries of the Raft cluster
   log to one ``DecisionTable`` per node, in log order; the simulated log
-  (:class:`nonstop.dtx.simulated.SimDecisionLog`) applies them as they arrive
+  (:class:`nonstop.sim.scenarios.dtx_resource.SimDecisionLog`) applies them as they arrive
   at its single, durable, sometimes unavailable node.
 * the **wire contract** between the machines and the log: the machines address
   the log as the pseudo node :data:`LOG` with the ``dl.*`` messages below, and

@@ -29,7 +29,7 @@ in short:
    it never guesses, and since a participant's outcome is applied idempotently
    and remembered (tombstones), a late message can never flip it.
 
-The resource manager is the seam to the store: :class:`nonstop.dtx.simulated.
+The resource manager is the seam to the store: :class:`nonstop.sim.scenarios.dtx_resource.
 SimResourceManager` in the simulator, an adapter over ``Database`` /
 ``Transaction.prepare`` / ``Database.resolve`` in production.
 """
@@ -40,8 +40,6 @@ import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
-
-import msgpack
 
 from nonstop.dtx.decisions import (
     ABORT,
@@ -57,6 +55,7 @@ from nonstop.dtx.decisions import (
     make_gtid,
     parse_gtid,
 )
+from nonstop.net import plain
 from nonstop.runtime.interface import (
     Action,
     ClientRequest,
@@ -91,12 +90,8 @@ K_TOMB = b"dtx/t/"  # + gtid -> outcome applied here (until the coordinator's fl
 K_FLOOR = b"dtx/f/"  # + coordinator -> the highest floor learned from it
 
 
-def _pack(value: Any) -> bytes:
-    return msgpack.packb(value, use_bin_type=True)
-
-
-def _unpack(raw: bytes) -> Any:
-    return msgpack.unpackb(raw, raw=False, strict_map_key=False)
+_pack = plain.pack
+_unpack = plain.unpack
 
 
 # ----------------------------------------------------------------- resource manager

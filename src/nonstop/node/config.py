@@ -126,7 +126,7 @@ def from_mapping(data: dict[str, Any], base: NodeConfig | None = None) -> NodeCo
 
 def parse_app_list(value: Any) -> list[str]:
     """``app`` from a file: one module name or a list of them."""
-    from nonstop.dist.apps import AppLoadError, parse_apps
+    from nonstop.node.apps import AppLoadError, parse_apps
 
     try:
         return parse_apps(value)

@@ -71,7 +71,7 @@ def build_cluster_node(
     """The real cluster layer (failure detector, cluster log, quorum) and distributed commit.
 
     With an object store in ``context`` the machine is a ``DtxClusterNode``
-    whose resource manager is the store (``nonstop.dist.resource``); its durable
+    whose resource manager is the store (``nonstop.dataplane.participant``); its durable
     ``dtx/`` state is read back from the store and written through
     ``context.persister``.
     """
@@ -80,7 +80,11 @@ def build_cluster_node(
         from nonstop.cluster.node import ClusterNode
 
         return ClusterNode(config, rng, recovered)
-    from nonstop.dist.resource import DtxPersister, StoreResourceManager, recovered_dtx_state
+    from nonstop.dataplane.participant import (
+        DtxPersister,
+        StoreResourceManager,
+        recovered_dtx_state,
+    )
     from nonstop.dtx.clustered import DtxClusterNode
     from nonstop.dtx.protocol import DtxConfig
 

@@ -91,7 +91,7 @@ def open_object_store(datadir: DataDir, ident: Identity | None = None) -> Any:
 
 def load_app_modules(cfg: NodeConfig) -> None:
     """Import the application modules (F2) before the store opens; one-line error."""
-    from nonstop.dist.apps import AppLoadError, load_apps
+    from nonstop.node.apps import AppLoadError, load_apps
 
     try:
         modules = load_apps(cfg.app)
@@ -284,10 +284,10 @@ def make_runtime(
 
 
 def attach_data_service(runtime: RealRuntime, db: Any, cfg: NodeConfig, context: Any) -> None:
-    """The node's data service (``nonstop.dist.service``) and its hooks into the machine."""
+    """The node's data service (``nonstop.dataplane.service``) and its hooks into the machine."""
     import dataclasses
 
-    from nonstop.dist.service import DataService, ServiceConfig
+    from nonstop.dataplane.service import DataService, ServiceConfig
     from nonstop.runtime.interface import Received
 
     names = {f.name for f in dataclasses.fields(ServiceConfig)}

@@ -24,7 +24,7 @@ an fsync never stalls keep-alives.  The actions of
 
 Peer messages whose ``t`` starts with ``data.`` and the client ops of the data
 path (``tx.*``, ``bulk.*``, ``nodes``, ``types``, ``request.result``) go to
-:attr:`RealRuntime.data_service` (``nonstop.dist.service``), not to the
+:attr:`RealRuntime.data_service` (``nonstop.dataplane.service``), not to the
 machine; :meth:`RealRuntime.submit` lets it ask the machine for things (a
 two-phase commit) without a client connection.
 
@@ -58,9 +58,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from nonstop.dist.service import is_data_message, is_data_op
+from nonstop.dataplane.service import is_data_message, is_data_op
 from nonstop.errors import ProtocolError, Unavailable
 from nonstop.net import handshake
+from nonstop.net.address import split_address
 from nonstop.net.connection import Connection, HandshakeRejected, accept, dial
 from nonstop.net.discovery import Discovery, DiscoveryConfig
 from nonstop.net.frames import DEFAULT_MAX_FRAME, FrameError
@@ -127,14 +128,6 @@ _LEVELS = {
     "warning": logging.WARNING,
     "error": logging.ERROR,
 }
-
-
-def split_address(address: str) -> tuple[str, int]:
-    """``"host:port"`` → ``(host, port)``; ``ValueError`` on anything else."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise ValueError(f"not a host:port address: {address!r}")
-    return host.strip("[]"), int(port)
 
 
 @dataclass
@@ -315,9 +308,9 @@ class RealRuntime:
         }
         self.started_at = 0.0
         self.data_service: Any = None
-        """The node's data service (``nonstop.dist.service.DataService``), if any."""
+        """The node's data service (``nonstop.dataplane.service.DataService``), if any."""
         self.dtx_persister: Any = None
-        """Writes the ``dtx/`` keys of ``Persist`` actions (``nonstop.dist.resource``), if any."""
+        """Writes the ``dtx/`` keys of ``Persist`` actions (``dataplane.participant``), if any."""
         self._internal: dict[int, asyncio.Future[Any]] = {}
         """Requests of :meth:`submit`: request id → the future of the machine's reply."""
         self.identity_error: HandshakeRejected | None = None

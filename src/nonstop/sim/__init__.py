@@ -4,7 +4,7 @@
   disks, node crash/restart/pause;
 * :mod:`nonstop.sim.nemesis` -- random fault schedules drawn from the seed;
 * :mod:`nonstop.sim.checker` -- invariant checkers for the cluster log;
-* :mod:`nonstop.sim.cluster` -- the cluster scenario (one seed = one run);
+* :mod:`nonstop.sim.scenarios.cluster_log` -- the cluster scenario (one seed = one run);
 * :mod:`nonstop.sim.campaign` -- ``python -m nonstop.sim.campaign --seeds N``.
 """
 

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from nonstop.runtime.interface import Action, Event, Notify
-from nonstop.sim.cluster import RunResult, run_seed
 from nonstop.sim.core import Simulation
 from nonstop.sim.runner import campaign_parser, pin_hash_seed, run_many
+from nonstop.sim.scenarios.cluster_log import RunResult, run_seed
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,8 +20,8 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from nonstop.bulk.handlers import REF_COLUMN
 from nonstop.client.bulk import BulkClient, cluster_nodes
-from nonstop.dist.bulk import REF_COLUMN
 from nonstop.errors import BadArgument, SchemaError
 
 FORMATS = ("csv", "parquet", "json")

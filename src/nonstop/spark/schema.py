@@ -1,6 +1,6 @@
 """Managed types as Spark schemas, and the data source's options.
 
-Field kinds map to Spark types as the Arrow columns of :mod:`nonstop.dist.bulk`
+Field kinds map to Spark types as the Arrow columns of :mod:`nonstop.bulk.handlers`
 do: bool → boolean, int → bigint, float → double, str → string, bytes →
 binary, datetime → timestamp (UTC instants), date → date, Decimal →
 decimal(38, 18), a reference → string (``"<location>-<timestamp>-<counter>"``).
@@ -34,7 +34,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from nonstop.dist.bulk import DECIMAL_PRECISION, DECIMAL_SCALE, REF_COLUMN
+from nonstop.bulk.handlers import DECIMAL_PRECISION, DECIMAL_SCALE, REF_COLUMN
 from nonstop.errors import BadArgument, SchemaError
 
 SPARK_TYPES: dict[str, DataType] = {

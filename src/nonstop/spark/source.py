@@ -55,8 +55,8 @@ from pyspark.sql.datasource import (
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
+from nonstop.bulk.handlers import ROWS_PER_RANGE
 from nonstop.client.bulk import BulkClient, cluster_nodes
-from nonstop.dist.bulk import ROWS_PER_RANGE
 from nonstop.errors import BadArgument, Retryable, Unavailable
 from nonstop.model.codec import encode_key
 from nonstop.spark.schema import Options, check_writable, columns, spark_schema, write_key

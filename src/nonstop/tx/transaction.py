@@ -54,6 +54,7 @@ from nonstop.errors import (
     TypeVersionMismatch,
 )
 from nonstop.model.codec import encode_key, pack, unpack
+from nonstop.model.entry import CLEAN, CREATED, CREATED_DELETED, DELETED, DIRTY
 from nonstop.model.managed import KeyInfo, Managed, TypeInfo, lookup_type, type_info
 from nonstop.model.ref import Ref
 from nonstop.store.group_commit import WriteSet
@@ -71,9 +72,6 @@ NONE = 0
 READ = LockMode.READ
 WRITE = LockMode.WRITE
 _LOCK_NAMES = {"none": NONE, "read": READ, "write": WRITE, None: None}
-
-# Entry status
-CLEAN, DIRTY, CREATED, DELETED, CREATED_DELETED = range(5)
 
 # A generator operation yields (resource, mode) lock requests and returns a value.
 Op = Generator[tuple[Hashable, LockMode], None, Any]
@@ -624,7 +622,7 @@ class Transaction:
         return True
 
     # The halves of prepare and of phase two, for a caller that makes the write set
-    # durable itself, atomically with writes of its own (``nonstop.dist.resource``
+    # durable itself, atomically with writes of its own (``nonstop.dataplane.participant``
     # commits the decision protocol's keys in the same store commit).
     def _prepare_writes(self, gtid: bytes, *, keep_read_only: bool = False) -> WriteSet | None:
         """First half of :meth:`prepare`: triggers, notifiers, the prepared write set.

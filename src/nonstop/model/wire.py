@@ -13,6 +13,23 @@ from typing import Any
 from nonstop import errors
 from nonstop.model.codec import pack, unpack
 
+AUDITS = ("at_least_one", "skip_down", "fail_if_down")
+"""Query scope audits (seed 000): what a query does about nodes of its scope that are down."""
+
+WIRE_ISOLATION = {
+    "serializable": "serializable",
+    "read_committed": "read_committed",
+    "snapshot": "read_committed",
+}
+"""An isolation name a user may give → the name the wire carries (``tx.begin`` ``iso``)."""
+
+STORE_ISOLATION = {
+    "serializable": "serializable",
+    "read_committed": "snapshot",
+    "snapshot": "snapshot",
+}
+"""An isolation name from the wire (or a user) → the store's ``Isolation`` value."""
+
 Obj = list[Any]
 """``[ref: bytes, type: str, version: int, state: bytes]``."""
 

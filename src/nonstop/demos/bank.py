@@ -1,6 +1,6 @@
 """The bank of the cluster demo and the distributed benchmark: an application module.
 
-Nodes load it at start (``nonstop local up -n 3 --app nonstop.demo_bank``) and
+Nodes load it at start (``nonstop local up -n 3 --app nonstop.demos.bank``) and
 clients import it, so both sides know the same managed types.  Stored type names
 equal the dotted import paths, so the Spark data source's ``type`` option can name
 either.
@@ -19,13 +19,13 @@ START_BALANCE = 1_000
 OWNERS = ("ann", "bob", "cho", "dev", "eve", "fay", "gus", "hal", "ivy", "joe")
 
 
-class Account(Managed, name="nonstop.demo_bank.Account"):
+class Account(Managed, name="nonstop.demos.bank.Account"):
     number: int = key(unique=True)
     owner: str = key(ordered=True, mutable=True, default="")
     balance: int = 0
 
 
-class Transfer(Managed, name="nonstop.demo_bank.Transfer"):
+class Transfer(Managed, name="nonstop.demos.bank.Transfer"):
     """One record per committed transfer, in the same transaction: proves exactly once."""
 
     tid: str = key(unique=True)

@@ -21,8 +21,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgpack
-
 from nonstop.dtx.decisions import (
     DECIDED,
     FORGET,
@@ -36,6 +34,7 @@ from nonstop.dtx.decisions import (
     parse_gtid,
 )
 from nonstop.dtx.protocol import DtxConfig, DtxNode, Progress, Ready, Refused
+from nonstop.net import plain
 from nonstop.runtime.interface import (
     Action,
     Event,
@@ -55,12 +54,8 @@ ADD = "add"
 READ_OP = "read"
 
 
-def _pack(value: Any) -> bytes:
-    return msgpack.packb(value, use_bin_type=True)
-
-
-def _unpack(raw: bytes) -> Any:
-    return msgpack.unpackb(raw, raw=False, strict_map_key=False)
+_pack = plain.pack
+_unpack = plain.unpack
 
 
 @dataclass(slots=True)

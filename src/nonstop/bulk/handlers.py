@@ -24,7 +24,7 @@ arrow format is a :class:`~nonstop.errors.SchemaError` naming the field.
 Writes go through ordinary serializable transactions (locks, unique-key
 claims, indexes, triggers), so bulk loads and online transactions see each
 other exactly as two transactions do; for plain types an upsert builds its
-write set without a transaction entry per row (:mod:`nonstop.dist.bulk_fast`).
+write set without a transaction entry per row (:mod:`nonstop.bulk.fast`).
 Bookkeeping lives in the store's ``bulk`` database, written in the same
 commit as the data it describes:
 
@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
-from nonstop.dist import bulk_fast
+from nonstop.bulk import fast as bulk_fast
 from nonstop.errors import (
     BadArgument,
     DuplicateKey,
@@ -778,7 +778,7 @@ def upsert(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any]:
     the stream's last committed one, in the same commit.  Bad rows (unknown
     field, wrong type, null or duplicate key, immutable key change) raise and
     write nothing.  ``per_row: true`` forces the per-row path even where the fast
-    path (:mod:`nonstop.dist.bulk_fast`) applies (comparisons, tests).
+    path (:mod:`nonstop.bulk.fast`) applies (comparisons, tests).
     """
     info = _type(ctx, payload)
     key = _key_of(info, payload)

@@ -42,7 +42,6 @@ from nonstop.cluster.raft import RaftConfig
 from nonstop.dtx.clustered import DtxClusterNode
 from nonstop.dtx.decisions import ABORT, COMMIT, DECIDED, LOG, PROPOSE, DecisionTable
 from nonstop.dtx.protocol import ACK, K_TOMB, VOTE, DtxConfig, DtxNode
-from nonstop.dtx.simulated import K_KV, SimDecisionLog, SimResourceManager, make_node
 from nonstop.runtime.interface import (
     Action,
     ClientRequest,
@@ -56,6 +55,7 @@ from nonstop.runtime.interface import (
 from nonstop.sim import nemesis
 from nonstop.sim.checker import ClusterChecker
 from nonstop.sim.core import DiskConfig, NetConfig, Simulation, SimulationError
+from nonstop.sim.scenarios.dtx_resource import K_KV, SimDecisionLog, SimResourceManager, make_node
 
 STEPS = (
     "none",

@@ -50,14 +50,14 @@ from nonstop.store.group_commit import Op, WriteSet
 from nonstop.tx.async_transaction import AsyncTransaction
 from nonstop.tx.transaction import Transaction
 
-log = logging.getLogger("nonstop.dist.resource")
+log = logging.getLogger("nonstop.dataplane.participant")
 
 K_DTX = b"dtx/"
 
 BRANCH = "b"
 """Op ``["b", branch id]``: the data service's open transaction this branch prepares."""
 WRITE = "w"
-"""Op ``["w", ref, type, version read, packed {field: value}]`` (``dist.wire.write_out``)."""
+"""Op ``["w", ref, type, version read, packed {field: value}]`` (``model.wire.write_out``)."""
 
 # Reasons of a no vote the data service maps back to errors (data-path.md §5):
 # the first three are worth replaying (B7), the others are not.

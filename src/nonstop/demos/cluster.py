@@ -1,7 +1,7 @@
 """``make demo``: the main job — a bank on a local 3-node cluster, with Spark.
 
 1. Starts a local 3-node cluster (real node processes on 127.0.0.1, fsync on)
-   with the application module :mod:`nonstop.demo_bank` loaded by every node.
+   with the application module :mod:`nonstop.demos.bank` loaded by every node.
 2. Loads a generated bank (100,000 accounts by default) through Spark's
    ``nonstop`` data source (``nonstop.spark``), spread over the three nodes.
 3. Runs concurrent transfers from asyncio clients while one node is SIGKILLed
@@ -15,7 +15,7 @@
    stop each node's store is opened directly and checked for transactions left
    in doubt.
 
-    python -m nonstop.demo_cluster [--accounts N] [--seconds S] [--dir DIR]
+    python -m nonstop.demos.cluster [--accounts N] [--seconds S] [--dir DIR]
 
 When PySpark or ``nonstop.spark`` is not installed the load and the audit run
 through the Python client instead (the report says so).
@@ -44,12 +44,12 @@ from tqdm import tqdm
 
 import nonstop
 from nonstop.admin.owned import OwnedCluster, kill_leftovers
-from nonstop.demo_bank import START_BALANCE, Account, Transfer, owner_of, transfer_async
+from nonstop.demos.bank import START_BALANCE, Account, Transfer, owner_of, transfer_async
 from nonstop.errors import Error
 
-ACCOUNT_TYPE = "nonstop.demo_bank.Account"
-TRANSFER_TYPE = "nonstop.demo_bank.Transfer"
-APP = "nonstop.demo_bank"
+ACCOUNT_TYPE = "nonstop.demos.bank.Account"
+TRANSFER_TYPE = "nonstop.demos.bank.Transfer"
+APP = "nonstop.demos.bank"
 VICTIM = "B"
 
 

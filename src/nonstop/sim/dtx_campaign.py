@@ -1,10 +1,10 @@
-"""Run the distributed-commit scenario over many seeds: ``python -m nonstop.dtx.campaign``.
+"""Run the distributed-commit scenario over many seeds: ``python -m nonstop.sim.dtx_campaign``.
 
-    python -m nonstop.dtx.campaign --seeds 10000             # seeds 0..9999 on every core
-    python -m nonstop.dtx.campaign --seeds 500 --start 7000  # seeds 7000..7499
-    python -m nonstop.dtx.campaign --seed 1234 --verbose     # replay one seed, explain it
-    python -m nonstop.dtx.campaign --seed 1234 --step after_propose   # force the crash step
-    python -m nonstop.dtx.campaign --seeds 1000 --clustered  # the decision log is the Raft log
+    python -m nonstop.sim.dtx_campaign --seeds 10000             # seeds 0..9999 on every core
+    python -m nonstop.sim.dtx_campaign --seeds 500 --start 7000  # seeds 7000..7499
+    python -m nonstop.sim.dtx_campaign --seed 1234 --verbose     # replay one seed, explain it
+    python -m nonstop.sim.dtx_campaign --seed 1234 --step after_propose   # force the crash step
+    python -m nonstop.sim.dtx_campaign --seeds 1000 --clustered  # the decision log is the Raft log
 
 Every failing seed is printed with the one-line command that replays it; the
 exit status is 1 if any seed failed.  (Its own module rather than a plug-in of
@@ -17,8 +17,8 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from nonstop.dtx.scenario import STEPS, ScenarioConfig, run_seed
 from nonstop.sim.runner import campaign_parser, pin_hash_seed, run_many
+from nonstop.sim.scenarios.dtx import STEPS, ScenarioConfig, run_seed
 
 COUNTERS = (
     "begun",
@@ -47,7 +47,7 @@ class SeedOutcome:
 def replay_command(seed: int, step: str | None = None, clustered: bool = False) -> str:
     forced = f" --step {step}" if step is not None else ""
     forced += " --clustered" if clustered else ""
-    return f"python -m nonstop.dtx.campaign --seed {seed}{forced} --verbose"
+    return f"python -m nonstop.sim.dtx_campaign --seed {seed}{forced} --verbose"
 
 
 def run_one(
@@ -132,8 +132,8 @@ def explain(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args_list = pin_hash_seed("nonstop.dtx.campaign", argv)
-    parser = campaign_parser("nonstop.dtx.campaign", __doc__)
+    args_list = pin_hash_seed("nonstop.sim.dtx_campaign", argv)
+    parser = campaign_parser("nonstop.sim.dtx_campaign", __doc__)
     parser.add_argument("--step", choices=STEPS, help="force the coordinator crash step")
     parser.add_argument(
         "--clustered",

@@ -44,10 +44,18 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from nonstop import errors
-from nonstop.dist.wire import error_out, location_of, obj_out, raise_error, write_in
 from nonstop.model.codec import encode_key, pack, unpack
 from nonstop.model.managed import _REGISTRY, Managed, TypeInfo, type_info
 from nonstop.model.ref import REF_SIZE, Ref
+from nonstop.model.wire import (
+    AUDITS,
+    STORE_ISOLATION,
+    error_out,
+    location_of,
+    obj_out,
+    raise_error,
+    write_in,
+)
 from nonstop.tx.async_transaction import AsyncTransaction
 from nonstop.tx.asyncmethods import AsyncMethod
 from nonstop.tx.requests import DEFAULT_WINDOW, g_claim_request, g_record_result, lookup_result
@@ -75,8 +83,6 @@ SESSION_OPS = frozenset(
 CLIENT_OPS = SESSION_OPS | {"tx.begin", "nodes", "types", "request.result"}
 """Client ops the runtime hands to the data service (plus every ``bulk.*``)."""
 
-ISOLATIONS = {"serializable": "serializable", "read_committed": "snapshot", "snapshot": "snapshot"}
-AUDITS = ("at_least_one", "skip_down", "fail_if_down")
 RETRYABLE_REASONS = {
     "conflict": "Conflict",
     "lock timeout": "LockTimeout",
@@ -86,7 +92,7 @@ RETRYABLE_REASONS = {
     # back when this coordinator looked down, or idled it out): as for an op.
     "branch gone": "BranchRolledBack",
 }
-"""A participant's no vote (``dist.resource`` reasons, the machine's own branch timeout)
+"""A participant's no vote (``dataplane.participant`` reasons, the machine's own branch timeout)
 that makes an aborted commit worth replaying → the retryable error the client gets."""
 
 
@@ -315,14 +321,14 @@ class DataService:
 
     def _begin(self, conn: Any, p: dict[str, Any]) -> dict[str, Any]:
         iso = p.get("iso") or "serializable"
-        if iso not in ISOLATIONS:
+        if iso not in STORE_ISOLATION:
             raise errors.BadArgument(
                 f"iso must be 'serializable' or 'read_committed', not {iso!r:.40}"
             )
         self.db._check_open()
         sid = self._next_sid
         self._next_sid += 1
-        self.sessions[sid] = Session(sid, conn, ISOLATIONS[iso])
+        self.sessions[sid] = Session(sid, conn, STORE_ISOLATION[iso])
         self._by_conn[id(conn)].add(sid)
         return {"s": sid}
 
@@ -1143,7 +1149,7 @@ class DataService:
     # ================================================================= bulk
     async def _bulk(self, op: str, p: dict[str, Any]) -> dict[str, Any]:
         try:
-            from nonstop.dist.bulk import HANDLERS, BulkContext
+            from nonstop.bulk.handlers import HANDLERS, BulkContext
         except ImportError as exc:
             raise errors.BadArgument(f"bulk operations are not available: {exc}") from None
         handler = HANDLERS.get(op)
@@ -1263,7 +1269,7 @@ async def execute(tx: AsyncTransaction, op: str, p: dict[str, Any]) -> dict[str,
     if op == "branch.write":
         return {}
     if op == "branch.overwrite":
-        from nonstop.dist.bulk import overwrite_branch
+        from nonstop.bulk.handlers import overwrite_branch
 
         return await overwrite_branch(tx, check_type(p.get("type"), p.get("tv")), p)
     raise errors.BadArgument(f"unknown branch op {op!r:.40}")

@@ -22,7 +22,7 @@ from tests.bankmodel import Account
 from tests.dtx_store_harness import CFG, Cluster
 
 import nonstop
-from nonstop.dist.resource import (
+from nonstop.dataplane.participant import (
     RECORD,
     DtxPersister,
     StoreResourceManager,

@@ -6,7 +6,7 @@ count, then checks what nonstop promises: the total is conserved, every
 acknowledged transfer was applied exactly once, and the store survives a
 reopen.  Prints a short report.
 
-    python -m nonstop.demo [--accounts N] [--transfers N] [--dir DIR]
+    python -m nonstop.demos.embedded [--accounts N] [--transfers N] [--dir DIR]
 """
 
 from __future__ import annotations
@@ -25,13 +25,13 @@ from tqdm import tqdm
 import nonstop
 
 
-class Account(nonstop.Managed, name="nonstop.demo.Account"):
+class Account(nonstop.Managed, name="nonstop.demos.embedded.Account"):
     number: int = nonstop.key(unique=True)
     owner: str = nonstop.key(ordered=True, mutable=True)
     balance: int = 0
 
 
-class Transfer(nonstop.Managed, name="nonstop.demo.Transfer"):
+class Transfer(nonstop.Managed, name="nonstop.demos.embedded.Transfer"):
     """One record per acknowledged transfer: proves each ran exactly once."""
 
     tid: str = nonstop.key(unique=True)
@@ -40,7 +40,7 @@ class Transfer(nonstop.Managed, name="nonstop.demo.Transfer"):
     amount: int
 
 
-class Ledger(nonstop.Managed, name="nonstop.demo.Ledger"):
+class Ledger(nonstop.Managed, name="nonstop.demos.embedded.Ledger"):
     """Counts transfers through an asynchronous method (A6): runs after commit, exactly once."""
 
     name: str = nonstop.key(unique=True)

@@ -1,9 +1,9 @@
 """A standalone bulk endpoint: one store, served to Spark over the client wire protocol.
 
-``python -m nonstop.dist.bulk_server --data DIR --listen HOST:PORT [--app MODULE]``
+``python -m nonstop.bulk.server --data DIR --listen HOST:PORT [--app MODULE]``
 (or ``nonstop pipeline serve``) opens the store at ``DIR`` and answers the
 requests a Spark job sends (``nodes``, ``ping`` and every ``bulk.*`` op of
-:mod:`nonstop.dist.bulk`) with the same frames, hello and replies as a cluster
+:mod:`nonstop.bulk.handlers`) with the same frames, hello and replies as a cluster
 node (wire.md, data-path.md §3, §6).  It is how a single-node user — or a test —
 runs the Spark pipeline against an embedded store; a cluster node serves the
 same ops from its data service, so a job does not know which it talks to.
@@ -25,9 +25,9 @@ import threading
 from typing import Any
 
 import nonstop
-from nonstop.dist import wire
-from nonstop.dist.bulk import HANDLERS, BulkContext
+from nonstop.bulk.handlers import HANDLERS, BulkContext
 from nonstop.errors import BadArgument
+from nonstop.model import wire
 from nonstop.net.frames import FrameDecoder, FrameError, encode
 from nonstop.net.handshake import ROLE_NODE, Hello, check
 

@@ -1,0 +1,1 @@
+"""One node process: configuration, data folder, the machine it runs, and ``serve``."""
