@@ -10,11 +10,13 @@ distributed-commit machine its ``Decide`` actions; the asyncio adapter of the
 real node is :mod:`nonstop.dataplane.service`, the simulator's
 ``nonstop.sim.scenarios.dataplane``.
 
-A client op runs as a coroutine (:mod:`nonstop.dataplane.steps`): the session
-ops are :mod:`nonstop.dataplane.session_ops`, the commit
-:mod:`nonstop.dataplane.commit`, request results :mod:`nonstop.dataplane.results`.
-This module drives them, and serves the branch ops peers send
-(:mod:`nonstop.dataplane.branches`).
+A client op runs as a coroutine (:mod:`nonstop.dataplane.steps`, run by
+:mod:`nonstop.dataplane.driver`): the session ops are
+:mod:`nonstop.dataplane.session_ops`, the commit :mod:`nonstop.dataplane.commit`,
+request results :mod:`nonstop.dataplane.results`.  The data requests this node
+sends are :mod:`nonstop.dataplane.calls`, the branches it holds and the branch
+ops peers send :mod:`nonstop.dataplane.branches`.  This module holds the
+sessions and routes the events.
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ from typing import Any
 from nonstop import errors
 from nonstop.dataplane.args import RequestId
 from nonstop.dataplane.branches import BranchRegistry
+from nonstop.dataplane.calls import RPC_TIMER, PeerCalls
 from nonstop.dataplane.commit import g_commit
+from nonstop.dataplane.driver import COMMIT_TIMER, Driver, Immediate
 from nonstop.dataplane.events import (
     BranchDone,
     ClientGone,
@@ -36,7 +40,6 @@ from nonstop.dataplane.events import (
     ClientReply,
     ClusterChanged,
     DataAction,
-    Decide,
     DecisionDone,
     EndBranch,
     Exec,
@@ -47,35 +50,23 @@ from nonstop.dataplane.routing import SESSION_OPS
 from nonstop.dataplane.session_ops import OPS, take_writes
 from nonstop.dataplane.state import ACTIVE, COMMITTING, OVER, Branch, Session
 from nonstop.dataplane.steps import (
-    AWAIT_DECISION,
     UNDECIDED,
-    AwaitOutcome,
     Call,
-    DecideStep,
-    Gather,
     OpCoroutine,
-    ReplyNow,
-    Step,
-    StoreOp,
     Task,
 )
 from nonstop.dataplane.view import ClusterView
-from nonstop.model.wire import STORE_ISOLATION, error_class, error_out
+from nonstop.model.wire import STORE_ISOLATION, error_out
 from nonstop.runtime.interface import (
     Action,
     CancelTimer,
     Log,
     Received,
-    Send,
     SetTimer,
     Started,
     TimerFired,
 )
 
-RPC_TIMER = "dp.rpc."
-"""``dp.rpc.<call id>``: a data request to a peer not answered within ``rpc_timeout``."""
-COMMIT_TIMER = "dp.commit."
-"""``dp.commit.<corr>``: a two-phase commit not decided within ``commit_timeout``."""
 SWEEP_TIMER = "dp.sweep"
 """Every ``sweep_every``: participants' branches idle for ``branch_idle`` roll back."""
 
@@ -101,15 +92,7 @@ class DataPlaneConfig:
     The coordinator checks before anything runs; the store checks again."""
 
 
-@dataclass(slots=True)
-class _RemoteCall:
-    node: str
-    op: str
-    task: Task
-    slot: int
-
-
-class DataPlane:
+class DataPlane(Driver):
     """The data-plane machine of node ``name`` (module doc)."""
 
     def __init__(
@@ -117,6 +100,7 @@ class DataPlane:
     ) -> None:
         self.name = name
         self.config = config or DataPlaneConfig()
+        super().__init__(self.config.commit_timeout)
         self.check_type = self.config.check_type
         self.view = ClusterView(name)
         self.sessions: dict[int, Session] = {}
@@ -125,27 +109,16 @@ class DataPlane:
         # node: participants remember ended branches, and a reused id would either be
         # refused or, worse, join a stale branch.  A random start per incarnation.
         self._next_sid = rng.randrange(1, 1 << 52)
-        # Random start too: a reply a peer queued for our previous incarnation must
-        # not resolve a call of this one.
-        self._next_call = rng.randrange(1, 1 << 52)
-        self._next_corr = 1
         self.registry = BranchRegistry(self)
         self._broken: collections.OrderedDict[int, str] = collections.OrderedDict()
         """Sessions rolled back because a node of theirs went down → why (for their next op)."""
-        self._calls: dict[int, _RemoteCall] = {}
-        self._execs: dict[int, tuple[Task, int]] = {}
-        """Exec corr → the task waiting for it and its gather slot (-1: alone)."""
-        self._deciding: dict[int, Task] = {}
-        self.running: dict[RequestId, list[Task]] = {}
-        """Commit requests running here → the tasks waiting for their outcome (H1)."""
+        self.calls = PeerCalls(self, rng)
         self.recent: collections.OrderedDict[RequestId, dict[str, Any]] = collections.OrderedDict()
         """Outcomes of recent commit requests (phase two may not have reached the store yet)."""
         self.hints: collections.OrderedDict[tuple[str, bytes], str] = collections.OrderedDict()
         """(type, packed unique key) → the node a cluster-scope get found it on last."""
         self.stats = collections.Counter[str]()
-        self._out: list[Action | DataAction] = []
         self._now = 0.0
-        self._current: Task | None = None
         self._handlers: dict[type, Callable[[Any], None]] = {
             ClientOp: self._on_client_op,
             BranchDone: self._on_branch_done,
@@ -167,7 +140,6 @@ class DataPlane:
         else:
             self._now = event.now
             handler(event)
-        self._out = []
         return out
 
     @property
@@ -193,11 +165,6 @@ class DataPlane:
     def now(self) -> float:
         """The time of the event being handled."""
         return self._now
-
-    def next_corr(self) -> int:
-        corr = self._next_corr
-        self._next_corr += 1
-        return corr
 
     # ================================================================ clients
     def _on_client_op(self, ev: ClientOp) -> None:
@@ -296,6 +263,13 @@ class DataPlane:
             self._start_op(s, conn, corr, op, p, fold=False)
             return
 
+    def _task_over(self, task: Task) -> None:
+        s = task.session
+        if s is not None and s.task is task:
+            s.task = None
+            if s.queue:
+                self._next_op(s)
+
     def _on_client_gone(self, ev: ClientGone) -> None:
         """The connection closed: its sessions roll back, except committing ones (B8)."""
         for sid in sorted(self._by_conn.pop(ev.conn, ())):
@@ -349,9 +323,7 @@ class DataPlane:
             if node in self.view.up:
                 # No answer awaited: a participant that misses it rolls back on
                 # its own (branch_idle, or when it sees this node down).
-                self.stats["rpc"] += 1
-                msg = {"t": "data.req", "id": self._call_id(), "op": "branch.end", "b": s.bid}
-                self._out.append(Send(node, msg))
+                self.calls.tell(node, {"t": "data.req", "op": "branch.end", "b": s.bid})
         s.remote.clear()
 
     def finish_commit(
@@ -368,7 +340,7 @@ class DataPlane:
             return
         if outcome is None:
             for task in self.running.pop(req, ()):
-                self._resolve(task, -1, None, None)
+                self.resolve(task, -1, None, None)
         else:
             self._run(Task(g_settle(self, req, outcome), None, None), None, None)
 
@@ -378,7 +350,7 @@ class DataPlane:
         while len(self.recent) > _BOUND:
             self.recent.popitem(last=False)
         for task in self.running.pop(req, ()):
-            self._resolve(task, -1, outcome, None)
+            self.resolve(task, -1, outcome, None)
 
     def forget_branch(self, bid: str) -> None:
         """The branch was committed here: nothing is left to end."""
@@ -389,110 +361,7 @@ class DataPlane:
         while len(self.hints) > _MAX_HINTS:
             self.hints.popitem(last=False)
 
-    # ================================================================ driver
-    def _run(self, task: Task, value: Any, exc: BaseException | None) -> None:
-        """Resume ``task`` with ``value`` (or throw ``exc``) until it waits or ends."""
-        previous, self._current = self._current, task
-        try:
-            while True:
-                try:
-                    step = task.gen.send(value) if exc is None else task.gen.throw(exc)
-                except StopIteration as stop:
-                    self._finish(task, stop.value)
-                    return
-                except errors.Error as error:
-                    self._finish(task, error_out(error))
-                    return
-                except Exception as bug:
-                    self._out.append(Log("error", f"data plane op failed: {bug!r}"))
-                    self._finish(task, error_out(bug))
-                    return
-                now = self._issue(task, step)
-                if now is None:
-                    return
-                value, exc = now
-        finally:
-            self._current = previous
-
-    def _finish(self, task: Task, reply: Any) -> None:
-        task.done = True
-        if reply is not None:
-            self._answer(task, reply)
-        s = task.session
-        if s is not None and s.task is task:
-            s.task = None
-            if s.queue:
-                self._next_op(s)
-
-    def _answer(self, task: Task, reply: Any) -> None:
-        if task.conn is None or task.corr is _ANSWERED:
-            return
-        if task.fold and isinstance(reply, dict) and task.session is not None:
-            reply["s"] = task.session.sid
-        self._out.append(ClientReply(task.conn, task.corr, reply))
-        task.corr = _ANSWERED
-
-    def _resolve(self, task: Task, slot: int, value: Any, exc: BaseException | None) -> None:
-        """An answer for ``task`` arrived (for gather slot ``slot``; -1: its only wait)."""
-        if task.done:
-            return
-        if slot < 0:
-            self._run(task, value, exc)
-            return
-        results = task.results
-        assert results is not None
-        results[slot] = exc if exc is not None else value
-        task.remaining -= 1
-        if task.remaining == 0:
-            task.results = None
-            self._run(task, results, None)
-
-    def _issue(self, task: Task, step: Step) -> tuple[Any, BaseException | None] | None:
-        """Carry out ``step`` of ``task``: the answer if known now, else None (it waits)."""
-        kind = type(step)
-        if kind is Call:
-            return self._call(task, -1, step)  # type: ignore[arg-type]
-        if kind is Gather:
-            return self._gather(task, step.calls)  # type: ignore[union-attr]
-        if kind is StoreOp:
-            corr = self.next_corr()
-            self._execs[corr] = (task, -1)
-            self._out.append(Exec(corr, None, step.op, step.fields))  # type: ignore[union-attr]
-            return None
-        if kind is DecideStep:
-            corr = self.next_corr()
-            self._deciding[corr] = task
-            self._out.append(Decide(corr, step.branches))  # type: ignore[union-attr]
-            self._out.append(SetTimer(f"{COMMIT_TIMER}{corr}", self.config.commit_timeout))
-            return None
-        if kind is ReplyNow:
-            self._answer(task, step.payload)  # type: ignore[union-attr]
-            return None, None
-        if kind is AwaitOutcome:
-            waiters = self.running.get(step.req)  # type: ignore[union-attr]
-            if waiters is None:  # settled meanwhile: look it up
-                return None, None
-            waiters.append(task)
-            return None
-        if step is AWAIT_DECISION:  # still in _deciding: DecisionDone resumes it
-            return None
-        raise TypeError(f"a data-plane coroutine yielded {step!r:.60}")
-
-    def _gather(self, task: Task, calls: list[Call]) -> tuple[Any, None] | None:
-        results: list[Any] = [None] * len(calls)
-        task.results = results
-        task.remaining = len(calls)
-        for i, call in enumerate(calls):
-            now = self._call(task, i, call)
-            if now is not None:
-                results[i] = now[1] if now[1] is not None else now[0]
-                task.remaining -= 1
-        if task.remaining == 0:
-            task.results = None
-            return results, None
-        return None
-
-    def _call(self, task: Task, slot: int, call: Call) -> tuple[Any, BaseException | None] | None:
+    def _call(self, task: Task, slot: int, call: Call) -> Immediate | None:
         """Run branch op ``call`` of the task's session, here or on a peer."""
         s = task.session
         assert s is not None, "a Call outside a session"
@@ -513,7 +382,7 @@ class DataPlane:
             self._execs[corr] = (task, slot)
             self._out.append(Exec(corr, s.bid, call.op, call.fields, iso, writes))
             return None
-        msg = {"t": "data.req", "id": 0, "op": call.op, "b": s.bid, **call.fields}
+        msg = {"t": "data.req", "op": call.op, "b": s.bid, **call.fields}
         if node not in s.remote:
             msg["new"] = True
             msg["iso"] = s.iso
@@ -523,17 +392,8 @@ class DataPlane:
         s.remote.add(node)  # from here on it may hold locks: end it with the session
         if node not in self.view.up:
             return None, errors.Unavailable(f"node {node} is not up")
-        call_id = msg["id"] = self._call_id()
-        self._calls[call_id] = _RemoteCall(node, call.op, task, slot)
-        self.stats["rpc"] += 1
-        self._out.append(Send(node, msg))
-        self._out.append(SetTimer(f"{RPC_TIMER}{call_id}", self.config.rpc_timeout))
+        self.calls.send(node, msg, task, slot)
         return None
-
-    def _call_id(self) -> int:
-        call_id = self._next_call
-        self._next_call += 1
-        return call_id
 
     # ================================================================ events
     def _on_branch_done(self, ev: BranchDone) -> None:
@@ -543,56 +403,30 @@ class DataPlane:
             return
         reply = ev.reply
         if not isinstance(reply, dict):
-            self._resolve(*waiting, None, errors.ProtocolError(f"bad store reply {reply!r:.60}"))
-        elif "error" in reply:
-            self._resolve(*waiting, None, _error_of(reply))
+            self.resolve(*waiting, None, errors.ProtocolError(f"bad store reply {reply!r:.60}"))
         else:
-            self._resolve(*waiting, reply, None)
+            self.resolve_reply(*waiting, reply)
 
     def _on_received(self, ev: Received) -> None:
         msg = ev.payload
         kind = msg.get("t") if isinstance(msg, dict) else None
         if kind == "data.rep":
-            self._on_reply(ev.sender, msg)
+            self.calls.answered(ev.sender, msg)
         elif kind == "data.req":
             self.registry.serve(ev.sender, msg)
         else:
             self.log("warning", f"dropped data message {kind!r:.40} from {ev.sender}")
-
-    def _on_reply(self, sender: str, msg: dict[str, Any]) -> None:
-        call_id = msg.get("id")
-        call = self._calls.get(call_id) if isinstance(call_id, int) else None
-        if call is None or call.node != sender:
-            return  # not ours (any more): a late answer
-        del self._calls[call_id]  # type: ignore[arg-type]
-        self._out.append(CancelTimer(f"{RPC_TIMER}{call_id}"))
-        reply = msg.get("p")
-        if not isinstance(reply, dict):
-            exc = errors.ProtocolError(f"{sender} answered {call.op} with {reply!r:.60}")
-            self._resolve(call.task, call.slot, None, exc)
-            return
-        if reply.pop("d", None) and call.task.session is not None:
-            call.task.session.dirty.add(sender)
-        if "error" in reply:
-            self._resolve(call.task, call.slot, None, _error_of(reply))
-        else:
-            self._resolve(call.task, call.slot, reply, None)
 
     def _on_timer(self, ev: TimerFired) -> None:
         name = ev.name
         if name == SWEEP_TIMER:
             self.registry.sweep(ev.now)
             self._out.append(SetTimer(SWEEP_TIMER, self.config.sweep_every))
-        elif name.startswith(RPC_TIMER) and name[len(RPC_TIMER) :].isdigit():
-            call = self._calls.pop(int(name[len(RPC_TIMER) :]), None)
-            if call is not None:
-                exc = errors.Unavailable(f"node {call.node} did not answer {call.op}")
-                self._resolve(call.task, call.slot, None, exc)
         elif name.startswith(COMMIT_TIMER) and name[len(COMMIT_TIMER) :].isdigit():
             task = self._deciding.get(int(name[len(COMMIT_TIMER) :]))
             if task is not None:
-                self._resolve(task, -1, UNDECIDED, None)
-        else:
+                self.resolve(task, -1, UNDECIDED, None)
+        elif not self.calls.timed_out(name):
             self.log("warning", f"data plane: unknown timer {name!r:.60}")
 
     def _on_decision(self, ev: DecisionDone) -> None:
@@ -600,7 +434,7 @@ class DataPlane:
         if task is None:
             return
         self._out.append(CancelTimer(f"{COMMIT_TIMER}{ev.corr}"))
-        self._resolve(task, -1, ev.reply, None)
+        self.resolve(task, -1, ev.reply, None)
 
     def _on_started(self, ev: Started) -> None:
         self._out.append(SetTimer(SWEEP_TIMER, self.config.sweep_every))
@@ -628,19 +462,8 @@ class DataPlane:
                     self._broken.popitem(last=False)
                 self.stats["sessions_broken"] += 1
                 self.end_session(s)
-        for call_id, call in list(self._calls.items()):
-            if call.node == peer and self._calls.pop(call_id, None) is not None:
-                self._out.append(CancelTimer(f"{RPC_TIMER}{call_id}"))
-                down = errors.Unavailable(f"node {peer} is down")
-                self._resolve(call.task, call.slot, None, down)
+        self.calls.node_down(peer)
         self.registry.coordinator_down(peer)
-
-
-class _Answered:
-    """A task's ``corr`` once its client has its reply (it gets exactly one)."""
-
-
-_ANSWERED: Any = _Answered()
 
 
 def _g_session_op(dp: DataPlane, s: Session, op: str, p: dict[str, Any]) -> OpCoroutine:
@@ -661,16 +484,6 @@ def _g_session_op(dp: DataPlane, s: Session, op: str, p: dict[str, Any]) -> OpCo
         if s.state == ACTIVE:
             dp.end_session(s)
         raise
-
-
-def _error_of(reply: dict[str, Any]) -> errors.Error:
-    """An error reply → the exception it names (as ``model.wire.raise_error``)."""
-    name = str(reply.get("error"))
-    message = str(reply.get("message") or name)
-    cls = error_class(name)
-    if cls is errors.NotLeader:
-        return errors.NotLeader(message, reply.get("leader"))
-    return cls(message)
 
 
 __all__ = ["COMMIT_TIMER", "RPC_TIMER", "SWEEP_TIMER", "DataPlane", "DataPlaneConfig"]
