@@ -9,6 +9,7 @@ machines emit.
 
 from __future__ import annotations
 
+import collections
 import random
 from collections.abc import Callable
 from typing import Any
@@ -597,11 +598,19 @@ def test_malformed_peer_messages_and_events_never_raise() -> None:
         {"t": "data.req", "b": "A.3", "op": "branch.get", "new": True, "iso": "chaos"},
         {"t": "data.req", "b": "A.4", "op": "branch.get", "new": True, "w": "x"},
         {"t": "data.req", "b": "A.5", "op": "branch.end"},
+        {"t": "data.req", "b": "A.6", "op": ["branch.get"], "new": True},
+        {"t": "data.req", "b": "A.7", "op": "branch.commit", "new": True},
+        {"t": "data.req", "b": "A.8", "op": "request.record", "new": True, "req": ["x", 1]},
     ]:
         net.sent.clear()
         net.feed("B", Received(now=0.0, sender="A", payload=payload))
         for _, to, msg in net.sent:  # every request gets one answer, an error here
             assert to == "A" and msg["t"] == "data.rep"
+            assert payload == {"t": "data.req", "b": "A.5", "op": "branch.end"} or (
+                "error" in msg["p"]
+            )
+    # Nothing of that opened a branch or reached the store.
+    assert dp.branches == {} and net.stores["B"].execs == []
     for event in [
         TimerFired(now=0.0, name="dp.rpc.x"),
         TimerFired(now=0.0, name="dp.commit.123"),
@@ -621,37 +630,76 @@ def test_malformed_peer_messages_and_events_never_raise() -> None:
     assert net.replies[-1].payload["error"] == "ProtocolError"
 
 
-def test_random_event_storms_never_raise() -> None:
+def test_random_event_storms_never_raise_and_leave_nothing_behind() -> None:
     rng = random.Random(7)
     ops = ["tx.get", "tx.count", "tx.commit", "tx.rollback", "tx.query", "request.result"]
+
+    def decide_all(net: Net) -> None:
+        for node in "ABC":
+            for d in list(net.decides[node]):
+                bid = d.branches[min(d.branches)][0][1]
+                for participant in d.branches:  # the participants take their branches
+                    net.machines[participant].take_branch(bid)
+                reply = {"ok": True} if rng.random() < 0.5 else {"error": "Aborted", "why": "x"}
+                outcomes["decided"] += 1
+                net.feed(node, DecisionDone(now=net.now, corr=d.corr, reply=reply))
+            net.decides[node].clear()
+
+    outcomes = collections.Counter[str]()
     for seed in range(30):
         net = Net("ABC")
         accounts(net, {"a": "A", "b": "B", "c": "C"})
         sids: list[int] = []
-        for _ in range(40):
+        asked: dict[int, tuple[str, int]] = {}
+        excused: set[int] = set()
+        for _ in range(60):
             choice = rng.random()
-            if choice < 0.5:
+            if choice < 0.55:
                 payload: dict[str, Any] = {"op": rng.choice(ops), "type": ACC, "tv": 1}
                 payload["key"] = pack({"number": rng.choice("abc")})
                 if sids and rng.random() < 0.7:
                     payload["s"] = rng.choice(sids)
                 else:
                     payload["begin"] = "serializable"
-                payload["req"] = ["r", rng.randrange(5)] if rng.random() < 0.5 else None
-                reply = net.op(rng.choice("ABC"), payload, conn=rng.randrange(3))
+                if payload["op"] == "tx.commit" and rng.random() < 0.8:
+                    o = net.stores["B"].objects[pack({"number": "b"})]
+                    payload["w"] = [write(o, balance=rng.randrange(9))]
+                payload["req"] = ["r", rng.randrange(40)] if rng.random() < 0.5 else None
+                node, conn = rng.choice("ABC"), rng.randrange(3)
+                reply = net.op(node, payload, conn=conn)
+                asked[net.corrs] = (node, conn)
                 if reply and "s" in reply:
                     sids.append(reply["s"])
-            elif choice < 0.6:
+            elif choice < 0.62:
                 net.cluster(up=set(rng.sample("ABC", rng.randrange(1, 4))))
-            elif choice < 0.7:
+            elif choice < 0.72:
                 for node in "ABC":
-                    net.fire(node, "dp.")
-            elif choice < 0.8:
-                for node in "ABC":
-                    for d in list(net.decides[node]):
-                        reply = {"ok": True} if rng.random() < 0.5 else {"error": "Aborted"}
-                        net.feed(node, DecisionDone(now=net.now, corr=d.corr, reply=reply))
-                    net.decides[node].clear()
+                    net.fire(node, rng.choice([RPC_TIMER, SWEEP_TIMER, COMMIT_TIMER]))
+            elif choice < 0.85:
+                decide_all(net)
             else:
-                net.feed(rng.choice("ABC"), ClientGone(now=net.now, conn=rng.randrange(3)))
+                node, conn = rng.choice("ABC"), rng.randrange(3)
+                answered = {r.corr for r in net.replies}
+                excused |= {c for c, nc in asked.items() if nc == (node, conn)} - answered
+                net.feed(node, ClientGone(now=net.now, conn=conn))
+        # The end: every decision made, every client gone, every node up, time passes.
+        for node in "ABC":
+            net.fire(node, COMMIT_TIMER)
+        decide_all(net)
+        answered = {r.corr for r in net.replies}
+        assert set(asked) - answered <= excused, seed
+        for node in "ABC":
+            for conn in range(3):
+                net.feed(node, ClientGone(now=net.now, conn=conn))
+        net.cluster(up=set("ABC"))
+        net.now += 100.0
+        for node in "ABC":
+            net.fire(node, SWEEP_TIMER)
+        for node, dp in net.machines.items():
+            assert dp.sessions == {} and dp.branches == {}, (seed, node)
+            assert dp.running == {}, (seed, node)
         assert not [log for log in net.logs if log.level == "error"], (seed, net.logs)
+        outcomes.update(r.payload.get("error", "ok") for r in net.replies)
+    # The storm did commit, abort, time out and refuse things.
+    assert {"ok", "TransactionClosed", "Unavailable", "Aborted"} <= set(outcomes), outcomes
+    assert outcomes["decided"] > 20, outcomes

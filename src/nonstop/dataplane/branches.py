@@ -30,6 +30,22 @@ from nonstop.runtime.interface import Send
 if TYPE_CHECKING:
     from nonstop.dataplane.machine import DataPlane
 
+PEER_OPS = frozenset(
+    {
+        "branch.get",
+        "branch.ref",
+        "branch.query",
+        "branch.count",
+        "branch.create",
+        "branch.delete",
+        "branch.call",
+        "branch.write",
+        "branch.overwrite",
+    }
+)
+"""The branch ops a peer may run here (besides ``branch.end``); the store ops the
+machine runs on its own sessions' branches (``branch.commit``, ...) are not among them."""
+
 WRITING_OPS = frozenset(
     {"branch.create", "branch.delete", "branch.call", "branch.write", "branch.overwrite"}
 )
@@ -91,6 +107,10 @@ class BranchRegistry:
             self.end(bid)
             self._answer(sender, call_id, {})
             return
+        if not isinstance(op, str) or op not in PEER_OPS:
+            bad = errors.BadArgument(f"unknown branch op {op!r:.40}")
+            self._answer(sender, call_id, error_out(bad))
+            return
         w = msg.get("w") or None
         if w is not None and not isinstance(w, list):
             self._answer(sender, call_id, error_out(errors.BadArgument("w must be a list")))
@@ -111,9 +131,8 @@ class BranchRegistry:
         br.last = self.dp.now
         br.busy += 1
         corr = self.dp.next_corr()
-        name = op if isinstance(op, str) else str(op)
-        self._served[corr] = _Served(sender, call_id, bid, name, w is not None)
-        self.dp.emit(Exec(corr, bid, name, msg, iso, w))
+        self._served[corr] = _Served(sender, call_id, bid, op, w is not None)
+        self.dp.emit(Exec(corr, bid, op, msg, iso, w))
 
     def done(self, corr: int, reply: Any) -> None:
         """The store finished a peer's op: answer it."""
@@ -169,4 +188,4 @@ class BranchRegistry:
             self.end(bid)
 
 
-__all__ = ["BRANCH_ISOLATION", "WRITING_OPS", "BranchRegistry"]
+__all__ = ["BRANCH_ISOLATION", "PEER_OPS", "WRITING_OPS", "BranchRegistry"]

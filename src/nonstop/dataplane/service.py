@@ -195,9 +195,13 @@ class DataService:
     def on_client(self, conn: Any, client_id: Any, payload: dict[str, Any]) -> None:
         """A client request for the data service (called by the runtime on its loop)."""
         op = payload.get("op")
-        if op in _ADAPTER_OPS or (isinstance(op, str) and op.startswith("bulk.")):
+        if op == "nodes" or op == "types":
             self.stats["client_ops"] += 1
-            self._spawn(self._answer_here(conn, client_id, payload))
+            _send_reply(conn, client_id, self._directory(op))
+            return
+        if isinstance(op, str) and op.startswith("bulk."):
+            self.stats["client_ops"] += 1
+            self._spawn(self._answer_bulk(conn, client_id, op, payload))
             return
         key = id(conn)
         if key not in self._conns:
@@ -302,9 +306,8 @@ class DataService:
 
     def _do_reply(self, action: ClientReply) -> None:
         conn = self._conns.get(action.conn)
-        if conn is None or conn.closed:
-            return
-        _send_reply(conn, action.corr, action.payload)
+        if conn is not None:
+            _send_reply(conn, action.corr, action.payload)
 
     def _do_set_timer(self, action: SetTimer) -> None:
         old = self._timers.pop(action.name, None)
@@ -420,22 +423,27 @@ class DataService:
         self._feed(BranchDone(now=self._now(), corr=ex.corr, reply=reply))
 
     # ============================================================ own ops
-    async def _answer_here(self, conn: Any, client_id: Any, payload: dict[str, Any]) -> None:
-        op = payload.get("op")
+    def _directory(self, op: str) -> dict[str, Any]:
+        """The ``nodes`` or ``types`` reply."""
         try:
             if op == "nodes":
-                reply: dict[str, Any] = {"nodes": self.nodes()}
-            elif op == "types":
-                reply = {"types": types_reply()}
-            else:
-                reply = await self._bulk(str(op), payload)
+                return {"nodes": self.nodes()}
+            return {"types": types_reply()}
+        except Exception as exc:
+            log.exception("data op %r failed", op)
+            return error_out(exc)
+
+    async def _answer_bulk(
+        self, conn: Any, client_id: Any, op: str, payload: dict[str, Any]
+    ) -> None:
+        try:
+            reply = await self._bulk(op, payload)
         except errors.Error as exc:
             reply = error_out(exc)
         except Exception as exc:
             log.exception("data op %r failed", op)
             reply = error_out(exc)
-        if not conn.closed:
-            _send_reply(conn, client_id, reply)
+        _send_reply(conn, client_id, reply)
 
     async def _bulk(self, op: str, p: dict[str, Any]) -> dict[str, Any]:
         try:
@@ -501,11 +509,9 @@ class DataService:
         return out
 
 
-_ADAPTER_OPS = frozenset({"nodes", "types"})
-"""Client ops this adapter answers itself (besides ``bulk.*``)."""
-
-
 def _send_reply(conn: Any, client_id: Any, reply: Any) -> None:
+    if conn.closed:
+        return
     try:
         conn.send({"t": "rep", "id": client_id, "p": reply})
     except Exception as exc:  # a reply too large for a frame
