@@ -293,6 +293,8 @@ class DataService:
         if self._feeding:
             self._backlog.append(event)
             return
+        if self._stopping:  # the store is closing: nothing more is done
+            return
         self._feeding = True
         try:
             while True:
