@@ -187,10 +187,11 @@ async def accept(
     try:
         theirs = Hello.from_wire(first)
     except ValueError as exc:
-        rejection = Rejection(BAD_HELLO, str(exc))
-        conn.send(rejection.to_wire())
-        raise HandshakeRejected(rejection.code, rejection.reason) from exc
-    version, rejection = check(ours, theirs)
+        bad = Rejection(BAD_HELLO, str(exc))
+        conn.send(bad.to_wire())
+        raise HandshakeRejected(bad.code, bad.reason) from exc
+    version, checked = check(ours, theirs)
+    rejection: Rejection | None = checked
     if rejection is None and extra_check is not None:
         rejection = extra_check(theirs)
     if rejection is not None:
