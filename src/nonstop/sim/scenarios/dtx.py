@@ -552,7 +552,7 @@ def _tables(sim: Simulation, names: list[NodeId], clustered: bool) -> list[Decis
     for name in names:
         m = sim.machine(name)
         assert isinstance(m, DtxClusterNode)
-        out.append(m.cluster.decisions)
+        out.append(m.decisions.table)
     return out
 
 
