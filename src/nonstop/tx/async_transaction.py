@@ -69,7 +69,7 @@ class AsyncTransaction(Transaction):
     async def create(self, cls: type[M], /, **values: Any) -> M:  # type: ignore[override]
         self.check_usable()
         info = self.engine.ensure_type(cls)
-        e = await self.adrive(self._g_create(info, values))
+        e = await self.adrive(self.g_insert(info, self._new_state(info, values)))
         return e.handle  # type: ignore[no-any-return]
 
     async def find(  # type: ignore[override]

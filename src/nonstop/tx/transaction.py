@@ -191,7 +191,7 @@ class Transaction:
     # ---------------------------------------------------------- field access
     def read_field(self, e: Entry, name: str) -> Any:
         """``handle.name``: the field as this transaction sees it (taking the default lock)."""
-        if e.tx._state is not TxState.ACTIVE or e.tx is not self:
+        if self._state is not TxState.ACTIVE or e.tx is not self:
             raise ObjectNotInTransaction(
                 f"{e.info.name} object used outside its transaction (which is {e.tx._state.value})"
             )
@@ -206,7 +206,7 @@ class Transaction:
 
     def write_field(self, e: Entry, name: str, value: Any) -> None:
         """``handle.name = value``: check the value, lock, claim unique keys, buffer the change."""
-        if e.tx._state is not TxState.ACTIVE or e.tx is not self:
+        if self._state is not TxState.ACTIVE or e.tx is not self:
             raise ObjectNotInTransaction(
                 f"{e.info.name} object used outside its transaction (which is {e.tx._state.value})"
             )
@@ -403,7 +403,8 @@ class Transaction:
             return e
         raise Conflict(f"{info.name}.{key.field} = {value!r} kept changing under the lookup")
 
-    def _g_create(self, info: TypeInfo, values: dict[str, Any]) -> Op:
+    def _new_state(self, info: TypeInfo, values: dict[str, Any]) -> dict[str, Any]:
+        """The checked state of a new object of ``info`` from ``create``'s ``values``."""
         fields = info.fields
         unknown = [n for n in values if n not in fields]
         if unknown:
@@ -427,7 +428,7 @@ class Transaction:
                 state[name] = f.make_default()
         for name in info.keys:
             encode_key(state[name])  # KeyTooLong / bad key type before anything else
-        return (yield from self.g_insert(info, state))
+        return state
 
     def g_insert(
         self,
@@ -501,7 +502,7 @@ class Transaction:
         """Create an object; DuplicateKey (nothing written) if a unique key is taken."""
         self.check_usable()
         info = self.engine.ensure_type(cls)
-        e = self.drive(self._g_create(info, values))
+        e = self.drive(self.g_insert(info, self._new_state(info, values)))
         return e.handle  # type: ignore[no-any-return]
 
     def find(self, cls: type[M], /, *, lock: str | None = None, **key: Any) -> M | None:
@@ -939,7 +940,7 @@ def transaction_of(obj: Managed) -> Transaction:
     """
     if not isinstance(obj, Managed):
         raise BadArgument(f"expected a managed object, got {type(obj).__name__}")
-    tx: Transaction = obj._e.tx
+    tx: Transaction = obj._e.tx  # (or a remote transaction: both keep _state)
     if tx._state is not TxState.ACTIVE:
         raise ObjectNotInTransaction(
             f"{type(obj).__name__} object's transaction is {tx._state.value}"
