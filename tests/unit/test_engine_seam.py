@@ -12,6 +12,7 @@ import nonstop
 import nonstop.database
 from nonstop.model.codec import encode_key
 from nonstop.model.managed import registered_type, registered_types, type_info
+from nonstop.model.ref import Ref
 from nonstop.tx.database import Database
 from nonstop.tx.entries import TxState
 
@@ -130,3 +131,24 @@ def test_tx_imports_nothing_from_the_root_package_but_errors() -> None:
                     assert len(parts) > 1 and parts[1] in ("tx", "store", "model", "errors"), (
                         f"{path.name} imports {node.module}"
                     )
+
+
+class Card(nonstop.Managed, name="test_engine_seam.Card"):
+    tag: str = nonstop.key(unique=True)
+    holder: Account | None = None
+
+
+def test_a_query_takes_a_reference_as_such_and_tells_its_order(db: nonstop.Database) -> None:
+    with db.transaction() as tx:
+        a = tx.create(Account, number="A")
+        ref = tx.ref(a)
+        tx.create(Card, tag="c1", holder=a)
+        tx.create(Card, tag="c2")
+    with db.transaction() as tx:
+        q = tx.query(Card).where_ref(holder=ref)
+        assert q.ordering is None
+        assert [c.tag for c in q.all()] == ["c1"]
+        assert tx.query(Card).where_ref(holder=Ref.parse(str(ref))).count() == 1
+        assert tx.query(Account).order_by("owner", descending=True).ordering == ("owner", True)
+        with pytest.raises(nonstop.BadArgument):
+            tx.query(Card).where_ref(nowhere=ref)

@@ -130,10 +130,12 @@ class TypeInfo:
 class _FieldDescriptor:
     """Routes attribute access on a handle to its transaction.
 
-    Every kind of transaction (embedded, remote) answers ``_read_field(entry,
-    name)`` and ``_write_field(entry, name, value)``; the embedded one also under
-    the public names ``read_field``/``write_field``, which this will call once
-    the remote transaction has them too.
+    The handle protocol: every kind of transaction (embedded, remote) answers
+    ``_read_field(entry, name)`` and ``_write_field(entry, name, value)`` (and
+    ``_enqueue_async`` for asynchronous methods, ``_remote_call`` for remote
+    ones).  The embedded transaction also has them under public names
+    (``read_field``, ``write_field``, ``queue_async_call``), which the handle
+    will call once the remote transaction has them too.
     """
 
     __slots__ = ("name",)

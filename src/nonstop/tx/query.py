@@ -96,6 +96,14 @@ class Query(Generic[M]):
             self._eq[name] = Ref(value._e.ref) if isinstance(value, Managed) else value
         return self
 
+    def where_ref(self, **refs: Ref) -> Query[M]:
+        """Keep objects whose reference fields hold these references, taken as such:
+        the objects they name may live on another node (the data plane's queries)."""
+        for name, ref in refs.items():
+            self._field(name)
+            self._eq[name] = ref
+        return self
+
     def range(
         self,
         field: str,
@@ -138,6 +146,11 @@ class Query(Generic[M]):
         """Keep objects for which ``predicate(obj)`` is true (evaluated after locking)."""
         self._filters.append(predicate)
         return self
+
+    @property
+    def ordering(self) -> tuple[str, bool] | None:
+        """(key field, descending) when results come in key order, else None."""
+        return self._order
 
     def _field(self, name: str) -> Any:
         return query_field(self._info, name)

@@ -2,7 +2,7 @@
 
 How a transaction works:
 
-* **Locks** (B3) come from the database's :class:`~nonstop.tx.waiting.LockTable`:
+* **Locks** (B3) come from the engine's :class:`~nonstop.tx.waiting.LockTable`:
   per object, many readers or one writer, read→write promotion, FIFO waiters,
   deadlocks found at once on a wait-for graph (B4) — the requester is the
   victim and gets :class:`~nonstop.errors.Deadlock`, which ``@transactional``
@@ -28,7 +28,10 @@ How a transaction works:
   transaction with a retryable ``Conflict`` instead (take locks up front with
   ``lock="write"`` or ``await tx.lock(obj, "write")``).
 
-A transaction is used by one thread or task at a time.
+A transaction is used by one thread or task at a time.  It runs against its
+database's :class:`~nonstop.tx.engine.Engine` (``tx.engine``: store, locks,
+group committer, types); the methods under "engine-level API" are what
+nonstop's bulk operations and data plane use besides the application API.
 """
 
 from __future__ import annotations
@@ -89,7 +92,10 @@ _describe = describe_key
 
 
 class Transaction:
-    """A synchronous transaction.  Obtain one with ``db.transaction()``."""
+    """A synchronous transaction.  Obtain one with ``db.transaction()``.
+
+    ``db``: its database; ``engine``: what it runs against (``db.engine``).
+    """
 
     _is_async = False
 
@@ -915,6 +921,10 @@ class Transaction:
         sender = current_sender.get()
         key = self.engine.dispatcher.next_key(target.ref, sender == target.ref)
         self._async_calls.append((key, record))
+
+    # The handle protocol's name (nonstop.tx.asyncmethods.AsyncMethod), which the
+    # remote transaction (nonstop.client.remote) answers too.
+    _enqueue_async = queue_async_call
 
     # ---------------------------------------------------------- context
     def __enter__(self) -> Transaction:
