@@ -178,7 +178,7 @@ class Cluster:
                     self.machines[n].coord
                     or self.machines[n].branches
                     or self.dbs[n].in_doubt()
-                    or self.dbs[n]._preparing
+                    or self.dbs[n].engine.prepared.staged()
                 )
             ]
             if not busy:

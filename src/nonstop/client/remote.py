@@ -59,16 +59,16 @@ from nonstop.model.entry import CLEAN, CREATED, DELETED
 from nonstop.model.managed import KeyInfo, Managed, TypeInfo, lookup_type, type_info
 from nonstop.model.ref import Ref
 from nonstop.model.wire import AUDITS, WIRE_ISOLATION, obj_in, raise_error, write_out
-from nonstop.tx.query import ordered_key, query_field
-from nonstop.tx.transaction import (
+from nonstop.tx.entries import (
     NONE,
     READ,
     WRITE,
-    _describe,
-    _State,
+    TxState,
+    describe_key,
     parse_lock,
     unique_lookup,
 )
+from nonstop.tx.query import ordered_key, query_field
 
 M = TypeVar("M", bound=Managed)
 
@@ -287,7 +287,7 @@ class RemoteTransactionBase:
         self.isolation = isolation
         self._iso = ISOLATIONS[isolation]
         self._default_lock = READ if isolation == "serializable" else NONE
-        self._state = _State.ACTIVE
+        self._state = TxState.ACTIVE
         self._doomed: BaseException | None = None
         self._entries: dict[bytes, RemoteEntry] = {}
         self._dirty: dict[bytes, RemoteEntry] = {}
@@ -303,7 +303,7 @@ class RemoteTransactionBase:
     # ----------------------------------------------------------- checks
     @property
     def active(self) -> bool:
-        return self._state is _State.ACTIVE
+        return self._state is TxState.ACTIVE
 
     @property
     def node(self) -> str | None:
@@ -312,7 +312,7 @@ class RemoteTransactionBase:
         return None if hello is None else hello.name
 
     def _check_usable(self) -> None:
-        if self._state is not _State.ACTIVE:
+        if self._state is not TxState.ACTIVE:
             raise TransactionClosed(f"remote transaction is {self._state.value}")
         if self._doomed is not None:
             raise self._doomed
@@ -335,8 +335,8 @@ class RemoteTransactionBase:
         return type_info(cls)
 
     # ------------------------------------------------------ field access
-    def _read_field(self, e: RemoteEntry, name: str) -> Any:
-        if self._state is not _State.ACTIVE:
+    def read_field(self, e: RemoteEntry, name: str) -> Any:
+        if self._state is not TxState.ACTIVE:
             raise ObjectNotInTransaction(
                 f"{e.info.name} object used outside its transaction (which is {self._state.value})"
             )
@@ -351,8 +351,8 @@ class RemoteTransactionBase:
         """A reference field's value as a handle: the blocking and asyncio classes differ."""
         raise TypeError(f"{type(self).__name__} must define _deref")
 
-    def _write_field(self, e: RemoteEntry, name: str, value: Any) -> None:
-        if self._state is not _State.ACTIVE:
+    def write_field(self, e: RemoteEntry, name: str, value: Any) -> None:
+        if self._state is not TxState.ACTIVE:
             raise ObjectNotInTransaction(
                 f"{e.info.name} object used outside its transaction (which is {self._state.value})"
             )
@@ -593,7 +593,7 @@ class RemoteTransactionBase:
         result = reply.get("r")
         return None if result is None else self._refs_in(unpack(result))
 
-    def _enqueue_async(
+    def queue_async_call(
         self, entry: Any, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> None:
         """An ``@asynchronous`` call on a remote object (A6): queued, shipped before the next op.
@@ -654,7 +654,7 @@ class RemoteTransactionBase:
 
     def _start_commit(self) -> tuple[Link, Request, list[Any] | None]:
         """The link, the commit request and its exactly-once id; the state says COMMITTING."""
-        self._state = _State.COMMITTING
+        self._state = TxState.COMMITTING
         payload, req = self._commit_payload()
         return self._session_link(), payload, req
 
@@ -666,7 +666,7 @@ class RemoteTransactionBase:
             self.sessions.request_id_done(req)
 
     # ------------------------------------------------------------- endings
-    def _ended(self, outcome: _State) -> None:
+    def _ended(self, outcome: TxState) -> None:
         self._state = outcome
         # Break handle <-> entry cycles; kept handles still say their transaction is over.
         for e in self._entries.values():
@@ -706,7 +706,7 @@ class RemoteTransaction(RemoteTransactionBase):
         return self._drive_one(op)
 
     def _ship_queued_calls(self) -> None:
-        """Asynchronous method calls go before the op that follows them (see _enqueue_async)."""
+        """Asynchronous method calls go before the op that follows them (see queue_async_call)."""
         while self._queued_calls:
             handle, method, args, kwargs = self._queued_calls.pop(0)
             self._drive_one(self._g_call(handle, method, args, kwargs))
@@ -736,7 +736,7 @@ class RemoteTransaction(RemoteTransactionBase):
     def _deref(self, ref: Ref) -> Any:
         return self._drive(self._g_by_ref(ref, None))
 
-    def _remote_call(
+    def remote_call(
         self, obj: Managed, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
         return self._drive(self._g_call(obj, method, args, kwargs))
@@ -758,7 +758,7 @@ class RemoteTransaction(RemoteTransactionBase):
         """Like :meth:`find` but raises NotFound when there is no such object."""
         obj = self.find(cls, lock=lock, **key)
         if obj is None:
-            raise NotFound(f"no {getattr(cls, '__name__', cls)} with {_describe(key)}")
+            raise NotFound(f"no {getattr(cls, '__name__', cls)} with {describe_key(key)}")
         return obj
 
     def get_or_create(
@@ -832,7 +832,7 @@ class RemoteTransaction(RemoteTransactionBase):
                 self.rollback()
                 raise
         if self._s is None:
-            self._ended(_State.COMMITTED)  # no session was opened: nothing to commit
+            self._ended(TxState.COMMITTED)  # no session was opened: nothing to commit
             if self._link is not None:
                 self.sessions.release(self._link)
             return
@@ -840,10 +840,10 @@ class RemoteTransaction(RemoteTransactionBase):
         try:
             self.sessions.commit(link, payload, req)
         except BaseException:
-            self._ended(_State.ROLLED_BACK)
+            self._ended(TxState.ROLLED_BACK)
             raise
         else:
-            self._ended(_State.COMMITTED)
+            self._ended(TxState.COMMITTED)
         finally:
             self._commit_over(link, req)
 
@@ -858,10 +858,10 @@ class RemoteTransaction(RemoteTransactionBase):
 
     def rollback(self) -> None:
         """Drop every change; the node releases every lock (B5).  Safe to call twice."""
-        if self._state not in (_State.ACTIVE, _State.COMMITTING):
+        if self._state not in (TxState.ACTIVE, TxState.COMMITTING):
             return
         link, s = self._link, self._s
-        self._ended(_State.ROLLED_BACK)
+        self._ended(TxState.ROLLED_BACK)
         if link is None:
             return
         if s is None:
@@ -875,7 +875,7 @@ class RemoteTransaction(RemoteTransactionBase):
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if exc_type is None:
-            if self._state is _State.ACTIVE:
+            if self._state is TxState.ACTIVE:
                 self.commit()
         else:
             self.rollback()

@@ -27,7 +27,7 @@ from nonstop.model.entry import DELETED
 from nonstop.model.managed import Managed
 from nonstop.model.ref import Ref
 from nonstop.model.wire import raise_error
-from nonstop.tx.transaction import _describe, _State
+from nonstop.tx.entries import TxState, describe_key
 
 M = TypeVar("M", bound=Managed)
 
@@ -38,14 +38,14 @@ class AsyncRemoteQuery(RemoteQueryBase[M]):
     _tx: AsyncRemoteTransaction
 
     async def all(self) -> list[M]:
-        return await self._tx._adrive(self._g_all())  # type: ignore[no-any-return]
+        return await self._tx.adrive(self._g_all())  # type: ignore[no-any-return]
 
     async def first(self) -> M | None:
-        found = await self._tx._adrive(self._g_all(limit=1))
+        found = await self._tx.adrive(self._g_all(limit=1))
         return found[0] if found else None
 
     async def count(self) -> int:
-        return await self._tx._adrive(self._g_count())  # type: ignore[no-any-return]
+        return await self._tx.adrive(self._g_count())  # type: ignore[no-any-return]
 
     async def __aiter__(self) -> AsyncIterator[M]:
         for obj in await self.all():
@@ -61,13 +61,13 @@ class AsyncRemoteTransaction(RemoteTransactionBase):
     def __init__(self, sessions: AsyncSessions, isolation: str = "serializable") -> None:
         super().__init__(sessions, isolation)
 
-    async def _adrive(self, op: Op) -> Any:
+    async def adrive(self, op: Op) -> Any:
         self._check_usable()
         await self._ship_queued_calls()
         return await self._adrive_one(op)
 
     async def _ship_queued_calls(self) -> None:
-        """Asynchronous method calls go before the op that follows them (A6, _enqueue_async)."""
+        """Asynchronous method calls go before the op that follows them (A6, queue_async_call)."""
         while self._queued_calls:
             handle, method, args, kwargs = self._queued_calls.pop(0)
             await self._adrive_one(self._g_call(handle, method, args, kwargs))
@@ -110,23 +110,23 @@ class AsyncRemoteTransaction(RemoteTransactionBase):
             )
         return None if e.status >= DELETED else e.handle
 
-    def _remote_call(
+    def remote_call(
         self, obj: Managed, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
-        return self._adrive(self._g_call(obj, method, args, kwargs))
+        return self.adrive(self._g_call(obj, method, args, kwargs))
 
     # --------------------------------------------------------------- API
     async def create(self, cls: type[M], /, *, node: str | None = None, **values: Any) -> M:
         """See :meth:`RemoteTransaction.create`."""
-        return await self._adrive(self._g_create(cls, node, values))  # type: ignore[no-any-return]
+        return await self.adrive(self._g_create(cls, node, values))  # type: ignore[no-any-return]
 
     async def find(self, cls: type[M], /, *, lock: str | None = None, **key: Any) -> M | None:
-        return await self._adrive(self._g_lookup(cls, lock, key))  # type: ignore[no-any-return]
+        return await self.adrive(self._g_lookup(cls, lock, key))  # type: ignore[no-any-return]
 
     async def get(self, cls: type[M], /, *, lock: str | None = None, **key: Any) -> M:
         obj = await self.find(cls, lock=lock, **key)
         if obj is None:
-            raise NotFound(f"no {getattr(cls, '__name__', cls)} with {_describe(key)}")
+            raise NotFound(f"no {getattr(cls, '__name__', cls)} with {describe_key(key)}")
         return obj
 
     async def get_or_create(
@@ -144,18 +144,18 @@ class AsyncRemoteTransaction(RemoteTransactionBase):
         return await self.create(cls, node=node, **{**(defaults or {}), **key}), True
 
     async def by_ref(self, ref: Ref, /, *, lock: str | None = None) -> Managed | None:
-        return await self._adrive(self._g_by_ref(ref, lock))  # type: ignore[no-any-return]
+        return await self.adrive(self._g_by_ref(ref, lock))  # type: ignore[no-any-return]
 
     async def lock(self, obj: Managed, mode: str = "write") -> None:
-        await self._adrive(self._g_lock(obj, mode))
+        await self.adrive(self._g_lock(obj, mode))
 
     async def delete(self, obj: Managed) -> None:
-        await self._adrive(self._g_delete(obj))
+        await self.adrive(self._g_delete(obj))
 
     async def count(
         self, cls: type[Managed], /, *, scope: str | list[str] = "cluster", audit: str = "skip_down"
     ) -> int:
-        return await self._adrive(self._g_count(self._type(cls), scope, audit))  # type: ignore[no-any-return]
+        return await self.adrive(self._g_count(self._type(cls), scope, audit))  # type: ignore[no-any-return]
 
     async def extent(
         self,
@@ -183,7 +183,7 @@ class AsyncRemoteTransaction(RemoteTransactionBase):
             await self.rollback()
             raise
         if self._s is None:
-            self._ended(_State.COMMITTED)  # no session was opened: nothing to commit
+            self._ended(TxState.COMMITTED)  # no session was opened: nothing to commit
             if self._link is not None:
                 self.sessions.release(self._link)
             return
@@ -192,19 +192,19 @@ class AsyncRemoteTransaction(RemoteTransactionBase):
             await self.sessions.commit(link, payload, req)
         except BaseException:
             # (A cancelled task: the outcome is unknown, the task is gone.)
-            self._ended(_State.ROLLED_BACK)
+            self._ended(TxState.ROLLED_BACK)
             raise
         else:
-            self._ended(_State.COMMITTED)
+            self._ended(TxState.COMMITTED)
         finally:
             self._commit_over(link, req)
 
     async def rollback(self) -> None:
         """Drop every change; the node releases every lock.  Safe to call twice."""
-        if self._state not in (_State.ACTIVE, _State.COMMITTING):
+        if self._state not in (TxState.ACTIVE, TxState.COMMITTING):
             return
         link, s = self._link, self._s
-        self._ended(_State.ROLLED_BACK)
+        self._ended(TxState.ROLLED_BACK)
         if link is None:
             return
         if s is None:
@@ -217,7 +217,7 @@ class AsyncRemoteTransaction(RemoteTransactionBase):
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if exc_type is None:
-            if self._state is _State.ACTIVE:
+            if self._state is TxState.ACTIVE:
                 await self.commit()
         else:
             await self.rollback()

@@ -10,14 +10,14 @@ from __future__ import annotations
 from typing import Any
 
 from nonstop import errors
-from nonstop.model.managed import _REGISTRY, TypeInfo, type_info
+from nonstop.model.managed import TypeInfo, registered_type, registered_types, type_info
 
 
 def check_type(name: Any, tv: Any) -> TypeInfo:
     """The node's managed type ``name``; UnknownType / TypeVersionMismatch against ``tv``."""
     if not isinstance(name, str):
         raise errors.BadArgument(f"type must be a type name, not {name!r:.40}")
-    cls = _REGISTRY.get(name)
+    cls = registered_type(name)
     if cls is None:
         raise errors.UnknownType(f"managed type {name!r} is not defined on this node")
     info = type_info(cls)
@@ -31,7 +31,7 @@ def check_type(name: Any, tv: Any) -> TypeInfo:
 def types_reply() -> dict[str, Any]:
     """Every managed type this process knows, with its version and schema."""
     out = {}
-    for name, cls in sorted(_REGISTRY.items()):
+    for name, cls in sorted(registered_types().items()):
         try:
             info = type_info(cls)
         except errors.Error:

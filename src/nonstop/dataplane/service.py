@@ -66,7 +66,7 @@ from nonstop.runtime.interface import (
 )
 from nonstop.tx.async_transaction import AsyncTransaction
 from nonstop.tx.requests import DEFAULT_WINDOW
-from nonstop.tx.transaction import Isolation, _State
+from nonstop.tx.transaction import Isolation, TxState
 
 if TYPE_CHECKING:
     from nonstop.database import Database
@@ -184,7 +184,7 @@ class DataService:
             coro.close()
         self._coros.clear()
         for slot in list(self._txs.values()):
-            if slot.tx is not None and slot.tx._state is _State.ACTIVE:
+            if slot.tx is not None and slot.tx.state is TxState.ACTIVE:
                 await slot.tx.rollback()
         self._txs.clear()
 
@@ -243,7 +243,7 @@ class DataService:
         if not self.machine.take_branch(branch_id):
             return None
         slot = self._txs.pop(branch_id, None)
-        if slot is None or slot.tx is None or slot.tx._state is not _State.ACTIVE:
+        if slot is None or slot.tx is None or slot.tx.state is not TxState.ACTIVE:
             return None
         return slot.tx
 
@@ -441,7 +441,7 @@ class DataService:
                     return
                 if type(item) is EndBranch:
                     tx, slot.tx = slot.tx, None
-                    if tx is not None and tx._state is _State.ACTIVE:
+                    if tx is not None and tx.state is TxState.ACTIVE:
                         await tx.rollback()
                     continue
                 assert isinstance(item, Exec)
@@ -459,13 +459,13 @@ class DataService:
             if ex.iso is not None:
                 if slot.tx is not None:
                     raise errors.ProtocolError(f"branch {bid} opened twice")
-                self.db._check_open()
+                self.db.engine.check_open()
                 slot.tx = AsyncTransaction(self.db, Isolation(ex.iso), self.config.lock_wait)
             tx = slot.tx
             if tx is None:
                 raise errors.BranchRolledBack(f"branch {bid} is over on {self.name}")
             reply = await run_branch_op(tx, ex.op, ex.fields, ex.writes, self.config.result_window)
-            if tx._state is not _State.ACTIVE:
+            if tx.state is not TxState.ACTIVE:
                 slot.tx = None  # committed (or failed and rolled back): nothing left to end
             return reply
         except errors.Error as exc:

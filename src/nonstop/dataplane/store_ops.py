@@ -43,7 +43,7 @@ from nonstop.model.wire import obj_out, write_in
 from nonstop.tx.async_transaction import AsyncTransaction
 from nonstop.tx.asyncmethods import AsyncMethod
 from nonstop.tx.requests import DEFAULT_WINDOW, g_claim_request, g_record_result, lookup_result
-from nonstop.tx.transaction import WRITE, Entry, Isolation, _State
+from nonstop.tx.transaction import WRITE, Entry, Isolation, TxState
 
 if TYPE_CHECKING:
     from nonstop.database import Database
@@ -88,10 +88,10 @@ async def claim_and_record(
 ) -> tuple[bool, Any] | None:
     """Lock request ``req``'s result slot in ``tx``; its recorded result, or record success."""
     client, seq = req
-    found: tuple[bool, Any] | None = await tx._adrive(g_claim_request(tx, client, seq, window))
+    found: tuple[bool, Any] | None = await tx.adrive(g_claim_request(tx, client, seq, window))
     if found is not None:
         return found
-    await tx._adrive(g_record_result(tx, client, seq, True, None, window))
+    await tx.adrive(g_record_result(tx, client, seq, True, None, window))
     return None
 
 
@@ -108,10 +108,10 @@ async def execute(tx: AsyncTransaction, op: str, p: dict[str, Any]) -> dict[str,
         if probe and await tx.find(info.cls, lock="none", **key) is None:
             return {"o": None}
         found = await tx.find(info.cls, lock=p.get("lock"), **key)
-        return {"o": None if found is None else obj_of(found._e)}
+        return {"o": None if found is None else obj_of(tx.entry_of(found))}
     if op == "branch.ref":
         found = await tx.by_ref(Ref(ref_arg(p.get("ref"))), lock=p.get("lock"))
-        return {"o": None if found is None else obj_of(found._e)}
+        return {"o": None if found is None else obj_of(tx.entry_of(found))}
     if op == "branch.query":
         return await _run_query(tx, p)
     if op == "branch.count":
@@ -123,7 +123,7 @@ async def execute(tx: AsyncTransaction, op: str, p: dict[str, Any]) -> dict[str,
         if not isinstance(state, dict):
             raise errors.BadArgument("st must be a packed {field: value}")
         obj = await tx.create(info.cls, **state)
-        return {"o": obj_of(obj._e)}
+        return {"o": obj_of(tx.entry_of(obj))}
     if op == "branch.delete":
         target = await tx.by_ref(Ref(ref_arg(p.get("ref"))), lock="write")
         if target is None:
@@ -149,9 +149,8 @@ async def _run_query(tx: AsyncTransaction, p: dict[str, Any]) -> dict[str, Any]:
         raise errors.BadArgument("where must be a packed {field: value}")
     refs = {k: v for k, v in where.items() if isinstance(v, Ref)}
     q.where(**{k: v for k, v in where.items() if k not in refs})
-    for name in refs:  # a reference as such: its object may live on another node
-        q._field(name)
-        q._eq[name] = refs[name]
+    if refs:  # a reference as such: its object may live on another node
+        q.where_ref(**refs)
     rng = p.get("range")
     if rng is not None:
         rng = unpacked(rng, "range")
@@ -170,11 +169,11 @@ async def _run_query(tx: AsyncTransaction, p: dict[str, Any]) -> dict[str, Any]:
     if p.get("lock") is not None:
         q.lock(p.get("lock"))
     found = await q.all()
-    objs = [obj_of(h._e) for h in found]
+    objs = [obj_of(tx.entry_of(h)) for h in found]
     reply: dict[str, Any] = {"os": objs}
-    if q._order is not None:
-        fname = q._order[0]
-        reply["k"] = [encode_key(h._e.state[fname]) for h in found]
+    if q.ordering is not None:
+        fname = q.ordering[0]
+        reply["k"] = [encode_key(tx.entry_of(h).state[fname]) for h in found]
     return reply
 
 
@@ -209,14 +208,15 @@ async def _run_call(tx: AsyncTransaction, p: dict[str, Any]) -> dict[str, Any]:
     if asyncio.iscoroutine(result):
         result = await result
     if isinstance(result, Managed):
-        result = Ref(result._e.ref)
+        result = Ref(tx.entry_of(result).ref)
     try:
         packed = pack(result)
     except (TypeError, ValueError) as exc:
         raise errors.BadArgument(f"the result of {method} cannot be sent: {exc}") from None
-    objs = [obj_of(target._e)] if target._e.status < DELETED else []
-    for e in list(tx._entries.values()):
-        if e is not target._e and e.status != CLEAN and e.status < DELETED:
+    mine = tx.entry_of(target)
+    objs = [obj_of(mine)] if mine.status < DELETED else []
+    for e in list(tx.entries()):
+        if e is not mine and e.status != CLEAN and e.status < DELETED:
             objs.append(obj_of(e))
     return {"r": packed, "os": objs}
 
@@ -232,10 +232,10 @@ async def apply_writes(tx: AsyncTransaction, writes: Any) -> None:
     for w in writes:
         ref, type_name, version, changes = write_in(w)
         check_type(type_name, None)
-        e = tx._entries.get(ref)
+        e = tx.entry(ref)
         if e is None or e.lock < WRITE:
             handle = await tx.by_ref(Ref(ref), lock="write")
-            e = None if handle is None else handle._e
+            e = None if handle is None else tx.entry_of(handle)
         if e is None or e.status >= DELETED:
             raise errors.Conflict(f"{type_name} object {Ref(ref)} was deleted")
         if e.info.name != type_name:
@@ -248,7 +248,7 @@ async def apply_writes(tx: AsyncTransaction, writes: Any) -> None:
         for name, value in changes.items():
             if name not in e.info.fields:
                 raise errors.FieldError(f"{type_name} has no field {name!r}")
-            tx._write_field(e, name, value)
+            tx.write_field(e, name, value)
 
 
 # ============================================================ store ops
@@ -286,13 +286,13 @@ async def record_abort(
     client, seq = req
     tx = AsyncTransaction(db, Isolation.SERIALIZABLE, lock_wait)
     try:
-        found = await tx._adrive(g_claim_request(tx, client, seq, window))
+        found = await tx.adrive(g_claim_request(tx, client, seq, window))
         if found is None:
             value = [error, message]
-            await tx._adrive(g_record_result(tx, client, seq, False, value, window))
+            await tx.adrive(g_record_result(tx, client, seq, False, value, window))
             await tx.commit()
     finally:
-        if tx._state is _State.ACTIVE:
+        if tx.state is TxState.ACTIVE:
             await tx.rollback()
 
 

@@ -131,11 +131,9 @@ class _FieldDescriptor:
     """Routes attribute access on a handle to its transaction.
 
     The handle protocol: every kind of transaction (embedded, remote) answers
-    ``_read_field(entry, name)`` and ``_write_field(entry, name, value)`` (and
-    ``_enqueue_async`` for asynchronous methods, ``_remote_call`` for remote
-    ones).  The embedded transaction also has them under public names
-    (``read_field``, ``write_field``, ``queue_async_call``), which the handle
-    will call once the remote transaction has them too.
+    ``read_field(entry, name)`` and ``write_field(entry, name, value)`` (and
+    ``queue_async_call`` for asynchronous methods; a remote transaction also
+    ``remote_call`` for ``@nonstop.remote`` methods).
     """
 
     __slots__ = ("name",)
@@ -147,11 +145,11 @@ class _FieldDescriptor:
         if obj is None:
             return self
         entry = obj._e
-        return entry.tx._read_field(entry, self.name)
+        return entry.tx.read_field(entry, self.name)
 
     def __set__(self, obj: Managed, value: Any) -> None:
         entry = obj._e
-        entry.tx._write_field(entry, self.name, value)
+        entry.tx.write_field(entry, self.name, value)
 
 
 class Managed:

@@ -33,8 +33,8 @@ def remote(fn: F) -> F:
 
     @functools.wraps(fn)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-        # A remote transaction provides _remote_call; a node-local one does not.
-        call = getattr(self._e.tx, "_remote_call", None)
+        # A remote transaction provides remote_call; a node-local one does not.
+        call = getattr(self._e.tx, "remote_call", None)
         if call is None:
             return fn(self, *args, **kwargs)
         return call(self, name, args, kwargs)

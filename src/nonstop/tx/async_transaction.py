@@ -54,9 +54,6 @@ class AsyncTransaction(Transaction):
         except StopIteration as stop:
             return stop.value
 
-    # The old private name, kept while nonstop.dataplane.service still uses it.
-    _adrive = adrive
-
     def _lock_now(self, resource: Hashable, mode: LockMode) -> None:
         if not self.engine.locks.try_acquire(self.id, resource, mode):
             self._doomed = Conflict(

@@ -83,7 +83,7 @@ class AsyncMethod:
             entry = obj._e
             # (The handle protocol's name: remote transactions answer it too; the
             # embedded one also as queue_async_call.)
-            entry.tx._enqueue_async(entry, self.name, args, kwargs)
+            entry.tx.queue_async_call(entry, self.name, args, kwargs)
 
         queue_call.__name__ = self.name
         queue_call.__doc__ = self.func.__doc__

@@ -192,15 +192,6 @@ class Database:
         return f"<nonstop.Database {self.path!r}{' closed' if self.closed else ''}>"
 
     # ------------------------------------------------------ during the move
-    # Kept only while code of the data plane and of the tests still uses the old
-    # private names; their replacements: ``db.engine.check_open()`` and
-    # ``db.engine.prepared.staged()``.
-    def _check_open(self) -> None:
-        self.engine.check_open()
-
-    @property
-    def _preparing(self) -> list[bytes]:
-        return self.engine.prepared.staged()
 
 
 def open(path: str | os.PathLike[str], **options: Any) -> Database:

@@ -85,11 +85,6 @@ log = logging.getLogger("nonstop.tx")
 
 M = TypeVar("M", bound=Managed)
 
-# The old private names, kept while the data plane and the client still import
-# them (their replacements: TxState, describe_key).
-_State = TxState
-_describe = describe_key
-
 
 class Transaction:
     """A synchronous transaction.  Obtain one with ``db.transaction()``.
@@ -246,12 +241,6 @@ class Transaction:
         if e.status == CLEAN:
             e.status = DIRTY
         e.state[name] = value
-
-    # The handle's field protocol (nonstop.model.managed._FieldDescriptor) still calls
-    # these names, which the remote transaction (nonstop.client.remote) also answers;
-    # nonstop.dataplane.service calls _write_field too.
-    _read_field = read_field
-    _write_field = write_field
 
     def _drive_now(self, op: Op) -> Any:
         """Run a generator operation from attribute access, taking locks with ``_lock_now``."""
@@ -921,10 +910,6 @@ class Transaction:
         sender = current_sender.get()
         key = self.engine.dispatcher.next_key(target.ref, sender == target.ref)
         self._async_calls.append((key, record))
-
-    # The handle protocol's name (nonstop.tx.asyncmethods.AsyncMethod), which the
-    # remote transaction (nonstop.client.remote) answers too.
-    _enqueue_async = queue_async_call
 
     # ---------------------------------------------------------- context
     def __enter__(self) -> Transaction:
