@@ -168,23 +168,22 @@ def test_create_checks_the_unique_key_and_query_sees_the_branch_own_creates() ->
     assert d.replies[wrong]["error"] == "TypeVersionMismatch"
 
 
-def test_request_results_are_claimed_under_a_lock_and_recorded_with_the_commit() -> None:
+def test_request_results_are_recorded_under_a_lock_with_the_commit_and_only_once() -> None:
     d = Driver(new_store())
-    claim = d.run("n1.1", "request.claim", req=["c1", 1])
-    assert d.replies[claim] == {"found": None}
-    d.run("n1.1", "request.record", req=["c1", 1], ok=True, value=None)
-    rival = d.run("n1.2", "request.claim", req=["c1", 1])
+    assert d.replies[d.run("n1.1", "request.record", req=["c1", 1])] == {}
+    rival = d.run("n1.2", "branch.commit", req=["c1", 1])
     assert rival not in d.replies  # the slot is locked until the first one ends
     d.run("n1.1", "branch.commit")
     d.sync()
-    assert d.replies[rival] == {"found": [True, None]}
+    assert d.replies[rival] == {"done": [True, None]}  # the retry commits nothing
     look = d.run(None, "request.lookup", iso=None, req=["c1", 1])
-    assert d.replies[look] == {"found": [True, None]}
-    abort = d.run(None, "request.abort", iso=None, req=["c1", 2], value=["Aborted", "no"])
+    assert d.replies[look] == {"found": [True, None], "in_doubt": False}
+    fields = {"req": ["c1", 2], "error": "Aborted", "message": "no"}
+    abort = d.run(None, "request.abort", iso=None, **fields)
     d.sync()
     assert abort in d.replies
     look = d.run(None, "request.lookup", iso=None, req=["c1", 2])
-    assert d.replies[look] == {"found": [False, ["Aborted", "no"]]}
+    assert d.replies[look] == {"found": [False, ["Aborted", "no"]], "in_doubt": False}
 
 
 def test_two_phase_commit_takes_the_branch_prepares_commits_and_recovers() -> None:

@@ -409,9 +409,8 @@ class SimDataStore:
         try:
             if op == "request.lookup":
                 found = self.results.get(_req(job.fields.get("req")))
-                self._reply(job, {"found": None if found is None else list(found)})
-            elif op == "store.in_doubt":
-                self._reply(job, {"n": self.in_doubt()})
+                found_out = None if found is None else list(found)
+                self._reply(job, {"found": found_out, "in_doubt": self.in_doubt() > 0})
             elif op == "request.abort":
                 # The outcome of an aborted commit, in a transaction of its own.
                 self._internal += 1
@@ -554,31 +553,36 @@ class SimDataStore:
         raise errors.BadArgument("methods and overwrites are not simulated")
         yield
 
-    def _g_claim(self, b: Branch, f: dict[str, Any]) -> Op:
+    def _g_claim(self, b: Branch, key: tuple[str, int]) -> Generator[Any, None, Any]:
         """Lock the request's slot, then look its result up (two retries cannot both run)."""
-        key = _req(f.get("req"))
         yield (("q", *key), WRITE)
-        found = b.results.get(key) or self.results.get(key)
-        return {"found": None if found is None else list(found)}
+        return b.results.get(key) or self.results.get(key)
 
     def _g_record(self, b: Branch, f: dict[str, Any]) -> Op:
+        """The commit's result, in the branch that commits it (H1); ``done`` if it ran before."""
         key = _req(f.get("req"))
-        yield (("q", *key), WRITE)
-        b.results[key] = (bool(f.get("ok")), f.get("value"))
+        found = yield from self._g_claim(b, key)
+        if found is not None:
+            return {"done": list(found)}
+        b.results[key] = (True, None)
         return {}
 
     def _g_abort(self, b: Branch, f: dict[str, Any]) -> Op:
+        """An aborted commit's outcome, in a transaction of its own (unless one is recorded)."""
         key = _req(f.get("req"))
-        yield (("q", *key), WRITE)
-        if key not in self.results:
-            b.results[key] = (False, f.get("value"))
+        found = yield from self._g_claim(b, key)
+        if found is None:
+            b.results[key] = (False, [f.get("error"), f.get("message")])
         return {}
 
     def _g_commit(self, b: Branch, f: dict[str, Any]) -> Op:
-        """One local group commit of the branch (data-path.md §5: writes on this node only)."""
+        """One local group commit of the branch, with the request's result (data-path.md §5)."""
+        if f.get("req") is not None:
+            reply = yield from self._g_record(b, f)
+            if "done" in reply:
+                return reply  # it committed (or aborted) before: this attempt commits nothing
         b.committing = True
         return _Deferred(self._after_images(b)[1], {})
-        yield
 
     # ------------------------------------------------------------ reading
     def _g_load(self, b: Branch, ref: bytes, mode: int) -> Generator[Any, None, Entry | None]:
@@ -781,7 +785,6 @@ _OPS: dict[str, Callable[[SimDataStore, Branch, dict[str, Any]], Op]] = {
     "branch.call": SimDataStore._g_unsupported,
     "branch.overwrite": SimDataStore._g_unsupported,
     "branch.commit": SimDataStore._g_commit,
-    "request.claim": SimDataStore._g_claim,
     "request.record": SimDataStore._g_record,
     "request.abort": SimDataStore._g_abort,
 }
