@@ -18,14 +18,10 @@ from tests.distmodel import Account
 
 import nonstop
 from nonstop import errors
-from nonstop.dataplane.service import (
-    DataService,
-    ServiceConfig,
-    _merge_write,
-    apply_writes,
-    execute,
-    map_run_reply,
-)
+from nonstop.dataplane.commit import map_run_reply
+from nonstop.dataplane.service import DataService, ServiceConfig
+from nonstop.dataplane.session_ops import merge_write
+from nonstop.dataplane.store_ops import apply_writes, execute
 from nonstop.model.codec import pack, unpack
 from nonstop.model.ref import Ref
 from nonstop.tx.async_transaction import AsyncTransaction
@@ -40,14 +36,58 @@ class FakeRuntime:
         self.hello = SimpleNamespace(location=location, address="127.0.0.1:1")
         self.peers: dict[str, Any] = {}
         self.addresses: dict[str, Any] = {}
-        self.machine = None
+        self.machine: Any = None
         self.sent: list[tuple[str, Any]] = []
+        self.notifiers: dict[str, list[Any]] = {}
+        self.states: dict[str, str] = {}
+        """The failure detector's view, once ``detect()`` installed one."""
 
     def send(self, to: str, payload: Any) -> None:
         self.sent.append((to, payload))
 
     def connected(self, name: str) -> bool:
         return False
+
+    def add_notifier(self, kind: str, callback: Any) -> None:
+        self.notifiers.setdefault(kind, []).append(callback)
+
+    def detect(self, **states: str) -> None:
+        """A cluster layer whose failure detector sees ``states``."""
+        self.states.update(states)
+        self.machine = SimpleNamespace(
+            detector=SimpleNamespace(state_of=lambda name: self.states.get(name, "Down")),
+            view_members=[],
+        )
+
+    def node_state(self, peer: str, new: str) -> None:
+        """The failure detector's ``node_state`` notification."""
+        old = self.states.get(peer)
+        self.states[peer] = new
+        for callback in self.notifiers.get("node_state", []):
+            callback(
+                SimpleNamespace(kind="node_state", data={"peer": peer, "old": old, "new": new})
+            )
+
+
+class FakeConn:
+    def __init__(self) -> None:
+        self.closed = False
+        self.replies: dict[Any, Any] = {}
+
+    def send(self, frame: Any) -> None:
+        assert frame["t"] == "rep"
+        self.replies[frame["id"]] = frame["p"]
+
+
+async def client_call(svc: DataService, conn: FakeConn, payload: dict[str, Any]) -> Any:
+    """One client op through the service; its reply."""
+    rid = len(conn.replies) + 1 + id(payload) % 1000 * 1000
+    svc.on_client(conn, rid, payload)
+    for _ in range(400):
+        if rid in conn.replies:
+            return conn.replies.pop(rid)
+        await asyncio.sleep(0.005)
+    raise AssertionError(f"no reply to {payload.get('op')}")
 
 
 @pytest.fixture
@@ -94,8 +134,8 @@ def test_commit_reply_mapping() -> None:
 def test_later_writes_of_an_object_add_up() -> None:
     pending: dict[bytes, list[Any]] = {}
     ref = b"r" * 20
-    _merge_write(pending, [ref, ACC, 3, pack({"balance": 1})])
-    _merge_write(pending, [ref, ACC, 3, pack({"owner": "x", "balance": 2})])
+    merge_write(pending, [ref, ACC, 3, pack({"balance": 1})])
+    merge_write(pending, [ref, ACC, 3, pack({"owner": "x", "balance": 2})])
     assert pending[ref][2] == 3
     assert unpack(pending[ref][3]) == {"balance": 2, "owner": "x"}
 
@@ -190,6 +230,7 @@ async def peer_call(svc: DataService, rt: FakeRuntime, sender: str, msg: dict[st
 def test_participant_branch_lifecycle(db: nonstop.Database) -> None:
     async def main() -> None:
         svc, rt = service(db, branch_idle=0.3, sweep_every=0.05, lock_wait=0.2)
+        rt.detect(A="Up", C="Up")
         svc.start()
         get = {"op": "branch.get", "type": ACC, "tv": 1, "key": pack({"number": "a1"})}
         # Only the coordinator named in the branch id may use it.
@@ -226,11 +267,14 @@ def test_participant_branch_lifecycle(db: nonstop.Database) -> None:
         # Its coordinator goes Down: its open branches here are rolled back at once.
         reply = await peer_call(svc, rt, "A", {**get, "b": "A.4", "new": True, "lock": "write"})
         assert "A.4" in svc.branches
-        svc._on_node_state(SimpleNamespace(data={"peer": "A", "old": "Up", "new": "Down"}))
+        rt.node_state("A", "Down")
         await asyncio.sleep(0.05)
         assert "A.4" not in svc.branches and svc.stats["orphan_rollbacks"] == 1
         reply = await peer_call(svc, rt, "A", {**get, "b": "A.4"})
         assert reply["error"] == "BranchRolledBack"
+        # Its lock is free: another branch gets it at once.
+        reply = await peer_call(svc, rt, "C", {**get, "b": "C.1", "new": True, "lock": "write"})
+        assert reply["o"][0] == obj[0]
         # branch.end of an unknown branch is fine (idempotent); a bad message is dropped.
         assert await peer_call(svc, rt, "A", {"op": "branch.end", "b": "A.9"}) == {}
         svc.on_peer("A", {"t": "data.weird"})
@@ -240,29 +284,45 @@ def test_participant_branch_lifecycle(db: nonstop.Database) -> None:
     run(main())
 
 
-def test_rpc_to_a_peer_that_is_not_up_fails_fast(db: nonstop.Database) -> None:
+def test_calls_to_a_peer_fail_fast_when_it_is_not_up(db: nonstop.Database) -> None:
     async def main() -> None:
-        svc, rt = service(db)
-        with pytest.raises(errors.Unavailable, match="not up"):
-            await svc.rpc("A", {"op": "branch.count", "b": "B.1"})
+        svc, rt = service(db, rpc_timeout=0.2)
+        rt.detect(A="Down")
+        svc.start()
+        conn = FakeConn()
+        count = {"op": "tx.count", "type": ACC, "tv": 1, "scope": ["A"]}
+        # A peer that is not up is not asked.
+        on_a = {"op": "tx.ref", "ref": Ref.make(1234, 1, 1).raw, "begin": "serializable"}
+        reply = await client_call(svc, conn, on_a)
+        assert reply["error"] == "Unavailable" and "not up" in reply["message"]
         assert rt.sent == []
-        # A reply for the call resolves it; Down fails the ones still waiting.
-        rt.connected = lambda name: True  # type: ignore[method-assign]
-        call = asyncio.ensure_future(svc.rpc("A", {"op": "branch.count", "b": "B.1"}))
+        # A reply for the call resolves it, from that peer only.
+        rt.node_state("A", "Up")
         await asyncio.sleep(0.01)
-        ((_, sent),) = rt.sent
+        svc.on_client(conn, 1, {**count, "begin": "serializable"})
+        await asyncio.sleep(0.01)
+        ((to, sent),) = rt.sent
+        assert to == "A" and sent["op"] == "branch.count" and sent["new"] is True
         svc.on_peer("C", {"t": "data.rep", "id": sent["id"], "p": {"n": 1}})  # wrong sender
         await asyncio.sleep(0.01)
-        assert not call.done()
+        assert conn.replies == {}
         svc.on_peer("A", {"t": "data.rep", "id": sent["id"], "p": {"n": 3}})
-        assert await call == {"n": 3}
-        call = asyncio.ensure_future(svc.rpc("A", {"op": "branch.count", "b": "B.1"}))
+        assert conn.replies.pop(1)["n"] == 3
+        # Down fails the calls still waiting, at once.
+        rt.sent.clear()
+        svc.on_client(conn, 2, {**count, "begin": "serializable"})
         await asyncio.sleep(0.01)
-        svc._on_node_state(SimpleNamespace(data={"peer": "A", "old": "Up", "new": "Down"}))
-        with pytest.raises(errors.Unavailable, match="Down"):
-            await call
-        with pytest.raises(errors.Unavailable, match="did not answer"):
-            await svc.rpc("A", {"op": "branch.count", "b": "B.1"}, timeout=0.05)
+        assert len(rt.sent) == 1
+        rt.node_state("A", "Down")
+        await asyncio.sleep(0.01)
+        reply = conn.replies.pop(2)
+        assert reply["error"] == "Unavailable" and "down" in reply["message"]
+        # No answer within rpc_timeout: Unavailable.
+        rt.node_state("A", "Up")
+        await asyncio.sleep(0.01)
+        reply = await client_call(svc, conn, {**count, "begin": "serializable"})
+        assert reply["error"] == "Unavailable" and "did not answer" in reply["message"]
+        await svc.stop()
 
     run(main())
 
@@ -270,27 +330,78 @@ def test_rpc_to_a_peer_that_is_not_up_fails_fast(db: nonstop.Database) -> None:
 def test_no_distributed_commit_without_quorum(db: nonstop.Database) -> None:
     async def main() -> None:
         svc, rt = service(db)
-        rt.machine = SimpleNamespace(  # type: ignore[assignment]
+        rt.machine = SimpleNamespace(
             quorum_state="Disabled",
             detector=SimpleNamespace(state_of=lambda name: "Up"),
             view_members=["A", "B"],
         )
-        conn = SimpleNamespace(closed=False)
-        sid = (await svc._client_op(conn, {"op": "tx.begin"}))["s"]
+        svc.start()
+        conn = FakeConn()
+        sid = (await client_call(svc, conn, {"op": "tx.begin"}))["s"]
         remote = Ref.make(1234, 1, 1).raw  # mastered on A (location 1234)
         w = [[remote, ACC, 1, pack({"balance": 1})]]
-        with pytest.raises(errors.Unavailable, match="no quorum"):
-            await svc._client_op(conn, {"op": "tx.commit", "s": sid, "w": w})
+        reply = await client_call(svc, conn, {"op": "tx.commit", "s": sid, "w": w})
+        assert reply["error"] == "Unavailable" and "no quorum" in reply["message"]
         # The session is over, and nothing was sent anywhere (no submit, no RPC).
-        with pytest.raises(errors.TransactionClosed):
-            await svc._client_op(conn, {"op": "tx.count", "s": sid, "type": ACC, "tv": 1})
+        reply = await client_call(svc, conn, {"op": "tx.count", "s": sid, "type": ACC, "tv": 1})
+        assert reply["error"] == "TransactionClosed"
         assert rt.sent == []
         # A commit that wrote only here does not need the cluster log: it commits.
-        sid = (await svc._client_op(conn, {"op": "tx.begin"}))["s"]
+        sid = (await client_call(svc, conn, {"op": "tx.begin"}))["s"]
         st = pack({"number": "q1", "balance": 1})
-        await svc._client_op(conn, {"op": "tx.create", "s": sid, "type": ACC, "tv": 1, "st": st})
-        assert await svc._client_op(conn, {"op": "tx.commit", "s": sid}) == {"ok": True}
+        create = {"op": "tx.create", "s": sid, "type": ACC, "tv": 1, "st": st}
+        assert "o" in await client_call(svc, conn, create)
+        assert await client_call(svc, conn, {"op": "tx.commit", "s": sid}) == {"ok": True}
+        await svc.stop()
 
     run(main())
     with db.transaction() as tx:
         assert tx.get(Account, number="q1").balance == 1
+
+
+def test_local_session_and_exactly_once_through_the_service(db: nonstop.Database) -> None:
+    async def main() -> None:
+        svc, _ = service(db)
+        svc.start()
+        conn = FakeConn()
+        key = pack({"number": "a1"})
+        reply = await client_call(
+            svc, conn, {"op": "tx.get", "begin": "serializable", "type": ACC, "tv": 1, "key": key}
+        )
+        sid, obj = reply["s"], reply["o"]
+        w = [[obj[0], ACC, obj[2], pack({"balance": 42})]]
+        commit = {"op": "tx.commit", "s": sid, "w": w, "req": ["me", 1]}
+        assert await client_call(svc, conn, commit) == {"ok": True}
+        assert svc.machine.branches == {} and svc._txs == {}
+        # The reply was "lost": the retry (even after a restart of the service,
+        # nothing in memory) answers the first outcome, and nothing runs again.
+        svc2, _ = service(db)
+        svc2.start()
+        assert await client_call(svc2, conn, commit) == {"ok": True}
+        reply = await client_call(svc2, conn, {"op": "request.result", "req": ["me", 1]})
+        assert reply == {"state": "committed", "result": None}
+        reply = await client_call(svc2, conn, {"op": "request.result", "req": ["me", 2]})
+        assert reply["state"] == "unknown"
+        # A closed connection rolls its sessions back.
+        reply = await client_call(
+            svc2,
+            conn,
+            {
+                "op": "tx.get",
+                "begin": "serializable",
+                "type": ACC,
+                "tv": 1,
+                "key": key,
+                "lock": "write",
+            },
+        )
+        assert svc2._txs
+        svc2.connection_closed(conn)
+        await asyncio.sleep(0.02)
+        assert svc2._txs == {} and svc2.machine.sessions == {}
+        await svc.stop()
+        await svc2.stop()
+
+    run(main())
+    with db.transaction() as tx:
+        assert tx.get(Account, number="a1").balance == 42

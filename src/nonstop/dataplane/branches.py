@@ -1,0 +1,191 @@
+"""The branches peers' sessions open on this node: the participant side of the data path.
+
+A remote coordinator runs its session's ops here with ``data.req`` messages
+naming the branch ``"<coordinator>.<session id>"`` (data-path.md §4).  The
+first op of a branch carries ``new`` (and ``iso``): only it opens the branch,
+so a lost branch (this node restarted, the branch idled out or was rolled back
+when its coordinator looked down) is never silently reopened without its
+locks -- the coordinator hears ``BranchRolledBack`` (retryable) instead.
+Every op is one ``Exec`` on the branch; its answer goes back as ``data.rep``.
+
+A branch ends with ``branch.end``, a failure that dooms it (``Retryable``,
+``TransactionClosed``), its coordinator being seen down, ``branch_idle``
+seconds without an op (B8: participants that cannot be reached roll back on
+their own), or two-phase commit taking it over (:meth:`BranchRegistry.take`).
+Ended branch ids are remembered, so a late op cannot reopen one.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from nonstop import errors
+from nonstop.dataplane.events import EndBranch, Exec
+from nonstop.dataplane.state import Branch
+from nonstop.model.wire import error_class, error_out
+from nonstop.runtime.interface import Send
+
+if TYPE_CHECKING:
+    from nonstop.dataplane.machine import DataPlane
+
+PEER_OPS = frozenset(
+    {
+        "branch.get",
+        "branch.ref",
+        "branch.query",
+        "branch.count",
+        "branch.create",
+        "branch.delete",
+        "branch.call",
+        "branch.write",
+        "branch.overwrite",
+    }
+)
+"""The branch ops a peer may run here (besides ``branch.end``); the store ops the
+machine runs on its own sessions' branches (``branch.commit``, ...) are not among them."""
+
+WRITING_OPS = frozenset(
+    {"branch.create", "branch.delete", "branch.call", "branch.write", "branch.overwrite"}
+)
+"""Branch ops that (may) write: their reply says so (``d``), for the coordinator's commit."""
+
+BRANCH_ISOLATION = ("serializable", "snapshot")
+_MAX_ENDED = 100_000
+
+
+@dataclass(slots=True)
+class _Served:
+    """A peer's branch op running on the store."""
+
+    sender: str
+    call_id: Any
+    bid: str
+    op: str
+    wrote: bool
+
+
+class BranchRegistry:
+    """The branches this node holds (its own sessions' and its peers'), by branch id."""
+
+    def __init__(self, dp: DataPlane) -> None:
+        self.dp = dp
+        self.branches: dict[str, Branch] = {}
+        self._ended: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._served: dict[int, _Served] = {}
+
+    def take(self, bid: str) -> bool:
+        """Two-phase commit takes ``bid`` over: it leaves the registry (module doc)."""
+        if self.branches.pop(bid, None) is None:
+            return False
+        self._mark_ended(bid)
+        return True
+
+    def end(self, bid: str) -> None:
+        """Roll ``bid`` back (if held) and never reopen it."""
+        self._mark_ended(bid)
+        if self.branches.pop(bid, None) is not None:
+            self.dp.emit(EndBranch(bid))
+
+    def _mark_ended(self, bid: str) -> None:
+        self._ended[bid] = None
+        while len(self._ended) > _MAX_ENDED:
+            self._ended.popitem(last=False)
+
+    # ------------------------------------------------------------ serving
+    def serve(self, sender: str, msg: dict[str, Any]) -> None:
+        """A peer's ``data.req``: run it on its branch (or refuse it)."""
+        op = msg.get("op")
+        bid = msg.get("b")
+        call_id = msg.get("id")
+        if not isinstance(bid, str) or not bid.startswith(sender + "."):
+            refusal = errors.BadArgument(f"branch {bid!r:.40} is not one of {sender}'s")
+            self._answer(sender, call_id, error_out(refusal))
+            return
+        if op == "branch.end":
+            self.end(bid)
+            self._answer(sender, call_id, {})
+            return
+        if not isinstance(op, str) or op not in PEER_OPS:
+            bad = errors.BadArgument(f"unknown branch op {op!r:.40}")
+            self._answer(sender, call_id, error_out(bad))
+            return
+        w = msg.get("w") or None
+        if w is not None and not isinstance(w, list):
+            self._answer(sender, call_id, error_out(errors.BadArgument("w must be a list")))
+            return
+        br = self.branches.get(bid)
+        iso = None
+        if br is None:
+            if not msg.get("new") or bid in self._ended:
+                over = errors.BranchRolledBack(f"branch {bid} is over on {self.dp.name}")
+                self._answer(sender, call_id, error_out(over))
+                return
+            iso = msg.get("iso") or "serializable"
+            if iso not in BRANCH_ISOLATION:
+                bad = errors.BadArgument(f"bad isolation {iso!r:.40}")
+                self._answer(sender, call_id, error_out(bad))
+                return
+            br = self.branches[bid] = Branch(bid, False, self.dp.now)
+        br.last = self.dp.now
+        br.busy += 1
+        corr = self.dp.next_corr()
+        self._served[corr] = _Served(sender, call_id, bid, op, w is not None)
+        self.dp.emit(Exec(corr, bid, op, msg, iso, w))
+
+    def done(self, corr: int, reply: Any) -> None:
+        """The store finished a peer's op: answer it."""
+        served = self._served.pop(corr, None)
+        if served is None:
+            return
+        bid = served.bid
+        br = self.branches.get(bid)
+        if br is not None:
+            br.busy -= 1
+            br.last = self.dp.now
+        if not isinstance(reply, dict):
+            reply = error_out(errors.ProtocolError(f"bad store reply {reply!r:.60}"))
+        error = reply.get("error")
+        if error is not None:
+            cls = error_class(str(error))
+            if issubclass(cls, errors.Retryable | errors.TransactionClosed):
+                # Doomed: only rolling back is left; do it now, not at the idle timeout.
+                self.end(bid)
+        elif br is None:
+            # Ended while the op ran (branch.end, its coordinator down): its
+            # effects are rolled back, which the coordinator must hear.
+            reply = error_out(errors.BranchRolledBack(f"branch {bid} is over on {self.dp.name}"))
+        elif served.wrote or served.op in WRITING_OPS:
+            reply["d"] = True
+        self._answer(served.sender, served.call_id, reply)
+
+    def _answer(self, sender: str, call_id: Any, reply: dict[str, Any]) -> None:
+        self.dp.emit(Send(sender, {"t": "data.rep", "id": call_id, "p": reply}))
+
+    # ------------------------------------------------------------ endings
+    def sweep(self, now: float) -> None:
+        """Roll back participants' branches idle for ``branch_idle`` (B8)."""
+        cutoff = now - self.dp.config.branch_idle
+        idle = [
+            bid
+            for bid, br in self.branches.items()
+            if not br.local and not br.busy and br.last <= cutoff
+        ]
+        for bid in idle:
+            idle_for = self.dp.config.branch_idle
+            self.dp.log("info", f"branch {bid} idle for {idle_for:.0f} s: rolled back")
+            self.dp.stats["idle_rollbacks"] += 1
+            self.end(bid)
+
+    def coordinator_down(self, peer: str) -> None:
+        """``peer`` is down: the branches it coordinates here roll back at once."""
+        prefix = peer + "."
+        orphans = [b for b, br in self.branches.items() if not br.local and b.startswith(prefix)]
+        for bid in orphans:
+            self.dp.log("info", f"branch {bid}: its coordinator {peer} is down; rolled back")
+            self.dp.stats["orphan_rollbacks"] += 1
+            self.end(bid)
+
+
+__all__ = ["BRANCH_ISOLATION", "PEER_OPS", "WRITING_OPS", "BranchRegistry"]

@@ -1,0 +1,102 @@
+"""The data requests a coordinator sends to its peers, and their answers (data-path.md §4).
+
+``{"t": "data.req", "id": n, "op": ..., "b": branch id, ...}`` →
+``{"t": "data.rep", "id": n, "p": reply}``.  A request's answer resumes the
+task waiting for it; a peer that does not answer within ``rpc_timeout`` (timer
+``dp.rpc.<id>``), or that leaves Up first, fails it with ``Unavailable``.
+
+Call ids start at a random offset in every incarnation of a node, so a reply
+a peer queued for the node's previous incarnation never resolves a call of
+this one; an answer from another node than the one asked is dropped.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from nonstop import errors
+from nonstop.dataplane.steps import Task
+from nonstop.runtime.interface import CancelTimer, Send, SetTimer
+
+if TYPE_CHECKING:
+    from nonstop.dataplane.machine import DataPlane
+
+RPC_TIMER = "dp.rpc."
+"""``dp.rpc.<call id>``: a data request to a peer not answered within ``rpc_timeout``."""
+
+
+@dataclass(slots=True)
+class _Call:
+    node: str
+    op: str
+    task: Task
+    slot: int
+
+
+class PeerCalls:
+    """The data requests this node waits answers for, by call id."""
+
+    def __init__(self, dp: DataPlane, rng: random.Random) -> None:
+        self.dp = dp
+        self._calls: dict[int, _Call] = {}
+        self._next = rng.randrange(1, 1 << 52)
+
+    def next_id(self) -> int:
+        call_id = self._next
+        self._next += 1
+        return call_id
+
+    def send(self, node: str, msg: dict[str, Any], task: Task, slot: int) -> None:
+        """Send request ``msg`` to ``node``; its answer resumes ``task`` (gather ``slot``)."""
+        call_id = msg["id"] = self.next_id()
+        self._calls[call_id] = _Call(node, msg["op"], task, slot)
+        self.dp.stats["rpc"] += 1
+        self.dp.emit(Send(node, msg))
+        self.dp.emit(SetTimer(f"{RPC_TIMER}{call_id}", self.dp.config.rpc_timeout))
+
+    def tell(self, node: str, msg: dict[str, Any]) -> None:
+        """Send request ``msg`` to ``node`` without waiting for its answer."""
+        msg["id"] = self.next_id()
+        self.dp.stats["rpc"] += 1
+        self.dp.emit(Send(node, msg))
+
+    def answered(self, sender: str, msg: dict[str, Any]) -> None:
+        """A ``data.rep``: resume the task that waits for it (if any still does)."""
+        call_id = msg.get("id")
+        call = self._calls.get(call_id) if isinstance(call_id, int) else None
+        if call is None or call.node != sender:
+            return  # not ours (any more): a late answer
+        del self._calls[call_id]  # type: ignore[arg-type]
+        self.dp.emit(CancelTimer(f"{RPC_TIMER}{call_id}"))
+        reply = msg.get("p")
+        if not isinstance(reply, dict):
+            exc = errors.ProtocolError(f"{sender} answered {call.op} with {reply!r:.60}")
+            self.dp.resolve(call.task, call.slot, None, exc)
+            return
+        if reply.pop("d", None) and call.task.session is not None:
+            call.task.session.dirty.add(sender)  # the branch there changed: a writer
+        self.dp.resolve_reply(call.task, call.slot, reply)
+
+    def timed_out(self, name: str) -> bool:
+        """Timer ``name`` fired: True if it was a call's (which then fails)."""
+        number = name[len(RPC_TIMER) :]
+        if not name.startswith(RPC_TIMER) or not number.isdigit():
+            return False
+        call = self._calls.pop(int(number), None)
+        if call is not None:
+            exc = errors.Unavailable(f"node {call.node} did not answer {call.op}")
+            self.dp.resolve(call.task, call.slot, None, exc)
+        return True
+
+    def node_down(self, peer: str) -> None:
+        """``peer`` left Up: the calls waiting for it fail now, not at their timeout (B8)."""
+        for call_id, call in list(self._calls.items()):
+            if call.node == peer and self._calls.pop(call_id, None) is not None:
+                self.dp.emit(CancelTimer(f"{RPC_TIMER}{call_id}"))
+                exc = errors.Unavailable(f"node {peer} is down")
+                self.dp.resolve(call.task, call.slot, None, exc)
+
+
+__all__ = ["RPC_TIMER", "PeerCalls"]

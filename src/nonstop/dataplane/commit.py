@@ -1,0 +1,177 @@
+"""A session's commit (data-path.md §5): nothing, one local group commit, or two-phase commit.
+
+At ``tx.commit`` the coordinator knows which nodes wrote (*writers*: nodes with
+pending writes or a branch that changed):
+
+* no writer and no request id: every branch is just ended (read locks released);
+* only this node: one store commit here (``branch.commit``, with the request's
+  result, H1), then the read-only branches elsewhere are ended;
+* otherwise two-phase commit through the distributed-commit machine
+  (:class:`~nonstop.dataplane.events.Decide`) of every writer's branch, with the
+  writes still pending for it (one message per participant); this node's branch
+  takes part whenever a request result is to be recorded.
+
+The client hears the outcome only once it is decided.  A decision not known
+within ``commit_timeout`` answers ``Unavailable`` (outcome unknown); the commit
+keeps waiting for it, the branches stay with it, and ``request.result`` says
+``running`` until then.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from nonstop import errors
+from nonstop.dataplane.args import RequestId, parse_req
+from nonstop.dataplane.results import AlreadyDone, g_first_outcome, outcome_of
+from nonstop.dataplane.session_ops import WRITE_NOW, g_call, take_writes
+from nonstop.dataplane.state import COMMITTING, UNDECIDED, Session
+from nonstop.dataplane.steps import AWAIT_DECISION, Call, DecideStep, OpCoroutine, ReplyNow
+from nonstop.dataplane.steps import UNDECIDED as NOT_DECIDED
+from nonstop.dataplane.view import QUORUM_DISABLED
+from nonstop.model.wire import error_out, raise_error
+
+if TYPE_CHECKING:
+    from nonstop.dataplane.machine import DataPlane
+
+OK = {"ok": True}
+
+RETRYABLE_REASONS = {
+    "conflict": "Conflict",
+    "lock timeout": "LockTimeout",
+    "deadlock": "Deadlock",
+    "branch timeout": "LockTimeout",
+    # The participant had no branch to prepare any more (it restarted, rolled it
+    # back when this coordinator looked down, or idled it out): as for an op.
+    "branch gone": "BranchRolledBack",
+}
+"""A participant's no vote (``dataplane.participant`` reasons, the machine's own branch timeout)
+that makes an aborted commit worth replaying → the retryable error the client gets."""
+
+
+def map_run_reply(reply: Any) -> dict[str, Any]:
+    """The decision machine's ``run`` reply → the client's commit reply (data-path.md §5)."""
+    if isinstance(reply, dict) and reply.get("ok"):
+        return dict(OK)
+    if not isinstance(reply, dict):
+        return error_out(errors.Error(f"unexpected commit reply {reply!r:.80}"))
+    error = reply.get("error")
+    why = str(reply.get("why") or reply.get("message") or "the decision log decided abort")
+    if error == "Unavailable":
+        return {"error": "Unavailable", "message": f"transaction rolled back: {why}"}
+    if error == "Aborted":
+        # "<node> voted no: <reason>" (dtx.protocol); the reason names the class.
+        reason = why.partition("voted no: ")[2].strip().lower()
+        name = RETRYABLE_REASONS.get(reason, "Aborted")
+        return {"error": name, "message": f"transaction rolled back: {why}"}
+    return {"error": "Error", "message": f"commit failed: {error}: {why}"}
+
+
+def g_commit(dp: DataPlane, s: Session, p: dict[str, Any]) -> OpCoroutine:
+    """``tx.commit`` of session ``s`` → its outcome; the session is over after it."""
+    req = parse_req(p.get("req"))
+    if req is not None:
+        first = yield from g_first_outcome(dp, req, durable=False)
+        if first is not None:
+            dp.end_session(s)
+            return first
+    s.state = COMMITTING
+    if req is not None:
+        dp.running[req] = []
+    try:
+        w = p.get("w")
+        if w:
+            take_writes(dp, s, w)
+        outcome = yield from g_decide(dp, s, req)
+    except AlreadyDone as done:
+        # This request committed (or aborted) before, maybe before a restart:
+        # roll this attempt back, answer the first outcome, record nothing.
+        dp.finish_commit(s, req, None)
+        return done.outcome
+    except Exception as exc:
+        dp.finish_commit(s, req, error_out(exc))
+        raise
+    dp.finish_commit(s, req, outcome)
+    return outcome
+
+
+def g_decide(dp: DataPlane, s: Session, req: RequestId | None) -> OpCoroutine:
+    writers = {n for n, w in s.pending.items() if w} | s.dirty
+    if not writers and req is None:
+        return dict(OK)
+    if writers <= {dp.name}:
+        # One node wrote, and it is this one: one local group commit (with the
+        # request's result, H1); the read-only branches elsewhere are released after.
+        reply = yield Call(dp.name, "branch.commit", {"req": None if req is None else list(req)})
+        if "done" in reply:
+            raise AlreadyDone(outcome_of(reply["done"]))
+        dp.forget_branch(s.bid)  # committed: nothing left to end
+        return dict(OK)
+    return (yield from g_two_phase(dp, s, writers, req))
+
+
+def g_two_phase(dp: DataPlane, s: Session, writers: set[str], req: RequestId | None) -> OpCoroutine:
+    down = sorted(n for n in writers if not dp.view.is_up(n))
+    if down:
+        raise errors.Unavailable(f"node(s) {', '.join(down)} of the transaction are down")
+    if dp.view.quorum == QUORUM_DISABLED:
+        # The decision goes through the cluster log, which this node cannot
+        # reach a quorum of (D16): fail now rather than at commit_timeout.
+        raise errors.Unavailable(
+            f"node {dp.name} has no quorum: a distributed commit cannot be decided here"
+        )
+    for node in sorted(writers - s.remote - {dp.name}):
+        # Writes to a node this session never opened a branch on (the client
+        # cached the object elsewhere): open it now, shipping them.
+        yield from g_call(dp, s, node, WRITE_NOW, {})
+    if req is not None:
+        # The result rides in the coordinator's own branch, which then always
+        # takes part: it commits exactly when the transaction does.
+        reply = yield Call(dp.name, "request.record", {"req": list(req)})
+        if "done" in reply:
+            raise AlreadyDone(outcome_of(reply["done"]))
+        writers = writers | {dp.name}
+    elif dp.name in s.pending:
+        yield Call(dp.name, WRITE_NOW, {})
+    branches: dict[str, list[Any]] = {}
+    for node in sorted(writers):
+        ops: list[Any] = [["b", s.bid]]
+        for write in (s.pending.pop(node, None) or {}).values():
+            ops.append(["w", *write])
+        branches[node] = ops
+    dp.stats["two_phase"] += 1
+    reply = yield DecideStep(branches)
+    if reply is NOT_DECIDED:
+        # Undecided (no quorum for the decision log?): the outcome is not known
+        # yet.  The branches stay until it is; request.result says "running".
+        s.state = UNDECIDED
+        dp.forget_session(s)
+        yield ReplyNow(
+            error_out(
+                errors.Unavailable("the commit decision is not known yet; ask request.result later")
+            )
+        )
+        outcome = map_run_reply((yield AWAIT_DECISION))
+        if outcome.get("ok"):
+            s.committed = set(writers)
+        return outcome
+    outcome = map_run_reply(reply)
+    if outcome.get("ok"):
+        # Every branch of a committed transaction prepared: each is the resource
+        # manager's now, so no branch.end is owed to them.
+        s.committed = set(writers)
+    if outcome.get("error") == "Aborted":
+        down = sorted(n for n in writers if not dp.view.is_up(n))
+        if down:
+            # The abort came from a participant that could not be reached (its
+            # peers gave up waiting): a network error before commit (B8).
+            outcome = {
+                "error": "Unavailable",
+                "message": f"transaction rolled back: node(s) {', '.join(down)} down",
+            }
+    if "error" in outcome:
+        raise_error(outcome)
+    return outcome
+
+
+__all__ = ["RETRYABLE_REASONS", "g_commit", "map_run_reply"]

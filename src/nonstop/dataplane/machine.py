@@ -1,0 +1,489 @@
+"""The data plane of one node as a sans-I/O machine (docs/design/dataplane-machine.md).
+
+:class:`DataPlane` holds the node's client sessions, the branches it holds
+(its sessions' own and those remote coordinators opened here), the
+coordinator's two-phase orchestration, commit request results (H1), the
+unique-key hints and the reaction to membership changes.  It follows the
+machine rules of :mod:`nonstop.runtime.interface`; its events and actions are
+:mod:`nonstop.dataplane.events`.  The store runs its ``Exec`` actions and the
+distributed-commit machine its ``Decide`` actions; the asyncio adapter of the
+real node is :mod:`nonstop.dataplane.service`, the simulator's
+``nonstop.sim.scenarios.dataplane``.
+
+A client op runs as a coroutine (:mod:`nonstop.dataplane.steps`, run by
+:mod:`nonstop.dataplane.driver`): the session ops are
+:mod:`nonstop.dataplane.session_ops`, the commit :mod:`nonstop.dataplane.commit`,
+request results :mod:`nonstop.dataplane.results`.  The data requests this node
+sends are :mod:`nonstop.dataplane.calls`, the branches it holds and the branch
+ops peers send :mod:`nonstop.dataplane.branches`.  This module holds the
+sessions and routes the events.
+"""
+
+from __future__ import annotations
+
+import collections
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from nonstop import errors
+from nonstop.dataplane.args import RequestId
+from nonstop.dataplane.branches import BranchRegistry
+from nonstop.dataplane.calls import RPC_TIMER, PeerCalls
+from nonstop.dataplane.commit import g_commit
+from nonstop.dataplane.driver import COMMIT_TIMER, Driver, Immediate
+from nonstop.dataplane.events import (
+    BranchDone,
+    ClientGone,
+    ClientOp,
+    ClientReply,
+    ClusterChanged,
+    DataAction,
+    DecisionDone,
+    EndBranch,
+    Exec,
+)
+from nonstop.dataplane.managed_types import check_type
+from nonstop.dataplane.results import g_commit_retry, g_request_result, g_settle
+from nonstop.dataplane.routing import SESSION_OPS
+from nonstop.dataplane.session_ops import OPS, take_writes
+from nonstop.dataplane.state import ACTIVE, COMMITTING, OVER, Branch, Session
+from nonstop.dataplane.steps import (
+    UNDECIDED,
+    Call,
+    OpCoroutine,
+    Task,
+)
+from nonstop.dataplane.view import ClusterView
+from nonstop.model.wire import STORE_ISOLATION, error_out
+from nonstop.runtime.interface import (
+    Action,
+    CancelTimer,
+    Log,
+    Received,
+    SetTimer,
+    Started,
+    TimerFired,
+)
+
+SWEEP_TIMER = "dp.sweep"
+"""Every ``sweep_every``: participants' branches idle for ``branch_idle`` roll back."""
+
+_BOUND = 10_000
+"""How many broken sessions and recent request outcomes are remembered."""
+_MAX_HINTS = 100_000
+
+
+@dataclass
+class DataPlaneConfig:
+    """Timeouts of the data path (seconds) and the managed-type check."""
+
+    branch_idle: float = 30.0
+    """A participant's branch without an op for this long is rolled back (B8)."""
+    rpc_timeout: float = 15.0
+    """A peer that does not answer a data request this long is Unavailable (> lock wait)."""
+    commit_timeout: float = 30.0
+    """A two-phase commit undecided this long: the client hears Unavailable (outcome unknown)."""
+    sweep_every: float = 1.0
+    """How often idle branches are looked for."""
+    check_type: Callable[[Any, Any], object] = check_type
+    """``(type name, client's version)`` → raises UnknownType / TypeVersionMismatch.
+    The coordinator checks before anything runs; the store checks again."""
+
+
+class DataPlane(Driver):
+    """The data-plane machine of node ``name`` (module doc)."""
+
+    def __init__(
+        self, name: str, rng: random.Random, config: DataPlaneConfig | None = None
+    ) -> None:
+        self.name = name
+        self.config = config or DataPlaneConfig()
+        super().__init__(self.config.commit_timeout)
+        self.check_type = self.config.check_type
+        self.view = ClusterView(name)
+        self.sessions: dict[int, Session] = {}
+        self._by_conn: dict[int, set[int]] = {}
+        # Branch ids "<node>.<sid>" must never repeat, also across restarts of this
+        # node: participants remember ended branches, and a reused id would either be
+        # refused or, worse, join a stale branch.  A random start per incarnation.
+        self._next_sid = rng.randrange(1, 1 << 52)
+        self.registry = BranchRegistry(self)
+        self._broken: collections.OrderedDict[int, str] = collections.OrderedDict()
+        """Sessions rolled back because a node of theirs went down → why (for their next op)."""
+        self.calls = PeerCalls(self, rng)
+        self.recent: collections.OrderedDict[RequestId, dict[str, Any]] = collections.OrderedDict()
+        """Outcomes of recent commit requests (phase two may not have reached the store yet)."""
+        self.hints: collections.OrderedDict[tuple[str, bytes], str] = collections.OrderedDict()
+        """(type, packed unique key) → the node a cluster-scope get found it on last."""
+        self.stats = collections.Counter[str]()
+        self._now = 0.0
+        self._handlers: dict[type, Callable[[Any], None]] = {
+            ClientOp: self._on_client_op,
+            BranchDone: self._on_branch_done,
+            Received: self._on_received,
+            TimerFired: self._on_timer,
+            DecisionDone: self._on_decision,
+            ClientGone: self._on_client_gone,
+            ClusterChanged: self._on_cluster,
+            Started: self._on_started,
+        }
+
+    # ================================================================ machine
+    def handle(self, event: Any) -> list[Action | DataAction]:
+        """Consume one event; the actions to carry out, in order."""
+        out = self._out = []
+        handler = self._handlers.get(type(event))
+        if handler is None:
+            out.append(Log("warning", f"data plane: unexpected event {type(event).__name__}"))
+        else:
+            self._now = event.now
+            handler(event)
+        return out
+
+    @property
+    def branches(self) -> dict[str, Branch]:
+        """The branches this node holds now: branch id → record (read-only use)."""
+        return self.registry.branches
+
+    def take_branch(self, bid: str) -> bool:
+        """The commit participant takes branch ``bid`` over for two-phase commit.
+
+        True if it was held here: from then on the machine forgets it (no idle
+        timeout, ``branch.end`` or session end touches it; its outcome ends it).
+        """
+        return self.registry.take(bid)
+
+    def log(self, level: str, message: str) -> None:
+        self._out.append(Log(level, message))
+
+    def emit(self, action: Action | DataAction) -> None:
+        self._out.append(action)
+
+    @property
+    def now(self) -> float:
+        """The time of the event being handled."""
+        return self._now
+
+    # ================================================================ clients
+    def _on_client_op(self, ev: ClientOp) -> None:
+        self.stats["client_ops"] += 1
+        p = ev.payload
+        try:
+            if not isinstance(p, dict):
+                raise errors.BadArgument("a data op is a map with an 'op'")
+            op = p.get("op")
+            if not isinstance(op, str):
+                raise errors.BadArgument(f"op must be an op name, not {op!r:.40}")
+            if op in SESSION_OPS:
+                self._session_op(ev.conn, ev.corr, op, p)
+            elif op == "tx.begin":
+                s = self._begin(ev.conn, p.get("iso"))
+                self._out.append(ClientReply(ev.conn, ev.corr, {"s": s.sid}))
+            elif op == "request.result":
+                self._run(Task(g_request_result(self, p.get("req")), ev.conn, ev.corr), None, None)
+            else:
+                raise errors.BadArgument(f"unknown op {op!r:.40}")
+        except errors.Error as exc:
+            self._out.append(ClientReply(ev.conn, ev.corr, error_out(exc)))
+
+    def _session_op(self, conn: int, corr: Any, op: str, p: dict[str, Any]) -> None:
+        sid = p.get("s")
+        if sid is None and "begin" in p:
+            # tx.begin folded into the session's first op: one round trip less.
+            self._start_op(self._begin(conn, p.get("begin")), conn, corr, op, p, fold=True)
+            return
+        s = self._session(conn, sid)
+        if op == "tx.rollback":
+            if s is not None:
+                self.end_session(s)
+            self._out.append(ClientReply(conn, corr, {}))
+            return
+        if s is None or s.state != ACTIVE:
+            if op == "tx.commit" and p.get("req") is not None:
+                # A commit retried after its reply was lost: the first outcome (H1).
+                self._run(Task(g_commit_retry(self, p.get("req"), sid), conn, corr), None, None)
+                return
+            raise self.closed_error(sid)
+        if s.task is not None:  # one op at a time: after the one running
+            if s.queue is None:
+                s.queue = collections.deque()
+            s.queue.append((conn, corr, op, p))
+            return
+        self._start_op(s, conn, corr, op, p, fold=False)
+
+    def _begin(self, conn: int, iso: Any) -> Session:
+        iso = iso or "serializable"
+        if not isinstance(iso, str) or iso not in STORE_ISOLATION:
+            raise errors.BadArgument(
+                f"iso must be 'serializable' or 'read_committed', not {iso!r:.40}"
+            )
+        sid = self._next_sid
+        self._next_sid += 1
+        s = Session(sid, conn, STORE_ISOLATION[iso], f"{self.name}.{sid}")
+        self.sessions[sid] = s
+        conn_sids = self._by_conn.get(conn)
+        if conn_sids is None:
+            conn_sids = self._by_conn[conn] = set()
+        conn_sids.add(sid)
+        return s
+
+    def _session(self, conn: int, sid: Any) -> Session | None:
+        if not isinstance(sid, int) or isinstance(sid, bool):
+            raise errors.BadArgument(f"s must be a session id, not {sid!r:.40}")
+        s = self.sessions.get(sid)
+        if s is None or s.conn != conn:
+            return None
+        return s
+
+    def closed_error(self, sid: Any) -> errors.Error:
+        """The error of an op on a session that is over (Unavailable if a node of it died)."""
+        broken = self._broken.get(sid) if isinstance(sid, int) else None
+        if broken is not None:
+            return errors.Unavailable(f"transaction rolled back: {broken}")
+        return errors.TransactionClosed(f"transaction {sid!r:.40} is over")
+
+    def _start_op(
+        self, s: Session, conn: int, corr: Any, op: str, p: dict[str, Any], fold: bool
+    ) -> None:
+        task = Task(_g_session_op(self, s, op, p), conn, corr, s)
+        task.fold = fold
+        s.task = task
+        self._run(task, None, None)
+
+    def _next_op(self, s: Session) -> None:
+        """The op that waited for the one just finished (if any) runs now."""
+        queue = s.queue
+        while queue:
+            conn, corr, op, p = queue.popleft()
+            if s.state != ACTIVE:
+                self._out.append(ClientReply(conn, corr, error_out(self.closed_error(s.sid))))
+                continue
+            self._start_op(s, conn, corr, op, p, fold=False)
+            return
+
+    def _task_over(self, task: Task) -> None:
+        s = task.session
+        if s is not None and s.task is task:
+            s.task = None
+            if s.queue:
+                self._next_op(s)
+
+    def _on_client_gone(self, ev: ClientGone) -> None:
+        """The connection closed: its sessions roll back, except committing ones (B8)."""
+        for sid in sorted(self._by_conn.pop(ev.conn, ())):
+            s = self.sessions.get(sid)
+            if s is not None and s.state == ACTIVE:
+                self.end_session(s, answer=False)
+
+    # ============================================================== sessions
+    def end_session(self, s: Session, answer: bool = True) -> None:
+        """Roll the session back everywhere (B8): here now, remote branches by message.
+
+        Its op in flight (if any, and not the caller) is dropped and answered
+        with the error its next op would get; so are the ops queued behind it.
+        """
+        if s.state != ACTIVE:
+            return
+        s.state = OVER
+        s.pending.clear()
+        self.forget_session(s)
+        self._release(s)
+        task, queue = s.task, s.queue
+        s.queue = None
+        if task is not None and task is not self._current and not task.done:
+            s.task = None
+            task.done = True
+            task.gen.close()
+            if answer:
+                self._answer(task, error_out(self.closed_error(s.sid)))
+        if queue and answer:
+            for conn, corr, _, _ in queue:
+                self._out.append(ClientReply(conn, corr, error_out(self.closed_error(s.sid))))
+
+    def forget_session(self, s: Session) -> None:
+        self.sessions.pop(s.sid, None)
+        sids = self._by_conn.get(s.conn)
+        if sids is not None:
+            sids.discard(s.sid)
+            if not sids:
+                del self._by_conn[s.conn]
+
+    def _release(self, s: Session) -> None:
+        """End every branch of ``s`` still open (B8).
+
+        Branches that took part in two-phase commit are the participant's by
+        now (:meth:`take_branch` took them out of the registry), so this
+        releases exactly the read-only ones, and rolls back everything else.
+        """
+        if self.registry.branches.pop(s.bid, None) is not None:
+            self._out.append(EndBranch(s.bid))
+        for node in sorted(s.remote - s.committed):
+            if node in self.view.up:
+                # No answer awaited: a participant that misses it rolls back on
+                # its own (branch_idle, or when it sees this node down).
+                self.calls.tell(node, {"t": "data.req", "op": "branch.end", "b": s.bid})
+        s.remote.clear()
+
+    def finish_commit(
+        self, s: Session, req: RequestId | None, outcome: dict[str, Any] | None
+    ) -> None:
+        """The commit of ``s`` is over: release its branches, settle its request (H1).
+
+        ``outcome`` None: the request was found already done (nothing to record).
+        """
+        s.state = OVER
+        self._release(s)
+        self.forget_session(s)
+        if req is None:
+            return
+        if outcome is None:
+            for task in self.running.pop(req, ()):
+                self.resolve(task, -1, None, None)
+        else:
+            self._run(Task(g_settle(self, req, outcome), None, None), None, None)
+
+    def settled(self, req: RequestId, outcome: dict[str, Any]) -> None:
+        """Request ``req`` has its outcome: remember it, answer those waiting for it."""
+        self.recent[req] = outcome
+        while len(self.recent) > _BOUND:
+            self.recent.popitem(last=False)
+        for task in self.running.pop(req, ()):
+            self.resolve(task, -1, outcome, None)
+
+    def forget_branch(self, bid: str) -> None:
+        """The branch was committed here: nothing is left to end."""
+        self.registry.branches.pop(bid, None)
+
+    def remember(self, hint_key: tuple[str, bytes], node: str) -> None:
+        self.hints[hint_key] = node
+        while len(self.hints) > _MAX_HINTS:
+            self.hints.popitem(last=False)
+
+    def _call(self, task: Task, slot: int, call: Call) -> Immediate | None:
+        """Run branch op ``call`` of the task's session, here or on a peer."""
+        s = task.session
+        assert s is not None, "a Call outside a session"
+        node = call.node
+        pending = s.pending.pop(node, None)
+        writes = list(pending.values()) if pending else None
+        if node == self.name:
+            iso = None
+            if not s.local_open:
+                if s.state != ACTIVE and s.state != COMMITTING:
+                    return None, errors.TransactionClosed(f"transaction {s.sid} is over")
+                s.local_open = True
+                iso = s.iso
+                self.registry.branches[s.bid] = Branch(s.bid, True, self._now)
+            if writes:
+                s.dirty.add(node)
+            corr = self.next_corr()
+            self._execs[corr] = (task, slot)
+            self._out.append(Exec(corr, s.bid, call.op, call.fields, iso, writes))
+            return None
+        msg = {"t": "data.req", "op": call.op, "b": s.bid, **call.fields}
+        if node not in s.remote:
+            msg["new"] = True
+            msg["iso"] = s.iso
+        if writes:
+            msg["w"] = writes
+            s.dirty.add(node)
+        s.remote.add(node)  # from here on it may hold locks: end it with the session
+        if node not in self.view.up:
+            return None, errors.Unavailable(f"node {node} is not up")
+        self.calls.send(node, msg, task, slot)
+        return None
+
+    # ================================================================ events
+    def _on_branch_done(self, ev: BranchDone) -> None:
+        waiting = self._execs.pop(ev.corr, None)
+        if waiting is None:
+            self.registry.done(ev.corr, ev.reply)
+            return
+        reply = ev.reply
+        if not isinstance(reply, dict):
+            self.resolve(*waiting, None, errors.ProtocolError(f"bad store reply {reply!r:.60}"))
+        else:
+            self.resolve_reply(*waiting, reply)
+
+    def _on_received(self, ev: Received) -> None:
+        msg = ev.payload
+        kind = msg.get("t") if isinstance(msg, dict) else None
+        if kind == "data.rep":
+            self.calls.answered(ev.sender, msg)
+        elif kind == "data.req":
+            self.registry.serve(ev.sender, msg)
+        else:
+            self.log("warning", f"dropped data message {kind!r:.40} from {ev.sender}")
+
+    def _on_timer(self, ev: TimerFired) -> None:
+        name = ev.name
+        if name == SWEEP_TIMER:
+            self.registry.sweep(ev.now)
+            self._out.append(SetTimer(SWEEP_TIMER, self.config.sweep_every))
+        elif name.startswith(COMMIT_TIMER) and name[len(COMMIT_TIMER) :].isdigit():
+            task = self._deciding.get(int(name[len(COMMIT_TIMER) :]))
+            if task is not None:
+                self.resolve(task, -1, UNDECIDED, None)
+        elif not self.calls.timed_out(name):
+            self.log("warning", f"data plane: unknown timer {name!r:.60}")
+
+    def _on_decision(self, ev: DecisionDone) -> None:
+        task = self._deciding.pop(ev.corr, None)
+        if task is None:
+            return
+        self._out.append(CancelTimer(f"{COMMIT_TIMER}{ev.corr}"))
+        self.resolve(task, -1, ev.reply, None)
+
+    def _on_started(self, ev: Started) -> None:
+        self._out.append(SetTimer(SWEEP_TIMER, self.config.sweep_every))
+
+    def _on_cluster(self, ev: ClusterChanged) -> None:
+        before = self.view.up
+        self.view = ClusterView(self.name, ev.members, ev.up, ev.quorum, ev.locations)
+        for peer in sorted(before - self.view.up):
+            self._peer_down(peer)
+
+    def _peer_down(self, peer: str) -> None:
+        """A peer left Up: what depends on it ends now, not at a timeout (B8).
+
+        Its coordinator's open branches here are rolled back (never prepared
+        ones: those are the commit participant's); if it was only slow, its next
+        op on such a branch gets BranchRolledBack (retryable).  Every active
+        session with a branch there is rolled back too: it cannot commit any
+        more; the client hears Unavailable at its next op.  The data requests it
+        has not answered fail.
+        """
+        for s in list(self.sessions.values()):
+            if s.state == ACTIVE and peer in s.remote:
+                self._broken[s.sid] = f"node {peer} of the transaction is down"
+                while len(self._broken) > _BOUND:
+                    self._broken.popitem(last=False)
+                self.stats["sessions_broken"] += 1
+                self.end_session(s)
+        self.calls.node_down(peer)
+        self.registry.coordinator_down(peer)
+
+
+def _g_session_op(dp: DataPlane, s: Session, op: str, p: dict[str, Any]) -> OpCoroutine:
+    """One op of session ``s``; a failure that dooms the transaction ends the session."""
+    try:
+        if op == "tx.commit":
+            return (yield from g_commit(dp, s, p))
+        if op == "tx.rollback":  # folded into a begin: a session opened and ended
+            dp.end_session(s)
+            return {}
+        w = p.get("w")
+        if w:
+            take_writes(dp, s, w)
+        return (yield from OPS[op](dp, s, p))
+    except (errors.Retryable, errors.Unavailable, errors.TransactionClosed):
+        # The branch that failed is doomed or gone: the whole transaction is
+        # over, and every other branch is released now (B8).
+        if s.state == ACTIVE:
+            dp.end_session(s)
+        raise
+
+
+__all__ = ["COMMIT_TIMER", "RPC_TIMER", "SWEEP_TIMER", "DataPlane", "DataPlaneConfig"]

@@ -1,0 +1,120 @@
+"""Exactly-once commits (H1): a commit request's outcome, recorded and answered again.
+
+A commit that carries a request id ``req = [client id, seq]`` records its
+result *in its own commit* (the coordinator's branch: the local group commit,
+or its prepared branch in two-phase commit) as ``[true, null]``; an aborted
+commit's outcome is recorded afterwards in a separate store commit as
+``[false, [error, message]]`` (:func:`g_settle`).  A retry of the request --
+its reply was lost -- gets the first outcome instead of running again.
+
+While a commit runs, its request is in ``DataPlane.running`` (a retry waits
+for it); once over, its outcome stays in ``DataPlane.recent`` for a while,
+because phase two may not have reached this store yet; older outcomes are read
+from the store (``request.lookup``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from nonstop import errors
+from nonstop.dataplane.args import RequestId, parse_req
+from nonstop.dataplane.steps import AwaitOutcome, OpCoroutine, StoreOp
+
+if TYPE_CHECKING:
+    from nonstop.dataplane.machine import DataPlane
+
+RUNNING = {"state": "running", "result": None}
+
+
+def outcome_of(found: Any) -> dict[str, Any]:
+    """A recorded request result ``[ok, value]`` → the commit reply it stands for."""
+    ok, value = found
+    if ok:
+        return {"ok": True}
+    name, message = ([*value, None, None])[:2] if isinstance(value, list) else (None, value)
+    return {"error": name or "Aborted", "message": message or "aborted"}
+
+
+class AlreadyDone(errors.Error):
+    """The commit's request id already has a recorded outcome (H1)."""
+
+    def __init__(self, outcome: dict[str, Any]) -> None:
+        super().__init__("request already done")
+        self.outcome = outcome
+
+
+def g_first_outcome(dp: DataPlane, req: RequestId, durable: bool = True) -> OpCoroutine:
+    """The first outcome of commit request ``req`` if it ran here (a retry returns it), else None.
+
+    ``durable=False``: memory only (a commit about to run: a result already in
+    the store is found by the claim inside the commit itself, which saves a
+    store read per commit).
+    """
+    if req in dp.running:
+        first = yield AwaitOutcome(req)
+        if first is not None:
+            return first
+        # That attempt found the result already recorded: look it up.
+    recent = dp.recent.get(req)
+    if recent is not None or not durable:
+        return recent
+    reply = yield StoreOp("request.lookup", {"req": list(req)})
+    found = reply.get("found")
+    return None if found is None else outcome_of(found)
+
+
+def g_commit_retry(dp: DataPlane, raw_req: Any, sid: Any) -> OpCoroutine:
+    """``tx.commit`` with a request id on a session that is over: the first outcome."""
+    req = parse_req(raw_req)
+    if req is not None:
+        first = yield from g_first_outcome(dp, req)
+        if first is not None:
+            return first
+    raise dp.closed_error(sid)
+
+
+def g_request_result(dp: DataPlane, raw_req: Any) -> OpCoroutine:
+    """``request.result``: committed / aborted / running / unknown (data-path.md §7)."""
+    key = parse_req(raw_req)
+    if key is None:
+        raise errors.BadArgument("req must be [client id, seq]")
+    if key in dp.running:
+        return dict(RUNNING)
+    recent = dp.recent.get(key)
+    if recent is not None:
+        if "error" in recent:
+            return {"state": "aborted", "result": [recent["error"], recent.get("message")]}
+        return {"state": "committed", "result": None}
+    reply = yield StoreOp("request.lookup", {"req": list(key)})
+    found = reply.get("found")
+    if found is not None:
+        ok, value = found
+        return {"state": "committed" if ok else "aborted", "result": value}
+    if reply.get("in_doubt"):
+        # A prepared branch here may still commit with this result in it.
+        return dict(RUNNING)
+    return {"state": "unknown", "result": None}
+
+
+def g_settle(dp: DataPlane, req: RequestId, outcome: dict[str, Any]) -> OpCoroutine:
+    """After a commit ends: record an abort's outcome too, then answer those waiting."""
+    if "error" in outcome:
+        error, message = outcome.get("error"), outcome.get("message")
+        fields = {"req": list(req), "error": error, "message": message}
+        try:
+            yield StoreOp("request.abort", fields)
+        except errors.Error as exc:
+            dp.log("warning", f"cannot record the outcome of request {req}: {exc!r}")
+    dp.settled(req, outcome)
+    return None
+
+
+__all__ = [
+    "AlreadyDone",
+    "g_commit_retry",
+    "g_first_outcome",
+    "g_request_result",
+    "g_settle",
+    "outcome_of",
+]

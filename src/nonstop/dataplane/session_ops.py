@@ -1,0 +1,338 @@
+"""A session's ops as coroutines of the data-plane machine (data-path.md §3, §7).
+
+Each op runs on the session's coordinator: it decides which nodes' branches
+take part and yields :class:`~nonstop.dataplane.steps.Call` /
+:class:`~nonstop.dataplane.steps.Gather` steps; the machine runs them (an
+``Exec`` here, a ``data.req`` elsewhere) and resumes the op with the replies.
+The commit is :mod:`nonstop.dataplane.commit`.
+
+Writes travel as write sets (C5): the client ships its deferred field writes
+with its next op (:func:`take_writes`); they wait per master node and ride on
+the next call to that node, or on the commit (one message per participant).
+Writes to objects mastered here are applied before the op goes to any other
+node (as when they arrived), riding on the op's first call here when it has one.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from nonstop import errors
+from nonstop.dataplane.args import ref_arg
+from nonstop.dataplane.state import Session
+from nonstop.dataplane.steps import Call, Gather, OpCoroutine
+from nonstop.model.codec import pack, unpack
+from nonstop.model.wire import write_in
+
+if TYPE_CHECKING:
+    from nonstop.dataplane.machine import DataPlane
+
+WRITE_NOW = "branch.write"
+"""The branch op that only applies the writes riding on it."""
+
+
+# ------------------------------------------------------------------ writes
+def take_writes(dp: DataPlane, s: Session, writes: Any) -> None:
+    """The client's deferred writes → ``s.pending``, per master node (checked first, all)."""
+    if not isinstance(writes, list):
+        raise errors.BadArgument("w must be a list of writes")
+    masters = []
+    for w in writes:
+        ref, type_name, _, _ = write_in(w)
+        dp.check_type(type_name, None)
+        masters.append(dp.view.master(ref))
+    for node, w in zip(masters, writes, strict=True):
+        merge_write(s.pending.setdefault(node, {}), w)
+
+
+def merge_write(pending: dict[bytes, list[Any]], w: list[Any]) -> None:
+    """Later writes of one object add to the earlier ones (same read version)."""
+    ref = bytes(w[0])
+    old = pending.get(ref)
+    if old is None:
+        pending[ref] = list(w)
+        return
+    changes = unpack(old[3])
+    changes.update(unpack(w[3]))
+    pending[ref] = [old[0], old[1], old[2], pack(changes)]
+
+
+# ------------------------------------------------------------------- calls
+def g_call(dp: DataPlane, s: Session, node: str, op: str, fields: dict[str, Any]) -> OpCoroutine:
+    """Run ``op`` on ``node``'s branch of ``s`` → its reply (errors raised)."""
+    if node != dp.name and dp.name in s.pending:
+        yield Call(dp.name, WRITE_NOW, {})
+    return (yield Call(node, op, fields))
+
+
+def g_gather(
+    dp: DataPlane, s: Session, nodes: list[str], op: str, fields: dict[str, Any]
+) -> OpCoroutine:
+    """Run ``op`` on every node at once → replies or exceptions, in ``nodes`` order."""
+    if dp.name not in nodes and dp.name in s.pending:
+        yield Call(dp.name, WRITE_NOW, {})
+    return (yield Gather([Call(n, op, fields) for n in nodes]))
+
+
+def raise_fatal(replies: list[Any]) -> None:
+    """Re-raise the first failure of a fan-out that is not a node being unreachable.
+
+    A node that answered with an error (a lock timeout, a bad argument, ...) has
+    a verdict on the op; only ``Unavailable`` nodes may be left out of a result.
+    """
+    for r in replies:
+        if isinstance(r, BaseException) and not isinstance(r, errors.Unavailable):
+            raise r
+
+
+# --------------------------------------------------------------------- ops
+def g_get(dp: DataPlane, s: Session, p: dict[str, Any]) -> OpCoroutine:
+    """Unique lookup, cluster scope: the local branch first, then every other up node.
+
+    Looking for the key, a node locks only the object it finds (``if_found``):
+    locking the key's absent slot on every node asked, in an order that depends
+    on the coordinator (itself first, then the others at once), deadlocked two
+    coordinators looking up one key: each held the absent slot the other wanted
+    next while waiting for the object, until ``lock_wait`` (data-path.md §7).
+    Only when the key is found nowhere are the absent slots locked, on every
+    node of the scope one by one in name order (then lookups cannot deadlock).
+    """
+    dp.check_type(p.get("type"), p.get("tv"))
+    key = p.get("key")
+    if not isinstance(key, bytes):
+        raise errors.BadArgument("key must be packed bytes")
+    fields = {"type": p["type"], "tv": p.get("tv"), "key": key, "lock": p.get("lock")}
+    scope = p.get("scope", "cluster")
+    # The query audits apply (a node that is down is not asked: skip_down), and
+    # fail_if_down refuses while any node of the scope is down.
+    nodes = dp.view.audited(scope, p.get("audit", "skip_down"))
+    if scope == "local":
+        return (yield from g_call(dp, s, dp.name, "branch.get", fields))
+    probe = {**fields, "if_found": True}
+    reply = yield from g_call(dp, s, dp.name, "branch.get", probe)
+    if reply.get("o") is not None:
+        return reply
+    # "Not found" is only an answer once every node of the scope was asked: a key
+    # absent from the nodes that are up may live on one that is down, and a
+    # get_or_create believing it would create a second object with that key.
+    skipped = sorted(set(dp.view.scope_nodes(scope)) - set(nodes))
+    others = [n for n in nodes if n != dp.name]
+    # Where this key was found last time is asked first, alone: a key's object
+    # rarely moves, and one RPC instead of one per node is what makes repeated
+    # cross-node transactions cheap.  Not found there: everybody else, as usual.
+    hint_key = (p["type"], key)
+    hint = dp.hints.get(hint_key)
+    if hint is not None and hint != dp.name and not dp.view.is_up(hint):
+        # Its object lives there: "not found" would be a lie.
+        raise errors.Unavailable(f"the object lives on node {hint}, which is down")
+    if hint in others:
+        reply = yield from g_call(dp, s, hint, "branch.get", probe)
+        if reply.get("o") is not None:
+            return reply
+        others.remove(hint)
+        dp.hints.pop(hint_key, None)
+    if others:
+        replies = yield from g_gather(dp, s, others, "branch.get", probe)
+        raise_fatal(replies)
+        failure: BaseException | None = None
+        for node, r in zip(others, replies, strict=True):
+            if isinstance(r, BaseException):
+                failure = failure or r
+            elif r.get("o") is not None:
+                dp.remember(hint_key, node)
+                return r
+        if failure is not None:
+            # An absent key on a node we could not ask is not known to be absent.
+            raise failure
+    if skipped:
+        return not_found(skipped)
+    # Found nowhere: lock the absent slot everywhere (a get_or_create's "absent"
+    # must stay true until commit), in name order; an object created meanwhile
+    # is found and locked instead.
+    for node in sorted(nodes):
+        reply = yield from g_call(dp, s, node, "branch.get", fields)
+        if reply.get("o") is not None:
+            if node != dp.name:
+                dp.remember(hint_key, node)
+            return reply
+    return not_found(skipped)
+
+
+def not_found(skipped: list[str]) -> dict[str, Any]:
+    """The reply of a unique lookup that found nothing on every node it asked."""
+    if skipped:
+        raise errors.Unavailable(
+            f"not found on the nodes that are up; node(s) {', '.join(skipped)} could not be asked"
+        )
+    return {"o": None}
+
+
+def g_ref(dp: DataPlane, s: Session, p: dict[str, Any]) -> OpCoroutine:
+    ref = ref_arg(p.get("ref"))
+    fields = {"ref": ref, "lock": p.get("lock")}
+    return (yield from g_call(dp, s, dp.view.master(ref), "branch.ref", fields))
+
+
+def g_delete(dp: DataPlane, s: Session, p: dict[str, Any]) -> OpCoroutine:
+    ref = ref_arg(p.get("ref"))
+    node = dp.view.master(ref)
+    reply = yield from g_call(dp, s, node, "branch.delete", {"ref": ref})
+    s.dirty.add(node)
+    return reply
+
+
+def g_create(dp: DataPlane, s: Session, p: dict[str, Any]) -> OpCoroutine:
+    dp.check_type(p.get("type"), p.get("tv"))
+    node = p.get("node") or dp.name
+    if not isinstance(node, str) or node not in dp.view.known:
+        raise errors.BadArgument(f"no node named {node!r:.40} in this cluster")
+    fields = {"type": p["type"], "tv": p.get("tv"), "st": p.get("st")}
+    reply = yield from g_call(dp, s, node, "branch.create", fields)
+    s.dirty.add(node)
+    return reply
+
+
+def g_method(dp: DataPlane, s: Session, p: dict[str, Any]) -> OpCoroutine:
+    """``tx.call``: a method of an object runs on the object's master."""
+    ref = ref_arg(p.get("ref"))
+    node = dp.view.master(ref)
+    fields = {
+        "ref": ref,
+        "m": p.get("m"),
+        "a": p.get("a"),
+        "lock": p.get("lock"),
+        # Any method may run on an object of the attached node; elsewhere only
+        # the ones marked @nonstop.remote (C4).
+        "ro": node != dp.name,
+    }
+    reply = yield from g_call(dp, s, node, "branch.call", fields)
+    s.dirty.add(node)
+    return reply
+
+
+def g_query(dp: DataPlane, s: Session, p: dict[str, Any]) -> OpCoroutine:
+    """A query on every node of its scope; ordered results merged by order key, deduped."""
+    dp.check_type(p.get("type"), p.get("tv"))
+    audit = p.get("audit", "skip_down")
+    nodes = dp.view.audited(p.get("scope", "cluster"), audit)
+    limit = p.get("limit")
+    if limit is not None and (not isinstance(limit, int) or limit < 0):
+        raise errors.BadArgument("limit must be an int >= 0")
+    order = p.get("order")
+    rng = p.get("range")
+    fields = {
+        "type": p["type"],
+        "tv": p.get("tv"),
+        "where": p.get("where"),
+        "range": rng,
+        "order": order,
+        "limit": limit,
+        "lock": p.get("lock"),
+    }
+    results = yield from g_fan_out(dp, s, nodes, "branch.query", fields, audit)
+    desc = False
+    if order is not None:
+        desc = bool(order[1]) if isinstance(order, list | tuple) and len(order) > 1 else False
+    return {"os": merge_query(results, order is not None or rng is not None, desc, limit)}
+
+
+def merge_query(
+    results: list[dict[str, Any]], ordered: bool, desc: bool, limit: int | None
+) -> list[Any]:
+    """The nodes' answers → one list: in order-key order if ordered, each object once, limited."""
+    objs: Iterable[Any]
+    if ordered:
+        streams = [list(zip(r.get("k") or [], r.get("os") or [], strict=False)) for r in results]
+        key: Callable[[Any], Any] = lambda kv: (kv[0], kv[1][0])  # noqa: E731
+        objs = (o for _, o in heapq.merge(*streams, key=key, reverse=desc))
+    else:
+        objs = (o for r in results for o in (r.get("os") or []))
+    seen: set[bytes] = set()
+    out: list[Any] = []
+    for o in objs:
+        if o[0] in seen:
+            continue
+        seen.add(o[0])
+        out.append(o)
+        if limit is not None and len(out) >= limit:
+            break
+    return out
+
+
+def g_count(dp: DataPlane, s: Session, p: dict[str, Any]) -> OpCoroutine:
+    dp.check_type(p.get("type"), p.get("tv"))
+    audit = p.get("audit", "skip_down")
+    nodes = dp.view.audited(p.get("scope", "cluster"), audit)
+    fields = {"type": p["type"], "tv": p.get("tv")}
+    results = yield from g_fan_out(dp, s, nodes, "branch.count", fields, audit)
+    return {"n": sum(int(r.get("n", 0)) for r in results)}
+
+
+def g_fan_out(
+    dp: DataPlane, s: Session, nodes: list[str], op: str, fields: dict[str, Any], audit: Any
+) -> OpCoroutine:
+    """Run ``op`` on every node at once; a failed node is skipped only under at_least_one."""
+    replies = yield from g_gather(dp, s, nodes, op, fields)
+    raise_fatal(replies)
+    results: list[dict[str, Any]] = []
+    failure: BaseException | None = None
+    for r in replies:
+        if isinstance(r, BaseException):
+            failure = failure or r
+        else:
+            results.append(r)
+    if failure is not None and (audit != "at_least_one" or not results):
+        raise failure
+    return results
+
+
+def g_overwrite(dp: DataPlane, s: Session, p: dict[str, Any]) -> OpCoroutine:
+    """Swap a staged overwrite in on EVERY node of the cluster, in this session
+    (data-path.md §6): the client's commit then makes it visible everywhere at
+    once, or nowhere (two-phase commit).  A node down: Unavailable, nothing swapped.
+    """
+    dp.check_type(p.get("type"), p.get("tv"))
+    nodes = dp.view.members
+    down = sorted(n for n in nodes if not dp.view.is_up(n))
+    if down:
+        raise errors.Unavailable(
+            f"node(s) {', '.join(down)} of the cluster are down: an overwrite swaps the "
+            "objects of every node at once, so it needs all of them up"
+        )
+    fields = {k: p.get(k) for k in ("type", "tv", "job", "parts")}
+    deleted = inserted = replayed = 0
+    # One node after the other in name order: two overwrites of a type then
+    # queue on the first node instead of deadlocking across nodes.
+    for node in sorted(nodes):
+        reply = yield from g_call(dp, s, node, "branch.overwrite", fields)
+        s.dirty.add(node)
+        deleted += int(reply.get("deleted", 0))
+        inserted += int(reply.get("inserted", 0))
+        replayed += bool(reply.get("replayed"))
+    return {"deleted": deleted, "inserted": inserted, "replayed": replayed == len(nodes)}
+
+
+OPS: dict[str, Callable[[DataPlane, Session, dict[str, Any]], OpCoroutine]] = {
+    "tx.get": g_get,
+    "tx.ref": g_ref,
+    "tx.query": g_query,
+    "tx.count": g_count,
+    "tx.create": g_create,
+    "tx.delete": g_delete,
+    "tx.call": g_method,
+    "tx.overwrite": g_overwrite,
+}
+"""Session ops other than the commit (and the rollback, which is not an op of its own)."""
+
+__all__ = [
+    "OPS",
+    "WRITE_NOW",
+    "g_call",
+    "g_gather",
+    "merge_query",
+    "merge_write",
+    "raise_fatal",
+    "take_writes",
+]

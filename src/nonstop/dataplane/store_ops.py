@@ -1,0 +1,309 @@
+"""The store side of the data plane: one ``Exec`` on the node's real store.
+
+The machine (:mod:`nonstop.dataplane.machine`) asks for every store op with an
+:class:`~nonstop.dataplane.events.Exec`; the real node's adapter
+(:mod:`nonstop.dataplane.service`) runs it here, on the branch's
+:class:`~nonstop.tx.async_transaction.AsyncTransaction` (lock waits included),
+and feeds the reply back.  Errors become error replies
+(:func:`nonstop.model.wire.error_out`) in the adapter.
+
+Ops on a branch (:func:`run_branch_op`):
+
+* ``branch.get`` / ``ref`` / ``query`` / ``count`` / ``create`` / ``delete`` /
+  ``call`` / ``write`` / ``overwrite`` -- data-path.md §4 (:func:`execute`);
+* ``branch.commit`` ``{req}`` -- claim and record the request result (H1) if
+  any, then commit: ``{}``, or ``{"done": [ok, value]}`` (already recorded:
+  nothing committed, the branch stays open for the machine to end);
+* ``request.record`` ``{req}`` -- the same claim and record, without the
+  commit (the branch then takes part in two-phase commit).
+
+Ops outside any branch (:func:`run_store_op`):
+
+* ``request.lookup`` ``{req}`` → ``{"found": [ok, value] or None, "in_doubt": bool}``
+  (in doubt: a prepared branch here may still commit a result);
+* ``request.abort`` ``{req, error, message}`` -- record an aborted commit's
+  outcome in a store commit of its own, unless a result is there already.
+
+Every op first applies the write set riding on it (``Exec.writes``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+from nonstop import errors
+from nonstop.dataplane.args import parse_req, ref_arg, unpacked
+from nonstop.dataplane.managed_types import check_type, types_reply
+from nonstop.model.codec import encode_key, pack
+from nonstop.model.entry import CLEAN, DELETED
+from nonstop.model.managed import Managed, type_info
+from nonstop.model.ref import Ref
+from nonstop.model.wire import obj_out, write_in
+from nonstop.tx.async_transaction import AsyncTransaction
+from nonstop.tx.asyncmethods import AsyncMethod
+from nonstop.tx.requests import DEFAULT_WINDOW, g_claim_request, g_record_result, lookup_result
+from nonstop.tx.transaction import WRITE, Entry, Isolation, _State
+
+if TYPE_CHECKING:
+    from nonstop.database import Database
+
+
+def obj_of(e: Entry) -> list[Any]:
+    return obj_out(e.ref, e.info.name, e.version, e.state)
+
+
+# ================================================================ branch ops
+async def run_branch_op(
+    tx: AsyncTransaction,
+    op: str,
+    fields: dict[str, Any],
+    writes: Any,
+    window: int = DEFAULT_WINDOW,
+) -> dict[str, Any]:
+    """One ``Exec`` on a branch: its write set, then its op (module doc)."""
+    if writes:
+        await apply_writes(tx, writes)
+    if op.startswith("branch.") and op != "branch.commit":
+        return await execute(tx, op, fields)
+    if op == "branch.commit":
+        req = parse_req(fields.get("req"))
+        if req is not None:
+            found = await claim_and_record(tx, req, window)
+            if found is not None:
+                return {"done": list(found)}
+        await tx.commit()
+        return {}
+    if op == "request.record":
+        req = parse_req(fields.get("req"))
+        if req is None:
+            raise errors.BadArgument("request.record needs a req")
+        found = await claim_and_record(tx, req, window)
+        return {} if found is None else {"done": list(found)}
+    raise errors.BadArgument(f"unknown branch op {op!r:.40}")
+
+
+async def claim_and_record(
+    tx: AsyncTransaction, req: tuple[str, int], window: int
+) -> tuple[bool, Any] | None:
+    """Lock request ``req``'s result slot in ``tx``; its recorded result, or record success."""
+    client, seq = req
+    found: tuple[bool, Any] | None = await tx._adrive(g_claim_request(tx, client, seq, window))
+    if found is not None:
+        return found
+    await tx._adrive(g_record_result(tx, client, seq, True, None, window))
+    return None
+
+
+async def execute(tx: AsyncTransaction, op: str, p: dict[str, Any]) -> dict[str, Any]:
+    """Run one branch op on ``tx`` (the coordinator's own branch or a participant's)."""
+    if op == "branch.get":
+        info = check_type(p.get("type"), p.get("tv"))
+        key = unpacked(p.get("key"), "key")
+        if not isinstance(key, dict) or len(key) != 1:
+            raise errors.BadArgument("key must be one unique key {field: value}")
+        # A probe of a cluster-scope lookup: no lock on an absent key's slot
+        # (session_ops.g_get says why); the object, if found, is locked below.
+        probe = p.get("if_found") and p.get("lock") != "none"
+        if probe and await tx.find(info.cls, lock="none", **key) is None:
+            return {"o": None}
+        found = await tx.find(info.cls, lock=p.get("lock"), **key)
+        return {"o": None if found is None else obj_of(found._e)}
+    if op == "branch.ref":
+        found = await tx.by_ref(Ref(ref_arg(p.get("ref"))), lock=p.get("lock"))
+        return {"o": None if found is None else obj_of(found._e)}
+    if op == "branch.query":
+        return await _run_query(tx, p)
+    if op == "branch.count":
+        info = check_type(p.get("type"), p.get("tv"))
+        return {"n": await tx.count(info.cls)}
+    if op == "branch.create":
+        info = check_type(p.get("type"), p.get("tv"))
+        state = unpacked(p.get("st"), "st")
+        if not isinstance(state, dict):
+            raise errors.BadArgument("st must be a packed {field: value}")
+        obj = await tx.create(info.cls, **state)
+        return {"o": obj_of(obj._e)}
+    if op == "branch.delete":
+        target = await tx.by_ref(Ref(ref_arg(p.get("ref"))), lock="write")
+        if target is None:
+            raise errors.NotFound("no object with this reference")
+        await tx.delete(target)
+        return {}
+    if op == "branch.call":
+        return await _run_call(tx, p)
+    if op == "branch.write":
+        return {}
+    if op == "branch.overwrite":
+        from nonstop.bulk.handlers import overwrite_branch
+
+        return await overwrite_branch(tx, check_type(p.get("type"), p.get("tv")), p)
+    raise errors.BadArgument(f"unknown branch op {op!r:.40}")
+
+
+async def _run_query(tx: AsyncTransaction, p: dict[str, Any]) -> dict[str, Any]:
+    info = check_type(p.get("type"), p.get("tv"))
+    q = tx.query(info.cls)
+    where = unpacked(p.get("where"), "where") if p.get("where") is not None else {}
+    if not isinstance(where, dict):
+        raise errors.BadArgument("where must be a packed {field: value}")
+    refs = {k: v for k, v in where.items() if isinstance(v, Ref)}
+    q.where(**{k: v for k, v in where.items() if k not in refs})
+    for name in refs:  # a reference as such: its object may live on another node
+        q._field(name)
+        q._eq[name] = refs[name]
+    rng = p.get("range")
+    if rng is not None:
+        rng = unpacked(rng, "range")
+        if not isinstance(rng, list) or len(rng) != 5:
+            raise errors.BadArgument("range must be a packed [field, lo, hi, lo_incl, hi_incl]")
+        fname, lo, hi, lo_inc, hi_inc = rng
+        q.range(fname, lo, hi, inclusive=(bool(lo_inc), bool(hi_inc)))
+    order = p.get("order")
+    if order is not None:
+        if not isinstance(order, list) or not order or not isinstance(order[0], str):
+            raise errors.BadArgument("order must be [field, descending]")
+        q.order_by(order[0], descending=bool(order[1]) if len(order) > 1 else False)
+    limit = p.get("limit")
+    if limit is not None:
+        q.limit(limit)
+    if p.get("lock") is not None:
+        q.lock(p.get("lock"))
+    found = await q.all()
+    objs = [obj_of(h._e) for h in found]
+    reply: dict[str, Any] = {"os": objs}
+    if q._order is not None:
+        fname = q._order[0]
+        reply["k"] = [encode_key(h._e.state[fname]) for h in found]
+    return reply
+
+
+def _remote_marked(fn: Any) -> bool:
+    return bool(getattr(fn, "__nonstop_remote__", False))
+
+
+async def _run_call(tx: AsyncTransaction, p: dict[str, Any]) -> dict[str, Any]:
+    method = p.get("m")
+    if not isinstance(method, str) or not method or method.startswith("_"):
+        raise errors.BadArgument(f"not a method name: {method!r:.40}")
+    lock = p.get("lock") or "write"
+    target = await tx.by_ref(Ref(ref_arg(p.get("ref"))), lock=lock)
+    if target is None:
+        raise errors.NotFound("no object with this reference")
+    cls = type(target)
+    fn = getattr(cls, method, None)
+    # An @asynchronous method is a descriptor, not a callable: calling it through the
+    # handle queues the call in this branch (A6 to a remote target).
+    is_method = callable(fn) or isinstance(fn, AsyncMethod)
+    if fn is None or not is_method or method in type_info(cls).fields:
+        raise errors.BadArgument(f"{type_info(cls).name} has no method {method!r}")
+    if p.get("ro") and not _remote_marked(fn):
+        raise errors.NotRemote(
+            f"{type_info(cls).name}.{method} is not marked @nonstop.remote; it cannot run "
+            "on the object's master node"
+        )
+    a = unpacked(p.get("a"), "a") if p.get("a") is not None else [[], {}]
+    if not (isinstance(a, list) and len(a) == 2 and isinstance(a[1], dict)):
+        raise errors.BadArgument("a must be a packed [args, kwargs]")
+    result = getattr(target, method)(*a[0], **a[1])
+    if asyncio.iscoroutine(result):
+        result = await result
+    if isinstance(result, Managed):
+        result = Ref(result._e.ref)
+    try:
+        packed = pack(result)
+    except (TypeError, ValueError) as exc:
+        raise errors.BadArgument(f"the result of {method} cannot be sent: {exc}") from None
+    objs = [obj_of(target._e)] if target._e.status < DELETED else []
+    for e in list(tx._entries.values()):
+        if e is not target._e and e.status != CLEAN and e.status < DELETED:
+            objs.append(obj_of(e))
+    return {"r": packed, "os": objs}
+
+
+async def apply_writes(tx: AsyncTransaction, writes: Any) -> None:
+    """Apply a write set (data-path.md section 2) to ``tx``: lock, version check, set fields.
+
+    A version different from the one this transaction holds means the client
+    wrote on a stale copy: ``Conflict`` (retryable, B7).
+    """
+    if not isinstance(writes, list):
+        raise errors.BadArgument("a write set is a list of writes")
+    for w in writes:
+        ref, type_name, version, changes = write_in(w)
+        check_type(type_name, None)
+        e = tx._entries.get(ref)
+        if e is None or e.lock < WRITE:
+            handle = await tx.by_ref(Ref(ref), lock="write")
+            e = None if handle is None else handle._e
+        if e is None or e.status >= DELETED:
+            raise errors.Conflict(f"{type_name} object {Ref(ref)} was deleted")
+        if e.info.name != type_name:
+            raise errors.BadArgument(f"object {Ref(ref)} is a {e.info.name}, not a {type_name}")
+        if e.version != version:
+            raise errors.Conflict(
+                f"{type_name} object {Ref(ref)} changed: written on version {version}, "
+                f"it is at version {e.version}"
+            )
+        for name, value in changes.items():
+            if name not in e.info.fields:
+                raise errors.FieldError(f"{type_name} has no field {name!r}")
+            tx._write_field(e, name, value)
+
+
+# ============================================================ store ops
+async def run_store_op(
+    db: Database,
+    op: str,
+    fields: dict[str, Any],
+    lock_wait: float,
+    window: int = DEFAULT_WINDOW,
+) -> dict[str, Any]:
+    """One ``Exec`` outside any branch (module doc)."""
+    req = parse_req(fields.get("req"))
+    if req is None:
+        raise errors.BadArgument(f"{op} needs a req")
+    if op == "request.lookup":
+        found = lookup_result(db, *req)
+        if found is not None:
+            return {"found": list(found), "in_doubt": False}
+        return {"found": None, "in_doubt": bool(db.in_doubt())}
+    if op == "request.abort":
+        await record_abort(db, req, fields.get("error"), fields.get("message"), lock_wait, window)
+        return {}
+    raise errors.BadArgument(f"unknown store op {op!r:.40}")
+
+
+async def record_abort(
+    db: Database,
+    req: tuple[str, int],
+    error: Any,
+    message: Any,
+    lock_wait: float,
+    window: int,
+) -> None:
+    """Record ``[false, [error, message]]`` for ``req`` unless a result is recorded already."""
+    client, seq = req
+    tx = AsyncTransaction(db, Isolation.SERIALIZABLE, lock_wait)
+    try:
+        found = await tx._adrive(g_claim_request(tx, client, seq, window))
+        if found is None:
+            value = [error, message]
+            await tx._adrive(g_record_result(tx, client, seq, False, value, window))
+            await tx.commit()
+    finally:
+        if tx._state is _State.ACTIVE:
+            await tx.rollback()
+
+
+__all__ = [
+    "apply_writes",
+    "check_type",
+    "claim_and_record",
+    "execute",
+    "obj_of",
+    "record_abort",
+    "run_branch_op",
+    "run_store_op",
+    "types_reply",
+]
