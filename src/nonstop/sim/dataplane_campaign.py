@@ -24,7 +24,7 @@ MODULE = "nonstop.sim.dataplane_campaign"
 TOTALS = ("transfers", "acked", "failed", "unknown", "audits")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SeedOutcome:
     seed: int
     ok: bool

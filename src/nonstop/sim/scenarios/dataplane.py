@@ -36,6 +36,7 @@ rebuilt from its disk equals its memory (durability).
 
 from __future__ import annotations
 
+import functools
 import random
 import time
 from collections import Counter
@@ -46,6 +47,7 @@ from typing import Any
 from nonstop.cluster.failure import DetectorConfig, location_code
 from nonstop.cluster.node import ClusterConfig
 from nonstop.cluster.raft import RaftConfig
+from nonstop.dataplane.machine import DataPlaneConfig
 from nonstop.dtx.protocol import DtxConfig
 from nonstop.model import codec
 from nonstop.model.ref import Ref
@@ -54,6 +56,7 @@ from nonstop.runtime.interface import Action, Event, NodeId, Reply
 from nonstop.sim import nemesis
 from nonstop.sim.core import DiskConfig, NetConfig, Simulation, SimulationError, decode, encode
 from nonstop.sim.history import Recorder, Txn, check_bank, check_list_append
+from nonstop.sim.scenarios.dataplane_crashes import STEPS, CrashAtStep
 from nonstop.sim.scenarios.dataplane_node import CLOSE, SimDataNode
 from nonstop.sim.scenarios.dataplane_store import (
     ACCOUNT,
@@ -88,9 +91,13 @@ class ScenarioConfig:
     op_timeout: float = 1.5
     """A client gives up waiting for a reply after this (then: ``request.result``)."""
     audit_share: float = 0.1
+    local_share: float = 0.3
+    """Transfers between two accounts of the node the client talks to (local commits)."""
+    crash_steps: bool = True
+    """Also crash one node at a delicate step of a commit (:mod:`.dataplane_crashes`)."""
     max_events: int = 1_000_000
     dtx: DtxConfig = field(default_factory=DtxConfig)
-    dataplane: Any = None
+    dataplane: DataPlaneConfig | None = None
     """The data plane's configuration (None: :func:`sim_dataplane_config`)."""
     store: StoreConfig = field(default_factory=StoreConfig)
     node_class: type[SimDataNode] = SimDataNode
@@ -99,16 +106,14 @@ class ScenarioConfig:
     """Keep the full trace digest (determinism tests); campaigns leave it off for speed."""
 
 
-def sim_dataplane_config() -> Any:
-    """The data plane's timeouts scaled to the simulator (its defaults are for real networks)."""
-    from nonstop.dataplane.machine import DataPlaneConfig
+def sim_dataplane_config() -> DataPlaneConfig:
+    """The data plane's timeouts scaled to the simulator (its defaults are for real networks).
 
-    return DataPlaneConfig(
-        branch_idle=2.0,
-        rpc_timeout=1.0,
-        commit_timeout=1.2,
-        sweep_every=0.1,
-    )
+    As in production, ``rpc_timeout`` exceeds the store's lock wait (a peer
+    waiting for a lock is not down) and ``commit_timeout`` the dtx machine's
+    vote and decision timeouts (an undecided commit is the exception).
+    """
+    return DataPlaneConfig(branch_idle=2.0, rpc_timeout=0.8, commit_timeout=1.2, sweep_every=0.1)
 
 
 @dataclass(slots=True)
@@ -136,7 +141,8 @@ class DataPlaneResult:
         s = self.stats
         return (
             f"seed {self.seed}: {'ok' if self.ok else 'FAIL'} nodes={len(self.nodes)} "
-            f"clients={s['clients']} faults={len(self.faults)} transfers={s['transfers']} "
+            f"clients={s['clients']} faults={len(self.faults)} step={s['step']} "
+            f"transfers={s['transfers']} "
             f"acked={s['acked']} failed={s['failed']} unknown={s['unknown']} "
             f"audits={s['audits']} events={s['events']} virtual={s['virtual_time']:.2f}s "
             f"cpu={s['cpu_time']:.3f}s"
@@ -173,7 +179,7 @@ class Wire:
             if isinstance(action, Reply) and action.request_id in self.pending:
                 then = self.pending.pop(action.request_id)
                 payload = decode(encode(action.payload))
-                sim.at(sim.now + self.latency, lambda t=then, p=payload: t(p))
+                sim.at(sim.now + self.latency, functools.partial(then, payload))
 
     def _expire(self, rid: int) -> None:
         then = self.pending.pop(rid, None)
@@ -265,6 +271,7 @@ class BankClient:
         rng: random.Random,
         nodes: list[NodeId],
         numbers: list[int],
+        home: dict[int, NodeId],
         ledger: Ledger,
         cfg: ScenarioConfig,
         stop_at: float,
@@ -274,6 +281,7 @@ class BankClient:
         self.rng = rng
         self.nodes = nodes
         self.numbers = numbers
+        self.home = home
         self.ledger = ledger
         self.cfg = cfg
         self.stop_at = stop_at
@@ -307,18 +315,26 @@ class BankClient:
 
     # ------------------------------------------------------------ transfers
     def transfer(self) -> Coroutine:
+        """A transfer between two random accounts, through a random node; or, like an
+        application that knows where its objects live, between two accounts of one
+        node through that node (a local commit, no two-phase commit)."""
         src, dst = self.rng.sample(self.numbers, 2)
+        node = self.rng.choice(self.nodes)
+        if self.rng.random() < self.cfg.local_share:
+            node = self.rng.choice(self.nodes)
+            mine = [n for n in self.numbers if self.home[n] == node]
+            if len(mine) >= 2:
+                src, dst = self.rng.sample(mine, 2)
         amount = self.rng.randint(1, 30)
         for attempt in range(3):
-            retry = yield from self._transfer_once(src, dst, amount)
+            retry = yield from self._transfer_once(node, src, dst, amount)
             if not retry:
                 return
             yield _sleep(self.rng.uniform(0.01, 0.05) * (attempt + 1))
 
-    def _transfer_once(self, src: int, dst: int, amount: int) -> Coroutine:
+    def _transfer_once(self, node: NodeId, src: int, dst: int, amount: int) -> Coroutine:
         """One attempt; returns True if it is worth replaying (a retryable, definite abort)."""
         ledger = self.ledger
-        node = self.rng.choice(self.nodes)
         conn = self._conn()
         self.seq += 1
         tid = f"{self.name}-{self.seq}"
@@ -552,6 +568,17 @@ def run_seed(
         kinds=cfg.fault_kinds,
     )
     nemesis.install(sim, faults, cfg.heal_at)
+    # The data path sends each RPC once (over TCP, a lost message is a broken
+    # connection: Unavailable, and the client retries).  So after the heal the
+    # network's steady loss stops too: liveness is judged on a healed network.
+    sim.at(cfg.heal_at, lambda: setattr(sim.net, "drop", 0.0))
+    step = rng.choice(STEPS) if cfg.crash_steps else "none"
+    injector = CrashAtStep(
+        step,
+        rng.choice(names),
+        rng.uniform(cfg.client_start, cfg.heal_at * 0.8),
+        rng.choice([0.05, 0.3, 1.0]),
+    ).attach(sim)
 
     violations: list[Violation] = []
 
@@ -559,6 +586,18 @@ def run_seed(
         if len(violations) < 20:
             violations.append(Violation(sim.now, invariant, detail))
 
+    def orphans(sim: Simulation, name: NodeId, event: Event, actions: list[Action]) -> None:
+        """A node told a peer went down holds none of the branches that peer coordinates."""
+        machine = sim.machine(name)
+        if not isinstance(machine, SimDataNode) or not machine.lost_peers:
+            return
+        lost, machine.lost_peers = machine.lost_peers, set()
+        for peer in sorted(lost):
+            kept = sorted(b for b in machine.dataplane.branches if b.startswith(peer + "."))
+            if kept:
+                fail("orphan-branch", f"{name} sees {peer} down but keeps its branches {kept}")
+
+    sim.observers.append(orphans)
     clock: Callable[[], float] = lambda: sim.now  # noqa: E731
     ledger = Ledger(Recorder(clock), Recorder(clock))
     wire = Wire(sim, 0.0003, cfg.op_timeout)
@@ -571,6 +610,7 @@ def run_seed(
             random.Random(rng.getrandbits(64)),
             names,
             numbers,
+            home,
             ledger,
             cfg,
             cfg.heal_at,
@@ -618,6 +658,8 @@ def run_seed(
         "events": sim.events,
         "messages": sim.messages_sent,
         "clients": n_clients,
+        "step": step,
+        "crash_fired": injector.fired_at,
         "transfers": s["transfers"],
         "acked": len(ledger.acked),
         "failed": len(ledger.failed),

@@ -54,6 +54,7 @@ from nonstop.dataplane.events import (
     ClientOp,
     ClientReply,
     ClusterChanged,
+    DataAction,
     Decide,
     DecisionDone,
     EndBranch,
@@ -61,7 +62,7 @@ from nonstop.dataplane.events import (
 )
 from nonstop.dataplane.machine import DataPlane
 from nonstop.dtx.clustered import DtxClusterNode
-from nonstop.dtx.protocol import RM, DtxConfig
+from nonstop.dtx.protocol import RM, DtxConfig, DtxNode
 from nonstop.runtime.interface import (
     Action,
     CancelTimer,
@@ -79,6 +80,8 @@ from nonstop.runtime.interface import (
 from nonstop.sim.scenarios.dataplane_store import TIMER_PREFIX, SimDataStore, StoreConfig
 
 DP_TIMER = "dp:"
+DECIDE_NOTE = "dp.decide"
+"""``Notify`` the composition emits when the data plane asks for a decision (observers)."""
 CLOSE = "conn.close"
 """A simulated client closing its connection: ``{"conn": c, "op": "conn.close"}``."""
 
@@ -98,6 +101,7 @@ class SimDataNode:
         dataplane_config: Any = None,
         store_config: StoreConfig | None = None,
         dataplane_class: Callable[..., DataPlane] = DataPlane,
+        dtx_class: type[DtxNode] = DtxNode,
     ) -> None:
         self.name = cluster_config.name
         self.everyone = tuple(
@@ -111,7 +115,9 @@ class SimDataNode:
             recovered,
             store_config,
         )
-        self.node = DtxClusterNode(cluster_config, self.store.rm, rng, recovered, dtx_config)
+        self.node = DtxClusterNode(
+            cluster_config, self.store.rm, rng, recovered, dtx_config, dtx_class
+        )
         self.dataplane = dataplane_class(
             self.name, random.Random(rng.getrandbits(64)), dataplane_config
         )
@@ -124,6 +130,9 @@ class SimDataNode:
         self._next_internal = 0
         self._cluster_dirty = False
         self._last_view: tuple[Any, ...] | None = None
+        self.lost_peers: set[str] = set()
+        """Peers the data plane was told went down since an observer last cleared this
+        (the scenario checks their branches are gone: data-path.md §7)."""
         self.now = 0.0
 
     # ------------------------------------------------------------ the machine
@@ -215,7 +224,7 @@ class SimDataNode:
                     self._cluster_dirty = True
                 self._out.append(action)
 
-    def _from_dataplane(self, now: float, actions: list[Action]) -> None:
+    def _from_dataplane(self, now: float, actions: list[Action | DataAction]) -> None:
         for action in actions:
             if isinstance(action, Exec):
                 self.store.execute(now, action)
@@ -239,6 +248,7 @@ class SimDataNode:
         self._next_internal -= 1
         rid = self._next_internal
         self._decisions[rid] = action.corr
+        self._out.append(Notify(DECIDE_NOTE, {"nodes": sorted(action.branches)}))
         request = ClientRequest(now, rid, {"op": "run", "branches": action.branches})
         self._queue.append((False, request))
 
@@ -255,6 +265,8 @@ class SimDataNode:
         view = (members, up, cluster.quorum_state)
         if view == self._last_view:
             return None
+        if self._last_view is not None:
+            self.lost_peers |= self._last_view[1] - up
         self._last_view = view
         return ClusterChanged(now, members, up, cluster.quorum_state, dict(self.locations))
 
@@ -284,4 +296,4 @@ def make_factory(
     return factory
 
 
-__all__ = ["CLOSE", "DP_TIMER", "SimDataNode", "make_factory"]
+__all__ = ["CLOSE", "DECIDE_NOTE", "DP_TIMER", "SimDataNode", "make_factory"]
