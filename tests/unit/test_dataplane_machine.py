@@ -297,6 +297,35 @@ def test_writes_to_a_node_never_visited_open_its_branch_shipping_them() -> None:
     assert decide.branches == {"B": [["b", f"A.{s}"]]}  # no request id: A does not take part
 
 
+def test_writes_here_are_applied_before_an_op_goes_elsewhere() -> None:
+    net = Net("AB")
+    objs = accounts(net, {"a": "A", "b": "B"})
+    s = net.ok("A", get("a", begin="serializable", lock="write"))["s"]
+    w = [write(objs["a"], balance=7)]
+    net.hold = lambda ex: ex.op == "branch.write"  # the store takes its time
+    # An op for B only: A's write is applied first, alone; B is asked after.
+    assert net.op("A", {"op": "tx.ref", "s": s, "ref": objs["b"][0], "w": w}) is None
+    ((_, first),) = net.held
+    assert first.op == "branch.write" and first.writes == w
+    assert net.data_reqs() == []
+    net.hold = lambda ex: False
+    net.release_held()
+    assert "error" not in net.replies[-1].payload
+    ((_, to, msg),) = net.data_reqs()
+    assert to == "B" and msg["op"] == "branch.ref" and "w" not in msg
+    # A failed write here: the op fails there, nothing was sent.
+    net.sent.clear()
+    net.stores["A"].fail["branch.write"] = {"error": "FieldError", "message": "no"}
+    count = {"op": "tx.count", "s": s, "type": ACC, "scope": ["B"], "w": w}
+    assert net.op("A", count)["error"] == "FieldError"
+    assert net.data_reqs() == []
+    # An op with a call here carries them on that call (one Exec).
+    before = len(net.stores["A"].execs)
+    net.ok("A", {"op": "tx.count", "s": s, "type": ACC, "w": w})
+    (here,) = net.stores["A"].execs[before:]
+    assert here.op == "branch.count" and here.writes == w
+
+
 def test_a_peer_that_does_not_answer_is_unavailable_and_the_session_ends() -> None:
     net = Net("ABC")
     accounts(net, {"c": "C"})

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from nonstop import errors
 from nonstop.dataplane.args import RequestId, parse_req
 from nonstop.dataplane.results import AlreadyDone, g_first_outcome, outcome_of
-from nonstop.dataplane.session_ops import WRITE_NOW, g_call, take_writes
+from nonstop.dataplane.session_ops import WRITE_NOW, take_writes
 from nonstop.dataplane.state import COMMITTING, UNDECIDED, Session
 from nonstop.dataplane.steps import AWAIT_DECISION, Call, DecideStep, OpCoroutine, ReplyNow
 from nonstop.dataplane.steps import UNDECIDED as NOT_DECIDED
@@ -123,7 +123,7 @@ def g_two_phase(dp: DataPlane, s: Session, writers: set[str], req: RequestId | N
     for node in sorted(writers - s.remote - {dp.name}):
         # Writes to a node this session never opened a branch on (the client
         # cached the object elsewhere): open it now, shipping them.
-        yield from g_call(dp, s, node, WRITE_NOW, {})
+        yield Call(node, WRITE_NOW, {})
     if req is not None:
         # The result rides in the coordinator's own branch, which then always
         # takes part: it commits exactly when the transaction does.

@@ -41,6 +41,11 @@ COMMIT_TIMER = "dp.commit."
 Immediate = tuple[Any, BaseException | None]
 """A step's answer known at once: (value, None) or (None, exception)."""
 
+ALONE = -1
+"""The slot of a task's only wait (not a gather's)."""
+FIRST = -2
+"""The slot of a wait that must end before the task's ``then`` step is carried out."""
+
 
 class Driver:
     """Runs tasks (module doc); the base of the data-plane machine."""
@@ -70,6 +75,9 @@ class Driver:
     def _task_over(self, task: Task) -> None:
         """``task`` finished (the machine starts its session's next op)."""
 
+    def _failed(self, task: Task, error: errors.Error) -> None:
+        """``task`` raised ``error`` (the machine ends a session it dooms)."""
+
     def _run(self, task: Task, value: Any, exc: BaseException | None) -> None:
         """Resume ``task`` with ``value`` (or throw ``exc``) until it waits or ends."""
         previous, self._current = self._current, task
@@ -81,6 +89,7 @@ class Driver:
                     self._finish(task, stop.value)
                     return
                 except errors.Error as error:
+                    self._failed(task, error)
                     self._finish(task, error_out(error))
                     return
                 except Exception as bug:
@@ -113,6 +122,13 @@ class Driver:
         if task.done:
             return
         if slot < 0:
+            if slot == FIRST and exc is None:
+                then, task.then = task.then, None
+                assert then is not None
+                now = self._issue(task, then)
+                if now is None:
+                    return
+                value, exc = now
             self._run(task, value, exc)
             return
         results = task.results
@@ -134,12 +150,12 @@ class Driver:
         """Carry out ``step`` of ``task``: the answer if known now, else None (it waits)."""
         kind = type(step)
         if kind is Call:
-            return self._call(task, -1, step)  # type: ignore[arg-type]
+            return self._call(task, ALONE, step)  # type: ignore[arg-type]
         if kind is Gather:
             return self._gather(task, step.calls)  # type: ignore[union-attr]
         if kind is StoreOp:
             corr = self.next_corr()
-            self._execs[corr] = (task, -1)
+            self._execs[corr] = (task, ALONE)
             self._out.append(Exec(corr, None, step.op, step.fields))  # type: ignore[union-attr]
             return None
         if kind is DecideStep:
@@ -161,7 +177,7 @@ class Driver:
             return None
         raise TypeError(f"a data-plane coroutine yielded {step!r:.60}")
 
-    def _gather(self, task: Task, calls: list[Call]) -> tuple[Any, None] | None:
+    def _gather(self, task: Task, calls: list[Call]) -> Immediate | None:
         results: list[Any] = [None] * len(calls)
         task.results = results
         task.remaining = len(calls)
@@ -193,4 +209,4 @@ def _error_of(reply: dict[str, Any]) -> errors.Error:
     return cls(message)
 
 
-__all__ = ["COMMIT_TIMER", "Driver", "Immediate"]
+__all__ = ["ALONE", "COMMIT_TIMER", "FIRST", "Driver", "Immediate"]

@@ -32,7 +32,7 @@ from nonstop.dataplane.args import RequestId
 from nonstop.dataplane.branches import BranchRegistry
 from nonstop.dataplane.calls import RPC_TIMER, PeerCalls
 from nonstop.dataplane.commit import g_commit
-from nonstop.dataplane.driver import COMMIT_TIMER, Driver, Immediate
+from nonstop.dataplane.driver import ALONE, COMMIT_TIMER, FIRST, Driver, Immediate
 from nonstop.dataplane.events import (
     BranchDone,
     ClientGone,
@@ -47,11 +47,12 @@ from nonstop.dataplane.events import (
 from nonstop.dataplane.managed_types import check_type
 from nonstop.dataplane.results import g_commit_retry, g_request_result, g_settle
 from nonstop.dataplane.routing import SESSION_OPS
-from nonstop.dataplane.session_ops import OPS, take_writes
+from nonstop.dataplane.session_ops import OPS, WRITE_NOW, take_writes
 from nonstop.dataplane.state import ACTIVE, COMMITTING, OVER, Branch, Session
 from nonstop.dataplane.steps import (
     UNDECIDED,
     Call,
+    Gather,
     OpCoroutine,
     Task,
 )
@@ -192,7 +193,12 @@ class DataPlane(Driver):
         sid = p.get("s")
         if sid is None and "begin" in p:
             # tx.begin folded into the session's first op: one round trip less.
-            self._start_op(self._begin(conn, p.get("begin")), conn, corr, op, p, fold=True)
+            new = self._begin(conn, p.get("begin"))
+            if op == "tx.rollback":  # a session opened and ended
+                self.end_session(new)
+                self._out.append(ClientReply(conn, corr, {"s": new.sid}))
+                return
+            self._start_op(new, conn, corr, op, p, fold=True)
             return
         s = self._session(conn, sid)
         if op == "tx.rollback":
@@ -247,7 +253,13 @@ class DataPlane(Driver):
     def _start_op(
         self, s: Session, conn: int, corr: Any, op: str, p: dict[str, Any], fold: bool
     ) -> None:
-        task = Task(_g_session_op(self, s, op, p), conn, corr, s)
+        if op == "tx.commit":
+            gen = g_commit(self, s, p)
+        elif p.get("w"):
+            gen = _g_with_writes(self, s, op, p)
+        else:
+            gen = OPS[op](self, s, p)
+        task = Task(gen, conn, corr, s)
         task.fold = fold
         s.task = task
         self._run(task, None, None)
@@ -269,6 +281,13 @@ class DataPlane(Driver):
             s.task = None
             if s.queue:
                 self._next_op(s)
+
+    def _failed(self, task: Task, error: errors.Error) -> None:
+        s = task.session
+        if s is not None and s.state == ACTIVE and isinstance(error, _DOOMING):
+            # The branch that failed is doomed or gone: the whole transaction is
+            # over, and every other branch is released now (B8).
+            self.end_session(s)
 
     def _on_client_gone(self, ev: ClientGone) -> None:
         """The connection closed: its sessions roll back, except committing ones (B8)."""
@@ -366,6 +385,11 @@ class DataPlane(Driver):
         s = task.session
         assert s is not None, "a Call outside a session"
         node = call.node
+        if slot == ALONE and node != self.name and self.name in s.pending:
+            # Writes to objects mastered here are applied before the op goes
+            # anywhere else, as when they arrived.
+            task.then = call
+            return self._call(task, FIRST, Call(self.name, WRITE_NOW, {}))
         pending = s.pending.pop(node, None)
         writes = list(pending.values()) if pending else None
         if node == self.name:
@@ -394,6 +418,13 @@ class DataPlane(Driver):
             return None, errors.Unavailable(f"node {node} is not up")
         self.calls.send(node, msg, task, slot)
         return None
+
+    def _gather(self, task: Task, calls: list[Call]) -> Immediate | None:
+        s = task.session
+        if s is not None and self.name in s.pending and all(c.node != self.name for c in calls):
+            task.then = Gather(calls)  # as for one call: the writes here first
+            return self._call(task, FIRST, Call(self.name, WRITE_NOW, {}))
+        return super()._gather(task, calls)
 
     # ================================================================ events
     def _on_branch_done(self, ev: BranchDone) -> None:
@@ -466,24 +497,14 @@ class DataPlane(Driver):
         self.registry.coordinator_down(peer)
 
 
-def _g_session_op(dp: DataPlane, s: Session, op: str, p: dict[str, Any]) -> OpCoroutine:
-    """One op of session ``s``; a failure that dooms the transaction ends the session."""
-    try:
-        if op == "tx.commit":
-            return (yield from g_commit(dp, s, p))
-        if op == "tx.rollback":  # folded into a begin: a session opened and ended
-            dp.end_session(s)
-            return {}
-        w = p.get("w")
-        if w:
-            take_writes(dp, s, w)
-        return (yield from OPS[op](dp, s, p))
-    except (errors.Retryable, errors.Unavailable, errors.TransactionClosed):
-        # The branch that failed is doomed or gone: the whole transaction is
-        # over, and every other branch is released now (B8).
-        if s.state == ACTIVE:
-            dp.end_session(s)
-        raise
+_DOOMING = (errors.Retryable, errors.Unavailable, errors.TransactionClosed)
+"""Errors of a session op that end its session (other errors leave it usable)."""
+
+
+def _g_with_writes(dp: DataPlane, s: Session, op: str, p: dict[str, Any]) -> OpCoroutine:
+    """A session op carrying the client's deferred writes (``w``): taken first."""
+    take_writes(dp, s, p["w"])
+    return (yield from OPS[op](dp, s, p))
 
 
 __all__ = ["COMMIT_TIMER", "RPC_TIMER", "SWEEP_TIMER", "DataPlane", "DataPlaneConfig"]

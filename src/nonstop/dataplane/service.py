@@ -32,7 +32,7 @@ import functools
 import logging
 import os
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -133,11 +133,14 @@ class DataService:
         self._conns: dict[int, Any] = {}
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._coros: set[Coroutine[Any, Any, None]] = set()
+        """Store ops running without a task (``_eager``)."""
         self._feeding = False
         self._backlog: collections.deque[Any] = collections.deque()
         self._peers_seen = -1
         self._refresh_due = False
         self._stopping = False
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._do: dict[type, Callable[[Any], None]] = {
             Exec: self._do_exec,
             Send: self._do_send,
@@ -177,19 +180,27 @@ class DataService:
         self._timers.clear()
         for task in list(self._tasks):
             task.cancel()
+        for coro in list(self._coros):
+            coro.close()
+        self._coros.clear()
         for slot in list(self._txs.values()):
             if slot.tx is not None and slot.tx._state is _State.ACTIVE:
                 await slot.tx.rollback()
         self._txs.clear()
 
     def _spawn(self, coro: Any) -> None:
-        task = asyncio.ensure_future(coro)
+        task = self._get_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    @staticmethod
-    def _now() -> float:
-        return asyncio.get_running_loop().time()
+    def _get_loop(self) -> asyncio.AbstractEventLoop:
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        return loop
+
+    def _now(self) -> float:
+        return self._get_loop().time()
 
     # ============================================================ events in
     def on_client(self, conn: Any, client_id: Any, payload: dict[str, Any]) -> None:
@@ -241,7 +252,7 @@ class DataService:
         # it on the next loop turn (never a Decide from inside that dispatch).
         if not self._refresh_due:
             self._refresh_due = True
-            asyncio.get_running_loop().call_soon(self._refresh)
+            self._get_loop().call_soon(self._refresh)
 
     def _refresh(self) -> None:
         self._refresh_due = False
@@ -282,6 +293,8 @@ class DataService:
         if self._feeding:
             self._backlog.append(event)
             return
+        if self._stopping:  # the store is closing: nothing more is done
+            return
         self._feeding = True
         try:
             while True:
@@ -315,8 +328,9 @@ class DataService:
             old.cancel()
         if self._stopping:
             return
-        loop = asyncio.get_running_loop()
-        self._timers[action.name] = loop.call_later(action.delay, self._fire, action.name)
+        self._timers[action.name] = self._get_loop().call_later(
+            action.delay, self._fire, action.name
+        )
 
     def _do_cancel_timer(self, action: CancelTimer) -> None:
         handle = self._timers.pop(action.name, None)
@@ -353,7 +367,7 @@ class DataService:
     # ============================================================ the store
     def _do_exec(self, action: Exec) -> None:
         if action.bid is None:
-            self._spawn(self._store_op(action))
+            self._eager(self._store_op(action))
             return
         slot = self._txs.get(action.bid)
         if slot is None:
@@ -361,7 +375,7 @@ class DataService:
         slot.queue.append(action)
         if not slot.running:
             slot.running = True
-            self._spawn(self._drain(action.bid, slot))
+            self._start_drain(action.bid, slot)
 
     def _do_end_branch(self, action: EndBranch) -> None:
         slot = self._txs.get(action.bid)
@@ -370,13 +384,61 @@ class DataService:
         slot.queue.append(action)
         if not slot.running:
             slot.running = True
-            self._spawn(self._drain(action.bid, slot))
+            self._start_drain(action.bid, slot)
 
-    async def _drain(self, bid: str, slot: _Branch) -> None:
-        """Run the branch's Execs one after the other, in the order they came."""
+    def _start_drain(self, bid: str, slot: _Branch) -> None:
+        head = slot.queue[0]
+        if type(head) is Exec and head.op in _USER_CODE_OPS:
+            self._spawn(self._drain(bid, slot, in_task=True))
+        else:
+            self._eager(self._drain(bid, slot, in_task=False))
+
+    def _eager(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run ``coro`` at once, without a task, until it waits; on as what it awaits settles.
+
+        Most store ops finish without waiting (no lock to wait for, nothing to
+        make durable): they cost no task and no loop turn.  Only the adapter's
+        own coroutines run this way; they await only futures of the store.
+        """
+        self._coros.add(coro)
+        self._step(coro)
+
+    def _step(self, coro: Coroutine[Any, Any, None], _settled: Any = None) -> None:
+        if coro not in self._coros:  # closed by stop() while it waited
+            return
+        try:
+            waited = coro.send(None)
+        except StopIteration:
+            self._coros.discard(coro)
+            return
+        except BaseException:
+            self._coros.discard(coro)
+            log.exception("data plane: a store op failed")
+            return
+        if waited is None:  # a bare yield (sleep(0)): the next loop turn
+            self._get_loop().call_soon(self._step, coro)
+        elif asyncio.isfuture(waited):
+            waited._asyncio_future_blocking = False
+            waited.add_done_callback(functools.partial(self._step, coro))
+        else:
+            self._coros.discard(coro)
+            coro.close()
+            log.error("data plane: a store op awaited %r, not a future", waited)
+
+    async def _drain(self, bid: str, slot: _Branch, in_task: bool) -> None:
+        """Run the branch's Execs one after the other, in the order they came.
+
+        ``in_task``: in a task of its own (else run by ``_eager``).
+        """
         try:
             while slot.queue:
                 item = slot.queue.popleft()
+                if not in_task and type(item) is Exec and item.op in _USER_CODE_OPS:
+                    # Application code runs in a task of its own (it may use
+                    # anything asyncio offers): the rest of the queue goes there.
+                    slot.queue.appendleft(item)
+                    self._spawn(self._drain(bid, slot, in_task=True))
+                    return
                 if type(item) is EndBranch:
                     tx, slot.tx = slot.tx, None
                     if tx is not None and tx._state is _State.ACTIVE:
@@ -385,10 +447,12 @@ class DataService:
                 assert isinstance(item, Exec)
                 reply = await self._exec(bid, slot, item)
                 self._feed(BranchDone(now=self._now(), corr=item.corr, reply=reply))
-        finally:
             slot.running = False
-            if slot.tx is None and not slot.queue and self._txs.get(bid) is slot:
+            if slot.tx is None and self._txs.get(bid) is slot:
                 del self._txs[bid]
+        except BaseException:
+            slot.running = False
+            raise
 
     async def _exec(self, bid: str, slot: _Branch, ex: Exec) -> dict[str, Any]:
         try:
@@ -507,6 +571,10 @@ class DataService:
                 }
             )
         return out
+
+
+_USER_CODE_OPS = frozenset({"branch.call", "branch.overwrite"})
+"""Branch ops that run application code (a called method, a bulk swap): in a task."""
 
 
 def _send_reply(conn: Any, client_id: Any, reply: Any) -> None:

@@ -10,7 +10,8 @@ Writes travel as write sets (C5): the client ships its deferred field writes
 with its next op (:func:`take_writes`); they wait per master node and ride on
 the next call to that node, or on the commit (one message per participant).
 Writes to objects mastered here are applied before the op goes to any other
-node (as when they arrived), riding on the op's first call here when it has one.
+node (as when they arrived), riding on the op's first call here when it has one
+(the machine sees to it: ``DataPlane._call``).
 """
 
 from __future__ import annotations
@@ -59,23 +60,6 @@ def merge_write(pending: dict[bytes, list[Any]], w: list[Any]) -> None:
     pending[ref] = [old[0], old[1], old[2], pack(changes)]
 
 
-# ------------------------------------------------------------------- calls
-def g_call(dp: DataPlane, s: Session, node: str, op: str, fields: dict[str, Any]) -> OpCoroutine:
-    """Run ``op`` on ``node``'s branch of ``s`` → its reply (errors raised)."""
-    if node != dp.name and dp.name in s.pending:
-        yield Call(dp.name, WRITE_NOW, {})
-    return (yield Call(node, op, fields))
-
-
-def g_gather(
-    dp: DataPlane, s: Session, nodes: list[str], op: str, fields: dict[str, Any]
-) -> OpCoroutine:
-    """Run ``op`` on every node at once → replies or exceptions, in ``nodes`` order."""
-    if dp.name not in nodes and dp.name in s.pending:
-        yield Call(dp.name, WRITE_NOW, {})
-    return (yield Gather([Call(n, op, fields) for n in nodes]))
-
-
 def raise_fatal(replies: list[Any]) -> None:
     """Re-raise the first failure of a fan-out that is not a node being unreachable.
 
@@ -109,15 +93,15 @@ def g_get(dp: DataPlane, s: Session, p: dict[str, Any]) -> OpCoroutine:
     # fail_if_down refuses while any node of the scope is down.
     nodes = dp.view.audited(scope, p.get("audit", "skip_down"))
     if scope == "local":
-        return (yield from g_call(dp, s, dp.name, "branch.get", fields))
+        return (yield Call(dp.name, "branch.get", fields))
     probe = {**fields, "if_found": True}
-    reply = yield from g_call(dp, s, dp.name, "branch.get", probe)
+    reply = yield Call(dp.name, "branch.get", probe)
     if reply.get("o") is not None:
         return reply
     # "Not found" is only an answer once every node of the scope was asked: a key
     # absent from the nodes that are up may live on one that is down, and a
     # get_or_create believing it would create a second object with that key.
-    skipped = sorted(set(dp.view.scope_nodes(scope)) - set(nodes))
+    skipped = dp.view.left_out(scope, nodes)
     others = [n for n in nodes if n != dp.name]
     # Where this key was found last time is asked first, alone: a key's object
     # rarely moves, and one RPC instead of one per node is what makes repeated
@@ -128,13 +112,13 @@ def g_get(dp: DataPlane, s: Session, p: dict[str, Any]) -> OpCoroutine:
         # Its object lives there: "not found" would be a lie.
         raise errors.Unavailable(f"the object lives on node {hint}, which is down")
     if hint in others:
-        reply = yield from g_call(dp, s, hint, "branch.get", probe)
+        reply = yield Call(hint, "branch.get", probe)
         if reply.get("o") is not None:
             return reply
         others.remove(hint)
         dp.hints.pop(hint_key, None)
     if others:
-        replies = yield from g_gather(dp, s, others, "branch.get", probe)
+        replies = yield Gather([Call(n, "branch.get", probe) for n in others])
         raise_fatal(replies)
         failure: BaseException | None = None
         for node, r in zip(others, replies, strict=True):
@@ -152,7 +136,7 @@ def g_get(dp: DataPlane, s: Session, p: dict[str, Any]) -> OpCoroutine:
     # must stay true until commit), in name order; an object created meanwhile
     # is found and locked instead.
     for node in sorted(nodes):
-        reply = yield from g_call(dp, s, node, "branch.get", fields)
+        reply = yield Call(node, "branch.get", fields)
         if reply.get("o") is not None:
             if node != dp.name:
                 dp.remember(hint_key, node)
@@ -172,13 +156,13 @@ def not_found(skipped: list[str]) -> dict[str, Any]:
 def g_ref(dp: DataPlane, s: Session, p: dict[str, Any]) -> OpCoroutine:
     ref = ref_arg(p.get("ref"))
     fields = {"ref": ref, "lock": p.get("lock")}
-    return (yield from g_call(dp, s, dp.view.master(ref), "branch.ref", fields))
+    return (yield Call(dp.view.master(ref), "branch.ref", fields))
 
 
 def g_delete(dp: DataPlane, s: Session, p: dict[str, Any]) -> OpCoroutine:
     ref = ref_arg(p.get("ref"))
     node = dp.view.master(ref)
-    reply = yield from g_call(dp, s, node, "branch.delete", {"ref": ref})
+    reply = yield Call(node, "branch.delete", {"ref": ref})
     s.dirty.add(node)
     return reply
 
@@ -189,7 +173,7 @@ def g_create(dp: DataPlane, s: Session, p: dict[str, Any]) -> OpCoroutine:
     if not isinstance(node, str) or node not in dp.view.known:
         raise errors.BadArgument(f"no node named {node!r:.40} in this cluster")
     fields = {"type": p["type"], "tv": p.get("tv"), "st": p.get("st")}
-    reply = yield from g_call(dp, s, node, "branch.create", fields)
+    reply = yield Call(node, "branch.create", fields)
     s.dirty.add(node)
     return reply
 
@@ -207,7 +191,7 @@ def g_method(dp: DataPlane, s: Session, p: dict[str, Any]) -> OpCoroutine:
         # the ones marked @nonstop.remote (C4).
         "ro": node != dp.name,
     }
-    reply = yield from g_call(dp, s, node, "branch.call", fields)
+    reply = yield Call(node, "branch.call", fields)
     s.dirty.add(node)
     return reply
 
@@ -274,7 +258,7 @@ def g_fan_out(
     dp: DataPlane, s: Session, nodes: list[str], op: str, fields: dict[str, Any], audit: Any
 ) -> OpCoroutine:
     """Run ``op`` on every node at once; a failed node is skipped only under at_least_one."""
-    replies = yield from g_gather(dp, s, nodes, op, fields)
+    replies = yield Gather([Call(n, op, fields) for n in nodes])
     raise_fatal(replies)
     results: list[dict[str, Any]] = []
     failure: BaseException | None = None
@@ -306,7 +290,7 @@ def g_overwrite(dp: DataPlane, s: Session, p: dict[str, Any]) -> OpCoroutine:
     # One node after the other in name order: two overwrites of a type then
     # queue on the first node instead of deadlocking across nodes.
     for node in sorted(nodes):
-        reply = yield from g_call(dp, s, node, "branch.overwrite", fields)
+        reply = yield Call(node, "branch.overwrite", fields)
         s.dirty.add(node)
         deleted += int(reply.get("deleted", 0))
         inserted += int(reply.get("inserted", 0))
@@ -329,8 +313,6 @@ OPS: dict[str, Callable[[DataPlane, Session, dict[str, Any]], OpCoroutine]] = {
 __all__ = [
     "OPS",
     "WRITE_NOW",
-    "g_call",
-    "g_gather",
     "merge_query",
     "merge_write",
     "raise_fatal",

@@ -97,7 +97,7 @@ OpCoroutine = Generator[Step, Any, Any]
 class Task:
     """One running coroutine and where its reply goes."""
 
-    __slots__ = ("conn", "corr", "done", "fold", "gen", "remaining", "results", "session")
+    __slots__ = ("conn", "corr", "done", "fold", "gen", "remaining", "results", "session", "then")
 
     def __init__(
         self, gen: OpCoroutine, conn: int | None, corr: Any, session: Session | None = None
@@ -114,6 +114,8 @@ class Task:
         self.remaining = 0
         self.done = False
         """Finished or cancelled: late answers for it are dropped."""
+        self.then: Step | None = None
+        """A step to carry out once the wait in slot ``FIRST`` ended (``driver``)."""
 
 
 __all__ = [

@@ -20,7 +20,7 @@ QUORUM_DISABLED = "Disabled"
 class ClusterView:
     """One snapshot of the cluster as this node sees it (replaced on every change)."""
 
-    __slots__ = ("known", "locations", "members", "name", "quorum", "up")
+    __slots__ = ("known", "locations", "members", "name", "quorum", "up", "up_members")
 
     def __init__(
         self,
@@ -39,6 +39,8 @@ class ClusterView:
         self.locations: dict[int, str] = dict(locations or {})
         self.known: frozenset[str] = frozenset(self.members) | frozenset(self.locations.values())
         """Every node this one knows of (members and peers it has a hello from)."""
+        self.up_members = [n for n in self.members if n in self.up]
+        """The members that are up, in ``members`` order (do not change it)."""
 
     def is_up(self, node: str) -> bool:
         """Up per the failure detector (this node always is)."""
@@ -69,7 +71,12 @@ class ClusterView:
         )
 
     def audited(self, scope: Any, audit: Any) -> list[str]:
-        """The nodes a query runs on, after the scope audit (seed 000: query scope audits)."""
+        """The nodes a query runs on, after the scope audit (seed 000: query scope audits).
+
+        The list returned may be shared: callers do not change it.
+        """
+        if (scope == "cluster" or scope is None) and audit == "skip_down":
+            return self.up_members  # the common case, without a copy
         if audit not in AUDITS:
             raise errors.BadArgument(f"audit must be one of {', '.join(AUDITS)}, not {audit!r:.40}")
         nodes = self.scope_nodes(scope)
@@ -80,6 +87,12 @@ class ClusterView:
         if not up:
             raise errors.Unavailable(f"no node of the query scope is up: {', '.join(nodes)}")
         return up
+
+    def left_out(self, scope: Any, nodes: list[str]) -> list[str]:
+        """The nodes of ``scope`` not in ``nodes`` (what an audit skipped), sorted."""
+        if nodes is self.up_members and len(nodes) == len(self.members):
+            return []
+        return sorted(set(self.scope_nodes(scope)) - set(nodes))
 
 
 __all__ = ["QUORUM_DISABLED", "ClusterView"]
