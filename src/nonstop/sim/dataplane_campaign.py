@@ -106,7 +106,7 @@ def explain(seed: int, mutant: str | None = None, *, full_trace: bool = False) -
     print("fault schedule:")
     for fault in result.faults:
         print("  " + fault.describe())
-    keep = ("FAULT", "ClientOp", "ClientReply", "Decide")
+    keep = ("FAULT", "ClientRequest", "Reply(", "dp.decide")
     for line in sim.trace:
         if full_trace or any(k in line for k in keep):
             print("  " + (line if full_trace else line[:400]))
