@@ -50,10 +50,11 @@ def test_seeds_of_transfers_through_the_data_plane_keep_every_invariant() -> Non
     assert [o.seed for o in outcomes] == list(range(SEEDS))
     assert not failures, f"{len(failures)} of {SEEDS} seeds failed:\n{report}"
     # The runs did real work, and the hard paths happened.
-    sums = {k: sum(dict(o.totals)[k] for o in outcomes) for k in dict(outcomes[0].totals)}
+    sums = totals(outcomes)
     assert sums["acked"] > SEEDS * 5 and sums["failed"] > 0 and sums["audits"] > 0
     assert sum(o.events for o in outcomes) > SEEDS * 1000
-    print(f"\n{SEEDS} seeds in {elapsed:.1f}s; {totals(outcomes)}")
+    assert sums["cpu_us"] < SEEDS * 300_000  # the budget: 0.3 s of CPU per seed
+    print(f"\n{SEEDS} seeds in {elapsed:.1f}s; {sums}")
 
 
 def test_a_seed_runs_the_real_data_plane_and_exercises_commits_of_every_kind() -> None:

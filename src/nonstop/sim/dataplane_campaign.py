@@ -3,7 +3,7 @@
     python -m nonstop.sim.dataplane_campaign --seeds 3000             # seeds 0..2999, every core
     python -m nonstop.sim.dataplane_campaign --seeds 500 --start 7000 # seeds 7000..7499
     python -m nonstop.sim.dataplane_campaign --seed 1234 --verbose    # replay one seed, explain it
-    python -m nonstop.sim.dataplane_campaign --seeds 50 --mutant ack-before-decision
+    python -m nonstop.sim.dataplane_campaign --seeds 50 --mutant ack-on-votes
 
 Every failing seed is printed with the one-line command that replays it; the
 exit status is 1 if any seed failed.  ``--mutant`` runs a deliberately broken
@@ -12,27 +12,18 @@ node instead of the real one (the mutation check: the campaign must fail).
 
 from __future__ import annotations
 
-import time
+import argparse
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
-from nonstop.sim.runner import campaign_parser, pin_hash_seed, run_many
+from nonstop.sim.runner import Campaign, SeedOutcome, campaign_main, raised, run_many
 from nonstop.sim.scenarios.dataplane import ScenarioConfig, run_seed
 from nonstop.sim.scenarios.dataplane_mutants import MUTANTS
 
 MODULE = "nonstop.sim.dataplane_campaign"
-TOTALS = ("transfers", "acked", "failed", "unknown", "audits")
-
-
-@dataclass(slots=True)
-class SeedOutcome:
-    seed: int
-    ok: bool
-    summary: str
-    violations: tuple[str, ...]
-    events: int
-    cpu: float
-    totals: tuple[tuple[str, int], ...] = ()
+COUNTERS = ("transfers", "acked", "failed", "unknown", "audits", "cpu_us")
+"""What each seed reports: its transfer attempts and how they ended, its audits, and
+the CPU it took (microseconds)."""
 
 
 def config_for(mutant: str | None) -> ScenarioConfig | None:
@@ -51,16 +42,17 @@ def run_one(seed: int, mutant: str | None = None) -> SeedOutcome:
     try:
         result, _ = run_seed(seed, config_for(mutant))
     except Exception as exc:
-        return SeedOutcome(seed, False, f"seed {seed}: EXCEPTION", (repr(exc),), 0, 0.0)
-    s = result.stats
+        return raised(seed, exc)
+    s = {**result.stats, "cpu_us": int(result.stats["cpu_time"] * 1e6)}
     return SeedOutcome(
         seed,
         result.ok,
         result.summary(),
         tuple(str(v) for v in result.violations),
         int(s["events"]),
-        float(s["cpu_time"]),
-        tuple((k, int(s[k])) for k in TOTALS),
+        wall_time=float(s["wall_time"]),
+        step=str(s["step"]),
+        counters=tuple((k, int(s[k])) for k in COUNTERS),
     )
 
 
@@ -91,18 +83,36 @@ def run_campaign(
     )
 
 
-def totals(outcomes: Iterable[SeedOutcome]) -> str:
-    sums = dict.fromkeys(TOTALS, 0)
+def totals(outcomes: Iterable[SeedOutcome]) -> dict[str, int]:
+    """Sums of :data:`COUNTERS` over ``outcomes``."""
+    sums = dict.fromkeys(COUNTERS, 0)
     for o in outcomes:
-        for k, v in o.totals:
+        for k, v in o.counters:
             sums[k] += v
-    return " ".join(f"{k}={v}" for k, v in sums.items())
+    return sums
+
+
+def report(outcomes: list[SeedOutcome]) -> list[str]:
+    """What the seeds did, and the CPU per seed (the budget is 0.3 s)."""
+    sums = totals(outcomes)
+    cpu = sorted(dict(o.counters).get("cpu_us", 0) / 1e6 for o in outcomes)
+    lines = ["totals: " + " ".join(f"{k}={v}" for k, v in sums.items() if k != "cpu_us")]
+    if cpu:
+        lines.append(
+            f"cpu per seed: mean {sum(cpu) / len(cpu):.3f}s, "
+            f"p90 {cpu[int(len(cpu) * 0.9)]:.3f}s, max {cpu[-1]:.3f}s"
+        )
+    return lines
 
 
 def explain(seed: int, mutant: str | None = None, *, full_trace: bool = False) -> bool:
-    """Replay one seed and print its shape, faults, notable events and verdict."""
+    """Replay one seed and print its shape, faults, client requests, replies and verdict."""
     result, sim = run_seed(seed, config_for(mutant), trace=True)
-    print(f"seed {seed}: nodes {', '.join(result.nodes)}; {result.stats['clients']} clients")
+    s = result.stats
+    print(
+        f"seed {seed}: nodes {', '.join(result.nodes)}; {s['clients']} clients; "
+        f"crash step {s['step']} (fired at {s['crash_fired']})"
+    )
     print("fault schedule:")
     for fault in result.faults:
         print("  " + fault.describe())
@@ -110,7 +120,7 @@ def explain(seed: int, mutant: str | None = None, *, full_trace: bool = False) -
     for line in sim.trace:
         if full_trace or any(k in line for k in keep):
             print("  " + (line if full_trace else line[:400]))
-    print(f"counts: {result.stats['counts']}")
+    print(f"counts: {s['counts']}")
     print(result.summary())
     for violation in result.violations:
         print(f"  VIOLATION {violation}")
@@ -118,44 +128,24 @@ def explain(seed: int, mutant: str | None = None, *, full_trace: bool = False) -
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args_list = pin_hash_seed(MODULE, argv)
-    parser = campaign_parser(MODULE, __doc__)
-    parser.add_argument(
-        "--mutant", choices=sorted(MUTANTS), help="run a deliberately broken node (must fail)"
-    )
-    args = parser.parse_args(args_list)
-    if args.seed is not None:
-        if args.verbose or args.trace:
-            return 0 if explain(args.seed, args.mutant, full_trace=args.trace) else 1
-        outcome = run_one(args.seed, args.mutant)
-        print(outcome.summary)
-        for v in outcome.violations:
-            print(f"  VIOLATION {v}")
-        return 0 if outcome.ok else 1
-    started = time.perf_counter()
-    outcomes = run_campaign(
-        range(args.start, args.start + args.seeds),
-        mutant=args.mutant,
-        jobs=args.jobs,
-        progress=True,
-    )
-    failures = [o for o in outcomes if not o.ok]
-    elapsed = time.perf_counter() - started
-    for outcome in failures:
-        print(failure_text(outcome, args.mutant))
-    events = sum(o.events for o in outcomes)
-    cpu = sorted(o.cpu for o in outcomes)
-    print("totals: " + totals(outcomes))
-    if cpu:
-        print(
-            f"cpu per seed: mean {sum(cpu) / len(cpu):.3f}s, "
-            f"p90 {cpu[int(len(cpu) * 0.9)]:.3f}s, max {cpu[-1]:.3f}s"
+    def options(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "--mutant", choices=sorted(MUTANTS), help="run a deliberately broken node (must fail)"
         )
-    print(
-        f"{len(outcomes)} seeds, {len(failures)} failed, {events} events, "
-        f"{elapsed:.1f}s wall ({len(outcomes) / max(elapsed, 1e-9):.1f} seeds/s)"
-    )
-    return 1 if failures else 0
+
+    def configure(args: argparse.Namespace) -> Campaign:
+        mutant: str | None = args.mutant
+        return Campaign(
+            run_one=lambda seed: run_one(seed, mutant),
+            run_all=lambda seeds, jobs: run_campaign(
+                seeds, mutant=mutant, jobs=jobs, progress=True
+            ),
+            explain=lambda seed, full_trace: explain(seed, mutant, full_trace=full_trace),
+            failure_text=lambda outcome: failure_text(outcome, mutant),
+            report=report,
+        )
+
+    return campaign_main(MODULE, __doc__, argv, configure, options)
 
 
 if __name__ == "__main__":

@@ -54,8 +54,15 @@ from nonstop.model.ref import Ref
 from nonstop.model.wire import write_out
 from nonstop.runtime.interface import Action, Event, NodeId, Reply
 from nonstop.sim import nemesis
-from nonstop.sim.core import DiskConfig, NetConfig, Simulation, SimulationError, decode, encode
+from nonstop.sim.core import Simulation, decode, encode
 from nonstop.sim.history import Recorder, Txn, check_bank, check_list_append
+from nonstop.sim.scenario_base import (
+    CommonConfig,
+    install_faults,
+    new_world,
+    run_stats,
+    runaway_fails,
+)
 from nonstop.sim.scenarios.dataplane_crashes import STEPS, CrashAtStep
 from nonstop.sim.scenarios.dataplane_node import CLOSE, SimDataNode
 from nonstop.sim.scenarios.dataplane_store import (
@@ -75,16 +82,18 @@ RETRYABLE = frozenset({"Conflict", "LockTimeout", "Deadlock", "BranchRolledBack"
 
 
 @dataclass(slots=True)
-class ScenarioConfig:
+class ScenarioConfig(CommonConfig):
+    """Knobs of a data-plane run: the shared ones (3 nodes in most seeds), and its own."""
+
     nodes: tuple[int, ...] = (3, 3, 3, 5)
+    fault_start: float = 0.8
+    heal_at: float = 3.0
+    fault_rate: float = 1.5
+    max_events: int = 1_000_000
     accounts_per_node: int = 3
     clients: tuple[int, ...] = (3, 4, 5)
     client_start: float = 0.6
     """Raft elects a leader and the detectors see everyone Up first (about 0.3-0.5 s)."""
-    fault_start: float = 0.8
-    heal_at: float = 3.0
-    fault_rate: float = 1.5
-    fault_kinds: tuple[str, ...] = (*nemesis.FAULT_KINDS, *nemesis.EXTRA_KINDS)
     settle_within: float = 8.0
     final_within: float = 5.0
     """After settling, the final audit must commit within this (retried on errors)."""
@@ -95,7 +104,6 @@ class ScenarioConfig:
     """Transfers between two accounts of the node the client talks to (local commits)."""
     crash_steps: bool = True
     """Also crash one node at a delicate step of a commit (:mod:`.dataplane_crashes`)."""
-    max_events: int = 1_000_000
     dtx: DtxConfig = field(default_factory=DtxConfig)
     dataplane: DataPlaneConfig | None = None
     """The data plane's configuration (None: :func:`sim_dataplane_config`)."""
@@ -124,6 +132,17 @@ class Violation:
 
     def __str__(self) -> str:
         return f"t={self.time:.3f} {self.invariant}: {self.detail}"
+
+
+@dataclass(slots=True)
+class Violations:
+    """The run's violations (the first 20), each at the simulation's time."""
+
+    found: list[Violation] = field(default_factory=list)
+
+    def fail(self, sim: Simulation, invariant: str, detail: str) -> None:
+        if len(self.found) < 20:
+            self.found.append(Violation(sim.now, invariant, detail))
 
 
 @dataclass(slots=True)
@@ -538,36 +557,17 @@ def run_seed(
     """Run one seed (module doc)."""
     cfg = config or ScenarioConfig()
     cpu = time.process_time()
-    rng = random.Random(seed)
-    net = NetConfig(
-        delay_min=0.0005,
-        delay_mean=rng.choice([0.001, 0.003, 0.01]),
-        drop=rng.choice([0.0, 0.0, 0.01, 0.05]),
-        duplicate=rng.choice([0.0, 0.01, 0.05]),
-        reorder=rng.choice([0.0, 0.05, 0.2]),
+    world = new_world(
+        seed, cfg, sync_max=(0.004, 0.02, 0.05), trace=trace, digest=trace or cfg.digest
     )
-    disk = DiskConfig(sync_min=0.0005, sync_max=rng.choice([0.004, 0.02, 0.05]))
-    keep = trace or cfg.digest
-    sim = Simulation(
-        rng.getrandbits(64), net, disk, trace=trace, digest=keep, max_events=cfg.max_events
-    )
-    n = rng.choice(cfg.nodes)
-    names = [f"n{i}" for i in range(1, n + 1)]
+    rng, sim, names = world.rng, world.sim, world.names
+    n = len(names)
     numbers = list(range(1, n * cfg.accounts_per_node + 1))
     home = {number: names[number % n] for number in numbers}
     total = INITIAL * len(numbers)
     dp_config = cfg.dataplane if cfg.dataplane is not None else sim_dataplane_config()
     _add_nodes(sim, rng, names, home, cfg, dp_config)
-
-    faults = nemesis.plan(
-        rng,
-        names,
-        start=cfg.fault_start,
-        heal_at=cfg.heal_at,
-        rate=cfg.fault_rate,
-        kinds=cfg.fault_kinds,
-    )
-    nemesis.install(sim, faults, cfg.heal_at)
+    faults = install_faults(world, names, cfg)
     # The data path sends each RPC once (over TCP, a lost message is a broken
     # connection: Unavailable, and the client retries).  So after the heal the
     # network's steady loss stops too: liveness is judged on a healed network.
@@ -580,11 +580,10 @@ def run_seed(
         rng.choice([0.05, 0.3, 1.0]),
     ).attach(sim)
 
-    violations: list[Violation] = []
+    checker = Violations()
 
     def fail(invariant: str, detail: str) -> None:
-        if len(violations) < 20:
-            violations.append(Violation(sim.now, invariant, detail))
+        checker.fail(sim, invariant, detail)
 
     def orphans(sim: Simulation, name: NodeId, event: Event, actions: list[Action]) -> None:
         """A node told a peer went down holds none of the branches that peer coordinates."""
@@ -620,7 +619,7 @@ def run_seed(
 
     audit = FinalAudit()
     settled_at: float | None = None
-    try:
+    with runaway_fails(checker, sim):
         sim.run_until(cfg.heal_at)
         deadline = cfg.heal_at + cfg.settle_within
         while sim.now < deadline and (runner.running or _busy(sim, names) is not None):
@@ -644,8 +643,6 @@ def run_seed(
             stop = sim.now + 3.0
             while sim.now < stop and _busy(sim, names) is not None:
                 sim.run_for(0.05)
-    except SimulationError as exc:
-        fail("runaway", str(exc))
 
     history = ledger.la.history()
     check_histories(ledger, history, numbers, total, fail)
@@ -654,22 +651,21 @@ def run_seed(
         check_durable(sim, names, fail)
 
     s = ledger.counts
-    stats: dict[str, Any] = {
-        "events": sim.events,
-        "messages": sim.messages_sent,
-        "clients": n_clients,
-        "step": step,
-        "crash_fired": injector.fired_at,
-        "transfers": s["transfers"],
-        "acked": len(ledger.acked),
-        "failed": len(ledger.failed),
-        "unknown": len(ledger.unknown),
-        "audits": s["audits"],
-        "counts": dict(sorted(s.items())),
-        "settled_after": None if settled_at is None else settled_at - cfg.heal_at,
-        "virtual_time": sim.now,
-        "cpu_time": time.process_time() - cpu,
-    }
+    stats = run_stats(
+        world,
+        clients=n_clients,
+        step=step,
+        crash_fired=injector.fired_at,
+        transfers=s["transfers"],
+        acked=len(ledger.acked),
+        failed=len(ledger.failed),
+        unknown=len(ledger.unknown),
+        audits=s["audits"],
+        counts=dict(sorted(s.items())),
+        settled_after=None if settled_at is None else settled_at - cfg.heal_at,
+        cpu_time=time.process_time() - cpu,
+    )
+    violations = checker.found
     result = DataPlaneResult(seed, not violations, violations, faults, names, stats, history)
     return result, sim
 
