@@ -409,8 +409,10 @@ class SimDataStore:
         try:
             if op == "request.lookup":
                 found = self.results.get(_req(job.fields.get("req")))
-                found_out = None if found is None else list(found)
-                self._reply(job, {"found": found_out, "in_doubt": self.in_doubt() > 0})
+                if found is not None:
+                    self._reply(job, {"found": list(found), "in_doubt": False})
+                else:
+                    self._reply(job, {"found": None, "in_doubt": self.in_doubt() > 0})
             elif op == "request.abort":
                 # The outcome of an aborted commit, in a transaction of its own.
                 self._internal += 1
