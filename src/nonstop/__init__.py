@@ -2,7 +2,7 @@
 
 Start here:
 
-* :func:`open` — an embedded single-node database (``nonstop.database``);
+* :func:`open` — an embedded single-node database (``nonstop.tx.database``);
 * :func:`connect` / :func:`connect_async` — a handle on a running cluster
   (status and administration from any node, with fail-over; ``nonstop.client``);
 * :class:`Managed`, :func:`key`, :func:`field` — declaring managed types (``nonstop.model``);
@@ -14,7 +14,6 @@ Start here:
 """
 
 from nonstop.client import AsyncClient, Client, connect, connect_async
-from nonstop.database import Database, open
 from nonstop.errors import (
     Abort,
     Aborted,
@@ -51,6 +50,7 @@ from nonstop.model.ref import Ref
 from nonstop.model.remote import remote
 from nonstop.tx.async_transaction import AsyncTransaction
 from nonstop.tx.asyncmethods import asynchronous
+from nonstop.tx.database import Database, open
 from nonstop.tx.requests import run_request
 from nonstop.tx.runner import transactional
 from nonstop.tx.transaction import Transaction, transaction_of

@@ -88,8 +88,8 @@ def test_pending_async_calls_resume_after_close(store_dir: Path) -> None:
                 tx.get(Mailbox, name="slow", lock="none").slow_deliver(f"call-{i}", 0.01)
         # close now: it lets the running batch finish; the others stay queued
     with nonstop.open(store_dir, async_workers=1) as db:
-        with db._store.read() as rtxn:
-            pending = rtxn.stat(db._store.asyncq)["entries"]
+        with db.engine.store.read() as rtxn:
+            pending = rtxn.stat(db.engine.store.asyncq)["entries"]
         with db.transaction(isolation="snapshot") as tx:
             ran_before_close = len(tx.get(Mailbox, name="slow").log)
         assert ran_before_close == 1  # only call-0 was running when close began
@@ -118,8 +118,8 @@ def test_pending_async_calls_resume_after_sigkill(tmp_path: Path) -> None:
                 box = tx.get(Mailbox, name="slow")
                 assert box.log == [f"call-{i}" for i in range(n)]  # exactly once, in order
                 assert box.runs == n
-            with db._store.read() as rtxn:
-                assert rtxn.stat(db._store.asyncq)["entries"] == 0
+            with db.engine.store.read() as rtxn:
+                assert rtxn.stat(db.engine.store.asyncq)["entries"] == 0
         with nonstop.open(store) as db:  # nothing runs a second time after another restart
             assert db.wait_for_async(10)
             assert db.stats()["async_executed"] == 0
@@ -142,7 +142,7 @@ def test_pending_calls_wait_for_their_type_to_be_imported(store_dir: Path) -> No
             for i in range(3):
                 tx.get(Mailbox, name="late", lock="none").deliver(f"call-{i}")
         blocker.rollback()
-        db._dispatcher.close()  # stop before they run (simulates a stop right after commit)
+        db.engine.dispatcher.close()  # stop before they run (simulates a stop right after commit)
     code = textwrap.dedent(
         f"""
         import time, nonstop

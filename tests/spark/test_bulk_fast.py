@@ -45,7 +45,7 @@ def upsert(ctx: BulkContext, cols: dict[str, list[Any]], **kw: Any) -> Any:
 def state(ctx: BulkContext) -> dict[str, Any]:
     """Everything the store holds about the type, with references replaced by key values:
     objects, every index (as (key bytes, number) pairs) and the count."""
-    store = ctx.db._store
+    store = ctx.db.engine.store
     info = type_info(Acct)
     out: dict[str, Any] = {}
     number_of: dict[bytes, int] = {}
@@ -133,8 +133,8 @@ def test_bad_input_writes_nothing(ctx: BulkContext, cols: dict[str, Any], error:
     with pytest.raises(error):
         upsert(ctx, cols, tag="bad")
     assert state(ctx) == before
-    with ctx.db._store.read() as rtxn:  # the tag was not recorded either
-        assert rtxn.get(b"t/bad", db=ctx.db._store.index_db(b"bulk", unique=True)) is None
+    with ctx.db.engine.store.read() as rtxn:  # the tag was not recorded either
+        assert rtxn.get(b"t/bad", db=ctx.db.engine.store.index_db(b"bulk", unique=True)) is None
 
 
 def test_a_repeated_tag_is_skipped(ctx: BulkContext) -> None:
@@ -291,7 +291,7 @@ def test_scan_pages_equal_the_filtered_path(ctx: BulkContext, limit: int) -> Non
 def test_new_refs_are_fresh_across_counter_blocks(ctx: BulkContext) -> None:
     from nonstop.store.lmdb_store import COUNTER_BLOCK
 
-    store = ctx.db._store
+    store = ctx.db.engine.store
     before = store.new_ref()
     many = store.new_refs(COUNTER_BLOCK + 5)  # crosses a reservation
     after = store.new_ref()
@@ -345,7 +345,7 @@ def test_new_records_are_byte_for_byte_those_of_the_per_row_path(tmp_path: Path)
             {"op": "bulk.upsert", "type": "fast.Wide", "rows": encode_rows(batch)}
             | {"per_row": per_row},
         )
-        store = db._store
+        store = db.engine.store
         with store.read() as rtxn:
             records.append(sorted(bytes(v) for _, v in rtxn.cursor(db=store.objects)))
         with db.transaction() as tx:

@@ -51,8 +51,8 @@ def log_of(db: nonstop.Database, name: str) -> list[Any]:
 
 
 def queue_size(db: nonstop.Database) -> int:
-    with db._store.read() as rtxn:
-        return int(rtxn.stat(db._store.asyncq)["entries"])
+    with db.engine.store.read() as rtxn:
+        return int(rtxn.stat(db.engine.store.asyncq)["entries"])
 
 
 def test_runs_after_commit_and_never_after_rollback(db: nonstop.Database) -> None:

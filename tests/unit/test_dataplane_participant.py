@@ -219,7 +219,7 @@ def _refused_case(
                 consistent(c.dbs[n])
                 # Durable abort tombstones only where a branch had prepared.
                 assert set(dtx_keys(c.dbs[n], K_TOMB).values()) <= {b"abort"}
-                assert not c.dbs[n]._preparing
+                assert not c.dbs[n].engine.prepared.staged()
                 assert not txs[n].active  # rolled back, locks released
                 async with c.dbs[n].transaction(lock_timeout=2.0) as tx:
                     for acc in await tx.query(Account).lock("write").all():
@@ -585,12 +585,12 @@ def test_prepare_commit_failure_rolls_the_branch_back(tmp_path: Path) -> None:
             assert rm.open("n1.1", ops) == []
             await asyncio.wait_for(got.wait(), 5)
             assert fed == [Ready("n1.1", RECORD, {})]
-            assert rm.holds("c.1") and b"n1.1" in db._preparing
-            db._committer.close()  # the store can no longer commit
+            assert rm.holds("c.1") and db.engine.prepared.is_staged(b"n1.1")
+            db.engine.committer.close()  # the store can no longer commit
             with pytest.raises(StoreError):
                 DtxPersister(db).persist(((K_PREPARED + b"n1.1", b"rec"),), lambda exc: None)
             assert not tx.active and db.in_doubt() == []
-            assert db._locks.held_by(tx.id) == {}
+            assert db.engine.locks.held_by(tx.id) == {}
         finally:
             db.close()
 
@@ -673,7 +673,7 @@ def test_a_reference_field_may_point_to_an_object_of_another_node(tmp_path: Path
             assert reply["ok"] is True, reply
             await c.settled()
             await tx1.rollback()
-            stored = c.dbs["n2"]._store.get_object(card_ref)
+            stored = c.dbs["n2"].engine.store.get_object(card_ref)
             assert stored is not None and stored[3]["holder"] == a_ref
         finally:
             c.close()

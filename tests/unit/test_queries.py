@@ -396,7 +396,7 @@ async def test_get_or_create_in_async_tasks(db: nonstop.Database) -> None:
 
 # ------------------------------------------------------------- lock modes
 def lock_of(db: nonstop.Database, tx: nonstop.Transaction, obj: Managed) -> Any:
-    return db._locks.mode_held(tx.id, tx.ref(obj).raw)
+    return db.engine.locks.mode_held(tx.id, tx.ref(obj).raw)
 
 
 def test_query_lock_modes(db: nonstop.Database) -> None:

@@ -86,10 +86,10 @@ def test_window_bounds_the_log_and_old_retries_are_refused(db: nonstop.Database)
     with pytest.raises(nonstop.RequestExpired, match="older than the 4 results kept"):
         nonstop.run_request(db, "c", 2, transfer, 1, window=4)
     assert balances(db) == (90, 10)
-    with db._store.read() as rtxn:  # the log really is bounded
+    with db.engine.store.read() as rtxn:  # the log really is bounded
         kept = sum(
             1
-            for k in rtxn.cursor(db=db._store.results).iternext(values=False)
+            for k in rtxn.cursor(db=db.engine.store.results).iternext(values=False)
             if k.startswith(b"c\x00") and not k.endswith(b"low")
         )
     assert kept == 4
@@ -132,8 +132,8 @@ def test_concurrent_requests_of_one_client_keep_the_window_monotonic(
     for t in threads:
         t.join(60)
     assert balances(db) == (76, 24)  # each of the 24 requests ran exactly once
-    with db._store.read() as rtxn:
-        low = rtxn.get(b"busy\x00low", db=db._store.results)
+    with db.engine.store.read() as rtxn:
+        low = rtxn.get(b"busy\x00low", db=db.engine.store.results)
     assert int.from_bytes(low, "big") == 24 - 3  # the highest window wins
     with pytest.raises(nonstop.RequestExpired):
         nonstop.run_request(db, "busy", 0, transfer, 1, window=3)

@@ -20,16 +20,19 @@ from nonstop.store.lmdb_store import COUNTER_BLOCK, FORMAT_NAME, FORMAT_VERSION
 
 
 def refs_of(db: nonstop.Database, n: int) -> list[bytes]:
-    return [db._store.new_ref() for _ in range(n)]
+    return [db.engine.store.new_ref() for _ in range(n)]
 
 
 def test_format_marker_location_and_timestamp_persist(store_dir: Path) -> None:
     with nonstop.open(store_dir) as db:
-        loc, ts = db.location, db._store.timestamp
-        with db._store.read() as rtxn:
-            assert unpack(rtxn.get(b"format", db=db._store.meta)) == [FORMAT_NAME, FORMAT_VERSION]
+        loc, ts = db.location, db.engine.store.timestamp
+        with db.engine.store.read() as rtxn:
+            assert unpack(rtxn.get(b"format", db=db.engine.store.meta)) == [
+                FORMAT_NAME,
+                FORMAT_VERSION,
+            ]
     with nonstop.open(store_dir) as db:
-        assert (db.location, db._store.timestamp) == (loc, ts)
+        assert (db.location, db.engine.store.timestamp) == (loc, ts)
 
 
 def test_references_are_unique_and_never_reused_after_reopen(store_dir: Path) -> None:
@@ -64,14 +67,14 @@ def test_concurrent_new_refs_are_distinct(db: nonstop.Database) -> None:
 
 def test_extent_counts_are_maintained_by_commits_and_deletes(db: nonstop.Database) -> None:
     open_accounts(db, account_numbers(5))
-    assert db._store.count("bank.Account") == 5
+    assert db.engine.store.count("bank.Account") == 5
     with db.transaction() as tx:
         tx.delete(tx.get(Account, number="A000"))
         tx.create(Account, number="new1")
         tx.create(Account, number="new2")
         assert tx.count(Account) == 6
-        assert db._store.count("bank.Account") == 5  # nothing visible before commit
-    assert db._store.count("bank.Account") == 6
+        assert db.engine.store.count("bank.Account") == 5  # nothing visible before commit
+    assert db.engine.store.count("bank.Account") == 6
     with db.transaction() as tx:
         assert tx.count(Account) == 6 == len(tx.extent(Account))
         assert tx.count(Transfer) == 0
@@ -137,12 +140,12 @@ def test_schema_is_stored_and_a_newer_stored_version_is_refused(store_dir: Path)
 
     with nonstop.open(store_dir) as db:
         open_accounts(db, ["s1"])
-        with db._store.read() as rtxn:
-            schema = unpack(rtxn.get(b"bank.Account", db=db._store.types))
+        with db.engine.store.read() as rtxn:
+            schema = unpack(rtxn.get(b"bank.Account", db=db.engine.store.types))
         assert schema["version"] == 1 and "balance" in schema["fields"]
         assert schema["keys"]["number"][1] is True  # unique
-        with db._store.env.begin(write=True) as wtxn:
-            wtxn.put(b"bank.Account", pack({**schema, "version": 9}), db=db._store.types)
+        with db.engine.store.env.begin(write=True) as wtxn:
+            wtxn.put(b"bank.Account", pack({**schema, "version": 9}), db=db.engine.store.types)
     with (
         nonstop.open(store_dir) as db,
         pytest.raises(nonstop.TypeVersionMismatch, match="version 9"),

@@ -44,8 +44,7 @@ def balance(db: nonstop.Database, number: str) -> int:
 
 
 def waiters_on(db: nonstop.Database, resource: Any) -> int:
-    with db._locks._mutex:
-        return len(db._locks._manager.waiters(resource))
+    return db.engine.locks.waiting(resource)
 
 
 def wait_until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
@@ -218,10 +217,10 @@ def test_explicit_lock_method_and_bad_mode(bank: Any) -> None:
         a = t1.get(Account, number="A000")
         t1.lock(a, "write")
         ref = t1.ref(a).raw
-        assert db._locks.mode_held(t1.id, ref) == nonstop.tx.locks.LockMode.WRITE
+        assert db.engine.locks.mode_held(t1.id, ref) == nonstop.tx.locks.LockMode.WRITE
         with pytest.raises(nonstop.BadArgument, match="lock must be"):
             t1.lock(a, "exclusive")
-    assert db._locks.mode_held(t1.id, ref) is None  # released at commit
+    assert db.engine.locks.mode_held(t1.id, ref) is None  # released at commit
 
 
 def test_waiters_are_served_in_fifo_order(bank: Any) -> None:

@@ -10,8 +10,8 @@ Guarantees, as the general path:
 
 * Serializable against concurrent transactions: before anything is decided the
   batch holds a WRITE lock on every object it updates (its reference) and on
-  every key value it creates (``(index, key bytes)``, the lock ``_g_claim``
-  takes), all taken in one lock-table call (waits, deadlock detection and the
+  every key value it creates (``(index, key bytes)``, the lock a create's
+  claim takes), all taken in one lock-table call (waits, deadlock detection and the
   lock timeout only for those not free).  With the locks held, the index is
   read again when anything committed since the first read, until stable.
 * Bad input raises before the commit: nothing of the batch is written.
@@ -29,7 +29,8 @@ from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 from nonstop.errors import Conflict, DuplicateKey, FieldError, ImmutableKey, TypeVersionMismatch
-from nonstop.model.codec import _packer, encode_key, pack, unpack
+from nonstop.model.codec import encode_key, pack, pack_each, unpack
+from nonstop.store.records import pack_record
 from nonstop.tx.locks import LockMode
 
 if TYPE_CHECKING:
@@ -63,9 +64,9 @@ def _read(store: Any, index: Any, kbs: list[bytes]) -> tuple[list[Any], list[Any
 
 
 def _lock(tx: Transaction, resources: list[Any]) -> None:
-    busy = tx.db._locks.try_acquire_many(tx.id, resources, _WRITE)
-    for resource in busy:  # held by others: wait (deadlock detection, lock timeout)
-        tx._lock_blocking(resource, _WRITE)
+    # The free ones in one lock-table call; wait for those held by others (deadlock
+    # detection, lock timeout).
+    tx.drive(tx.need_all(resources, _WRITE))
 
 
 def upsert(
@@ -79,7 +80,7 @@ def upsert(
     """Insert or update the batch's rows (validated columns ``names``/``cols``, the key
     column among them, no duplicate key; ``kbs`` its encoded values) in ``tx``; returns
     (inserted, updated)."""
-    store = tx.db._store
+    store = tx.engine.store
     index = store.index_db(key.db_name, unique=True)
     kcol = cols[names.index(key.field)]
     slot_db = key.db_name
@@ -107,8 +108,10 @@ def upsert(
     created = [i for i, r in enumerate(refs) if r is None]
     ops: list[Any] = []
     removals: list[Any] = []
+    counts = None
     if created:
         _creates(tx, info, names, cols, created, kbs, index, ops)
+        counts = {info.name.encode(): len(created)}
     updated = 0
     if len(created) < len(rows):
         pos = {n: i for i, n in enumerate(names)}
@@ -152,7 +155,7 @@ def upsert(
                 state[n] = v
             ops.append((True, objects, ref, _record(info, version + 1, state)))
             updated += 1
-    tx._raw_ops[:0] = removals + ops  # before the tag record, as the general path
+    tx.write_raw(removals + ops, counts=counts, first=True)  # before the tag record
     return len(created), updated
 
 
@@ -166,8 +169,8 @@ def _creates(
     index: Any,
     ops: list[Any],
 ) -> None:
-    """Records, extent entries, index entries and the count of the batch's new objects."""
-    store = tx.db._store
+    """Records, extent entries and index entries of the batch's new objects."""
+    store = tx.engine.store
     fields = info.fields
     given = dict(zip(names, cols, strict=True))
     missing = [f.name for f in info.required if f.name not in given]
@@ -179,7 +182,6 @@ def _creates(
     # order — the same bytes as packing the dict, with no dict and no Python per row.
     fvalues: dict[str, list[Any] | None] = {}  # field -> its values (None: a constant)
     seq: list[Any] = [repeat(_head(info))]
-    packer = _packer.pack
     try:
         for n, f in fields.items():
             col = given.get(n)
@@ -189,16 +191,14 @@ def _creates(
                 col = [col[i] for i in created]
             fvalues[n] = col
             seq.append(repeat(pack(n)))
-            seq.append(repeat(pack(f.make_default())) if col is None else map(packer, col))
+            seq.append(repeat(pack(f.make_default())) if col is None else map(pack_each, col))
         # (zip not strict: the constant columns repeat without end)
         records = list(map(b"".join, zip(*seq, strict=False)))
     except (TypeError, ValueError, OverflowError):
-        from nonstop.tx.transaction import _pack_record
-
         fnames = list(fields)
         for i in created:  # find the row and say which field (FieldError)
             row = {n: (given[n][i] if n in given else fields[n].make_default()) for n in fnames}
-            _pack_record(info, 1, row)
+            pack_record(info, 1, row)
         raise
     new_refs = store.new_refs(len(records))
     prefix = info.name.encode() + b"\x00"
@@ -218,8 +218,6 @@ def _creates(
         else:  # a constant default
             kb = encode_key(fields[n].make_default())
             ops.extend((True, db, kb, r) for r in new_refs)
-    tname = info.name.encode()
-    tx._raw_counts[tname] = tx._raw_counts.get(tname, 0) + len(created)
 
 
 def _head(info: TypeInfo) -> bytes:
@@ -238,6 +236,4 @@ def _record_list(rec: list[Any], info: TypeInfo) -> bytes:
     try:
         return pack(rec)
     except (TypeError, ValueError, OverflowError):
-        from nonstop.tx.transaction import _pack_record
-
-        return _pack_record(info, rec[2], rec[3])  # raises FieldError naming the field
+        return pack_record(info, rec[2], rec[3])  # raises FieldError naming the field

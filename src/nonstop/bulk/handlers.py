@@ -67,11 +67,11 @@ from nonstop.model.managed import KeyInfo, TypeInfo
 from nonstop.model.ref import REF_SIZE, Ref
 from nonstop.store.group_commit import WriteSet
 from nonstop.tx.locks import LockMode
-from nonstop.tx.query import _gc_paused as gc_paused
+from nonstop.tx.query import gc_paused
 
 if TYPE_CHECKING:
-    from nonstop.database import Database
     from nonstop.tx.async_transaction import AsyncTransaction
+    from nonstop.tx.database import Database
     from nonstop.tx.transaction import Transaction
 
 FORMATS = ("arrow", "columns")
@@ -100,14 +100,14 @@ class BulkContext:
 def _bulk_db(db: Database) -> Any:
     # A plain (non-dupsort) named database, created on first use and registered
     # with the store so that prepared records can name it.
-    return db._store.index_db(b"bulk", unique=True)
+    return db.engine.store.index_db(b"bulk", unique=True)
 
 
 def _type(ctx: BulkContext, payload: dict[str, Any]) -> TypeInfo:
     name = payload.get("type")
     if not isinstance(name, str) or not name:
         raise BadArgument("a bulk operation needs 'type': the managed type's name")
-    info = ctx.db._type_by_name(name)  # UnknownType when not defined
+    info = ctx.db.engine.type_by_name(name)  # UnknownType when not defined
     tv = payload.get("tv")
     if tv is not None and tv != info.version:
         raise TypeVersionMismatch(
@@ -232,7 +232,7 @@ def plan(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any]:
     max_rows = payload.get("max_rows") or ROWS_PER_RANGE
     if not isinstance(splits, int) or splits < 1 or not isinstance(max_rows, int):
         raise BadArgument("'splits' must be an int >= 1 and 'max_rows' an int")
-    store = ctx.db._store
+    store = ctx.db.engine.store
     names = [t.name for t in info.concrete_types()]
     with store.read() as rtxn:
         snapshot = rtxn.id()
@@ -334,10 +334,10 @@ def scan(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any]:
     if limit is not None and (not isinstance(limit, int) or limit < 1):
         raise BadArgument("'limit' must be an int >= 1 or None")
     filters = _compile_filters(info, payload.get("filters"))
-    store = ctx.db._store
+    store = ctx.db.engine.store
     types = {t.name: t for t in info.concrete_types()}
     start = max(x for x in (lo, after) if x is not None) if (lo or after) else None
-    with gc_paused():  # tens of thousands of state dicts: see query._gc_paused
+    with gc_paused():  # tens of thousands of state dicts: see query.gc_paused
         if not filters and len(types) == 1:
             snapshot, refs, states, more = _scan_extent(store, info.name, start, after, hi, limit)
         else:
@@ -607,8 +607,8 @@ def _load_refs(tx: Transaction, info: TypeInfo, row: dict[str, Any]) -> dict[str
 # (a branch of the data service, on the node's event loop).
 Step = tuple[str, tuple[Any, ...], dict[str, Any]]
 Steps = Generator[Step, Any, Any]
-_NEED = "_need"
-"""Step: take a lock on a resource (``tx._need``)."""
+_NEED = "need"
+"""Step: take a lock on a resource (``tx.need``)."""
 
 
 def _run_steps(tx: Transaction, steps: Steps) -> Any:
@@ -622,7 +622,7 @@ def _run_steps(tx: Transaction, steps: Steps) -> Any:
         failure = None
         try:
             if name == _NEED:
-                value = tx._drive(tx._need(*args))
+                value = tx.drive(tx.need(*args))
             else:
                 value = getattr(tx, name)(*args, **kwargs)
         except Exception as exc:
@@ -640,7 +640,7 @@ async def _arun_steps(tx: AsyncTransaction, steps: Steps) -> Any:
         failure = None
         try:
             if name == _NEED:
-                value = await tx._adrive(tx._need(*args))
+                value = await tx.adrive(tx.need(*args))
             else:
                 value = await getattr(tx, name)(*args, **kwargs)
         except Exception as exc:
@@ -682,12 +682,12 @@ def _apply_upsert(
             tx.create(info.cls, **row)
             inserted += 1
             continue
-        state = obj._e.state
+        state = tx.entry_of(obj).state
         changed = False
         for name, value in row.items():
             current = state[name]
             if info.fields[name].kind == "ref" and value is not None:
-                same = current is not None and current.raw == value._e.ref
+                same = current is not None and current == tx.ref(value)
             else:
                 same = current == value and type(current) is type(value)
             if not same:
@@ -703,7 +703,7 @@ def _absent_keys(tx: Transaction, key: KeyInfo, kbs: list[bytes]) -> tuple[set[b
     Only for the fast create path (:func:`_create_fast`), which still locks each
     value and re-checks it if anything committed since this read.
     """
-    store = tx.db._store
+    store = tx.engine.store
     index = store.index_db(key.db_name, unique=True)
     seq = store.commit_seq  # (bumped before any lock is released: see Store)
     with store.read() as rtxn:
@@ -717,17 +717,8 @@ def _create_fast(
     """Create the object of a row whose key was absent, as ``tx.create`` would but
     without re-reading and re-checking what the batch already did; False when the key
     turned out to be taken (the caller takes the general path)."""
-    from nonstop.tx.transaction import CREATED, WRITE, Entry
-
-    store = tx.db._store
-    slot = (key.db_name, kb)
-    if slot in tx._claimed:
-        return False
-    tx._drive(tx._need(slot, WRITE))
-    # A creator of this value holds its lock until durable and bumps commit_seq before
-    # releasing it: with the lock held and no commit since the batch read, still absent.
-    if store.commit_seq != seq and tx.db._index_get(key, kb) is not None:
-        return False  # created meanwhile: update it instead
+    if not tx.drive(tx.g_claim_absent(key, kb, seq)):
+        return False  # created meanwhile (or earlier in the batch): update it instead
     if info.ref_fields:
         _load_refs(tx, info, row)  # every reference names an object of the right type
     missing = [f.name for f in info.required if f.name not in row]
@@ -735,25 +726,14 @@ def _create_fast(
         raise FieldError(f"{info.name} needs a value for {', '.join(map(repr, missing))}")
     state = {n: row[n] if n in row else f.make_default() for n, f in info.fields.items()}
     # (A key value too long raises KeyTooLong when the write set is built: rolled back.)
-    ref = store.new_ref()
-    tx._claimed[slot] = ref
-    try:
-        for name, other in info.keys.items():
-            if other.options.unique and name != key.field:
-                tx._drive(tx._g_claim(other, state[name], ref))
-    except BaseException:
-        for s in [s for s, r in tx._claimed.items() if r == ref]:
-            del tx._claimed[s]
-        raise
-    tx.db._locks.try_acquire(tx.id, ref, WRITE)  # a brand-new ref: always free
-    tx._entries[ref] = Entry(tx, ref, info, state, 0, WRITE, CREATED)
+    tx.drive(tx.g_insert(info, state, claimed=(key, kb)))
     return True
 
 
 def _lock(tx: Transaction, slot: bytes) -> None:
     # Two attempts of one Spark task (a retry, a speculative copy) racing on the
     # same tag serialize here; the second then sees the first one's record.
-    tx._drive(tx._need(("bulk", slot), LockMode.WRITE))
+    tx.drive(tx.need(("bulk", slot), LockMode.WRITE))
 
 
 def _retrying(fn: Callable[[], Any]) -> Any:
@@ -796,7 +776,7 @@ def upsert(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any]:
             if tag is not None:
                 slot = b"t/" + tag.encode()
                 _lock(tx, slot)
-                done = tx._raw_get(bulk, slot)
+                done = db.engine.get_raw(bulk, slot)
                 if done is not None:
                     return {**unpack(done), "replayed": True}
             if fast:
@@ -806,7 +786,7 @@ def upsert(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any]:
             result = {"inserted": inserted, "updated": updated, "replayed": False}
             if tag is not None:
                 record = {"inserted": inserted, "updated": updated, "at": time.time()}
-                tx._raw_ops.append((True, bulk, slot, pack(record)))
+                tx.write_raw([(True, bulk, slot, pack(record))])
             return result
 
     if not fast:
@@ -823,14 +803,14 @@ def forget(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any]:
     keys = _keys_with(ctx.db, b"t/" + prefix.encode())
     if keys:
         bulk = _bulk_db(ctx.db)
-        ctx.db._committer.commit(WriteSet([(False, bulk, k, None) for k in keys]))
+        ctx.db.engine.committer.commit(WriteSet([(False, bulk, k, None) for k in keys]))
     return {"forgotten": len(keys)}
 
 
 def _keys_with(db: Database, prefix: bytes) -> list[bytes]:
     bulk = _bulk_db(db)
     out = []
-    with db._store.read() as rtxn:
+    with db.engine.store.read() as rtxn:
         cur = rtxn.cursor(db=bulk)
         if cur.set_range(prefix):
             for k in cur.iternext(keys=True, values=False):
@@ -852,8 +832,7 @@ def stream_last(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any]:
     """The last micro-batch id committed for ``stream`` on this node (None: none yet)."""
     slot = _stream_slot(payload)
     bulk = _bulk_db(ctx.db)  # before the read: a read snapshot cannot see a newer database
-    with ctx.db._store.read() as rtxn:
-        raw = rtxn.get(slot, db=bulk)
+    raw = ctx.db.engine.get_raw(bulk, slot)
     return {"batch": None if raw is None else unpack(raw)}
 
 
@@ -869,10 +848,10 @@ def stream_commit(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any]:
     def run() -> dict[str, Any]:
         with db.transaction() as tx:
             _lock(tx, slot)
-            raw = tx._raw_get(bulk, slot)
+            raw = db.engine.get_raw(bulk, slot)
             last = None if raw is None else unpack(raw)
             if last is None or batch > last:
-                tx._raw_ops.append((True, bulk, slot, pack(batch)))
+                tx.write_raw([(True, bulk, slot, pack(batch))])
                 last = batch
             return {"batch": last}
 
@@ -897,7 +876,7 @@ def overwrite_begin(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any]
     job = _job({"job": job})
     bulk = _bulk_db(ctx.db)
     record = pack({"type": info.name, "at": time.time()})
-    ctx.db._committer.commit(WriteSet([(True, bulk, b"j/" + job.encode(), record)]))
+    ctx.db.engine.committer.commit(WriteSet([(True, bulk, b"j/" + job.encode(), record)]))
     return {"job": job}
 
 
@@ -912,15 +891,14 @@ def overwrite_part(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any]:
         raise BadArgument("'tag' must name this part (the same on a retry)")
     db = ctx.db
     bulk = _bulk_db(db)
-    with db._store.read() as rtxn:
-        meta = rtxn.get(b"j/" + job.encode(), db=bulk)
+    meta = db.engine.get_raw(bulk, b"j/" + job.encode())
     if meta is None:
         raise BadArgument(f"no staged overwrite {job!r} on this node (aborted or committed?)")
     if unpack(meta)["type"] != info.name:
         raise BadArgument(f"overwrite {job!r} is of type {unpack(meta)['type']}, not {info.name}")
     staged = pack({"key": key.field, "rows": rows})
     slot = f"o/{job}/{tag}".encode()
-    db._committer.commit(WriteSet([(True, bulk, slot, staged)]))
+    db.engine.committer.commit(WriteSet([(True, bulk, slot, staged)]))
     return {"rows": len(rows)}
 
 
@@ -970,7 +948,8 @@ def _g_swap(tx: Transaction, info: TypeInfo, job: str, parts_arg: Any) -> Steps:
     # Two commits of one job (a retried job commit) serialize here; the second
     # then sees the first one's done record.
     yield (_NEED, (("bulk", jslot), LockMode.WRITE), {})
-    with db._store.read() as rtxn:
+    store = db.engine.store
+    with store.read() as rtxn:
         done = rtxn.get(dslot, db=bulk)
         staged_meta = rtxn.get(jslot, db=bulk)
     if done is not None:
@@ -985,8 +964,7 @@ def _g_swap(tx: Transaction, info: TypeInfo, job: str, parts_arg: Any) -> Steps:
         deleted += 1
     inserted = 0
     for slot in parts:
-        with db._store.read() as rtxn:
-            part = unpack(rtxn.get(slot, db=bulk))
+        part = unpack(db.engine.get_raw(bulk, slot))
         for row in part["rows"]:
             if info.ref_fields:
                 row = yield from _g_refs(info, row)
@@ -998,7 +976,7 @@ def _g_swap(tx: Transaction, info: TypeInfo, job: str, parts_arg: Any) -> Steps:
     result = {"deleted": deleted, "inserted": inserted}
     ops: list[tuple[bool, Any, bytes, bytes | None]] = [(False, bulk, s, None) for s in staged]
     ops += [(False, bulk, jslot, None), (True, bulk, dslot, pack(result))]
-    tx._raw_ops.extend(ops)
+    tx.write_raw(ops)
     return {**result, "replayed": False}
 
 
@@ -1019,11 +997,10 @@ def overwrite_abort(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any]
     db = ctx.db
     bulk = _bulk_db(db)
     keys = _keys_with(db, f"o/{job}/".encode())
-    with db._store.read() as rtxn:
-        if rtxn.get(b"j/" + job.encode(), db=bulk) is not None:
-            keys.append(b"j/" + job.encode())
+    if db.engine.get_raw(bulk, b"j/" + job.encode()) is not None:
+        keys.append(b"j/" + job.encode())
     if keys:
-        db._committer.commit(WriteSet([(False, bulk, k, None) for k in keys]))
+        db.engine.committer.commit(WriteSet([(False, bulk, k, None) for k in keys]))
     return {"dropped": len(keys)}
 
 
@@ -1033,7 +1010,7 @@ def schema(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any]:
     info = _type(ctx, payload)
     out = info.schema()
     out["unique"] = [k.field for k in info.keys.values() if k.options.unique]
-    out["count"] = sum(ctx.db._store.count(t.name) for t in info.concrete_types())
+    out["count"] = sum(ctx.db.engine.store.count(t.name) for t in info.concrete_types())
     return out
 
 

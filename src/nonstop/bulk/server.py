@@ -72,7 +72,7 @@ class BulkServer(socketserver.ThreadingTCPServer):
             cluster=self.cluster,
             name=self.name,
             location=self.db.location,
-            timestamp=self.db._store.timestamp,
+            timestamp=self.db.engine.store.timestamp,
             role=ROLE_NODE,
             address=self.address,
             pid=os.getpid(),

@@ -40,7 +40,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from nonstop.database import Database, InDoubt
 from nonstop.dtx.decisions import COMMIT
 from nonstop.dtx.protocol import K_PREPARED, K_TOMB, Progress, Ready, Refused
 from nonstop.errors import Conflict, Deadlock, FieldError, LockTimeout, StoreError
@@ -48,6 +47,8 @@ from nonstop.model.codec import pack, unpack
 from nonstop.model.ref import Ref
 from nonstop.store.group_commit import Op, WriteSet
 from nonstop.tx.async_transaction import AsyncTransaction
+from nonstop.tx.database import Database
+from nonstop.tx.prepared import PreparedTransaction
 from nonstop.tx.transaction import Transaction
 
 log = logging.getLogger("nonstop.dataplane.participant")
@@ -80,7 +81,7 @@ class _Branch:
     """The data service's transaction; None for a branch recovered after a restart."""
     task: asyncio.Task[None] | None = None
     ready: bool = False
-    """Its prepared write set is computed (and waits in ``db._preparing`` for the persister)."""
+    """Its prepared write set is computed (staged in ``db.engine.prepared`` for the persister)."""
 
 
 class StoreResourceManager:
@@ -103,6 +104,7 @@ class StoreResourceManager:
         feed: Callable[[list[Progress]], None],
     ) -> None:
         self.db = db
+        self.prepared = db.engine.prepared
         self.lookup_branch = lookup_branch
         self.feed = feed
         self._branches: dict[str, _Branch] = {}
@@ -171,10 +173,10 @@ class StoreResourceManager:
         if b is None or b.tx is None:
             return [], []
         key = gtid.encode()
-        if key in self.db._in_doubt:
+        if key in self.prepared:
             # Durably prepared: the persister ends it with the outcome's write.
             for bid, g in list(self._ending.items()):  # keep it to the ones in flight
-                if g not in self.db._in_doubt:
+                if g not in self.prepared:
                     del self._ending[bid]
             self._ending[b.branch_id] = key
             return [], []
@@ -182,7 +184,7 @@ class StoreResourceManager:
             raise AssertionError(f"{gtid}: commit of a branch that never prepared")
         if b.task is not None and not b.task.done():
             b.task.cancel()
-        self.db._preparing.pop(key, None)
+        self.prepared.unstage(key)
         Transaction.rollback(b.tx)
         return [], []
 
@@ -192,7 +194,7 @@ class StoreResourceManager:
         ``Database`` recovered it at open (``db.in_doubt()``), holding its write
         locks; the two are written in one store commit, so it must be there.
         """
-        if gtid.encode() not in self.db._in_doubt:
+        if gtid.encode() not in self.prepared:
             raise StoreError(
                 f"the decision protocol has {gtid} prepared but the store does not: "
                 "the dtx state does not belong to this store"
@@ -210,7 +212,7 @@ class StoreResourceManager:
         if any(b.branch_id == branch_id for b in self._branches.values()):
             return True
         gtid = self._ending.get(branch_id)
-        if gtid is not None and gtid not in self.db._in_doubt:
+        if gtid is not None and gtid not in self.prepared:
             del self._ending[branch_id]  # phase two is durable: done
             gtid = None
         return gtid is not None
@@ -231,7 +233,7 @@ class StoreResourceManager:
         try:
             for ref, type_name, version, changes in writes:
                 await _apply_write(tx, ref, type_name, version, changes)
-            record = tx._prepare_writes(gtid.encode(), keep_read_only=True)
+            record = tx.prepare_write_set(gtid.encode(), keep_read_only=True)
         except asyncio.CancelledError:
             return  # finish() ended the branch (and rolls the transaction back)
         except LockTimeout:
@@ -252,7 +254,7 @@ class StoreResourceManager:
             return
         assert record is not None
         b.ready = True
-        self.db._preparing[gtid.encode()] = (tx, record)
+        self.prepared.stage(gtid.encode(), tx, record)
         self.feed([Ready(gtid, RECORD, {})])
 
 
@@ -266,7 +268,7 @@ async def _apply_write(
     obj = await tx.by_ref(Ref(ref), lock="write")
     if obj is None:
         raise Conflict(f"object {ref.hex()} no longer exists")
-    e = obj._e
+    e = tx.entry_of(obj)
     if e.info.name != type_name:
         raise FieldError(f"object {ref.hex()} is a {e.info.name}, not a {type_name}")
     if e.version != version:
@@ -293,6 +295,7 @@ class DtxPersister:
 
     def __init__(self, db: Database) -> None:
         self.db = db
+        self.engine = db.engine
         self._resolving: set[bytes] = set()
 
     def persist(
@@ -301,8 +304,7 @@ class DtxPersister:
         done: Callable[[BaseException | None], None],
     ) -> None:
         """Commit ``writes`` (and the 2PC effects they imply) as one store write set."""
-        db = self.db
-        store = db._store
+        store = self.engine.store
         ops: list[Op] = []
         deltas: dict[bytes, int] = {}
         after: list[Callable[[], None]] = []
@@ -338,7 +340,7 @@ class DtxPersister:
             done(exc)
 
         try:
-            db._committer.submit(WriteSet(ops, deltas), committed)
+            self.engine.committer.submit(WriteSet(ops, deltas), committed)
         except BaseException:
             for fn in undo:
                 fn()
@@ -348,7 +350,7 @@ class DtxPersister:
         self, gtid: bytes, after: list[Callable[[], None]], undo: list[Callable[[], None]]
     ) -> list[Op]:
         """The store's prepared record of ``gtid``, committed with the machine's ``dtx/p/``."""
-        pending = self.db._preparing.pop(gtid, None)
+        pending = self.engine.prepared.unstage(gtid)
         if pending is None:
             # A bug: the machine records a branch only after the RM said Ready.
             raise StoreError(f"no prepared write set for {gtid!r} to persist")
@@ -357,7 +359,7 @@ class DtxPersister:
         def failed() -> None:
             Transaction.rollback(tx)  # not durable: vote-less, locks go
 
-        after.append(tx._prepared_durable)
+        after.append(tx.prepared_durable)
         undo.append(failed)
         return record.ops
 
@@ -369,7 +371,7 @@ class DtxPersister:
         undo: list[Callable[[], None]],
     ) -> WriteSet | None:
         """The outcome's effect on the store, if ``gtid`` is in doubt here (else just the keys)."""
-        doubt: Transaction | InDoubt | None = self.db._in_doubt.get(gtid)
+        doubt: PreparedTransaction | None = self.engine.prepared.get(gtid)
         if doubt is None or gtid in self._resolving:
             return None
         self._resolving.add(gtid)
@@ -377,17 +379,17 @@ class DtxPersister:
         def ended() -> None:
             # Out of doubt before "not resolving": never both absent-from-resolving and
             # still in doubt, which would let a second outcome write apply it again.
-            doubt._phase_two_durable(commit)
+            doubt.phase_two_durable(commit)
             self._resolving.discard(gtid)
 
         after.append(ended)
         undo.append(lambda: self._resolving.discard(gtid))
-        return doubt._phase_two(commit)
+        return doubt.phase_two(commit)
 
 
 def recovered_dtx_state(db: Database) -> dict[bytes, bytes]:
     """The machine's durable keys (``recovered`` for ``DtxNode``): the ``dtx`` database."""
-    store = db._store
+    store = db.engine.store
     with store.read() as rtxn:
         return {bytes(k): bytes(v) for k, v in rtxn.cursor(db=store.dtx)}
 

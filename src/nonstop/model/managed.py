@@ -128,7 +128,15 @@ class TypeInfo:
 
 
 class _FieldDescriptor:
-    """Routes attribute access on a handle to its transaction."""
+    """Routes attribute access on a handle to its transaction.
+
+    The handle protocol: every kind of transaction (embedded, remote) answers
+    ``_read_field(entry, name)`` and ``_write_field(entry, name, value)`` (and
+    ``_enqueue_async`` for asynchronous methods, ``_remote_call`` for remote
+    ones).  The embedded transaction also has them under public names
+    (``read_field``, ``write_field``, ``queue_async_call``), which the handle
+    will call once the remote transaction has them too.
+    """
 
     __slots__ = ("name",)
 
@@ -229,6 +237,20 @@ def type_info(cls: type[Managed]) -> TypeInfo:
         info = TypeInfo(cls)
         cls.__nonstop_info__ = info
     return info
+
+
+def registered_type(name: str) -> type[Managed] | None:
+    """The managed class defined in this process under stored name ``name``, or None.
+
+    Unlike :func:`lookup_type` it imports nothing: a node answers only for the
+    types its application defined.
+    """
+    return _REGISTRY.get(name)
+
+
+def registered_types() -> dict[str, type[Managed]]:
+    """Every managed class defined in this process, by stored name (a copy)."""
+    return dict(_REGISTRY)
 
 
 def lookup_type(name: str) -> TypeInfo:

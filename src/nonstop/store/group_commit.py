@@ -59,6 +59,11 @@ class GroupCommitter:
         self._thread = threading.Thread(target=self._run, name="nonstop-group-commit", daemon=True)
         self._thread.start()
 
+    @property
+    def closing(self) -> bool:
+        """Whether :meth:`close` began: nothing submitted from now on is accepted."""
+        return self._closing
+
     def submit(self, ws: WriteSet, done: Callable[[BaseException | None], None]) -> None:
         """Queue a write set; ``done(None)`` once it is durable, ``done(exc)`` on failure."""
         with self._cond:

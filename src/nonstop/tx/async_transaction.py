@@ -19,21 +19,14 @@ from collections.abc import AsyncIterator, Hashable
 from typing import Any, TypeVar
 
 from nonstop.errors import Conflict, Error, NotFound
+from nonstop.model.entry import DELETED
 from nonstop.model.managed import Managed
 from nonstop.model.ref import Ref
 from nonstop.store.group_commit import WriteSet
+from nonstop.tx.entries import NONE, WRITE, Op, TxState, describe_key, parse_lock
 from nonstop.tx.locks import LockMode
 from nonstop.tx.query import Query
-from nonstop.tx.transaction import (
-    DELETED,
-    NONE,
-    WRITE,
-    Op,
-    Transaction,
-    _describe,
-    _State,
-    parse_lock,
-)
+from nonstop.tx.transaction import Transaction
 
 M = TypeVar("M", bound=Managed)
 
@@ -43,13 +36,17 @@ class AsyncTransaction(Transaction):
 
     _is_async = True
 
-    async def _adrive(self, op: Op) -> Any:
+    async def adrive(self, op: Op) -> Any:
+        """Run a generator operation (:data:`~nonstop.tx.entries.Op`), awaiting each lock
+        it yields; its return value (see :meth:`Transaction.drive`)."""
         try:
             request = next(op)
             while True:
                 resource, mode = request
                 try:
-                    await self.db._locks.acquire_async(self.id, resource, mode, self._lock_timeout)
+                    await self.engine.locks.acquire_async(
+                        self.id, resource, mode, self._lock_timeout
+                    )
                 except Error as exc:
                     self._doomed = exc
                     raise
@@ -57,8 +54,11 @@ class AsyncTransaction(Transaction):
         except StopIteration as stop:
             return stop.value
 
+    # The old private name, kept while nonstop.dataplane.service still uses it.
+    _adrive = adrive
+
     def _lock_now(self, resource: Hashable, mode: LockMode) -> None:
-        if not self.db._locks.try_acquire(self.id, resource, mode):
+        if not self.engine.locks.try_acquire(self.id, resource, mode):
             self._doomed = Conflict(
                 "attribute access in an async transaction needs a lock another transaction "
                 "holds; take it up front (lock='write' or await tx.lock(obj))"
@@ -67,121 +67,122 @@ class AsyncTransaction(Transaction):
 
     # ------------------------------------------------------------------ API
     async def create(self, cls: type[M], /, **values: Any) -> M:  # type: ignore[override]
-        self._check_usable()
-        info = self.db._ensure_type(cls)
-        e = await self._adrive(self._g_create(info, values))
-        self._entries[e.ref] = e
+        self.check_usable()
+        info = self.engine.ensure_type(cls)
+        e = await self.adrive(self.g_insert(info, self._new_state(info, values)))
         return e.handle  # type: ignore[no-any-return]
 
-    async def find(
+    async def find(  # type: ignore[override]
         self,
         cls: type[M],
         /,
         *,
-        lock: str | None = None,  # type: ignore[override]
+        lock: str | None = None,
         **key: Any,
     ) -> M | None:
-        self._check_usable()
+        self.check_usable()
         info, k, value, mode = self._lookup_args(cls, key, lock)
-        e = await self._adrive(self._g_lookup(info, k, value, mode))
+        e = await self.adrive(self._g_lookup(info, k, value, mode))
         return None if e is None else e.handle
 
-    async def get(
+    async def get(  # type: ignore[override]
         self,
         cls: type[M],
         /,
         *,
-        lock: str | None = None,  # type: ignore[override]
+        lock: str | None = None,
         **key: Any,
     ) -> M:
         obj = await self.find(cls, lock=lock, **key)
         if obj is None:
-            raise NotFound(f"no {cls.__name__} with {_describe(key)}")
+            raise NotFound(f"no {cls.__name__} with {describe_key(key)}")
         return obj
 
-    async def get_or_create(
+    async def get_or_create(  # type: ignore[override]
         self,
         cls: type[M],
         /,
-        *,  # type: ignore[override]
+        *,
         defaults: dict[str, Any] | None = None,
         **key: Any,
     ) -> tuple[M, bool]:
-        self._check_usable()
+        self.check_usable()
         info, k, value, _ = self._lookup_args(cls, key, "write")
-        e = await self._adrive(self._g_lookup(info, k, value, WRITE))
+        e = await self.adrive(self._g_lookup(info, k, value, WRITE))
         if e is not None:
             return e.handle, False
         return await self.create(cls, **{**(defaults or {}), **key}), True
 
-    async def by_ref(
+    async def by_ref(  # type: ignore[override]
         self,
         ref: Ref,
         /,
-        *,  # type: ignore[override]
+        *,
         lock: str | None = None,
     ) -> Managed | None:
-        self._check_usable()
+        self.check_usable()
         mode = parse_lock(lock)
-        e = await self._adrive(self._g_load(ref.raw, self._default_lock if mode is None else mode))
+        e = await self.adrive(self.g_load(ref.raw, self.default_lock if mode is None else mode))
         return None if e is None else e.handle
 
     async def lock(self, obj: Managed, mode: str = "write") -> None:  # type: ignore[override]
-        e = self._entry_of(obj)
+        e = self.entry_of(obj)
         m = parse_lock(mode) or NONE
         if m > e.lock:
-            await self._adrive(self._g_upgrade(e, m))
+            await self.adrive(self._g_upgrade(e, m))
 
     async def delete(self, obj: Managed) -> None:  # type: ignore[override]
-        e = self._entry_of(obj)
+        e = self.entry_of(obj)
         if e.status >= DELETED:
             from nonstop.errors import Deleted
 
             raise Deleted(f"{e.info.name} object is already deleted")
-        await self._adrive(self._g_delete(e))
+        await self.adrive(self._g_delete(e))
 
     async def count(self, cls: type[Managed]) -> int:  # type: ignore[override]
         return Transaction.count(self, cls)
 
-    async def extent(
+    async def extent(  # type: ignore[override]
         self,
         cls: type[M],
         /,
-        *,  # type: ignore[override]
+        *,
         lock: str | None = None,
     ) -> list[M]:
-        return await self.query(cls).lock(lock).all()
+        q = self.query(cls)
+        q.lock(lock)
+        return await q.all()
 
-    def query(self, cls: type[M], /) -> AsyncQuery[M]:  # type: ignore[override]
-        self._check_usable()
-        return AsyncQuery(self, self.db._ensure_type(cls))
+    def query(self, cls: type[M], /) -> AsyncQuery[M]:
+        self.check_usable()
+        return AsyncQuery(self, self.engine.ensure_type(cls))
 
     async def commit(self) -> None:  # type: ignore[override]
         ws = self._prepare_commit()
         if ws is None:
-            self._finish(_State.COMMITTED)
+            self._finish(TxState.COMMITTED)
             return
-        await self._durable(ws, _State.COMMITTED)
+        await self._durable(ws, TxState.COMMITTED)
 
     async def prepare(self, gtid: bytes) -> bool:  # type: ignore[override]
         """See :meth:`Transaction.prepare`."""
-        record = self._prepare_writes(gtid)
+        record = self.prepare_write_set(gtid)
         if record is None:
             return False
         await self._durable(record, None)
-        self._prepared_durable()
+        self.prepared_durable()
         return True
 
     async def commit_prepared(self) -> None:  # type: ignore[override]
-        await self._durable(self._phase_two(True), _State.COMMITTED, keep_on_failure=True)
-        self.db._in_doubt.pop(self._prepared[0], None)
+        await self._durable(self.phase_two(True), TxState.COMMITTED, keep_on_failure=True)
+        self.engine.prepared.discard(self._prepared[0])
 
     async def abort_prepared(self) -> None:  # type: ignore[override]
-        await self._durable(self._phase_two(False), _State.ROLLED_BACK, keep_on_failure=True)
-        self.db._in_doubt.pop(self._prepared[0], None)
+        await self._durable(self.phase_two(False), TxState.ROLLED_BACK, keep_on_failure=True)
+        self.engine.prepared.discard(self._prepared[0])
 
     async def _durable(
-        self, ws: WriteSet, outcome: _State | None, *, keep_on_failure: bool = False
+        self, ws: WriteSet, outcome: TxState | None, *, keep_on_failure: bool = False
     ) -> None:
         """Hand ``ws`` to the group committer, wait until durable, then finish as ``outcome``.
 
@@ -195,10 +196,10 @@ class AsyncTransaction(Transaction):
             loop.call_soon_threadsafe(_settle, future, exc)
 
         try:
-            self.db._committer.submit(ws, done)
+            self.engine.committer.submit(ws, done)
         except BaseException:
             if not keep_on_failure:
-                self._finish(_State.ROLLED_BACK)
+                self._finish(TxState.ROLLED_BACK)
             raise
         cancelled: BaseException | None = None
         while not future.done():
@@ -213,7 +214,7 @@ class AsyncTransaction(Transaction):
         failure = future.exception()
         if failure is not None:
             if not keep_on_failure:
-                self._finish(_State.ROLLED_BACK)
+                self._finish(TxState.ROLLED_BACK)
             raise failure
         if outcome is not None:
             self._finish(outcome)
@@ -221,7 +222,7 @@ class AsyncTransaction(Transaction):
             raise cancelled
 
     async def rollback(self) -> None:  # type: ignore[override]
-        if self._state is _State.PREPARED:
+        if self._state is TxState.PREPARED:
             await self.abort_prepared()
         else:
             Transaction.rollback(self)
@@ -231,7 +232,7 @@ class AsyncTransaction(Transaction):
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if exc_type is None:
-            if self._state is _State.ACTIVE:
+            if self._state is TxState.ACTIVE:
                 await self.commit()
             # A prepared transaction waits for phase two; leaving the block keeps it.
         else:
@@ -253,7 +254,7 @@ class AsyncQuery(Query[M]):
     _tx: AsyncTransaction
 
     async def all(self) -> list[M]:  # type: ignore[override]
-        return await self._tx._adrive(self._g_run())  # type: ignore[no-any-return]
+        return await self._tx.adrive(self._g_run())  # type: ignore[no-any-return]
 
     async def first(self) -> M | None:  # type: ignore[override]
         saved, self._limit = self._limit, 1
@@ -276,6 +277,6 @@ class AsyncQuery(Query[M]):
                 self._lock = saved
         return len(self._candidates())
 
-    async def __aiter__(self) -> AsyncIterator[M]:  # type: ignore[override]
+    async def __aiter__(self) -> AsyncIterator[M]:
         for obj in await self.all():
             yield obj

@@ -40,8 +40,8 @@ from nonstop.model.codec import pack, unpack
 from nonstop.model.ref import REF_SIZE, Ref
 
 if TYPE_CHECKING:
-    from nonstop.database import Database
     from nonstop.model.managed import Managed
+    from nonstop.tx.database import Database
     from nonstop.tx.transaction import Transaction
 
 log = logging.getLogger("nonstop.async")
@@ -81,6 +81,8 @@ class AsyncMethod:
 
         def queue_call(*args: Any, **kwargs: Any) -> None:
             entry = obj._e
+            # (The handle protocol's name: remote transactions answer it too; the
+            # embedded one also as queue_async_call.)
             entry.tx._enqueue_async(entry, self.name, args, kwargs)
 
         queue_call.__name__ = self.name
@@ -120,10 +122,11 @@ class AsyncDispatcher:
         self.executed = 0
         self.dropped = 0
         self.failed = 0
-        with db._store.read() as rtxn:
-            keys = list(rtxn.cursor(db=db._store.asyncq).iternext(keys=True, values=False))
+        store = db.engine.store
+        with store.read() as rtxn:
+            keys = list(rtxn.cursor(db=store.asyncq).iternext(keys=True, values=False))
             # Dead letters are keyed by sequence: never reuse one after a restart.
-            dead = rtxn.cursor(db=db._store.dead)
+            dead = rtxn.cursor(db=store.dead)
             last_dead = int.from_bytes(dead.key(), "big") if dead.last() else 0
         self._seq = 1 + max([last_dead, *(int.from_bytes(k[REF_SIZE + 1 :], "big") for k in keys)])
         self._add(keys)
@@ -237,6 +240,7 @@ class AsyncDispatcher:
         from nonstop.tx.runner import run_with_retries
 
         db = self._db
+        store = db.engine.store
         target_ref = keys[0][:REF_SIZE]
         outcome: list[str] = []
         ran: list[bytes] = []
@@ -245,14 +249,14 @@ class AsyncDispatcher:
             outcome.clear()
             ran.clear()
             target = tx.by_ref(Ref(target_ref))
-            with db._store.read() as rtxn:  # every queued record of the batch, one snapshot
-                records = [rtxn.get(key, db=db._store.asyncq) for key in keys]
+            with store.read() as rtxn:  # every queued record of the batch, one snapshot
+                records = [rtxn.get(key, db=store.asyncq) for key in keys]
             for key, raw in zip(keys, records, strict=True):
                 ran.append(key)
                 if raw is None:  # already ran (cannot happen in one process; cheap to check)
                     outcome.append("gone")
                     continue
-                tx._raw_ops.append((False, db._store.asyncq, key, None))
+                tx.write_raw([(False, store.asyncq, key, None)])
                 if target is None:
                     outcome.append("dropped")
                     continue
@@ -260,14 +264,14 @@ class AsyncDispatcher:
                 descriptor = getattr(type(target), method, None)
                 if not isinstance(descriptor, AsyncMethod):
                     raise Error(f"{type(target).__name__}.{method} is not an asynchronous method")
-                before = len(tx._async_calls)
+                before = len(tx.queued_calls())
                 token = current_sender.set(target_ref)
                 try:
                     descriptor.func(target, *_refs_in(tx, args), **_refs_in(tx, kwargs))
                 finally:
                     current_sender.reset(token)
                 outcome.append("ran")
-                if any(k[:REF_SIZE] == target_ref for k, _ in tx._async_calls[before:]):
+                if any(k[:REF_SIZE] == target_ref for k, _ in tx.queued_calls()[before:]):
                     break  # a self-send must run before the rest of the queue
 
         try:
@@ -301,25 +305,31 @@ class AsyncDispatcher:
         )
 
         def bury(tx: Transaction) -> None:
-            raw = tx._raw_get(db._store.asyncq, key)
+            store = db.engine.store
+            raw = db.engine.get_raw(store.asyncq, key)
             if raw is None:
                 return
-            tx._raw_ops.append((False, db._store.asyncq, key, None))
             record = [Ref(target_ref), unpack(raw), error_text, time.time()]
-            tx._raw_ops.append((True, db._store.dead, key[REF_SIZE + 1 :], pack(record)))
+            tx.write_raw(
+                [
+                    (False, store.asyncq, key, None),
+                    (True, store.dead, key[REF_SIZE + 1 :], pack(record)),
+                ]
+            )
 
         run_with_retries(db, bury)
 
     def _isolation_of(self, key: bytes) -> str:
-        raw = self._db._store.asyncq_get(key)
+        engine = self._db.engine
+        raw = engine.store.asyncq_get(key)
         if raw is None:
             return "serializable"
         method = unpack(raw)[0]
-        rec = self._db._store.get_object(key[:REF_SIZE])
+        rec = engine.store.get_object(key[:REF_SIZE])
         if rec is None:
             return "serializable"
         try:
-            cls = self._db._type_by_name(rec[0]).cls
+            cls = engine.type_by_name(rec[0]).cls
         except Error:
             return "serializable"
         descriptor = getattr(cls, method, None)

@@ -18,26 +18,21 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from nonstop.errors import BadArgument
 from nonstop.model.codec import encode_key, unpack
+from nonstop.model.entry import CLEAN, DELETED
 from nonstop.model.managed import KeyInfo, Managed, TypeInfo
 from nonstop.model.ref import Ref
-from nonstop.tx.transaction import (
-    CLEAN,
-    DELETED,
-    NONE,
-    Entry,
-    Op,
-    Transaction,
-    parse_lock,
-)
+from nonstop.tx.entries import NONE, Entry, Op, parse_lock
 
 if TYPE_CHECKING:
     import lmdb
+
+    from nonstop.tx.transaction import Transaction
 
 M = TypeVar("M", bound=Managed)
 
 
 @contextmanager
-def _gc_paused() -> Iterator[None]:
+def gc_paused() -> Iterator[None]:
     """Pause the cyclic GC while materialising many objects.
 
     Bulk reads allocate an entry and a handle per object; with the collector on,
@@ -101,6 +96,14 @@ class Query(Generic[M]):
             self._eq[name] = Ref(value._e.ref) if isinstance(value, Managed) else value
         return self
 
+    def where_ref(self, **refs: Ref) -> Query[M]:
+        """Keep objects whose reference fields hold these references, taken as such:
+        the objects they name may live on another node (the data plane's queries)."""
+        for name, ref in refs.items():
+            self._field(name)
+            self._eq[name] = ref
+        return self
+
     def range(
         self,
         field: str,
@@ -144,6 +147,11 @@ class Query(Generic[M]):
         self._filters.append(predicate)
         return self
 
+    @property
+    def ordering(self) -> tuple[str, bool] | None:
+        """(key field, descending) when results come in key order, else None."""
+        return self._order
+
     def _field(self, name: str) -> Any:
         return query_field(self._info, name)
 
@@ -152,7 +160,7 @@ class Query(Generic[M]):
 
     # ------------------------------------------------------------- running
     def all(self) -> list[M]:
-        return self._tx._drive(self._g_run())  # type: ignore[no-any-return]
+        return self._tx.drive(self._g_run())  # type: ignore[no-any-return]
 
     def first(self) -> M | None:
         saved, self._limit = self._limit, 1
@@ -200,16 +208,16 @@ class Query(Generic[M]):
     def _candidates(self) -> list[tuple[bytes, bytes, Any]]:
         """(sort key, ref, committed record or None) for everything that may match."""
         tx = self._tx
-        store = tx.db._store
+        store = tx.engine.store
         key, path = self._access_key()
         out: list[tuple[bytes, bytes, Any]] = []
         mine = {
-            ref: e
-            for ref, e in tx._entries.items()
+            e.ref: e
+            for e in tx.entries()
             if e.status != CLEAN and isinstance(e.handle, self._info.cls)
         }
-        want_records = self._lock == NONE or (self._lock is None and tx._default_lock == NONE)
-        with _gc_paused(), store.read() as rtxn:
+        want_records = self._lock == NONE or (self._lock is None and tx.default_lock == NONE)
+        with gc_paused(), store.read() as rtxn:
             for sort_key, ref in self._scan(rtxn, key, path):
                 if ref in mine:
                     continue
@@ -235,12 +243,12 @@ class Query(Generic[M]):
     def _type_ok(self, type_name: str) -> bool:
         if type_name == self._info.name:
             return True
-        return issubclass(self._tx.db._type_by_name(type_name).cls, self._info.cls)
+        return issubclass(self._tx.engine.type_by_name(type_name).cls, self._info.cls)
 
     def _scan(
         self, rtxn: lmdb.Transaction, key: KeyInfo | None, path: str
     ) -> Iterator[tuple[bytes, bytes]]:
-        store = self._tx.db._store
+        store = self._tx.engine.store
         if key is None:
             for info in self._info.concrete_types():
                 prefix = info.name.encode() + b"\x00"
@@ -305,10 +313,10 @@ class Query(Generic[M]):
         materialises in a tight loop with the cyclic GC paused.
         """
         tx = self._tx
-        store = tx.db._store
+        store = tx.engine.store
         key, path = self._access_key()
         cls = self._info.cls
-        entries = tx._entries
+        entries = tx.entry_map()
         mine = {
             ref: e for ref, e in entries.items() if e.status != CLEAN and isinstance(e.handle, cls)
         }
@@ -322,12 +330,12 @@ class Query(Generic[M]):
         limit = self._limit
         keyed: list[tuple[bytes, bytes, Any]] = []
         results: list[Any] = []
-        make = tx._entry_from_record
+        make = tx.entry_from_record
         matches = self._matches_index
         # Objects whose stored type version and field count match their class take
         # the short way (no transparent upgrade needed); others go through make().
         current: dict[str, TypeInfo] = {t.name: t for t in self._info.concrete_types() if t.version}
-        with _gc_paused(), store.read() as rtxn:
+        with gc_paused(), store.read() as rtxn:
             get = rtxn.get
             objects = store.objects
             for sort_key, ref in self._scan(rtxn, key, path):
@@ -372,8 +380,8 @@ class Query(Generic[M]):
 
     def _g_run(self) -> Op:
         tx = self._tx
-        tx._check_usable()
-        mode = tx._default_lock if self._lock is None else self._lock
+        tx.check_usable()
+        mode = tx.default_lock if self._lock is None else self._lock
         results: list[Any] = []
         limit = self._limit
         if limit == 0:
@@ -382,11 +390,11 @@ class Query(Generic[M]):
             return self._read_unlocked()
         candidates = self._candidates()
         for _, ref, rec in candidates:
-            e: Entry | None = tx._entries.get(ref)
+            e: Entry | None = tx.entry(ref)
             if e is None and mode == NONE and rec is not None:
-                e = tx._entry_from_record(ref, rec, NONE)
+                e = tx.entry_from_record(ref, rec, NONE)
             else:
-                e = yield from tx._g_load(ref, mode)
+                e = yield from tx.g_load(ref, mode)
             if e is None or not isinstance(e.handle, self._info.cls):
                 continue
             if not self._matches_index(e.state):

@@ -29,9 +29,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from nonstop.errors import BadArgument, RequestExpired
 from nonstop.model.codec import pack, unpack
+from nonstop.store.group_commit import Op as StoreOp
+from nonstop.tx.locks import LockMode
 
 if TYPE_CHECKING:
-    from nonstop.database import Database
+    from nonstop.tx.database import Database
     from nonstop.tx.transaction import Transaction
 
 T = TypeVar("T")
@@ -73,16 +75,16 @@ def run_request(
     _key(client, seq)  # a bad id fails before any transaction starts
 
     def body(tx: Transaction) -> tuple[bool, Any]:
-        found = tx._drive(g_claim_request(tx, client, seq, window))
+        found = tx.drive(g_claim_request(tx, client, seq, window))
         if found is not None:
             return found
         try:
             value = fn(tx, *args, **kwargs)
             outcome = (True, value)
         except Abort as exc:
-            tx._discard_changes()
+            tx.discard_changes()
             outcome = (False, str(exc))
-        tx._drive(g_record_result(tx, client, seq, outcome[0], outcome[1], window))
+        tx.drive(g_record_result(tx, client, seq, outcome[0], outcome[1], window))
         return outcome
 
     ok, value = run_with_retries(db, body, isolation=isolation)
@@ -103,16 +105,17 @@ def g_claim_request(
 ) -> Generator[tuple[Any, Any], None, tuple[bool, Any] | None]:
     """Generator op: lock request ``(client, seq)`` in ``tx``; its recorded ``(ok, value)`` or None.
 
-    Drive it with ``tx._drive`` (threads) or ``await tx._adrive`` (asyncio).  The
+    Drive it with ``tx.drive`` (threads) or ``await tx.adrive`` (asyncio).  The
     slot is locked *before* the result is looked for, so two concurrent retries
     cannot both find nothing and both run.  ``RequestExpired`` below the window.
     """
     if window < 1:
         raise BadArgument("window must be >= 1")
     prefix, key = _key(client, seq)
-    results = tx.db._store.results
-    yield from tx._need((b"request", key), _write_mode())
-    with tx.db._store.read() as rtxn:  # one snapshot for both reads
+    store = tx.engine.store
+    results = store.results
+    yield from tx.need((b"request", key), LockMode.WRITE)
+    with store.read() as rtxn:  # one snapshot for both reads
         raw = rtxn.get(key, db=results)
         low_raw = None if raw is not None else rtxn.get(prefix + _LOW, db=results)
     if raw is not None:
@@ -137,48 +140,43 @@ def g_record_result(
     also slides the client's window, dropping results that fell out of it.
     """
     prefix, key = _key(client, seq)
-    results = tx.db._store.results
+    engine = tx.engine
+    results = engine.store.results
     try:
         record = pack([ok, value])
     except TypeError as exc:
         raise BadArgument(f"the result of request {seq} cannot be stored: {exc}") from None
-    tx._raw_ops.append((True, results, key, record))
-    low_raw = tx._raw_get(results, prefix + _LOW)
+    tx.write_raw([(True, results, key, record)])
+    low_raw = engine.get_raw(results, prefix + _LOW)
     low = 0 if low_raw is None else _SEQ.unpack(low_raw)[0]
     new_low = seq + 1 - window
     if new_low > low:
         # Concurrent requests of one client may both slide the window: serialize
         # the update and never move the mark backwards.
-        yield from tx._need((b"request-low", prefix), _write_mode())
-        low_raw = tx._raw_get(results, prefix + _LOW)
+        yield from tx.need((b"request-low", prefix), LockMode.WRITE)
+        low_raw = engine.get_raw(results, prefix + _LOW)
         low = 0 if low_raw is None else _SEQ.unpack(low_raw)[0]
     if new_low > low:
-        tx._raw_ops.append((True, results, prefix + _LOW, _SEQ.pack(new_low)))
+        ops: list[StoreOp] = [(True, results, prefix + _LOW, _SEQ.pack(new_low))]
         stale = prefix + _SEQ.pack(new_low)
-        with tx.db._store.read() as rtxn:
+        with engine.store.read() as rtxn:
             cur = rtxn.cursor(db=results)
             if cur.set_range(prefix + _SEQ.pack(low)):
                 for old in cur.iternext(values=False):
                     if old >= stale or not old.startswith(prefix) or old == prefix + _LOW:
                         break
-                    tx._raw_ops.append((False, results, old, None))
+                    ops.append((False, results, old, None))
+        tx.write_raw(ops)
 
 
 def lookup_result(db: Database, client: str, seq: int) -> tuple[bool, Any] | None:
     """The recorded ``(ok, value)`` of request ``(client, seq)``, or None (no lock taken)."""
     _, key = _key(client, seq)
-    with db._store.read() as rtxn:
-        raw = rtxn.get(key, db=db._store.results)
+    raw = db.engine.get_raw(db.engine.store.results, key)
     if raw is None:
         return None
     ok, value = unpack(bytes(raw))
     return bool(ok), value
-
-
-def _write_mode() -> Any:
-    from nonstop.tx.locks import LockMode
-
-    return LockMode.WRITE
 
 
 __all__ = [

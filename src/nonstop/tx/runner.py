@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from nonstop.errors import Retryable, TooManyRetries
 
 if TYPE_CHECKING:
-    from nonstop.database import Database
+    from nonstop.tx.database import Database
 
 T = TypeVar("T")
 DEFAULT_MAX_RETRIES = 100

@@ -2,7 +2,7 @@
 
 How a transaction works:
 
-* **Locks** (B3) come from the database's :class:`~nonstop.tx.waiting.LockTable`:
+* **Locks** (B3) come from the engine's :class:`~nonstop.tx.waiting.LockTable`:
   per object, many readers or one writer, read→write promotion, FIFO waiters,
   deadlocks found at once on a wait-for graph (B4) — the requester is the
   victim and gets :class:`~nonstop.errors.Deadlock`, which ``@transactional``
@@ -28,15 +28,16 @@ How a transaction works:
   transaction with a retryable ``Conflict`` instead (take locks up front with
   ``lock="write"`` or ``await tx.lock(obj, "write")``).
 
-A transaction is used by one thread or task at a time.
+A transaction is used by one thread or task at a time.  It runs against its
+database's :class:`~nonstop.tx.engine.Engine` (``tx.engine``: store, locks,
+group committer, types); the methods under "engine-level API" are what
+nonstop's bulk operations and data plane use besides the application API.
 """
 
 from __future__ import annotations
 
-import enum
-import itertools
 import logging
-from collections.abc import Callable, Generator, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from nonstop.errors import (
@@ -57,108 +58,63 @@ from nonstop.model.codec import encode_key, pack, unpack
 from nonstop.model.entry import CLEAN, CREATED, CREATED_DELETED, DELETED, DIRTY
 from nonstop.model.managed import KeyInfo, Managed, TypeInfo, lookup_type, type_info
 from nonstop.model.ref import Ref
+from nonstop.store.group_commit import Op as StoreOp
 from nonstop.store.group_commit import WriteSet
+from nonstop.store.records import pack_record
+from nonstop.tx.engine import next_transaction_id
+from nonstop.tx.entries import (
+    NONE,
+    READ,
+    WRITE,
+    Entry,
+    Isolation,
+    Op,
+    TxState,
+    describe_key,
+    parse_lock,
+    unique_lookup,
+)
 from nonstop.tx.locks import LockMode
+from nonstop.tx.prepared import phase_two_write_set, prepared_write_set
 
 if TYPE_CHECKING:
-    from nonstop.database import Database
+    from nonstop.tx.database import Database
     from nonstop.tx.query import Query
 
 log = logging.getLogger("nonstop.tx")
 
 M = TypeVar("M", bound=Managed)
 
-NONE = 0
-READ = LockMode.READ
-WRITE = LockMode.WRITE
-_LOCK_NAMES = {"none": NONE, "read": READ, "write": WRITE, None: None}
-
-# A generator operation yields (resource, mode) lock requests and returns a value.
-Op = Generator[tuple[Hashable, LockMode], None, Any]
-
-_txn_ids = itertools.count(1)
-
-
-class Isolation(enum.Enum):
-    SERIALIZABLE = "serializable"
-    SNAPSHOT = "snapshot"
-
-
-class _State(enum.Enum):
-    ACTIVE = "active"
-    COMMITTING = "committing"
-    PREPARED = "prepared"
-    COMMITTED = "committed"
-    ROLLED_BACK = "rolled back"
-
-
-class Entry:
-    """A transaction's view of one object.  Handles (Managed instances) point at it."""
-
-    __slots__ = (
-        "handle",
-        "info",
-        "lock",
-        "orig",
-        "ref",
-        "state",
-        "status",
-        "triggered",
-        "tx",
-        "version",
-    )
-
-    def __init__(
-        self,
-        tx: Transaction,
-        ref: bytes,
-        info: TypeInfo,
-        state: dict[str, Any],
-        version: int,
-        lock: int,
-        status: int,
-    ) -> None:
-        self.tx = tx
-        self.ref = ref
-        self.info = info
-        self.state = state
-        self.version = version  # committed version this state was read at (0: new)
-        self.lock = lock
-        self.status = status
-        self.triggered = False
-        # Committed values of mutable keys, to fix their indexes at commit.
-        self.orig: dict[str, Any] | None = None
-        handle = info.cls.__new__(info.cls)
-        object.__setattr__(handle, "_e", self)
-        self.handle = handle
-
-
-def parse_lock(mode: str | None) -> int | None:
-    try:
-        return _LOCK_NAMES[mode]
-    except (KeyError, TypeError):
-        raise BadArgument(f"lock must be 'none', 'read' or 'write', not {mode!r}") from None
+# The old private names, kept while the data plane and the client still import
+# them (their replacements: TxState, describe_key).
+_State = TxState
+_describe = describe_key
 
 
 class Transaction:
-    """A synchronous transaction.  Obtain one with ``db.transaction()``."""
+    """A synchronous transaction.  Obtain one with ``db.transaction()``.
+
+    ``db``: its database; ``engine``: what it runs against (``db.engine``).
+    """
 
     _is_async = False
 
     def __init__(self, db: Database, isolation: Isolation, lock_timeout: float | None) -> None:
         self.db = db
-        self.id = next(_txn_ids)
+        self.engine = db.engine
+        self.id = next_transaction_id()
         self.isolation = isolation
         self._serializable = isolation is Isolation.SERIALIZABLE
-        self._default_lock = READ if self._serializable else NONE
+        self.default_lock = READ if self._serializable else NONE
+        """The lock a read takes when none is named: READ (serializable) or NONE (snapshot)."""
         self._lock_timeout = lock_timeout
-        self._state = _State.ACTIVE
+        self._state = TxState.ACTIVE
         self._doomed: BaseException | None = None
         self._entries: dict[bytes, Entry] = {}
         # Unique key values claimed by this transaction: (index db, key bytes) -> ref.
         self._claimed: dict[tuple[bytes, bytes], bytes] = {}
         self._async_calls: list[tuple[bytes, bytes]] = []
-        self._raw_ops: list[tuple[bool, Any, bytes, bytes | None]] = []
+        self._raw_ops: list[StoreOp] = []
         # Extent count changes of the raw ops (a bulk write builds its ops itself).
         self._raw_counts: dict[bytes, int] = {}
         self._on_prepare: list[Callable[[], Any]] = []
@@ -167,8 +123,10 @@ class Transaction:
         self._prepared: tuple[bytes, WriteSet] = (b"", WriteSet())
 
     # ------------------------------------------------------------- drivers
-    def _drive(self, op: Op) -> Any:
-        """Run a generator operation, blocking this thread for each lock it yields."""
+    def drive(self, op: Op) -> Any:
+        """Run a generator operation (:data:`~nonstop.tx.entries.Op`), blocking this
+        thread for each lock it yields; its return value.  A lock error (deadlock,
+        timeout) dooms the transaction: it can then only roll back."""
         try:
             request = next(op)
             while True:
@@ -179,7 +137,7 @@ class Transaction:
 
     def _lock_blocking(self, resource: Hashable, mode: LockMode) -> None:
         try:
-            self.db._locks.acquire(self.id, resource, mode, self._lock_timeout)
+            self.engine.locks.acquire(self.id, resource, mode, self._lock_timeout)
         except Error as exc:
             self._doomed = exc
             raise
@@ -188,58 +146,77 @@ class Transaction:
         """Attribute access: block in sync transactions (overridden for async ones)."""
         self._lock_blocking(resource, mode)
 
-    def _need(self, resource: Hashable, mode: LockMode) -> Op:
-        """Generator step: make sure ``resource`` is locked in ``mode``."""
-        if not self.db._locks.try_acquire(self.id, resource, mode):
+    def need(self, resource: Hashable, mode: LockMode) -> Op:
+        """Generator step: make sure ``resource`` is locked in ``mode`` (``yield from tx.need``).
+
+        A resource is an object's reference or any hashable naming something
+        else to serialize on (a unique key value, a request slot, a bulk tag).
+        """
+        if not self.engine.locks.try_acquire(self.id, resource, mode):
+            yield resource, mode
+
+    def need_all(self, resources: list[Hashable], mode: LockMode) -> Op:
+        """Generator step: lock every one of ``resources`` in ``mode``.
+
+        The free ones are taken in ONE lock-table call (a bulk write's thousands
+        of locks); only the others are yielded, to wait for them one by one.
+        """
+        for resource in self.engine.locks.try_acquire_many(self.id, resources, mode):
             yield resource, mode
 
     # --------------------------------------------------------------- checks
-    def _check_usable(self) -> None:
-        if self._state is not _State.ACTIVE:
+    def check_usable(self) -> None:
+        """Raise unless the transaction can go on: TransactionClosed, DatabaseClosed, or
+        the error that doomed it (a lost deadlock or conflict: only rollback is left)."""
+        if self._state is not TxState.ACTIVE:
             raise TransactionClosed(f"transaction {self.id} is {self._state.value}")
-        if self.db._closed and self.db._committer._closing:
+        engine = self.engine
+        if engine.closed and engine.committer.closing:
             # (While close() waits for running async calls, they may still finish.)
             raise DatabaseClosed(
-                f"database {self.db.path!r} was closed; transaction {self.id} cannot go on"
+                f"database {engine.path!r} was closed; transaction {self.id} cannot go on"
             )
         if self._doomed is not None:
             # The transaction lost a deadlock or a conflict: only rolling back is left.
             # Raising the same (retryable) error lets @transactional replay it.
             raise self._doomed
 
-    def _entry_of(self, obj: Managed) -> Entry:
+    def entry_of(self, obj: Managed) -> Entry:
+        """The entry of a handle obtained in this transaction (ObjectNotInTransaction otherwise)."""
         if not isinstance(obj, Managed):
             raise BadArgument(f"expected a managed object, got {type(obj).__name__}")
-        entry = obj._e
+        entry: Entry = obj._e
         if entry.tx is not self:
             raise ObjectNotInTransaction(
                 f"{type(obj).__name__} object was obtained in transaction {entry.tx.id}, "
                 f"not in this one ({self.id}); get it again in this transaction"
             )
-        self._check_usable()
+        self.check_usable()
         return entry
 
     # ---------------------------------------------------------- field access
-    def _read_field(self, e: Entry, name: str) -> Any:
-        if e.tx._state is not _State.ACTIVE or e.tx is not self:
+    def read_field(self, e: Entry, name: str) -> Any:
+        """``handle.name``: the field as this transaction sees it (taking the default lock)."""
+        if self._state is not TxState.ACTIVE or e.tx is not self:
             raise ObjectNotInTransaction(
                 f"{e.info.name} object used outside its transaction (which is {e.tx._state.value})"
             )
         if e.status >= DELETED:
             raise Deleted(f"{e.info.name} object was deleted in this transaction")
-        if e.lock < self._default_lock:
-            self._upgrade_now(e, self._default_lock)
+        if e.lock < self.default_lock:
+            self._upgrade_now(e, self.default_lock)
         value = e.state[name]
         if value is not None and name in e.info.ref_fields:
             return self._deref(value)
         return value
 
-    def _write_field(self, e: Entry, name: str, value: Any) -> None:
-        if e.tx._state is not _State.ACTIVE or e.tx is not self:
+    def write_field(self, e: Entry, name: str, value: Any) -> None:
+        """``handle.name = value``: check the value, lock, claim unique keys, buffer the change."""
+        if self._state is not TxState.ACTIVE or e.tx is not self:
             raise ObjectNotInTransaction(
                 f"{e.info.name} object used outside its transaction (which is {e.tx._state.value})"
             )
-        self._check_usable()
+        self.check_usable()
         if e.status >= DELETED:
             raise Deleted(f"{e.info.name} object was deleted in this transaction")
         f = e.info.fields[name]
@@ -248,7 +225,7 @@ class Transaction:
             # another node, so it cannot be an object of this transaction.
             value = f.check(e.info.name, value)
             if f.kind == "ref" and value is not None:
-                value = Ref(self._entry_of(value).ref)  # as in create: only this tx's objects
+                value = Ref(self.entry_of(value).ref)  # as in create: only this tx's objects
         if f.key is not None and not f.key.mutable and e.status != CREATED:
             raise ImmutableKey(
                 f"{e.info.name}.{name} is an immutable key; it cannot change after create"
@@ -270,6 +247,12 @@ class Transaction:
             e.status = DIRTY
         e.state[name] = value
 
+    # The handle's field protocol (nonstop.model.managed._FieldDescriptor) still calls
+    # these names, which the remote transaction (nonstop.client.remote) also answers;
+    # nonstop.dataplane.service calls _write_field too.
+    _read_field = read_field
+    _write_field = write_field
+
     def _drive_now(self, op: Op) -> Any:
         """Run a generator operation from attribute access, taking locks with ``_lock_now``."""
         try:
@@ -287,13 +270,15 @@ class Transaction:
         self._drive_now(self._g_claim(key, value, e.ref))
 
     def _deref(self, ref: Ref) -> Managed | None:
-        e = self._drive_now(self._g_load(ref.raw, self._default_lock))
+        e = self._drive_now(self.g_load(ref.raw, self.default_lock))
         return None if e is None else e.handle
 
     # ------------------------------------------------ generator operations
-    def _entry_from_record(self, ref: bytes, rec: list[Any], lock: int) -> Entry:
+    def entry_from_record(self, ref: bytes, rec: list[Any], lock: int) -> Entry:
+        """This transaction's entry for a committed record ``rec`` of ``ref``, held in ``lock``
+        (the caller took it); the object's type changes transparently (E3)."""
         type_name, type_version, version, state = rec
-        info = self.db._type_by_name(type_name)
+        info = self.engine.type_by_name(type_name)
         if type_version > info.version:
             raise TypeVersionMismatch(
                 f"the store holds {type_name} version {type_version}; this process defines "
@@ -308,7 +293,7 @@ class Transaction:
         self._entries[ref] = entry
         return entry
 
-    def _g_load(self, ref: bytes, mode: int, prefetched: tuple[int, Any] | None = None) -> Op:
+    def g_load(self, ref: bytes, mode: int, prefetched: tuple[int, Any] | None = None) -> Op:
         """Load an object by reference with at least ``mode`` locked; None if it doesn't exist.
 
         ``prefetched`` is (store commit_seq before the read, raw record) read before the
@@ -321,9 +306,9 @@ class Transaction:
             if mode > e.lock:
                 yield from self._g_upgrade(e, mode)
             return e
-        store = self.db._store
+        store = self.engine.store
         if mode:
-            yield from self._need(ref, mode)  # type: ignore[arg-type]
+            yield from self.need(ref, mode)  # type: ignore[arg-type]
         if prefetched is not None and prefetched[0] == store.commit_seq:
             raw = prefetched[1]
             rec = None if raw is None else unpack(raw)
@@ -331,26 +316,26 @@ class Transaction:
             rec = store.get_object(ref)
         if rec is None:
             return None
-        return self._entry_from_record(ref, rec, mode)
+        return self.entry_from_record(ref, rec, mode)
 
     def _g_upgrade(self, e: Entry, mode: int) -> Op:
-        yield from self._need(e.ref, mode)  # type: ignore[arg-type]
+        yield from self.need(e.ref, mode)  # type: ignore[arg-type]
         if e.status in (CREATED, CREATED_DELETED):
             e.lock = max(e.lock, mode)
             return
         if self._serializable:
             if e.lock == NONE and e.status == CLEAN:
                 # Read without a lock (lock="none"): re-read now that it is locked.
-                rec = self.db._store.get_object(e.ref)
+                rec = self.engine.store.get_object(e.ref)
                 if rec is None:
                     self._doomed = Conflict(f"{e.info.name} object was deleted concurrently")
                     raise self._doomed
-                fresh = self._entry_from_record(e.ref, rec, mode)
+                fresh = self.entry_from_record(e.ref, rec, mode)
                 e.state, e.version = fresh.state, fresh.version
                 self._entries[e.ref] = e
         elif mode == WRITE:
             # Snapshot isolation: a write must not be based on a stale read.
-            rec = self.db._store.get_object(e.ref)
+            rec = self.engine.store.get_object(e.ref)
             if rec is None or rec[2] != e.version:
                 self._doomed = Conflict(
                     f"{e.info.name} object changed since this snapshot transaction read it"
@@ -371,8 +356,8 @@ class Transaction:
         holder = self._claimed.get(slot)
         if holder is not None and holder != ref:
             raise DuplicateKey(f"{key.owner}.{key.field} = {value!r} is already taken")
-        yield from self._need(slot, WRITE)
-        committed = self.db._index_get(key, kb)
+        yield from self.need(slot, WRITE)
+        committed = self.engine.index_get(key, kb)
         if committed is not None and committed != ref and not self._released(committed, key, kb):
             raise DuplicateKey(f"{key.owner}.{key.field} = {value!r} is already taken")
         self._claimed[slot] = ref
@@ -395,7 +380,7 @@ class Transaction:
             e = self._entries[mine]
             return None if e.status >= DELETED else e
         locked_slot = False
-        store = self.db._store
+        store = self.engine.store
         index = store.index_db(key.db_name, unique=True)
         for _ in range(100):
             # One LMDB snapshot for the index entry and the object it points to.
@@ -409,12 +394,12 @@ class Transaction:
             if ref is None:
                 if mode == NONE or locked_slot:
                     return None
-                yield from self._need(slot, mode)  # type: ignore[arg-type]
+                yield from self.need(slot, mode)  # type: ignore[arg-type]
                 locked_slot = True
                 continue
             if self._released(ref, key, kb):
                 return None
-            e = yield from self._g_load(ref, mode, (seq, raw))
+            e = yield from self.g_load(ref, mode, (seq, raw))
             if e is None:
                 continue  # deleted between index read and lock: look again
             if mode != NONE and e.status == CLEAN and encode_key(e.state[key.field]) != kb:
@@ -424,7 +409,8 @@ class Transaction:
             return e
         raise Conflict(f"{info.name}.{key.field} = {value!r} kept changing under the lookup")
 
-    def _g_create(self, info: TypeInfo, values: dict[str, Any]) -> Op:
+    def _new_state(self, info: TypeInfo, values: dict[str, Any]) -> dict[str, Any]:
+        """The checked state of a new object of ``info`` from ``create``'s ``values``."""
         fields = info.fields
         unknown = [n for n in values if n not in fields]
         if unknown:
@@ -437,29 +423,70 @@ class Transaction:
             if name in values:
                 v = values[name]
                 if f.kind == "ref" and isinstance(v, Ref):
-                    state[name] = v  # a reference as such (see _write_field)
+                    state[name] = v  # a reference as such (see write_field)
                     continue
                 v = f.check(info.name, v)
                 if f.kind == "ref" and v is not None:
-                    self._entry_of(v)
+                    self.entry_of(v)
                     v = Ref(v._e.ref)
                 state[name] = v
             else:
                 state[name] = f.make_default()
         for name in info.keys:
             encode_key(state[name])  # KeyTooLong / bad key type before anything else
-        ref = self.db._store.new_ref()
+        return state
+
+    def g_insert(
+        self,
+        info: TypeInfo,
+        state: dict[str, Any],
+        claimed: tuple[KeyInfo, bytes] | None = None,
+    ) -> Op:
+        """Generator op: create an object of ``info`` from a complete, checked ``state``;
+        returns its entry.
+
+        Claims the object's unique key values (DuplicateKey: nothing is created),
+        except ``claimed`` = (key, encoded value), which :meth:`g_claim_absent`
+        already locked and found free.  ``create`` checks the values first; a
+        bulk load that checked whole columns calls this directly.
+        """
+        ref = self.engine.store.new_ref()
+        claims = self._claimed
+        skip = None
+        if claimed is not None:
+            key, kb = claimed
+            claims[(key.db_name, kb)] = ref
+            skip = key.field
         try:
             for name, key in info.keys.items():
-                if key.options.unique:
+                if key.options.unique and name != skip:
                     yield from self._g_claim(key, state[name], ref)
         except BaseException:
             # Nothing was created (DuplicateKey): give back the values claimed for it.
-            for slot in [s for s, r in self._claimed.items() if r == ref]:
-                del self._claimed[slot]
+            for slot in [s for s, r in claims.items() if r == ref]:
+                del claims[slot]
             raise
-        self.db._locks.try_acquire(self.id, ref, WRITE)  # a brand-new ref: always free
-        return Entry(self, ref, info, state, 0, WRITE, CREATED)
+        self.engine.locks.try_acquire(self.id, ref, WRITE)  # a brand-new ref: always free
+        e = Entry(self, ref, info, state, 0, WRITE, CREATED)
+        self._entries[ref] = e
+        return e
+
+    def g_claim_absent(self, key: KeyInfo, kb: bytes, seen_at: int) -> Op:
+        """Generator op: lock the value ``kb`` of unique ``key``, which a read made when the
+        store's ``commit_seq`` was ``seen_at`` found free.
+
+        Returns True if it is still free (create with ``g_insert(..., claimed=(key, kb))``),
+        False if this transaction claimed it already or another one committed it since.
+        Cheaper than a create's claim when nothing committed since the read: no index read.
+        """
+        slot = (key.db_name, kb)
+        if slot in self._claimed:
+            return False
+        yield from self.need(slot, WRITE)
+        # A creator of this value holds its lock until durable and bumps commit_seq before
+        # releasing it: with the lock held and no commit since the read, it is still free.
+        engine = self.engine
+        return engine.store.commit_seq == seen_at or engine.index_get(key, kb) is None
 
     def _g_delete(self, e: Entry) -> Op:
         if e.lock < WRITE:
@@ -470,73 +497,72 @@ class Transaction:
             if key.options.unique:
                 if e.state[name] is not None:
                     kb = encode_key(e.state[name])
-                    yield from self._need((key.db_name, kb), WRITE)
+                    yield from self.need((key.db_name, kb), WRITE)
                     self._claimed.pop((key.db_name, kb), None)
                 if e.orig is not None and e.orig.get(name) is not None:
-                    yield from self._need((key.db_name, encode_key(e.orig[name])), WRITE)
+                    yield from self.need((key.db_name, encode_key(e.orig[name])), WRITE)
         e.status = CREATED_DELETED if e.status == CREATED else DELETED
 
     # ----------------------------------------------------- public: sync API
     def create(self, cls: type[M], /, **values: Any) -> M:
         """Create an object; DuplicateKey (nothing written) if a unique key is taken."""
-        self._check_usable()
-        info = self.db._ensure_type(cls)
-        e = self._drive(self._g_create(info, values))
-        self._entries[e.ref] = e
+        self.check_usable()
+        info = self.engine.ensure_type(cls)
+        e = self.drive(self.g_insert(info, self._new_state(info, values)))
         return e.handle  # type: ignore[no-any-return]
 
     def find(self, cls: type[M], /, *, lock: str | None = None, **key: Any) -> M | None:
         """Unique lookup by one unique key: ``find(Account, number="A-1")``; None if absent."""
-        self._check_usable()
+        self.check_usable()
         info, k, value, mode = self._lookup_args(cls, key, lock)
-        e = self._drive(self._g_lookup(info, k, value, mode))
+        e = self.drive(self._g_lookup(info, k, value, mode))
         return None if e is None else e.handle
 
     def get(self, cls: type[M], /, *, lock: str | None = None, **key: Any) -> M:
         """Like :meth:`find` but raises NotFound when there is no such object."""
         obj = self.find(cls, lock=lock, **key)
         if obj is None:
-            raise NotFound(f"no {cls.__name__} with {_describe(key)}")
+            raise NotFound(f"no {cls.__name__} with {describe_key(key)}")
         return obj
 
     def get_or_create(
         self, cls: type[M], /, *, defaults: dict[str, Any] | None = None, **key: Any
     ) -> tuple[M, bool]:
         """Atomic select-or-create (A5): returns (object, created)."""
-        self._check_usable()
+        self.check_usable()
         info, k, value, _ = self._lookup_args(cls, key, "write")
-        e = self._drive(self._g_lookup(info, k, value, WRITE))
+        e = self.drive(self._g_lookup(info, k, value, WRITE))
         if e is not None:
             return e.handle, False
         return self.create(cls, **{**(defaults or {}), **key}), True
 
     def by_ref(self, ref: Ref, /, *, lock: str | None = None) -> Managed | None:
         """The object with this reference, or None if it does not exist."""
-        self._check_usable()
+        self.check_usable()
         mode = parse_lock(lock)
-        e = self._drive(self._g_load(ref.raw, self._default_lock if mode is None else mode))
+        e = self.drive(self.g_load(ref.raw, self.default_lock if mode is None else mode))
         return None if e is None else e.handle
 
     def lock(self, obj: Managed, mode: str = "write") -> None:
         """Take a lock explicitly (an explicit write lock avoids promotion deadlocks, B3)."""
-        e = self._entry_of(obj)
+        e = self.entry_of(obj)
         m = parse_lock(mode) or NONE
         if m > e.lock:
-            self._drive(self._g_upgrade(e, m))
+            self.drive(self._g_upgrade(e, m))
 
     def delete(self, obj: Managed) -> None:
         """Delete the object (its delete trigger runs first)."""
-        e = self._entry_of(obj)
+        e = self.entry_of(obj)
         if e.status >= DELETED:
             raise Deleted(f"{e.info.name} object is already deleted")
-        self._drive(self._g_delete(e))
+        self.drive(self._g_delete(e))
 
     def count(self, cls: type[Managed]) -> int:
         """Cardinality of the type's extent (A2): read committed plus this transaction's changes."""
-        self._check_usable()
+        self.check_usable()
         total = 0
-        for info in self.db._ensure_type(cls).concrete_types():
-            total += self.db._store.count(info.name)
+        for info in self.engine.ensure_type(cls).concrete_types():
+            total += self.engine.store.count(info.name)
         for e in self._entries.values():
             if isinstance(e.handle, cls):
                 if e.status == CREATED:
@@ -553,12 +579,12 @@ class Transaction:
         """Start a query (A5): ``tx.query(Account).range("owner", "a", "m").all()``."""
         from nonstop.tx.query import Query
 
-        self._check_usable()
-        return Query(self, self.db._ensure_type(cls))
+        self.check_usable()
+        return Query(self, self.engine.ensure_type(cls))
 
     def ref(self, obj: Managed) -> Ref:
         """The object's reference (C1)."""
-        return Ref(self._entry_of(obj).ref)
+        return Ref(self.entry_of(obj).ref)
 
     # Transaction notifiers (B6, local).
     def on_prepare(self, fn: Callable[[], Any]) -> None:
@@ -574,27 +600,27 @@ class Transaction:
 
     @property
     def active(self) -> bool:
-        return self._state is _State.ACTIVE
+        return self._state is TxState.ACTIVE
 
     def commit(self) -> None:
         """Make every change durable, or raise and roll everything back."""
         ws = self._prepare_commit()
         if ws is None:
-            self._finish(_State.COMMITTED)
+            self._finish(TxState.COMMITTED)
             return
         try:
-            self.db._committer.commit(ws)
+            self.engine.committer.commit(ws)
         except BaseException:
-            self._finish(_State.ROLLED_BACK)
+            self._finish(TxState.ROLLED_BACK)
             raise
-        self._finish(_State.COMMITTED)
+        self._finish(TxState.COMMITTED)
 
     def rollback(self) -> None:
         """Drop every change and release every lock (B5).  Safe to call twice."""
-        if self._state is _State.PREPARED:
+        if self._state is TxState.PREPARED:
             self.abort_prepared()
-        elif self._state in (_State.ACTIVE, _State.COMMITTING):
-            self._finish(_State.ROLLED_BACK)
+        elif self._state in (TxState.ACTIVE, TxState.COMMITTING):
+            self._finish(TxState.ROLLED_BACK)
 
     # ------------------------------------------- two-phase commit (B6, B9)
     def prepare(self, gtid: bytes) -> bool:
@@ -610,21 +636,35 @@ class Transaction:
         Returns False for a read-only transaction, which is then already finished
         (it has nothing to commit, so it need not take part in phase two).
         """
-        record = self._prepare_writes(gtid)
+        record = self.prepare_write_set(gtid)
         if record is None:
             return False
         try:
-            self.db._committer.commit(record)
+            self.engine.committer.commit(record)
         except BaseException:
-            self._finish(_State.ROLLED_BACK)
+            self._finish(TxState.ROLLED_BACK)
             raise
-        self._prepared_durable()
+        self.prepared_durable()
         return True
+
+    def commit_prepared(self) -> None:
+        """Phase two, commit: apply the prepared write set durably, then release the locks.
+
+        If the store fails, the transaction stays prepared and this may be called again.
+        """
+        self.engine.committer.commit(self.phase_two(True))
+        self.phase_two_durable(True)
+
+    def abort_prepared(self) -> None:
+        """Phase two, abort: forget the prepared write set durably, then release the locks."""
+        self.engine.committer.commit(self.phase_two(False))
+        self.phase_two_durable(False)
 
     # The halves of prepare and of phase two, for a caller that makes the write set
     # durable itself, atomically with writes of its own (``nonstop.dataplane.participant``
-    # commits the decision protocol's keys in the same store commit).
-    def _prepare_writes(self, gtid: bytes, *, keep_read_only: bool = False) -> WriteSet | None:
+    # commits the decision protocol's keys in the same store commit).  The record
+    # format and the in-doubt table are in nonstop.tx.prepared.
+    def prepare_write_set(self, gtid: bytes, *, keep_read_only: bool = False) -> WriteSet | None:
         """First half of :meth:`prepare`: triggers, notifiers, the prepared write set.
 
         Returns the (not yet committed) write set that records the prepared
@@ -638,26 +678,95 @@ class Transaction:
         ws = self._prepare_commit()
         if ws is None:
             if not keep_read_only:
-                self._finish(_State.COMMITTED)
+                self._finish(TxState.COMMITTED)
                 return None
             ws = WriteSet()
-        record = self.db._prepared_record(ws, self.db._locks.held_by(self.id))
         self._prepared = (gtid, ws)
-        return WriteSet([(True, self.db._store.prepared, gtid, record)])
+        engine = self.engine
+        return prepared_write_set(engine.store, gtid, ws, engine.locks.held_by(self.id))
 
-    def _prepared_durable(self) -> None:
+    def prepared_durable(self) -> None:
         """Second half of :meth:`prepare`: the record is durable, so the transaction is in doubt."""
-        self._state = _State.PREPARED
-        self.db._in_doubt[self._prepared[0]] = self
+        self._state = TxState.PREPARED
+        self.engine.prepared.add(self._prepared[0], self)
 
-    def _discard_changes(self) -> None:
+    def phase_two(self, commit: bool) -> WriteSet:
+        """First half of phase two: what to commit (the write set or nothing; record dropped)."""
+        if self._state is not TxState.PREPARED:
+            raise TransactionClosed(f"transaction {self.id} is {self._state.value}, not prepared")
+        gtid, ws = self._prepared
+        return phase_two_write_set(self.engine.store, gtid, ws, commit)
+
+    def phase_two_durable(self, commit: bool) -> None:
+        """Second half of phase two: its write set (:meth:`phase_two`) is durable; end."""
+        self.engine.prepared.discard(self._prepared[0])
+        self._finish(TxState.COMMITTED if commit else TxState.ROLLED_BACK)
+
+    # ------------------------------------------- engine-level API (bulk, data plane)
+    # What nonstop's own bulk operations, data plane and participant use besides
+    # the application API; applications do not need it.
+    @property
+    def state(self) -> TxState:
+        """Where the transaction is in its life (only an ACTIVE one can be used)."""
+        return self._state
+
+    def entry(self, ref: bytes) -> Entry | None:
+        """This transaction's entry of the object ``ref``, if it touched it."""
+        return self._entries.get(ref)
+
+    def entries(self) -> Iterable[Entry]:
+        """The entries of every object this transaction touched (a live view)."""
+        return self._entries.values()
+
+    def entry_map(self) -> dict[bytes, Entry]:
+        """The live map ref -> entry, for a query materialising many objects in a
+        tight loop (it adds the entries it makes)."""
+        return self._entries
+
+    def has_changes(self) -> bool:
+        """Whether committing would write anything (False once the transaction ended)."""
+        if self._state is not TxState.ACTIVE:
+            return False
+        if self._raw_ops or self._async_calls:
+            return True
+        return any(e.status != CLEAN for e in self._entries.values())
+
+    def write_raw(
+        self,
+        ops: Iterable[StoreOp],
+        *,
+        counts: dict[bytes, int] | None = None,
+        first: bool = False,
+    ) -> None:
+        """Add store operations to this transaction's commit, after its objects' writes.
+
+        ``ops``: ``(is_put, database, key, value)`` on engine databases (``results``,
+        ``asyncq``, ``bulk``...) or records a bulk write built itself; ``counts``:
+        the extent count changes of such records, by type name; ``first``: before
+        the raw operations added so far.  They commit with the transaction or not
+        at all; nothing locks them: lock what they stand for with :meth:`need`.
+        """
+        if first:
+            self._raw_ops[:0] = ops
+        else:
+            self._raw_ops.extend(ops)
+        if counts:
+            raw_counts = self._raw_counts
+            for name, delta in counts.items():
+                raw_counts[name] = raw_counts.get(name, 0) + delta
+
+    def queued_calls(self) -> Sequence[tuple[bytes, bytes]]:
+        """The asynchronous calls queued so far: (queue key, record), in order."""
+        return self._async_calls
+
+    def discard_changes(self) -> None:
         """Undo every change made so far but keep the locks (a savepoint at the start).
 
         Used to record the outcome of an aborted request in the same transaction
         (see ``nonstop.tx.requests``).  Objects are re-read from the store, which is
         safe: this transaction still holds the write lock of everything it changed.
         """
-        store = self.db._store
+        store = self.engine.store
         for e in list(self._entries.values()):
             if e.status in (CREATED, CREATED_DELETED):
                 e.status = CREATED_DELETED
@@ -666,7 +775,7 @@ class Transaction:
                 if rec is None:
                     e.status = CREATED_DELETED  # gone: nothing of ours to write
                     continue
-                fresh = self._entry_from_record(e.ref, rec, e.lock)
+                fresh = self.entry_from_record(e.ref, rec, e.lock)
                 e.state, e.version, e.status = fresh.state, fresh.version, CLEAN
                 e.orig, e.triggered = None, False
                 fresh.handle = None
@@ -674,54 +783,29 @@ class Transaction:
         self._claimed.clear()
         self._async_calls.clear()
         self._raw_ops.clear()
-
-    def _phase_two(self, commit: bool) -> WriteSet:
-        """First half of phase two: what to commit (the write set or nothing; record dropped)."""
-        if self._state is not _State.PREPARED:
-            raise TransactionClosed(f"transaction {self.id} is {self._state.value}, not prepared")
-        gtid, ws = self._prepared
-        drop = (False, self.db._store.prepared, gtid, None)
-        return WriteSet([*ws.ops, drop], ws.count_deltas) if commit else WriteSet([drop])
-
-    def _phase_two_durable(self, commit: bool) -> None:
-        """Second half of phase two: its write set (:meth:`_phase_two`) is durable; end."""
-        self.db._in_doubt.pop(self._prepared[0], None)
-        self._finish(_State.COMMITTED if commit else _State.ROLLED_BACK)
-
-    def commit_prepared(self) -> None:
-        """Phase two, commit: apply the prepared write set durably, then release the locks.
-
-        If the store fails, the transaction stays prepared and this may be called again.
-        """
-        self.db._committer.commit(self._phase_two(True))
-        self._phase_two_durable(True)
-
-    def abort_prepared(self) -> None:
-        """Phase two, abort: forget the prepared write set durably, then release the locks."""
-        self.db._committer.commit(self._phase_two(False))
-        self._phase_two_durable(False)
+        self._raw_counts.clear()
 
     # ------------------------------------------------------------- commit
     def _lookup_args(
         self, cls: type[Managed], key: dict[str, Any], lock: str | None
     ) -> tuple[TypeInfo, KeyInfo, Any, int]:
-        info = self.db._ensure_type(cls)
+        info = self.engine.ensure_type(cls)
         k, value = unique_lookup(info, key)
         if isinstance(value, Managed):
             value = Ref(value._e.ref)
         mode = parse_lock(lock)
-        return info, k, value, self._default_lock if mode is None else mode
+        return info, k, value, self.default_lock if mode is None else mode
 
     def _prepare_commit(self) -> WriteSet | None:
-        self._check_usable()
-        self._state = _State.COMMITTING
+        self.check_usable()
+        self._state = TxState.COMMITTING
         try:
             self._run_update_triggers()
             for fn in self._on_prepare:
                 fn()
             return self._build_writeset()
         except BaseException:
-            self._finish(_State.ROLLED_BACK)
+            self._finish(TxState.ROLLED_BACK)
             raise
 
     def _run_update_triggers(self) -> None:
@@ -734,17 +818,17 @@ class Transaction:
             ]
             if not pending:
                 return
-            self._state = _State.ACTIVE  # triggers use the transaction normally
+            self._state = TxState.ACTIVE  # triggers use the transaction normally
             try:
                 for e in pending:
                     e.triggered = True
                     e.handle.on_update()
             finally:
-                self._state = _State.COMMITTING
+                self._state = TxState.COMMITTING
         raise Error("update triggers kept changing objects (more than 100 rounds)")
 
     def _build_writeset(self) -> WriteSet | None:
-        store = self.db._store
+        store = self.engine.store
         ws = WriteSet()
         ops = ws.ops
         deltas = ws.count_deltas
@@ -767,7 +851,7 @@ class Transaction:
                     value = e.orig[name] if e.orig and name in e.orig else e.state[name]
                     self._index_op(removals, key, value, ref, put=False)
                 continue
-            ops.append((True, objects, ref, _pack_record(info, e.version + 1, e.state)))
+            ops.append((True, objects, ref, pack_record(info, e.version + 1, e.state)))
             if status == CREATED:
                 ops.append((True, extents, tname + b"\x00" + ref, b""))
                 deltas[tname] = deltas.get(tname, 0) + 1
@@ -788,7 +872,7 @@ class Transaction:
         return ws if ws.ops else None
 
     def _index_op(self, ops: list[Any], key: KeyInfo, value: Any, ref: bytes, *, put: bool) -> None:
-        db = self.db._store.index_db(key.db_name, unique=key.options.unique)
+        db = self.engine.store.index_db(key.db_name, unique=key.options.unique)
         if key.options.unique:
             if value is None:
                 return  # not indexed (see _g_claim)
@@ -796,12 +880,12 @@ class Transaction:
         else:
             ops.append((put, db, encode_key(value), ref))
 
-    def _finish(self, outcome: _State) -> None:
+    def _finish(self, outcome: TxState) -> None:
         self._state = outcome
-        self.db._locks.release_all(self.id)
-        if outcome is _State.COMMITTED:
+        self.engine.locks.release_all(self.id)
+        if outcome is TxState.COMMITTED:
             if self._async_calls:
-                self.db._async_committed([k for k, _ in self._async_calls])
+                self.engine.dispatcher.committed([k for k, _ in self._async_calls])
             callbacks = self._on_commit
         else:
             callbacks = self._on_rollback
@@ -818,18 +902,14 @@ class Transaction:
         self._entries = {}
         self._claimed = {}
 
-    def _raw_get(self, db: Any, key: bytes) -> bytes | None:
-        """Read a committed raw record (engine-internal databases such as the async queue)."""
-        with self.db._store.read() as rtxn:
-            return rtxn.get(key, db=db)  # type: ignore[no-any-return]
-
     # --------------------------------------------------- async methods (A6)
-    def _enqueue_async(
+    def queue_async_call(
         self, target: Entry, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> None:
+        """Queue ``target.method(*args, **kwargs)`` to run after this transaction commits (A6)."""
         from nonstop.tx.asyncmethods import current_sender
 
-        self._check_usable()
+        self.check_usable()
         if target.status >= DELETED:
             raise Deleted(f"{target.info.name} object was deleted in this transaction")
         try:
@@ -839,7 +919,12 @@ class Transaction:
                 f"argument of asynchronous {target.info.name}.{method} cannot be stored: {exc}"
             ) from None
         sender = current_sender.get()
-        self._async_calls.append((self.db._async_key(target.ref, sender == target.ref), record))
+        key = self.engine.dispatcher.next_key(target.ref, sender == target.ref)
+        self._async_calls.append((key, record))
+
+    # The handle protocol's name (nonstop.tx.asyncmethods.AsyncMethod), which the
+    # remote transaction (nonstop.client.remote) answers too.
+    _enqueue_async = queue_async_call
 
     # ---------------------------------------------------------- context
     def __enter__(self) -> Transaction:
@@ -847,7 +932,7 @@ class Transaction:
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if exc_type is None:
-            if self._state is _State.ACTIVE:
+            if self._state is TxState.ACTIVE:
                 self.commit()
             # A prepared transaction waits for phase two; leaving the block keeps it.
         else:
@@ -855,38 +940,6 @@ class Transaction:
 
     def __repr__(self) -> str:
         return f"<Transaction {self.id} {self.isolation.value} {self._state.value}>"
-
-
-def _pack_record(info: TypeInfo, version: int, state: dict[str, Any]) -> bytes:
-    """An object's stored record; FieldError naming the field if a value cannot be stored."""
-    try:
-        return pack([info.name, info.version, version, state])
-    except (TypeError, ValueError, OverflowError) as exc:  # UnicodeEncodeError is a ValueError
-        for name, value in state.items():
-            try:
-                pack(value)
-            except (TypeError, ValueError, OverflowError) as one:
-                raise FieldError(f"{info.name}.{name} cannot be stored: {one}") from None
-        raise FieldError(f"{info.name} object cannot be stored: {exc}") from None
-
-
-def unique_lookup(info: TypeInfo, key: dict[str, Any]) -> tuple[KeyInfo, Any]:
-    """The unique key and the checked value of ``find(T, key=value)``; BadArgument otherwise.
-
-    Shared by embedded and remote transactions, so both refuse the same lookups
-    with the same words.
-    """
-    if len(key) != 1:
-        raise BadArgument(f"look up {info.name} by exactly one unique key, e.g. find(T, key=v)")
-    ((name, value),) = key.items()
-    k = info.keys.get(name)
-    if k is None or not k.options.unique:
-        uniques = [n for n, ki in info.keys.items() if ki.options.unique] or ["(none)"]
-        raise BadArgument(
-            f"{info.name}.{name} is not a unique key (unique keys: {', '.join(uniques)}); "
-            f"use tx.query({info.cls.__name__}).where({name}=...) for non-unique lookups"
-        )
-    return k, info.fields[name].check(info.name, value)
 
 
 def transaction_of(obj: Managed) -> Transaction:
@@ -897,8 +950,8 @@ def transaction_of(obj: Managed) -> Transaction:
     """
     if not isinstance(obj, Managed):
         raise BadArgument(f"expected a managed object, got {type(obj).__name__}")
-    tx: Transaction = obj._e.tx
-    if tx._state is not _State.ACTIVE:
+    tx: Transaction = obj._e.tx  # (or a remote transaction: both keep _state)
+    if tx._state is not TxState.ACTIVE:
         raise ObjectNotInTransaction(
             f"{type(obj).__name__} object's transaction is {tx._state.value}"
         )
@@ -916,13 +969,27 @@ def _refs_out(value: Any) -> Any:
     return value
 
 
-def _describe(key: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={v!r}" for k, v in key.items())
-
-
 def resolve_type(cls: type[Managed] | str) -> TypeInfo:
     return lookup_type(cls) if isinstance(cls, str) else type_info(cls)
 
 
-def iter_entries(tx: Transaction) -> Iterable[Entry]:
-    return tx._entries.values()
+__all__ = [
+    "CLEAN",
+    "CREATED",
+    "CREATED_DELETED",
+    "DELETED",
+    "DIRTY",
+    "NONE",
+    "READ",
+    "WRITE",
+    "Entry",
+    "Isolation",
+    "Op",
+    "Transaction",
+    "TxState",
+    "describe_key",
+    "parse_lock",
+    "resolve_type",
+    "transaction_of",
+    "unique_lookup",
+]

@@ -182,6 +182,11 @@ class LockTable:
         with self._mutex:
             return self._manager.mode_held(txn, resource)
 
+    def waiting(self, resource: Hashable) -> int:
+        """How many requests wait for ``resource`` (diagnostics, tests)."""
+        with self._mutex:
+            return len(self._manager.waiters(resource))
+
     # --------------------------------------------------------------- internals
     def _claim(self, grants: list[Grant]) -> list[_Waiter]:
         """Mark the waiters of ``grants`` granted (under the mutex); wake them after."""
