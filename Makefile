@@ -49,10 +49,12 @@ bench-dist: $(STAMP)
 bench-spark: $(STAMP)
 	$(PY) -m bench.spark_bench
 
-# The long simulation campaigns: the cluster log and the distributed-commit protocol.
+# The long simulation campaigns: the cluster log, the distributed-commit protocol,
+# and the data path (the bank through the real data-plane machine).
 sim: $(STAMP)
 	$(PY) -m nonstop.sim.campaign --seeds $(SEEDS)
 	$(PY) -m nonstop.sim.dtx_campaign --seeds $(SEEDS)
+	$(PY) -m nonstop.sim.dataplane_campaign --seeds $(SEEDS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .nonstop build src/*.egg-info

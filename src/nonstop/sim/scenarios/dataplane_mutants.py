@@ -1,0 +1,112 @@
+"""Deliberately broken data-path nodes: the campaign must catch each (the mutation check).
+
+A checker that never fails proves nothing.  Each class here breaks one promise
+of the data path the way real systems have broken it, and
+``tests/sim/test_dataplane.py`` asserts that a few seeds of the campaign find
+a violation.  Only the simulator's tests and ``--mutant`` use them.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from typing import Any
+
+from nonstop.cluster.node import ClusterConfig
+from nonstop.dataplane.branches import BranchRegistry
+from nonstop.dataplane.events import Decide, DecisionDone
+from nonstop.dataplane.machine import DataPlane, DataPlaneConfig
+from nonstop.dtx.decisions import COMMIT
+from nonstop.dtx.protocol import CoordTx, DtxNode
+from nonstop.sim.scenarios.dataplane_node import SimDataNode
+
+
+class AckBeforeDecision(SimDataNode):
+    """A commit is acknowledged as soon as the data plane asks for the decision.
+
+    The data plane hears ``DecisionDone(ok)`` at once -- before any branch
+    prepared, let alone the decision reached the Raft log -- and the real
+    outcome is dropped: "acknowledge before the decision is durable" in its
+    bluntest form.  The data plane then treats the session as committed while
+    two-phase commit has not even taken its branches.
+    """
+
+    def _decide(self, now: float, action: Decide) -> None:
+        super()._decide(now, action)
+        corr = self._decisions.pop(self._next_internal)
+        self._queue.append((True, DecisionDone(now, corr, {"ok": True})))
+
+
+class _AckOnVotesDtx(DtxNode):
+    """Replies commit to ``run`` once every branch voted yes, before the log decided."""
+
+    def _on_all_yes(self, tx: CoordTx) -> None:
+        reads: dict[str, Any] = {}
+        for node in sorted(tx.votes):
+            reads.update(tx.votes[node])
+        self._reply(tx, {"ok": True, "outcome": COMMIT, "g": tx.gtid, "reads": reads})
+        super()._on_all_yes(tx)  # proposes commit; its answer no longer reaches the client
+
+
+class AckOnVotes(SimDataNode):
+    """The subtle variant: a commit is acknowledged when every participant voted yes.
+
+    Everything else runs as it should, so the transaction nearly always commits;
+    it is lost only when the decision log decides *abort* after all the yes
+    votes -- the coordinator crashes before its commit proposal is logged and,
+    recovered, proposes abort; or the log has no quorum until a participant in
+    doubt proposes abort first (B9).  That needs a fault at the wrong moment.
+    """
+
+    def __init__(
+        self,
+        cluster_config: ClusterConfig,
+        rng: random.Random,
+        recovered: Mapping[bytes, bytes],
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(cluster_config, rng, recovered, dtx_class=_AckOnVotesDtx, **kwargs)
+
+
+class _KeepOrphans(BranchRegistry):
+    def coordinator_down(self, peer: str) -> None:
+        pass  # the bug: a dead coordinator's branches keep their locks until they idle out
+
+
+class _KeepOrphansPlane(DataPlane):
+    def __init__(
+        self, name: str, rng: random.Random, config: DataPlaneConfig | None = None
+    ) -> None:
+        super().__init__(name, rng, config)
+        self.registry = _KeepOrphans(self)
+
+
+class KeepOrphanBranches(SimDataNode):
+    """A participant does not roll back a coordinator's branches when it sees it Down.
+
+    Not a safety bug -- the branches idle out after ``branch_idle`` -- but their
+    locks stall every transaction behind them meanwhile (data-path.md §7); the
+    scenario's orphan check (a node that learns a peer is down holds none of
+    its branches afterwards) catches it.
+    """
+
+    def __init__(
+        self,
+        cluster_config: ClusterConfig,
+        rng: random.Random,
+        recovered: Mapping[bytes, bytes],
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            cluster_config, rng, recovered, dataplane_class=_KeepOrphansPlane, **kwargs
+        )
+
+
+MUTANTS: dict[str, type[SimDataNode]] = {
+    "ack-before-decision": AckBeforeDecision,
+    "ack-on-votes": AckOnVotes,
+    "keep-orphan-branches": KeepOrphanBranches,
+}
+"""Name (``--mutant``) -> node class."""
+
+__all__ = ["MUTANTS", "AckBeforeDecision", "AckOnVotes", "KeepOrphanBranches"]

@@ -1,0 +1,1007 @@
+"""A simulated object store for the data-plane machine, faithful where the data path cares.
+
+The data-plane machine (:class:`nonstop.dataplane.machine.DataPlane`) never
+touches a store: it emits ``Exec`` (run a branch op), ``EndBranch`` (roll a
+branch back) and hears ``BranchDone``.  In production an ``AsyncTransaction``
+of the LMDB store runs them; in the simulator this module does, sans-I/O:
+
+* **Objects** -- ``[ref, type, version, state]`` as on the wire, in memory (the
+  committed state) and durable through ``Persist`` under ``st/o/<ref>`` (all a
+  crash keeps).  Types are declared here (:data:`BANK_TYPES`): fields with
+  defaults and unique keys, a per-node unique index rebuilt from the objects.
+* **Branches** keyed by branch id, as the real node's branches are: strict
+  two-phase locking through the real :class:`nonstop.tx.locks.LockManager`
+  (objects, a unique key's absent slot, a request id), so lock waits, deadlock
+  victims (``Deadlock``) and lock-wait deadlines (``LockTimeout``, a timer per
+  wait) happen as in the store; reads cached per branch, writes buffered in the
+  branch until it commits.  A branch's ops run one at a time in the order they
+  were emitted (a generator per op that yields each lock it needs: the same
+  shape as the real transaction's ``_need``).  A ``Retryable`` error dooms the
+  branch (its later ops fail the same way) until it is ended, as
+  ``AsyncTransaction`` does.
+* **Local commit** (``branch.commit``): the after-images go out in one
+  ``Persist``; the branch keeps its locks, and the new state becomes visible,
+  only once it is durable (LMDB's group commit: visible at the durable commit).
+* **Request results (H1)** -- ``(client, seq) → (ok, value)``, written with
+  the branch that records them (``st/r/...``).
+* **The participant of two-phase commit** (:class:`SimStoreResourceManager`,
+  the :class:`nonstop.dtx.protocol.ResourceManager` of the node): a prepare's
+  ops ``[["b", bid], ["w", ...], ...]`` take the data plane's branch over
+  (``DataPlane.take_branch(bid)``), apply the write set under write locks and
+  prepare the branch's after-images (the prepared record, durable in the
+  machine's ``dtx/p/`` key before the yes vote); commit installs them (their
+  ``Persist`` is the machine's, atomic with its tombstone), abort releases;
+  after a crash :meth:`SimStoreResourceManager.recover` reinstalls a prepared
+  branch with its locks.
+
+What the model leaves out versus LMDB (see docs/design/simulation.md): no
+on-disk indexes (the unique index is rebuilt from the objects), no ordered or
+mutable keys, no range queries, no triggers, methods (``branch.call``) or bulk
+overwrites, no result window (every request result is kept), one fixed schema.
+
+The composition (:mod:`nonstop.sim.scenarios.dataplane_node`) drains what the
+store produced after each call: :meth:`SimDataStore.take_actions` (``Persist``,
+timers, logs), :meth:`SimDataStore.take_done` (``BranchDone`` for the machine)
+and :meth:`SimDataStore.take_progress` (prepare results for the dtx machine).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import deque
+from collections.abc import Callable, Generator, Hashable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from nonstop import errors
+from nonstop.dataplane.events import BranchDone, Exec
+from nonstop.dtx.protocol import K_PREPARED, Progress, Ready, Refused
+from nonstop.model import codec
+from nonstop.model.fields import MISSING
+from nonstop.model.managed import Managed, type_info
+from nonstop.model.ref import REF_SIZE, Ref
+from nonstop.model.wire import error_out, obj_out, write_in
+from nonstop.net import plain
+from nonstop.runtime.interface import Action, CancelTimer, Log, Persist, SetTimer
+from nonstop.sim.scenarios.bank_types import ACCOUNT, TRANSFER, SimAccount, SimTransfer
+from nonstop.tx.locks import DeadlockFound, Grant, Granted, LockManager, LockMode
+
+K_OBJ = b"st/o/"
+"""+ ref -> codec.pack([type, version, state]): a committed object."""
+K_RESULT = b"st/r/"
+"""+ client + 0x00 + seq (8 bytes) -> plain.pack([ok, value]): a request's result (H1)."""
+
+TIMER_PREFIX = "st."
+"""The store's timers (lock-wait deadlines) all start with this."""
+_WAIT = "st.wait."
+
+NONE, READ, WRITE = 0, 1, 2
+_LOCKS = {"none": NONE, "read": READ, "write": WRITE}
+_MODE = {READ: LockMode.READ, WRITE: LockMode.WRITE}
+
+CLEAN, DIRTY, CREATED, DELETED = "clean", "dirty", "created", "deleted"
+
+# No-vote reasons (the same words as dataplane.participant: the data plane maps them).
+CONFLICT = "conflict"
+LOCK_TIMEOUT = "lock timeout"
+DEADLOCK = "deadlock"
+BRANCH_GONE = "branch gone"
+
+_REASONS = {
+    "Conflict": CONFLICT,
+    "LockTimeout": LOCK_TIMEOUT,
+    "Deadlock": DEADLOCK,
+    "BranchRolledBack": BRANCH_GONE,
+}
+"""An error that ended a prepare -> the reason its no vote gives."""
+
+_SEQ = struct.Struct(">Q")
+
+
+# ------------------------------------------------------------------ schema
+@dataclass(frozen=True, slots=True)
+class SimType:
+    """A managed type as the simulated store knows it: fields with defaults, unique keys."""
+
+    name: str
+    version: int
+    defaults: Mapping[str, Any]
+    """Every field; a required one (no default) maps to :data:`REQUIRED`."""
+    unique: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, managed: type[Managed]) -> SimType:
+        info = type_info(managed)
+        defaults: dict[str, Any] = {}
+        for name, f in info.fields.items():
+            if f.default_factory is not None:
+                defaults[name] = f.default_factory()
+            else:
+                defaults[name] = REQUIRED if f.default is MISSING else f.default
+        unique = tuple(k for k, ki in info.keys.items() if ki.options.unique)
+        return cls(info.name, info.version, defaults, unique)
+
+
+REQUIRED: Any = MISSING
+
+BANK_TYPES: Mapping[str, SimType] = {t.name: t for t in map(SimType.of, (SimAccount, SimTransfer))}
+"""The bank workload's types (:mod:`nonstop.sim.scenarios.bank_types`)."""
+
+
+@dataclass(slots=True)
+class StoreConfig:
+    lock_wait: float = 0.3
+    """Lock-wait deadline of every branch (``LockTimeout``; how distributed deadlocks end)."""
+
+
+# ------------------------------------------------------------------ state
+@dataclass(slots=True)
+class Obj:
+    """A committed object."""
+
+    type: str
+    version: int
+    state: dict[str, Any]
+
+
+@dataclass(slots=True)
+class Entry:
+    """An object as one branch sees it (``version``: the committed version read, 0 if new)."""
+
+    type: str
+    version: int
+    state: dict[str, Any]
+    lock: int
+    status: str
+
+
+Op = Generator[tuple[Hashable, int], None, Any]
+"""A branch op: yields ``(resource, mode)`` for each lock it needs, returns its reply."""
+
+
+@dataclass(slots=True)
+class _Job:
+    corr: int
+    op: str
+    fields: dict[str, Any]
+    writes: list[Any] | None
+    gen: Op | None = None
+
+
+@dataclass(slots=True)
+class _Deferred:
+    """A reply that waits until ``writes`` are durable (a local commit)."""
+
+    writes: list[tuple[bytes, bytes | None]]
+    reply: dict[str, Any]
+
+
+@dataclass(slots=True)
+class Branch:
+    """One branch: the data plane's (``gtid`` None) or, once taken over, two-phase commit's."""
+
+    bid: str
+    serializable: bool
+    entries: dict[bytes, Entry] = field(default_factory=dict)
+    created_keys: dict[tuple[str, str, Any], bytes] = field(default_factory=dict)
+    results: dict[tuple[str, int], tuple[bool, Any]] = field(default_factory=dict)
+    queue: deque[_Job] = field(default_factory=deque)
+    job: _Job | None = None
+    ticket: int | None = None
+    doomed: errors.Error | None = None
+    gtid: str | None = None
+    prepared: bool = False
+    after: list[list[Any]] = field(default_factory=list)
+    """Prepared after-images ``[ref, type, version, state or None]`` (None: deleted)."""
+    committing: bool = False
+
+
+# ------------------------------------------------------------------ the store
+class SimDataStore:
+    """One node's simulated store (module doc)."""
+
+    def __init__(
+        self,
+        name: str,
+        location: int,
+        timestamp: int,
+        recovered: Mapping[bytes, bytes],
+        config: StoreConfig | None = None,
+        types: Mapping[str, SimType] = BANK_TYPES,
+    ) -> None:
+        self.name = name
+        self.location = location
+        self.timestamp = timestamp
+        self.config = config or StoreConfig()
+        self.types = types
+        self.now = 0.0
+        self.objects: dict[bytes, Obj] = {}
+        self.index: dict[tuple[str, str, Any], bytes] = {}
+        self.results: dict[tuple[str, int], tuple[bool, Any]] = {}
+        self.locks = LockManager()
+        self.branches: dict[str, Branch] = {}
+        self.rm_branches: dict[str, Branch] = {}
+        """gtid -> branch owned by two-phase commit (preparing or prepared)."""
+        self._waiting: dict[int, Branch] = {}
+        self._counter = 0
+        self._token = 0
+        self._on_durable: dict[int, Callable[[], None]] = {}
+        self._internal = 0
+        self._actions: list[Action] = []
+        self._done: list[BranchDone] = []
+        self._progress: list[Progress] = []
+        self._rm_call: list[Progress] | None = None
+        self.stats: dict[str, int] = {"deadlocks": 0, "lock_timeouts": 0, "conflicts": 0}
+        for key, raw in recovered.items():
+            if key.startswith(K_OBJ):
+                type_name, version, state = codec.unpack(raw)
+                self._put(key[len(K_OBJ) :], Obj(type_name, version, state))
+            elif key.startswith(K_RESULT):
+                rest = key[len(K_RESULT) :]
+                client, seq = rest[:-9].decode(), _SEQ.unpack(rest[-8:])[0]
+                ok, value = plain.unpack(raw)
+                self.results[(client, seq)] = (bool(ok), value)
+        self.rm = SimStoreResourceManager(self)
+
+    # ------------------------------------------------------------ outputs
+    def take_actions(self) -> list[Action]:
+        out, self._actions = self._actions, []
+        return out
+
+    def take_done(self) -> list[BranchDone]:
+        out, self._done = self._done, []
+        return out
+
+    def take_progress(self) -> list[Progress]:
+        out, self._progress = self._progress, []
+        return out
+
+    def idle(self) -> bool:
+        return not (self._actions or self._done or self._progress)
+
+    # ------------------------------------------------------------ the machine's actions
+    def execute(self, now: float, action: Exec) -> None:
+        """Queue an ``Exec`` on its branch (opening it when ``iso`` says so) and run it."""
+        self.now = now
+        job = _Job(action.corr, action.op, dict(action.fields), action.writes)
+        bid = action.bid
+        if bid is None:
+            self._outside(job)
+            return
+        b = self.branches.get(bid)
+        if b is None:
+            if action.iso is None:
+                self._reply(job, _error(errors.BranchRolledBack(f"branch {bid} is over here")))
+                return
+            if action.iso not in ("serializable", "snapshot"):
+                self._reply(job, _error(errors.BadArgument(f"bad isolation {action.iso!r:.40}")))
+                return
+            if any(r.bid == bid for r in self.rm_branches.values()):
+                # The branch went to two-phase commit: it cannot be opened again.
+                self._reply(job, _error(errors.BranchRolledBack(f"branch {bid} is committing")))
+                return
+            b = self.branches[bid] = Branch(bid, action.iso == "serializable")
+        b.queue.append(job)
+        self._run(b)
+
+    def end(self, now: float, bid: str) -> None:
+        """``EndBranch``: roll the branch back (locks released); unanswered ops fail."""
+        self.now = now
+        b = self.branches.get(bid)
+        if b is None or b.committing:
+            return
+        del self.branches[bid]
+        self._abandon(b, errors.BranchRolledBack(f"branch {bid} was rolled back"))
+        self._release(b)
+
+    def timer(self, now: float, name: str) -> None:
+        """A lock wait passed its deadline: ``LockTimeout`` for that branch."""
+        self.now = now
+        if not name.startswith(_WAIT):
+            return
+        ticket = int(name[len(_WAIT) :])
+        b = self._waiting.pop(ticket, None)
+        if b is None or b.ticket != ticket:
+            return
+        b.ticket = None
+        grants = self.locks.cancel(ticket)
+        self.stats["lock_timeouts"] += 1
+        self._step(b, errors.LockTimeout(f"lock wait over {self.config.lock_wait}s in {b.bid}"))
+        self._granted(grants)
+
+    def persisted(self, now: float, token: int) -> None:
+        self.now = now
+        then = self._on_durable.pop(token, None)
+        if then is not None:
+            then()
+
+    def in_doubt(self) -> int:
+        """Branches prepared here whose outcome is not applied yet."""
+        return sum(1 for b in self.rm_branches.values() if b.prepared)
+
+    # ------------------------------------------------------------ running ops
+    def _run(self, b: Branch) -> None:
+        """Run the branch's ops until one waits for a lock or none is left."""
+        while b.job is None and b.queue:
+            job = b.job = b.queue.popleft()
+            if b.doomed is not None:
+                b.job = None
+                self._reply(job, _error(b.doomed))
+                continue
+            job.gen = self._op(b, job)
+            self._step(b, None)
+
+    def _step(self, b: Branch, error: errors.Error | None) -> None:
+        """Advance the branch's current op (throwing ``error`` into it) until it waits or ends."""
+        job = b.job
+        assert job is not None and job.gen is not None
+        gen = job.gen
+        try:
+            while True:
+                resource, mode = gen.throw(error) if error is not None else next(gen)
+                error = None
+                result = self.locks.acquire(b.bid, resource, _MODE[mode])
+                if isinstance(result, Granted):
+                    continue
+                if isinstance(result, DeadlockFound):
+                    self.stats["deadlocks"] += 1
+                    error = errors.Deadlock(f"{b.bid} is the victim of a deadlock")
+                    continue
+                b.ticket = result.ticket
+                self._waiting[result.ticket] = b
+                self._actions.append(SetTimer(f"{_WAIT}{result.ticket}", self.config.lock_wait))
+                return
+        except StopIteration as stop:
+            outcome: Any = stop.value
+        except errors.Error as exc:
+            if isinstance(exc, errors.Retryable):
+                b.doomed = exc  # as AsyncTransaction: only rolling back is left
+                if isinstance(exc, errors.Conflict):
+                    self.stats["conflicts"] += 1
+            outcome = _error(exc)
+        b.job = None
+        if b.gtid is not None:
+            self.rm.prepared_or_refused(b, outcome)
+            return
+        if isinstance(outcome, _Deferred):
+            self._commit_local(b, job, outcome)
+            return
+        self._reply(job, outcome)
+        self._run(b)
+
+    def _granted(self, grants: list[Grant]) -> None:
+        """Resume the branches whose lock waits ``grants`` ended (and what they release)."""
+        work = list(grants)
+        while work:
+            grant = work.pop(0)
+            b = self._waiting.pop(grant.ticket, None)
+            if b is None or b.ticket != grant.ticket:
+                continue
+            b.ticket = None
+            self._actions.append(CancelTimer(f"{_WAIT}{grant.ticket}"))
+            self._step(b, None)
+
+    def _reply(self, job: _Job, reply: dict[str, Any]) -> None:
+        self._done.append(BranchDone(self.now, job.corr, reply))
+
+    def _abandon(self, b: Branch, why: errors.Error) -> None:
+        """Stop the branch's ops: the one running (its lock wait withdrawn) and the queued ones."""
+        grants: list[Grant] = []
+        if b.ticket is not None:
+            self._waiting.pop(b.ticket, None)
+            self._actions.append(CancelTimer(f"{_WAIT}{b.ticket}"))
+            grants = self.locks.cancel(b.ticket)
+            b.ticket = None
+        jobs = ([b.job] if b.job is not None else []) + list(b.queue)
+        b.job = None
+        b.queue.clear()
+        if b.gtid is None:
+            for job in jobs:
+                self._reply(job, _error(why))
+        self._granted(grants)
+
+    def _release(self, b: Branch) -> None:
+        self._granted(self.locks.release_all(b.bid))
+
+    # ------------------------------------------------------------ ops outside a branch
+    def _outside(self, job: _Job) -> None:
+        op = job.op
+        try:
+            if op == "request.lookup":
+                found = self.results.get(_req(job.fields.get("req")))
+                if found is not None:
+                    self._reply(job, {"found": list(found), "in_doubt": False})
+                else:
+                    self._reply(job, {"found": None, "in_doubt": self.in_doubt() > 0})
+            elif op == "request.abort":
+                # The outcome of an aborted commit, in a transaction of its own.
+                self._internal += 1
+                b = self.branches[f"~{self.name}.{self._internal}"] = Branch(
+                    f"~{self.name}.{self._internal}", True
+                )
+                b.queue.append(job)
+                self._run(b)
+            else:
+                raise errors.BadArgument(f"op {op!r:.40} needs a branch")
+        except errors.Error as exc:
+            self._reply(job, _error(exc))
+
+    # ------------------------------------------------------------ branch ops
+    def _op(self, b: Branch, job: _Job) -> Op:
+        if job.writes:
+            yield from self._g_writes(b, job.writes)
+        handler = _OPS.get(job.op)
+        if handler is None:
+            raise errors.BadArgument(f"unknown branch op {job.op!r:.40}")
+        reply = yield from handler(self, b, job.fields)
+        if job.op == "request.abort":
+            # Its own transaction: commit it now (locks held until durable).
+            b.committing = True
+            return _Deferred(self._after_images(b)[1], reply)
+        return reply
+
+    def _g_get(self, b: Branch, f: dict[str, Any]) -> Op:
+        t = self._type(f)
+        key = _unpacked(f.get("key"), "key")
+        if not isinstance(key, dict) or len(key) != 1:
+            raise errors.BadArgument("key must be one unique key {field: value}")
+        ((fname, value),) = key.items()
+        if fname not in t.unique:
+            raise errors.BadArgument(f"{t.name}.{fname} is not a unique key")
+        mode = self._mode(b, f.get("lock"))
+        # A probe of a cluster-scope lookup: no lock on an absent key's slot.
+        probe = bool(f.get("if_found")) and f.get("lock") != "none"
+        for _ in range(8):  # the object may move under our feet while we wait: look again
+            ref = self._find(b, t.name, fname, value)
+            if ref is None:
+                if probe:
+                    return {"o": None}
+                if mode:
+                    yield (("k", t.name, fname, value), mode)
+                ref = self._find(b, t.name, fname, value)
+                if ref is None:
+                    return {"o": None}
+            e = yield from self._g_load(b, ref, mode)
+            if e is not None and e.state.get(fname) == value:
+                return {"o": obj_out(ref, e.type, e.version, e.state)}
+        raise errors.Conflict(f"{t.name} {fname}={value!r:.40} kept moving")
+
+    def _g_ref(self, b: Branch, f: dict[str, Any]) -> Op:
+        ref = _ref(f.get("ref"))
+        e = yield from self._g_load(b, ref, self._mode(b, f.get("lock")))
+        return {"o": None if e is None else obj_out(ref, e.type, e.version, e.state)}
+
+    def _g_create(self, b: Branch, f: dict[str, Any]) -> Op:
+        t = self._type(f)
+        st = _unpacked(f.get("st"), "st")
+        if not isinstance(st, dict):
+            raise errors.BadArgument("st must be a packed {field: value}")
+        unknown = sorted(str(k) for k in st if k not in t.defaults)
+        if unknown:
+            raise errors.FieldError(f"{t.name} has no field {unknown[0]!r}")
+        state = {**t.defaults, **st}
+        missing = sorted(k for k, v in state.items() if v is REQUIRED)
+        if missing:
+            raise errors.FieldError(f"{t.name}.{missing[0]} is required")
+        for fname in t.unique:
+            value = state[fname]
+            yield (("k", t.name, fname, value), WRITE)
+            if self._find(b, t.name, fname, value) is not None:
+                raise errors.DuplicateKey(f"{t.name}.{fname} = {value!r:.40} exists")
+        self._counter += 1
+        ref = Ref.make(self.location, self.timestamp, self._counter).raw
+        yield (("o", ref), WRITE)
+        b.entries[ref] = Entry(t.name, 0, state, WRITE, CREATED)
+        for fname in t.unique:
+            b.created_keys[(t.name, fname, state[fname])] = ref
+        return {"o": obj_out(ref, t.name, 0, state)}
+
+    def _g_delete(self, b: Branch, f: dict[str, Any]) -> Op:
+        ref = _ref(f.get("ref"))
+        e = yield from self._g_load(b, ref, WRITE)
+        if e is None:
+            raise errors.NotFound("no object with this reference")
+        t = self.types[e.type]
+        for fname in t.unique:
+            b.created_keys.pop((t.name, fname, e.state.get(fname)), None)
+        if e.status == CREATED:
+            del b.entries[ref]
+        else:
+            e.status = DELETED
+        return {}
+
+    def _g_query(self, b: Branch, f: dict[str, Any]) -> Op:
+        t = self._type(f)
+        where = _unpacked(f["where"], "where") if f.get("where") is not None else {}
+        if not isinstance(where, dict):
+            raise errors.BadArgument("where must be a packed {field: value}")
+        if f.get("range") is not None:
+            raise errors.BadArgument("range queries are not simulated")
+        mode = self._mode(b, f.get("lock"))
+        found: list[tuple[bytes, Entry]] = []
+        for ref in self._extent(b, t.name):
+            e = yield from self._g_load(b, ref, mode)
+            if e is not None and all(e.state.get(k) == v for k, v in where.items()):
+                found.append((ref, e))
+        order = f.get("order")
+        reply: dict[str, Any] = {}
+        if order is not None:
+            if not isinstance(order, list) or not order or order[0] not in t.defaults:
+                raise errors.BadArgument("order must be [field, descending]")
+            desc = bool(order[1]) if len(order) > 1 else False
+            found.sort(key=lambda re: (codec.encode_key(re[1].state[order[0]]), re[0]))
+            if desc:
+                found.reverse()
+        limit = f.get("limit")
+        if limit is not None:
+            if not isinstance(limit, int) or limit < 0:
+                raise errors.BadArgument("limit must be an int >= 0")
+            found = found[:limit]
+        if order is not None:
+            reply["k"] = [codec.encode_key(e.state[order[0]]) for _, e in found]
+        reply["os"] = [obj_out(ref, e.type, e.version, e.state) for ref, e in found]
+        return reply
+
+    def _g_count(self, b: Branch, f: dict[str, Any]) -> Op:
+        t = self._type(f)
+        return {"n": len(self._extent(b, t.name))}
+        yield  # a generator, like every op
+
+    def _g_nothing(self, b: Branch, f: dict[str, Any]) -> Op:
+        return {}
+        yield
+
+    def _g_unsupported(self, b: Branch, f: dict[str, Any]) -> Op:
+        raise errors.BadArgument("methods and overwrites are not simulated")
+        yield
+
+    def _g_claim(self, b: Branch, key: tuple[str, int]) -> Generator[Any, None, Any]:
+        """Lock the request's slot, then look its result up (two retries cannot both run)."""
+        yield (("q", *key), WRITE)
+        return b.results.get(key) or self.results.get(key)
+
+    def _g_record(self, b: Branch, f: dict[str, Any]) -> Op:
+        """The commit's result, in the branch that commits it (H1); ``done`` if it ran before."""
+        key = _req(f.get("req"))
+        found = yield from self._g_claim(b, key)
+        if found is not None:
+            return {"done": list(found)}
+        b.results[key] = (True, None)
+        return {}
+
+    def _g_abort(self, b: Branch, f: dict[str, Any]) -> Op:
+        """An aborted commit's outcome, in a transaction of its own (unless one is recorded)."""
+        key = _req(f.get("req"))
+        found = yield from self._g_claim(b, key)
+        if found is None:
+            b.results[key] = (False, [f.get("error"), f.get("message")])
+        return {}
+
+    def _g_commit(self, b: Branch, f: dict[str, Any]) -> Op:
+        """One local group commit of the branch, with the request's result (data-path.md §5)."""
+        if f.get("req") is not None:
+            reply = yield from self._g_record(b, f)
+            if "done" in reply:
+                return reply  # it committed (or aborted) before: this attempt commits nothing
+        b.committing = True
+        return _Deferred(self._after_images(b)[1], {})
+
+    # ------------------------------------------------------------ reading
+    def _g_load(self, b: Branch, ref: bytes, mode: int) -> Generator[Any, None, Entry | None]:
+        """The branch's entry for ``ref`` with at least ``mode`` locked; None if there is none."""
+        e = b.entries.get(ref)
+        if e is not None:
+            if e.status == DELETED:
+                return None
+            if mode > e.lock:
+                yield (("o", ref), mode)
+                if e.status == CLEAN:
+                    obj = self.objects.get(ref)
+                    if b.serializable and e.lock == NONE:
+                        # Read without a lock before: read again now that it is locked.
+                        if obj is None:
+                            raise errors.Conflict(f"{e.type} object was deleted concurrently")
+                        e.version, e.state = obj.version, dict(obj.state)
+                    elif mode == WRITE and (obj is None or obj.version != e.version):
+                        raise errors.Conflict(f"{e.type} object changed since this branch read it")
+                e.lock = mode
+            return e
+        if mode:
+            yield (("o", ref), mode)
+        obj = self.objects.get(ref)
+        if obj is None:
+            return None
+        e = b.entries[ref] = Entry(obj.type, obj.version, dict(obj.state), mode, CLEAN)
+        return e
+
+    def _g_writes(self, b: Branch, writes: Any) -> Op:
+        """Apply a write set (data-path.md §2): lock, version check, set the changed fields."""
+        if not isinstance(writes, list):
+            raise errors.BadArgument("a write set is a list of writes")
+        for w in writes:
+            try:
+                ref, type_name, version, changes = write_in(w)
+            except errors.ProtocolError as exc:
+                raise errors.BadArgument(str(exc)) from None
+            e = yield from self._g_load(b, ref, WRITE)
+            if e is None:
+                raise errors.Conflict(f"{type_name} object {Ref(ref)} was deleted")
+            if e.type != type_name:
+                raise errors.BadArgument(f"object {Ref(ref)} is a {e.type}, not a {type_name}")
+            if e.version != version:
+                raise errors.Conflict(
+                    f"{type_name} object {Ref(ref)} changed: written on version {version}, "
+                    f"it is at version {e.version}"
+                )
+            t = self.types[e.type]
+            for name, value in changes.items():
+                if name not in t.defaults:
+                    raise errors.FieldError(f"{type_name} has no field {name!r}")
+                if name in t.unique and value != e.state.get(name):
+                    raise errors.BadArgument(f"{type_name}.{name} is an immutable key")
+                e.state[name] = value
+            if e.status == CLEAN:
+                e.status = DIRTY
+        return None
+
+    def _find(self, b: Branch, type_name: str, fname: str, value: Any) -> bytes | None:
+        """The object with this unique key as the branch sees it (its creates and deletes)."""
+        try:
+            key = (type_name, fname, value)
+            ref = b.created_keys.get(key) or self.index.get(key)
+        except TypeError:  # an unhashable key value matches nothing
+            return None
+        if ref is not None:
+            e = b.entries.get(ref)
+            if e is not None and e.status == DELETED:
+                return None
+        return ref
+
+    def _extent(self, b: Branch, type_name: str) -> list[bytes]:
+        refs = {r for r, o in self.objects.items() if o.type == type_name}
+        for ref, e in b.entries.items():
+            if e.type != type_name:
+                continue
+            if e.status == DELETED:
+                refs.discard(ref)
+            elif e.status == CREATED:
+                refs.add(ref)
+        return sorted(refs)
+
+    def _type(self, f: dict[str, Any]) -> SimType:
+        name = f.get("type")
+        t = self.types.get(name) if isinstance(name, str) else None
+        if t is None:
+            raise errors.UnknownType(f"managed type {name!r:.40} is not defined on this node")
+        tv = f.get("tv")
+        if tv is not None and tv != t.version:
+            raise errors.TypeVersionMismatch(
+                f"{t.name}: the client has version {tv!r}, this node version {t.version}"
+            )
+        return t
+
+    def _mode(self, b: Branch, lock: Any) -> int:
+        if lock is None:
+            return READ if b.serializable else NONE
+        mode = _LOCKS.get(lock) if isinstance(lock, str) else None
+        if mode is None:
+            raise errors.BadArgument(f"lock must be 'none', 'read' or 'write', not {lock!r:.40}")
+        return mode
+
+    # ------------------------------------------------------------ committing
+    def _after_images(self, b: Branch) -> tuple[list[list[Any]], list[tuple[bytes, bytes | None]]]:
+        """The branch's effect: after-images (for a prepared record) and the durable writes."""
+        after: list[list[Any]] = []
+        for ref, e in sorted(b.entries.items()):
+            if e.status == DIRTY:
+                after.append([ref, e.type, e.version + 1, e.state])
+            elif e.status == CREATED:
+                after.append([ref, e.type, 1, e.state])
+            elif e.status == DELETED:
+                after.append([ref, e.type, e.version + 1, None])
+        for (client, seq), (ok, value) in sorted(b.results.items()):
+            after.append([client, seq, ok, value])
+        return after, self._durable(after)
+
+    @staticmethod
+    def _durable(after: list[list[Any]]) -> list[tuple[bytes, bytes | None]]:
+        writes: list[tuple[bytes, bytes | None]] = []
+        for image in after:
+            if isinstance(image[0], bytes):
+                ref, type_name, version, state = image
+                raw = None if state is None else codec.pack([type_name, version, state])
+                writes.append((K_OBJ + ref, raw))
+            else:
+                client, seq, ok, value = image
+                writes.append((_result_key(client, seq), plain.pack([ok, value])))
+        return writes
+
+    def install(self, after: list[list[Any]]) -> None:
+        """Make after-images the committed state (in memory; their durable writes are separate)."""
+        for image in after:
+            if isinstance(image[0], bytes):
+                ref, type_name, version, state = image
+                if state is None:
+                    self._drop(ref)
+                else:
+                    self._drop(ref)
+                    self._put(ref, Obj(type_name, version, dict(state)))
+            else:
+                client, seq, ok, value = image
+                self.results[(client, seq)] = (bool(ok), value)
+
+    def _put(self, ref: bytes, obj: Obj) -> None:
+        self.objects[ref] = obj
+        t = self.types.get(obj.type)
+        for fname in t.unique if t is not None else ():
+            self.index[(obj.type, fname, obj.state.get(fname))] = ref
+        self._counter = max(self._counter, Ref(ref).counter)
+
+    def _drop(self, ref: bytes) -> None:
+        obj = self.objects.pop(ref, None)
+        t = None if obj is None else self.types.get(obj.type)
+        if obj is not None and t is not None:
+            for fname in t.unique:
+                self.index.pop((obj.type, fname, obj.state.get(fname)), None)
+
+    def _commit_local(self, b: Branch, job: _Job, deferred: _Deferred) -> None:
+        """Persist the branch's writes; once durable, install them, release, answer."""
+        after, writes = self._after_images(b)
+
+        def durable() -> None:
+            self.install(after)
+            self.branches.pop(b.bid, None)
+            self._reply(job, deferred.reply)
+            self._abandon(b, errors.TransactionClosed(f"branch {b.bid} committed"))
+            self._release(b)
+
+        if not writes:
+            durable()
+            return
+        self._token += 1
+        self._on_durable[self._token] = durable
+        self._actions.append(Persist(self._token, tuple(writes)))
+
+    # ------------------------------------------------------------ inspection
+    def balances(self) -> dict[int, int]:
+        """Account number -> committed balance (tests, the final checks)."""
+        return {
+            o.state["number"]: o.state["balance"]
+            for o in self.objects.values()
+            if o.type == ACCOUNT
+        }
+
+    def snapshot(self) -> dict[bytes, tuple[str, int, dict[str, Any]]]:
+        """Every committed object (compare with a store rebuilt from the disk)."""
+        return {r: (o.type, o.version, o.state) for r, o in sorted(self.objects.items())}
+
+
+_OPS: dict[str, Callable[[SimDataStore, Branch, dict[str, Any]], Op]] = {
+    "branch.get": SimDataStore._g_get,
+    "branch.ref": SimDataStore._g_ref,
+    "branch.create": SimDataStore._g_create,
+    "branch.delete": SimDataStore._g_delete,
+    "branch.query": SimDataStore._g_query,
+    "branch.count": SimDataStore._g_count,
+    "branch.write": SimDataStore._g_nothing,
+    "branch.call": SimDataStore._g_unsupported,
+    "branch.overwrite": SimDataStore._g_unsupported,
+    "branch.commit": SimDataStore._g_commit,
+    "request.record": SimDataStore._g_record,
+    "request.abort": SimDataStore._g_abort,
+}
+
+
+# ------------------------------------------------------------------ two-phase commit
+class SimStoreResourceManager:
+    """The node's :class:`~nonstop.dtx.protocol.ResourceManager` over :class:`SimDataStore`.
+
+    ``take_branch(bid)`` is the data plane's :meth:`DataPlane.take_branch` (set by
+    the composition): the branch stops being the data plane's, so it can neither
+    run ops nor be ended by it; its outcome ends it.
+    """
+
+    def __init__(self, store: SimDataStore) -> None:
+        self.store = store
+        self.take_branch: Callable[[str], bool] = lambda bid: False
+
+    def check_ops(self, ops: Any) -> str | None:
+        if not isinstance(ops, list) or not ops or len(ops) > 10_000:
+            return "ops must be a non-empty list"
+        first = ops[0]
+        if not (
+            isinstance(first, list)
+            and len(first) == 2
+            and first[0] == "b"
+            and isinstance(first[1], str)
+            and first[1]
+        ):
+            return 'the first op must be ["b", branch id]'
+        for op in ops[1:]:
+            if not (
+                isinstance(op, list)
+                and len(op) == 5
+                and op[0] == "w"
+                and isinstance(op[1], bytes)
+                and len(op[1]) == REF_SIZE
+                and isinstance(op[2], str)
+                and isinstance(op[3], int)
+                and not isinstance(op[3], bool)
+                and isinstance(op[4], bytes)
+            ):
+                return f"bad write {op!r:.80}"
+        return None
+
+    def open(self, gtid: str, ops: list[Any]) -> list[Progress]:
+        store = self.store
+        bid = ops[0][1]
+        if gtid in store.rm_branches:
+            return []
+        if not self.take_branch(bid):
+            return [Refused(gtid, BRANCH_GONE)]
+        b = store.branches.pop(bid, None)
+        if b is None:
+            # The data plane had the branch, but it never ran an op here: nothing to hold.
+            b = Branch(bid, True)
+        if b.job is not None or b.queue or b.committing:
+            store._actions.append(Log("error", f"store {store.name}: {bid} taken while busy"))
+            store._abandon(b, errors.BranchRolledBack("taken by two-phase commit"))
+        b.gtid = gtid
+        store.rm_branches[gtid] = b
+        if b.doomed is not None:
+            return self._refuse(b, b.doomed)
+        job = _Job(0, "branch.write", {}, [op[1:] for op in ops[1:]])
+        b.job = job
+        job.gen = store._op(b, job)
+        return self._call(lambda: store._step(b, None))
+
+    def prepared_or_refused(self, b: Branch, outcome: Any) -> None:
+        """The prepare's writes are applied (or failed): compute the record, or refuse."""
+        store = self.store
+        assert b.gtid is not None
+        if isinstance(outcome, dict) and "error" in outcome:
+            name = str(outcome["error"])
+            reason = _REASONS.get(name, f"{name}: {outcome.get('message')}")
+            self._emit(self._refuse_reason(b, reason))
+            return
+        after, _ = store._after_images(b)
+        b.after = after
+        b.prepared = True
+        locks = [
+            [_pack_resource(r), int(m)]
+            for r, m in sorted(store.locks.held_by(b.bid).items(), key=lambda rm: repr(rm[0]))
+        ]
+        record = plain.pack({"b": b.bid, "a": after, "l": locks})
+        self._emit([Ready(b.gtid, record, {})])
+
+    def finish(
+        self, gtid: str, commit: bool
+    ) -> tuple[list[tuple[bytes, bytes | None]], list[Progress]]:
+        store = self.store
+        b = store.rm_branches.pop(gtid, None)
+        if b is None:
+            return [], []
+        writes: list[tuple[bytes, bytes | None]] = []
+        if commit:
+            if not b.prepared:
+                raise AssertionError(f"{gtid}: commit of a branch that never prepared")
+            store.install(b.after)
+            writes = store._durable(b.after)
+
+        def end() -> None:
+            store._abandon(b, errors.BranchRolledBack("ended"))
+            store._release(b)
+
+        return writes, self._call(end)
+
+    def recover(self, gtid: str, record: bytes) -> None:
+        store = self.store
+        rec = plain.unpack(record)
+        b = Branch(rec["b"], True, gtid=gtid, prepared=True, after=rec["a"])
+        for resource, mode in rec["l"]:
+            # Prepared branches held these together before the crash: compatible.
+            granted = store.locks.acquire(b.bid, _unpack_resource(resource), LockMode(mode))
+            assert isinstance(granted, Granted), f"{gtid}: recovered lock not granted"
+        for image in b.after:
+            if isinstance(image[0], bytes):
+                store._counter = max(store._counter, Ref(image[0]).counter)
+        store.rm_branches[gtid] = b
+
+    # ------------------------------------------------------------ internals
+    def _refuse(self, b: Branch, exc: errors.Error) -> list[Progress]:
+        name = type(exc).__name__
+        return self._refuse_reason(b, _REASONS.get(name, f"{name}: {exc}"))
+
+    def _refuse_reason(self, b: Branch, reason: str) -> list[Progress]:
+        store = self.store
+        assert b.gtid is not None
+        store.rm_branches.pop(b.gtid, None)
+        gtid = b.gtid
+        return [Refused(gtid, reason), *self._call(lambda: store._release(b))]
+
+    def _call(self, fn: Callable[[], None]) -> list[Progress]:
+        """Run ``fn``; the progress it causes is returned (nested: passed up)."""
+        outer = self.store._rm_call
+        collected: list[Progress] = []
+        self.store._rm_call = collected
+        try:
+            fn()
+        finally:
+            self.store._rm_call = outer
+        if outer is not None:
+            outer.extend(collected)
+            return []
+        return collected
+
+    def _emit(self, progress: list[Progress]) -> None:
+        sink = self.store._rm_call
+        (sink if sink is not None else self.store._progress).extend(progress)
+
+
+# ------------------------------------------------------------------ helpers
+def _error(exc: BaseException) -> dict[str, Any]:
+    return error_out(exc)
+
+
+def _ref(value: Any) -> bytes:
+    if isinstance(value, Ref):
+        return value.raw
+    if not isinstance(value, bytes) or len(value) != REF_SIZE:
+        raise errors.BadArgument(f"ref must be {REF_SIZE} bytes, not {value!r:.40}")
+    return value
+
+
+def _unpacked(value: Any, what: str) -> Any:
+    if not isinstance(value, bytes):
+        raise errors.BadArgument(f"{what} must be packed bytes")
+    try:
+        return codec.unpack(value)
+    except Exception as exc:
+        raise errors.BadArgument(f"{what} cannot be decoded: {exc}") from None
+
+
+def _req(req: Any) -> tuple[str, int]:
+    if (
+        isinstance(req, list | tuple)
+        and len(req) == 2
+        and isinstance(req[0], str)
+        and req[0]
+        and "\x00" not in req[0]
+        and isinstance(req[1], int)
+        and not isinstance(req[1], bool)
+        and req[1] >= 0
+    ):
+        return req[0], req[1]
+    raise errors.BadArgument("req must be [client id, seq >= 0]")
+
+
+def _result_key(client: str, seq: int) -> bytes:
+    return K_RESULT + client.encode() + b"\x00" + _SEQ.pack(seq)
+
+
+def _pack_resource(resource: Hashable) -> list[Any]:
+    assert isinstance(resource, tuple)
+    return list(resource)
+
+
+def _unpack_resource(raw: list[Any]) -> tuple[Any, ...]:
+    return tuple(raw)
+
+
+def is_prepared_key(key: bytes) -> bool:
+    """The dtx machine's prepared-branch records (whose ``r`` is this store's record)."""
+    return key.startswith(K_PREPARED)
+
+
+__all__ = [
+    "ACCOUNT",
+    "BANK_TYPES",
+    "K_OBJ",
+    "K_RESULT",
+    "TIMER_PREFIX",
+    "TRANSFER",
+    "SimDataStore",
+    "SimStoreResourceManager",
+    "SimType",
+    "StoreConfig",
+]
