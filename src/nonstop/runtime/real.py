@@ -52,7 +52,7 @@ import json
 import logging
 import os
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from nonstop.errors import Unavailable
@@ -380,7 +380,8 @@ class RealRuntime:
             return
         self._dispatch(Received(now=self.now(), sender=sender, payload=payload))
 
-    def serve_client(self, conn: Connection) -> Any:
+    def serve_client(self, conn: Connection) -> Awaitable[None]:
+        """Serve a handshake'd client connection until it ends (``runtime/clients.py``)."""
         return self.clients.serve(conn)
 
     def on_discovered(self, name: str, address: str) -> None:
