@@ -5,9 +5,12 @@ Each node is a :class:`~nonstop.dtx.protocol.DtxNode` with a
 :class:`~nonstop.dataplane.participant.DtxPersister` on its own ``nonstop.Database``;
 the decision log is a :class:`~nonstop.sim.scenarios.dtx_resource.SimDecisionLog` whose
 keys go to an fsynced LMDB (so it survives a SIGKILL of the process too).
-``Send`` is delivered on the next loop turn (dropped while a node is down or a
-``drop`` hook says so), ``Persist`` goes through the persister (the log's
-through its store), timers are ``loop.call_later``.  Branches are
+The tests' driver (:class:`nonstop.sim.harness.Harness`) runs them on the
+test's asyncio loop (:class:`~nonstop.sim.harness.LoopClock`): a ``Send`` goes
+through msgpack and is delivered on the next loop turn (dropped while its
+destination is down, restarted, or a ``drop`` hook says so), ``Persist`` goes
+through the persister (the log's through its store), timers are
+``loop.call_later``.  Branches are
 ``AsyncTransaction`` objects the test opens and registers by id, as the data
 service does.  Used by tests/unit/test_dataplane_participant.py and the e2e crash
 worker.
@@ -33,15 +36,11 @@ from nonstop.runtime.interface import (
     Log,
     Notify,
     Persist,
-    Persisted,
     Received,
     Reply,
-    Send,
-    SetTimer,
-    Started,
-    TimerFired,
 )
 from nonstop.runtime.storage import ClusterStore
+from nonstop.sim.harness import Harness, LoopClock
 from nonstop.sim.scenarios.dtx_resource import SimDecisionLog
 from nonstop.tx.async_transaction import AsyncTransaction
 
@@ -65,60 +64,75 @@ class Cluster:
         self.lock_timeout = lock_timeout
         self.loop = asyncio.get_running_loop()
         self.dbs: dict[str, nonstop.Database] = {}
-        self.machines: dict[str, Any] = {}
         self.rms: dict[str, StoreResourceManager] = {}
         self.persisters: dict[str, DtxPersister] = {}
-        self.incarnation: dict[str, int] = {}
-        self.timers: dict[tuple[str, str], asyncio.TimerHandle] = {}
         self.branches: dict[str, AsyncTransaction] = {}
         self.replies: dict[int, asyncio.Future[Any]] = {}
-        self.notes: list[tuple[str, Notify]] = []
-        self.logs: list[tuple[str, Log]] = []
-        self.errors: list[BaseException] = []
         self.drop: Callable[[str, str, Any], bool] = lambda sender, to, payload: False
         self.on_notify: Callable[[str, Notify], None] = lambda node, note: None
         self._next_request = 0
         self._next_branch = 0
         self.log_store = ClusterStore(str(root / "decision-log"))
+        # The tests' driver on this loop: messages next turn, timers in real time.
+        self.harness = Harness(LoopClock(self.loop), persist=self._write)
+        self.harness.cut = lambda sender, to, payload: self.drop(sender, to, payload)
+        self.harness.on_output = self._output
         for name in names:
             self.start(name)
         self._start_log()
 
+    @property
+    def machines(self) -> dict[str, Any]:
+        return self.harness.machines
+
+    @property
+    def notes(self) -> list[tuple[str, Notify]]:
+        return self.harness.notes
+
+    @property
+    def logs(self) -> list[tuple[str, Log]]:
+        return self.harness.logs
+
+    @property
+    def errors(self) -> list[BaseException]:
+        return self.harness.failures
+
     # ------------------------------------------------------------ lifecycle
     def _start_log(self) -> None:
-        self.incarnation[LOG] = self.incarnation.get(LOG, 0) + 1
-        self.machines[LOG] = SimDecisionLog(random.Random(0), self.log_store.recovered())
-        self.dispatch(LOG, Started(self.loop.time()))
+        self.harness.boot(LOG, SimDecisionLog(random.Random(0), self.log_store.recovered()))
 
     def start(self, name: str) -> None:
         """Open (or reopen) the node's store and build its machine from the store's dtx state."""
         db = nonstop.open(self.root / name, lock_timeout=self.lock_timeout)
         self.dbs[name] = db
-        self.incarnation[name] = self.incarnation.get(name, 0) + 1
-        inc = self.incarnation[name]
+        harness = self.harness
+        incarnation = harness.incarnation.get(name, 0) + 1  # the one boot() starts below
 
         def feed(progress: list[Progress]) -> None:
-            self.loop.call_soon(self._deliver, name, inc, name, {"t": "dtx.rm", "p": progress})
+            """The store's progress, handed over by the runtime itself: next loop turn, not
+            through the network (not encoded, never lost), to this incarnation only."""
+
+            def arrive() -> None:
+                if harness.incarnation.get(name) == incarnation and name in harness.machines:
+                    payload = {"t": "dtx.rm", "p": progress}
+                    harness.deliver(name, Received(self.loop.time(), name, payload))
+
+            self.loop.call_soon(arrive)
 
         rm = StoreResourceManager(db, self.branches.get, feed)
         self.rms[name] = rm
         self.persisters[name] = DtxPersister(db)
         node = DtxNode(name, rm, random.Random(name), recovered_dtx_state(db), self.config)
-        self.machines[name] = node
-        self.dispatch(name, Started(self.loop.time()))
+        harness.boot(name, node)
 
     def stop(self, name: str) -> None:
         """Stop a node: nothing more reaches it, its timers die, its store is closed."""
-        self.incarnation[name] += 1
-        for key in [k for k in self.timers if k[0] == name]:
-            self.timers.pop(key).cancel()
-        self.machines.pop(name, None)
+        self.harness.crash(name)
         self.dbs[name].close()
 
     def close(self) -> None:
-        for key in list(self.timers):
-            self.timers.pop(key).cancel()
-        self.machines.clear()
+        for name in list(self.harness.machines):
+            self.harness.crash(name)
         for db in self.dbs.values():
             db.close()
         self.log_store.close()
@@ -181,66 +195,27 @@ class Cluster:
 
     # ------------------------------------------------------------ the runtime
     def dispatch(self, name: str, event: Event) -> None:
-        machine = self.machines.get(name)
-        if machine is None:
+        if name in self.harness.machines:
+            self.harness.deliver(name, event)
+
+    def _write(
+        self, name: str, persist: Persist, done: Callable[[BaseException | None], None]
+    ) -> None:
+        """The disks: the log's store, or the node's object store through its persister."""
+        if name == LOG:
+            self.log_store.commit(persist.writes)
+            self.loop.call_soon(done, None)
             return
-        try:
-            actions = machine.handle(event)
-        except BaseException as exc:  # a machine bug: fail the test, not the loop
-            self.errors.append(exc)
-            raise
-        for action in actions:
-            self._act(name, action)
 
-    def _act(self, name: str, action: Action) -> None:
-        inc = self.incarnation[name]
-        if isinstance(action, Send):
-            self.loop.call_soon(self._deliver, action.to, None, name, action.payload)
-        elif isinstance(action, Persist):
-            if name == LOG:
-                self.log_store.commit(action.writes)
-                self.loop.call_soon(self._persisted, name, inc, action.token, None)
-            else:
-                token = action.token
+        def written(exc: BaseException | None) -> None:  # in the store's writer thread
+            self.loop.call_soon_threadsafe(done, exc)
 
-                def done(exc: BaseException | None, token: int = token) -> None:
-                    self.loop.call_soon_threadsafe(self._persisted, name, inc, token, exc)
+        self.persisters[name].persist(persist.writes, written)
 
-                self.persisters[name].persist(action.writes, done)
-        elif isinstance(action, SetTimer):
-            old = self.timers.pop((name, action.name), None)
-            if old is not None:
-                old.cancel()
-            self.timers[(name, action.name)] = self.loop.call_later(
-                action.delay, self._fire, name, inc, action.name
-            )
-        elif isinstance(action, Reply):
+    def _output(self, name: str, action: Action) -> None:
+        if isinstance(action, Reply):
             future = self.replies.get(action.request_id)
             if future is not None and not future.done():
                 future.set_result(action.payload)
         elif isinstance(action, Notify):
-            self.notes.append((name, action))
             self.on_notify(name, action)
-        elif isinstance(action, Log):
-            self.logs.append((name, action))
-
-    def _deliver(self, to: str, inc: int | None, sender: str, payload: Any) -> None:
-        if inc is not None and self.incarnation.get(to) != inc:
-            return  # from a previous life of the node
-        if self.drop(sender, to, payload):
-            return
-        self.dispatch(to, Received(self.loop.time(), sender, payload))
-
-    def _persisted(self, name: str, inc: int, token: int, exc: BaseException | None) -> None:
-        if self.incarnation.get(name) != inc:
-            return
-        if exc is not None:
-            self.errors.append(exc)
-            return
-        self.dispatch(name, Persisted(self.loop.time(), token))
-
-    def _fire(self, name: str, inc: int, timer: str) -> None:
-        if self.incarnation.get(name) != inc:
-            return
-        self.timers.pop((name, timer), None)
-        self.dispatch(name, TimerFired(self.loop.time(), timer))

@@ -437,7 +437,7 @@ def test_lost_commit_reply_is_answered_by_the_recorded_outcome(
         assert after["A-2"] == before["A-2"] - 3 and after["C-0"] == before["C-0"] + 3
         # A request id the node never saw: not committed, said as Unavailable.
         with pytest.raises(nonstop.Unavailable, match="not committed"):
-            c._request_result(c.address, [f"{c.client_id}.999", 1], ConnectionResetError())
+            c.sessions.request_result(c.address, [f"{c.client_id}.999", 1], ConnectionResetError())
 
 
 def test_silent_node_gives_unavailable_after_the_op_timeout(tmp_path: Path) -> None:

@@ -154,11 +154,11 @@ def _leader(node: DtxClusterNode) -> float:
 def test_the_decision_table_in_the_log_answers_first_writer_wins_and_floors():
     node = _single()
     now = _leader(node)
-    log = node.cluster
+    log = node.decisions
 
     def ask(payload):
-        _cluster_run(node, log.decision_request(now, payload), now)
-        return log.take_decision_answers()
+        _cluster_run(node, log.request(now, payload), now)
+        return log.take_answers()
 
     assert ask({"t": PROPOSE, "g": "b.1", "o": ABORT, "n": []}) == [
         {"t": DECIDED, "g": "b.1", "o": ABORT}
@@ -169,13 +169,13 @@ def test_the_decision_table_in_the_log_answers_first_writer_wins_and_floors():
     ]
     assert ask({"t": LOOKUP, "g": "b.2"}) == [{"t": UNKNOWN, "g": "b.2", "forgotten": False}]
     # Only a coordinator moves its own floor; its gtids below the floor are then forgotten.
-    refused = log.decision_request(now, {"t": FORGET, "c": "b", "f": 5})
+    refused = log.request(now, {"t": FORGET, "c": "b", "f": 5})
     assert [type(a).__name__ for a in refused] == ["Log"]
     assert ask({"t": FORGET, "c": "a", "f": 3}) == [{"t": FORGOT, "c": "a", "f": 3}]
     assert ask({"t": PROPOSE, "g": "a.2", "o": COMMIT, "n": []}) == [
         {"t": UNKNOWN, "g": "a.2", "forgotten": True}
     ]
-    assert log.decisions.decisions == {"b.1": ABORT} and log.decisions.floors == {"a": 3}
+    assert log.table.decisions == {"b.1": ABORT} and log.table.floors == {"a": 3}
 
 
 def test_persist_tokens_of_the_two_components_do_not_collide():
@@ -199,3 +199,65 @@ def test_a_peer_cannot_forward_a_request_in_another_nodes_name():
     forged = {"k": "dl", "en": True, "b": {"dl": "forget", "c": "z", "f": 9, "r": ["z", 1]}}
     actions = node.handle(Received(9.0, "y", forged))
     assert not any(isinstance(a, Persist) for a in actions)
+
+
+def test_decisions_come_back_from_snapshots_in_the_layout_clusters_already_wrote():
+    """The table's snapshot value is ``{"d": decisions, "f": floors}`` under ``"dl"``: the
+    layout ClusterNode wrote when it hosted the table itself, so existing stores load."""
+    import msgpack
+
+    from nonstop.cluster.raft import Entry
+
+    node = _single()
+    _leader(node)
+    old = {"digest": b"\x01" * 16, "views": [], "dl": {"d": {"b.4": COMMIT}, "f": {"a": 7}}}
+    snap = {"state": msgpack.packb(old, use_bin_type=True), "members": ["a"], "view_id": 1}
+    node.cluster._apply([Entry(40, 1, "snapshot", snap)])
+    assert node.decisions.table.decisions == {"b.4": COMMIT}
+    assert node.decisions.table.floors == {"a": 7}
+    assert node.decisions.snapshot() == old["dl"]
+
+
+def test_a_restarted_node_rebuilds_its_decisions_from_its_snapshot_and_log():
+    cfg = ClusterConfig(
+        name="a", address="sim://a", store_timestamp=1, members=("a",), snapshot_every=3
+    )
+    disk: dict[bytes, bytes] = {}
+    node = DtxClusterNode(cfg, SimResourceManager({"x": 5}, {}), random.Random(1), {})
+
+    def run(actions: list, now: float, *, cluster: bool = False) -> None:
+        """Carry out Persists at once (a one-node log commits on its own fsync).
+
+        ``cluster``: the actions came from the cluster node itself, whose tokens the
+        composition did not rename.
+        """
+        handle = node.cluster.handle if cluster else node.handle
+        queue = list(actions)
+        while queue:
+            action = queue.pop(0)
+            if isinstance(action, Persist):
+                for key, value in action.writes:
+                    if value is None:
+                        disk.pop(key, None)
+                    else:
+                        disk[key] = value
+                queue += handle(Persisted(now, action.token))
+
+    now = 0.0
+    run(node.handle(Started(now)), now)
+    while node.cluster.raft.role != "leader":
+        now += 0.5
+        run(node.handle(TimerFired(now, "raft.election")), now)
+    for seq in range(1, 8):
+        payload = {"t": PROPOSE, "g": f"b.{seq}", "o": COMMIT if seq % 2 else ABORT, "n": []}
+        run(node.decisions.request(now, payload), now, cluster=True)
+    run(node.decisions.request(now, {"t": FORGET, "c": "a", "f": 2}), now, cluster=True)
+    expected = dict(node.decisions.table.decisions)
+    assert len(expected) == 7 and node.cluster.raft.snapshot_index > 0
+    node = DtxClusterNode(cfg, SimResourceManager({"x": 5}, disk), random.Random(2), dict(disk))
+    run(node.handle(Started(now + 1)), now + 1)
+    while node.cluster.raft.role != "leader":
+        now += 0.5
+        run(node.handle(TimerFired(now, "raft.election")), now)
+    assert node.decisions.table.decisions == expected
+    assert node.decisions.table.floors == {"a": 2}

@@ -6,12 +6,18 @@ their ``_dial`` hook, so the client code under test is the real one, minus
 the sockets.  It is deliberately small: one store for every fake "node", no
 scopes, no two-phase commit.  Knobs let tests lose a commit reply, kill the
 node, inject an error, or change what types the node knows.
+
+:class:`FakeServer` puts a fake node on a real loopback socket behind the real
+handshake, for what happens before any request: refusals, refused ports.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
+import socket
+import threading
 from typing import Any
 
 import nonstop
@@ -27,6 +33,9 @@ from nonstop.model.codec import pack, unpack
 from nonstop.model.managed import Managed, TypeInfo, lookup_type
 from nonstop.model.ref import Ref
 from nonstop.model.wire import error_out, obj_out, write_in
+from nonstop.net.connection import Connection, accept
+from nonstop.net.handshake import PROTOCOL_MAX, PROTOCOL_MIN, ROLE_NODE, Hello, location_code
+from nonstop.net.tls import TLSConfig, server_context
 
 
 class FakeHello:
@@ -234,10 +243,10 @@ class FakeSyncChannel:
         self.fake = node
         self.address = node.address
         self.node = FakeHello(node.name)
-        self.broken = False
+        self.closed = False
 
     def call(self, payload: Any, timeout: float) -> Any:
-        if self.broken or not self.fake.up:
+        if self.closed or not self.fake.up:
             self.close()
             raise ConnectionResetError(f"{self.address} is gone")
         reply = self.fake.handle(self, payload)
@@ -251,8 +260,8 @@ class FakeSyncChannel:
         return reply
 
     def close(self) -> None:
-        if not self.broken:
-            self.broken = True
+        if not self.closed:
+            self.closed = True
             self.fake.lost(self)
 
 
@@ -343,3 +352,79 @@ class FakeCluster:
                 return chan
 
         return _AsyncClient(self.addresses, **options)
+
+
+class FakeServer:
+    """A fake node on a real loopback socket: the node's handshake
+    (:func:`nonstop.net.connection.accept`), then requests answered by ``node``.
+
+    It runs its own event loop on a thread, so blocking and asyncio clients
+    alike dial it.  ``accepted`` counts the connections that reached it
+    (with ``tls``: that completed the TLS handshake).
+    """
+
+    def __init__(
+        self,
+        node: FakeNode,
+        *,
+        cluster: str = "c1",
+        protocol: tuple[int, int] = (PROTOCOL_MIN, PROTOCOL_MAX),
+        tls: TLSConfig | None = None,
+    ) -> None:
+        self.node = node
+        self.tls = tls
+        self.hello = Hello(
+            cluster=cluster,
+            name=node.name,
+            location=location_code(node.name),
+            timestamp=1,
+            proto_min=protocol[0],
+            proto_max=protocol[1],
+            role=ROLE_NODE,
+        )
+        self.accepted = 0
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._server: asyncio.Server | None = None
+        self.address = ""
+
+    def __enter__(self) -> FakeServer:
+        self._thread.start()
+        self.address = asyncio.run_coroutine_threadsafe(self._listen(), self._loop).result(5)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        asyncio.run_coroutine_threadsafe(self._close(), self._loop).result(5)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+        self._loop.close()
+
+    async def _listen(self) -> str:
+        context = None if self.tls is None else server_context(self.tls)
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0, ssl=context)
+        port = self._server.sockets[0].getsockname()[1]
+        return f"127.0.0.1:{port}"
+
+    async def _close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.accepted += 1
+        conn = Connection(reader, writer)
+        with contextlib.suppress(Exception):
+            await accept(conn, self.hello)
+            while True:
+                frame = await conn.recv()
+                if isinstance(frame, dict) and frame.get("t") == "req":
+                    reply = self.node.handle(conn, frame["p"])
+                    conn.send({"t": "rep", "id": frame["id"], "p": reply})
+        await conn.aclose()
+
+
+def refused_address() -> str:
+    """A loopback address nobody listens on: connecting to it is refused."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{sock.getsockname()[1]}"

@@ -49,50 +49,54 @@ from nonstop.runtime.interface import (
     Reply,
     Send,
     SetTimer,
-    Started,
     TimerFired,
 )
+from nonstop.sim.harness import Harness as Driver
+from nonstop.sim.harness import VirtualClock
 from nonstop.sim.scenarios.dtx_resource import SimDecisionLog, SimResourceManager
 
 CFG = DtxConfig(tick=0.05, retry=0.1, vote_timeout=0.5, branch_timeout=0.4, decision_timeout=0.6)
 
 
 class Harness:
-    """One DtxNode with a durable dict: Persist is applied when the test says it synced."""
+    """One DtxNode with a durable dict: Persist is applied when the test says it synced.
+
+    The tests' driver (:class:`nonstop.sim.harness.Harness`) with its disk by hand; the test
+    gives every event its time, and nothing else runs (messages and timers stay scheduled:
+    the test inspects the actions and plays the other nodes itself).
+    """
 
     def __init__(self, name: str, accounts: dict[str, int] | None = None) -> None:
         self.name = name
         self.accounts = accounts or {}
-        self.disk: dict[bytes, bytes] = {}
-        self.unsynced: list[Persist] = []
-        self.now = 0.0
+        self.clock = VirtualClock()
+        self.driver = Driver(self.clock)
         self.boot()
 
+    @property
+    def now(self) -> float:
+        return self.clock.now
+
+    @property
+    def disk(self) -> dict[bytes, bytes]:
+        return self.driver.durable(self.name)
+
+    @property
+    def unsynced(self) -> list[Persist]:
+        return self.driver.disks[self.name].pending
+
     def boot(self) -> list[Action]:
-        self.unsynced = []
         rm = SimResourceManager(self.accounts, self.disk)
         self.node = DtxNode(self.name, rm, random.Random(1), dict(self.disk), CFG)
-        return self.step(Started(self.now))
+        return self.driver.boot(self.name, self.node)
 
     def step(self, event: Any) -> list[Action]:
-        self.now = event.now
-        actions = self.node.handle(event)
-        self.unsynced += [a for a in actions if isinstance(a, Persist)]
-        return actions
+        self.clock.advance(event.now)
+        return self.driver.deliver(self.name, event)
 
     def sync(self) -> list[Action]:
         """fsync everything buffered and deliver the Persisted events."""
-        out: list[Action] = []
-        batch, self.unsynced = self.unsynced, []
-        for p in batch:
-            for k, v in p.writes:
-                if v is None:
-                    self.disk.pop(k, None)
-                else:
-                    self.disk[k] = v
-        for p in batch:
-            out += self.step(Persisted(self.now, p.token))
-        return out
+        return self.driver.sync(self.name)
 
     def recv(self, sender: str, payload: Any, dt: float = 0.001) -> list[Action]:
         return self.step(Received(self.now + dt, sender, payload))
@@ -101,6 +105,7 @@ class Harness:
         return self.step(TimerFired(self.now + dt, TICK))
 
     def crash(self) -> list[Action]:
+        self.driver.crash(self.name)
         return self.boot()
 
 

@@ -1,14 +1,13 @@
-"""Raft (the cluster log) in isolation, driven by a tiny deterministic in-test harness.
+"""Raft (the cluster log) in isolation, driven by the tests' small deterministic driver.
 
-The harness is deliberately small: a heap of timed events, a network that can delay, drop and
-partition, per-node disks whose writes become durable (and ``Persisted`` is delivered) after a
-delay, crashes that lose what was not yet durable.  SIM's full simulator tests the composition;
-this file tests the protocol.
+The driver (:class:`nonstop.sim.harness.Harness`) is deliberately small: a heap of timed
+events, a network that can delay, drop and partition, per-node disks whose writes become
+durable (and ``Persisted`` is delivered) after a delay, crashes that lose what was not yet
+durable.  SIM's full simulator tests the composition; this file tests the protocol.
 """
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import random
 import time
@@ -30,9 +29,7 @@ from nonstop.cluster.raft import (
 from nonstop.errors import NotLeader
 from nonstop.runtime.interface import (
     Action,
-    CancelTimer,
     Log,
-    Notify,
     Persist,
     Persisted,
     Received,
@@ -41,6 +38,8 @@ from nonstop.runtime.interface import (
     Started,
     TimerFired,
 )
+from nonstop.sim.core import Disk
+from nonstop.sim.harness import Harness
 
 FAST = RaftConfig(election_timeout=0.15, heartbeat_interval=0.03)
 
@@ -78,8 +77,12 @@ class StateMachine:
         return msgpack.packb({"cmds": self.cmds}, use_bin_type=True)
 
 
-class Cluster:
-    """A deterministic little world of Raft nodes."""
+class Cluster(Harness):
+    """A deterministic little world of Raft nodes, on the tests' driver (nonstop.sim.harness).
+
+    Besides driving them, it checks on every step: one leader per term, views identical
+    everywhere, and the same entry at each committed index (state-machine safety).
+    """
 
     def __init__(
         self,
@@ -94,42 +97,26 @@ class Cluster:
         dup: float = 0.0,
         start: bool = True,
     ) -> None:
+        super().__init__(
+            rng=random.Random(seed), latency=latency, drop=drop, duplicate=dup, disk=disk
+        )
         self.names = list(names)
-        self.rng = random.Random(seed)
         self.seed = seed
         self.policy = policy
         self.cfg = cfg
-        self.latency = latency
-        self.disk = disk
-        self.drop = drop
-        self.dup = dup
-        self.now = 0.0
-        self.heap: list[tuple[float, int, str, str, int, Any]] = []
-        self.seq = itertools.count()
         self.tokens = itertools.count(1)
-        self.nodes: dict[str, Raft] = {}
-        self.up: set[str] = set()
-        self.inc: dict[str, int] = {}
-        self.durable: dict[str, dict[bytes, bytes]] = {}
-        self.disk_free: dict[str, float] = {}
-        self.timer_gen: dict[tuple[str, str], int] = {}
-        self.blocked: set[tuple[str, str]] = set()
+        self.nodes: dict[str, Raft] = {}  # the latest incarnation of each, crashed or not
         self.sm: dict[str, StateMachine] = {}
         self.leaders: dict[int, str] = {}  # term -> leader (election safety)
         self.committed: dict[int, tuple[int, str, Any]] = {}  # index -> (term, kind, data)
         self.views: dict[int, list[str]] = {}  # view id -> members, identical everywhere
         self.strict = policy is None or policy.bind(self.names).intersecting
-        self.logs: list[tuple[str, Log]] = []
-        self.notes: list[tuple[str, Notify]] = []
-        self.sends: list[tuple[str, Send]] = []
+        self.observers.append(self._check)
         if start:
             for n in self.names:
                 self.start(n, bootstrap=self.names)
 
     # ------------------------------------------------------------ plumbing
-    def push(self, at: float, kind: str, node: str, payload: Any) -> None:
-        heapq.heappush(self.heap, (at, next(self.seq), kind, node, self.inc.get(node, 0), payload))
-
     def start(
         self,
         name: str,
@@ -140,15 +127,12 @@ class Cluster:
     ) -> Raft:
         if name not in self.names:
             self.names.append(name)
-        self.inc[name] = self.inc.get(name, 0) + 1
         if recovered is not None:
-            self.durable[name] = dict(recovered)
-        self.durable.setdefault(name, {})
-        self.disk_free[name] = self.now
+            self.disks[name] = Disk(durable=dict(recovered))
         node = Raft(
             name,
             random.Random(self.rng.random()),
-            dict(self.durable[name]),
+            dict(self.durable(name)),
             bootstrap_members=bootstrap,
             contacts=contacts if contacts is not None else [n for n in self.names if n != name],
             policy=self.policy,
@@ -156,51 +140,15 @@ class Cluster:
             next_token=self.tokens.__next__,
         )
         self.nodes[name] = node
-        self.up.add(name)
         self.sm[name] = StateMachine()
-        self.deliver(name, Started(self.now))
+        self.boot(name, node)
         return node
-
-    def crash(self, name: str) -> None:
-        """Stop ``name``; writes not yet durable are lost; its timers and messages vanish."""
-        self.up.discard(name)
-        self.inc[name] += 1
 
     def restart(self, name: str, **kw: Any) -> Raft:
         return self.start(name, **kw)
 
-    def deliver(self, name: str, event: Any) -> list[Action]:
+    def _check(self, name: str, event: Any, actions: list[Action]) -> None:
         node = self.nodes[name]
-        actions = node.handle(event)
-        self.execute(name, actions)
-        return actions
-
-    def execute(self, name: str, actions: list[Action]) -> None:
-        node = self.nodes[name]
-        for a in actions:
-            if isinstance(a, Send):
-                self.sends.append((name, a))
-                if (name, a.to) in self.blocked or self.rng.random() < self.drop:
-                    continue
-                payload = roundtrip(a.payload)
-                self.push(self.now + self.rng.uniform(*self.latency), "msg", a.to, (name, payload))
-                if self.rng.random() < self.dup:
-                    at = self.now + 3 * self.rng.uniform(*self.latency)
-                    self.push(at, "msg", a.to, (name, roundtrip(a.payload)))
-            elif isinstance(a, SetTimer):
-                gen = next(self.seq)
-                self.timer_gen[(name, a.name)] = gen
-                self.push(self.now + a.delay, "timer", name, (a.name, gen))
-            elif isinstance(a, CancelTimer):
-                self.timer_gen[(name, a.name)] = -1
-            elif isinstance(a, Persist):
-                done = max(self.now, self.disk_free[name]) + self.rng.uniform(*self.disk)
-                self.disk_free[name] = done
-                self.push(done, "persist", name, a)
-            elif isinstance(a, Log):
-                self.logs.append((name, a))
-            elif isinstance(a, Notify):
-                self.notes.append((name, a))
         if node.role == ROLE_LEADER and self.strict:
             prev = self.leaders.setdefault(node.term, name)
             assert prev == name, f"two leaders in term {node.term}: {prev} and {name}"
@@ -221,43 +169,11 @@ class Cluster:
                 prev = self.committed.setdefault(e.index, key)
                 assert prev == key, f"{name} applied {key} at {e.index}, others {prev}"
 
-    def step(self) -> bool:
-        if not self.heap:
-            return False
-        at, _, kind, name, inc, payload = heapq.heappop(self.heap)
-        self.now = max(self.now, at)
-        if inc != self.inc.get(name) or name not in self.up:
-            return True
-        if kind == "msg":
-            sender, p = payload
-            if (sender, name) in self.blocked:
-                return True
-            self.deliver(name, Received(self.now, sender, p))
-        elif kind == "timer":
-            tname, gen = payload
-            if self.timer_gen.get((name, tname)) == gen:
-                self.deliver(name, TimerFired(self.now, tname))
-        elif kind == "persist":
-            for k, v in payload.writes:
-                if v is None:
-                    self.durable[name].pop(k, None)
-                else:
-                    self.durable[name][k] = v
-            self.deliver(name, Persisted(self.now, payload.token))
-        return True
-
-    def run(self, duration: float) -> None:
-        end = self.now + duration
-        while self.heap and self.heap[0][0] <= end:
-            self.step()
-        self.now = max(self.now, end)
-
-    def run_until(self, pred: Callable[[], bool], timeout: float = 10.0) -> None:
-        end = self.now + timeout
-        while not pred():
-            if not self.heap or self.heap[0][0] > end:
-                raise AssertionError(f"condition not reached within {timeout}s (seed {self.seed})")
-            self.step()
+    def run_until(self, done: Callable[[], bool], timeout: float = 10.0) -> None:
+        try:
+            super().run_until(done, timeout)
+        except AssertionError as e:
+            raise AssertionError(f"{e} (seed {self.seed})") from None
 
     # ------------------------------------------------------------- helpers
     def leader(self) -> str | None:
@@ -289,13 +205,6 @@ class Cluster:
     def snapshot(self, name: str) -> None:
         node, sm = self.nodes[name], self.sm[name]
         self.execute(name, node.snapshot(self.now, sm.last, sm.state()))
-
-    def partition(self, *groups: Iterable[str]) -> None:
-        sets = [set(g) for g in groups]
-        self.blocked = {(a, b) for g in sets for h in sets if g is not h for a in g for b in h}
-
-    def heal(self) -> None:
-        self.blocked = set()
 
     def cmds(self, name: str) -> list[Any]:
         return self.sm[name].cmds
@@ -507,7 +416,7 @@ def test_restart_from_recovered_keeps_committed_entries() -> None:
     c.run(0.2)
     for n in NAMES3:
         c.crash(n)
-    c.heap.clear()
+    c.clock.clear()  # type: ignore[attr-defined]  # nothing in flight survives
     for n in NAMES3:
         c.restart(n, bootstrap=NAMES3)
     c.wait_leader()
@@ -606,7 +515,7 @@ def test_snapshot_compacts_and_is_installed_on_a_lagging_follower() -> None:
     for n in others:
         assert not [
             k
-            for k in c.durable[n]
+            for k in c.durable(n)
             if k.startswith(b"raft/log/")
             and int.from_bytes(k[9:], "big") <= c.nodes[n].snapshot_index
         ]

@@ -10,14 +10,18 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tests.bankmodel import Account, Transfer, transfer, transfer_async
-from tests.unit.remote_fake import FakeCluster
+from tests.unit.remote_fake import FakeCluster, FakeServer, refused_address
+from tests.unit.test_transport import make_certs
 
 import nonstop
+from nonstop.client.failures import TLS_REFUSED, NodeRefused
 from nonstop.client.remote import RemoteTransaction
 from nonstop.client.remote_async import AsyncRemoteTransaction
+from nonstop.net.handshake import PROTOCOL_MAX, UNSUPPORTED_PROTOCOL, WRONG_CLUSTER
 
 
 class Wallet(nonstop.Managed, name="rc.Wallet"):
@@ -325,52 +329,176 @@ def test_session_closed_on_the_node_is_an_error(cluster: FakeCluster) -> None:
 
 
 # ------------------------------------------------------------ exactly once
+# The blocking and asyncio clients share one core (client/core.py): every rule
+# below is run against both, and must behave the same.
+FLAVOURS = ("blocking", "asyncio")
+
+
+def run_transfer(cluster: FakeCluster, flavour: str, tid: str, src: str, dst: str, n: int) -> None:
+    """The bank transfer through a fresh blocking or asyncio client."""
+    if flavour == "blocking":
+        with cluster.client() as c:
+            transfer(c, tid, src, dst, n)
+        return
+
+    async def main() -> None:
+        async with cluster.async_client() as c:
+            await transfer_async(c, tid, src, dst, n)
+
+    asyncio.run(main())
+
+
+def read_balance(cluster: FakeCluster, number: str) -> int:
+    with cluster.client() as c:
+        return balance(c, number)
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
 def test_lost_commit_reply_asks_for_the_result_instead_of_committing_again(
-    cluster: FakeCluster,
+    cluster: FakeCluster, flavour: str
 ) -> None:
     node = cluster.nodes["n1"]
-    with cluster.client() as c:
-        node.drop_commit_reply = True
-        node.running_polls = 2
-        transfer(c, "t9", "A-1", "A-2", 7)
-        assert node.commits == 1, "committed once"
-        assert len(node.ops("request.result")) == 3  # two "running", then the outcome
-        assert node.ops("request.result")[0]["req"] == node.ops("tx.commit")[0]["req"]
-        assert balance(c, "A-1") == 93
+    node.drop_commit_reply = True
+    node.running_polls = 2
+    run_transfer(cluster, flavour, "t9", "A-1", "A-2", 7)
+    assert node.commits == 1, "committed once"
+    polls = node.ops("request.result")
+    assert len(polls) == 3  # two "running", then the outcome
+    assert polls[0]["req"] == node.ops("tx.commit")[0]["req"]
+    assert read_balance(cluster, "A-1") == 93
 
 
-def test_lost_commit_reply_of_a_refused_commit_raises_its_error(cluster: FakeCluster) -> None:
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_lost_commit_reply_of_a_refused_commit_raises_its_error(
+    cluster: FakeCluster, flavour: str
+) -> None:
     node = cluster.nodes["n1"]
     node.inject["tx.commit"] = [nonstop.errors.Aborted("a participant refused")]
-    with cluster.client() as c:
-        node.drop_commit_reply = True
-        with pytest.raises(nonstop.errors.Aborted), c.transaction() as tx:
-            tx.get(Account, number="A-1", lock="write").balance = 0
-        assert balance(c, "A-1") == 100
+    node.drop_commit_reply = True
+    with pytest.raises(nonstop.errors.Aborted, match="a participant refused"):
+        run_transfer(cluster, flavour, "t8", "A-1", "A-2", 7)
+    assert node.commits == 0 and len(node.ops("request.result")) == 1
+    assert read_balance(cluster, "A-1") == 100
 
 
-def test_outcome_unknown_when_the_node_dies_with_the_reply(cluster: FakeCluster) -> None:
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_outcome_unknown_when_the_node_dies_with_the_reply(
+    cluster: FakeCluster, flavour: str
+) -> None:
     node = cluster.nodes["n1"]
-    with cluster.client() as c:
-        tx = c.transaction()
-        tx.get(Account, number="A-1", lock="write").balance = 1
-        original = node.handle
+    original = node.handle
 
-        def commit_then_die(conn, p):  # type: ignore[no-untyped-def]
-            reply = original(conn, p)
-            if p.get("op") == "tx.commit":
-                node.up = False
-            return reply
+    def commit_then_die(conn, p):  # type: ignore[no-untyped-def]
+        reply = original(conn, p)
+        if p.get("op") == "tx.commit":
+            node.up = False
+        return reply
 
-        node.handle = commit_then_die  # type: ignore[method-assign]
-        with pytest.raises(nonstop.Unavailable, match="unknown"):
-            tx.commit()
-        assert node.commits == 1
-        node.handle = original  # type: ignore[method-assign]
-        node.up = True
+    node.handle = commit_then_die  # type: ignore[method-assign]
+    with pytest.raises(nonstop.Unavailable, match="outcome is unknown"):
+        run_transfer(cluster, flavour, "t7", "A-1", "A-2", 1)
+    assert node.commits == 1
+    node.handle = original  # type: ignore[method-assign]
+    node.up = True
+    assert read_balance(cluster, "A-1") == 99, "it did commit: the client could not know"
 
 
 # ------------------------------------------------------------- fail-over
+def ping_with(flavour: str, addresses: list[str], **options: Any) -> tuple[dict[str, Any], str]:
+    """Ping through a fresh blocking or asyncio client: (reply, name of the node that answered)."""
+    if flavour == "blocking":
+        with nonstop.Client(addresses, **options) as c:
+            reply = c.ping()
+            assert c.node is not None
+            return reply, c.node.name
+
+    async def main() -> tuple[dict[str, Any], str]:
+        async with nonstop.AsyncClient(addresses, **options) as c:
+            reply = await c.ping()
+            assert c.node is not None
+            return reply, c.node.name
+
+    return asyncio.run(main())
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+@pytest.mark.parametrize(
+    ("server", "client", "code"),
+    [
+        ({"cluster": "c1"}, {"cluster": "c2"}, WRONG_CLUSTER),
+        (
+            {"protocol": (PROTOCOL_MAX + 1, PROTOCOL_MAX + 2)},
+            {"cluster": "c1"},
+            UNSUPPORTED_PROTOCOL,
+        ),
+    ],
+    ids=["wrong-cluster", "unsupported-protocol"],
+)
+def test_a_handshake_refusal_raises_at_once_naming_the_node(
+    cluster: FakeCluster,
+    flavour: str,
+    server: dict[str, Any],
+    client: dict[str, Any],
+    code: str,
+) -> None:
+    """A configuration error every node would repeat: no fail-over, no vague Unavailable."""
+    n1, n2 = cluster.nodes["n1"], cluster.nodes["n2"]
+    with FakeServer(n1, **server) as refusing, FakeServer(n2) as fine:
+        with pytest.raises(NodeRefused) as info:
+            ping_with(flavour, [refusing.address, fine.address], timeout=2, **client)
+        refused = info.value
+        assert isinstance(refused, nonstop.errors.ProtocolError)
+        assert (refused.code, refused.address) == (code, refusing.address)
+        assert str(refused).startswith(f"connection to node {refusing.address} refused: {code}")
+        assert (refusing.accepted, fine.accepted) == (1, 0), "neither retried nor failed over"
+        assert ping_with(flavour, [fine.address], cluster="c1") == ({"name": "n2"}, "n2")
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_an_untrusted_node_certificate_is_refused_at_once(
+    cluster: FakeCluster, flavour: str, tmp_path: Path
+) -> None:
+    """TLS credentials are configuration too: a client whose CA did not sign the
+    cluster's certificates would distrust every node."""
+    ours, theirs = make_certs(mkdir(tmp_path / "ours")), make_certs(mkdir(tmp_path / "theirs"))
+    n1, n2 = cluster.nodes["n1"], cluster.nodes["n2"]
+    with FakeServer(n1, tls=theirs) as first, FakeServer(n2, tls=theirs) as second:
+        with pytest.raises(NodeRefused, match="certificate") as info:
+            ping_with(flavour, [first.address, second.address], timeout=2, tls=ours)
+        assert (info.value.code, info.value.address) == (TLS_REFUSED, first.address)
+        assert second.accepted == 0, "not failed over"
+        assert ping_with(flavour, [second.address], tls=theirs) == ({"name": "n2"}, "n2")
+
+
+def mkdir(path: Path) -> Path:
+    path.mkdir()
+    return path
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_a_refused_tcp_connection_fails_over_to_the_next_address(
+    cluster: FakeCluster, flavour: str
+) -> None:
+    dead = refused_address()
+    with FakeServer(cluster.nodes["n2"]) as alive:
+        assert ping_with(flavour, [dead, alive.address], timeout=2) == ({"name": "n2"}, "n2")
+        assert alive.accepted == 1
+    with pytest.raises(nonstop.Unavailable, match="no node answered"):
+        ping_with(flavour, [dead], timeout=1, rounds=1)
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_a_transaction_starts_on_the_next_node_when_the_first_refuses_connections(
+    cluster: FakeCluster, flavour: str
+) -> None:
+    n1, n2 = cluster.nodes["n1"], cluster.nodes["n2"]
+    n1.up = False
+    run_transfer(cluster, flavour, "f1", "A-1", "A-2", 5)
+    assert (n1.commits, n2.commits, n1.dials) == (0, 1, 0)
+    n1.up = True
+    assert read_balance(cluster, "A-1") == 95
+
+
 def test_failover_to_the_next_node_and_unavailable_mid_transaction(cluster: FakeCluster) -> None:
     n1, n2 = cluster.nodes["n1"], cluster.nodes["n2"]
     with cluster.client() as c:

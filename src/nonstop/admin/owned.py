@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import os
 import signal
 import sys
@@ -32,6 +33,11 @@ from nonstop.admin.local import LocalCluster, LocalNode, spawn_node
 from nonstop.client.handle import Client
 from nonstop.errors import Error
 from nonstop.node.datadir import pid_alive
+
+
+def _dead(pid: int) -> bool:
+    return not pid_alive(pid)
+
 
 # Defaults for a cluster on one loaded machine: a dead node is seen Down in about a
 # second; the data directories are durable (fsync on).
@@ -207,7 +213,7 @@ def kill_leftovers(folder: str | Path) -> list[int]:
                 os.killpg(pid, signal.SIGKILL)
                 killed.append(pid)
     for pid in killed:
-        _wait(lambda pid=pid: not pid_alive(pid), 10, f"leftover node {pid} to die")
+        _wait(functools.partial(_dead, pid), 10, f"leftover node {pid} to die")
     return killed
 
 

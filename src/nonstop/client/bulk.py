@@ -14,23 +14,21 @@ reached is :class:`~nonstop.errors.Unavailable`.
 
 from __future__ import annotations
 
-import contextlib
-import itertools
-import os
-import socket
-import time
 from typing import Any
 
+from nonstop.client.channel import SyncChannel, client_hello
+from nonstop.client.failures import NodeRefused, is_network_error
 from nonstop.client.handle import parse_addresses
-from nonstop.errors import ProtocolError, Unavailable
+from nonstop.errors import Unavailable
 from nonstop.model.wire import raise_error
-from nonstop.net.frames import FrameDecoder, FrameError, encode
-from nonstop.net.handshake import PROTOCOL_MAX, PROTOCOL_MIN, ROLE_CLIENT, Hello, check
+from nonstop.net.handshake import Hello
 
 MAX_FRAME = 256 * 1024 * 1024
 DEFAULT_TIMEOUT = 300.0
 """A bulk request may scan or write a whole range: minutes, not seconds."""
 CONNECT_TIMEOUT = 5.0
+READ_CHUNK = 1 << 20
+"""Bulk replies are large: read them in bigger pieces than admin replies."""
 
 
 class BulkClient:
@@ -40,81 +38,46 @@ class BulkClient:
         self.address = parse_addresses(address)[0]
         self.cluster = cluster
         self.timeout = timeout
-        self.node: Hello | None = None
-        self._sock: socket.socket | None = None
-        self._decoder = FrameDecoder(MAX_FRAME)
-        self._pending: list[Any] = []
-        self._ids = itertools.count(1)
+        self._chan: SyncChannel | None = None
 
-    def _connect(self) -> None:
-        host, _, port = self.address.rpartition(":")
+    @property
+    def node(self) -> Hello | None:
+        """The node's hello once connected."""
+        return None if self._chan is None else self._chan.node
+
+    def _connect(self) -> SyncChannel:
         try:
-            sock = socket.create_connection((host.strip("[]"), int(port)), CONNECT_TIMEOUT)
+            return SyncChannel(
+                self.address,
+                client_hello(self.cluster, name="bulk-client"),
+                timeout=CONNECT_TIMEOUT,
+                max_frame=MAX_FRAME,
+                read_chunk=READ_CHUNK,
+            )
+        except NodeRefused:
+            raise  # another cluster or protocol: a configuration error (a ProtocolError)
         except OSError as exc:
             raise Unavailable(f"cannot reach node {self.address}: {exc}") from exc
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._sock, self._decoder, self._pending = sock, FrameDecoder(MAX_FRAME), []
-        ours = Hello(
-            cluster=self.cluster,
-            name=f"bulk-client-{os.getpid()}",
-            location=0,
-            timestamp=0,
-            proto_min=PROTOCOL_MIN,
-            proto_max=PROTOCOL_MAX,
-            role=ROLE_CLIENT,
-            pid=os.getpid(),
-        )
-        try:
-            sock.sendall(encode(ours.to_wire(), MAX_FRAME))
-            answer = self._recv(time.monotonic() + CONNECT_TIMEOUT)
-            if isinstance(answer, dict) and answer.get("t") == "reject":
-                raise ProtocolError(f"{self.address} refused: {answer.get('reason')}")
-            theirs = Hello.from_wire(answer)
-            _, rejection = check(ours, theirs)
-            if rejection is not None:
-                raise ProtocolError(f"{self.address}: {rejection.reason}")
-            self.node = theirs
-        except (OSError, EOFError, ValueError, FrameError) as exc:
-            self.close()
+        except Exception as exc:
+            if not is_network_error(exc):
+                raise
             raise Unavailable(f"no handshake with node {self.address}: {exc}") from exc
-        except BaseException:
-            self.close()
-            raise
-
-    def _recv(self, deadline: float) -> Any:
-        assert self._sock is not None
-        while not self._pending:
-            self._sock.settimeout(max(0.01, deadline - time.monotonic()))
-            data = self._sock.recv(1 << 20)
-            if not data:
-                raise EOFError("the node closed the connection")
-            self._pending.extend(self._decoder.feed(data))
-        return self._pending.pop(0)
 
     def call(self, op: str, **payload: Any) -> Any:
         """Send ``{"op": op, **payload}``; the reply, or the node's error raised here."""
-        if self._sock is None:
-            self._connect()
-        assert self._sock is not None
-        rid = next(self._ids)
-        deadline = time.monotonic() + self.timeout
+        if self._chan is None or self._chan.closed:
+            self._chan = self._connect()
         try:
-            self._sock.sendall(
-                encode({"t": "req", "id": rid, "p": {"op": op, **payload}}, MAX_FRAME)
-            )
-            while True:
-                value = self._recv(deadline)
-                if isinstance(value, dict) and value.get("t") == "rep" and value.get("id") == rid:
-                    return raise_error(value.get("p"))
-        except (OSError, EOFError, FrameError) as exc:
-            self.close()
+            reply = self._chan.call({"op": op, **payload}, self.timeout)
+        except Exception as exc:
+            if not is_network_error(exc):
+                raise
             raise Unavailable(f"lost node {self.address} during {op}: {exc!r}") from exc
+        return raise_error(reply)
 
     def close(self) -> None:
-        if self._sock is not None:
-            with contextlib.suppress(OSError):
-                self._sock.close()
-        self._sock = None
+        if self._chan is not None:
+            self._chan.close()
 
     def __enter__(self) -> BulkClient:
         return self

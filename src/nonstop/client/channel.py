@@ -12,7 +12,13 @@ A session transaction belongs to the connection that began it (data-path.md
 
 Both raise ``OSError`` / ``EOFError`` / ``TimeoutError`` (:data:`NETWORK_ERRORS`)
 when the node cannot be reached or does not answer in time; callers turn that
-into :class:`~nonstop.errors.Unavailable`.
+into :class:`~nonstop.errors.Unavailable`.  A node that refuses the client when
+it connects (cluster name, protocol range, TLS credentials) raises
+:class:`~nonstop.client.failures.NodeRefused` instead: see that module.
+
+:class:`SyncChannel` is the one blocking handshake (the bulk client uses it
+too); the asyncio one is :func:`nonstop.net.connection.dial`.  Both check the
+node's answer with :func:`nonstop.net.connection.hello_from_answer`.
 """
 
 from __future__ import annotations
@@ -20,19 +26,37 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import os
 import socket
 import ssl
 import time
 from typing import Any
 
-from nonstop.errors import ProtocolError
+from nonstop.client.failures import NETWORK_ERRORS, refusal
 from nonstop.net.address import split_address
-from nonstop.net.connection import Connection, dial
-from nonstop.net.frames import DEFAULT_MAX_FRAME, FrameDecoder, FrameError, encode
-from nonstop.net.handshake import Hello, check
+from nonstop.net.connection import Connection, dial, hello_from_answer
+from nonstop.net.frames import DEFAULT_MAX_FRAME, FrameDecoder, encode
+from nonstop.net.handshake import PROTOCOL_MAX, PROTOCOL_MIN, ROLE_CLIENT, Hello
 
-NETWORK_ERRORS = (OSError, EOFError, TimeoutError, FrameError, ProtocolError)
-"""What a lost, refused, reset or silent connection raises (ConnectionError is an OSError)."""
+READ_CHUNK = 256 * 1024
+
+
+def client_hello(
+    cluster: str,
+    protocol: tuple[int, int] = (PROTOCOL_MIN, PROTOCOL_MAX),
+    name: str = "client",
+) -> Hello:
+    """The hello a client sends (an empty ``cluster`` talks to whatever cluster answers)."""
+    return Hello(
+        cluster=cluster,
+        name=f"{name}-{os.getpid()}",
+        location=0,
+        timestamp=0,
+        proto_min=protocol[0],
+        proto_max=protocol[1],
+        role=ROLE_CLIENT,
+        pid=os.getpid(),
+    )
 
 
 class SyncChannel:
@@ -46,10 +70,12 @@ class SyncChannel:
         timeout: float,
         ssl_context: ssl.SSLContext | None = None,
         max_frame: int = DEFAULT_MAX_FRAME,
+        read_chunk: int = READ_CHUNK,
     ) -> None:
         self.address = address
         self.max_frame = max_frame
-        self.broken = False
+        self.closed = False
+        self._read_chunk = read_chunk
         self._ids = itertools.count(1)
         self._decoder = FrameDecoder(max_frame)
         self._pending: list[Any] = []
@@ -61,25 +87,18 @@ class SyncChannel:
                 sock = ssl_context.wrap_socket(sock, server_hostname=host)
             self._sock = sock
             sock.sendall(encode(hello.to_wire(), max_frame))
-            answer = self._recv()
-            if isinstance(answer, dict) and answer.get("t") == "reject":
-                raise ProtocolError(f"{address}: {answer.get('code')}: {answer.get('reason')}")
-            try:
-                theirs = Hello.from_wire(answer)
-            except ValueError as exc:
-                raise ProtocolError(f"{address}: {exc}") from exc
-            _, rejection = check(hello, theirs)
-            if rejection is not None:
-                raise ProtocolError(f"{address}: {rejection.code}: {rejection.reason}")
-            self.node = theirs
-        except BaseException:
+            self.node: Hello | None = hello_from_answer(hello, self._recv(), address)
+        except BaseException as exc:
             with contextlib.suppress(OSError):
                 sock.close()
+            refused = refusal(address, exc)
+            if refused is not None and refused is not exc:
+                raise refused from exc
             raise
 
     def _recv(self) -> Any:
         while not self._pending:
-            data = self._sock.recv(256 * 1024)
+            data = self._sock.recv(self._read_chunk)
             if not data:
                 raise EOFError(f"{self.address} closed the connection")
             self._pending.extend(self._decoder.feed(data))
@@ -87,7 +106,7 @@ class SyncChannel:
 
     def call(self, payload: Any, timeout: float) -> Any:
         """Send one request and return its reply payload; network errors mark the channel broken."""
-        if self.broken:
+        if self.closed:
             raise ConnectionResetError(f"connection to {self.address} is broken")
         rid = next(self._ids)
         try:
@@ -105,7 +124,7 @@ class SyncChannel:
             raise
 
     def close(self) -> None:
-        self.broken = True
+        self.closed = True
         with contextlib.suppress(OSError):
             self._sock.close()
 
@@ -133,9 +152,15 @@ class AsyncChannel:
         max_frame: int = DEFAULT_MAX_FRAME,
     ) -> AsyncChannel:
         host, port = split_address(address)
-        conn = await dial(
-            host, port, hello, ssl_context=ssl_context, timeout=timeout, max_frame=max_frame
-        )
+        try:
+            conn = await dial(
+                host, port, hello, ssl_context=ssl_context, timeout=timeout, max_frame=max_frame
+            )
+        except Exception as exc:
+            refused = refusal(address, exc)
+            if refused is not None:
+                raise refused from exc
+            raise
         return cls(conn, address)
 
     @property
@@ -206,4 +231,4 @@ class AsyncChannel:
         await self.conn.aclose()
 
 
-__all__ = ["NETWORK_ERRORS", "AsyncChannel", "SyncChannel", "split_address"]
+__all__ = ["NETWORK_ERRORS", "READ_CHUNK", "AsyncChannel", "SyncChannel", "client_hello"]

@@ -31,14 +31,18 @@ The protocol logic (what to send, what a reply means) lives in
 :class:`RemoteTransactionBase` as generators that yield request payloads and
 receive replies, so the blocking and the asyncio flavours
 (:mod:`nonstop.client.remote_async`) share it; they differ only in how they
-wait for the network.  A transaction is used by one thread or task at a time.
+wait for the network.  A transaction reaches the network only through its
+client's session interface (:mod:`nonstop.client.session`: open, send, commit,
+roll back), where fail-over and the exactly-once commit live, once for both
+flavours.  A transaction is used by one thread or task at a time.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Iterator
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
+from nonstop.client.session import CommonSessions, Link, Request, Sessions
 from nonstop.errors import (
     BadArgument,
     Deleted,
@@ -66,15 +70,11 @@ from nonstop.tx.transaction import (
     unique_lookup,
 )
 
-if TYPE_CHECKING:
-    from nonstop.client.handle import Client
-
 M = TypeVar("M", bound=Managed)
 
 SCOPES = ("local", "cluster")
 ISOLATIONS = WIRE_ISOLATION
 
-Request = dict[str, Any]
 Op = Generator[Request, Any, Any]
 """A protocol step: yields request payloads, receives each reply (errors already raised)."""
 
@@ -104,7 +104,8 @@ class RemoteEntry:
         self.changes: dict[str, Any] = {}  # deferred writes not sent yet
         handle = info.cls.__new__(info.cls)
         object.__setattr__(handle, "_e", self)
-        self.handle = handle
+        # Any: None once the transaction ended (see _ended), a live handle until then.
+        self.handle: Any = handle
 
 
 def check_scope(scope: Any) -> Any:
@@ -279,10 +280,10 @@ class RemoteTransactionBase:
     __nonstop_transaction__ = True  # @transactional joins it instead of starting another
     _is_async = False
 
-    def __init__(self, client: Any, isolation: str = "serializable") -> None:
+    def __init__(self, sessions: CommonSessions, isolation: str = "serializable") -> None:
         if isolation not in ISOLATIONS:
             raise BadArgument(f"isolation must be 'serializable' or 'snapshot', not {isolation!r}")
-        self.client = client
+        self.sessions = sessions
         self.isolation = isolation
         self._iso = ISOLATIONS[isolation]
         self._default_lock = READ if isolation == "serializable" else NONE
@@ -297,7 +298,7 @@ class RemoteTransactionBase:
         # Unique key value -> reference, for objects this transaction already holds:
         # looking one up again needs no round trip (see _cached).
         self._keyed: dict[tuple[str, str, bytes], bytes] = {}
-        self._chan: Any = None  # the channel the session lives on
+        self._link: Link | None = None  # the connection the session lives on
 
     # ----------------------------------------------------------- checks
     @property
@@ -307,7 +308,7 @@ class RemoteTransactionBase:
     @property
     def node(self) -> str | None:
         """The name of the node coordinating this transaction (None before the first op)."""
-        hello = getattr(self._chan, "node", None)
+        hello = None if self._link is None else self._link.node
         return None if hello is None else hello.name
 
     def _check_usable(self) -> None:
@@ -409,18 +410,10 @@ class RemoteTransactionBase:
                 e.state = _complete(e.info, state)
                 e.version = version
             return e
-        info = self._info_by_name(type_name)
+        info = lookup_type(type_name)
         e = RemoteEntry(self, ref, info, _complete(info, state), version, lock, CLEAN)
         self._entries[ref] = e
         return e
-
-    def _info_by_name(self, name: str) -> TypeInfo:
-        cache: dict[str, TypeInfo] = self.client._type_cache
-        info = cache.get(name)
-        if info is None:
-            info = lookup_type(name)
-            cache[name] = info
-        return info
 
     def _lock_mode(self, lock: str | None) -> int:
         mode = parse_lock(lock)
@@ -638,9 +631,9 @@ class RemoteTransactionBase:
         payload["begin"] = self._iso
         return payload
 
-    def _took_session(self, chan: Any, reply: Any) -> None:
+    def _took_session(self, link: Link, reply: Any) -> None:
         """Remember the session the node opened for the first op (also on an error reply)."""
-        self._chan = chan
+        self._link = link
         s = reply.get("s") if isinstance(reply, dict) else None
         if isinstance(s, int) and not isinstance(s, bool):
             self._s = s
@@ -649,9 +642,28 @@ class RemoteTransactionBase:
         """The commit request and its exactly-once id (None for a read-only transaction:
         nothing to apply twice, and the node then commits without writing anything)."""
         payload, sent = self._with_writes({"op": "tx.commit", "s": self._s})
-        req = self.client._next_request() if sent or self._wrote else None
+        req = self.sessions.take_request_id() if sent or self._wrote else None
         payload["req"] = req
         return payload, req
+
+    def _session_link(self) -> Link:
+        """The link of the open session (set with the session id by the first op)."""
+        if self._link is None:
+            raise TransactionClosed("the transaction has no session")
+        return self._link
+
+    def _start_commit(self) -> tuple[Link, Request, list[Any] | None]:
+        """The link, the commit request and its exactly-once id; the state says COMMITTING."""
+        self._state = _State.COMMITTING
+        payload, req = self._commit_payload()
+        return self._session_link(), payload, req
+
+    def _commit_over(self, link: Link, req: list[Any] | None) -> None:
+        """Whatever the outcome: the link may carry the next transaction (a lost one was
+        closed: nothing to keep), and the request id's lane the next commit."""
+        self.sessions.release(link)
+        if req is not None:
+            self.sessions.request_id_done(req)
 
     # ------------------------------------------------------------- endings
     def _ended(self, outcome: _State) -> None:
@@ -682,7 +694,10 @@ class RemoteTransaction(RemoteTransactionBase):
     Obtain one with ``cluster.transaction()`` or through ``@nonstop.transactional``.
     """
 
-    client: Client
+    sessions: Sessions
+
+    def __init__(self, sessions: Sessions, isolation: str = "serializable") -> None:
+        super().__init__(sessions, isolation)
 
     # ----------------------------------------------------------- driving
     def _drive(self, op: Op) -> Any:
@@ -708,28 +723,15 @@ class RemoteTransaction(RemoteTransactionBase):
     def _send(self, payload: Request) -> Any:
         try:
             if self._s is None:
-                chan, reply = self.client._open_session(self._first(payload))
-                self._took_session(chan, reply)
+                link, reply = self.sessions.open(self._first(payload))
+                self._took_session(link, reply)
             else:
                 payload["s"] = self._s
-                try:
-                    reply = self._chan.call(payload, self.client.op_timeout)
-                except BaseException as exc:
-                    self._lost(exc)
-                    raise AssertionError("unreachable") from None
+                reply = self.sessions.send(self._session_link(), payload)
             return raise_error(reply)
         except BaseException as exc:
             self._absorb(exc)
             raise
-
-    def _lost(self, exc: BaseException) -> None:
-        """The connection failed under a running transaction: B8, Unavailable."""
-        self.client._discard(self._chan)
-        address = getattr(self._chan, "address", "?")
-        raise Unavailable(
-            f"lost the connection to {address} during the transaction ({exc!r}); "
-            "the node rolls it back"
-        ) from exc
 
     def _deref(self, ref: Ref) -> Any:
         return self._drive(self._g_by_ref(ref, None))
@@ -831,34 +833,19 @@ class RemoteTransaction(RemoteTransactionBase):
                 raise
         if self._s is None:
             self._ended(_State.COMMITTED)  # no session was opened: nothing to commit
-            if self._chan is not None:
-                self.client._release(self._chan)
+            if self._link is not None:
+                self.sessions.release(self._link)
             return
-        self._state = _State.COMMITTING
-        chan = self._chan
-        payload, req = self._commit_payload()
+        link, payload, req = self._start_commit()
         try:
-            try:
-                reply = chan.call(payload, self.client.op_timeout)
-            except BaseException as exc:
-                self.client._discard(chan)
-                self._ended(_State.ROLLED_BACK)
-                if req is not None:
-                    self.client._request_result(chan.address, req, exc)
-                # (Read-only: every read was made under its locks; nothing to commit.)
-                self._state = _State.COMMITTED
-                return
-            try:
-                raise_error(reply)
-            except BaseException:
-                self._ended(_State.ROLLED_BACK)
-                self.client._release(chan)
-                raise
+            self.sessions.commit(link, payload, req)
+        except BaseException:
+            self._ended(_State.ROLLED_BACK)
+            raise
+        else:
             self._ended(_State.COMMITTED)
-            self.client._release(chan)
         finally:
-            if req is not None:
-                self.client._request_done(req)
+            self._commit_over(link, req)
 
     def _check_usable_or_rollback(self) -> None:
         try:
@@ -873,23 +860,14 @@ class RemoteTransaction(RemoteTransactionBase):
         """Drop every change; the node releases every lock (B5).  Safe to call twice."""
         if self._state not in (_State.ACTIVE, _State.COMMITTING):
             return
-        chan, s = self._chan, self._s
+        link, s = self._link, self._s
         self._ended(_State.ROLLED_BACK)
-        if chan is None:
+        if link is None:
             return
         if s is None:
-            self.client._release(chan)
+            self.sessions.release(link)
             return
-        if getattr(chan, "broken", False):
-            self.client._discard(chan)
-            return
-        try:
-            chan.call({"op": "tx.rollback", "s": s}, self.client.timeout)
-        except BaseException:
-            # The connection is gone: the node rolls the session back when it sees that.
-            self.client._discard(chan)
-            return
-        self.client._release(chan)
+        self.sessions.rollback(link, s)
 
     # ---------------------------------------------------------- context
     def __enter__(self) -> RemoteTransaction:

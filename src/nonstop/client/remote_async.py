@@ -18,17 +18,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
-from nonstop.client.remote import DELETED, Op, RemoteQueryBase, RemoteTransactionBase, Request
+from nonstop.client.remote import Op, RemoteQueryBase, RemoteTransactionBase
+from nonstop.client.session import AsyncSessions, Request
 from nonstop.errors import BadArgument, NotFound, TransactionClosed, Unavailable
+from nonstop.model.entry import DELETED
 from nonstop.model.managed import Managed
 from nonstop.model.ref import Ref
 from nonstop.model.wire import raise_error
 from nonstop.tx.transaction import _describe, _State
-
-if TYPE_CHECKING:
-    from nonstop.client.handle import AsyncClient
 
 M = TypeVar("M", bound=Managed)
 
@@ -57,7 +56,10 @@ class AsyncRemoteTransaction(RemoteTransactionBase):
     """An asyncio transaction run on a cluster node (see the module docstring)."""
 
     _is_async = True
-    client: AsyncClient
+    sessions: AsyncSessions
+
+    def __init__(self, sessions: AsyncSessions, isolation: str = "serializable") -> None:
+        super().__init__(sessions, isolation)
 
     async def _adrive(self, op: Op) -> Any:
         self._check_usable()
@@ -82,27 +84,18 @@ class AsyncRemoteTransaction(RemoteTransactionBase):
     async def _send(self, payload: Request) -> Any:
         try:
             if self._s is None:
-                chan, reply = await self.client._open_session(self._first(payload))
-                self._took_session(chan, reply)
+                link, reply = await self.sessions.open(self._first(payload))
+                self._took_session(link, reply)
                 return raise_error(reply)
-            payload["s"] = self._s
-            chan = self._chan
+            s = payload["s"] = self._s
+            link = self._session_link()
             try:
-                reply = await chan.call(payload, self.client.op_timeout)
+                reply = await self.sessions.send(link, payload)
             except asyncio.CancelledError:
                 # This task was cancelled, not the connection: other transactions share it.
-                chan.send_nowait({"op": "tx.rollback", "s": self._s})
+                self.sessions.abandon(link, s)
                 self._doomed = Unavailable("the transaction's task was cancelled")
                 raise
-            except BaseException as exc:
-                # Lost, reset or silent (B8).  The node rolls the session back when the
-                # link closes; a link kept (a slow op, a live node) is told to.
-                chan.send_nowait({"op": "tx.rollback", "s": self._s})
-                await self.client._failed(chan, exc)
-                raise Unavailable(
-                    f"no answer from {chan.address} during the transaction ({exc!r}); "
-                    "the node rolls it back"
-                ) from exc
             return raise_error(reply)
         except BaseException as exc:
             self._absorb(exc)
@@ -190,47 +183,34 @@ class AsyncRemoteTransaction(RemoteTransactionBase):
             await self.rollback()
             raise
         if self._s is None:
-            self._ended(_State.COMMITTED)
+            self._ended(_State.COMMITTED)  # no session was opened: nothing to commit
+            if self._link is not None:
+                self.sessions.release(self._link)
             return
-        self._state = _State.COMMITTING
-        chan = self._chan
-        payload, req = self._commit_payload()
+        link, payload, req = self._start_commit()
         try:
-            try:
-                reply = await chan.call(payload, self.client.op_timeout)
-            except asyncio.CancelledError:
-                self._ended(_State.ROLLED_BACK)  # (outcome unknown: the task is gone)
-                raise
-            except BaseException as exc:
-                await self.client._failed(chan, exc)
-                self._ended(_State.ROLLED_BACK)
-                if req is not None:
-                    await self.client._request_result(chan.address, req, exc)
-                # (Read-only: every read was made under its locks; nothing to commit.)
-                self._state = _State.COMMITTED
-                return
+            await self.sessions.commit(link, payload, req)
+        except BaseException:
+            # (A cancelled task: the outcome is unknown, the task is gone.)
+            self._ended(_State.ROLLED_BACK)
+            raise
+        else:
             self._ended(_State.COMMITTED)
-            try:
-                raise_error(reply)
-            except BaseException:
-                self._state = _State.ROLLED_BACK
-                raise
         finally:
-            if req is not None:
-                self.client._request_done(req)
+            self._commit_over(link, req)
 
     async def rollback(self) -> None:
         """Drop every change; the node releases every lock.  Safe to call twice."""
         if self._state not in (_State.ACTIVE, _State.COMMITTING):
             return
-        chan, s = self._chan, self._s
+        link, s = self._link, self._s
         self._ended(_State.ROLLED_BACK)
-        if chan is None or s is None or chan.closed:
+        if link is None:
             return
-        try:
-            await chan.call({"op": "tx.rollback", "s": s}, self.client.timeout)
-        except BaseException:
-            self.client._discard(chan)  # the node rolls back when it sees the link go
+        if s is None:
+            self.sessions.release(link)
+            return
+        await self.sessions.rollback(link, s)
 
     async def __aenter__(self) -> AsyncRemoteTransaction:
         return self

@@ -24,8 +24,8 @@ Routing inside the node
 -----------------------
 * Messages between nodes are envelopes ``{"k": kind, "en": enabled, "b": body}``
   with kind ``"fd"`` (detector), ``"raft"`` (cluster log), ``"adm"``
-  (forwarded admin requests and their answers) or ``"dl"`` (a decision-log
-  request forwarded to the leader, see below).  ``en`` is the sender's
+  (forwarded admin requests and their answers) or the name of a registered
+  table (a table's request forwarded to the leader, see below).  ``en`` is the sender's
   quorum flag: messages from a Disabled node are not liveness (D16), so the
   rest of the cluster sees a node without quorum as Down.  Only detector
   messages are exchanged with a peer in DuplicateLocation, DuplicateTimestamp
@@ -91,15 +91,16 @@ Notifications (``Notify``)
 node applies, in order (``digest`` chains every entry before it, so two nodes
 with equal digests at an index applied identical histories up to it).
 
-The decision log (distributed commit, B9)
------------------------------------------
-``decisions`` is a :class:`~nonstop.dtx.decisions.DecisionTable` built by applying
-``cmd`` entries with a ``"dl"`` field (``decide``, ``forget``, ``lookup``) in log
-order on every node; it is in every snapshot.  :meth:`ClusterNode.decision_request`
-takes a local DtxNode's ``dl.*`` request (the leader proposes, a follower forwards);
-:meth:`ClusterNode.take_decision_answers` returns the answers produced when such
-entries were applied here for this incarnation.  The composition with the DtxNode
-is :class:`nonstop.dtx.clustered.DtxClusterNode`; design: docs/design/dtx.md §8.1.
+Tables of the log (:mod:`nonstop.cluster.tables`)
+-------------------------------------------------
+Applied state above membership and views -- the commit-decision table of
+distributed commit (:mod:`nonstop.dtx.log_table`), next the partition table --
+plugs in as a :class:`~nonstop.cluster.tables.LogTable` registered with
+:meth:`ClusterNode.register_table` before the first event.  The node applies
+each ``cmd`` entry tagged with a table's name to that table in log order, puts
+every table's state in its snapshots (under the table's name) and restores it
+from them, and routes a table's requests: :meth:`ClusterNode.submit` proposes
+at the leader or forwards to it.  This package imports no table.
 
 A node that is not (yet) in the cluster log's membership -- a joiner waiting
 to be added -- is Disabled: it has no quorum to be part of.
@@ -141,17 +142,7 @@ from nonstop.cluster.failure import (
 )
 from nonstop.cluster.quorum import Quorum, QuorumPolicy, QuorumState
 from nonstop.cluster.raft import ROLE_LEADER, Entry, Raft, RaftConfig
-from nonstop.dtx.decisions import (
-    DECIDED,
-    FORGET,
-    FORGOT,
-    LOOKUP,
-    OUTCOMES,
-    PROPOSE,
-    UNKNOWN,
-    DecisionTable,
-    parse_gtid,
-)
+from nonstop.cluster.tables import REQUESTER, LogTable, TableRegistry
 from nonstop.errors import NotLeader
 from nonstop.runtime.interface import (
     Action,
@@ -241,15 +232,21 @@ def _sorted_sends(actions: list[Action]) -> list[Action]:
     """
     out: list[Action] = []
     run: list[Send] = []
+
+    def by_destination(send: Send) -> NodeId:
+        return send.to
+
     for action in actions:
         if isinstance(action, Send):
             run.append(action)
             continue
         if run:
-            out.extend(sorted(run, key=lambda a: a.to))
+            ordered: list[Send] = sorted(run, key=by_destination)
+            out.extend(ordered)
             run = []
         out.append(action)
-    out.extend(sorted(run, key=lambda a: a.to))
+    ordered = sorted(run, key=by_destination)
+    out.extend(ordered)
     return out
 
 
@@ -316,11 +313,11 @@ class ClusterNode:
         self._quorum_key: tuple[Any, ...] | None = None
         """(members, policy, detector Up version) of the last quorum computed: it is
         recomputed after every event, which under load is thousands of times a second."""
-        # The decision log (dtx, B9): applied state like the views, rebuilt from the log and
-        # snapshots on restart, never persisted on its own.
-        self.decisions = DecisionTable()
-        self._dl_answers: list[dict[str, Any]] = []  # for the local DtxNode, see take_...
-        self._dl_inflight: dict[tuple[Any, ...], tuple[int, int]] = {}  # key -> (index, term)
+        # Tables of the log (cluster/tables.py): applied state like the views, rebuilt from
+        # the log and snapshots on restart, never persisted on their own.
+        self.tables = TableRegistry()
+        self._table_inflight: dict[tuple[Any, ...], tuple[int, int]] = {}  # -> (index, term)
+        self._handled_any = False
 
     def _next_token(self) -> int:
         self._token += 1
@@ -332,9 +329,29 @@ class ClusterNode:
         """False while Disabled (no quorum): the node refuses work (D16)."""
         return self.quorum_state != QUORUM_DISABLED
 
+    @property
+    def incarnation(self) -> int:
+        """A random id of this incarnation of the node (drawn anew at every start).
+
+        Submitted entries carry it (``r``), so that a table answers the life that
+        asked, not a restarted node re-applying its log.
+        """
+        return self._nonce
+
+    def register_table(self, table: LogTable) -> None:
+        """Attach a table of the log (module doc); before the first event only.
+
+        Entries are applied from the first event on (the snapshot first): a table
+        registered later would have missed some.
+        """
+        if self._handled_any:
+            raise RuntimeError(f"table {table.name!r} registered after the node started")
+        self.tables.register(table)
+
     def handle(self, event: Event) -> list[Action]:
         """Route one event to the detector, the log or the admin handling."""
         self._now = event.now
+        self._handled_any = True
         if isinstance(event, Started):
             actions = self._wrap("fd", self.detector.handle(event))
             actions += self._from_raft(self.raft.handle(event))
@@ -384,8 +401,8 @@ class ClusterNode:
             actions += self._from_raft(self.raft.handle(inner))
         elif kind == "adm":
             actions += self._on_admin_message(event.sender, body)
-        elif kind == "dl":
-            actions += self._on_decision_message(event.sender, body)
+        elif isinstance(kind, str) and kind in self.tables:
+            actions += self._on_table_forward(kind, event.sender, body)
         else:
             actions.append(Log("warning", f"unknown message kind {kind!r} from {event.sender}"))
         return actions
@@ -503,15 +520,22 @@ class ClusterNode:
                 raw = entry.data.get("state")
                 # None: reset to the empty initial state (Raft does that only after a
                 # split brain under a non-intersecting quorum policy).
-                state = msgpack.unpackb(raw, raw=False) if raw is not None else {"digest": b""}
+                state: dict[str, Any] = (
+                    msgpack.unpackb(raw, raw=False) if raw is not None else {"digest": b""}
+                )
                 self.applied_digest = state["digest"]
                 self.applied_index = entry.index
                 self._since_snapshot = 0
                 self.views = list(state.get("views", []))
-                table = state.get("dl") or {}
-                self.decisions = DecisionTable(
-                    dict(table.get("d", {})), {c: int(f) for c, f in table.get("f", {}).items()}
-                )
+                missing = self.tables.restore(state)
+                if raw is not None and missing:
+                    actions.append(
+                        Log(
+                            "warning",
+                            f"the snapshot at {entry.index} carries no state for tables "
+                            f"{missing} (taken by a node without them?): they start empty",
+                        )
+                    )
                 actions += self._view_from(entry.data, record=False)
                 for index in sorted(i for i in self._pending_log if i <= entry.index):
                     pending = self._pending_log.pop(index)
@@ -540,8 +564,8 @@ class ClusterNode:
             self._since_snapshot += 1
             if entry.kind in ("config", "view"):
                 actions += self._view_from(entry.data)
-            elif entry.kind == "cmd" and isinstance(entry.data, dict) and "dl" in entry.data:
-                actions += self._apply_decision(entry.index, entry.data)
+            elif entry.kind == "cmd" and (table := self.tables.owner(entry.data)) is not None:
+                actions += self._apply_table_entry(table, entry.index, entry.data)
             actions.append(
                 Notify(
                     "applied",
@@ -554,23 +578,23 @@ class ClusterNode:
                     },
                 )
             )
-            pending = self._pending_log.pop(entry.index, None)
-            if pending is not None:
-                if entry.kind == "cmd" and entry.data == pending.command:
+            done = self._pending_log.pop(entry.index, None)
+            if done is not None:
+                answer: dict[str, Any]
+                if entry.kind == "cmd" and entry.data == done.command:
                     answer = {"ok": True, "index": entry.index, "term": entry.term}
                 else:
                     answer = {
                         "error": "Failed",
                         "message": "another leader's entry took its place; not committed",
                     }
-                actions += self._answer(pending, answer)
+                actions += self._answer(done, answer)
         if entries and self._since_snapshot >= self.config.snapshot_every:
-            table = {"d": self.decisions.decisions, "f": self.decisions.floors}
-            state = msgpack.packb(
-                {"digest": self.applied_digest, "views": self.views, "dl": table},
+            packed = msgpack.packb(
+                {"digest": self.applied_digest, "views": self.views, **self.tables.snapshot()},
                 use_bin_type=True,
             )
-            actions += self._wrap("raft", self.raft.snapshot(self._now, self.applied_index, state))
+            actions += self._wrap("raft", self.raft.snapshot(self._now, self.applied_index, packed))
             self._since_snapshot = 0
         return actions
 
@@ -724,69 +748,34 @@ class ClusterNode:
         _, node, fid = pending.reply_to
         return [Send(node, self._envelope("adm", {"re": fid, "reply": answer}))]
 
-    # ------------------------------------------------------- the decision log
-    def decision_request(self, now: float, payload: Any) -> list[Action]:
-        """A request of the local DtxNode to the decision log (``Send(to="@decisions")``).
+    # ------------------------------------------------------- tables of the log
+    def submit(self, now: float, table: str, entry: dict[str, Any]) -> list[Action]:
+        """Put a registered table's entry, built from a local request, into the log.
 
-        ``dl.propose`` and ``dl.forget`` become ``decide``/``forget`` entries; ``dl.lookup``
-        becomes a ``lookup`` entry, which is how lookups are made linearizable: the answer is
-        the table as applied at the lookup's own position in the log, so it reflects every
-        decision committed before the lookup was asked.  (A read index would save the entry,
-        but lookups are rare -- recovery and in-doubt participants -- and the entry needs no
-        extra machinery.)  The leader proposes; a follower forwards to the leader it knows.
-        Nothing is answered now: answers come when the entry is applied here (see
-        :meth:`take_decision_answers`).  Without quorum, leader or valid input the request
-        is dropped: the machine retries (dtx.md section 7, point 3).
+        The node stamps ``r`` (this node and incarnation); the leader proposes the
+        entry, a follower forwards it to the leader it knows.  Nothing is answered
+        now: the table answers when the entry is applied here.  Without quorum or a
+        leader the request is dropped: the requester retries.
         """
         self._now = now
-        entry = self._decision_entry(payload, self.name)
-        if entry is None:
-            return [Log("warning", f"decision log: malformed request {payload!r:.80}")]
-        entry["r"] = [self.name, self._nonce]
-        return self._after(self._route_decision(entry))
+        if table not in self.tables:
+            raise ValueError(f"no log table named {table!r}")
+        entry[REQUESTER] = [self.name, self._nonce]
+        return self._after(self._route_table_entry(table, entry))
 
-    def take_decision_answers(self) -> list[dict[str, Any]]:
-        """The decision log's answers for the local DtxNode since the last call, in order."""
-        answers, self._dl_answers = self._dl_answers, []
-        return answers
-
-    @staticmethod
-    def _decision_entry(payload: Any, requester: NodeId) -> dict[str, Any] | None:
-        """The log entry for a dl.* request, validated (bad input never reaches the log)."""
-        if not isinstance(payload, dict):
-            return None
-        kind = payload.get("t")
-        if kind == FORGET:
-            coord, floor = payload.get("c"), payload.get("f")
-            # Only a coordinator moves its own floor (dtx.md section 7, point 5).
-            if coord != requester or not isinstance(floor, int) or isinstance(floor, bool):
-                return None
-            return {"dl": "forget", "c": coord, "f": floor}
-        gtid = payload.get("g")
-        if parse_gtid(gtid) is None:
-            return None
-        if kind == LOOKUP:
-            return {"dl": "lookup", "g": gtid}
-        if kind == PROPOSE:
-            tell = payload.get("n", [])
-            if payload.get("o") not in OUTCOMES or not isinstance(tell, list):
-                return None
-            names = sorted({n for n in tell if isinstance(n, str)})
-            return {"dl": "decide", "g": gtid, "o": payload["o"], "n": names}
-        return None
-
-    def _route_decision(self, entry: dict[str, Any]) -> list[Action]:
+    def _route_table_entry(self, name: str, entry: dict[str, Any]) -> list[Action]:
         if not self.enabled:
             return []  # D16: a Disabled node does not act; the requester retries
         if self.raft.role != ROLE_LEADER:
             leader = self.raft.leader
             if leader is None or leader == self.name:
                 return []
-            return [Send(leader, self._envelope("dl", entry))]
+            return [Send(leader, self._envelope(name, entry))]
+        table = self.tables.get(name)
+        assert table is not None
         # Retries of a request still in flight in this term add nothing: one entry each.
-        key = (entry["dl"], entry.get("g"), entry.get("o"), entry.get("c"), entry.get("f"))
-        key += tuple(entry["r"])
-        inflight = self._dl_inflight.get(key)
+        key = (name, table.request_key(entry), *entry[REQUESTER])
+        inflight = self._table_inflight.get(key)
         if (
             inflight is not None
             and inflight[0] > self.applied_index
@@ -797,77 +786,33 @@ class ClusterNode:
             index, actions = self.raft.propose(self._now, entry)
         except NotLeader:
             return []
-        self._dl_inflight[key] = (index, self.raft.term)
+        self._table_inflight[key] = (index, self.raft.term)
         return self._from_raft(actions)
 
-    def _on_decision_message(self, sender: NodeId, body: Any) -> list[Action]:
-        """A peer forwarded its DtxNode's request: propose it if we lead, else drop it."""
-        requester = body.get("r") if isinstance(body, dict) else None
+    def _on_table_forward(self, name: str, sender: NodeId, body: Any) -> list[Action]:
+        """A peer forwarded a table's request: propose it if we lead, else drop it."""
+        requester = body.get(REQUESTER) if isinstance(body, dict) else None
         if (
             not isinstance(requester, list)
             or len(requester) != 2
             or requester[0] != sender
             or not isinstance(requester[1], int)
         ):
-            return [Log("warning", f"decision log: malformed forward from {sender}")]
-        payload = dict(body)
-        kind = payload.get("dl")
-        payload["t"] = {"decide": PROPOSE, "lookup": LOOKUP, "forget": FORGET}.get(kind)
-        entry = self._decision_entry(payload, sender)
+            return [Log("warning", f"log table {name}: malformed forward from {sender}")]
+        table = self.tables.get(name)
+        assert table is not None
+        entry = table.forwarded(sender, dict(body))
         if entry is None:
-            return [Log("warning", f"decision log: malformed forward from {sender}")]
-        entry["r"] = [sender, requester[1]]
+            return [Log("warning", f"log table {name}: malformed forward from {sender}")]
+        entry[REQUESTER] = [sender, requester[1]]
         if self.raft.role != ROLE_LEADER:
             return []  # no second hop: the requester retries and finds the new leader
-        return self._route_decision(entry)
+        return self._route_table_entry(name, entry)
 
-    def _apply_decision(self, index: int, data: dict[str, Any]) -> list[Action]:
-        """Apply a decision-log entry to the table (every node, same order) and answer.
-
-        Only the incarnation that asked (``r`` = name and this incarnation's nonce) gets the
-        answer: a restarted node re-applying its log must not hear stale ``unknown``
-        answers meant for its previous life.  ``dl.decided`` also goes to the nodes named in
-        a new decision's ``n`` -- always the table's outcome, never the proposal's.
-        """
-        for key in [k for k, (i, _) in self._dl_inflight.items() if i <= index]:
-            del self._dl_inflight[key]
-        kind = data.get("dl")
-        requester = data.get("r")
-        mine = isinstance(requester, list) and requester == [self.name, self._nonce]
-        actions: list[Action] = []
-        if kind == "forget":
-            coord, floor = data.get("c"), data.get("f")
-            if not isinstance(coord, str) or not isinstance(floor, int):
-                return [Log("error", f"decision log: bad forget entry {data!r:.80}")]
-            self.decisions.forget(coord, floor)
-            if mine:
-                self._dl_answers.append({"t": FORGOT, "c": coord, "f": floor})
-            return actions
-        gtid = data.get("g")
-        if parse_gtid(gtid) is None:
-            return [Log("error", f"decision log: bad entry {data!r:.80}")]
-        if kind == "lookup":
-            if mine:
-                outcome = self.decisions.lookup(gtid)
-                if outcome is not None:
-                    self._dl_answers.append({"t": DECIDED, "g": gtid, "o": outcome})
-                else:
-                    forgotten = self.decisions.forgotten(gtid)
-                    self._dl_answers.append({"t": UNKNOWN, "g": gtid, "forgotten": forgotten})
-            return actions
-        if kind != "decide" or data.get("o") not in OUTCOMES:
-            return [Log("error", f"decision log: bad entry {data!r:.80}")]
-        known = self.decisions.lookup(gtid)
-        decided = self.decisions.decide(gtid, data["o"])
-        if decided is None:
-            if mine:
-                self._dl_answers.append({"t": UNKNOWN, "g": gtid, "forgotten": True})
-            return actions
-        actions.append(Notify("dl.decided", {"g": gtid, "o": decided}))
-        tell = data.get("n", []) if known is None else []
-        if mine or self.name in tell:
-            self._dl_answers.append({"t": DECIDED, "g": gtid, "o": decided})
-        return actions
+    def _apply_table_entry(self, table: LogTable, index: int, data: Any) -> list[Action]:
+        for key in [k for k, (i, _) in self._table_inflight.items() if i <= index]:
+            del self._table_inflight[key]
+        return table.apply(index, data)
 
     def status(self) -> dict[str, Any]:
         """The ``status`` admin reply (see module docstring)."""

@@ -235,7 +235,7 @@ def audit_with_client(addresses: list[str], export: Path) -> dict[str, Any]:
         import pyarrow.parquet as pq
 
         export.mkdir(parents=True, exist_ok=True)
-        cols = list(zip(*accounts, strict=True)) if accounts else [[], [], []]
+        cols: list[Any] = list(zip(*accounts, strict=True)) if accounts else [(), (), ()]
         table = pa.table({"number": cols[0], "owner": cols[1], "balance": cols[2]})
         pq.write_table(table, export / "accounts.parquet")
         exported = pq.read_table(export / "accounts.parquet").num_rows

@@ -4,6 +4,8 @@
   participant machine, and the :class:`ResourceManager` seam to the store;
 * :mod:`nonstop.dtx.decisions` -- the decision log's contract and state machine
   (first writer wins, compaction by floors), for the Raft integration to host;
+* :mod:`nonstop.dtx.log_table` -- :class:`~nonstop.dtx.log_table.DecisionLogTable`,
+  that state machine as a table of the cluster log (``nonstop.cluster.tables``);
 * :mod:`nonstop.sim.scenarios.dtx_resource` -- a simulated store and decision log;
 * :mod:`nonstop.dtx.clustered` -- :class:`~nonstop.dtx.clustered.DtxClusterNode`, the
   cluster node and this machine in one, the Raft cluster log as the decision log;

@@ -2,14 +2,16 @@
 
 The decision log of the two-phase-commit machine (:mod:`nonstop.dtx.protocol`,
 the pseudo node ``@decisions``) is the cluster's Raft log (dtx.md section 8,
-cluster-log.md "The decision log"): this machine composes a
-:class:`~nonstop.cluster.node.ClusterNode` and a :class:`~nonstop.dtx.protocol.DtxNode`
-and wires them together inside one node, so neither needs to know the other.
+cluster-log.md "Tables of the log"): this machine composes a
+:class:`~nonstop.cluster.node.ClusterNode` and a :class:`~nonstop.dtx.protocol.DtxNode`,
+registers the commit-decision table (:class:`~nonstop.dtx.log_table.DecisionLogTable`)
+with the cluster node, and wires them together inside one node, so neither
+needs to know the other.
 
 Routing (one ``Machine`` for the runtime, two inside):
 
 * ``Send(to="@decisions", dl.*)`` from the DtxNode never leaves the node: it is
-  handed to :meth:`ClusterNode.decision_request` (a log entry proposed at the
+  handed to :meth:`DecisionLogTable.request` (a log entry proposed at the
   leader, forwarded there by a follower).  The log's answers, produced when
   the entry is applied here, are fed back as ``Received(sender="@decisions")``.
   ``Notify("dl.request", {"payload"})`` and ``Notify("dl.answer", {"payload"})``
@@ -36,6 +38,7 @@ from typing import Any
 
 from nonstop.cluster.node import ClusterConfig, ClusterNode
 from nonstop.dtx.decisions import LOG
+from nonstop.dtx.log_table import DecisionLogTable
 from nonstop.dtx.protocol import DtxConfig, DtxNode, ResourceManager
 from nonstop.runtime.interface import (
     Action,
@@ -69,6 +72,9 @@ class DtxClusterNode:
     ) -> None:
         self.name = cluster_config.name
         self.cluster = ClusterNode(cluster_config, rng, recovered)
+        self.decisions = DecisionLogTable(self.cluster)
+        """The commit-decision table, replicated by the cluster log (``.table`` is its state)."""
+        self.cluster.register_table(self.decisions)
         # Its own stream, so that the cluster's draws do not shift the DtxNode's.
         dtx_rng = random.Random(rng.getrandbits(64))
         self.dtx = node_class(self.name, rm, dtx_rng, recovered, dtx_config)
@@ -116,7 +122,7 @@ class DtxClusterNode:
         out: list[Action] = [
             Persist(2 * a.token, a.writes) if isinstance(a, Persist) else a for a in actions
         ]
-        for answer in self.cluster.take_decision_answers():
+        for answer in self.decisions.take_answers():
             out.append(Notify("dl.answer", {"payload": answer}))
             out += self._from_dtx(now, self.dtx.handle(Received(now, LOG, answer)))
         return out
@@ -129,7 +135,7 @@ class DtxClusterNode:
                 out.append(Persist(2 * action.token + 1, action.writes))
             elif isinstance(action, Send) and action.to == LOG:
                 out.append(Notify("dl.request", {"payload": action.payload}))
-                out += self._from_cluster(now, self.cluster.decision_request(now, action.payload))
+                out += self._from_cluster(now, self.decisions.request(now, action.payload))
             else:
                 out.append(action)
         return out

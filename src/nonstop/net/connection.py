@@ -19,7 +19,14 @@ from typing import Any
 
 from nonstop.errors import ProtocolError
 from nonstop.net.frames import DEFAULT_MAX_FRAME, FrameDecoder, FrameError, encode
-from nonstop.net.handshake import BAD_HELLO, ROLE_NODE, Hello, Rejection, check
+from nonstop.net.handshake import (
+    BAD_HELLO,
+    ROLE_NODE,
+    UNSUPPORTED_PROTOCOL,
+    Hello,
+    Rejection,
+    check,
+)
 
 READ_CHUNK = 256 * 1024
 MAX_WRITE_BUFFER = 64 * 1024 * 1024
@@ -121,6 +128,34 @@ class Connection:
             await asyncio.wait_for(self.writer.wait_closed(), 1.0)
 
 
+def hello_from_answer(ours: Hello, answer: Any, address: str) -> Hello:
+    """The dialing side's check of the accepting side's first frame (async and blocking).
+
+    Returns the peer's hello; raises :class:`HandshakeRejected` when the peer
+    refused us (a ``reject`` frame), when we refuse it (:func:`check`), or when
+    the version it chose is outside our range, and :class:`ProtocolError` when
+    the frame is not a hello at all.
+    """
+    if isinstance(answer, dict) and answer.get("t") == "reject":
+        try:
+            rejecter: Hello | None = Hello.from_wire(answer.get("hello"))
+        except ValueError:
+            rejecter = None
+        raise HandshakeRejected(str(answer.get("code")), str(answer.get("reason")), rejecter)
+    try:
+        theirs = Hello.from_wire(answer)
+    except ValueError as exc:
+        raise ProtocolError(f"bad hello from {address}: {exc}") from exc
+    _version, rejection = check(ours, theirs)
+    if rejection is not None:
+        raise HandshakeRejected(rejection.code, rejection.reason, theirs)
+    if theirs.proto is None or not ours.proto_min <= theirs.proto <= ours.proto_max:
+        raise HandshakeRejected(
+            UNSUPPORTED_PROTOCOL, f"peer chose protocol {theirs.proto}, outside our range", theirs
+        )
+    return theirs
+
+
 async def dial(
     host: str,
     port: int,
@@ -147,23 +182,7 @@ async def dial(
     try:
         conn.send(hello.to_wire())
         answer = await asyncio.wait_for(conn.recv(), timeout)
-        if isinstance(answer, dict) and answer.get("t") == "reject":
-            try:
-                rejecter: Hello | None = Hello.from_wire(answer.get("hello"))
-            except ValueError:
-                rejecter = None
-            raise HandshakeRejected(str(answer.get("code")), str(answer.get("reason")), rejecter)
-        try:
-            theirs = Hello.from_wire(answer)
-        except ValueError as exc:
-            raise ProtocolError(f"bad hello from {host}:{port}: {exc}") from exc
-        _version, rejection = check(hello, theirs)
-        if rejection is not None:
-            raise HandshakeRejected(rejection.code, rejection.reason, theirs)
-        if theirs.proto is None or not hello.proto_min <= theirs.proto <= hello.proto_max:
-            raise HandshakeRejected(
-                "UnsupportedProtocol", f"peer chose protocol {theirs.proto}, outside our range"
-            )
+        theirs = hello_from_answer(hello, answer, f"{host}:{port}")
         conn.peer = theirs
         conn.version = theirs.proto
         return conn
@@ -187,10 +206,11 @@ async def accept(
     try:
         theirs = Hello.from_wire(first)
     except ValueError as exc:
-        rejection = Rejection(BAD_HELLO, str(exc))
-        conn.send(rejection.to_wire())
-        raise HandshakeRejected(rejection.code, rejection.reason) from exc
-    version, rejection = check(ours, theirs)
+        bad = Rejection(BAD_HELLO, str(exc))
+        conn.send(bad.to_wire())
+        raise HandshakeRejected(bad.code, bad.reason) from exc
+    version, checked = check(ours, theirs)
+    rejection: Rejection | None = checked
     if rejection is None and extra_check is not None:
         rejection = extra_check(theirs)
     if rejection is not None:
@@ -217,4 +237,11 @@ async def accept(
     return theirs
 
 
-__all__ = ["Connection", "FrameError", "HandshakeRejected", "accept", "dial"]
+__all__ = [
+    "Connection",
+    "FrameError",
+    "HandshakeRejected",
+    "accept",
+    "dial",
+    "hello_from_answer",
+]

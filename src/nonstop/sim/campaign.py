@@ -12,27 +12,13 @@ iterates a ``set`` of strings replays identically in another process.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from nonstop.runtime.interface import Action, Event, Notify
 from nonstop.sim.core import Simulation
-from nonstop.sim.runner import campaign_parser, pin_hash_seed, run_many
+from nonstop.sim.runner import Campaign, SeedOutcome, campaign_main, raised, run_many
 from nonstop.sim.scenarios.cluster_log import RunResult, run_seed
-
-
-@dataclass(frozen=True, slots=True)
-class SeedOutcome:
-    """What a worker sends back for one seed (small and picklable)."""
-
-    seed: int
-    ok: bool
-    summary: str
-    violations: tuple[str, ...]
-    wall_time: float
-    events: int
 
 
 def replay_command(seed: int) -> str:
@@ -44,14 +30,14 @@ def run_one(seed: int) -> SeedOutcome:
     try:
         result, _ = run_seed(seed, digest=False)
     except Exception as exc:  # the code under test raised: report it as this seed's failure
-        return SeedOutcome(seed, False, f"seed {seed}: EXCEPTION", (repr(exc),), 0.0, 0)
+        return raised(seed, exc)
     return SeedOutcome(
         seed,
         result.ok,
         result.summary(),
         tuple(str(v) for v in result.violations),
-        float(result.stats["wall_time"]),
         int(result.stats["events"]),
+        wall_time=float(result.stats["wall_time"]),
     )
 
 
@@ -108,32 +94,13 @@ NOTABLE = frozenset({"role", "leader", "view", "quorum"})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args_list = pin_hash_seed("nonstop.sim.campaign", argv)
-    parser = campaign_parser("nonstop.sim.campaign", __doc__)
-    args = parser.parse_args(args_list)
-    if args.seed is not None:
-        if args.verbose or args.trace:
-            result = explain(args.seed, full_trace=args.trace)
-            return 0 if result.ok else 1
-        outcome = run_one(args.seed)
-        print(outcome.summary)
-        for v in outcome.violations:
-            print(f"  VIOLATION {v}")
-        return 0 if outcome.ok else 1
-    started = time.perf_counter()
-    outcomes = run_campaign(
-        range(args.start, args.start + args.seeds), jobs=args.jobs, progress=True
+    campaign = Campaign(
+        run_one=run_one,
+        run_all=lambda seeds, jobs: run_campaign(seeds, jobs=jobs, progress=True),
+        explain=lambda seed, full_trace: explain(seed, full_trace=full_trace).ok,
+        failure_text=_failure_text,
     )
-    failures = [o for o in outcomes if not o.ok]
-    elapsed = time.perf_counter() - started
-    events = sum(o.events for o in outcomes)
-    for outcome in failures:
-        print(_failure_text(outcome))
-    print(
-        f"{len(outcomes)} seeds, {len(failures)} failed, {events} events, "
-        f"{elapsed:.1f}s wall ({len(outcomes) / max(elapsed, 1e-9):.1f} seeds/s)"
-    )
-    return 1 if failures else 0
+    return campaign_main("nonstop.sim.campaign", __doc__, argv, lambda args: campaign)
 
 
 if __name__ == "__main__":

@@ -13,11 +13,10 @@ exit status is 1 if any seed failed.  (Its own module rather than a plug-in of
 
 from __future__ import annotations
 
-import time
+import argparse
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 
-from nonstop.sim.runner import campaign_parser, pin_hash_seed, run_many
+from nonstop.sim.runner import Campaign, SeedOutcome, campaign_main, raised, run_many
 from nonstop.sim.scenarios.dtx import STEPS, ScenarioConfig, run_seed
 
 COUNTERS = (
@@ -30,18 +29,6 @@ COUNTERS = (
     "asked_then_commit",
     "asked_then_abort",
 )
-
-
-@dataclass(frozen=True, slots=True)
-class SeedOutcome:
-    seed: int
-    ok: bool
-    summary: str
-    violations: tuple[str, ...]
-    events: int
-    step: str
-    counters: tuple[tuple[str, int], ...] = ()
-    """Which paths the seed exercised (Unavailable replies, in-doubt participants...)."""
 
 
 def replay_command(seed: int, step: str | None = None, clustered: bool = False) -> str:
@@ -57,15 +44,16 @@ def run_one(
     try:
         result, _ = run_seed(seed, config, step=step)
     except Exception as exc:
-        return SeedOutcome(seed, False, f"seed {seed}: EXCEPTION", (repr(exc),), 0, step or "?")
+        return raised(seed, exc, step or "?")
     return SeedOutcome(
         seed,
         result.ok,
         result.summary(),
         tuple(str(v) for v in result.violations),
         int(result.stats["events"]),
-        result.step,
-        tuple((k, int(result.stats[k])) for k in COUNTERS),
+        wall_time=float(result.stats["wall_time"]),
+        step=result.step,
+        counters=tuple((k, int(result.stats[k])) for k in COUNTERS),
     )
 
 
@@ -132,44 +120,31 @@ def explain(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args_list = pin_hash_seed("nonstop.sim.dtx_campaign", argv)
-    parser = campaign_parser("nonstop.sim.dtx_campaign", __doc__)
-    parser.add_argument("--step", choices=STEPS, help="force the coordinator crash step")
-    parser.add_argument(
-        "--clustered",
-        action="store_true",
-        help="the decision log is the real cluster (Raft) log, not the simulated one",
-    )
-    args = parser.parse_args(args_list)
-    config = ScenarioConfig(clustered=True) if args.clustered else None
-    if args.seed is not None:
-        if args.verbose or args.trace:
-            ok = explain(args.seed, args.step, full_trace=args.trace, config=config)
-            return 0 if ok else 1
-        outcome = run_one(args.seed, args.step, config)
-        print(outcome.summary)
-        for v in outcome.violations:
-            print(f"  VIOLATION {v}")
-        return 0 if outcome.ok else 1
-    started = time.perf_counter()
-    outcomes = run_campaign(
-        range(args.start, args.start + args.seeds),
-        step=args.step,
-        config=config,
-        jobs=args.jobs,
-        progress=True,
-    )
-    failures = [o for o in outcomes if not o.ok]
-    elapsed = time.perf_counter() - started
-    for outcome in failures:
-        print(failure_text(outcome, args.step, args.clustered))
-    events = sum(o.events for o in outcomes)
-    print("paths: " + totals(outcomes))
-    print(
-        f"{len(outcomes)} seeds, {len(failures)} failed, {events} events, "
-        f"{elapsed:.1f}s wall ({len(outcomes) / max(elapsed, 1e-9):.1f} seeds/s)"
-    )
-    return 1 if failures else 0
+    def options(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--step", choices=STEPS, help="force the coordinator crash step")
+        parser.add_argument(
+            "--clustered",
+            action="store_true",
+            help="the decision log is the real cluster (Raft) log, not the simulated one",
+        )
+
+    def configure(args: argparse.Namespace) -> Campaign:
+        step: str | None = args.step
+        clustered: bool = args.clustered
+        config = ScenarioConfig(clustered=True) if clustered else None
+        return Campaign(
+            run_one=lambda seed: run_one(seed, step, config),
+            run_all=lambda seeds, jobs: run_campaign(
+                seeds, step=step, config=config, jobs=jobs, progress=True
+            ),
+            explain=lambda seed, full_trace: explain(
+                seed, step, full_trace=full_trace, config=config
+            ),
+            failure_text=lambda outcome: failure_text(outcome, step, clustered),
+            report=lambda outcomes: ["paths: " + totals(outcomes)],
+        )
+
+    return campaign_main("nonstop.sim.dtx_campaign", __doc__, argv, configure, options)
 
 
 if __name__ == "__main__":

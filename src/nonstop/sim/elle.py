@@ -34,6 +34,7 @@ components, which a valid history does not have.
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -244,6 +245,11 @@ def _same(ids: dict[int, int], a: int, b: int) -> bool:
     return ia is not None and ia == ids.get(b)
 
 
+def _neither_same(ids: dict[int, int], other: dict[int, int], a: int, b: int) -> bool:
+    """``a`` and ``b`` in one component of neither ``ids`` nor ``other``."""
+    return not _same(ids, a, b) and not _same(other, a, b)
+
+
 def find_cycles(graph: Graph, order: bool = False) -> list[Cycle]:
     """One witness cycle per anomaly class per component (see the module docstring).
 
@@ -308,7 +314,7 @@ def find_cycles(graph: Graph, order: bool = False) -> list[Cycle]:
                 WW | WR,
                 DATA | ORDER,
                 members,
-                lambda a, b, ids=nonrw_id: not _same(ids, a, b) and not _same(data_id, a, b),
+                functools.partial(_neither_same, nonrw_id, data_id),
             ),
         )
     return cycles

@@ -14,6 +14,7 @@ seed prints it in full and the failure is explained by reading it.
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -114,21 +115,22 @@ def install(sim: Simulation, faults: Sequence[Fault], heal_at: float) -> None:
         end = fault.start + fault.duration
         if fault.kind == "crash":
             node = fault.nodes[0]
-            sim.at(fault.start, lambda n=node: sim.crash(n))
-            sim.at(end, lambda n=node: sim.restart(n))
+            sim.at(fault.start, functools.partial(sim.crash, node))
+            sim.at(end, functools.partial(sim.restart, node))
         elif fault.kind == "pause":
             node = fault.nodes[0]
-            sim.at(fault.start, lambda n=node: sim.pause(n))
-            sim.at(end, lambda n=node: sim.resume(n))
+            sim.at(fault.start, functools.partial(sim.pause, node))
+            sim.at(end, functools.partial(sim.resume, node))
         elif fault.kind in ("partition", "one_way"):
             links = links_of(fault)
-            sim.at(fault.start, lambda ls=links: cut(ls, True))
-            sim.at(end, lambda ls=links: cut(ls, False))
+            sim.at(fault.start, functools.partial(cut, links, True))
+            sim.at(end, functools.partial(cut, links, False))
         elif fault.kind == "stall":
             node = fault.nodes[0]
-            sim.at(fault.start, lambda n=node, d=fault.duration: sim.stall_disk(n, d))
+            sim.at(fault.start, functools.partial(sim.stall_disk, node, fault.duration))
         elif fault.kind == "loss":
-            sim.at(fault.start, lambda f=fault: sim.loss_burst(f.duration, f.probability))
+            burst = functools.partial(sim.loss_burst, fault.duration, fault.probability)
+            sim.at(fault.start, burst)
 
     def heal() -> None:
         cuts.clear()

@@ -233,11 +233,12 @@ class NonstopFilteringReader(NonstopReader):
         NULL never matching); give back the rest for Spark to evaluate."""
         for f in filters:
             op = _PUSHABLE.get(type(f))
-            attr = getattr(f, "attribute", ())
+            attr: tuple[str, ...] = getattr(f, "attribute", ())
             if op is None or len(attr) != 1 or self.kinds.get(attr[0]) not in _FILTER_KINDS:
                 yield f
                 continue
-            value = list(f.value) if op == "in" else f.value
+            constant: Any = getattr(f, "value", None)
+            value = list(constant) if op == "in" else constant
             self.filters.append([attr[0], op, value])
 
 

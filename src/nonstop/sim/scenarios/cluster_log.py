@@ -15,6 +15,9 @@ One seed = one run of :func:`run_seed`:
    node;
 5. the checkers (:mod:`nonstop.sim.checker`) must have seen no violation.
 
+The skeleton shared with the other scenarios (the world drawn from the seed,
+the nemesis, the run's guard and counters) is :mod:`nonstop.sim.scenario_base`.
+
 Everything is cheap on purpose (a few virtual seconds, short timeouts scaled
 down from the defaults) so that a campaign runs thousands of seeds.
 """
@@ -22,7 +25,6 @@ down from the defaults) so that a campaign runs thousands of seeds.
 from __future__ import annotations
 
 import random
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,22 +35,25 @@ from nonstop.cluster.raft import ROLE_LEADER, RaftConfig
 from nonstop.runtime.interface import Machine, NodeId
 from nonstop.sim import nemesis
 from nonstop.sim.checker import ClusterChecker, Violation
-from nonstop.sim.core import DiskConfig, NetConfig, Simulation, SimulationError
+from nonstop.sim.core import Simulation
+from nonstop.sim.scenario_base import (
+    CommonConfig,
+    World,
+    install_faults,
+    new_world,
+    repeat,
+    run_stats,
+    runaway_fails,
+)
 
 NodeFactory = Callable[[ClusterConfig, random.Random, Mapping[bytes, bytes]], Machine]
 
 
 @dataclass(slots=True)
-class ScenarioConfig:
-    """Knobs of a cluster run (defaults: the campaign's)."""
+class ScenarioConfig(CommonConfig):
+    """Knobs of a cluster run (defaults: the campaign's; the shared ones in the base)."""
 
-    nodes: tuple[int, ...] = (3, 3, 4, 5)
-    """The node count is drawn from these."""
-    fault_start: float = 1.0
-    heal_at: float = 4.0
     converge_within: float = 12.0
-    fault_rate: float = 2.0
-    fault_kinds: tuple[str, ...] = (*nemesis.FAULT_KINDS, *nemesis.EXTRA_KINDS)
     joiner_probability: float = 0.3
     weights_probability: float = 0.2
     membership_probability: float = 0.25
@@ -60,12 +65,16 @@ class ScenarioConfig:
     raft: RaftConfig | None = None
     """Fixed Raft timing; default: election timeout drawn per seed (0.3, 0.5 or 1.0 s)."""
     snapshot_every: int = 16
-    disk: DiskConfig | None = None
-    """Fixed disk behaviour; default: fsync latency drawn per seed (0.5 ms up to 100 ms)."""
-    max_events: int = 400_000
-    """A run that needs more events than this is a runaway (normal runs need ~10k)."""
     node_factory: NodeFactory | None = None
     """Build a node's machine; default ClusterNode.  Tests plug broken machines in here."""
+
+
+@dataclass(slots=True)
+class _Client:
+    """The workload's client: the leader it believes in, how many requests it sent."""
+
+    leader: NodeId
+    sent: int = 0
 
 
 @dataclass(slots=True)
@@ -103,21 +112,8 @@ def run_seed(
     ``on_start(sim)`` is called before anything runs (to attach observers).
     """
     cfg = config or ScenarioConfig()
-    wall = time.perf_counter()
-    rng = random.Random(seed)
-    net = NetConfig(
-        delay_min=0.0005,
-        delay_mean=rng.choice([0.001, 0.003, 0.01]),
-        drop=rng.choice([0.0, 0.0, 0.01, 0.05]),
-        duplicate=rng.choice([0.0, 0.01, 0.05]),
-        reorder=rng.choice([0.0, 0.05, 0.2]),
-    )
-    disk = cfg.disk or DiskConfig(sync_min=0.0005, sync_max=rng.choice([0.004, 0.02, 0.1]))
-    sim = Simulation(
-        rng.getrandbits(64), net, disk, trace=trace, digest=digest, max_events=cfg.max_events
-    )
-    n = rng.choice(cfg.nodes)
-    names = [f"n{i}" for i in range(1, n + 1)]
+    world = new_world(seed, cfg, sync_max=(0.004, 0.02, 0.1), trace=trace, digest=digest)
+    rng, sim, names = world.rng, world.sim, world.names
     joiner = names[-1] if rng.random() < cfg.joiner_probability else None
     founders = [x for x in names if x != joiner]
     quorum: dict[str, Any] = {"mode": "majority"}
@@ -153,38 +149,58 @@ def run_seed(
         sim.add_node(joiner, make(joiner), start=False)
         sim.at(rng.uniform(0.5, cfg.heal_at), lambda: sim.start(joiner))
 
-    faults = nemesis.plan(
-        rng,
-        names,
-        start=cfg.fault_start,
-        heal_at=cfg.heal_at,
-        rate=cfg.fault_rate,
-        kinds=cfg.fault_kinds,
-    )
-    nemesis.install(sim, faults, cfg.heal_at)
+    faults = install_faults(world, names, cfg)
 
-    # ------------------------------------------------------------ workload
-    client = {"leader": founders[0], "next": 0}
+    _schedule_workload(world, founders, addresses, cfg)
+
+    # ------------------------------------------------------------ run
+    converged_after: float | None = None
+    with runaway_fails(checker, sim):
+        converged_after = _drive(sim, checker, names, cfg)
+    applied = {x: m.applied_index for x in names if isinstance(m := sim.machine(x), ClusterNode)}
+    converged = not any(v.invariant in ("liveness", "runaway") for v in checker.violations)
+    checker.final(sim, [x for x in names if sim.nodes[x].up], applied, converged=converged)
+    violations = list(checker.violations)
+    stats = run_stats(
+        world,
+        dropped=sim.messages_dropped,
+        acked=len(checker.acked),
+        leaders=len(checker.leaders),
+        refused_while_disabled=checker.refused_while_disabled,
+        crashes=sum(node.crashes for node in sim.nodes.values()),
+        converged_after=converged_after,
+    )
+    result = RunResult(seed, not violations, violations, faults, names, sim.trace_digest, stats)
+    return result, sim
+
+
+def _schedule_workload(
+    world: World, founders: list[NodeId], addresses: dict[NodeId, str], cfg: ScenarioConfig
+) -> None:
+    """A client proposing unique values (following ``NotLeader`` hints, sometimes asking for
+    ``status``) until the heal; sometimes an operator removes a founder and adds it back."""
+    rng, sim, names = world.rng, world.sim, world.names
+    client = _Client(leader=founders[0])
 
     def send_one() -> None:
         up = [x for x in names if sim.nodes[x].up]
         if not up:
             return
-        target = client["leader"] if rng.random() < 0.7 else rng.choice(names)
-        client["next"] += 1
+        target = client.leader if rng.random() < 0.7 else rng.choice(names)
+        client.sent += 1
         if rng.random() < 0.1:
             sim.request(target, {"op": "status"})
         else:
-            sim.request(target, {"op": "propose", "value": f"v{client['next']}"})
+            sim.request(target, {"op": "propose", "value": f"v{client.sent}"})
 
     def learn() -> None:
         for record in sim.requests.values():
             reply = record.reply
             if isinstance(reply, dict) and reply.get("error") == "NotLeader":
                 if reply.get("leader"):
-                    client["leader"] = reply["leader"]
+                    client.leader = reply["leader"]
             elif isinstance(reply, dict) and reply.get("ok"):
-                client["leader"] = record.node
+                client.leader = record.node
 
     if rng.random() < cfg.membership_probability:
         victim = rng.choice(founders)
@@ -192,46 +208,15 @@ def run_seed(
         t_join = t_leave + rng.uniform(0.3, 1.5)
 
         def leave() -> None:
-            sim.request(client["leader"], {"op": "leave", "name": victim})
+            sim.request(client.leader, {"op": "leave", "name": victim})
 
         def join() -> None:
-            sim.request(
-                client["leader"], {"op": "join", "name": victim, "address": addresses[victim]}
-            )
+            sim.request(client.leader, {"op": "join", "name": victim, "address": addresses[victim]})
 
         sim.at(t_leave, leave)
         sim.at(t_join, join)
 
-    t = 0.3
-    while t < cfg.heal_at:
-        sim.at(t, send_one)
-        sim.at(t, learn)
-        t += cfg.client_interval
-
-    # ------------------------------------------------------------ run
-    converged_after: float | None = None
-    try:
-        converged_after = _drive(sim, checker, names, cfg)
-    except SimulationError as exc:  # a runaway protocol is a failed run, not a crashed campaign
-        checker.fail(sim, "runaway", str(exc))
-    applied = {x: m.applied_index for x in names if isinstance(m := sim.machine(x), ClusterNode)}
-    converged = not any(v.invariant in ("liveness", "runaway") for v in checker.violations)
-    checker.final(sim, [x for x in names if sim.nodes[x].up], applied, converged=converged)
-    violations = list(checker.violations)
-    stats = {
-        "events": sim.events,
-        "messages": sim.messages_sent,
-        "dropped": sim.messages_dropped,
-        "acked": len(checker.acked),
-        "leaders": len(checker.leaders),
-        "refused_while_disabled": checker.refused_while_disabled,
-        "virtual_time": sim.now,
-        "wall_time": time.perf_counter() - wall,
-        "crashes": sum(node.crashes for node in sim.nodes.values()),
-        "converged_after": converged_after,
-    }
-    result = RunResult(seed, not violations, violations, faults, names, sim.trace_digest, stats)
-    return result, sim
+    repeat(sim, 0.3, cfg.heal_at, cfg.client_interval, send_one, learn)
 
 
 def _drive(
@@ -257,7 +242,7 @@ def _drive(
             next_retry = sim.now + 1.0
             leader = _leader_of(sim, names)
             lm = sim.machine(leader) if leader else None
-            if isinstance(lm, ClusterNode):
+            if leader is not None and isinstance(lm, ClusterNode):
                 for name in names:
                     if name not in lm.view_members and sim.nodes[name].up:
                         address = f"sim://{name}"

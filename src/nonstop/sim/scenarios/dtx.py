@@ -17,6 +17,9 @@
 5. after the heal everything must settle within ``settle_within`` virtual
    seconds, and a last audit must commit.
 
+The skeleton shared with the other scenarios (the world drawn from the seed,
+the nemesis, the run's guard and counters) is :mod:`nonstop.sim.scenario_base`.
+
 :class:`DtxChecker` then asserts (online, from what machines say, and on the
 final state): one outcome per gtid everywhere (log and participants), commit
 applied only after the log decided it, at most once per node, never partially;
@@ -29,8 +32,8 @@ committed transfers; nobody is left in doubt or coordinating.
 from __future__ import annotations
 
 import random
-import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,8 +56,16 @@ from nonstop.runtime.interface import (
     Send,
 )
 from nonstop.sim import nemesis
-from nonstop.sim.checker import ClusterChecker
-from nonstop.sim.core import DiskConfig, NetConfig, Simulation, SimulationError
+from nonstop.sim.checker import ClusterChecker, Violation
+from nonstop.sim.core import Simulation
+from nonstop.sim.scenario_base import (
+    CommonConfig,
+    install_faults,
+    new_world,
+    repeat,
+    run_stats,
+    runaway_fails,
+)
 from nonstop.sim.scenarios.dtx_resource import K_KV, SimDecisionLog, SimResourceManager, make_node
 
 STEPS = (
@@ -74,17 +85,20 @@ INITIAL = 100
 
 
 @dataclass(slots=True)
-class ScenarioConfig:
-    nodes: tuple[int, ...] = (3, 3, 4, 5)
-    accounts_per_node: int = 3
-    client_start: float = 0.2
+class ScenarioConfig(CommonConfig):
+    """Knobs of a distributed-commit run: the shared ones with shorter phases, and its own.
+
+    ``fault_kinds`` keeps the default, every fault the nemesis knows: disk stalls
+    included (slow prepares and decisions).
+    """
+
     fault_start: float = 0.5
     heal_at: float = 3.0
     fault_rate: float = 1.5
-    fault_kinds: tuple[str, ...] = (*nemesis.FAULT_KINDS, *nemesis.EXTRA_KINDS)
-    """Every fault the nemesis knows, disk stalls included (slow prepares and decisions)."""
-    settle_within: float = 8.0
     max_events: int = 600_000
+    accounts_per_node: int = 3
+    client_start: float = 0.2
+    settle_within: float = 8.0
     dtx: DtxConfig = field(default_factory=DtxConfig)
     node_class: type[DtxNode] = DtxNode
     """Tests plug broken variants in here (the mutation check)."""
@@ -92,16 +106,6 @@ class ScenarioConfig:
     """The decision log is the real cluster log: every node is a :class:`DtxClusterNode`
     (Raft member + DtxNode) and there is no ``@decisions`` node; the cluster checker's
     safety invariants (:class:`~nonstop.sim.checker.ClusterChecker`) run too."""
-
-
-@dataclass(slots=True)
-class Violation:
-    time: float
-    invariant: str
-    detail: str
-
-    def __str__(self) -> str:
-        return f"t={self.time:.3f} {self.invariant}: {self.detail}"
 
 
 @dataclass(slots=True)
@@ -250,16 +254,16 @@ class DtxChecker:
             reply = record.reply
             if not isinstance(reply, dict) or "outcome" not in reply:
                 continue
-            gtid = reply.get("g")
+            g = reply.get("g")
             if reply["outcome"] == COMMIT:
-                if gtid not in committed:
-                    self.fail(sim, "acked-commit", f"request {rid} acked commit of {gtid}: lost")
+                if g not in committed:
+                    self.fail(sim, "acked-commit", f"request {rid} acked commit of {g}: lost")
                 reads = reply.get("reads") or {}
                 everything = {a for accs in accounts.values() for a in accs}
                 if reads and set(reads) == everything and sum(reads.values()) != total:
-                    self.fail(sim, "audit", f"{gtid} read total {sum(reads.values())} != {total}")
-            elif gtid in committed:
-                self.fail(sim, "acked-abort", f"request {rid} told {reply} but {gtid} committed")
+                    self.fail(sim, "audit", f"{g} read total {sum(reads.values())} != {total}")
+            elif g in committed:
+                self.fail(sim, "acked-abort", f"request {rid} told {reply} but {g} committed")
         # Balances: initial plus every committed transfer, exactly once, in memory and on disk.
         expected = {a: INITIAL for accs in accounts.values() for a in accs}
         for gtid in committed:
@@ -268,12 +272,13 @@ class DtxChecker:
                     if kind == "add":
                         expected[key] += amount
         for name in names:
-            machine = sim.machine(name)
+            node = _dtx(sim.machine(name))
+            rm = node.rm if node is not None else None
             durable = sim.nodes[name].disk.durable
             for acc in accounts[name]:
                 raw = durable.get(K_KV + acc.encode())
                 on_disk = INITIAL if raw is None else msgpack.unpackb(raw)
-                in_memory = _dtx(machine).rm.kv[acc] if _dtx(machine) is not None else None
+                in_memory = rm.kv[acc] if isinstance(rm, SimResourceManager) else None
                 if on_disk != expected[acc] or in_memory not in (None, expected[acc]):
                     self.fail(
                         sim,
@@ -391,21 +396,8 @@ def run_seed(
 ) -> tuple[DtxResult, Simulation]:
     """Run one seed (module doc); ``step`` forces the coordinator crash step."""
     cfg = config or ScenarioConfig()
-    wall = time.perf_counter()
-    rng = random.Random(seed)
-    net = NetConfig(
-        delay_min=0.0005,
-        delay_mean=rng.choice([0.001, 0.003, 0.01]),
-        drop=rng.choice([0.0, 0.0, 0.01, 0.05]),
-        duplicate=rng.choice([0.0, 0.01, 0.05]),
-        reorder=rng.choice([0.0, 0.05, 0.2]),
-    )
-    disk = DiskConfig(sync_min=0.0005, sync_max=rng.choice([0.004, 0.02, 0.05]))
-    sim = Simulation(
-        rng.getrandbits(64), net, disk, trace=trace, digest=trace, max_events=cfg.max_events
-    )
-    n = rng.choice(cfg.nodes)
-    names = [f"n{i}" for i in range(1, n + 1)]
+    world = new_world(seed, cfg, sync_max=(0.004, 0.02, 0.05), trace=trace, digest=trace)
+    rng, sim, names = world.rng, world.sim, world.names
     accounts = {x: [f"{x}a{i}" for i in range(cfg.accounts_per_node)] for x in names}
     all_accounts = [(x, a) for x in names for a in accounts[x]]
     total = INITIAL * len(all_accounts)
@@ -431,15 +423,7 @@ def run_seed(
             rng.choice([0.05, 0.3, 1.0, 2.0]),
         ).attach(sim)
 
-    faults = nemesis.plan(
-        rng,
-        servers,
-        start=cfg.fault_start,
-        heal_at=cfg.heal_at,
-        rate=cfg.fault_rate,
-        kinds=cfg.fault_kinds,
-    )
-    nemesis.install(sim, faults, cfg.heal_at)
+    faults = install_faults(world, servers, cfg)
 
     # ------------------------------------------------------------ workload
     interval = rng.choice([0.02, 0.04, 0.08])
@@ -461,78 +445,82 @@ def run_seed(
         payload = audit() if rng.random() < 0.12 else transfer()
         sim.request(rng.choice(names), payload)
 
-    t = cfg.client_start
-    while t < cfg.heal_at:
-        sim.at(t, submit)
-        t += interval
+    repeat(sim, cfg.client_start, cfg.heal_at, interval, submit)
 
     # ------------------------------------------------------------ run
-    try:
-        sim.run_until(cfg.heal_at)
-        deadline = cfg.heal_at + cfg.settle_within
-        while sim.now < deadline and _busy(sim, names, servers) is not None:
-            sim.run_for(0.1)
-        busy = _busy(sim, names, servers)
-        if busy is not None:
-            checker.fail(
-                sim, "liveness", f"not settled {cfg.settle_within}s after the heal: {busy}"
-            )
-        else:
-            if injector is not None:
-                injector.enabled = False  # the final audit checks liveness, not crashes
-            rid = sim.request(names[0], audit())
-            while sim.now < deadline + 3.0 and sim.requests[rid].reply is None:
-                sim.run_for(0.05)
-            reply = sim.requests[rid].reply
-            if not (isinstance(reply, dict) and reply.get("outcome") == COMMIT):
-                checker.fail(sim, "liveness", f"final audit did not commit: {reply!r:.200}")
-            # Its phase two, then compaction: the log must have forgotten every
-            # decision (bounded history) once the floors reached it.
-            # (FORGET is resent every ``forget_every`` until acknowledged: allow a few losses.)
-            # Clustered: every node's replica of the table must be compacted.
-            end = sim.now + 5 * cfg.dtx.forget_every + 0.5
-            sim.run_for(0.5)
-            while sim.now < end and _held(sim, names, cfg.clustered):
-                sim.run_for(0.1)
-            held = _held(sim, names, cfg.clustered)
-            if held:
-                checker.fail(sim, "compaction", f"log still holds {held}")
-            # Clustered: every replica applies the same decide/forget sequence (followers
-            # learn the commit index a heartbeat later: compare once they caught up).
-            end = sim.now + 2.0
-            tables = _tables(sim, names, cfg.clustered)
-            while sim.now < end and any(t != tables[0] for t in tables):
-                sim.run_for(0.05)
-                tables = _tables(sim, names, cfg.clustered)
-            if any(t != tables[0] for t in tables):
-                differ = [(n, t.floors) for n, t in zip(names, tables, strict=True)]
-                checker.fail(sim, "replicas", f"decision tables differ: {differ}")
-    except SimulationError as exc:
-        checker.fail(sim, "runaway", str(exc))
+    with runaway_fails(checker, sim):
+        _settle_and_check(sim, checker, injector, names, servers, cfg, audit)
     checker.final(sim, names, accounts, total)
     if cluster_checker is not None:  # the cluster log's own safety invariants (online)
         for v in cluster_checker.violations:
             checker.fail(sim, f"cluster-{v.invariant}", f"t={v.time:.3f} {v.detail}")
 
     replies = [r.reply for r in sim.requests.values() if isinstance(r.reply, dict)]
-    stats = {
-        "events": sim.events,
-        "messages": sim.messages_sent,
-        "begun": len(checker.begun),
-        "committed": sum(1 for o in checker.decisions.values() if o == COMMIT),
-        "acked_commit": sum(1 for r in replies if r.get("outcome") == COMMIT),
-        "unavailable": sum(1 for r in replies if r.get("error") == "Unavailable"),
-        "audits": sum(1 for r in replies if r.get("outcome") == COMMIT and r.get("reads")),
-        "in_doubt_asks": len(checker.asked),
-        "asked_then_commit": checker.asked_then[COMMIT],
-        "asked_then_abort": checker.asked_then[ABORT],
-        "crash_fired": None if injector is None else injector.fired_at,
-        "virtual_time": sim.now,
-        "wall_time": time.perf_counter() - wall,
-    }
+    stats = run_stats(
+        world,
+        begun=len(checker.begun),
+        committed=sum(1 for o in checker.decisions.values() if o == COMMIT),
+        acked_commit=sum(1 for r in replies if r.get("outcome") == COMMIT),
+        unavailable=sum(1 for r in replies if r.get("error") == "Unavailable"),
+        audits=sum(1 for r in replies if r.get("outcome") == COMMIT and r.get("reads")),
+        in_doubt_asks=len(checker.asked),
+        asked_then_commit=checker.asked_then[COMMIT],
+        asked_then_abort=checker.asked_then[ABORT],
+        crash_fired=None if injector is None else injector.fired_at,
+    )
     violations = list(checker.violations)
     result = DtxResult(seed, not violations, chosen, violations, faults, names, stats)
     return result, sim
+
+
+def _settle_and_check(
+    sim: Simulation,
+    checker: DtxChecker,
+    injector: CrashAtStep | None,
+    names: list[NodeId],
+    servers: list[NodeId],
+    cfg: ScenarioConfig,
+    audit: Callable[[], dict[str, Any]],
+) -> None:
+    """Run the fault phase; after the heal, demand that everything settles, that a last audit
+    commits, and that every replica of the decision table is compacted and identical."""
+    sim.run_until(cfg.heal_at)
+    deadline = cfg.heal_at + cfg.settle_within
+    while sim.now < deadline and _busy(sim, names, servers) is not None:
+        sim.run_for(0.1)
+    busy = _busy(sim, names, servers)
+    if busy is not None:
+        checker.fail(sim, "liveness", f"not settled {cfg.settle_within}s after the heal: {busy}")
+        return
+    if injector is not None:
+        injector.enabled = False  # the final audit checks liveness, not crashes
+    rid = sim.request(names[0], audit())
+    while sim.now < deadline + 3.0 and sim.requests[rid].reply is None:
+        sim.run_for(0.05)
+    reply = sim.requests[rid].reply
+    if not (isinstance(reply, dict) and reply.get("outcome") == COMMIT):
+        checker.fail(sim, "liveness", f"final audit did not commit: {reply!r:.200}")
+    # Its phase two, then compaction: the log must have forgotten every
+    # decision (bounded history) once the floors reached it.
+    # (FORGET is resent every ``forget_every`` until acknowledged: allow a few losses.)
+    # Clustered: every node's replica of the table must be compacted.
+    end = sim.now + 5 * cfg.dtx.forget_every + 0.5
+    sim.run_for(0.5)
+    while sim.now < end and _held(sim, names, cfg.clustered):
+        sim.run_for(0.1)
+    held = _held(sim, names, cfg.clustered)
+    if held:
+        checker.fail(sim, "compaction", f"log still holds {held}")
+    # Clustered: every replica applies the same decide/forget sequence (followers
+    # learn the commit index a heartbeat later: compare once they caught up).
+    end = sim.now + 2.0
+    tables = _tables(sim, names, cfg.clustered)
+    while sim.now < end and any(t != tables[0] for t in tables):
+        sim.run_for(0.05)
+        tables = _tables(sim, names, cfg.clustered)
+    if any(t != tables[0] for t in tables):
+        differ = [(n, t.floors) for n, t in zip(names, tables, strict=True)]
+        checker.fail(sim, "replicas", f"decision tables differ: {differ}")
 
 
 def _dtx(machine: Any) -> DtxNode | None:
@@ -552,7 +540,7 @@ def _tables(sim: Simulation, names: list[NodeId], clustered: bool) -> list[Decis
     for name in names:
         m = sim.machine(name)
         assert isinstance(m, DtxClusterNode)
-        out.append(m.cluster.decisions)
+        out.append(m.decisions.table)
     return out
 
 

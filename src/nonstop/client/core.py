@@ -1,0 +1,410 @@
+"""The client core: fail-over, sessions and commit outcomes, written once, without I/O.
+
+Both client handles (:class:`~nonstop.client.handle.Client`, blocking, and
+:class:`~nonstop.client.handle.AsyncClient`, asyncio) follow the same rules;
+this module is those rules.  Each rule is a generator (a *step*) that yields
+:data:`Action` values — connect to node X, send this request on that link,
+close it, sleep — and receives each action's result, or has the action's
+exception thrown in.  A driver performs the actions: the blocking one
+(:mod:`nonstop.client.blocking`) with sockets and ``time.sleep``, the asyncio
+one (:mod:`nonstop.client.aio`) with one multiplexed connection and
+``asyncio.sleep``.  :func:`run` and :func:`arun` are the two loops that feed a
+step its results.  (The remote transaction's ops use the same pattern one
+level up: :mod:`nonstop.client.remote`.)
+
+The rules, in short (``docs/design/client.md``):
+
+* **Fail over** on a network error or a ``QuorumLost``/``NotLeader`` answer:
+  try the next address, at most ``rounds`` passes over the list, then
+  :class:`~nonstop.errors.Unavailable` (or the ``QuorumLost`` seen).
+* **Raise at once** when a node refuses the client at connect time
+  (:class:`~nonstop.client.failures.NodeRefused`: cluster name, protocol range,
+  TLS credentials): every node of the cluster would refuse it too.
+* **A timeout of a session's first op is not retried elsewhere**: the op may be
+  waiting for a lock that it would wait for there too.
+* **A link that failed** is closed and new requests go to the next address —
+  unless it only timed out and the node still answers a ``ping`` (the asyncio
+  link is shared by every task's transactions; a blocking link that timed out
+  is already closed, its stream out of step).
+* **Exactly once (H1)**: after a lost commit reply, ask the same node for the
+  recorded outcome (``request.result``) instead of committing again.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Awaitable, Callable, Generator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from nonstop.client.failures import NodeRefused, is_network_error
+from nonstop.client.lanes import RequestLanes
+from nonstop.client.session import Link, Request
+from nonstop.errors import Aborted, ClusterError, QuorumLost, Unavailable
+from nonstop.model.wire import raise_error
+from nonstop.net.handshake import Hello
+
+T = TypeVar("T")
+
+SWITCH_NODE = ("QuorumLost", "NotLeader")
+"""Error replies to a session's first op that another node may not give."""
+ROUND_PAUSE = 0.1
+"""Pause between two passes over the addresses for an admin request (seconds)."""
+SESSION_ROUND_PAUSE = 0.05
+"""The same for opening a session."""
+
+
+# ------------------------------------------------------------------ actions
+@dataclass(frozen=True, slots=True)
+class Connect:
+    """A link to node ``address``; the result is the link.
+
+    ``fresh=False``: the driver's connection for new work on that node (the
+    blocking driver's pool, the asyncio driver's shared connection).
+    ``fresh=True``: a private link the step closes itself (``request.result``).
+    """
+
+    address: str
+    fresh: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """Send ``payload`` on ``link`` and wait up to ``timeout`` s; the result is the reply."""
+
+    link: Link
+    payload: Request
+    timeout: float
+
+
+@dataclass(frozen=True, slots=True)
+class Notify:
+    """Send ``payload`` on ``link`` without waiting for a reply.  A blocking link cannot
+    (one request at a time): its driver closes it, which the node also acts on."""
+
+    link: Link
+    payload: Request
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """The work on ``link`` is done: it may carry the next (blocking: back to the pool)."""
+
+    link: Link
+
+
+@dataclass(frozen=True, slots=True)
+class Close:
+    """Close ``link`` (the node rolls back the sessions it carried)."""
+
+    link: Link
+
+
+@dataclass(frozen=True, slots=True)
+class Sleep:
+    seconds: float
+
+
+Action = Connect | Call | Notify | Release | Close | Sleep
+Step = Generator[Action, Any, T]
+"""A rule: yields actions, receives their results, returns its own."""
+
+
+def run(step: Step[T], perform: Callable[[Action], Any]) -> T:
+    """Drive ``step`` to its end, performing each action with ``perform`` (blocking).
+
+    An ``Exception`` an action raises is thrown into the step, which decides;
+    anything else (``KeyboardInterrupt``) ends it.
+    """
+    try:
+        action = next(step)
+        while True:
+            try:
+                result = perform(action)
+            except Exception as exc:
+                action = step.throw(exc)
+            else:
+                action = step.send(result)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+    finally:
+        step.close()
+
+
+async def arun(step: Step[T], perform: Callable[[Action], Awaitable[Any]]) -> T:
+    """:func:`run` for asyncio: ``CancelledError`` ends the step, it is not thrown in."""
+    try:
+        action = next(step)
+        while True:
+            try:
+                result = await perform(action)
+            except Exception as exc:
+                action = step.throw(exc)
+            else:
+                action = step.send(result)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+    finally:
+        step.close()
+
+
+# --------------------------------------------------------------------- core
+class ClientCore:
+    """The state both drivers share: where requests go now, and the rules as steps.
+
+    Thread-safe where the blocking client needs it (several threads may run
+    transactions on one client): the address index moves under a lock.
+    """
+
+    def __init__(
+        self,
+        addresses: list[str],
+        *,
+        rounds: int,
+        timeout: float,
+        op_timeout: float,
+        client_id: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not addresses:
+            raise ValueError("no node address given")
+        self.addresses = addresses
+        self.rounds = rounds
+        self.timeout = timeout
+        """How long an admin request, a connect or a rollback may take."""
+        self.op_timeout = op_timeout
+        """How long a data request may take (it may wait for locks on the node)."""
+        self.lanes = RequestLanes(client_id)
+        self.node: Hello | None = None
+        """The hello of the node that answered last."""
+        self._clock = clock
+        self._index = 0
+        self._lock = threading.Lock()
+
+    @property
+    def address(self) -> str:
+        """The address new requests go to."""
+        return self.addresses[self._index]
+
+    def switch(self, address: str) -> None:
+        """``address`` failed: if it is still the current one, move on to the next.
+        (Several requests may see one node fail; the first one moves.)"""
+        with self._lock:
+            if address == self.addresses[self._index]:
+                self._index = (self._index + 1) % len(self.addresses)
+
+    # ------------------------------------------------------ admin requests
+    def request(self, payload: Request) -> Step[Any]:
+        """One admin request, failing over across the addresses; the raw reply.
+
+        Admin requests are idempotent (status, ping) or checked by the cluster
+        (join/leave of a known name), so sending one again elsewhere is safe.
+        """
+        last: BaseException | None = None
+        quorum_lost: QuorumLost | None = None
+        for _ in range(self.rounds):
+            for _ in range(len(self.addresses)):
+                address = self.address
+                try:
+                    link = yield Connect(address)
+                except Exception as exc:
+                    if not is_network_error(exc):
+                        raise  # NodeRefused among them: every node would refuse too
+                    last = exc
+                    self.switch(address)
+                    continue
+                try:
+                    reply = yield Call(link, payload, self.timeout)
+                except Exception as exc:
+                    if not is_network_error(exc):
+                        raise
+                    last = exc
+                    yield from self.drop(link)
+                    continue
+                if isinstance(reply, dict) and reply.get("error") == "QuorumLost":
+                    # A Disabled node (D16): another one may still have quorum.
+                    quorum_lost = QuorumLost(str(reply.get("message")))
+                    yield from self.drop(link)
+                    continue
+                self.node = link.node
+                yield Release(link)
+                return reply
+            yield Sleep(ROUND_PAUSE)
+        if quorum_lost is not None:
+            raise quorum_lost
+        raise Unavailable(f"no node answered at {', '.join(self.addresses)}: {last!r}")
+
+    # ------------------------------------------------------------ sessions
+    def open_session(self, first: Request) -> Step[tuple[Link, Any]]:
+        """Send a session's first op (it carries ``begin``) to the first node that takes
+        it: (link, raw reply).  Trying another node is safe: a session whose link is
+        closed is rolled back by its node."""
+        last: BaseException | None = None
+        for _ in range(self.rounds):
+            for _ in range(len(self.addresses)):
+                address = self.address
+                try:
+                    link = yield Connect(address)
+                except Exception as exc:
+                    if not is_network_error(exc):
+                        raise
+                    last = exc
+                    self.switch(address)
+                    continue
+                try:
+                    reply = yield Call(link, first, self.op_timeout)
+                except Exception as exc:
+                    if not is_network_error(exc):
+                        raise
+                    last = exc
+                    yield from self.connection_failed(link, exc)
+                    if isinstance(exc, TimeoutError):
+                        # Slow or stopped: the op may be waiting for a lock, which
+                        # another node would wait for too.  Fail this transaction only.
+                        raise Unavailable(f"no answer from {address} in time: {exc!r}") from exc
+                    continue
+                if isinstance(reply, dict) and reply.get("error") in SWITCH_NODE:
+                    last = ClusterError(f"{address}: {reply.get('message')}")
+                    yield from self.drop(link)
+                    continue
+                self.node = link.node
+                return link, reply
+            yield Sleep(SESSION_ROUND_PAUSE)
+        raise Unavailable(f"no node took a transaction at {', '.join(self.addresses)}: {last!r}")
+
+    def send(self, link: Link, payload: Request) -> Step[Any]:
+        """An op of the session on ``link``; the raw reply.  A lost, reset or silent link
+        is :class:`~nonstop.errors.Unavailable` (B8): the node rolls the session back
+        when the link closes, and is told to if the link is kept (a slow op)."""
+        try:
+            return (yield Call(link, payload, self.op_timeout))
+        except Exception as exc:
+            if not link.closed:
+                yield Notify(link, {"op": "tx.rollback", "s": payload.get("s")})
+            yield from self.connection_failed(link, exc)
+            raise Unavailable(
+                f"no answer from {link.address} during the transaction ({exc!r}); "
+                "the node rolls it back"
+            ) from exc
+
+    def commit(self, link: Link, payload: Request, req: list[Any] | None) -> Step[None]:
+        """Commit the session on ``link``: returns once committed, raises the node's
+        refusal, or — the reply lost — the outcome the node recorded for ``req``
+        (:meth:`request_result`)."""
+        try:
+            reply = yield Call(link, payload, self.op_timeout)
+        except Exception as exc:
+            yield from self.connection_failed(link, exc)
+            if req is not None:
+                yield from self.request_result(link.address, req, exc)
+            # (Read-only, req None: every read was made under its locks; nothing to commit.)
+            return None
+        raise_error(reply)
+        return None
+
+    def rollback(self, link: Link, s: int) -> Step[None]:
+        """Roll session ``s`` back; a link that fails meanwhile is dropped (the node
+        rolls the session back when it sees the link go) and one that works is released."""
+        if link.closed:
+            return None  # lost already: its node rolled the session back
+        try:
+            yield Call(link, {"op": "tx.rollback", "s": s}, self.timeout)
+        except Exception:
+            yield from self.drop(link)
+            return None
+        yield Release(link)
+        return None
+
+    # ------------------------------------------------------- failed links
+    def connection_failed(self, link: Link, exc: BaseException) -> Step[None]:
+        """A request on ``link`` failed: drop the link unless it is only slow.  A timeout
+        (a long lock wait, a busy node) keeps a link that is still open if its node
+        answers a ping: on the asyncio client every task's transactions share it."""
+        if isinstance(exc, TimeoutError) and not link.closed:
+            try:
+                yield Call(link, {"op": "ping"}, self.timeout)
+                return None
+            except Exception:
+                pass
+        yield from self.drop(link)
+        return None
+
+    def drop(self, link: Link) -> Step[None]:
+        """Close ``link``; new requests try the next address if it was the current one."""
+        yield Close(link)
+        self.switch(link.address)
+        return None
+
+    # ----------------------------------------------------- commit outcome
+    def request_result(self, address: str, req: list[Any], cause: BaseException) -> Step[None]:
+        """After a lost commit reply (``cause``): ask ``address`` for the outcome of
+        ``req`` (H1), waiting while it is still running, up to ``op_timeout``.
+        Returns if committed; raises the recorded refusal if aborted, and
+        :class:`~nonstop.errors.Unavailable` if not committed or unknown."""
+        deadline = self._clock() + self.op_timeout
+        delay = 0.01
+        while True:
+            try:
+                link = yield Connect(address, fresh=True)
+                try:
+                    reply = yield Call(link, {"op": "request.result", "req": req}, self.timeout)
+                except Exception:
+                    yield Close(link)
+                    raise
+                yield Close(link)
+            except Exception as exc:
+                if not isinstance(exc, NodeRefused) and not is_network_error(exc):
+                    raise
+                raise Unavailable(
+                    f"the reply to a commit was lost ({cause!r}) and {address} cannot be asked "
+                    f"({exc!r}): the outcome is unknown"
+                ) from exc
+            if settled(reply, address, cause):
+                return None
+            if self._clock() > deadline:
+                raise Unavailable(
+                    f"the commit on {address} is still running after {self.op_timeout}s: "
+                    "the outcome is unknown"
+                )
+            yield Sleep(delay)
+            delay = min(0.2, delay * 2)
+
+
+def settled(reply: Any, address: str, cause: BaseException) -> bool:
+    """Interpret a ``request.result`` reply: True committed, False running, else raise."""
+    raise_error(reply)
+    state = reply.get("state") if isinstance(reply, dict) else None
+    if state == "committed":
+        return True
+    if state == "running":
+        return False
+    if state == "aborted":
+        # The node records an aborted commit as [error class name, message].
+        result = reply.get("result")
+        if isinstance(result, list | tuple) and len(result) == 2:
+            raise_error({"error": result[0], "message": result[1]})
+        if isinstance(result, dict) and "error" in result:
+            raise_error(result)
+        raise Aborted(f"the transaction was rolled back ({result!r})")
+    # "unknown": the node never recorded the commit, so it rolled the session back.
+    raise Unavailable(
+        f"lost the commit's connection to {address} ({cause!r}); the node has no record "
+        "of the commit: it was not committed"
+    )
+
+
+__all__ = [
+    "Action",
+    "Call",
+    "ClientCore",
+    "Close",
+    "Connect",
+    "Notify",
+    "Release",
+    "Sleep",
+    "Step",
+    "arun",
+    "run",
+    "settled",
+]

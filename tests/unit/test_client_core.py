@@ -1,0 +1,157 @@
+"""The client core without I/O: its steps driven by hand, action by action.
+
+The blocking and asyncio drivers only perform these actions
+(tests/unit/test_remote_client.py runs both against a fake node).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from nonstop.client.core import (
+    Action,
+    Call,
+    ClientCore,
+    Close,
+    Connect,
+    Notify,
+    Release,
+    Sleep,
+    Step,
+    run,
+)
+from nonstop.client.failures import NodeRefused
+from nonstop.errors import QuorumLost, Unavailable
+from nonstop.net.handshake import Hello
+
+
+class StubLink:
+    def __init__(self, address: str, closed: bool = False) -> None:
+        self.address = address
+        self.closed = closed
+        self.node: Hello | None = None
+
+
+def core(rounds: int = 2, clock: Any = None) -> ClientCore:
+    options: dict[str, Any] = {"rounds": rounds, "timeout": 1.0, "op_timeout": 3.0}
+    if clock is not None:
+        options["clock"] = clock
+    return ClientCore(["a:1", "b:2"], **options)
+
+
+def finish(step: Step[Any], value: Any) -> Any:
+    with pytest.raises(StopIteration) as done:
+        step.send(value)
+    return done.value.value
+
+
+def test_a_network_error_moves_to_the_next_address_and_a_reply_is_returned() -> None:
+    c = core()
+    step = c.request({"op": "ping"})
+    assert next(step) == Connect("a:1")
+    assert step.throw(ConnectionRefusedError("down")) == Connect("b:2")
+    link = StubLink("b:2")
+    assert step.send(link) == Call(link, {"op": "ping"}, 1.0)
+    assert step.send({"name": "B"}) == Release(link)
+    assert finish(step, None) == {"name": "B"}
+    assert c.address == "b:2", "the next request starts where the last one succeeded"
+
+
+def test_a_refusal_ends_the_request_at_once() -> None:
+    c = core()
+    step = c.request({"op": "ping"})
+    next(step)
+    refused = NodeRefused("a:1", "WrongCluster", "peer 'A' belongs to cluster 'x'")
+    with pytest.raises(NodeRefused):
+        step.throw(refused)
+    assert c.address == "a:1", "a refusal is not a dead node"
+
+
+def test_rounds_are_bounded_and_quorum_lost_is_reported() -> None:
+    c = core(rounds=2)
+    seen: list[Action] = []
+
+    def every_node_disabled(action: Action) -> Any:
+        seen.append(action)
+        if isinstance(action, Connect):
+            return StubLink(action.address)
+        if isinstance(action, Call):
+            return {"error": "QuorumLost", "message": "no quorum"}
+        return None
+
+    with pytest.raises(QuorumLost, match="no quorum"):
+        run(c.request({"op": "status"}), every_node_disabled)
+    assert [a.address for a in seen if isinstance(a, Connect)] == ["a:1", "b:2", "a:1", "b:2"]
+    assert sum(isinstance(a, Close) for a in seen) == 4 and seen.count(Sleep(0.1)) == 2
+
+
+def test_a_first_op_that_times_out_is_not_retried_elsewhere() -> None:
+    c = core()
+    step = c.open_session({"op": "tx.get", "begin": "serializable"})
+    link = StubLink("a:1")
+    assert next(step) == Connect("a:1")
+    assert step.send(link) == Call(link, {"op": "tx.get", "begin": "serializable"}, 3.0)
+    # An open link that timed out: is the node alive?  It is: keep the link.
+    assert step.throw(TimeoutError()) == Call(link, {"op": "ping"}, 1.0)
+    with pytest.raises(Unavailable, match="in time"):
+        step.send({"name": "A"})
+    assert c.address == "a:1"
+
+
+def test_a_lost_session_link_is_unavailable_and_the_next_session_goes_elsewhere() -> None:
+    c = core()
+    link = StubLink("a:1")
+    step = c.send(link, {"op": "tx.get", "s": 4})
+    assert next(step) == Call(link, {"op": "tx.get", "s": 4}, 3.0)
+    link.closed = True  # what a reset does to a link
+    assert step.throw(ConnectionResetError()) == Close(link)
+    with pytest.raises(Unavailable, match="during the transaction"):
+        step.send(None)
+    assert c.address == "b:2"
+
+
+def test_a_slow_op_on_a_live_link_tells_the_node_to_roll_back() -> None:
+    c = core()
+    link = StubLink("a:1")
+    step = c.send(link, {"op": "tx.get", "s": 4})
+    next(step)
+    assert step.throw(TimeoutError()) == Notify(link, {"op": "tx.rollback", "s": 4})
+    assert step.send(None) == Call(link, {"op": "ping"}, 1.0)
+    with pytest.raises(Unavailable):
+        step.send({"name": "A"})
+    assert c.address == "a:1", "the node answers: its link stays"
+
+
+def test_a_lost_commit_reply_polls_the_same_node_until_an_outcome() -> None:
+    now = [0.0]
+    c = core(clock=lambda: now[0])
+    link = StubLink("a:1")
+    step = c.commit(link, {"op": "tx.commit", "s": 4}, ["cid.1", 1])
+    next(step)
+    link.closed = True
+    assert step.throw(ConnectionResetError("lost")) == Close(link)
+    assert step.send(None) == Connect("a:1", fresh=True)
+    asked = StubLink("a:1")
+    ask = Call(asked, {"op": "request.result", "req": ["cid.1", 1]}, 1.0)
+    assert step.send(asked) == ask
+    assert step.send({"state": "running"}) == Close(asked)
+    assert step.send(None) == Sleep(0.01)
+    assert step.send(None) == Connect("a:1", fresh=True)
+    assert step.send(asked) == ask
+    assert step.send({"state": "committed"}) == Close(asked)
+    assert finish(step, None) is None
+
+
+def test_a_commit_still_running_after_op_timeout_is_unknown() -> None:
+    now = [0.0]
+    c = core(clock=lambda: now[0])
+    link = StubLink("a:1", closed=True)
+    step = c.request_result(link.address, ["cid.1", 1], ConnectionResetError())
+    next(step)
+    step.send(link)
+    step.send({"state": "running"})
+    now[0] = 10.0
+    with pytest.raises(Unavailable, match="still running"):
+        step.send(None)
