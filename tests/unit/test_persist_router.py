@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from nonstop.runtime.interface import Persist
-from nonstop.runtime.persist import Done, PersistRouteError, PersistRouter, Write
+from nonstop.runtime.persist import Done, PersistRouteError, PersistRouter, Write, writes_of
 from nonstop.runtime.storage import ClusterStore, StoreWriter
 
 
@@ -25,8 +25,8 @@ class FakePersister:
         self.sets: list[list[Write]] = []
         self.dones: list[Done] = []
 
-    def persist(self, writes: Sequence[Write], done: Done) -> None:
-        self.sets.append(list(writes))
+    def persist(self, batch: Sequence[Persist], done: Done) -> None:
+        self.sets.append(writes_of(batch))
         self.dones.append(done)
 
     def complete(self, index: int, exc: BaseException | None = None) -> None:
@@ -34,7 +34,7 @@ class FakePersister:
 
 
 class RaisingPersister:
-    def persist(self, writes: Sequence[Write], done: Done) -> None:
+    def persist(self, batch: Sequence[Persist], done: Done) -> None:
         raise OSError("no space left")
 
 
@@ -251,10 +251,10 @@ def test_the_store_writer_puts_what_arrives_during_a_commit_into_the_next_one(
 
         return cb
 
-    writer.persist([(b"a", b"1")], finished(1))
+    writer.persist([Persist(1, ((b"a", b"1"),))], finished(1))
     assert store.entered.wait(5)
     for i in (2, 3, 4):  # while the first commit is in flight
-        writer.persist([(b"k%d" % i, b"x")], finished(i))
+        writer.persist([Persist(i, ((b"k%d" % i, b"x"),))], finished(i))
     store.gate.set()
     writer.close()
     assert store.commits == [[(b"a", b"1")], [(b"k2", b"x"), (b"k3", b"x"), (b"k4", b"x")]]
@@ -272,7 +272,7 @@ def test_a_failed_store_commit_is_reported_to_every_write_set_in_it(tmp_path: Pa
     store = BrokenStore(str(tmp_path / "c"), sync=False)
     writer = StoreWriter(store)
     errors: list[BaseException | None] = []
-    writer.persist([(b"a", b"1")], errors.append)
+    writer.persist([Persist(1, ((b"a", b"1"),)), Persist(2, ((b"b", b"2"),))], errors.append)
     writer.close()
     assert len(errors) == 1 and isinstance(errors[0], OSError)
     assert writer.stats["commits"] == 0

@@ -19,6 +19,7 @@ import pytest
 from tests.unit.test_transport import free_port, hello_for
 
 from nonstop.net.tls import TLSConfig
+from nonstop.node.machine import StoreWrites
 from nonstop.runtime.interface import Action, ClientRequest, Event, Persist, Persisted, Reply
 from nonstop.runtime.real import RealRuntime, RuntimeConfig
 from nonstop.runtime.storage import ClusterStore
@@ -86,7 +87,8 @@ async def _with_runtime(tmp: Path, persister: FakePersister, body: Any) -> None:
         machine_factory=lambda rec: machine,  # type: ignore[arg-type,return-value]
         config=RuntimeConfig(listen=f"127.0.0.1:{port}", tls=TLSConfig()),
     )
-    rt.persists.route(b"dtx/", persister, label="dtx", distinct_keys=True)
+    # As the node's composition does (node/machine.py): the store's persister takes plain writes.
+    rt.persists.route(b"dtx/", StoreWrites(persister), label="dtx", distinct_keys=True)
     await rt.start()
     try:
         await body(rt, machine)

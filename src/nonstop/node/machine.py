@@ -16,13 +16,14 @@ import dataclasses
 import importlib
 import inspect
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from nonstop.node.config import ConfigError, NodeConfig, split_join
 from nonstop.node.datadir import Identity
-from nonstop.runtime.interface import Machine
+from nonstop.runtime.interface import Machine, Persist
+from nonstop.runtime.persist import Done, writes_of
 
 MachineFactory = Callable[..., Machine]
 """``(cfg, ident, recovered, rng[, context=NodeContext])`` → the node's machine."""
@@ -99,10 +100,26 @@ def build_cluster_node(
     rm = StoreResourceManager(db, context.lookup_branch, context.feed)
     # The object store's group committer applies a write set's deletes before its
     # puts: it must never get a write set that writes a key twice.
-    context.route_persists(K_DTX, DtxPersister(db), label="dtx", distinct_keys=True)
+    context.route_persists(K_DTX, StoreWrites(DtxPersister(db)), label="dtx", distinct_keys=True)
     real = getattr(DtxConfig, "real", None)
     dtx_config = real() if real is not None else DtxConfig()
     return DtxClusterNode(config, rm, rng, merged, dtx_config)
+
+
+class StoreWrites:
+    """The object store's ``DtxPersister`` as a :class:`~nonstop.runtime.persist.Persister`.
+
+    The persister takes one write set as plain writes; the runtime hands it the
+    ``Persist`` actions of a write set.
+    """
+
+    __slots__ = ("persister",)
+
+    def __init__(self, persister: Any) -> None:
+        self.persister = persister
+
+    def persist(self, batch: Sequence[Persist], done: Done) -> None:
+        self.persister.persist(writes_of(batch), done)
 
 
 def cluster_config(cfg: NodeConfig, ident: Identity) -> Any:

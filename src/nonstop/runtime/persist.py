@@ -67,14 +67,24 @@ Done = Callable[[BaseException | None], None]
 class Persister(Protocol):
     """A store that makes write sets durable (the cluster store, the object store, a disk)."""
 
-    def persist(self, writes: Sequence[Write], done: Done) -> None:
-        """Write ``writes`` atomically, after every earlier write set; then call ``done``.
+    def persist(self, batch: Sequence[Persist], done: Done) -> None:
+        """Write the writes of ``batch`` (one write set), after every earlier one; then ``done``.
 
-        Called on the router's thread, in order.  ``done`` may be called from any
-        thread (the router hands it back through its ``post``), exactly once.
-        Raising counts as a failed write.
+        The write set is atomic as a whole (at least each ``Persist`` of it must
+        be: after a crash a prefix of whole ``Persist`` actions may survive, as
+        the contract allows) and applied in order.  Called on the router's
+        thread, in order.  ``done`` may be called from any thread (the router
+        hands it back through its ``post``), exactly once.  Raising counts as a
+        failed write.
         """
         ...
+
+
+def writes_of(batch: Sequence[Persist]) -> list[Write]:
+    """The writes of ``batch`` in order, as one list (for stores that take plain writes)."""
+    if len(batch) == 1:
+        return list(batch[0].writes)
+    return [w for p in batch for w in p.writes]
 
 
 class PersistRouteError(Exception):
@@ -237,9 +247,8 @@ class PersistRouter:
             else:
                 post(lambda: self._complete(epoch, route, ws, exc))
 
-        writes = list(batch[0].writes) if len(batch) == 1 else [w for p in batch for w in p.writes]
         try:
-            route.persister.persist(writes, done)
+            route.persister.persist(batch, done)
         except Exception as exc:
             self._complete(epoch, route, ws, exc)
 
@@ -289,4 +298,4 @@ class PersistRouter:
         return [self._default, *(route for _, route in self._routes)]
 
 
-__all__ = ["Done", "PersistRouteError", "PersistRouter", "Persister", "Write"]
+__all__ = ["Done", "PersistRouteError", "PersistRouter", "Persister", "Write", "writes_of"]

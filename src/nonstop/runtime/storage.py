@@ -32,6 +32,9 @@ from typing import Any
 import lmdb
 import msgpack
 
+from nonstop.runtime.interface import Persist
+from nonstop.runtime.persist import Done
+
 DEFAULT_MAP_SIZE = 1 << 30
 
 
@@ -87,9 +90,6 @@ class ClusterStore:
         self.env.close()
 
 
-Write = tuple[bytes, bytes | None]
-
-
 class StoreWriter:
     """Group commit of :class:`ClusterStore` write sets on one writer thread (a ``Persister``).
 
@@ -109,13 +109,13 @@ class StoreWriter:
         self.stats["commits"] += 0
         self.stats["commit_us"] += 0
         self._lock = threading.Lock()
-        self._queue: list[tuple[Sequence[Write], Any]] = []
+        self._queue: list[tuple[Sequence[Persist], Done]] = []
         self._running = False
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lmdb-commit")
 
-    def persist(self, writes: Sequence[Write], done: Any) -> None:
+    def persist(self, batch: Sequence[Persist], done: Done) -> None:
         with self._lock:
-            self._queue.append((writes, done))
+            self._queue.append((batch, done))
             if self._running:
                 return  # the writer thread takes it with the next commit
             self._running = True
@@ -131,7 +131,9 @@ class StoreWriter:
             started = time.perf_counter()
             error: BaseException | None = None
             try:
-                self.store.commit(itertools.chain.from_iterable(w for w, _ in batch))
+                self.store.commit(
+                    itertools.chain.from_iterable(p.writes for b, _ in batch for p in b)
+                )
             except BaseException as exc:  # reported to every write set of the commit
                 error = exc
             else:

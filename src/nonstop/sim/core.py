@@ -64,7 +64,7 @@ from nonstop.runtime.interface import (
     Started,
     TimerFired,
 )
-from nonstop.runtime.persist import Done, Persister, PersistRouter, Write
+from nonstop.runtime.persist import Done, Persister, PersistRouter
 
 MachineFactory = Callable[[random.Random, Mapping[bytes, bytes]], Machine]
 """``factory(rng, recovered) -> machine``: builds a node's machine for one incarnation."""
@@ -114,15 +114,16 @@ class Disk:
     """One node's storage: what was synced, and what is still in the volatile buffer."""
 
     durable: dict[bytes, bytes] = field(default_factory=dict)
-    pending: list[tuple[Sequence[Write], Done]] = field(default_factory=list)
-    """Write sets not synced yet (one per ``Persist``: the simulator flushes at once)."""
+    pending: list[Persist] = field(default_factory=list)
+    acks: list[Done] = field(default_factory=list)
+    """The Simulation's: who to tell once ``pending`` is synced (one per write set)."""
     sync_scheduled: bool = False
     syncs: int = 0
     stall_until: float = 0.0
     """No fsync completes before this time (a stalled disk: a full queue, a dying SSD)."""
 
-    def apply(self, writes: Sequence[Write]) -> None:
-        for key, value in writes:
+    def apply(self, persist: Persist) -> None:
+        for key, value in persist.writes:
             if value is None:
                 self.durable.pop(key, None)
             else:
@@ -236,10 +237,11 @@ class Simulation:
         survived = 0
         if disk.pending and self.disk_config.torn_on_crash:
             survived = self.rng.randint(0, len(disk.pending))
-            for writes, _ in disk.pending[:survived]:
-                disk.apply(writes)
+            for persist in disk.pending[:survived]:
+                disk.apply(persist)
         lost = len(disk.pending) - survived
         disk.pending.clear()
+        disk.acks.clear()
         disk.sync_scheduled = False
         assert node.persists is not None
         node.persists.reset()  # what was in flight is never acknowledged
@@ -469,10 +471,11 @@ class Simulation:
         disk = node.disk
         disk.sync_scheduled = False
         batch, disk.pending = disk.pending, []
+        acks, disk.acks = disk.acks, []
         disk.syncs += 1
-        for writes, _ in batch:
-            disk.apply(writes)
-        for _, done in batch:
+        for persist in batch:
+            disk.apply(persist)
+        for done in acks:
             done(None)
 
     def _persisted(self, node: SimNode, tokens: list[int]) -> None:
@@ -520,9 +523,10 @@ class Simulation:
         else:
             raise SimulationError(f"unknown action {action!r}")
 
-    def _disk_write(self, node: SimNode, writes: Sequence[Write], done: Done) -> None:
+    def _disk_write(self, node: SimNode, batch: Sequence[Persist], done: Done) -> None:
         disk = node.disk
-        disk.pending.append((writes, done))
+        disk.pending.extend(batch)
+        disk.acks.append(done)
         if not disk.sync_scheduled:
             disk.sync_scheduled = True
             latency = self.rng.uniform(self.disk_config.sync_min, self.disk_config.sync_max)
@@ -565,5 +569,5 @@ class _DiskWriter:
         self.sim = sim
         self.node = node
 
-    def persist(self, writes: Sequence[Write], done: Done) -> None:
-        self.sim._disk_write(self.node, writes, done)
+    def persist(self, batch: Sequence[Persist], done: Done) -> None:
+        self.sim._disk_write(self.node, batch, done)
