@@ -93,6 +93,60 @@ def test_tokens_are_reported_in_order_even_if_write_sets_complete_out_of_order()
     assert h.durable == [1, 2, 3]
 
 
+def test_a_serial_persister_gets_what_waited_and_the_reactions_in_its_next_write_set() -> None:
+    default = FakePersister()
+    turns: list[Callable[[], None]] = []
+    durable: list[int] = []
+    router: PersistRouter
+
+    def on_durable(tokens: list[int]) -> None:
+        durable.extend(tokens)
+        if tokens == [1]:
+            router.add(p(4, b"raft/reaction"))  # the machine answers the Persisted at once
+
+    router = PersistRouter(
+        default, on_durable=on_durable, on_failed=pytest.fail, defer=turns.append, serial=True
+    )
+
+    def end_turn() -> None:
+        while turns:
+            turns.pop(0)()
+
+    router.add(p(1, b"raft/a"))
+    end_turn()
+    router.add(p(2, b"raft/b"))  # while the first write set is in flight
+    end_turn()
+    router.add(p(3, b"raft/c"))
+    end_turn()
+    assert default.sets == [[(b"raft/a", b"v1")]]  # held, not a second write set
+    default.complete(0)
+    assert durable == [1]
+    end_turn()
+    assert default.sets[1] == [(b"raft/b", b"v2"), (b"raft/c", b"v3"), (b"raft/reaction", b"v4")]
+    default.complete(1)
+    assert durable == [1, 2, 3, 4] and router.idle()
+
+
+def test_a_stop_hands_over_what_a_serial_persister_holds() -> None:
+    h = Harness()
+    router = PersistRouter(
+        h.default,
+        on_durable=h.durable.extend,
+        on_failed=pytest.fail,
+        defer=h.turns.append,
+        serial=True,
+    )
+    router.add(p(1, b"a"))
+    h.end_turn()
+    router.add(p(2, b"b"))
+    assert not router.idle()
+    router.flush(everything=True)
+    assert h.default.sets == [[(b"a", b"v1")], [(b"b", b"v2")]]
+    h.default.complete(1)
+    h.default.complete(0)
+    assert h.durable == [1, 2]
+
+
 def test_prefixes_go_to_their_persister_longest_prefix_first() -> None:
     h = Harness()
     dtx, coord = FakePersister(), FakePersister()

@@ -28,7 +28,12 @@ The router keeps the :class:`~nonstop.runtime.interface.Persist` contract:
   disk groups writes up to the next simulated fsync).  A persister registered
   with ``distinct_keys`` (one that may apply a write set's deletes before its
   puts, like the object store's group committer) gets a new write set wherever
-  a key repeats, so no write set writes a key twice.
+  a key repeats, so no write set writes a key twice.  A persister registered
+  with ``serial`` has at most one write set in flight: what is queued meanwhile
+  waits for its acknowledgement and goes as the next write set, together with
+  the Persists the machine emits on hearing ``Persisted`` (the real cluster
+  store: one fsync then carries a Raft append and the reactions to the one
+  before, which saves fsyncs per transaction under load).
 * **Atomicity and order.**  A ``Persist`` lies inside one write set, which a
   persister writes atomically.  The write sets of one persister are written in
   the order handed over.
@@ -108,11 +113,13 @@ class _Route:
         "persister",
         "persists_key",
         "queue",
+        "serial",
     )
 
-    def __init__(self, persister: Persister, label: str, distinct_keys: bool) -> None:
+    def __init__(self, persister: Persister, label: str, distinct_keys: bool, serial: bool) -> None:
         self.persister = persister
         self.label = label
+        self.serial = serial
         prefix = f"{label}_" if label else ""
         self.persists_key = prefix + "persists"
         self.commits_key = prefix + "store_commits"
@@ -129,7 +136,8 @@ class PersistRouter:
     ``defer(fn)``: run ``fn`` once the current turn is over (None: flush at once);
     ``post(fn)``: run ``fn`` on the router's thread (None: call it directly);
     ``stats``: counters ``[<label>_]persists`` (Persists acknowledged) and
-    ``[<label>_]store_commits`` (write sets acknowledged), per route.
+    ``[<label>_]store_commits`` (write sets acknowledged), per route;
+    ``serial``: the default persister has one write set in flight at most.
     """
 
     def __init__(
@@ -141,8 +149,9 @@ class PersistRouter:
         defer: Callable[[Callable[[], None]], object] | None = None,
         post: Callable[[Callable[[], None]], object] | None = None,
         stats: collections.Counter[str] | None = None,
+        serial: bool = False,
     ) -> None:
-        self._default = _Route(default, "", False)
+        self._default = _Route(default, "", False, serial)
         self._routes: list[tuple[bytes, _Route]] = []
         """(prefix, route), longest prefix first."""
         self._on_durable = on_durable
@@ -151,24 +160,32 @@ class PersistRouter:
         self._post = post
         self.stats = stats if stats is not None else collections.Counter[str]()
         self._dirty: list[_Route] = []
-        """Routes with queued Persists (a flush is scheduled when this is not empty)."""
+        """Routes whose queued Persists the next flush hands over."""
+        self._scheduled = False
+        """A deferred flush is pending."""
         self._epoch = 0
         self.failed: BaseException | None = None
 
     def route(
-        self, prefix: bytes, persister: Persister, *, label: str, distinct_keys: bool = False
+        self,
+        prefix: bytes,
+        persister: Persister,
+        *,
+        label: str,
+        distinct_keys: bool = False,
+        serial: bool = False,
     ) -> None:
         """Send the ``Persist`` actions whose keys start with ``prefix`` to ``persister``.
 
         ``label`` names its counters in :attr:`stats`; ``distinct_keys``: never
-        hand it a write set that writes a key twice.  Register before the
-        machine emits its first ``Persist``.
+        hand it a write set that writes a key twice; ``serial``: one write set in
+        flight at most.  Register before the machine emits its first ``Persist``.
         """
         if not prefix:
             raise ValueError("a persister route needs a non-empty key prefix")
         if any(p == prefix for p, _ in self._routes):
             raise ValueError(f"prefix {prefix!r} already has a persister")
-        self._routes.append((prefix, _Route(persister, label, distinct_keys)))
+        self._routes.append((prefix, _Route(persister, label, distinct_keys, serial)))
         self._routes.sort(key=lambda item: len(item[0]), reverse=True)
 
     # ------------------------------------------------------------- queueing
@@ -179,15 +196,20 @@ class PersistRouter:
         except PersistRouteError as exc:
             self._fail(exc)
             return
-        first = not self._dirty  # nothing was waiting: no flush is scheduled yet
-        if not route.queue:
-            self._dirty.append(route)
+        # A route with Persists queued is listed already, or held until its write
+        # set in flight is durable.
+        listed = bool(route.queue) or (route.serial and bool(route.in_flight))
         route.queue.append(persist)
-        if first:
-            if self._defer is None:
-                self.flush()
-            else:
-                self._defer(self.flush)
+        if not listed:
+            self._dirty.append(route)
+            self._schedule()
+
+    def _schedule(self) -> None:
+        if self._defer is None:
+            self.flush()
+        elif not self._scheduled:
+            self._scheduled = True
+            self._defer(self.flush)
 
     def _route_of(self, persist: Persist) -> _Route:
         routes = self._routes
@@ -210,10 +232,22 @@ class PersistRouter:
                 )
         return found if found is not None else self._default
 
-    def flush(self) -> None:
-        """Hand every queued ``Persist`` to its persister, one write set per persister."""
+    def flush(self, *, everything: bool = False) -> None:
+        """Hand every queued ``Persist`` to its persister, one write set per persister.
+
+        A ``serial`` persister's queue waits while it has a write set in flight
+        (its acknowledgement flushes it), unless ``everything`` (a stop: what was
+        emitted is written even though nobody will hear of it).
+        """
+        self._scheduled = False
+        if everything:
+            for route in self._all_routes():
+                if route.queue and route not in self._dirty:
+                    self._dirty.append(route)
         while self._dirty:
             route = self._dirty.pop(0)
+            if route.serial and route.in_flight and not everything:
+                continue  # held: _complete hands it over
             batch, route.queue = route.queue, []
             if not batch:
                 continue
@@ -273,6 +307,10 @@ class PersistRouter:
         self.stats[route.persists_key] += len(tokens)
         self.stats[route.commits_key] += sets
         self._on_durable(tokens)
+        if route.serial and route.queue and not route.in_flight and route not in self._dirty:
+            # What waited for this write set, and what the machine just emitted.
+            self._dirty.append(route)
+            self._schedule()
 
     def _fail(self, exc: BaseException) -> None:
         if self.failed is not None:
@@ -292,7 +330,7 @@ class PersistRouter:
 
     def idle(self) -> bool:
         """Nothing is queued and every write set handed over was acknowledged."""
-        return not self._dirty and not any(r.in_flight for r in self._all_routes())
+        return not any(r.in_flight or r.queue for r in self._all_routes())
 
     def _all_routes(self) -> list[_Route]:
         return [self._default, *(route for _, route in self._routes)]

@@ -13,9 +13,10 @@ fsync never stalls keep-alives.  The actions of
   ``Persist`` actions of one loop turn go to their persister as one write set
   (by key prefix: the node's composition registers persisters for prefixes,
   every other key goes to the cluster store's
-  :class:`~nonstop.runtime.storage.StoreWriter`, whose one LMDB transaction
-  and fsync also takes every write set that arrives while the previous one is
-  in flight -- group commit); ``Persisted`` is fed for each token once it is
+  :class:`~nonstop.runtime.storage.StoreWriter`, one LMDB transaction and
+  fsync per write set, one write set in flight (``serial``): what arrives
+  during an fsync, and what the machine emits on hearing of it, goes in the
+  next one -- group commit); ``Persisted`` is fed for each token once it is
   durable, in order per persister; a failed write stops the node;
 * ``Reply`` → the client connection that sent the request (dropped if gone),
   or the future of :meth:`RealRuntime.submit`;
@@ -151,6 +152,7 @@ class RealRuntime:
             defer=self._call_soon,
             post=self._call_threadsafe,
             stats=self.stats,
+            serial=True,
         )
         """Where ``Persist`` actions go: the cluster store unless a prefix is routed elsewhere."""
         self.notifiers: dict[str, list[Callable[[Notify], None]]] = collections.defaultdict(list)
@@ -222,7 +224,7 @@ class RealRuntime:
         self._internal.clear()
         # Persists emitted before the stop are handed to their stores while they
         # are open: worth keeping even if nobody hears of them.
-        self.persists.flush()
+        self.persists.flush(everything=True)
         if self.router is not None:
             await self.router.stop()
         # The cluster store's writer finishes what it was handed.
