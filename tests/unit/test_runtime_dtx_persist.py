@@ -1,9 +1,10 @@
-"""The real runtime hands the distributed-commit Persists of one loop turn to the store together.
+"""The real runtime hands the Persists of a routed prefix of one loop turn to its persister.
 
-One store write set per turn (split where a key repeats), each Persist acknowledged
-only once its write set is durable, in emission order; a failed write stops the node.
-The store side is a fake persister completing from its own thread, like the store's
-writer thread.
+The node routes the distributed-commit machine's ``dtx/`` keys to the object store
+(``runtime.persists.route``): one store write set per turn (split where a key
+repeats), each Persist acknowledged only once its write set is durable, in emission
+order; a failed write stops the node.  The store side is a fake persister
+completing from its own thread, like the store's writer thread.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import pytest
 from tests.unit.test_transport import free_port, hello_for
 
 from nonstop.net.tls import TLSConfig
+from nonstop.node.machine import StoreWrites
 from nonstop.runtime.interface import Action, ClientRequest, Event, Persist, Persisted, Reply
 from nonstop.runtime.real import RealRuntime, RuntimeConfig
 from nonstop.runtime.storage import ClusterStore
@@ -85,7 +87,8 @@ async def _with_runtime(tmp: Path, persister: FakePersister, body: Any) -> None:
         machine_factory=lambda rec: machine,  # type: ignore[arg-type,return-value]
         config=RuntimeConfig(listen=f"127.0.0.1:{port}", tls=TLSConfig()),
     )
-    rt.dtx_persister = persister
+    # As the node's composition does (node/machine.py): the store's persister takes plain writes.
+    rt.persists.route(b"dtx/", StoreWrites(persister), label="dtx", distinct_keys=True)
     await rt.start()
     try:
         await body(rt, machine)
@@ -154,3 +157,33 @@ def test_persists_queued_when_the_node_stops_are_still_written(tmp_path: Path) -
         assert persister.calls == [[(b"dtx/t/c.3", b"v")]]
 
     asyncio.run(_with_runtime(tmp_path, persister, body))
+
+
+class BrokenClusterStore(ClusterStore):
+    def commit(self, writes: Any) -> int:
+        raise OSError("cluster disk gone")
+
+
+def test_a_failed_cluster_store_commit_acknowledges_nothing_and_stops_the_node(
+    tmp_path: Path,
+) -> None:
+    async def main() -> None:
+        port = free_port()
+        store = BrokenClusterStore(str(tmp_path / "n"), sync=False)
+        machine = PersistingMachine()
+        rt = RealRuntime(
+            hello=hello_for("n", port),
+            store=store,
+            machine_factory=lambda rec: machine,  # type: ignore[arg-type,return-value]
+            config=RuntimeConfig(listen=f"127.0.0.1:{port}", tls=TLSConfig()),
+        )
+        await rt.start()
+        try:
+            await rt.submit({"p": [[b"raft/a"], [b"raft/b"]]})
+            await asyncio.wait_for(rt.stopped.wait(), 10)  # the node stopped itself
+            assert isinstance(rt.fatal, OSError) and machine.persisted == []
+        finally:
+            await rt.stop()
+            store.close()
+
+    asyncio.run(main())

@@ -16,13 +16,14 @@ import dataclasses
 import importlib
 import inspect
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from nonstop.node.config import ConfigError, NodeConfig, split_join
 from nonstop.node.datadir import Identity
-from nonstop.runtime.interface import Machine
+from nonstop.runtime.interface import Machine, Persist
+from nonstop.runtime.persist import Done, writes_of
 
 MachineFactory = Callable[..., Machine]
 """``(cfg, ident, recovered, rng[, context=NodeContext])`` → the node's machine."""
@@ -38,8 +39,10 @@ class NodeContext:
     """The data service's branch registry (``DataService.lookup_branch``)."""
     feed: Callable[[list[Any]], None] | None = None
     """Hands the resource manager's late progress to the machine (on the loop)."""
-    persister: Any = None
-    """Set by the factory: who writes the machine's ``dtx/`` keys (``DtxPersister``)."""
+    route_persists: Callable[..., None] | None = None
+    """``route_persists(prefix, persister, label=..., distinct_keys=...)``: send the
+    machine's ``Persist`` writes under ``prefix`` to ``persister`` instead of the cluster
+    store (the runtime's :meth:`~nonstop.runtime.persist.PersistRouter.route`)."""
 
 
 def takes_context(factory: MachineFactory) -> bool:
@@ -72,8 +75,9 @@ def build_cluster_node(
 
     With an object store in ``context`` the machine is a ``DtxClusterNode``
     whose resource manager is the store (``nonstop.dataplane.participant``); its durable
-    ``dtx/`` state is read back from the store and written through
-    ``context.persister``.
+    ``dtx/`` state is read back from the store and written by a ``DtxPersister``
+    in the store's own commits, routed there through ``context.route_persists``
+    (data-path.md section 5).
     """
     config = cluster_config(cfg, ident)
     if context is None or context.db is None:
@@ -81,6 +85,7 @@ def build_cluster_node(
 
         return ClusterNode(config, rng, recovered)
     from nonstop.dataplane.participant import (
+        K_DTX,
         DtxPersister,
         StoreResourceManager,
         recovered_dtx_state,
@@ -89,13 +94,32 @@ def build_cluster_node(
     from nonstop.dtx.protocol import DtxConfig
 
     assert context.lookup_branch is not None and context.feed is not None
+    assert context.route_persists is not None
     db = context.db
     merged = {**recovered, **recovered_dtx_state(db)}
     rm = StoreResourceManager(db, context.lookup_branch, context.feed)
-    context.persister = DtxPersister(db)
+    # The object store's group committer applies a write set's deletes before its
+    # puts: it must never get a write set that writes a key twice.
+    context.route_persists(K_DTX, StoreWrites(DtxPersister(db)), label="dtx", distinct_keys=True)
     real = getattr(DtxConfig, "real", None)
     dtx_config = real() if real is not None else DtxConfig()
     return DtxClusterNode(config, rm, rng, merged, dtx_config)
+
+
+class StoreWrites:
+    """The object store's ``DtxPersister`` as a :class:`~nonstop.runtime.persist.Persister`.
+
+    The persister takes one write set as plain writes; the runtime hands it the
+    ``Persist`` actions of a write set.
+    """
+
+    __slots__ = ("persister",)
+
+    def __init__(self, persister: Any) -> None:
+        self.persister = persister
+
+    def persist(self, batch: Sequence[Persist], done: Done) -> None:
+        self.persister.persist(writes_of(batch), done)
 
 
 def cluster_config(cfg: NodeConfig, ident: Identity) -> Any:

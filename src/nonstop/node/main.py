@@ -27,6 +27,7 @@ from nonstop.net.handshake import ROLE_NODE, Hello
 from nonstop.node.config import ConfigError, NodeConfig, split_join
 from nonstop.node.datadir import DataDir, Identity
 from nonstop.node.machine import NodeContext, resolve, takes_context
+from nonstop.node.router import NodeRouter
 from nonstop.runtime.real import (
     RealRuntime,
     RuntimeConfig,
@@ -240,7 +241,15 @@ async def auto_join(runtime: RealRuntime, cfg: NodeConfig) -> None:
 def make_runtime(
     cfg: NodeConfig, store: Any, ident: Identity, object_store: Any = None
 ) -> RealRuntime:
-    """The runtime of this node, with its data service when there is an object store."""
+    """The runtime of this node, composed with its services.
+
+    The composition, not the runtime, decides where things go: the node's
+    :class:`~nonstop.node.router.NodeRouter` takes the data path's client ops and
+    peer messages (to the data service when there is an object store), and the
+    machine factory routes the durable keys it does not keep in the cluster
+    store (the distributed-commit machine's ``dtx/`` keys) to their persister on
+    ``runtime.persists``.
+    """
     factory = resolve(cfg.machine)
     plain, static_peers = split_join(cfg.join)
     hello = Hello(
@@ -260,9 +269,7 @@ def make_runtime(
     def machine_factory(recovered: dict[bytes, bytes]) -> Any:
         if not takes_context(factory):
             return factory(cfg, ident, recovered, rng)
-        machine = factory(cfg, ident, recovered, rng, context=context)
-        runtime.dtx_persister = context.persister
-        return machine
+        return factory(cfg, ident, recovered, rng, context=context)
 
     runtime = RealRuntime(
         hello=hello,
@@ -278,35 +285,32 @@ def make_runtime(
             connect_timeout=cfg.connect_timeout,
         ),
     )
+    context.route_persists = runtime.persists.route
+    service = None
     if object_store is not None:
-        attach_data_service(runtime, object_store, cfg, context)
+        service = attach_data_service(runtime, object_store, cfg, context)
+    runtime.router = NodeRouter(runtime.name, service, object_store)
     return runtime
 
 
-def attach_data_service(runtime: RealRuntime, db: Any, cfg: NodeConfig, context: Any) -> None:
+def attach_data_service(runtime: RealRuntime, db: Any, cfg: NodeConfig, context: Any) -> Any:
     """The node's data service (``nonstop.dataplane.service``) and its hooks into the machine."""
     import dataclasses
 
     from nonstop.dataplane.service import DataService, ServiceConfig
-    from nonstop.runtime.interface import Received
 
     names = {f.name for f in dataclasses.fields(ServiceConfig)}
     config = ServiceConfig(**{k: v for k, v in cfg.extra.items() if k in names})
     service = DataService(runtime, db, config)
-    runtime.data_service = service
 
     def feed(progress: list[Any]) -> None:
-        # Never inside the machine's own handle(): the next loop turn.
-        assert runtime.loop is not None
-        payload = {"t": "dtx.rm", "p": progress}
-        runtime.loop.call_soon(
-            lambda: runtime._dispatch(
-                Received(now=runtime.now(), sender=runtime.name, payload=payload)
-            )
-        )
+        # A message from the node to itself: delivered on the next loop turn,
+        # never inside the machine's own handle().
+        runtime.send(runtime.name, {"t": "dtx.rm", "p": progress})
 
     context.lookup_branch = service.lookup_branch
     context.feed = feed
+    return service
 
 
 def run(cfg: NodeConfig) -> int:

@@ -13,11 +13,16 @@ What is simulated (see ``docs/design/simulation.md``):
   dropped, duplicated or reordered.  Links can be cut in one direction only
   (:meth:`Simulation.block`) or both (:meth:`Simulation.partition`); a message
   in flight on a link that is cut is lost.
-* **Disk** -- ``Persist`` writes go to a volatile buffer; one simulated fsync
-  later (group commit: every write buffered by then, in order) they are durable
-  and each ``Persisted(token)`` is delivered.  A crash loses the buffer, except
-  possibly a prefix of it (the OS may have written some of it already), which
-  keeps each ``Persist`` atomic and in order as the contract promises.
+* **Disk** -- ``Persist`` actions go through the same
+  :class:`~nonstop.runtime.persist.PersistRouter` as in the real runtime; the
+  node's simulated disk is its default persister (a scenario may route a key
+  prefix to a persister of its own with :meth:`Simulation.route_persists`, as
+  the real node routes ``dtx/`` to the object store).  On the disk, writes go
+  to a volatile buffer; one simulated fsync later (group commit: every write
+  buffered by then, in order) they are durable and each ``Persisted(token)`` is
+  delivered.  A crash loses the buffer, except possibly a prefix of it (the OS
+  may have written some of it already), which keeps each ``Persist`` atomic
+  and in order as the contract promises.
 * **Disk stalls** -- :meth:`Simulation.stall_disk` holds every fsync of a node
   for a while, as a saturated or failing disk does, while the node runs on.
 * **Nodes** -- crash (state and timers lost, durable dict kept), restart (a
@@ -34,7 +39,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,6 +64,7 @@ from nonstop.runtime.interface import (
     Started,
     TimerFired,
 )
+from nonstop.runtime.persist import Done, Persister, PersistRouter
 
 MachineFactory = Callable[[random.Random, Mapping[bytes, bytes]], Machine]
 """``factory(rng, recovered) -> machine``: builds a node's machine for one incarnation."""
@@ -109,6 +115,8 @@ class Disk:
 
     durable: dict[bytes, bytes] = field(default_factory=dict)
     pending: list[Persist] = field(default_factory=list)
+    acks: list[Done] = field(default_factory=list)
+    """The Simulation's: who to tell once ``pending`` is synced (one per write set)."""
     sync_scheduled: bool = False
     syncs: int = 0
     stall_until: float = 0.0
@@ -136,6 +144,8 @@ class SimNode:
     timers: dict[str, int] = field(default_factory=dict)
     disk: Disk = field(default_factory=Disk)
     crashes: int = 0
+    persists: PersistRouter | None = None
+    """Routes the machine's ``Persist`` actions: to :attr:`disk` unless a prefix is routed."""
 
 
 @dataclass(slots=True)
@@ -192,6 +202,11 @@ class Simulation:
         if name in self.nodes:
             raise SimulationError(f"node {name} exists")
         node = self.nodes[name] = SimNode(name, factory)
+        node.persists = PersistRouter(
+            _DiskWriter(self, node),
+            on_durable=lambda tokens: self._persisted(node, tokens),
+            on_failed=self._persist_failed,
+        )
         if start:
             self.start(name)
         return node
@@ -226,7 +241,10 @@ class Simulation:
                 disk.apply(persist)
         lost = len(disk.pending) - survived
         disk.pending.clear()
+        disk.acks.clear()
         disk.sync_scheduled = False
+        assert node.persists is not None
+        node.persists.reset()  # what was in flight is never acknowledged
         node.up = False
         node.paused = False
         node.machine = None
@@ -259,6 +277,27 @@ class Simulation:
         node = self._node(name)
         node.disk.stall_until = max(node.disk.stall_until, self.now + duration)
         self._fault("stall", node=name, duration=round(duration, 6))
+
+    def route_persists(
+        self,
+        name: NodeId,
+        prefix: bytes,
+        persister: Persister,
+        *,
+        label: str,
+        distinct_keys: bool = False,
+    ) -> None:
+        """Send ``name``'s ``Persist`` writes under ``prefix`` to ``persister``, not its disk.
+
+        The persister is the scenario's: it completes write sets when it likes
+        (schedule with :meth:`at`), and keeps what is durable across a crash
+        itself (watch ``crash`` in :attr:`fault_observers`); the machine
+        factory must merge it into ``recovered``.  Completions of a crashed
+        incarnation are ignored.
+        """
+        node = self._node(name)
+        assert node.persists is not None
+        node.persists.route(prefix, persister, label=label, distinct_keys=distinct_keys)
 
     def is_up(self, name: NodeId) -> bool:
         node = self._node(name)
@@ -432,11 +471,19 @@ class Simulation:
         disk = node.disk
         disk.sync_scheduled = False
         batch, disk.pending = disk.pending, []
+        acks, disk.acks = disk.acks, []
         disk.syncs += 1
         for persist in batch:
             disk.apply(persist)
-        for persist in batch:
-            self._push(self.now, "event", (node.name, node.incarnation, "persisted", persist.token))
+        for done in acks:
+            done(None)
+
+    def _persisted(self, node: SimNode, tokens: list[int]) -> None:
+        for token in tokens:
+            self._push(self.now, "event", (node.name, node.incarnation, "persisted", token))
+
+    def _persist_failed(self, exc: BaseException) -> None:
+        raise SimulationError(f"a durable write failed: {exc}") from exc
 
     def _handle(self, node: SimNode, event: Event) -> None:
         assert node.machine is not None
@@ -464,13 +511,8 @@ class Simulation:
         elif isinstance(action, CancelTimer):
             node.timers.pop(action.name, None)
         elif isinstance(action, Persist):
-            disk = node.disk
-            disk.pending.append(action)
-            if not disk.sync_scheduled:
-                disk.sync_scheduled = True
-                latency = self.rng.uniform(self.disk_config.sync_min, self.disk_config.sync_max)
-                when = max(self.now + latency, disk.stall_until)
-                self._push(when, "event", (node.name, node.incarnation, "sync", None))
+            assert node.persists is not None
+            node.persists.add(action)
         elif isinstance(action, Reply):
             record = self.requests.get(action.request_id)
             if record is not None and record.replied_at is None:
@@ -480,6 +522,16 @@ class Simulation:
             pass  # observers see them; nothing for the runtime to do
         else:
             raise SimulationError(f"unknown action {action!r}")
+
+    def _disk_write(self, node: SimNode, batch: Sequence[Persist], done: Done) -> None:
+        disk = node.disk
+        disk.pending.extend(batch)
+        disk.acks.append(done)
+        if not disk.sync_scheduled:
+            disk.sync_scheduled = True
+            latency = self.rng.uniform(self.disk_config.sync_min, self.disk_config.sync_max)
+            when = max(self.now + latency, disk.stall_until)
+            self._push(when, "event", (node.name, node.incarnation, "sync", None))
 
     # ---------------------------------------------------------------- trace
     def _record(self, name: NodeId, event: Event, actions: list[Action]) -> None:
@@ -506,3 +558,16 @@ class Simulation:
         default; campaigns switch it off for speed), else only the faults.
         """
         return self._digest.hexdigest()
+
+
+class _DiskWriter:
+    """A node's simulated disk as the default persister of its :class:`PersistRouter`."""
+
+    __slots__ = ("node", "sim")
+
+    def __init__(self, sim: Simulation, node: SimNode) -> None:
+        self.sim = sim
+        self.node = node
+
+    def persist(self, batch: Sequence[Persist], done: Done) -> None:
+        self.sim._disk_write(self.node, batch, done)

@@ -1,0 +1,112 @@
+"""Which service of a node answers a client op or a peer message: the node's routing.
+
+The runtime (``nonstop.runtime``) knows one machine and the network; it offers
+every client op and peer message to the node's
+:class:`~nonstop.runtime.routing.Router` first.  This is that router: the
+client ops of the data path (``tx.*``, ``bulk.*``, ``nodes``, ``types``,
+``request.result``; ``docs/design/data-path.md`` section 3) and the peer
+messages whose ``t`` starts with ``data.`` go to the node's data service
+(``nonstop.dataplane.service.DataService``, which serves the bulk operations
+too); everything else goes on to the machine (the cluster layer and
+distributed commit).
+
+A node without an object store has no data service: its data ops are answered
+with ``Unavailable`` (a client fails over to a node that serves them) and its
+``data.*`` messages are dropped with a log line, instead of reaching a machine
+that does not know them.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Protocol
+
+from nonstop import errors
+from nonstop.dataplane.service import is_data_message, is_data_op
+from nonstop.model.wire import error_out
+from nonstop.net.connection import Connection
+
+log = logging.getLogger("nonstop.node")
+
+
+class DataPlane(Protocol):
+    """What the router needs of the data service."""
+
+    stats: Any
+
+    def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    def on_client(self, conn: Any, client_id: Any, payload: dict[str, Any]) -> None: ...
+
+    def connection_closed(self, conn: Any) -> None: ...
+
+    def on_peer(self, sender: str, payload: dict[str, Any]) -> None: ...
+
+
+class NodeRouter:
+    """The node's :class:`~nonstop.runtime.routing.Router` (module doc).
+
+    ``data`` is the data service (None without an object store); ``db`` the
+    object store, whose group-commit counters ``runtime_stats`` reports.
+    """
+
+    def __init__(self, name: str, data: DataPlane | None, db: Any = None) -> None:
+        self.name = name
+        self.data = data
+        self.db = db
+        self._dropped_kinds: set[str] = set()
+
+    def start(self) -> None:
+        if self.data is not None:
+            self.data.start()
+
+    async def stop(self) -> None:
+        if self.data is not None:
+            await self.data.stop()
+
+    def on_client(self, conn: Connection, client_id: Any, payload: Any) -> bool:
+        op = payload.get("op") if isinstance(payload, dict) else None
+        if not is_data_op(op):
+            return False
+        if self.data is None:
+            error = errors.Unavailable(
+                f"node {self.name} has no object store: it does not serve {op!r}"
+            )
+            conn.send({"t": "rep", "id": client_id, "p": error_out(error)})
+            return True
+        self.data.on_client(conn, client_id, payload)
+        return True
+
+    def connection_closed(self, conn: Connection) -> None:
+        if self.data is not None:
+            # Its open transactions are rolled back (B8).
+            self.data.connection_closed(conn)
+
+    def on_peer(self, sender: str, payload: Any) -> bool:
+        if not is_data_message(payload):
+            return False
+        if self.data is None:
+            kind = str(payload.get("t"))
+            if kind not in self._dropped_kinds:  # once per kind: a busy peer would flood
+                self._dropped_kinds.add(kind)
+                log.warning(
+                    "dropped %s from %s: node %s has no data service (no object store)",
+                    kind,
+                    sender,
+                    self.name,
+                )
+            return True
+        self.data.on_peer(sender, payload)
+        return True
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "data": {} if self.data is None else dict(self.data.stats),
+            # The object store's group commit: store commits per fsync (commits/groups).
+            "store": {} if self.db is None else self.db.stats(),
+        }
+
+
+__all__ = ["DataPlane", "NodeRouter"]

@@ -1,0 +1,28 @@
+"""What the real runtime needs to know beyond the node's identity."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from nonstop.net.discovery import DiscoveryConfig
+from nonstop.net.frames import DEFAULT_MAX_FRAME
+from nonstop.net.tls import TLSConfig
+
+
+@dataclass
+class RuntimeConfig:
+    """Listener, peers to join, frame limit, TLS, discovery and the transport's timings."""
+
+    listen: str = "127.0.0.1:7101"
+    join: list[str] = field(default_factory=list)
+    static_peers: dict[str, str] = field(default_factory=dict)
+    """name → address from the configuration (C2 static discovery; the machine knows them too)."""
+    max_frame: int = DEFAULT_MAX_FRAME
+    tls: TLSConfig = field(default_factory=TLSConfig)
+    discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)
+    connect_timeout: float = 2.0
+    handshake_timeout: float = 5.0
+    redial_min: float = 0.05
+    redial_max: float = 1.0
+    startup_grace: float = 10.0
+    """A DuplicateName/WrongCluster refusal this soon after start stops the node."""
