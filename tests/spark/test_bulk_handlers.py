@@ -175,6 +175,13 @@ def test_bad_requests(ctx: BulkContext) -> None:
         op(ctx, "bulk.scan", type="no.such.Type")
     with pytest.raises(UnknownType):
         op(ctx, "bulk.upsert", type="no.such.Type", rows=rows)
+    # Said from the client's side: the NODES do not know it; the closest known name.
+    with pytest.raises(UnknownType) as unknown:
+        op(ctx, "bulk.schema", type="pipe.Iten")
+    message = str(unknown.value)
+    assert message.startswith("node ") and "does not know the managed type 'pipe.Iten'" in message
+    assert "closest: 'pipe.Item'" in message and "known types: " in message
+    assert "pipe.Owner" in message and "import its module" not in message
     with pytest.raises(TypeVersionMismatch):
         op(ctx, "bulk.scan", type=T, tv=7)
     with pytest.raises(FieldError, match="no field"):

@@ -732,3 +732,65 @@ def test_random_event_storms_never_raise_and_leave_nothing_behind() -> None:
     # The storm did commit, abort, time out and refuse things.
     assert {"ok", "TransactionClosed", "Unavailable", "Aborted"} <= set(outcomes), outcomes
     assert outcomes["decided"] > 20, outcomes
+
+
+def _run_until(net: Net, until: float, step: float = 0.5) -> None:
+    """Advance time to ``until`` in steps, firing every timer due on every node."""
+    while net.now < until:
+        net.now = min(until, net.now + step)
+        for node in net.machines:
+            for name, at in sorted(net.timers[node].items()):
+                if at <= net.now and net.timers[node].get(name) == at:
+                    del net.timers[node][name]
+                    net.feed(node, TimerFired(now=net.now, name=name))
+
+
+def test_a_long_swap_is_kept_alive_by_its_progress_not_cut_by_rpc_timeout() -> None:
+    net = Net("AB", rpc_timeout=2.0, sweep_every=1.0, branch_idle=30.0)
+    net.hold = lambda ex: ex.op == "branch.overwrite"
+    s = net.ok("A", {"op": "tx.begin"})["s"]
+    swap = {"op": "tx.overwrite", "s": s, "type": ACC, "tv": 1, "job": "j", "parts": None}
+    assert net.op("A", swap) is None  # A's branch, then B's: both running (held)
+    net.release_held()  # A's own branch is done; B's is running now
+    _run_until(net, 3.0)
+    assert net.held and net.held[0][1].op == "branch.overwrite"  # B still works
+    busy = [p for a, b, p in net.sent if a == "B" and b == "A" and p.get("t") == "data.busy"]
+    assert busy, "B tells A it still runs the swap"
+    _run_until(net, 20.0)  # ten rpc_timeouts: no Unavailable while B reports progress
+    assert not [r for r in net.replies if "error" in r.payload], net.replies
+    net.release_held()
+    done = [r.payload for r in net.replies if "deleted" in r.payload]
+    assert done and "error" not in done[-1], net.replies[-3:]
+
+
+def test_a_long_swap_on_a_peer_that_stops_reporting_times_out() -> None:
+    net = Net("AB", rpc_timeout=2.0, sweep_every=1.0, branch_idle=30.0)
+    net.hold = lambda ex: ex.op == "branch.overwrite"
+    s = net.ok("A", {"op": "tx.begin"})["s"]
+    swap = {"op": "tx.overwrite", "s": s, "type": ACC, "tv": 1, "job": "j", "parts": None}
+    assert net.op("A", swap) is None
+    net.release_held()
+    _run_until(net, 4.0)
+    net.silent.add("B")  # B's notes (and its answer) are lost from here on
+    _run_until(net, 6.5)
+    errors = [r.payload for r in net.replies if "error" in r.payload]
+    assert errors and errors[-1]["error"] == "Unavailable", net.replies
+    assert "did not answer branch.overwrite" in errors[-1]["message"]
+
+
+def test_busy_notes_never_extend_an_ordinary_call() -> None:
+    net = Net("ABC", rpc_timeout=2.0, sweep_every=1.0, branch_idle=30.0)
+    accounts(net, {"c": "C"})
+    s = net.ok("A", get("c", begin="serializable"))["s"]
+    net.silent.add("B")
+    assert net.op("A", {"op": "tx.count", "s": s, "type": ACC}) is None
+    # A note from B for every call A waits for: ignored (not a long op).
+    _run_until(net, 1.5)
+    for name in list(net.timers["A"]):
+        if name.startswith(RPC_TIMER):
+            note = {"t": "data.busy", "id": int(name[len(RPC_TIMER) :])}
+            net.feed("A", Received(now=net.now, sender="B", payload=note))
+    _run_until(net, 2.5)
+    reply = net.replies[-1].payload
+    assert reply["error"] == "Unavailable" and "did not answer branch.count" in reply["message"]
+    assert not [p for _, _, p in net.sent if p.get("t") == "data.busy"]  # no long op ran

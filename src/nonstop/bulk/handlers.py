@@ -41,8 +41,11 @@ key                    value
 
 from __future__ import annotations
 
+import asyncio
 import datetime as _dt
+import difflib
 import heapq
+import itertools
 import math
 import secrets
 import time
@@ -52,6 +55,7 @@ from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from nonstop.bulk import fast as bulk_fast
+from nonstop.bulk import gc_hold
 from nonstop.errors import (
     BadArgument,
     DuplicateKey,
@@ -61,13 +65,13 @@ from nonstop.errors import (
     SchemaError,
     TooManyRetries,
     TypeVersionMismatch,
+    UnknownType,
 )
 from nonstop.model.codec import encode_key, pack, unpack
-from nonstop.model.managed import KeyInfo, TypeInfo
+from nonstop.model.managed import KeyInfo, TypeInfo, registered_types
 from nonstop.model.ref import REF_SIZE, Ref
 from nonstop.store.group_commit import WriteSet
 from nonstop.tx.locks import LockMode
-from nonstop.tx.query import gc_paused
 
 if TYPE_CHECKING:
     from nonstop.tx.async_transaction import AsyncTransaction
@@ -107,7 +111,10 @@ def _type(ctx: BulkContext, payload: dict[str, Any]) -> TypeInfo:
     name = payload.get("type")
     if not isinstance(name, str) or not name:
         raise BadArgument("a bulk operation needs 'type': the managed type's name")
-    info = ctx.db.engine.type_by_name(name)  # UnknownType when not defined
+    try:
+        info = ctx.db.engine.type_by_name(name)
+    except UnknownType:
+        raise UnknownType(unknown_type_message(name, ctx.node or str(ctx.db.path))) from None
     tv = payload.get("tv")
     if tv is not None and tv != info.version:
         raise TypeVersionMismatch(
@@ -115,6 +122,19 @@ def _type(ctx: BulkContext, payload: dict[str, Any]) -> TypeInfo:
             f"version {info.version}"
         )
     return info
+
+
+def unknown_type_message(name: str, node: str) -> str:
+    """What a client (Spark's side) needs when a node does not know a type: that the
+    nodes lack it (not the client), which types they know, and the closest name."""
+    known = sorted(registered_types())
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.5)
+    hint = f"; closest: {close[0]!r}" if close else ""
+    shown = ", ".join(known[:20]) + (f" and {len(known) - 20} more" if len(known) > 20 else "")
+    return (
+        f"node {node} does not know the managed type {name!r} (no application module "
+        f"of the nodes defines it){hint}; known types: {shown or 'none'}"
+    )
 
 
 def _fields(info: TypeInfo, wanted: Any, fmt: str) -> list[str]:
@@ -337,7 +357,7 @@ def scan(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any]:
     store = ctx.db.engine.store
     types = {t.name: t for t in info.concrete_types()}
     start = max(x for x in (lo, after) if x is not None) if (lo or after) else None
-    with gc_paused():  # tens of thousands of state dicts: see query.gc_paused
+    with gc_hold.paused():  # tens of thousands of state dicts: see query.gc_paused
         if not filters and len(types) == 1:
             snapshot, refs, states, more = _scan_extent(store, info.name, start, after, hi, limit)
         else:
@@ -629,10 +649,21 @@ def _run_steps(tx: Transaction, steps: Steps) -> Any:
             failure = exc
 
 
+SLICE = 0.01
+"""Seconds of work after which :func:`_arun_steps` lets the node's event loop run."""
+
+
 async def _arun_steps(tx: AsyncTransaction, steps: Steps) -> Any:
+    """Run ``steps`` on the node's event loop in slices of about :data:`SLICE` s:
+    between them the loop answers keep-alives, other transactions and requests,
+    so a swap of any size never holds the node (data-path.md §6.2)."""
     value: Any = None
     failure: Exception | None = None
+    slice_end = time.monotonic() + SLICE
     while True:
+        if time.monotonic() >= slice_end:
+            await asyncio.sleep(0)  # one loop turn: whatever is ready runs now
+            slice_end = time.monotonic() + SLICE
         try:
             name, args, kwargs = steps.throw(failure) if failure else steps.send(value)
         except StopIteration as stop:
@@ -791,7 +822,7 @@ def upsert(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any]:
 
     if not fast:
         return _retrying(run)  # type: ignore[no-any-return]
-    with gc_paused():  # ~10 objects per row, all freed by reference counting
+    with gc_hold.paused():  # ~10 objects per row, all freed by reference counting
         return _retrying(run)  # type: ignore[no-any-return]
 
 
@@ -933,6 +964,11 @@ async def overwrite_branch(
     transaction (``branch.overwrite``): nothing is committed here; the session's
     commit makes every node's swap visible at once, or none (two-phase commit)."""
     job = _job(payload)
+    # The transaction grows by an entry per object swapped and lives until the
+    # two-phase commit ends: the cyclic GC stays off until then (bulk/gc_hold.py).
+    gc_hold.hold()
+    tx.on_commit(gc_hold.release)
+    tx.on_rollback(gc_hold.release)
     return await _arun_steps(tx, _g_swap(tx, info, job, payload.get("parts")))  # type: ignore[no-any-return]
 
 
@@ -959,9 +995,8 @@ def _g_swap(tx: Transaction, info: TypeInfo, job: str, parts_arg: Any) -> Steps:
     staged = _keys_with(db, f"o/{job}/".encode())
     parts = _chosen(staged, f"o/{job}/".encode(), parts_arg)
     deleted = 0
-    for obj in (yield ("extent", (info.cls,), {"lock": "write"})):
-        yield ("delete", (obj,), {})
-        deleted += 1
+    for name in sorted(t.name for t in info.concrete_types()):
+        deleted += yield from _g_delete_extent(db, name)
     inserted = 0
     for slot in parts:
         part = unpack(db.engine.get_raw(bulk, slot))
@@ -978,6 +1013,32 @@ def _g_swap(tx: Transaction, info: TypeInfo, job: str, parts_arg: Any) -> Steps:
     ops += [(False, bulk, jslot, None), (True, bulk, dslot, pack(result))]
     tx.write_raw(ops)
     return {**result, "replayed": False}
+
+
+SWAP_PAGE = 1000
+"""References a swap reads from its node's extent at a time (memory bound per page)."""
+
+
+def _g_delete_extent(db: Database, type_name: str) -> Steps:
+    """Steps deleting every object of one concrete type under write locks, a page of
+    :data:`SWAP_PAGE` references at a time in reference order, each page read from
+    a fresh snapshot (so nothing holds the whole extent in memory).  Objects
+    created meanwhile with a later reference are deleted too; the query rule on
+    phantoms (data-path.md §6.2) covers the others, as for a locking scan."""
+    store = db.engine.store
+    lo: bytes | None = None
+    deleted = 0
+    while True:
+        with store.read() as rtxn:
+            page = list(itertools.islice(_extent_refs(store, rtxn, type_name, lo), SWAP_PAGE))
+        if not page:
+            return deleted
+        for raw in page:
+            obj = yield ("by_ref", (Ref(raw),), {"lock": "write"})
+            if obj is not None:  # (deleted by a transaction that committed meanwhile)
+                yield ("delete", (obj,), {})
+                deleted += 1
+        lo = page[-1] + b"\x00"  # the next reference after the page's last
 
 
 def _chosen(staged: list[bytes], prefix: bytes, parts: Any) -> list[bytes]:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from nonstop import errors
+from nonstop.dataplane.calls import BUSY, LONG_OPS
 from nonstop.dataplane.events import EndBranch, Exec
 from nonstop.dataplane.state import Branch
 from nonstop.model.wire import error_class, error_out
@@ -177,6 +178,13 @@ class BranchRegistry:
             self.dp.log("info", f"branch {bid} idle for {idle_for:.0f} s: rolled back")
             self.dp.stats["idle_rollbacks"] += 1
             self.end(bid)
+
+    def keep_alive(self) -> None:
+        """Tell the coordinators of the long ops running here (``calls.LONG_OPS``: an
+        overwrite's swap) that they still run, so they wait on (``calls.BUSY``)."""
+        for served in self._served.values():
+            if served.op in LONG_OPS:
+                self.dp.emit(Send(served.sender, {"t": BUSY, "id": served.call_id}))
 
     def coordinator_down(self, peer: str) -> None:
         """``peer`` is down: the branches it coordinates here roll back at once."""

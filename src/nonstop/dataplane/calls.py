@@ -5,6 +5,13 @@
 task waiting for it; a peer that does not answer within ``rpc_timeout`` (timer
 ``dp.rpc.<id>``), or that leaves Up first, fails it with ``Unavailable``.
 
+A call of a :data:`LONG_OPS` op (an overwrite's swap: its work grows with the
+rows it swaps, not with time) is kept alive by its progress instead: while the
+peer still runs it, the peer says so every ``sweep_every`` seconds
+(``{"t": "data.busy", "id": n}``, :meth:`PeerCalls.busy`), and each such note
+re-arms the call's timer.  A peer that stops running it (done: its answer
+comes; or gone: down, restarted) stops the notes, and the timer fires as usual.
+
 Call ids start at a random offset in every incarnation of a node, so a reply
 a peer queued for the node's previous incarnation never resolves a call of
 this one; an answer from another node than the one asked is dropped.
@@ -22,6 +29,12 @@ from nonstop.runtime.interface import CancelTimer, Send, SetTimer
 
 if TYPE_CHECKING:
     from nonstop.dataplane.machine import DataPlane
+
+LONG_OPS = frozenset({"branch.overwrite"})
+"""Branch ops kept alive by the peer's progress notes rather than bounded by ``rpc_timeout``."""
+
+BUSY = "data.busy"
+"""A peer's note that it still runs a :data:`LONG_OPS` call: ``{"t": BUSY, "id": call id}``."""
 
 RPC_TIMER = "dp.rpc."
 """``dp.rpc.<call id>``: a data request to a peer not answered within ``rpc_timeout``."""
@@ -79,6 +92,14 @@ class PeerCalls:
             call.task.session.dirty.add(sender)  # the branch there changed: a writer
         self.dp.resolve_reply(call.task, call.slot, reply)
 
+    def busy(self, sender: str, msg: dict[str, Any]) -> None:
+        """A :data:`BUSY` note: the peer still runs that long call; wait ``rpc_timeout`` more."""
+        call_id = msg.get("id")
+        call = self._calls.get(call_id) if isinstance(call_id, int) else None
+        if call is None or call.node != sender or call.op not in LONG_OPS:
+            return  # answered meanwhile, not ours, or not an op that may run long
+        self.dp.emit(SetTimer(f"{RPC_TIMER}{call_id}", self.dp.config.rpc_timeout))
+
     def timed_out(self, name: str) -> bool:
         """Timer ``name`` fired: True if it was a call's (which then fails)."""
         number = name[len(RPC_TIMER) :]
@@ -99,4 +120,4 @@ class PeerCalls:
                 self.dp.resolve(call.task, call.slot, None, exc)
 
 
-__all__ = ["RPC_TIMER", "PeerCalls"]
+__all__ = ["BUSY", "LONG_OPS", "RPC_TIMER", "PeerCalls"]

@@ -30,7 +30,7 @@ from typing import Any
 from nonstop import errors
 from nonstop.dataplane.args import RequestId
 from nonstop.dataplane.branches import BranchRegistry
-from nonstop.dataplane.calls import RPC_TIMER, PeerCalls
+from nonstop.dataplane.calls import BUSY, RPC_TIMER, PeerCalls
 from nonstop.dataplane.commit import g_commit
 from nonstop.dataplane.driver import ALONE, COMMIT_TIMER, FIRST, Driver, Immediate
 from nonstop.dataplane.events import (
@@ -445,6 +445,8 @@ class DataPlane(Driver):
             self.calls.answered(ev.sender, msg)
         elif kind == "data.req":
             self.registry.serve(ev.sender, msg)
+        elif kind == BUSY:
+            self.calls.busy(ev.sender, msg)
         else:
             self.log("warning", f"dropped data message {kind!r:.40} from {ev.sender}")
 
@@ -452,6 +454,7 @@ class DataPlane(Driver):
         name = ev.name
         if name == SWEEP_TIMER:
             self.registry.sweep(ev.now)
+            self.registry.keep_alive()
             self._out.append(SetTimer(SWEEP_TIMER, self.config.sweep_every))
         elif name.startswith(COMMIT_TIMER) and name[len(COMMIT_TIMER) :].isdigit():
             task = self._deciding.get(int(name[len(COMMIT_TIMER) :]))

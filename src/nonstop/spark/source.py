@@ -78,6 +78,12 @@ COMMIT_RETRIES = 10
 """Attempts of an overwrite's job commit that hit a lock conflict (a concurrent transaction)."""
 OUTCOME_WAIT = 60.0
 """How long a job commit whose reply was lost or undecided waits to learn its outcome."""
+SWAP_TIMEOUT = 300.0
+SWAP_SECONDS_PER_ROW = 0.002
+"""An overwrite's job commit waits ``SWAP_TIMEOUT`` plus this per row swapped (old and
+new) for the swap and its commit: the nodes keep answering meanwhile (they swap in
+slices and report progress to the coordinator), so this only bounds a client whose
+node vanished without closing the connection (data-path.md §6.2)."""
 
 
 def _up_nodes(opts: Options, only: list[str] | None = None) -> list[dict[str, Any]]:
@@ -324,6 +330,7 @@ class NonstopWriter(DataSourceArrowWriter):
         self.overwrite = overwrite
         ts = _type_schema(opts)
         self.version = ts["version"]
+        self.old_count = int(ts.get("count") or 0)
         self.key = write_key(opts, ts)
         check_writable(ts, schema, self.key)
         self.nodes = _up_nodes(opts)
@@ -375,8 +382,11 @@ class NonstopWriter(DataSourceArrowWriter):
     def commit(self, messages: list[WriteStats | None]) -> None:  # type: ignore[override]
         if self.overwrite:
             parts = [f"{m.partition}/{m.attempt}/" for m in messages if m is not None]
+            rows = sum(m.rows for m in messages if m is not None)
             if all(n.get("transactions", True) for n in self.nodes):
-                self._swap_everywhere(parts)
+                self._swap_everywhere(
+                    parts, SWAP_TIMEOUT + SWAP_SECONDS_PER_ROW * (self.old_count + rows)
+                )
                 return
             for node in self.nodes:  # standalone bulk endpoints: one swap each
                 with BulkClient(node["address"], cluster=self.opts.cluster_id) as c:
@@ -386,7 +396,7 @@ class NonstopWriter(DataSourceArrowWriter):
             with BulkClient(node["address"], cluster=self.opts.cluster_id) as c:
                 c.call("bulk.forget", prefix=f"{self.job}/")
 
-    def _swap_everywhere(self, parts: list[str]) -> None:
+    def _swap_everywhere(self, parts: list[str], timeout: float) -> None:
         """The overwrite's job commit on a cluster: ONE transaction swaps every node's
         staged parts in (``tx.overwrite``), and its commit (two-phase) makes them
         visible on all nodes or on none.  Any error is raised: Spark then aborts
@@ -398,7 +408,7 @@ class NonstopWriter(DataSourceArrowWriter):
         for attempt in range(COMMIT_RETRIES):
             req = [f"spark-overwrite-{self.job}", attempt]
             try:
-                with BulkClient(address, cluster=cid) as c:
+                with BulkClient(address, cluster=cid, timeout=timeout) as c:
                     sid = c.call("tx.begin")["s"]
                     c.call("tx.overwrite", s=sid, **args)
                     try:  # (closing the connection rolls an unfinished session back)
@@ -406,7 +416,8 @@ class NonstopWriter(DataSourceArrowWriter):
                     except Unavailable:
                         # Undecided, or the reply was lost: the commit may still have
                         # happened; aborting the job then would be wrong.  Ask (H1).
-                        if commit_outcome(address, cid, req):
+                        wait = OUTCOME_WAIT + timeout - SWAP_TIMEOUT
+                        if commit_outcome(address, cid, req, wait):
                             return
                         raise
                 return
@@ -414,6 +425,22 @@ class NonstopWriter(DataSourceArrowWriter):
                 if attempt == COMMIT_RETRIES - 1:
                     raise
                 time.sleep(min(1.0, 0.05 * 2**attempt))
+            except Unavailable:
+                # Nothing swapped (the session is gone), or a commit that did not
+                # commit: a node seen down for a moment (a loaded machine) or a reply
+                # lost on a dropped connection.  Again, if every node is up a moment
+                # later (a node really down fails the job, naming it); a replay of a
+                # swap that did commit meanwhile changes nothing (its done record).
+                time.sleep(1.0)
+                if attempt == COMMIT_RETRIES - 1 or not self._all_up():
+                    raise
+
+    def _all_up(self) -> bool:
+        try:
+            nodes = cluster_nodes(self.opts.cluster, cluster=self.opts.cluster_id)
+        except Unavailable:
+            return False
+        return all(n.get("up", True) for n in nodes)
 
     def abort(self, messages: list[WriteStats | None]) -> None:  # type: ignore[override]
         for node in self.nodes:
@@ -460,6 +487,7 @@ class NonstopStreamWriter(DataSourceStreamArrowWriter):
         self.stream = opts.stream or opts.type
         ts = _type_schema(opts)
         self.version = ts["version"]
+        self.old_count = int(ts.get("count") or 0)
         self.key = write_key(opts, ts)
         check_writable(ts, schema, self.key)
         self.nodes = _up_nodes(opts)
