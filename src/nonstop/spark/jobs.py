@@ -258,9 +258,15 @@ def audit(
 
 def check_type(cluster: str, type_name: str) -> dict[str, Any]:
     """Fail fast, before Spark starts: the cluster answers and knows the type."""
-    node = cluster_nodes(cluster.partition("#")[0])[0]
+    node = _an_up_node(cluster.partition("#")[0])
     with BulkClient(node["address"]) as c:
         return c.call("bulk.schema", type=type_name)  # type: ignore[no-any-return]
+
+
+def _an_up_node(addresses: str) -> dict[str, Any]:
+    """The first node (by name) that is up, as the cluster's directory says."""
+    nodes = cluster_nodes(addresses)
+    return next((n for n in nodes if n.get("up", True)), nodes[0])
 
 
 _NONSTOP_ERROR = re.compile(r"nonstop\.errors\.(\w+): (.*)")
@@ -282,7 +288,7 @@ def _unique_key(cluster: str, type_name: str, columns: list[str]) -> str:
     if os.path.isdir(cluster):
         raise BadArgument("give --key when both audit sources are exports")
     addresses = cluster.partition("#")[0]
-    node = cluster_nodes(addresses)[0]
+    node = _an_up_node(addresses)
     with BulkClient(node["address"]) as c:
         uniques = c.call("bulk.schema", type=type_name)["unique"]
     for k in uniques:

@@ -57,7 +57,7 @@ from pyspark.sql.types import StructType
 
 from nonstop.bulk.handlers import ROWS_PER_RANGE
 from nonstop.client.bulk import BulkClient, cluster_nodes
-from nonstop.errors import BadArgument, Retryable, Unavailable
+from nonstop.errors import BadArgument, Error, Retryable, Unavailable
 from nonstop.model.codec import encode_key
 from nonstop.spark.schema import Options, check_writable, columns, spark_schema, write_key
 from nonstop.spark.sender import NodeSenders
@@ -93,7 +93,7 @@ def _up_nodes(opts: Options, only: list[str] | None = None) -> list[dict[str, An
     A read that skipped a down node would silently miss its objects, and a write
     must send each key to its home among *all* nodes, so both need every node.
     """
-    nodes = cluster_nodes(opts.cluster, cluster=opts.cluster_id)
+    nodes = _members(opts, cluster_nodes(opts.cluster, cluster=opts.cluster_id))
     if only:
         missing = set(only) - {n["name"] for n in nodes}
         if missing:
@@ -110,8 +110,27 @@ def _up_nodes(opts: Options, only: list[str] | None = None) -> list[dict[str, An
     return nodes
 
 
+def _members(opts: Options, nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``nodes`` less those that are not members of the cluster any more (a node that
+    left: its peers still know it, as down).  The membership is the cluster log's
+    (``status``); a standalone endpoint (no ``status``) keeps every node."""
+    for node in nodes:
+        if not node.get("up", True):
+            continue
+        try:
+            with BulkClient(node["address"], cluster=opts.cluster_id, timeout=10) as c:
+                members = c.call("status").get("members")
+        except Error:
+            continue
+        if isinstance(members, list) and members:
+            return [n for n in nodes if n["name"] in members]
+        return nodes
+    return nodes
+
+
 def _type_schema(opts: Options) -> dict[str, Any]:
-    up = [n for n in cluster_nodes(opts.cluster, cluster=opts.cluster_id) if n.get("up", True)]
+    nodes = _members(opts, cluster_nodes(opts.cluster, cluster=opts.cluster_id))
+    up = [n for n in nodes if n.get("up", True)]
     if not up:
         raise Unavailable(f"no node of the cluster at {opts.cluster} is up")
     node = up[0]
@@ -437,7 +456,9 @@ class NonstopWriter(DataSourceArrowWriter):
 
     def _all_up(self) -> bool:
         try:
-            nodes = cluster_nodes(self.opts.cluster, cluster=self.opts.cluster_id)
+            nodes = _members(
+                self.opts, cluster_nodes(self.opts.cluster, cluster=self.opts.cluster_id)
+            )
         except Unavailable:
             return False
         return all(n.get("up", True) for n in nodes)
