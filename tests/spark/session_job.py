@@ -10,6 +10,7 @@ MODE CLUSTER``): what a user's script does, in three ways.
   workers run this interpreter).
 * ``session-first``: the session, then ``import nonstop.spark`` (same
   environment): fails at once saying what to set.
+* ``spark://HOST:PORT``: the ``zero`` job on that Spark standalone master.
 
 Prints one JSON line on stdout.
 """
@@ -22,11 +23,16 @@ import sys
 ITEM = "pipe.Item"
 
 
-def session(pushdown: bool = False):  # type: ignore[no-untyped-def]
+def session(pushdown: bool = False, master: str = "local[1]"):  # type: ignore[no-untyped-def]
     from pyspark.sql import SparkSession
 
+    builder = SparkSession.builder
+    if master.startswith("spark://"):  # the executors' Python: where nonstop is installed
+        builder = builder.config("spark.pyspark.python", sys.executable)
     return (
-        SparkSession.builder.master("local[1]")
+        builder.master(master)
+        .config("spark.executor.memory", "512m")
+        .config("spark.cores.max", "2")
         .appName("nonstop-session-job")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
@@ -67,6 +73,11 @@ def main() -> None:
 
         spark = session()
         out = write_and_read(spark, cluster)
+    elif mode.startswith("spark://"):  # a standalone Spark cluster's master
+        spark = session(master=mode)
+        out = write_and_read(spark, cluster)
+        executors = spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size()
+        out["executors"] = int(executors) - 1  # (the driver is counted too)
     elif mode == "session-first":
         spark = session()
         try:

@@ -59,6 +59,7 @@ from nonstop.bulk.handlers import ROWS_PER_RANGE
 from nonstop.client.bulk import BulkClient, cluster_nodes
 from nonstop.errors import BadArgument, Error, Retryable, Unavailable
 from nonstop.model.codec import encode_key
+from nonstop.spark.one_line import one_line
 from nonstop.spark.schema import Options, check_writable, columns, spark_schema, write_key
 from nonstop.spark.sender import NodeSenders
 
@@ -165,18 +166,22 @@ class NonstopDataSource(DataSource):
     def _opts(self) -> Options:
         return Options.parse(self.options)
 
+    @one_line
     def schema(self) -> StructType:
         opts = self._opts()
         ts = _type_schema(opts)
         return spark_schema(ts, columns(opts, ts))
 
+    @one_line
     def reader(self, schema: StructType) -> DataSourceReader:
         opts = self._opts()
         return NonstopReader(opts, _type_schema(opts), schema)
 
+    @one_line
     def writer(self, schema: StructType, overwrite: bool) -> NonstopWriter:
         return NonstopWriter(self._opts(), schema, overwrite)
 
+    @one_line
     def streamWriter(self, schema: StructType, overwrite: bool) -> NonstopStreamWriter:
         return NonstopStreamWriter(self._opts(), schema)
 
@@ -186,6 +191,7 @@ class NonstopFilteringDataSource(NonstopDataSource):
     ``spark.sql.python.filterPushdown.enabled`` (Spark refuses a reader that
     implements ``pushFilters`` otherwise)."""
 
+    @one_line
     def reader(self, schema: StructType) -> DataSourceReader:
         opts = self._opts()
         return NonstopFilteringReader(opts, _type_schema(opts), schema)
@@ -398,6 +404,7 @@ class NonstopWriter(DataSourceArrowWriter):
         )
         return reply
 
+    @one_line
     def commit(self, messages: list[WriteStats | None]) -> None:  # type: ignore[override]
         if self.overwrite:
             parts = [f"{m.partition}/{m.attempt}/" for m in messages if m is not None]
