@@ -63,7 +63,8 @@ class Endpoint:
         cmd += ["--durability", "none"]
         for peer, pport in peers:
             cmd += ["--peer", f"{peer}@127.0.0.1:{pport}"]
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *paths])}
         self.proc = subprocess.Popen(
             cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )

@@ -28,7 +28,9 @@ def session(pushdown: bool = False, master: str = "local[1]"):  # type: ignore[n
 
     builder = SparkSession.builder
     if master.startswith("spark://"):  # the executors' Python: where nonstop is installed
-        builder = builder.config("spark.pyspark.python", sys.executable)
+        builder = builder.config("spark.pyspark.python", sys.executable).config(
+            "spark.pyspark.driver.python", sys.executable
+        )
     return (
         builder.master(master)
         .config("spark.executor.memory", "512m")

@@ -19,8 +19,12 @@ from tests.spark.conftest import ROOT
 JOB = Path(__file__).with_name("session_job.py")
 
 
-def run_job(mode: str, cluster: str, *, venv_on_path: bool) -> dict[str, Any]:
+def run_job(
+    mode: str, cluster: str, *, venv_on_path: bool, pyspark_python: bool = False
+) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK_")}
+    if pyspark_python:  # as documented for a Spark cluster
+        env["PYSPARK_PYTHON"] = sys.executable
     plain = "/usr/local/bin:/usr/bin:/bin"
     if venv_on_path:  # as from a shell where the virtualenv is activated
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), plain])

@@ -112,7 +112,7 @@ def standalone(tmp_path: Path) -> Iterator[str]:
 
 def test_the_data_source_on_a_spark_standalone_cluster(standalone: str, endpoints: Any) -> None:
     (ep,) = endpoints(1)
-    out = run_job(standalone, ep.address, venv_on_path=False)
+    out = run_job(standalone, ep.address, venv_on_path=True, pyspark_python=True)
     assert out["executors"] == 2  # one executor on each worker
     assert out["count"] == 100 and out["qty7"] == [7]
     assert out["pushed"] == out["unpushed"] == [10, 11, 12]

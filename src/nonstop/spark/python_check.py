@@ -28,6 +28,8 @@ from nonstop.errors import BadArgument
 
 CONF = "spark.pyspark.python"
 ENV = "PYSPARK_PYTHON"
+DRIVER_CONF = "spark.pyspark.driver.python"
+DRIVER_ENV = "PYSPARK_DRIVER_PYTHON"
 
 
 class WorkerPythonError(BadArgument):
@@ -40,16 +42,25 @@ def default_worker_python() -> None:
     os.environ.setdefault(ENV, sys.executable)
 
 
-def worker_python(spark: Any) -> str:
-    """The Python command the session's workers run (as Spark chooses it)."""
-    chosen = spark.sparkContext.getConf().get(CONF, None)
-    if chosen:
-        return str(chosen)
-    try:  # the JVM's environment, fixed when it started
-        env = spark.sparkContext._jvm.java.lang.System.getenv(ENV)
-    except Exception:  # pragma: no cover - no JVM gateway (Spark Connect)
-        env = os.environ.get(ENV)
-    return str(env or "python3")
+def worker_python(spark: Any, *, driver: bool = False) -> str:
+    """The Python command the session's workers run, as Spark chooses it: the
+    executors' (``driver=False``) or the driver's, which plans data source reads
+    and writes (``spark.pyspark.driver.python`` / ``PYSPARK_DRIVER_PYTHON`` first)."""
+    conf = spark.sparkContext.getConf()
+    names = [(DRIVER_CONF, DRIVER_ENV)] if driver else []
+    names.append((CONF, ENV))
+    for key, _ in names:
+        chosen = conf.get(key, None)
+        if chosen:
+            return str(chosen)
+    for _, var in names:
+        try:  # the JVM's environment, fixed when it started
+            env = spark.sparkContext._jvm.java.lang.System.getenv(var)
+        except Exception:  # pragma: no cover - no JVM gateway (Spark Connect)
+            env = os.environ.get(var)
+        if env:
+            return str(env)
+    return "python3"
 
 
 @lru_cache(maxsize=16)
@@ -78,7 +89,11 @@ def check_worker_python(spark: Any) -> None:
     master = str(spark.sparkContext.master)
     if not master.startswith("local"):
         return
-    command = worker_python(spark)
+    for command in sorted({worker_python(spark), worker_python(spark, driver=True)}):
+        _refuse(command)
+
+
+def _refuse(command: str) -> None:
     why = _can_import_nonstop(command)
     if why is not None:
         raise WorkerPythonError(
