@@ -31,7 +31,7 @@ def connect(addresses: str | list[str], **options: Any) -> Client:
     return client
 
 
-class _Connecting:
+class Connecting:
     """What :func:`connect_async` returns: await it, or ``async with`` it (closed on exit)."""
 
     def __init__(self, addresses: str | list[str], options: dict[str, Any]) -> None:
@@ -55,19 +55,20 @@ class _Connecting:
         await self._client.aclose()
 
 
-def connect_async(addresses: str | list[str], **options: Any) -> Any:
+def connect_async(addresses: str | list[str], **options: Any) -> Connecting:
     """An asyncio handle on the cluster; connects to the first node that answers.
 
     ``client = await nonstop.connect_async(...)`` or
     ``async with nonstop.connect_async(...) as client:`` (closed at the end).
     """
-    return _Connecting(addresses, options)
+    return Connecting(addresses, options)
 
 
 __all__ = [
     "AsyncClient",
     "AsyncRemoteTransaction",
     "Client",
+    "Connecting",
     "RemoteTransaction",
     "connect",
     "connect_async",
