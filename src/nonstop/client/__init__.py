@@ -11,17 +11,25 @@ from collections.abc import Generator
 from typing import Any
 
 from nonstop.client.handle import AsyncClient, Client
+from nonstop.client.local_folder import local_cluster_addresses
 from nonstop.client.remote import RemoteTransaction
 from nonstop.client.remote_async import AsyncRemoteTransaction
 
 
-def connect(addresses: str | list[str], **options: Any) -> Client:
+def connect(addresses: str | list[str] | None = None, **options: Any) -> Client:
     """A blocking handle on the cluster reachable at ``addresses`` ("h:p,h:p").
+
+    With no address: the local cluster of the current folder (the one
+    ``nonstop local up`` started here, from ``./.nonstop/local/local.json``),
+    logged at INFO on the ``nonstop.client`` logger; ``Unavailable`` naming the
+    fix when there is none.
 
     Connects to the first node that answers (:class:`nonstop.errors.Unavailable`
     when none does); later requests fail over across the addresses (see
     :class:`nonstop.client.handle.Client`).
     """
+    if addresses is None:
+        addresses = local_cluster_addresses()
     client = Client(addresses, **options)
     try:
         client.ping()
@@ -55,12 +63,16 @@ class Connecting:
         await self._client.aclose()
 
 
-def connect_async(addresses: str | list[str], **options: Any) -> Connecting:
+def connect_async(addresses: str | list[str] | None = None, **options: Any) -> Connecting:
     """An asyncio handle on the cluster; connects to the first node that answers.
+
+    With no address: the local cluster of the current folder, as :func:`connect`.
 
     ``client = await nonstop.connect_async(...)`` or
     ``async with nonstop.connect_async(...) as client:`` (closed at the end).
     """
+    if addresses is None:
+        addresses = local_cluster_addresses()
     return Connecting(addresses, options)
 
 
