@@ -30,6 +30,9 @@ if TYPE_CHECKING:
 
 M = TypeVar("M", bound=Managed)
 
+# Objects read per page when a query is iterated without locks (see Query.__iter__).
+DEFAULT_PAGE_SIZE = 1000
+
 
 @contextmanager
 def gc_paused() -> Iterator[None]:
@@ -85,6 +88,7 @@ class Query(Generic[M]):
         self._order: tuple[str, bool] | None = None
         self._lock: int | None = None
         self._limit: int | None = None
+        self._page_size = DEFAULT_PAGE_SIZE
         self._filters: list[Callable[[Any], bool]] = []
 
     # ------------------------------------------------------------ building
@@ -142,6 +146,18 @@ class Query(Generic[M]):
         self._limit = n
         return self
 
+    def page_size(self, n: int) -> Query[M]:
+        """Objects read per page when the query is iterated (default 1000).
+
+        Iterating reads page by page from one store snapshot; the objects of pages
+        already passed are forgotten by the transaction unless they were locked or
+        changed, so memory stays bounded by a page however many objects match.
+        """
+        if n < 1:
+            raise BadArgument("page_size must be >= 1")
+        self._page_size = n
+        return self
+
     def filter(self, predicate: Callable[[M], bool]) -> Query[M]:
         """Keep objects for which ``predicate(obj)`` is true (evaluated after locking)."""
         self._filters.append(predicate)
@@ -185,7 +201,100 @@ class Query(Generic[M]):
         return len(self._candidates())
 
     def __iter__(self) -> Iterator[M]:
-        return iter(self.all())
+        """Stream the results in pages when nothing needs locking, else run :meth:`all`.
+
+        Streaming needs an unlocked read (snapshot isolation, or ``lock("none")``)
+        in ascending or no order of committed objects only: a locking read keeps a
+        lock per object anyway, and this transaction's own changes of the type (and
+        a descending order) are sorted in memory, so those cases read everything first.
+        """
+        tx = self._tx
+        tx.check_usable()
+        mode = tx.default_lock if self._lock is None else self._lock
+        descending = self._order is not None and self._order[1]
+        if mode != NONE or self._limit == 0 or descending:
+            return iter(self.all())
+        cls = self._info.cls
+        if any(e.status != CLEAN and isinstance(e.handle, cls) for e in tx.entries()):
+            return iter(self.all())
+        return self._stream()
+
+    def pages(self) -> Iterator[list[M]]:
+        """The results as lists of at most ``page_size`` objects (see :meth:`__iter__`)."""
+        page: list[M] = []
+        for obj in self:
+            page.append(obj)
+            if len(page) >= self._page_size:
+                yield page
+                page = []
+        if page:
+            yield page
+
+    def to_arrow(self) -> Any:
+        """The results as a ``pyarrow.Table``, one column per field, built page by page.
+
+        References become their raw bytes.  Needs pyarrow (``pip install pyarrow``
+        or ``nonstop[spark]``); no Spark.
+        """
+        from nonstop.tx.export import to_arrow
+
+        return to_arrow(self._info, self.pages())
+
+    def to_pandas(self) -> Any:
+        """The results as a ``pandas.DataFrame`` (through :meth:`to_arrow`; needs pandas)."""
+        from nonstop.tx.export import to_pandas
+
+        return to_pandas(self._info, self.pages())
+
+    def _stream(self) -> Iterator[M]:
+        tx = self._tx
+        store = tx.engine.store
+        key, path = self._access_key()
+        entries = tx.entry_map()
+        scanned = set() if key is None else {key.field}
+        check = bool(set(self._eq) - scanned) or (
+            self._range is not None and self._range[0] not in scanned
+        )
+        limit = self._limit
+        produced = 0
+        with store.read() as rtxn:
+            scan = self._scan(rtxn, key, path)
+            while True:
+                page: list[Entry] = []
+                added: list[Entry] = []
+                with gc_paused():  # not across the yields below: user code runs there
+                    for _, ref in scan:
+                        e = entries.get(ref)
+                        if e is None:
+                            raw = rtxn.get(ref, db=store.objects)
+                            if raw is None:
+                                continue
+                            rec = unpack(raw)
+                            if key is not None and not self._type_ok(rec[0]):
+                                continue
+                            e = tx.entry_from_record(ref, rec, NONE)
+                            added.append(e)
+                        elif e.status >= DELETED:
+                            continue
+                        if check and not self._matches_index(e.state):
+                            continue
+                        page.append(e)
+                        if len(page) >= self._page_size:
+                            break
+                for e in page:
+                    handle = e.handle
+                    if self._filters and not all(p(handle) for p in self._filters):
+                        continue
+                    yield handle
+                    produced += 1
+                    if limit is not None and produced >= limit:
+                        return
+                # Forget what this page loaded and nobody locked or changed since.
+                for e in added:
+                    if e.status == CLEAN and e.lock == NONE and entries.get(e.ref) is e:
+                        del entries[e.ref]
+                if len(page) < self._page_size:
+                    return
 
     # ------------------------------------------------------------ internals
     def _access_key(self) -> tuple[KeyInfo | None, str]:
