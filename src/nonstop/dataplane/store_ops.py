@@ -42,6 +42,8 @@ from nonstop.model.ref import Ref
 from nonstop.model.wire import obj_out, write_in
 from nonstop.tx.async_transaction import AsyncTransaction
 from nonstop.tx.asyncmethods import AsyncMethod
+from nonstop.tx.entries import NONE
+from nonstop.tx.query import release_if_unheld
 from nonstop.tx.requests import DEFAULT_WINDOW, g_claim_request, g_record_result, lookup_result
 from nonstop.tx.transaction import WRITE, Entry, Isolation, TxState
 
@@ -168,13 +170,44 @@ async def _run_query(tx: AsyncTransaction, p: dict[str, Any]) -> dict[str, Any]:
         q.limit(limit)
     if p.get("lock") is not None:
         q.lock(p.get("lock"))
+    paged = bool(p.get("page"))
+    if paged:  # keyset paging (session_ops.g_query): resume past the last position sent
+        q.after(_position(p.get("after")))
     found = await q.all()
     objs = [obj_of(tx.entry_of(h)) for h in found]
     reply: dict[str, Any] = {"os": objs}
-    if q.ordering is not None:
+    if paged:
+        reply["k"] = [q.position_of(h)[0] for h in found]
+        sent = [h._e for h in found]
+        found.clear()
+        forget_unlocked(tx, sent)
+    elif q.ordering is not None:
         fname = q.ordering[0]
         reply["k"] = [encode_key(tx.entry_of(h).state[fname]) for h in found]
     return reply
+
+
+def forget_unlocked(tx: AsyncTransaction, sent: list[Entry]) -> None:
+    """A page sent is forgotten by the branch unless locked or changed: however many
+    pages a query is read in, the branch's memory holds one page (A5)."""
+    entries = tx.entry_map()
+    for entry in sent:
+        if entry.status == CLEAN and entry.lock == NONE and entries.get(entry.ref) is entry:
+            del entries[entry.ref]
+            release_if_unheld(entry)
+
+
+def _position(after: Any) -> tuple[bytes, bytes] | None:
+    """A paged query's resume position: None, or [sort key, ref] as two byte strings."""
+    if after is None:
+        return None
+    if (
+        not isinstance(after, list | tuple)
+        or len(after) != 2
+        or not all(isinstance(b, bytes) for b in after)
+    ):
+        raise errors.BadArgument("after must be [sort key, ref] (bytes)")
+    return bytes(after[0]), bytes(after[1])
 
 
 def _remote_marked(fn: Any) -> bool:

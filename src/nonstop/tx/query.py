@@ -12,6 +12,8 @@ objects created by others after the scan (phantoms) are not locked out.
 from __future__ import annotations
 
 import gc
+import heapq
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -53,6 +55,18 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
+def release_if_unheld(e: Any) -> None:
+    """Free a forgotten entry's handle now if nobody holds it (paged queries).
+
+    An entry and its handle point at each other: left alone, the pair waits for
+    the cyclic GC's full collection, which on a growing heap comes late, so
+    memory would grow with the pages read.  Nobody else holds the handle when
+    only the entry's attribute and this call's argument count it.
+    """
+    if e.handle is not None and sys.getrefcount(e.handle) <= 2:
+        e.handle = None
+
+
 def query_field(info: TypeInfo, name: str) -> Any:
     """The field ``name`` of ``info`` a query names; BadArgument if there is none.
 
@@ -89,6 +103,7 @@ class Query(Generic[M]):
         self._lock: int | None = None
         self._limit: int | None = None
         self._page_size = DEFAULT_PAGE_SIZE
+        self._after: tuple[bytes, bytes] | None = None
         self._filters: list[Callable[[Any], bool]] = []
 
     # ------------------------------------------------------------ building
@@ -158,6 +173,22 @@ class Query(Generic[M]):
         self._page_size = n
         return self
 
+    def after(self, position: tuple[bytes, bytes] | None) -> Query[M]:
+        """Only results past ``position`` (a :meth:`position_of`): keyset paging.
+
+        The data plane pages a cluster query with it: each node resumes after the
+        last object the client received, so no node keeps a cursor between pages.
+        Positions order results as the query does: by (order key, reference) when
+        ordered, else by reference.
+        """
+        self._after = position
+        return self
+
+    def position_of(self, handle: M) -> tuple[bytes, bytes]:
+        """Where a result stands in this query's order (what :meth:`after` takes)."""
+        e: Entry = handle._e
+        return self._position(e.state, e.ref)
+
     def filter(self, predicate: Callable[[M], bool]) -> Query[M]:
         """Keep objects for which ``predicate(obj)`` is true (evaluated after locking)."""
         self._filters.append(predicate)
@@ -208,16 +239,22 @@ class Query(Generic[M]):
         lock per object anyway, and this transaction's own changes of the type (and
         a descending order) are sorted in memory, so those cases read everything first.
         """
+        return self._stream() if self._streams() else iter(self.all())
+
+    def _streams(self) -> bool:
+        """Whether iterating can read page by page (see :meth:`__iter__`)."""
         tx = self._tx
         tx.check_usable()
         mode = tx.default_lock if self._lock is None else self._lock
-        descending = self._order is not None and self._order[1]
-        if mode != NONE or self._limit == 0 or descending:
-            return iter(self.all())
+        if mode != NONE or self._limit == 0:
+            return False
+        if self._order is not None:
+            # In order only when the scan itself runs in that order, ascending.
+            key, path = self._access_key()
+            if self._order[1] or path != "range" or key is None or key.field != self._order[0]:
+                return False
         cls = self._info.cls
-        if any(e.status != CLEAN and isinstance(e.handle, cls) for e in tx.entries()):
-            return iter(self.all())
-        return self._stream()
+        return not any(e.status != CLEAN and isinstance(e.handle, cls) for e in tx.entries())
 
     def pages(self) -> Iterator[list[M]]:
         """The results as lists of at most ``page_size`` objects (see :meth:`__iter__`)."""
@@ -256,6 +293,7 @@ class Query(Generic[M]):
             self._range is not None and self._range[0] not in scanned
         )
         limit = self._limit
+        after = self._after
         produced = 0
         with store.read() as rtxn:
             scan = self._scan(rtxn, key, path)
@@ -278,6 +316,8 @@ class Query(Generic[M]):
                             continue
                         if check and not self._matches_index(e.state):
                             continue
+                        if after is not None and self._position(e.state, ref) <= after:
+                            continue
                         page.append(e)
                         if len(page) >= self._page_size:
                             break
@@ -289,11 +329,15 @@ class Query(Generic[M]):
                     produced += 1
                     if limit is not None and produced >= limit:
                         return
+                handle = None
+                full = len(page) >= self._page_size
+                page.clear()
                 # Forget what this page loaded and nobody locked or changed since.
                 for e in added:
                     if e.status == CLEAN and e.lock == NONE and entries.get(e.ref) is e:
                         del entries[e.ref]
-                if len(page) < self._page_size:
+                        release_if_unheld(e)
+                if not full:
                     return
 
     # ------------------------------------------------------------ internals
@@ -357,19 +401,17 @@ class Query(Generic[M]):
     def _scan(
         self, rtxn: lmdb.Transaction, key: KeyInfo | None, path: str
     ) -> Iterator[tuple[bytes, bytes]]:
+        """(sort key, ref) of what may match, in (sort key, ref) order where paging needs it:
+        the extent in reference order across subtypes, an index in key order."""
         store = self._tx.engine.store
+        after = self._after
         if key is None:
-            for info in self._info.concrete_types():
-                prefix = info.name.encode() + b"\x00"
-                plen = len(prefix)
-                cur = rtxn.cursor(db=store.extents)
-                if not cur.set_range(prefix):
-                    continue
-                for ext in cur.iternext(keys=True, values=False):
-                    if not ext.startswith(prefix):
-                        break
-                    ref = ext[plen:]
-                    yield ref, ref
+            start = b"" if after is None or self._order is not None else after[1]
+            extents = [
+                self._scan_extent(rtxn, info.name.encode() + b"\x00", start)
+                for info in self._info.concrete_types()
+            ]
+            yield from extents[0] if len(extents) == 1 else heapq.merge(*extents)
             return
         db = store.index_db(key.db_name, unique=key.options.unique)
         cur = rtxn.cursor(db=db)
@@ -379,14 +421,19 @@ class Query(Generic[M]):
                 ref = cur.get(kb)
                 if ref is not None:
                     yield kb, ref
-            elif cur.set_key(kb):
-                for ref in cur.iternext_dup():
-                    yield kb, ref
+            else:
+                start = after[1] if after is not None and self._order is None else None
+                found = cur.set_key(kb) if start is None else cur.set_range_dup(kb, start)
+                if found:
+                    for ref in cur.iternext_dup():
+                        yield kb, ref
             return
         lo = hi = None
         lo_inc = hi_inc = True
         if self._range is not None and self._range[0] == key.field:
             _, lo, hi, lo_inc, hi_inc = self._range
+        if after is not None and self._order is not None and (lo is None or after[0] > lo):
+            lo, lo_inc = after[0], True  # resume at the last page's key; the rest is skipped later
         positioned = cur.set_range(lo) if lo is not None else cur.first()
         if not positioned:
             return
@@ -396,6 +443,24 @@ class Query(Generic[M]):
             if hi is not None and (kb > hi or (kb == hi and not hi_inc)):
                 break
             yield kb, ref
+
+    def _scan_extent(
+        self, rtxn: lmdb.Transaction, prefix: bytes, start: bytes
+    ) -> Iterator[tuple[bytes, bytes]]:
+        plen = len(prefix)
+        cur = rtxn.cursor(db=self._tx.engine.store.extents)
+        if not cur.set_range(prefix + start):
+            return
+        for ext in cur.iternext(keys=True, values=False):
+            if not ext.startswith(prefix):
+                break
+            ref = ext[plen:]
+            yield ref, ref
+
+    def _position(self, state: dict[str, Any], ref: bytes) -> tuple[bytes, bytes]:
+        if self._order is not None:
+            return encode_key(state[self._order[0]]), ref
+        return ref, ref
 
     def _sort_key(self, state: dict[str, Any], ref: bytes) -> bytes:
         if self._order is not None:
@@ -437,6 +502,7 @@ class Query(Generic[M]):
         )
         ordered = self._order is not None or bool(mine)
         limit = self._limit
+        after = self._after
         keyed: list[tuple[bytes, bytes, Any]] = []
         results: list[Any] = []
         make = tx.entry_from_record
@@ -469,6 +535,8 @@ class Query(Generic[M]):
                         e = make(ref, rec, NONE)
                 if check and not matches(e.state):
                     continue
+                if after is not None and self._position(e.state, ref) <= after:
+                    continue
                 if ordered:
                     keyed.append((sort_key, ref, e.handle))
                 else:
@@ -478,6 +546,8 @@ class Query(Generic[M]):
         if not ordered:
             return results
         for ref, e in mine.items():
+            if after is not None and self._position(e.state, ref) <= after:
+                continue
             if e.status < DELETED and matches(e.state):
                 keyed.append((self._sort_key(e.state, ref), ref, e.handle))
         if self._order is not None:
@@ -508,6 +578,8 @@ class Query(Generic[M]):
                 continue
             if not self._matches_index(e.state):
                 continue  # changed between the scan and the lock
+            if self._after is not None and self._position(e.state, ref) <= self._after:
+                continue
             handle = e.handle
             if self._filters and not all(p(handle) for p in self._filters):
                 continue
