@@ -11,8 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from nonstop.demos.progress import Progress
 from tests.conftest import child_env
+
+from nonstop.demos.progress import Progress
 
 
 def test_progress_writes_plain_lines_when_not_a_terminal() -> None:
