@@ -260,3 +260,20 @@ def test_local_and_membership_commands(folder: Path, monkeypatch: pytest.MonkeyP
     code, out, err = run_cli("local", "destroy", "--yes", *d)
     assert code == 0, err
     assert not folder.exists()
+
+
+def test_failed_up_stops_what_it_started(folder: Path) -> None:
+    code, _, err = run_cli("local", "up", "-n", "2", "--dir", str(folder), *FAST)
+    assert code == 0, err
+    code, _, err = run_cli("local", "down", "--dir", str(folder))
+    assert code == 0, err
+    b_port = int(
+        json.loads((folder / "local.json").read_text())["nodes"][1]["listen"].split(":")[1]
+    )
+    with socket.socket() as squatter:
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        squatter.bind(("127.0.0.1", b_port))
+        squatter.listen()
+        code, _, err = run_cli("local", "up", "--dir", str(folder))
+    assert code == 1 and "node B" in one_line_error(err) and "stopped again: A" in err
+    assert DataDir(folder / "A").running_pid() is None
