@@ -528,6 +528,41 @@ def test_idle_participant_branches_roll_back() -> None:
     assert bid in net.machines["A"].branches
 
 
+def test_an_idle_transaction_rolls_back_everywhere_coordinator_included() -> None:
+    net = Net("AB", tx_idle=20.0, branch_idle=30.0, sweep_every=1.0)
+    accounts(net, {"a": "A", "b": "B"})
+    s = net.ok("A", get("a", begin="serializable", lock="write"))["s"]
+    net.ok("A", get("b", s=s, lock="write"))
+    bid = f"A.{s}"
+    net.now = 15.0
+    net.fire("A", SWEEP_TIMER)  # 15 s without an op: still open
+    assert bid in net.machines["A"].branches and net.ended["A"] == []
+    net.ok("A", {"op": "tx.count", "s": s, "type": ACC})  # an op: the clock restarts
+    net.now = 34.0
+    net.fire("A", SWEEP_TIMER)
+    assert bid in net.machines["A"].branches
+    net.now = 35.5
+    net.fire("A", SWEEP_TIMER)
+    # Rolled back here (its locks on A's objects go) and on B (branch.end).
+    assert net.ended["A"] == [bid] and net.machines["A"].stats["idle_sessions"] == 1
+    assert net.ended["B"] == [bid]
+    reply = net.op("A", {"op": "tx.count", "s": s, "type": ACC})
+    assert reply is not None and reply["error"] == "TransactionClosed"
+    assert "rolled back after 20 s idle" in reply["message"]
+
+
+def test_a_session_with_an_op_running_is_not_idle() -> None:
+    net = Net("A", tx_idle=5.0, sweep_every=1.0)
+    accounts(net, {"a": "A"})
+    net.hold = lambda ex: ex.op == "branch.get"  # the lookup waits (a lock, say)
+    assert net.op("A", get("a", begin="serializable", lock="write")) is None
+    net.now = 50.0
+    net.fire("A", SWEEP_TIMER)
+    assert net.machines["A"].stats["idle_sessions"] == 0 and net.ended["A"] == []
+    net.release_held()
+    assert net.replies[-1].payload["o"] is not None
+
+
 def test_begin_folded_into_the_first_op_answers_its_session_even_on_error() -> None:
     net = Net("A")
     reply = net.op("A", {"op": "tx.count", "begin": "read_committed", "type": 5})

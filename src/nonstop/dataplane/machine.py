@@ -69,7 +69,8 @@ from nonstop.runtime.interface import (
 )
 
 SWEEP_TIMER = "dp.sweep"
-"""Every ``sweep_every``: participants' branches idle for ``branch_idle`` roll back."""
+"""Every ``sweep_every``: participants' branches idle for ``branch_idle`` and sessions
+idle for ``tx_idle`` roll back."""
 
 _BOUND = 10_000
 """How many broken sessions and recent request outcomes are remembered."""
@@ -82,6 +83,9 @@ class DataPlaneConfig:
 
     branch_idle: float = 30.0
     """A participant's branch without an op for this long is rolled back (B8)."""
+    tx_idle: float = 60.0
+    """A session (an open transaction) with no client op for this long is rolled back
+    on every node, its own branch included; its next op hears TransactionClosed."""
     rpc_timeout: float = 15.0
     """A peer that does not answer a data request this long is Unavailable (> lock wait)."""
     commit_timeout: float = 30.0
@@ -111,8 +115,11 @@ class DataPlane(Driver):
         # refused or, worse, join a stale branch.  A random start per incarnation.
         self._next_sid = rng.randrange(1, 1 << 52)
         self.registry = BranchRegistry(self)
-        self._broken: collections.OrderedDict[int, str] = collections.OrderedDict()
-        """Sessions rolled back because a node of theirs went down → why (for their next op)."""
+        self._broken: collections.OrderedDict[int, tuple[type[errors.Error], str]] = (
+            collections.OrderedDict()
+        )
+        """Sessions rolled back by the node (a node of theirs went down, idle, deadlock
+        victim) → the error their next op hears (class, message)."""
         self.calls = PeerCalls(self, rng)
         self.recent: collections.OrderedDict[RequestId, dict[str, Any]] = collections.OrderedDict()
         """Outcomes of recent commit requests (phase two may not have reached the store yet)."""
@@ -228,6 +235,7 @@ class DataPlane(Driver):
         sid = self._next_sid
         self._next_sid += 1
         s = Session(sid, conn, STORE_ISOLATION[iso], f"{self.name}.{sid}")
+        s.last = self._now
         self.sessions[sid] = s
         conn_sids = self._by_conn.get(conn)
         if conn_sids is None:
@@ -247,7 +255,8 @@ class DataPlane(Driver):
         """The error of an op on a session that is over (Unavailable if a node of it died)."""
         broken = self._broken.get(sid) if isinstance(sid, int) else None
         if broken is not None:
-            return errors.Unavailable(f"transaction rolled back: {broken}")
+            cls, why = broken
+            return cls(why)
         return errors.TransactionClosed(f"transaction {sid!r:.40} is over")
 
     def _start_op(
@@ -262,6 +271,7 @@ class DataPlane(Driver):
         task = Task(gen, conn, corr, s)
         task.fold = fold
         s.task = task
+        s.last = self._now
         self._run(task, None, None)
 
     def _next_op(self, s: Session) -> None:
@@ -279,6 +289,7 @@ class DataPlane(Driver):
         s = task.session
         if s is not None and s.task is task:
             s.task = None
+            s.last = self._now
             if s.queue:
                 self._next_op(s)
 
@@ -320,6 +331,28 @@ class DataPlane(Driver):
         if queue and answer:
             for conn, corr, _, _ in queue:
                 self._out.append(ClientReply(conn, corr, error_out(self.closed_error(s.sid))))
+
+    def doom(self, s: Session, cls: type[errors.Error], why: str) -> None:
+        """Roll ``s`` back now on every node; its op in flight and its next op hear ``cls(why)``."""
+        self._broken[s.sid] = (cls, why)
+        while len(self._broken) > _BOUND:
+            self._broken.popitem(last=False)
+        self.end_session(s)
+
+    def _sweep_sessions(self, now: float) -> None:
+        """Roll back sessions without a client op for ``tx_idle`` (no lock held for ever)."""
+        limit = self.config.tx_idle
+        cutoff = now - limit
+        idle = [
+            s
+            for s in self.sessions.values()
+            if s.state == ACTIVE and s.task is None and s.last <= cutoff
+        ]
+        for s in idle:
+            self.stats["idle_sessions"] += 1
+            self.log("info", f"transaction {s.bid} idle for {limit:g} s: rolled back")
+            why = f"transaction {s.sid} rolled back after {limit:g} s idle (tx_idle)"
+            self.doom(s, errors.TransactionClosed, why)
 
     def forget_session(self, s: Session) -> None:
         self.sessions.pop(s.sid, None)
@@ -452,6 +485,7 @@ class DataPlane(Driver):
         name = ev.name
         if name == SWEEP_TIMER:
             self.registry.sweep(ev.now)
+            self._sweep_sessions(ev.now)
             self._out.append(SetTimer(SWEEP_TIMER, self.config.sweep_every))
         elif name.startswith(COMMIT_TIMER) and name[len(COMMIT_TIMER) :].isdigit():
             task = self._deciding.get(int(name[len(COMMIT_TIMER) :]))
@@ -488,11 +522,9 @@ class DataPlane(Driver):
         """
         for s in list(self.sessions.values()):
             if s.state == ACTIVE and peer in s.remote:
-                self._broken[s.sid] = f"node {peer} of the transaction is down"
-                while len(self._broken) > _BOUND:
-                    self._broken.popitem(last=False)
                 self.stats["sessions_broken"] += 1
-                self.end_session(s)
+                why = f"transaction rolled back: node {peer} of the transaction is down"
+                self.doom(s, errors.Unavailable, why)
         self.calls.node_down(peer)
         self.registry.coordinator_down(peer)
 

@@ -82,6 +82,8 @@ class ServiceConfig:
 
     branch_idle: float = 30.0
     """A participant's branch without an op for this long is rolled back (B8)."""
+    tx_idle: float = 60.0
+    """A transaction with no client op for this long is rolled back on every node."""
     lock_wait: float = 5.0
     """Lock-wait timeout of every branch: how distributed deadlocks end (B4, LockTimeout)."""
     rpc_timeout: float = 15.0
@@ -95,6 +97,7 @@ class ServiceConfig:
         """The machine's part of the configuration."""
         return DataPlaneConfig(
             branch_idle=self.branch_idle,
+            tx_idle=self.tx_idle,
             rpc_timeout=self.rpc_timeout,
             commit_timeout=self.commit_timeout,
             sweep_every=self.sweep_every,
