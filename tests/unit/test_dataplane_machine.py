@@ -26,14 +26,18 @@ from nonstop.dataplane.events import (
     DecisionDone,
     EndBranch,
     Exec,
+    LocalWaits,
+    ReadWaits,
 )
 from nonstop.dataplane.machine import (
     COMMIT_TIMER,
     RPC_TIMER,
     SWEEP_TIMER,
+    WAITS_TIMER,
     DataPlane,
     DataPlaneConfig,
 )
+from nonstop.dataplane.deadlocks import find_cycles, victim_of
 from nonstop.model.codec import pack
 from nonstop.model.ref import Ref
 from nonstop.runtime.interface import (
@@ -134,6 +138,8 @@ class Net:
         self.silent: set[str] = set()
         """Nodes whose messages are lost (in and out)."""
         self.held: list[tuple[str, Exec]] = []
+        self.waits: dict[str, list[tuple[str, str]]] = {}
+        """Each store's wait-for edges (what ``ReadWaits`` reads)."""
         self.hold: Callable[[Exec], bool] = lambda ex: False
         for n in names:
             self.feed(n, Started(now=0.0))
@@ -183,6 +189,8 @@ class Net:
             self.timers[at].pop(action.name, None)
         elif isinstance(action, Log):
             self.logs.append(action)
+        elif isinstance(action, ReadWaits):
+            return [(at, LocalWaits(now=self.now, edges=tuple(self.waits.get(at, ()))))]
         else:
             raise AssertionError(f"unexpected action {action!r}")
         return []
@@ -767,3 +775,61 @@ def test_random_event_storms_never_raise_and_leave_nothing_behind() -> None:
     # The storm did commit, abort, time out and refuse things.
     assert {"ok", "TransactionClosed", "Unavailable", "Aborted"} <= set(outcomes), outcomes
     assert outcomes["decided"] > 20, outcomes
+
+
+# ------------------------------------------------------- distributed deadlocks
+def test_find_cycles_lists_each_cycle_once_from_its_smallest_id() -> None:
+    edges = [("A.1", "B.2"), ("B.2", "C.3"), ("C.3", "A.1"), ("C.3", "D.4"), ("E.5", "A.1")]
+    assert find_cycles(edges) == [("A.1", "B.2", "C.3")]
+    assert find_cycles([("A.1", "B.2"), ("B.2", "C.3")]) == []
+    assert victim_of(("A.1", "B.2", "C.3")) == "C.3"
+
+
+def _crossed(net: Net) -> tuple[int, int]:
+    """Session on A waiting on B, session on B waiting on A (ops held at the stores)."""
+    accounts(net, {"a": "A", "b": "B"})
+    s_a = net.ok("A", get("a", begin="serializable", lock="write"))["s"]
+    s_b = net.ok("B", get("b", begin="serializable", lock="write"))["s"]
+    net.hold = lambda ex: ex.fields.get("t") == "data.req"  # peers' ops wait (for a lock)
+    assert net.op("A", get("b", s=s_a, lock="write")) is None  # waits on B
+    assert net.op("B", get("a", s=s_b, lock="write")) is None  # waits on A
+    return s_a, s_b
+
+
+def _tick(net: Net, rounds: int) -> None:
+    for _ in range(rounds):
+        for node in sorted(net.machines):
+            net.fire(node, WAITS_TIMER)
+
+
+def test_a_cycle_across_two_nodes_dooms_one_victim_with_deadlock() -> None:
+    net = Net("AB")
+    s_a, s_b = _crossed(net)
+    bid_a, bid_b = f"A.{s_a}", f"B.{s_b}"
+    net.waits = {"B": [(bid_a, bid_b)], "A": [(bid_b, bid_a)]}
+    _tick(net, 1)
+    assert net.machines["B"].stats["deadlock_victims"] == 0  # seen once: not yet
+    _tick(net, 2)
+    victim, survivor = (bid_b, bid_a) if bid_b > bid_a else (bid_a, bid_b)
+    coord = victim[0]
+    other = survivor[0]
+    assert net.machines[coord].stats["deadlock_victims"] == 1
+    assert net.machines[other].stats["deadlock_victims"] == 0
+    errors_seen = [r.payload.get("error") for r in net.replies if "error" in r.payload]
+    assert errors_seen == ["Deadlock"]
+    assert victim in net.ended[coord]  # its branch rolled back where it is (its locks go)
+    assert any(p.get("op") == "branch.end" and p["b"] == victim for _, _, p in net.sent)
+    assert survivor not in net.ended[other]
+
+
+def test_waits_without_a_cycle_doom_nobody() -> None:
+    net = Net("AB")
+    s_a, s_b = _crossed(net)
+    # B.s waits for A.s on A; A.s waits for a third transaction on B: a chain.
+    net.waits = {"A": [(f"B.{s_b}", f"A.{s_a}")], "B": [(f"A.{s_a}", "C.77")]}
+    _tick(net, 10)
+    assert all(m.stats["deadlock_victims"] == 0 for m in net.machines.values())
+    assert not [r for r in net.replies if "error" in r.payload]
+    # Waits are shared with peers only while there are some.
+    shared = [p for _, _, p in net.sent if p.get("t") == "data.waits"]
+    assert shared and all(p["e"] for p in shared)

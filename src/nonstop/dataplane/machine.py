@@ -32,6 +32,7 @@ from nonstop.dataplane.args import RequestId
 from nonstop.dataplane.branches import BranchRegistry
 from nonstop.dataplane.calls import RPC_TIMER, PeerCalls
 from nonstop.dataplane.commit import g_commit
+from nonstop.dataplane.deadlocks import WAITS_TIMER, DeadlockDetector
 from nonstop.dataplane.driver import ALONE, COMMIT_TIMER, FIRST, Driver, Immediate
 from nonstop.dataplane.events import (
     BranchDone,
@@ -43,6 +44,7 @@ from nonstop.dataplane.events import (
     DecisionDone,
     EndBranch,
     Exec,
+    LocalWaits,
 )
 from nonstop.dataplane.managed_types import check_type
 from nonstop.dataplane.results import g_commit_retry, g_request_result, g_settle
@@ -92,6 +94,9 @@ class DataPlaneConfig:
     """A two-phase commit undecided this long: the client hears Unavailable (outcome unknown)."""
     sweep_every: float = 1.0
     """How often idle branches are looked for."""
+    deadlock_every: float = 0.025
+    """How often the wait-for edges are read, shared and searched for cycles that
+    span nodes (docs/design/deadlocks.md); 0 turns distributed detection off."""
     check_type: Callable[[Any, Any], object] = check_type
     """``(type name, client's version)`` → raises UnknownType / TypeVersionMismatch.
     The coordinator checks before anything runs; the store checks again."""
@@ -126,6 +131,7 @@ class DataPlane(Driver):
         self.hints: collections.OrderedDict[tuple[str, bytes], str] = collections.OrderedDict()
         """(type, packed unique key) → the node a cluster-scope get found it on last."""
         self.stats = collections.Counter[str]()
+        self.deadlocks = DeadlockDetector(self)
         self._now = 0.0
         self._handlers: dict[type, Callable[[Any], None]] = {
             ClientOp: self._on_client_op,
@@ -136,6 +142,7 @@ class DataPlane(Driver):
             ClientGone: self._on_client_gone,
             ClusterChanged: self._on_cluster,
             Started: self._on_started,
+            LocalWaits: self._on_local_waits,
         }
 
     # ================================================================ machine
@@ -478,6 +485,8 @@ class DataPlane(Driver):
             self.calls.answered(ev.sender, msg)
         elif kind == "data.req":
             self.registry.serve(ev.sender, msg)
+        elif kind == "data.waits":
+            self.deadlocks.received(ev.sender, msg)
         else:
             self.log("warning", f"dropped data message {kind!r:.40} from {ev.sender}")
 
@@ -487,6 +496,8 @@ class DataPlane(Driver):
             self.registry.sweep(ev.now)
             self._sweep_sessions(ev.now)
             self._out.append(SetTimer(SWEEP_TIMER, self.config.sweep_every))
+        elif name == WAITS_TIMER:
+            self.deadlocks.tick()
         elif name.startswith(COMMIT_TIMER) and name[len(COMMIT_TIMER) :].isdigit():
             task = self._deciding.get(int(name[len(COMMIT_TIMER) :]))
             if task is not None:
@@ -503,6 +514,10 @@ class DataPlane(Driver):
 
     def _on_started(self, ev: Started) -> None:
         self._out.append(SetTimer(SWEEP_TIMER, self.config.sweep_every))
+        self.deadlocks.start()
+
+    def _on_local_waits(self, ev: LocalWaits) -> None:
+        self.deadlocks.local_waits(ev.edges)
 
     def _on_cluster(self, ev: ClusterChanged) -> None:
         before = self.view.up
@@ -527,6 +542,7 @@ class DataPlane(Driver):
                 self.doom(s, errors.Unavailable, why)
         self.calls.node_down(peer)
         self.registry.coordinator_down(peer)
+        self.deadlocks.node_down(peer)
 
 
 _DOOMING = (errors.Retryable, errors.Unavailable, errors.TransactionClosed)
@@ -539,4 +555,11 @@ def _g_with_writes(dp: DataPlane, s: Session, op: str, p: dict[str, Any]) -> OpC
     return (yield from OPS[op](dp, s, p))
 
 
-__all__ = ["COMMIT_TIMER", "RPC_TIMER", "SWEEP_TIMER", "DataPlane", "DataPlaneConfig"]
+__all__ = [
+    "COMMIT_TIMER",
+    "RPC_TIMER",
+    "SWEEP_TIMER",
+    "WAITS_TIMER",
+    "DataPlane",
+    "DataPlaneConfig",
+]

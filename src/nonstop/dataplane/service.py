@@ -48,6 +48,8 @@ from nonstop.dataplane.events import (
     DecisionDone,
     EndBranch,
     Exec,
+    LocalWaits,
+    ReadWaits,
 )
 from nonstop.dataplane.machine import DataPlane, DataPlaneConfig
 from nonstop.dataplane.managed_types import check_type, types_reply
@@ -91,6 +93,8 @@ class ServiceConfig:
     commit_timeout: float = 30.0
     """A two-phase commit undecided this long: the client hears Unavailable (outcome unknown)."""
     sweep_every: float = 1.0
+    deadlock_every: float = 0.025
+    """How often wait-for edges are shared to find deadlocks across nodes (0: off)."""
     result_window: int = DEFAULT_WINDOW
 
     def machine(self) -> DataPlaneConfig:
@@ -101,6 +105,7 @@ class ServiceConfig:
             rpc_timeout=self.rpc_timeout,
             commit_timeout=self.commit_timeout,
             sweep_every=self.sweep_every,
+            deadlock_every=self.deadlock_every,
         )
 
 
@@ -153,6 +158,7 @@ class DataService:
             EndBranch: self._do_end_branch,
             Decide: self._do_decide,
             Log: self._do_log,
+            ReadWaits: self._do_read_waits,
         }
 
     @property
@@ -349,6 +355,21 @@ class DataService:
             log.error("%s", action.message)
         else:
             log.log(_LOG_LEVELS.get(action.level, logging.INFO), "%s", action.message)
+
+    def _do_read_waits(self, _action: ReadWaits) -> None:
+        """The store's wait-for edges between branches (the lock table knows transactions)."""
+        graph = self.db.engine.locks.wait_for()
+        edges: tuple[tuple[str, str], ...] = ()
+        if graph:
+            bids = {slot.tx.id: bid for bid, slot in self._txs.items() if slot.tx is not None}
+            edges = tuple(
+                (bids[waiter], bids[holder])
+                for waiter, holders in graph.items()
+                if waiter in bids
+                for holder in holders
+                if holder in bids
+            )
+        self._feed(LocalWaits(now=self._now(), edges=edges))
 
     def _do_decide(self, action: Decide) -> None:
         try:

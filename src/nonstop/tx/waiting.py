@@ -182,6 +182,12 @@ class LockTable:
         with self._mutex:
             return self._manager.mode_held(txn, resource)
 
+    def wait_for(self) -> dict[Hashable, set[Hashable]]:
+        """The wait-for graph now: waiting txn -> the txns it waits for (deadlock detection
+        across nodes reads it; empty, and cheap, when nobody waits)."""
+        with self._mutex:
+            return self._manager.wait_for()
+
     def waiting(self, resource: Hashable) -> int:
         """How many requests wait for ``resource`` (diagnostics, tests)."""
         with self._mutex:
