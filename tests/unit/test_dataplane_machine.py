@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from nonstop.dataplane.deadlocks import find_cycles, victim_of
 from nonstop.dataplane.events import (
     BranchDone,
     ClientGone,
@@ -37,7 +38,6 @@ from nonstop.dataplane.machine import (
     DataPlane,
     DataPlaneConfig,
 )
-from nonstop.dataplane.deadlocks import find_cycles, victim_of
 from nonstop.model.codec import pack
 from nonstop.model.ref import Ref
 from nonstop.runtime.interface import (
