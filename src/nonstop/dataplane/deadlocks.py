@@ -175,7 +175,10 @@ class DeadlockDetector:
         sid_text = victim[len(self.dp.name) + 1 :]
         s = self.dp.sessions.get(int(sid_text)) if sid_text.isdigit() else None
         if s is None or s.state != ACTIVE or s.task is None:
-            return  # not waiting in an op it could abandon: lock_wait is the backstop
+            # Not waiting in an op it could abandon: lock_wait is the backstop.
+            state = "gone" if s is None else s.state
+            self.dp.log("debug", f"deadlock victim {victim} not doomed ({state})")
+            return
         del self.suspects[victim]
         self.dp.stats["deadlock_victims"] += 1
         ring = " -> ".join((*cycle, cycle[0]))

@@ -406,6 +406,11 @@ class DataService:
         if slot is None:
             return
         slot.queue.append(action)
+        if slot.running and slot.tx is not None:
+            # An op of the branch may be waiting for a lock: end the wait now, or the
+            # rollback queued behind it (and the locks it frees) waits for lock_wait.
+            closed = errors.TransactionClosed(f"branch {action.bid} is being rolled back")
+            self.db.engine.locks.interrupt(slot.tx.id, closed)
         if not slot.running:
             slot.running = True
             self._start_drain(action.bid, slot)
