@@ -833,3 +833,22 @@ def test_waits_without_a_cycle_doom_nobody() -> None:
     # Waits are shared with peers only while there are some.
     shared = [p for _, _, p in net.sent if p.get("t") == "data.waits"]
     assert shared and all(p["e"] for p in shared)
+
+
+# ------------------------------------------------------------------- sizes
+def test_writes_over_the_message_limit_are_too_large_before_any_prepare() -> None:
+    from nonstop.dataplane.sizes import MESSAGE_MARGIN
+
+    net = Net("AB", max_message=MESSAGE_MARGIN + 1000)
+    objs = accounts(net, {"a": "A", "b": "B"})
+    s = net.ok("A", get("a", begin="serializable", lock="write"))["s"]
+    net.ok("A", get("b", s=s, lock="write"))
+    big = [objs["b"][0], ACC, 1, pack({"number": "b", "pad": "x" * 2000})]
+    reply = net.op("A", {"op": "tx.commit", "s": s, "w": [big], "req": ["c", 9]})
+    assert reply is not None and reply["error"] == "TooLarge", reply
+    assert "2,0" in reply["message"] and "node B" in reply["message"]
+    assert net.decides["A"] == []  # nothing prepared, no vote awaited
+    # Writes riding on an op to B are refused the same way (the session goes on).
+    s2 = net.ok("A", get("a", begin="serializable"))["s"]
+    reply = net.op("A", {"op": "tx.count", "s": s2, "type": ACC, "scope": ["B"], "w": [big]})
+    assert reply is not None and reply["error"] == "TooLarge", reply

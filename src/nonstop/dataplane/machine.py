@@ -50,6 +50,7 @@ from nonstop.dataplane.managed_types import check_type
 from nonstop.dataplane.results import g_commit_retry, g_request_result, g_settle
 from nonstop.dataplane.routing import SESSION_OPS
 from nonstop.dataplane.session_ops import OPS, WRITE_NOW, take_writes
+from nonstop.dataplane.sizes import check_writes
 from nonstop.dataplane.state import ACTIVE, COMMITTING, OVER, Branch, Session
 from nonstop.dataplane.steps import (
     UNDECIDED,
@@ -60,6 +61,7 @@ from nonstop.dataplane.steps import (
 )
 from nonstop.dataplane.view import ClusterView
 from nonstop.model.wire import STORE_ISOLATION, error_out
+from nonstop.net.frames import DEFAULT_MAX_FRAME
 from nonstop.runtime.interface import (
     Action,
     CancelTimer,
@@ -94,6 +96,9 @@ class DataPlaneConfig:
     """A two-phase commit undecided this long: the client hears Unavailable (outcome unknown)."""
     sweep_every: float = 1.0
     """How often idle branches are looked for."""
+    max_message: int = DEFAULT_MAX_FRAME
+    """The largest message to a peer (``max_frame_bytes``): writes that would not fit
+    are refused with TooLarge before they are sent (``dataplane/sizes.py``)."""
     deadlock_every: float = 0.025
     """How often the wait-for edges are read, shared and searched for cycles that
     span nodes (docs/design/deadlocks.md); 0 turns distributed detection off."""
@@ -430,6 +435,12 @@ class DataPlane(Driver):
             # anywhere else, as when they arrived.
             task.then = call
             return self._call(task, FIRST, Call(self.name, WRITE_NOW, {}))
+        pending = s.pending.get(node)
+        if pending and node != self.name:
+            try:
+                check_writes(node, pending.values(), self.config.max_message)
+            except errors.TooLarge as exc:
+                return None, exc
         pending = s.pending.pop(node, None)
         writes = list(pending.values()) if pending else None
         if node == self.name:
