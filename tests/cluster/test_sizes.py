@@ -7,6 +7,7 @@ The nodes run with the default frame limit, ``max_frame_bytes`` = 16 MiB.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from collections.abc import Iterator
@@ -113,3 +114,24 @@ def test_a_peers_answer_over_the_limit_is_too_large_at_once(cluster: Procs) -> N
             tx.query(Inbox).scope(["B"]).all()
         assert time.monotonic() - t0 < 5  # not a timeout
         assert LIMIT_TEXT in str(caught.value)
+
+
+def test_the_async_client_pages_and_refuses_the_same_way(cluster: Procs) -> None:
+    prefix = f"apage-{os.getpid()}-"
+    names = [prefix + "0", prefix + "1"]
+    with connect(cluster) as client:
+        _write_two_9_mb(client, names, "A")
+
+    async def main() -> dict[str, int]:
+        async with await nonstop.connect_async([cluster.address("A")]) as client:
+            with pytest.raises(TooLarge):
+                async with client.transaction() as tx:
+                    await tx.create(Inbox, name=prefix + "big", items=["x" * (20 * MB)])
+            async with client.transaction() as tx:
+                return {
+                    o.name: len(o.items[0])
+                    for o in await tx.query(Inbox).scope("local").all()
+                    if o.name.startswith(prefix)
+                }
+
+    assert asyncio.run(main()) == {name: 9 * MB for name in names}

@@ -364,6 +364,8 @@ class DataService:
         except FrameTooLarge as exc:  # encoded once; measured only when too large
             payload = self._first_page(action.conn, action.payload, exc.size)
             _send_reply(conn, action.corr, payload)
+        except Exception:  # not encodable: _send_reply answers ProtocolError
+            _send_reply(conn, action.corr, action.payload)
 
     # ============================================================ reply pages
     def _first_page(self, conn_key: int, reply: Any, size: int) -> Any:
