@@ -45,16 +45,22 @@ def _victims(address: str) -> int:
     return int(stats.get("data", {}).get("deadlock_victims", 0))
 
 
-def run_contention(folder: Path, options: dict[str, Any], seconds: float) -> dict[str, Any]:
-    """Transfers from ``CLIENTS`` threads for ``seconds``; commit times, errors, victims."""
-    numbers = [100 * i + k for i in range(len(NODES)) for k in range(PER_NODE)]
+def run_contention(
+    folder: Path,
+    options: dict[str, Any],
+    seconds: float,
+    clients: int = CLIENTS,
+    per_node: int = PER_NODE,
+) -> dict[str, Any]:
+    """Transfers from ``clients`` threads for ``seconds``; commit times, errors, victims."""
+    numbers = [100 * i + k for i in range(len(NODES)) for k in range(per_node)]
     with OwnedCluster(folder, len(NODES), apps=["nonstop.demos.bank"], options=options) as oc:
         oc.start_all()
         addresses = oc.addresses
         with nonstop.connect(addresses) as client:
             for i, node in enumerate(NODES):
                 with client.transaction() as tx:
-                    for k in range(PER_NODE):
+                    for k in range(per_node):
                         tx.create(Account, node=node, number=100 * i + k, balance=1000)
         commits: list[float] = []
         errors: list[str] = []
@@ -75,7 +81,7 @@ def run_contention(folder: Path, options: dict[str, Any], seconds: float) -> dic
                         with lock:
                             commits.append(time.monotonic())
 
-        threads = [threading.Thread(target=client_thread, args=(i,)) for i in range(CLIENTS)]
+        threads = [threading.Thread(target=client_thread, args=(i,)) for i in range(clients)]
         started = time.monotonic()
         for t in threads:
             t.start()

@@ -12,7 +12,8 @@ Every ``deadlock_every`` seconds the machine asks its store for its local edges
 (:class:`ReadWaits` → :class:`LocalWaits`); while it has any (and once more when
 they are gone) it sends them to every up peer (``data.waits``).  Each node keeps
 the latest edges of every node (dropped when older than ``_FRESH`` periods or
-when the node leaves Up) and searches the union for cycles.  The victim of a
+when the node leaves Up) and searches the union for cycles, at each tick and
+each time a peer's edges arrive.  The victim of a
 cycle is its greatest branch id: every node computes the same one, and only its
 coordinator acts.  It does so if the cycle is still there at least one period
 after it first saw it (mixing snapshots of different nodes taken at different
@@ -139,6 +140,7 @@ class DeadlockDetector:
         )
         if edges:
             self.remote[sender] = (edges, self.dp.now)
+            self.search()  # a cycle may be complete now: do not wait for the tick
         else:
             self.remote.pop(sender, None)
 
