@@ -85,8 +85,10 @@ _MAX_HINTS = 100_000
 class DataPlaneConfig:
     """Timeouts of the data path (seconds) and the managed-type check."""
 
-    branch_idle: float = 30.0
-    """A participant's branch without an op for this long is rolled back (B8)."""
+    branch_idle: float = 90.0
+    """A participant's branch without an op for this long is rolled back (B8): the
+    backstop for a coordinator that is up but silent (a lost ``branch.end``); above
+    ``tx_idle``, so that an idle transaction is ended by its coordinator first."""
     tx_idle: float = 60.0
     """A session (an open transaction) with no client op for this long is rolled back
     on every node, its own branch included; its next op hears TransactionClosed."""

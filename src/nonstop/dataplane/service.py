@@ -86,8 +86,10 @@ _LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.
 class ServiceConfig:
     """Timeouts of the data path (seconds)."""
 
-    branch_idle: float = 30.0
-    """A participant's branch without an op for this long is rolled back (B8)."""
+    branch_idle: float = 90.0
+    """A participant's branch without an op for this long is rolled back (B8): the
+    backstop for a coordinator that is up but silent (a lost ``branch.end``); above
+    ``tx_idle``, so that an idle transaction is ended by its coordinator first."""
     tx_idle: float = 60.0
     """A transaction with no client op for this long is rolled back on every node."""
     lock_wait: float = 5.0
