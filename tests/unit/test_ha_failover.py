@@ -101,3 +101,18 @@ def test_restorer_waits_for_the_copy() -> None:
     settle(w, 5.0)
     assert waiting[-1] not in p.copying and len(p.copying) == 1
     assert p.state in ("Replicating", "Migrating")
+
+
+def test_a_holder_of_an_unavailable_partition_enables_it_again() -> None:
+    w = World()
+    restorers.clear()
+    restorers.update({n: Restorer(n, w.table, [ABC]) for n in "abc"})
+    settle(w, 0.0)
+    p = w.table.get("P")
+    assert p is not None
+    w.live = []
+    w.run([{"pt": "failover", "p": "P", "e": p.epoch, "dead": ["a", "b", "c"]}], "a")
+    assert p.state == "Unavailable" and p.current == ["a", "b", "c"]
+    w.live = ["c"]
+    w.run(restorers["c"].proposals(50.0, w.live), "c")
+    assert (p.state, p.active) == ("Active", "c")

@@ -120,13 +120,16 @@ class Restorer:
             part = self.table.get(pdef.name)
             if part is None:
                 entry = define_entry(pdef)
+            elif part.active is None and self.me in part.in_sync():
+                # Unavailable and this node holds the last copy: enabling makes it active.
+                entry = enable_entry(pdef.name)
             elif self.me not in part.current and not (
                 part.status.get(self.me) == LOCAL_ENABLED and part.active is None
             ):
                 # Not holding it: enable (again).  While the partition is Unavailable and this
                 # node holds no copy, enabling again changes nothing: wait for a holder.
                 entry = enable_entry(pdef.name)
-            elif part.status.get(self.me) != LOCAL_ENABLED and part.status.get(self.me) is not None:
+            elif part.status.get(self.me) not in (LOCAL_ENABLED, None):
                 entry = enable_entry(pdef.name)
             else:
                 entry = None
