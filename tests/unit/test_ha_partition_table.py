@@ -267,4 +267,4 @@ def test_registers_on_a_cluster_node_and_rides_its_snapshots() -> None:
     node.register_table(table)
     assert node.tables.get("pt") is table
     table.restore({"v": 1, "p": {}})
-    assert node.tables.snapshot() == {"pt": {"v": 1, "p": {}}}
+    assert node.tables.snapshot() == {"pt": {"v": 1, "p": {}, "l": {}}}

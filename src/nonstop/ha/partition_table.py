@@ -40,6 +40,7 @@ DISABLE = "disable"
 RESTORED = "restored"
 FAILOVER = "failover"
 DROP = "drop"
+LEASE = "lease"
 KINDS = frozenset({DEFINE, ENABLE, DISABLE, RESTORED, FAILOVER, DROP})
 
 # D6 partition states.
@@ -167,12 +168,19 @@ def drop_entry(name: str, epoch: int, node: NodeId) -> dict[str, Any]:
     return {TABLE: DROP, "p": name, "e": epoch, "node": node}
 
 
+def lease_entry(lease_number: int, renewal: int) -> dict[str, Any]:
+    """A node renews its lease (ha.md section 8): ``ln`` is the lease number it holds."""
+    return {TABLE: LEASE, "ln": lease_number, "k": renewal}
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
 def well_formed(entry: Any) -> bool:
     """The entry's shape (types of its fields), before any meaning is checked."""
+    if isinstance(entry, dict) and entry.get(TABLE) == LEASE:
+        return _is_int(entry.get("ln")) and _is_int(entry.get("k"))
     if not isinstance(entry, dict) or entry.get(TABLE) not in KINDS:
         return False
     kind = entry[TABLE]
@@ -209,6 +217,8 @@ class PartitionTable:
         self._members = members
         self._live = live
         self.partitions: dict[str, Partition] = {}
+        self.leases: dict[str, int] = {}
+        """Lease number per node: a failover revokes the old active's lease by raising it."""
         self.rejections = 0
 
     @property
@@ -258,12 +268,15 @@ class PartitionTable:
         return {
             "v": FORMAT,
             "p": {n: self.partitions[n].to_value() for n in sorted(self.partitions)},
+            "l": dict(sorted(self.leases.items())),
         }
 
     def restore(self, state: Any) -> None:
         self.partitions = {}
+        self.leases = {}
         if not state:
             return
+        self.leases = {n: int(ln) for n, ln in state.get("l", {}).items()}
         for name, value in state.get("p", {}).items():
             self.partitions[name] = Partition.from_value(name, value)
 
@@ -280,9 +293,12 @@ class PartitionTable:
         """Apply one committed entry; a bad one changes nothing and is rejected (module doc)."""
         kind = entry.get(TABLE)
         by = _requester(entry)
+        if kind == LEASE:
+            return self._lease(entry, by)
         name = entry.get("p")
         before = self.partitions.get(name) if isinstance(name, str) else None
         old_state = before.state if before is not None else None
+        was = before.active if before is not None else None
         try:
             if not well_formed(entry):
                 raise Rejected(f"malformed entry {entry!r:.120}")
@@ -306,12 +322,25 @@ class PartitionTable:
                     "kind": kind,
                     "epoch": part.epoch,
                     "active": part.active,
+                    "was": was,
                     "current": list(part.current),
                     "state": part.state,
                 },
             )
         )
         return actions
+
+    def _lease(self, entry: dict[str, Any], by: str | None) -> list[Action]:
+        """A renewal: accepted only with the node's current lease number (not revoked since)."""
+        ok = by is not None and well_formed(entry) and entry["ln"] == self.leases.get(by, 0)
+        data = {
+            "node": by,
+            "ln": entry.get("ln"),
+            "k": entry.get("k"),
+            "r": entry.get(REQUESTER),
+            "ok": ok,
+        }
+        return [Notify("pt.lease", data)]
 
     # ------------------------------------------------------------ transitions
     def _apply(
@@ -450,6 +479,7 @@ class PartitionTable:
             raise Rejected(f"nodes {back} named dead are live in the committed view")
         part.changed = index
         holders = part.holders()
+        self.leases[part.active] = self.leases.get(part.active, 0) + 1  # revoked (section 8)
         part.current = [n for n in part.current if n not in dead]
         part.copying = [n for n in part.copying if n not in dead]
         part.epoch += 1
@@ -538,6 +568,7 @@ __all__ = [
     "drop_entry",
     "enable_entry",
     "failover_entry",
+    "lease_entry",
     "restored_entry",
     "well_formed",
 ]

@@ -14,13 +14,20 @@ event:
 * **one-active** -- no two tables (any node, any time) name different active
   nodes or current lists for the same (partition, epoch);
 * **epoch** -- within one life of a node, a partition's epoch never goes down;
+* **one-acting** -- at no instant do two nodes *act* for one partition (may
+  acknowledge: quorum, active in their table, lease held, previous active's
+  lease waited out -- ha.md section 8, :mod:`nonstop.ha.lease`): a node's
+  answer is recorded at each of its events with the time its lease runs out,
+  and compared with every other live node's answer still in force;
 * **heal** (after the cluster converged) -- within ``partitions_within``
   virtual seconds, every partition is Active on every node with a live active
   node and every listed node back in sync (failover and restore both done).
 
 Mutants (tests/sim/test_partitions.py): ``local_promotion`` applies the
 failover on the leader's own table without a log entry; ``no_epoch_bump``
-fails over without bumping the epoch.  The checker must catch both.
+fails over without bumping the epoch; ``no_lease_wait`` lets a new active
+node act before the previous one's lease ran out.  The checker must catch
+each.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from nonstop.cluster.node import ClusterConfig
 from nonstop.cluster.raft import ROLE_LEADER
 from nonstop.ha.cluster_node import HaClusterNode
 from nonstop.ha.failover import PromoterConfig
+from nonstop.ha.lease import LeaseConfig, LeaseKeeper
 from nonstop.ha.partition_table import ACTIVE, Partition, PartitionTable
 from nonstop.ha.policies import ASYNC, SYNC, Distribution, PartitionDef, Policy
 from nonstop.runtime.interface import Action, Event, Machine, NodeId
@@ -41,7 +49,7 @@ from nonstop.sim.checker import Violation
 from nonstop.sim.core import Simulation
 from nonstop.sim.scenarios import cluster_log
 
-MUTANTS = ("local_promotion", "no_epoch_bump")
+MUTANTS = ("local_promotion", "no_epoch_bump", "no_lease_wait")
 
 
 @dataclass(slots=True)
@@ -56,6 +64,8 @@ class PartitionsConfig:
     partitions: int = 4
     partitions_within: float = 8.0
     retry: float = 0.3
+    lease: LeaseConfig = field(default_factory=lambda: LeaseConfig(lease=0.6, drift=0.0))
+    """Simulated clocks are exact: no drift margin (the real default keeps one)."""
     mutant: str | None = None
 
 
@@ -99,10 +109,20 @@ class _LocalPromotionNode(HaClusterNode):
         return super()._ha_proposals(now)
 
 
+class _NoLeaseWaitNode(HaClusterNode):
+    """Broken on purpose: a new active node acts at once, without waiting out the old lease."""
+
+    def _make_leases(self, config: LeaseConfig | None) -> LeaseKeeper:
+        return LeaseKeeper(
+            self.name, self.incarnation, self.partition_table, config, wait_for_previous=False
+        )
+
+
 _NODE_CLASSES: dict[str | None, type[HaClusterNode]] = {
     None: HaClusterNode,
     "no_epoch_bump": _NoEpochBumpNode,
     "local_promotion": _LocalPromotionNode,
+    "no_lease_wait": _NoLeaseWaitNode,
 }
 
 
@@ -116,6 +136,9 @@ class PartitionChecker:
     epochs: dict[tuple[str, int], tuple[Any, ...]] = field(default_factory=dict)
     last: dict[NodeId, tuple[int, int]] = field(default_factory=dict)  # id(machine), index
     life_epochs: dict[tuple[NodeId, int, str], int] = field(default_factory=dict)
+    acting: dict[str, dict[NodeId, tuple[int, float]]] = field(default_factory=dict)
+    """partition -> node -> (life, until): who may acknowledge, as of its last event."""
+    acting_checks: int = 0
     failovers: int = 0
     restores: int = 0
     max_violations: int = 20
@@ -141,6 +164,7 @@ class PartitionChecker:
         if not isinstance(machine, HaClusterNode):
             return
         life = id(machine)
+        self._check_acting(sim, node, life, machine)
         index = machine.applied_index
         if self.last.get(node) == (life, index):
             return
@@ -165,6 +189,29 @@ class PartitionChecker:
             if part.epoch < self.life_epochs.get(key, 0):
                 self.fail(sim, "epoch", f"{name} on {node}: epoch went back to {part.epoch}")
             self.life_epochs[key] = part.epoch
+
+    def _check_acting(
+        self, sim: Simulation, node: NodeId, life: int, machine: HaClusterNode
+    ) -> None:
+        now = sim.now
+        for name in machine.partition_table.partitions:
+            holders = self.acting.setdefault(name, {})
+            if not machine.acting(now, name):
+                holders.pop(node, None)
+                continue
+            holders[node] = (life, machine.leases.acting_until(name))
+            self.acting_checks += 1
+            for other, (other_life, until) in holders.items():
+                if other == node or until <= now:
+                    continue
+                other_machine = sim.machine(other)
+                if other_machine is None or id(other_machine) != other_life:
+                    continue  # crashed since: it acts no more
+                self.fail(
+                    sim,
+                    "one-acting",
+                    f"{name}: {node} and {other} may both acknowledge (until {until:.3f})",
+                )
 
 
 def settled(sim: Simulation, names: list[NodeId], layout: list[PartitionDef]) -> str | None:
@@ -218,7 +265,7 @@ def run_seed(
     def factory(
         config: ClusterConfig, rng: random.Random, recovered: Mapping[bytes, bytes]
     ) -> Machine:
-        return node_class(config, rng, recovered, layout_of(config), promoter)
+        return node_class(config, rng, recovered, layout_of(config), promoter, cfg.lease)
 
     checker = PartitionChecker()
 
@@ -251,6 +298,7 @@ def run_seed(
         **result.stats,
         "failovers": checker.failovers,
         "restores": checker.restores,
+        "acting_checks": checker.acting_checks,
         "partitions_settled_after": healed_after,
     }
     line = (
