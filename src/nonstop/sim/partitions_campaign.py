@@ -20,7 +20,7 @@ from nonstop.sim.core import Simulation
 from nonstop.sim.runner import Campaign, SeedOutcome, campaign_main, raised, run_many
 from nonstop.sim.scenarios.partitions import MUTANTS, PartitionsConfig, run_seed
 
-COUNTERS = ("failovers", "restores")
+COUNTERS = ("failovers", "restores", "acting_checks", "settled_ms")
 NOTABLE = frozenset({"leader", "view", "quorum", "pt.changed", "pt.rejected"})
 
 
@@ -35,6 +35,8 @@ def run_one(seed: int, mutant: str | None = None) -> SeedOutcome:
         result, _ = run_seed(seed, PartitionsConfig(mutant=mutant))
     except Exception as exc:
         return raised(seed, exc)
+    settled = result.stats["partitions_settled_after"]
+    result.stats["settled_ms"] = round(1000 * settled) if settled is not None else -1
     return SeedOutcome(
         seed,
         result.ok,
@@ -75,7 +77,19 @@ def failure_text(outcome: SeedOutcome, mutant: str | None = None) -> str:
 
 def report(outcomes: list[SeedOutcome]) -> list[str]:
     totals = {k: sum(dict(o.counters).get(k, 0) for o in outcomes) for k in COUNTERS}
-    return [f"exercised: {totals['failovers']} failovers, {totals['restores']} restores"]
+    settled = sorted(dict(o.counters).get("settled_ms", -1) for o in outcomes)
+    settled = [ms for ms in settled if ms >= 0]
+    lines = [
+        f"exercised: {totals['failovers']} failovers, {totals['restores']} restores, "
+        f"{totals['acting_checks']} acting checks"
+    ]
+    if settled:
+        median, worst = settled[len(settled) // 2], settled[-1]
+        lines.append(
+            "partitions settled (all Active, every listed node in sync) after the heal, "
+            f"at most: median {median} ms, max {worst} ms"
+        )
+    return lines
 
 
 def explain(seed: int, mutant: str | None = None, *, full_trace: bool = False) -> bool:
