@@ -20,7 +20,15 @@ from nonstop.sim.core import Simulation
 from nonstop.sim.runner import Campaign, SeedOutcome, campaign_main, raised, run_many
 from nonstop.sim.scenarios.partitions import MUTANTS, PartitionsConfig, run_seed
 
-COUNTERS = ("failovers", "restores", "acting_checks", "settled_ms")
+COUNTERS = (
+    "failovers",
+    "restores",
+    "acting_checks",
+    "settled_ms",
+    "takeover_max_ms",
+    "takeover_count",
+    "takeover_sum_ms",
+)
 NOTABLE = frozenset({"leader", "view", "quorum", "pt.changed", "pt.rejected"})
 
 
@@ -37,6 +45,10 @@ def run_one(seed: int, mutant: str | None = None) -> SeedOutcome:
         return raised(seed, exc)
     settled = result.stats["partitions_settled_after"]
     result.stats["settled_ms"] = round(1000 * settled) if settled is not None else -1
+    takeovers = result.stats["takeovers"]
+    result.stats["takeover_max_ms"] = round(1000 * max(takeovers)) if takeovers else -1
+    result.stats["takeover_count"] = len(takeovers)
+    result.stats["takeover_sum_ms"] = round(1000 * sum(takeovers))
     return SeedOutcome(
         seed,
         result.ok,
@@ -83,6 +95,17 @@ def report(outcomes: list[SeedOutcome]) -> list[str]:
         f"exercised: {totals['failovers']} failovers, {totals['restores']} restores, "
         f"{totals['acting_checks']} acting checks"
     ]
+    takeovers = sorted(
+        ms for o in outcomes if (ms := dict(o.counters).get("takeover_max_ms", -1)) >= 0
+    )
+    if takeovers:
+        lines.append(
+            "takeover (crash of the acting node -> another node acting), worst per seed: "
+            f"median {takeovers[len(takeovers) // 2]} ms, max {takeovers[-1]} ms "
+            f"over {len(takeovers)} seeds; mean of all "
+            f"{totals['takeover_sum_ms'] // max(1, totals['takeover_count'])} ms "
+            f"over {totals['takeover_count']} takeovers"
+        )
     if settled:
         median, worst = settled[len(settled) // 2], settled[-1]
         lines.append(

@@ -139,13 +139,28 @@ class PartitionChecker:
     acting: dict[str, dict[NodeId, tuple[int, float]]] = field(default_factory=dict)
     """partition -> node -> (life, until): who may acknowledge, as of its last event."""
     acting_checks: int = 0
+    orphaned: dict[str, float] = field(default_factory=dict)
+    """partition -> when the node acting for it crashed (until another node acts)."""
+    takeovers: list[float] = field(default_factory=list)
+    """Virtual seconds from the crash of a partition's acting node to a new node acting."""
     failovers: int = 0
     restores: int = 0
     max_violations: int = 20
 
     def attach(self, sim: Simulation) -> PartitionChecker:
         sim.observers.append(self.observe)
+        sim.fault_observers.append(self.on_fault)
         return self
+
+    def on_fault(self, sim: Simulation, what: str, details: dict[str, Any]) -> None:
+        """A crash of an acting node starts a takeover clock for its partitions."""
+        if what != "crash":
+            return
+        node = details.get("node")
+        for name, holders in self.acting.items():
+            record = holders.pop(node, None) if isinstance(node, str) else None
+            if record is not None and record[1] > sim.now and name not in self.orphaned:
+                self.orphaned[name] = sim.now
 
     def fail(self, sim: Simulation, invariant: str, detail: str) -> None:
         if len(self.violations) < self.max_violations:
@@ -201,6 +216,9 @@ class PartitionChecker:
                 continue
             holders[node] = (life, machine.leases.acting_until(name))
             self.acting_checks += 1
+            crashed_at = self.orphaned.pop(name, None)
+            if crashed_at is not None:
+                self.takeovers.append(now - crashed_at)
             for other, (other_life, until) in holders.items():
                 if other == node or until <= now:
                     continue
@@ -300,6 +318,7 @@ def run_seed(
         "failovers": checker.failovers,
         "restores": checker.restores,
         "acting_checks": checker.acting_checks,
+        "takeovers": list(checker.takeovers),
         "partitions_settled_after": healed_after,
     }
     line = (
