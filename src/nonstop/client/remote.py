@@ -638,9 +638,16 @@ class RemoteTransactionBase:
         payload, sent = self._with_writes(payload)
         reply = yield payload
         self._flushed(sent)
+        objects = list(reply.get("os") or [])
+        more = reply.get("more")
+        while more is not None:
+            # A reply over the frame limit comes in pages (data-path.md §3, tx.more).
+            page = yield {"op": "tx.more", "c": more}
+            objects.extend(page.get("os") or [])
+            more = page.get("more")
         out: list[Any] = []
         seen: set[bytes] = set()
-        for obj in reply.get("os") or []:
+        for obj in objects:
             e = self._intake(obj, mode)
             if e.ref in seen or e.status >= DELETED:
                 continue  # each object once, even if two nodes answered for it
@@ -654,9 +661,15 @@ class RemoteTransactionBase:
         payload, sent = self._with_writes(payload)
         reply = yield payload
         self._flushed(sent)
+        objects = list(reply.get("os") or [])
+        more = reply.get("more")
+        while more is not None:  # a page over the frame limit is split too (tx.more)
+            split = yield {"op": "tx.more", "c": more}
+            objects.extend(split.get("os") or [])
+            more = split.get("more")
         out: list[Any] = []
         added: list[RemoteEntry] = []
-        for obj in reply.get("os") or []:
+        for obj in objects:
             known = obj_in(obj)[0] in self._entries
             e = self._intake(obj, NONE)
             if not known:
@@ -664,7 +677,7 @@ class RemoteTransactionBase:
             if e.status < DELETED:
                 out.append(e.handle)
         after = reply.get("after")
-        return out, after, bool(reply.get("more")) and after is not None, added
+        return out, after, bool(reply.get("rest")) and after is not None, added
 
     def _forget(self, entries: list[RemoteEntry]) -> None:
         """Drop the entries of a passed page nobody locked or changed (constant memory)."""

@@ -257,7 +257,7 @@ def g_query_page(
 
 
 def merge_page(results: list[dict[str, Any]], page: int) -> dict[str, Any]:
-    """The nodes' pages → one page, its last position and whether more may follow."""
+    """The nodes' pages → one page, its last position and whether more may follow (rest)."""
     streams = [list(zip(r.get("k") or [], r.get("os") or [], strict=False)) for r in results]
     full = [s for s in streams if len(s) >= page]
     bound = min(((s[-1][0], s[-1][1][0]) for s in full), default=None)
@@ -276,7 +276,8 @@ def merge_page(results: list[dict[str, Any]], page: int) -> dict[str, Any]:
         seen.add(o[0])
         out.append(o)
         last = [k, o[0]]
-    return {"os": out, "after": last, "more": more and last is not None}
+    # "rest", not "more": "more" is the service's cursor of a reply split for size.
+    return {"os": out, "after": last, "rest": more and last is not None}
 
 
 def merge_query(

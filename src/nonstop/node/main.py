@@ -220,7 +220,7 @@ async def auto_join(runtime: RealRuntime, cfg: NodeConfig) -> None:
                 cluster=runtime.hello.cluster,
                 timeout=5.0,
                 rounds=1,
-                tls=cfg.tls,
+                tls=cfg.tls.runtime(),
                 protocol=(cfg.protocol[0], cfg.protocol[1]),
             ) as client:
                 reply = await client.request(
@@ -280,8 +280,8 @@ def make_runtime(
             join=plain,
             static_peers=static_peers,
             max_frame=cfg.max_frame_bytes,
-            tls=cfg.tls,
-            discovery=cfg.discovery,
+            tls=cfg.tls.runtime(),
+            discovery=cfg.discovery.runtime(),
             connect_timeout=cfg.connect_timeout,
         ),
     )
