@@ -348,7 +348,7 @@ def audit_checks(
             f"each of the {len(out.unknown):,} outcome-unknown transfers applied at most once "
             f"({applied_unknown:,} committed, {len(out.unknown) - applied_unknown:,} not)",
         ),
-        (strangers == 0, f"{strangers} transfers recorded that no client asked for"),
+        (strangers == 0, f"transfers recorded that no client asked for: {strangers}"),
         (audit["lowest"] >= 0, f"lowest balance {audit['lowest']:,} (none negative)"),
         (
             audit["exported"] == accounts,
