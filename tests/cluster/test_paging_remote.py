@@ -36,7 +36,13 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Procs]:
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), old]))
     # Relaxed failure detection: this module kills nothing, and a node wrongly seen
     # down on a loaded machine would be skipped by the queries (audit skip_down).
-    options = {"app": ["tests.distmodel"], "keepalive_interval": 0.5, "nonresponse_timeout": 5.0}
+    # A 1 MiB frame limit: a page of 500 notes of 4 kB (2 MB) must be cut to fit.
+    options = {
+        "app": ["tests.distmodel"],
+        "keepalive_interval": 0.5,
+        "nonresponse_timeout": 5.0,
+        "max_frame_bytes": 1 << 20,
+    }
     procs = Procs(tmp_path_factory.mktemp("paging"), 3, options)
     try:
         procs.start_all()
@@ -148,6 +154,9 @@ STREAM_CLIENT = textwrap.dedent(
 def test_a_client_streams_more_than_its_memory_budget(cluster: Procs, tmp_path: Path) -> None:
     """15,000 notes of 4 kB (60 MB) streamed by a client growing by under 16 MiB.
 
+    Pages of 500 notes (2 MB) do not fit in the nodes' 1 MiB frames: each node
+    cuts its page to fit, and the pages still add up to every note once.
+
     Peak growth of the client's anonymous resident memory, sampled every page
     (LMDB's file-backed map pages are the page cache, not ours); on the nodes,
     their growth once the stream is done.
@@ -155,9 +164,9 @@ def test_a_client_streams_more_than_its_memory_budget(cluster: Procs, tmp_path: 
     budget_kib = 16 * 1024
     payload = "n" * 4_000
     with nonstop.connect(addresses(cluster)) as c:
-        for start in range(0, BIG, 1_000):
+        for start in range(0, BIG, 150):  # 600 kB of writes: under the frame limit
             with c.transaction() as tx:
-                for i in range(start, start + 1_000):
+                for i in range(start, start + 150):
                     tx.create(Note, node=NAMES[i % 3], text=payload)
     script = tmp_path / "stream_client.py"
     script.write_text(STREAM_CLIENT)

@@ -187,3 +187,27 @@ async def test_async_iteration_streams(tmp_path: Path) -> None:
         numbers = [i.number async for i in tx.query(Item).page_size(50)]
     assert sorted(numbers) == list(range(300))
     db.close()
+
+
+def test_merge_page_stops_where_a_node_may_have_more() -> None:
+    """The data plane's merge of the nodes' pages (keyset paging of cluster queries)."""
+    from nonstop.dataplane.session_ops import merge_page
+
+    def node(*refs: bytes, cut: bool = False) -> dict[str, object]:
+        reply: dict[str, object] = {"k": list(refs), "os": [[r, "T", 1, b""] for r in refs]}
+        if cut:
+            reply["cut"] = True
+        return reply
+
+    # A full page of A (3 of 3) ends at c: B's e must wait for the next page.
+    merged = merge_page([node(b"a", b"b", b"c"), node(b"b", b"e")], 3)
+    assert [o[0] for o in merged["os"]] == [b"a", b"b", b"c"]
+    assert merged["after"] == [b"c", b"c"] and merged["rest"]
+    # Nobody full: everything, and nothing more to ask.
+    merged = merge_page([node(b"a"), node(b"d", b"e")], 3)
+    assert [o[0] for o in merged["os"]] == [b"a", b"d", b"e"] and not merged["rest"]
+    # A page cut to fit a frame counts as full although short.
+    merged = merge_page([node(b"a", cut=True), node(b"b", b"c")], 3)
+    assert [o[0] for o in merged["os"]] == [b"a"] and merged["rest"]
+    # Nothing at all.
+    assert merge_page([node(), node()], 3) == {"os": [], "after": None, "rest": False}

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from nonstop import errors
 from nonstop.dataplane.args import ref_arg
+from nonstop.dataplane.sizes import MESSAGE_MARGIN
 from nonstop.dataplane.state import Session
 from nonstop.dataplane.steps import Call, Gather, OpCoroutine
 from nonstop.model.codec import pack, unpack
@@ -240,7 +241,8 @@ def g_query_page(
     Keyset paging, no cursor kept anywhere: every node answers its first
     ``page`` results past ``after`` (the position of the last object the client
     got), and the pages are merged by position.  A node that filled its page
-    may have more past its last one, so the merged page stops at the smallest
+    may have more past its last one (as has one whose page was cut to fit a
+    frame), so the merged page stops at the smallest
     such last position: what is sent is complete up to there, and the next
     request resumes right after it.
     """
@@ -252,6 +254,8 @@ def g_query_page(
     limit = fields.get("limit")
     fields = {**fields, "limit": page if limit is None else min(page, limit), "page": True}
     fields["after"] = after
+    # Each node's page fits in a frame whatever its objects' size (it is cut, then).
+    fields["bytes"] = max(1, (dp.config.max_message - MESSAGE_MARGIN) // 2)
     results = yield from g_fan_out(dp, s, nodes, "branch.query", fields, audit)
     return merge_page(results, fields["limit"])
 
@@ -259,7 +263,7 @@ def g_query_page(
 def merge_page(results: list[dict[str, Any]], page: int) -> dict[str, Any]:
     """The nodes' pages → one page, its last position and whether more may follow (rest)."""
     streams = [list(zip(r.get("k") or [], r.get("os") or [], strict=False)) for r in results]
-    full = [s for s in streams if len(s) >= page]
+    full = [s for s, r in zip(streams, results, strict=True) if len(s) >= page or r.get("cut")]
     bound = min(((s[-1][0], s[-1][1][0]) for s in full), default=None)
     seen: set[bytes] = set()
     out: list[Any] = []

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from nonstop import errors
 from nonstop.dataplane.args import parse_req, ref_arg, unpacked
 from nonstop.dataplane.managed_types import check_type, types_reply
+from nonstop.dataplane.sizes import write_bytes
 from nonstop.model.codec import encode_key, pack
 from nonstop.model.entry import CLEAN, DELETED
 from nonstop.model.managed import Managed, type_info
@@ -177,6 +178,14 @@ async def _run_query(tx: AsyncTransaction, p: dict[str, Any]) -> dict[str, Any]:
     objs = [obj_of(tx.entry_of(h)) for h in found]
     reply: dict[str, Any] = {"os": objs}
     if paged:
+        budget = p.get("bytes")
+        if isinstance(budget, int) and budget > 0:
+            # A page of big objects is cut to what one frame carries ("cut": the
+            # data plane then takes this node as having more past its last one).
+            kept = page_within(objs, budget)
+            if kept < len(objs):
+                del objs[kept:], found[kept:]
+                reply["cut"] = True
         reply["k"] = [q.position_of(h)[0] for h in found]
         sent = [h._e for h in found]
         found.clear()
@@ -185,6 +194,16 @@ async def _run_query(tx: AsyncTransaction, p: dict[str, Any]) -> dict[str, Any]:
         fname = q.ordering[0]
         reply["k"] = [encode_key(tx.entry_of(h).state[fname]) for h in found]
     return reply
+
+
+def page_within(objs: list[Any], budget: int) -> int:
+    """How many of ``objs`` (at least one) fit in ``budget`` bytes on the wire, about."""
+    used = 0
+    for n, obj in enumerate(objs):
+        used += write_bytes(obj)
+        if used > budget and n > 0:
+            return n
+    return len(objs)
 
 
 def forget_unlocked(tx: AsyncTransaction, sent: list[Entry]) -> None:
