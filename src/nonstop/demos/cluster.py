@@ -457,8 +457,8 @@ def main(argv: list[str] | None = None) -> int:
     left = in_doubt_after_stop(oc)
     if any(left.values()):
         problems.append(f"transactions left in doubt after the stop: {left}")
-    held = "FAILED" if any(left.values()) else "held"
-    print(f"  cluster stopped; {held}: in doubt per node after the stop: {left}")
+    verdict = "FAILED" if any(left.values()) else "held"
+    print(f"  cluster stopped; {verdict}: in doubt per node after the stop: {left}")
     print(f"  demo took {time.perf_counter() - started:.0f} s")
     if problems:
         print("FAILED:\n  " + "\n  ".join(problems))

@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Any, TextIO
 
-from tqdm import tqdm  # type: ignore[import-untyped]
+from tqdm import tqdm
 
 
 class Progress:

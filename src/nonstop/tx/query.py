@@ -16,7 +16,7 @@ import heapq
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from nonstop.errors import BadArgument
 from nonstop.model.codec import encode_key, unpack
@@ -307,7 +307,7 @@ class Query(Generic[M]):
                             raw = rtxn.get(ref, db=store.objects)
                             if raw is None:
                                 continue
-                            rec = unpack(raw)
+                            rec = unpack(cast(bytes, raw))  # store.read(): bytes, not buffers
                             if key is not None and not self._type_ok(rec[0]):
                                 continue
                             e = tx.entry_from_record(ref, rec, NONE)
@@ -422,8 +422,8 @@ class Query(Generic[M]):
                 if ref is not None:
                     yield kb, ref
             else:
-                start = after[1] if after is not None and self._order is None else None
-                found = cur.set_key(kb) if start is None else cur.set_range_dup(kb, start)
+                resume = after[1] if after is not None and self._order is None else None
+                found = cur.set_key(kb) if resume is None else cur.set_range_dup(kb, resume)
                 if found:
                     for ref in cur.iternext_dup():
                         yield kb, ref
@@ -452,9 +452,10 @@ class Query(Generic[M]):
         if not cur.set_range(prefix + start):
             return
         for ext in cur.iternext(keys=True, values=False):
-            if not ext.startswith(prefix):
+            key = cast(bytes, ext)  # store.read(): bytes, not buffers
+            if not key.startswith(prefix):
                 break
-            ref = ext[plen:]
+            ref = key[plen:]
             yield ref, ref
 
     def _position(self, state: dict[str, Any], ref: bytes) -> tuple[bytes, bytes]:
