@@ -22,6 +22,7 @@ from nonstop.admin.local import (
     stop_pid,
 )
 from nonstop.admin.pipeline import pipeline
+from nonstop.admin.scrub import store
 from nonstop.errors import Error
 from nonstop.node.config import ConfigError, NodeConfig, load, parse_join
 from nonstop.node.datadir import DataDir
@@ -367,6 +368,7 @@ def local_down(folder: str) -> None:
 
 # ============================================================= pipeline
 cli.add_command(pipeline)  # the Spark jobs: nonstop.admin.pipeline
+cli.add_command(store)  # nonstop store verify: nonstop.admin.scrub
 
 
 def main() -> None:

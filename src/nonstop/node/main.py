@@ -9,7 +9,9 @@ pid file always means "this node is listening".
 Every start-up failure is one line on stderr and exit code 1 (2 for a bad
 configuration): a port in use, a data directory of another cluster or node, a
 data directory already used by a running node, a node name already used in the
-cluster.
+cluster, a data directory that cannot take writes (read-only, full), a damaged
+store (the structure and checksum walk of ``DataDir.verify``, bounded in time:
+the node refuses to serve a store that fails it).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import signal
 import sys
 from typing import Any
 
+from nonstop.errors import StoreError
 from nonstop.net.handshake import ROLE_NODE, Hello
 from nonstop.node.config import ConfigError, NodeConfig, split_join
 from nonstop.node.datadir import DataDir, Identity
@@ -337,10 +340,16 @@ def run(cfg: NodeConfig) -> int:
     except OSError as exc:
         print(f"nonstop: error: cannot create {exc.filename}: {exc.strerror}", file=sys.stderr)
         return EXIT_ERROR
+    problem = datadir.check_writable() or datadir.verify()
+    if problem is not None:
+        if cfg.log_file:  # else the log is stderr: the line below says it once
+            log.error("%s", problem)
+        print(f"nonstop: error: {problem}", file=sys.stderr)
+        return EXIT_ERROR
     install_event_loop_policy()
     try:
         asyncio.run(serve(cfg, datadir))
-    except (ConfigError, NodeStartError) as exc:
+    except (ConfigError, NodeStartError, StoreError) as exc:
         if cfg.log_file:  # else the log is stderr: the line below says it once
             log.error("%s", exc)
         print(f"nonstop: error: {exc}", file=sys.stderr)
