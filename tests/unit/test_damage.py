@@ -249,3 +249,23 @@ def test_datadir_verify_names_the_file(tmp_path: Path) -> None:
     flip_bit(data / "cluster", offset_of(data / "cluster", b"entry-9entry-9") + 2)
     problem = DataDir(data).verify()
     assert problem is not None and str(data / "cluster" / "data.mdb") in problem
+
+
+def test_scrub_cross_checks_indexes_and_counts(store: Path) -> None:
+    import lmdb
+
+    from nonstop.model.codec import encode_key
+
+    assert all(r.ok for r in scrub(str(store)))
+    env = lmdb.open(str(store), max_dbs=64)
+    with env.begin(write=True) as txn:
+        index = env.open_db(b"ix:bank.Account:number", txn=txn)
+        other = txn.get(encode_key("ACC-00018"), db=index)
+        txn.put(encode_key("ACC-00017"), other, db=index)  # a valid-looking wrong reference
+        txn.put(b"bank.Account", (N + 1).to_bytes(8, "big"), db=env.open_db(b"counts", txn=txn))
+    env.close()
+    assert verify(str(store)).ok  # the start check's walk: structure and checksums only
+    (report,) = scrub(str(store))
+    assert len(report.problems) == 2, report.problems
+    assert f"does not match object {other.hex()}'s 'number'" in report.problems[0]
+    assert f"bank.Account counts {N + 1}, its extent holds {N}" in report.problems[1]

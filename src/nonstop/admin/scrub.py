@@ -3,9 +3,11 @@
 PATH is a node's data directory (both ``cluster`` and ``store`` are verified),
 or one LMDB directory (an object store opened with ``nonstop.open``, or a
 ``cluster`` directory).  Unlike the check a node makes at start (bounded in
-time), it walks everything.  It reads with LMDB's reader lock, so it may run
-next to a live node; the walk runs in a child process, so a page that crashes
-LMDB is reported as damage, not as the death of the command.
+time), it walks everything, and cross-checks an object store's bookkeeping
+(index entries against their objects, counts against extents).  It reads with
+LMDB's reader lock, so it may run next to a live node; the walk runs in a
+child process, so a page that crashes LMDB is reported as damage, not as the
+death of the command.
 
 Output: one line per directory (``OK`` with what was checked, or the problems),
 or with ``--json`` one JSON document; exit code 0 when everything is intact,
@@ -33,7 +35,7 @@ def targets(path: str) -> list[str]:
 
 def scrub(path: str, *, seconds: float | None = None) -> list[Report]:
     """Verify every LMDB directory of ``path`` (see :func:`targets`)."""
-    return [verify_isolated(t, seconds=seconds) for t in targets(path)]
+    return [verify_isolated(t, seconds=seconds, deep=True) for t in targets(path)]
 
 
 @click.group("store")

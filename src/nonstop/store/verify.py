@@ -12,7 +12,9 @@ cursor and checks, within a time and record budget:
 * every checksummed value passes its CRC-32: ``objects`` of an object store
   (:mod:`nonstop.store.records`), ``state`` and ``meta`` of a cluster store
   (:mod:`nonstop.runtime.storage`); object references are 20 bytes;
-* every ``extents`` entry of an object store has its object.
+* every ``extents`` entry of an object store has its object;
+* with ``deep`` (the scrub): every index entry names an existing object whose
+  field encodes to the entry's key, and every type's count equals its extent.
 
 A damaged page may still crash the reading process (LMDB follows page numbers
 it trusts), so :func:`verify_isolated` runs the walk in a forked child: a child
@@ -32,6 +34,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import lmdb
+
+from nonstop.model.codec import encode_key, unpack
 
 REF_SIZE = 20
 _CRC = 4
@@ -71,8 +75,14 @@ class _Budget(Exception):
     """The time or record budget ran out."""
 
 
-def verify(path: str, *, seconds: float | None = None, records: int | None = None) -> Report:
-    """Verify the LMDB directory ``path`` (see the module doc); never raises for damage."""
+def verify(
+    path: str, *, seconds: float | None = None, records: int | None = None, deep: bool = False
+) -> Report:
+    """Verify the LMDB directory ``path`` (see the module doc); never raises for damage.
+
+    ``deep`` adds the cross-checks of an object store's bookkeeping (:func:`_cross_check`):
+    the scrub command runs them; the start check does not (a count or index bug would
+    then stop a node that serves correct objects)."""
     report = Report(path=path)
     data = os.path.join(path, "data.mdb")
     started = time.monotonic()
@@ -96,7 +106,7 @@ def verify(path: str, *, seconds: float | None = None, records: int | None = Non
             report.problems.append(f"{data} is truncated ({size} bytes; its pages need {needed})")
             return report
         deadline = None if seconds is None else started + seconds
-        _walk(env, data, report, deadline, records)
+        _walk(env, data, report, deadline, records, deep)
     except lmdb.Error as exc:
         report.problems.append(f"{data} is damaged: {exc}")
     finally:
@@ -125,7 +135,12 @@ def _open(path: str, report: Report) -> lmdb.Environment | None:
 
 
 def _walk(
-    env: lmdb.Environment, data: str, report: Report, deadline: float | None, limit: int | None
+    env: lmdb.Environment,
+    data: str,
+    report: Report,
+    deadline: float | None,
+    limit: int | None,
+    deep: bool,
 ) -> None:
     with env.begin() as txn:
         names = [bytes(k) for k in txn.cursor().iternext(values=False)]
@@ -155,6 +170,13 @@ def _walk(
                 report.problems.append(
                     f"{data}: database {name.decode(errors='replace')!r} is damaged: {exc}"
                 )
+        if deep and kind == "object" and b"objects" in opened:
+            try:
+                _cross_check(txn, opened, data, report, deadline, limit)
+            except _Budget:
+                report.complete = False
+            except lmdb.Error as exc:
+                report.problems.append(f"{data} is damaged: {exc}")
 
 
 def _walk_db(
@@ -211,8 +233,78 @@ def _walk_db(
         )
 
 
+def _cross_check(
+    txn: lmdb.Transaction,
+    opened: dict[bytes, Any],
+    data: str,
+    report: Report,
+    deadline: float | None,
+    limit: int | None,
+) -> None:
+    """Every index entry points at an object whose field encodes to the entry's key; every
+    type's count equals its extent's size."""
+    objects = opened[b"objects"]
+
+    def tick() -> None:
+        report.records += 1
+        if limit is not None and report.records > limit:
+            raise _Budget
+        if deadline is not None and not report.records & 255 and time.monotonic() > deadline:
+            raise _Budget
+
+    states: dict[bytes, Any] = {}
+    for name, db in opened.items():
+        if not name.startswith(b"ix:"):
+            continue
+        field = name.rsplit(b":", 1)[1].decode(errors="replace")
+        for k, v in txn.cursor(db=db):
+            tick()
+            ref = bytes(v)
+            state = states.get(ref)
+            if state is None:
+                raw = txn.get(ref, db=objects)
+                if raw is None:
+                    report.problems.append(
+                        f"{data}: index {name.decode(errors='replace')!r}: key {bytes(k).hex()} "
+                        f"names object {ref.hex()}, which is missing"
+                    )
+                    continue
+                payload = raw[_CRC:]
+                if zlib.crc32(payload) != int.from_bytes(raw[:_CRC], "little"):
+                    continue  # reported by the walk
+                state = states[ref] = unpack(bytes(payload))[3]
+                if len(states) > 100_000:
+                    states.clear()
+            try:
+                same = field in state and encode_key(state[field]) == bytes(k)
+            except Exception:
+                same = False
+            if not same:
+                report.problems.append(
+                    f"{data}: index {name.decode(errors='replace')!r}: key {bytes(k).hex()} "
+                    f"does not match object {ref.hex()}'s {field!r}"
+                )
+    counts = opened.get(b"counts")
+    extents = opened.get(b"extents")
+    if counts is None or extents is None:
+        return
+    sizes: dict[bytes, int] = {}
+    for k in txn.cursor(db=extents).iternext(values=False):
+        tick()
+        name = bytes(k).split(b"\x00", 1)[0]
+        sizes[name] = sizes.get(name, 0) + 1
+    for k, v in txn.cursor(db=counts):
+        tick()
+        stored = int.from_bytes(bytes(v), "big")
+        if stored != sizes.get(bytes(k), 0):
+            report.problems.append(
+                f"{data}: database 'counts': {bytes(k).decode(errors='replace')} counts "
+                f"{stored}, its extent holds {sizes.get(bytes(k), 0)}"
+            )
+
+
 def verify_isolated(
-    path: str, *, seconds: float | None = None, records: int | None = None
+    path: str, *, seconds: float | None = None, records: int | None = None, deep: bool = False
 ) -> Report:
     """:func:`verify` in a forked child, so a damaged page that crashes LMDB cannot kill us."""
     rfd, wfd = os.pipe()
@@ -221,7 +313,8 @@ def verify_isolated(
         code = 0
         try:
             os.close(rfd)
-            out = json.dumps(asdict(verify(path, seconds=seconds, records=records))).encode()
+            report = verify(path, seconds=seconds, records=records, deep=deep)
+            out = json.dumps(asdict(report)).encode()
             with os.fdopen(wfd, "wb") as pipe:
                 pipe.write(out)
         except BaseException:
