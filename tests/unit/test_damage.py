@@ -269,3 +269,17 @@ def test_scrub_cross_checks_indexes_and_counts(store: Path) -> None:
     assert len(report.problems) == 2, report.problems
     assert f"does not match object {other.hex()}'s 'number'" in report.problems[0]
     assert f"bank.Account counts {N + 1}, its extent holds {N}" in report.problems[1]
+
+
+def test_damaged_prepared_record_is_an_error_at_recovery(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    with nonstop.open(path) as db:
+        with db.transaction() as tx:
+            open_accounts(tx, ["P-1"])
+        with db.transaction() as tx:
+            tx.get(Account, number="P-1", lock="write").owner = "prepared-owner-value"
+            assert tx.prepare(b"gtid-1") is True
+        assert db.in_doubt() == [b"gtid-1"]  # closed in doubt: no phase two
+    flip_bit(path, offset_of(path, b"prepared-owner-value") + 4)
+    with pytest.raises(CorruptRecord, match="database 'prepared', key 677469642d31"):
+        nonstop.open(path)

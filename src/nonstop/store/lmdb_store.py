@@ -15,8 +15,8 @@ name           key                                              value
 ``ix:T:f``     order-preserving key value                       ref (dupsort when non-unique)
 ``asyncq``     target ref + priority byte + 8-byte sequence     msgpack call (A6)
 ``dead``       8-byte sequence                                  msgpack failed async call
-``prepared``   global transaction id                            msgpack prepared write set
-                                                                and locks (2PC, B6/B9)
+``prepared``   global transaction id                            crc32 + msgpack prepared write
+                                                                set and locks (2PC, B6/B9)
 ``results``    client id + 0x00 + 8-byte sequence               msgpack request result (H1)
 ``dtx``        ``dtx/...`` (the decision protocol's own keys)   its values (opaque here):
                                                                 committed together with the
@@ -329,6 +329,13 @@ class Store:
     def record_payload(self, raw: bytes | memoryview, ref: bytes | memoryview) -> bytes:
         """The checked msgpack bytes of the object record ``raw`` (see :meth:`record`)."""
         return open_record(raw, path=self.path, key=ref)
+
+    def sealed_payload(
+        self, raw: bytes | memoryview, key: bytes | memoryview, database: str
+    ) -> bytes:
+        """The checked payload of a sealed value of ``database`` (``prepared``): CorruptRecord
+        naming this store's file, the database and the key if it fails its checksum."""
+        return open_record(raw, path=self.path, database=database, key=key)
 
     def asyncq_get(self, key: bytes) -> bytes | None:
         with self.env.begin() as txn:

@@ -9,7 +9,7 @@ cursor and checks, within a time and record budget:
   file is a SIGBUS when mapped pages are touched);
 * keys (and, in a dupsort database, duplicates) are strictly increasing, and
   the number walked equals the tree's own entry count;
-* every checksummed value passes its CRC-32: ``objects`` of an object store
+* every checksummed value passes its CRC-32: ``objects`` and ``prepared`` of an object store
   (:mod:`nonstop.store.records`), ``state`` and ``meta`` of a cluster store
   (:mod:`nonstop.runtime.storage`); object references are 20 bytes;
 * every ``extents`` entry of an object store has its object;
@@ -40,7 +40,7 @@ from nonstop.model.codec import encode_key, unpack
 REF_SIZE = 20
 _CRC = 4
 # Databases whose every value is CRC-32 + payload, by kind of directory.
-_SEALED = {"object": {b"objects"}, "cluster": {b"state", b"meta"}}
+_SEALED = {"object": {b"objects", b"prepared"}, "cluster": {b"state", b"meta"}}
 
 
 @dataclass
