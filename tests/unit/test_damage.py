@@ -283,3 +283,25 @@ def test_damaged_prepared_record_is_an_error_at_recovery(tmp_path: Path) -> None
     flip_bit(path, offset_of(path, b"prepared-owner-value") + 4)
     with pytest.raises(CorruptRecord, match="database 'prepared', key 677469642d31"):
         nonstop.open(path)
+
+
+@pytest.mark.timeout(120)
+def test_background_scrub_reports_damage_found_while_running(tmp_path: Path) -> None:
+    import asyncio
+
+    from nonstop.node.main import background_scrub
+
+    data = node_dir(tmp_path)
+    found: list[str] = []
+
+    async def scrub_for(seconds: float) -> None:
+        task = asyncio.ensure_future(background_scrub(DataDir(data), 0.05, found.append))
+        await asyncio.wait([task], timeout=seconds)
+        task.cancel()
+
+    asyncio.run(scrub_for(3.0))
+    assert found == []  # intact: it keeps scrubbing, reports nothing
+    flip_bit(data / "store", offset_of(data / "store", b"owner-ACC-00017") + 9)
+    asyncio.run(scrub_for(30.0))
+    assert len(found) == 1
+    assert found[0].startswith(f"{data / 'store' / 'data.mdb'}: database 'objects', key ")

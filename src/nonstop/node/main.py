@@ -11,7 +11,9 @@ configuration): a port in use, a data directory of another cluster or node, a
 data directory already used by a running node, a node name already used in the
 cluster, a data directory that cannot take writes (read-only, full), a damaged
 store (the structure and checksum walk of ``DataDir.verify``, bounded in time:
-the node refuses to serve a store that fails it).
+the node refuses to serve a store that fails it).  While it runs, a background
+scrub (``scrub_interval`` seconds, default an hour) verifies both stores in full
+and stops the node, with that one line, if either is damaged.
 """
 
 from __future__ import annotations
@@ -19,10 +21,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import json
 import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from nonstop.errors import StoreError
@@ -154,6 +158,15 @@ async def serve(cfg: NodeConfig, datadir: DataDir) -> None:
         joiner = None
         if not cfg.members and cfg.join:
             joiner = asyncio.ensure_future(auto_join(runtime, cfg))
+        damaged: list[str] = []
+
+        def store_damaged(problem: str) -> None:
+            damaged.append(problem)
+            stop.set()
+
+        scrubber = asyncio.ensure_future(
+            background_scrub(datadir, scrub_interval(cfg), store_damaged)
+        )
         stopped = asyncio.ensure_future(runtime.stopped.wait())
         waiter = asyncio.ensure_future(stop.wait())
         await asyncio.wait({stopped, waiter}, return_when=asyncio.FIRST_COMPLETED)
@@ -161,6 +174,7 @@ async def serve(cfg: NodeConfig, datadir: DataDir) -> None:
         stopped.cancel()
         if joiner is not None:
             joiner.cancel()
+        scrubber.cancel()
         log.info("node %s stopping", ident.name)
         await runtime.stop()
         datadir.remove_pid()
@@ -168,6 +182,8 @@ async def serve(cfg: NodeConfig, datadir: DataDir) -> None:
             raise NodeStartError(f"refused by the cluster: {failure[0]}")
         if runtime.fatal is not None:
             raise NodeStartError(f"cluster state commit failed: {runtime.fatal}")
+        if damaged:
+            raise NodeStartError(f"damaged store, stopped serving it: {damaged[0]}")
         log.info("node %s stopped", ident.name)
     finally:
         if object_store is not None:
@@ -175,6 +191,54 @@ async def serve(cfg: NodeConfig, datadir: DataDir) -> None:
                 object_store.close()
         store.close()
         datadir.remove_pid()
+
+
+DEFAULT_SCRUB_INTERVAL = 3600.0
+
+
+def scrub_interval(cfg: NodeConfig) -> float:
+    """Seconds between background scrubs (``scrub_interval`` option; 0 turns them off)."""
+    try:
+        return max(0.0, float(cfg.extra.get("scrub_interval", DEFAULT_SCRUB_INTERVAL)))
+    except (TypeError, ValueError):
+        return DEFAULT_SCRUB_INTERVAL
+
+
+async def background_scrub(
+    datadir: DataDir, interval: float, damaged: Callable[[str], None]
+) -> None:
+    """Every ``interval`` seconds, verify both stores in full (structure and checksums) in a
+    child process at low priority; on damage, log it and call ``damaged`` with the one line
+    (the node then stops: it would refuse to start on that store anyway)."""
+    if interval <= 0:
+        return
+    while True:
+        await asyncio.sleep(interval)
+        paths = [str(p) for p in (datadir.cluster_path, datadir.store_path) if p.is_dir()]
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "nonstop.store.verify",
+            *paths,
+            "--nice",
+            stdout=asyncio.subprocess.PIPE,
+        )
+        out, _ = await proc.communicate()
+        try:
+            reports = json.loads(out)
+        except ValueError:
+            log.warning("background scrub failed (exit status %s)", proc.returncode)
+            continue
+        problems = [p for r in reports for p in r["problems"]]
+        if problems:
+            log.error("background scrub: %s", problems[0])
+            damaged(problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
+            return
+        log.info(
+            "background scrub: %d records of %d databases intact",
+            sum(r["records"] for r in reports),
+            sum(r["databases"] for r in reports),
+        )
 
 
 def install_node_notifiers(runtime: RealRuntime) -> None:

@@ -343,4 +343,22 @@ def verify_isolated(
         )
 
 
-__all__ = ["Report", "verify", "verify_isolated"]
+def main(argv: list[str] | None = None) -> int:
+    """``python -m nonstop.store.verify PATH... [--nice]``: one JSON report per path on
+    stdout, exit code 1 if any is damaged (what the node's background scrub runs;
+    ``--nice`` lowers its CPU priority first)."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if "--nice" in args:
+        os.nice(10)
+    paths = [a for a in args if a != "--nice"]
+    reports = [verify_isolated(p) for p in paths]
+    print(json.dumps([asdict(r) for r in reports]))
+    return 0 if all(r.ok for r in reports) else 1
+
+
+__all__ = ["Report", "main", "verify", "verify_isolated"]
+
+if __name__ == "__main__":
+    raise SystemExit(main())
