@@ -8,7 +8,7 @@ Three sub-databases:
   timestamp) written once when the data directory is created, so a restart
   cannot silently become another node or join another cluster;
 * ``format`` — ``format`` = ``nonstop-cluster 2``: every value of ``state`` and
-  ``meta`` is stored as CRC-32 (4 bytes, little-endian) + payload and checked
+  ``meta`` is stored as payload + CRC-32 (4 bytes, little-endian) and checked
   on every read (format 1, without checksums, is refused with one line).
 
 It is kept apart from the object store (``DATA/store``) so that the cluster log's
@@ -44,11 +44,12 @@ DEFAULT_MAP_SIZE = 1 << 30
 FORMAT = b"nonstop-cluster 2"
 """The value of ``format``/``format``: 2 = every value carries a CRC-32 (format 1 had none)."""
 _CRC = 4
+_RESIDUE = 0x2144DF1C  # the CRC-32 of any sealed value: one call checks it
 
 
 def seal(payload: bytes) -> bytes:
-    """``payload`` with its CRC-32 in front (little-endian), as every value is stored."""
-    return zlib.crc32(payload).to_bytes(_CRC, "little") + payload
+    """``payload`` followed by its CRC-32 (little-endian), as every value is stored."""
+    return payload + zlib.crc32(payload).to_bytes(_CRC, "little")
 
 
 def check_lmdb_file(path: str) -> None:
@@ -141,13 +142,12 @@ class ClusterStore:
         txn.put(b"format", FORMAT, db=self._format)
 
     def _open(self, db: str, key: bytes, raw: bytes | memoryview) -> bytes:
-        payload = bytes(raw[_CRC:])
-        if len(raw) < _CRC or zlib.crc32(payload) != int.from_bytes(raw[:_CRC], "little"):
+        if len(raw) < _CRC or zlib.crc32(raw) != _RESIDUE:
             raise CorruptStore(
                 f"damaged record in {self.path}/data.mdb: database {db!r}, key {key!r} "
                 "fails its checksum"
             )
-        return payload
+        return bytes(raw[:-_CRC])
 
     def _items(self, db: Any, name: str) -> dict[bytes, bytes]:
         try:

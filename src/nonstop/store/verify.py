@@ -39,6 +39,7 @@ from nonstop.model.codec import encode_key, unpack
 
 REF_SIZE = 20
 _CRC = 4
+RESIDUE = 0x2144DF1C  # the CRC-32 of any payload + its CRC-32 (little-endian)
 # Databases whose every value is CRC-32 + payload, by kind of directory.
 _SEALED = {"object": {b"objects", b"prepared"}, "cluster": {b"state", b"meta"}}
 
@@ -209,12 +210,10 @@ def _walk_db(
                 f"{data}: database {shown!r}: key {key.hex()} out of order (damaged B-tree page)"
             )
         previous = here
-        if sealed:
-            payload = v[_CRC:]
-            if len(v) < _CRC or zlib.crc32(payload) != int.from_bytes(v[:_CRC], "little"):
-                report.problems.append(
-                    f"{data}: database {shown!r}, key {key.hex()} fails its checksum"
-                )
+        if sealed and (len(v) < _CRC or zlib.crc32(v) != RESIDUE):
+            report.problems.append(
+                f"{data}: database {shown!r}, key {key.hex()} fails its checksum"
+            )
         if sealed and name == b"objects" and len(key) != REF_SIZE:
             report.problems.append(
                 f"{data}: database 'objects': key {key.hex()} is not a reference (damaged)"
@@ -269,10 +268,9 @@ def _cross_check(
                         f"names object {ref.hex()}, which is missing"
                     )
                     continue
-                payload = raw[_CRC:]
-                if zlib.crc32(payload) != int.from_bytes(raw[:_CRC], "little"):
+                if zlib.crc32(raw) != RESIDUE:
                     continue  # reported by the walk
-                state = states[ref] = unpack(bytes(payload))[3]
+                state = states[ref] = unpack(bytes(raw[:-_CRC]))[3]
                 if len(states) > 100_000:
                     states.clear()
             try:
