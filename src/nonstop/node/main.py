@@ -165,7 +165,7 @@ async def serve(cfg: NodeConfig, datadir: DataDir) -> None:
             stop.set()
 
         scrubber = asyncio.ensure_future(
-            background_scrub(datadir, scrub_interval(cfg), store_damaged)
+            background_scrub(datadir, cfg.scrub_interval, store_damaged)
         )
         stopped = asyncio.ensure_future(runtime.stopped.wait())
         waiter = asyncio.ensure_future(stop.wait())
@@ -191,17 +191,6 @@ async def serve(cfg: NodeConfig, datadir: DataDir) -> None:
                 object_store.close()
         store.close()
         datadir.remove_pid()
-
-
-DEFAULT_SCRUB_INTERVAL = 3600.0
-
-
-def scrub_interval(cfg: NodeConfig) -> float:
-    """Seconds between background scrubs (``scrub_interval`` option; 0 turns them off)."""
-    try:
-        return max(0.0, float(cfg.extra.get("scrub_interval", DEFAULT_SCRUB_INTERVAL)))
-    except (TypeError, ValueError):
-        return DEFAULT_SCRUB_INTERVAL
 
 
 async def background_scrub(
@@ -287,7 +276,7 @@ async def auto_join(runtime: RealRuntime, cfg: NodeConfig) -> None:
                 cluster=runtime.hello.cluster,
                 timeout=5.0,
                 rounds=1,
-                tls=cfg.tls,
+                tls=cfg.tls.runtime(),
                 protocol=(cfg.protocol[0], cfg.protocol[1]),
             ) as client:
                 reply = await client.request(
@@ -347,8 +336,8 @@ def make_runtime(
             join=plain,
             static_peers=static_peers,
             max_frame=cfg.max_frame_bytes,
-            tls=cfg.tls,
-            discovery=cfg.discovery,
+            tls=cfg.tls.runtime(),
+            discovery=cfg.discovery.runtime(),
             connect_timeout=cfg.connect_timeout,
         ),
     )

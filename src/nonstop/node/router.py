@@ -106,7 +106,16 @@ class NodeRouter:
             "data": {} if self.data is None else dict(self.data.stats),
             # The object store's group commit: store commits per fsync (commits/groups).
             "store": {} if self.db is None else self.db.stats(),
+            # What the node would lose if it left the cluster (`nonstop cluster remove`).
+            "objects": None if self.db is None else stored_objects(self.db),
         }
+
+
+def stored_objects(db: Any) -> int:
+    """How many objects the node's object store holds (its LMDB ``objects`` table)."""
+    store = db.engine.store
+    with store.env.begin() as txn:
+        return int(txn.stat(store.objects)["entries"])
 
 
 __all__ = ["DataPlane", "NodeRouter"]
