@@ -143,7 +143,7 @@ def recover_prepared(engine: Engine) -> None:
     with store.read() as rtxn:
         records = list(rtxn.cursor(db=store.prepared))
     for gtid, raw in records:
-        rec = unpack(store.sealed_payload(raw, gtid, "prepared"))
+        rec = unpack(bytes(store.sealed_payload(raw, gtid, "prepared")))
         for name, unique in rec["unique"].items():
             store.index_db(name, unique=unique)
         ops = [(p, store.db_by_name(n), k, v) for p, n, k, v in rec["ops"]]
