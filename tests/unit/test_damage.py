@@ -298,6 +298,7 @@ def test_background_scrub_reports_damage_found_while_running(tmp_path: Path) -> 
         task = asyncio.ensure_future(background_scrub(DataDir(data), 0.05, found.append))
         await asyncio.wait([task], timeout=seconds)
         task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
 
     asyncio.run(scrub_for(3.0))
     assert found == []  # intact: it keeps scrubbing, reports nothing
@@ -305,3 +306,23 @@ def test_background_scrub_reports_damage_found_while_running(tmp_path: Path) -> 
     asyncio.run(scrub_for(30.0))
     assert len(found) == 1
     assert found[0].startswith(f"{data / 'store' / 'data.mdb'}: database 'objects', key ")
+
+
+def test_damaged_record_is_logged_once_and_reported_to_listeners(
+    store: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from nonstop.store.records import on_corrupt
+
+    flip_bit(store, offset_of(store, b"owner-ACC-00042") + 9)
+    heard: list[CorruptRecord] = []
+    remove = on_corrupt(heard.append)
+    try:
+        with nonstop.open(store) as db, caplog.at_level("ERROR", logger="nonstop.store"):
+            for _ in range(2):
+                with pytest.raises(CorruptRecord), db.transaction() as tx:
+                    tx.get(Account, number="ACC-00042")
+    finally:
+        remove()
+    assert len(heard) == 2 and heard[0].database == "objects"
+    logged = [r.getMessage() for r in caplog.records if r.name == "nonstop.store"]
+    assert len(logged) == 1 and str(store / "data.mdb") in logged[0]

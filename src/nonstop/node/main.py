@@ -13,7 +13,8 @@ cluster, a data directory that cannot take writes (read-only, full), a damaged
 store (the structure and checksum walk of ``DataDir.verify``, bounded in time:
 the node refuses to serve a store that fails it).  While it runs, a background
 scrub (``scrub_interval`` seconds, default an hour) verifies both stores in full
-and stops the node, with that one line, if either is damaged.
+and stops the node, with that one line, if either is damaged; so does a record
+that fails its checksum when a transaction reads it.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from nonstop.runtime.real import (
     install_event_loop_policy,
     new_rng,
 )
+from nonstop.store.records import on_corrupt
 
 log = logging.getLogger("nonstop.node")
 
@@ -167,6 +169,12 @@ async def serve(cfg: NodeConfig, datadir: DataDir) -> None:
         scrubber = asyncio.ensure_future(
             background_scrub(datadir, cfg.scrub_interval, store_damaged)
         )
+
+        # A record that fails its checksum when read (any thread): stop serving the store.
+        def record_damaged(err: Exception) -> None:
+            loop.call_soon_threadsafe(store_damaged, str(err))
+
+        stop_listening = on_corrupt(record_damaged)
         stopped = asyncio.ensure_future(runtime.stopped.wait())
         waiter = asyncio.ensure_future(stop.wait())
         await asyncio.wait({stopped, waiter}, return_when=asyncio.FIRST_COMPLETED)
@@ -175,6 +183,7 @@ async def serve(cfg: NodeConfig, datadir: DataDir) -> None:
         if joiner is not None:
             joiner.cancel()
         scrubber.cancel()
+        stop_listening()
         log.info("node %s stopping", ident.name)
         await runtime.stop()
         datadir.remove_pid()
@@ -212,7 +221,13 @@ async def background_scrub(
             "--nice",
             stdout=asyncio.subprocess.PIPE,
         )
-        out, _ = await proc.communicate()
+        try:
+            out, _ = await proc.communicate()
+        except asyncio.CancelledError:  # the node stops: do not leave the child behind
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+            raise
         try:
             reports = json.loads(out)
         except ValueError:

@@ -21,8 +21,11 @@ an adversary.
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
 import zlib
+from collections.abc import Callable
 from typing import Any
 
 from nonstop.errors import CorruptRecord, FieldError
@@ -54,16 +57,47 @@ def open_record(
     return raw[:-CHECKSUM_BYTES]
 
 
+log = logging.getLogger("nonstop.store")
+_listeners: list[Callable[[CorruptRecord], None]] = []
+_logged: set[tuple[str, str, bytes]] = set()
+_lock = threading.Lock()
+
+
+def on_corrupt(listener: Callable[[CorruptRecord], None]) -> Callable[[], None]:
+    """Call ``listener`` (in the reading thread) with every damaged record found from now on
+    (the node stops serving a damaged store: ``nonstop.node.main``); returns its remover."""
+    with _lock:
+        _listeners.append(listener)
+
+    def remove() -> None:
+        with _lock:
+            if listener in _listeners:
+                _listeners.remove(listener)
+
+    return remove
+
+
 def corrupt(path: str | os.PathLike[str], database: str, key: bytes) -> CorruptRecord:
-    """The error for a damaged record of ``database`` under ``key`` in the store at ``path``."""
+    """The error for a damaged record of ``database`` under ``key`` in the store at ``path``:
+    logged (once per record) and handed to the :func:`on_corrupt` listeners."""
     where = os.path.join(os.fspath(path), "data.mdb") if path else "the store"
-    return CorruptRecord(
+    err = CorruptRecord(
         f"damaged record in {where}: database {database!r}, key {key.hex()} fails its checksum "
         "(the store must be repaired or restored; nothing of it was returned)",
         path=os.fspath(path),
         database=database,
         key=key,
     )
+    with _lock:
+        first = (where, database, key) not in _logged
+        if first and len(_logged) < 10_000:
+            _logged.add((where, database, key))
+        listeners = list(_listeners)
+    if first:
+        log.error("%s", err)
+    for listener in listeners:
+        listener(err)
+    return err
 
 
 def read_record(
@@ -95,6 +129,7 @@ __all__ = [
     "CHECKSUM_BYTES",
     "RESIDUE",
     "corrupt",
+    "on_corrupt",
     "open_record",
     "pack_record",
     "read_record",
