@@ -326,3 +326,17 @@ def test_damaged_record_is_logged_once_and_reported_to_listeners(
     assert len(heard) == 2 and heard[0].database == "objects"
     logged = [r.getMessage() for r in caplog.records if r.name == "nonstop.store"]
     assert len(logged) == 1 and str(store / "data.mdb") in logged[0]
+
+
+@pytest.mark.timeout(120)
+def test_node_refuses_a_store_with_random_bytes_on_a_btree_page(tmp_path: Path) -> None:
+    data = node_dir(tmp_path)
+    store = data / "store"
+    leaf = offset_of(store, b"owner-ACC-00150") // PAGE * PAGE
+    poke(store, leaf + 100, random.Random(3).randbytes(512))
+    proc = start_node(data)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.count("\n") == 1
+    assert proc.stderr.startswith(
+        f"nonstop: error: damaged store, refusing to serve it: {store / 'data.mdb'}"
+    )
