@@ -562,9 +562,16 @@ class RemoteTransactionBase:
         payload, sent = self._with_writes(payload)
         reply = yield payload
         self._flushed(sent)
+        objects = list(reply.get("os") or [])
+        more = reply.get("more")
+        while more is not None:
+            # A reply over the frame limit comes in pages (data-path.md §3, tx.more).
+            page = yield {"op": "tx.more", "c": more}
+            objects.extend(page.get("os") or [])
+            more = page.get("more")
         out: list[Any] = []
         seen: set[bytes] = set()
-        for obj in reply.get("os") or []:
+        for obj in objects:
             e = self._intake(obj, mode)
             if e.ref in seen or e.status >= DELETED:
                 continue  # each object once, even if two nodes answered for it

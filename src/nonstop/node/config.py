@@ -38,6 +38,8 @@ CLUSTER_KEYS = ("quorum", "raft", "snapshot_every")
 """Keys handed unchanged to :class:`nonstop.cluster.node.ClusterConfig` (via ``extra``)."""
 SERVICE_KEYS = (
     "lock_wait",
+    "deadlock_every",
+    "tx_idle",
     "branch_idle",
     "rpc_timeout",
     "commit_timeout",
@@ -208,8 +210,23 @@ class NodeConfig(Section):
         default=5.0,
         description="seconds a transaction waits for a lock before `LockTimeout` (B4)",
     )
+    deadlock_every: float = Field(
+        default=0.025,
+        ge=0,
+        description="seconds between reads of the store's lock waits, shared with the other "
+        "nodes to find deadlocks across nodes (docs/design/deadlocks.md); 0 turns it off",
+    )
+    tx_idle: float = Field(
+        default=60.0,
+        gt=0,
+        description="a transaction with no client call this long is rolled back on every node, "
+        "the coordinator's own branch included; its next call answers `TransactionClosed`",
+    )
     branch_idle: float = Field(
-        default=30.0, description="a participant's branch idle this long is rolled back (B8)"
+        default=90.0,
+        gt=0,
+        description="a participant's branch idle this long is rolled back (B8); keep it above "
+        "`tx_idle`",
     )
     rpc_timeout: float = Field(
         default=15.0,
