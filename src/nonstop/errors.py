@@ -123,6 +123,17 @@ class CorruptStore(StoreError):
     """The store's files are damaged."""
 
 
+class CorruptRecord(CorruptStore):
+    """A stored record fails its checksum: the message names the file, the database and the
+    key; nothing of the damaged record is returned (never wrong content, never NotFound)."""
+
+    def __init__(self, message: str, *, path: str = "", database: str = "", key: bytes = b""):
+        super().__init__(message)
+        self.path = path
+        self.database = database
+        self.key = key
+
+
 class DatabaseClosed(StoreError):
     """The database was closed."""
 

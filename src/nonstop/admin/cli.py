@@ -2,7 +2,8 @@
 
 One command group per module: ``node`` (:mod:`nonstop.admin.cmd_node`),
 ``cluster`` (:mod:`nonstop.admin.cmd_cluster`), ``local``
-(:mod:`nonstop.admin.cmd_local`), ``pipeline`` (:mod:`nonstop.admin.pipeline`).
+(:mod:`nonstop.admin.cmd_local`), ``pipeline`` (:mod:`nonstop.admin.pipeline`),
+``store`` (:mod:`nonstop.admin.scrub`).
 Every command prints either a human table or, with ``--json``, one JSON
 document on stdout; errors are one line on stderr (``nonstop: error: ...``,
 :mod:`nonstop.admin.output`), exit code 2 for a usage error and 1 for a
@@ -18,6 +19,7 @@ from nonstop.admin.cmd_local import local
 from nonstop.admin.cmd_node import node
 from nonstop.admin.output import emit_status, fail
 from nonstop.admin.pipeline import pipeline
+from nonstop.admin.scrub import store
 
 
 @click.group()
@@ -30,6 +32,7 @@ cli.add_command(node)
 cli.add_command(cluster)
 cli.add_command(local)
 cli.add_command(pipeline)  # the Spark jobs
+cli.add_command(store)  # nonstop store verify (nonstop.admin.scrub)
 
 
 def main() -> None:

@@ -404,7 +404,8 @@ def _scan_extent(
     if None in raws:  # (extent and objects change in one commit: cannot happen; be safe)
         refs = [r for r, raw in zip(refs, raws, strict=True) if raw is not None]
         raws = [raw for raw in raws if raw is not None]
-    recs = unpack(_array_header(len(raws)) + b"".join(raws)) if raws else []
+    payloads = list(map(store.record_payload, raws, refs))  # checksums verified
+    recs = unpack(_array_header(len(raws)) + b"".join(payloads)) if raws else []
     if any(rec[0] != type_name for rec in recs):  # (one extent: cannot happen; be safe)
         keep = [i for i, rec in enumerate(recs) if rec[0] == type_name]
         refs, recs = [refs[i] for i in keep], [recs[i] for i in keep]
@@ -455,7 +456,7 @@ def _scan_filtered(
             raw = get(ref, db=objects)
             if raw is None:
                 continue
-            type_name, _, _, state = unpack(raw)
+            type_name, _, _, state = store.record(raw, ref)
             if type_name not in types or (filters and not _passes(state, filters)):
                 continue
             found_refs.append(ref)

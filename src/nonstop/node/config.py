@@ -190,6 +190,11 @@ class NodeConfig(Section):
     sync: bool = Field(
         default=True, description="fsync commits (turn off only for throw-away tests)"
     )
+    scrub_interval: float = Field(
+        default=3600.0,
+        description="seconds between background scrubs of the stores (0: none; "
+        "`nonstop store verify`)",
+    )
     tls: TLSSection = Field(default_factory=TLSSection, description="TLS, see below")
     discovery: DiscoverySection = Field(
         default_factory=DiscoverySection, description="UDP discovery, see below"

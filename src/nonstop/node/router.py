@@ -107,15 +107,8 @@ class NodeRouter:
             # The object store's group commit: store commits per fsync (commits/groups).
             "store": {} if self.db is None else self.db.stats(),
             # What the node would lose if it left the cluster (`nonstop cluster remove`).
-            "objects": None if self.db is None else stored_objects(self.db),
+            "objects": None if self.db is None else self.db.object_count(),
         }
-
-
-def stored_objects(db: Any) -> int:
-    """How many objects the node's object store holds (its LMDB ``objects`` table)."""
-    store = db.engine.store
-    with store.env.begin() as txn:
-        return int(txn.stat(store.objects)["entries"])
 
 
 __all__ = ["DataPlane", "NodeRouter"]

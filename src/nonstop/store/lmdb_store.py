@@ -7,7 +7,8 @@ name           key                                              value
 =============  ===============================================  =========================
 ``meta``       ``format``, ``location``, ``timestamp``, ...     msgpack
 ``objects``    ref (20 bytes)                                   msgpack [type, type version,
-                                                                object version, {field: value}]
+                                                                object version, {field:
+                                                                value}] + crc32 (records.py)
 ``extents``    type name + 0x00 + ref                           empty
 ``counts``     type name                                        8-byte count (A2 cardinality)
 ``types``      type name                                        msgpack schema (E1/E2)
@@ -15,7 +16,7 @@ name           key                                              value
 ``asyncq``     target ref + priority byte + 8-byte sequence     msgpack call (A6)
 ``dead``       8-byte sequence                                  msgpack failed async call
 ``prepared``   global transaction id                            msgpack prepared write set
-                                                                and locks (2PC, B6/B9)
+                                                                and locks + crc32 (2PC)
 ``results``    client id + 0x00 + 8-byte sequence               msgpack request result (H1)
 ``dtx``        ``dtx/...`` (the decision protocol's own keys)   its values (opaque here):
                                                                 committed together with the
@@ -36,6 +37,7 @@ import secrets
 import struct
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -46,11 +48,13 @@ from nonstop.errors import CorruptStore, IncompatibleStore, StoreError, StoreLoc
 from nonstop.model.codec import pack, unpack
 from nonstop.model.managed import TypeInfo
 from nonstop.model.ref import Ref
+from nonstop.store.records import CHECKSUM_BYTES, RESIDUE, corrupt, open_record
 
 FORMAT_NAME = "nonstop-store"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: object records carry a CRC-32 (store/records.py)
 DEFAULT_MAP_SIZE = 1 << 38  # 256 GiB of address space; the file grows only as used
 COUNTER_BLOCK = 1 << 16
+_crc32 = zlib.crc32
 _U64 = struct.Struct(">Q")
 
 
@@ -207,6 +211,17 @@ class Store:
                 f"{self.path} was written by a newer nonstop (store format {version}; "
                 f"this version reads up to {FORMAT_VERSION})"
             )
+        if version < FORMAT_VERSION:
+            if any(txn.stat(self._dbs[n])["entries"] for n in (b"objects", b"prepared")):
+                # Format 1 records carry no checksum: reading them as format 2 would
+                # report every one as damaged, and reading them unchecked is what
+                # format 2 exists to end.  (No release shipped format 1 data.)
+                raise IncompatibleStore(
+                    f"{self.path} is store format {version} (records without checksums); "
+                    f"this version reads format {FORMAT_VERSION}: dump it with the nonstop "
+                    "that wrote it and load it into a new store"
+                )
+            txn.put(b"format", pack([FORMAT_NAME, FORMAT_VERSION]), db=meta)
 
     @property
     def location(self) -> int:
@@ -306,7 +321,27 @@ class Store:
     def get_object(self, ref: bytes) -> list[Any] | None:
         with self.env.begin(buffers=True) as txn:
             raw = txn.get(ref, db=self.objects)
-            return None if raw is None else unpack(raw)
+            return None if raw is None else self.record(raw, ref)
+
+    def record(self, raw: bytes | memoryview, ref: bytes | memoryview) -> Any:
+        """The decoded object record ``raw`` read under ``ref``: CorruptRecord (naming this
+        store's file, ``objects`` and the key) if it fails its checksum."""
+        if _crc32(raw) != RESIDUE or len(raw) < CHECKSUM_BYTES:  # (read_record, inlined)
+            raise corrupt(self.path, "objects", bytes(ref))
+        return unpack(raw[:-CHECKSUM_BYTES])  # type: ignore[arg-type]  # msgpack takes buffers
+
+    def record_payload(
+        self, raw: bytes | memoryview, ref: bytes | memoryview
+    ) -> bytes | memoryview:
+        """The checked msgpack bytes of the object record ``raw`` (see :meth:`record`)."""
+        return open_record(raw, path=self.path, key=ref)
+
+    def sealed_payload(
+        self, raw: bytes | memoryview, key: bytes | memoryview, database: str
+    ) -> bytes | memoryview:
+        """The checked payload of a sealed value of ``database`` (``prepared``): CorruptRecord
+        naming this store's file, the database and the key if it fails its checksum."""
+        return open_record(raw, path=self.path, database=database, key=key)
 
     def asyncq_get(self, key: bytes) -> bytes | None:
         with self.env.begin() as txn:

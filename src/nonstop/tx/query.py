@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from nonstop.errors import BadArgument
-from nonstop.model.codec import encode_key, unpack
+from nonstop.model.codec import encode_key
 from nonstop.model.entry import CLEAN, DELETED
 from nonstop.model.managed import KeyInfo, Managed, TypeInfo
 from nonstop.model.ref import Ref
@@ -379,7 +379,7 @@ class Query(Generic[M]):
                     raw = rtxn.get(ref, db=store.objects)
                     if raw is None:
                         continue
-                    rec = unpack(raw)
+                    rec = store.record(raw, ref)
                     if key is not None and not self._type_ok(rec[0]):
                         continue
                 out.append((sort_key, ref, rec))
@@ -522,7 +522,7 @@ class Query(Generic[M]):
                     raw = get(ref, db=objects)
                     if raw is None:
                         continue
-                    rec = unpack(raw)
+                    rec = store.record(raw, ref)
                     type_name, type_version, version, state = rec
                     info = current.get(type_name)
                     if info is None:

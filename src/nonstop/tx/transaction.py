@@ -54,7 +54,7 @@ from nonstop.errors import (
     TransactionClosed,
     TypeVersionMismatch,
 )
-from nonstop.model.codec import encode_key, pack, unpack
+from nonstop.model.codec import encode_key, pack
 from nonstop.model.entry import CLEAN, CREATED, CREATED_DELETED, DELETED, DIRTY
 from nonstop.model.managed import KeyInfo, Managed, TypeInfo, lookup_type, type_info
 from nonstop.model.ref import Ref
@@ -321,7 +321,7 @@ class Transaction:
             yield from self.need(ref, mode)  # type: ignore[arg-type]
         if prefetched is not None and prefetched[0] == store.commit_seq:
             raw = prefetched[1]
-            rec = None if raw is None else unpack(raw)
+            rec = None if raw is None else store.record(raw, ref)
         else:
             rec = store.get_object(ref)
         if rec is None:
