@@ -307,7 +307,7 @@ class Query(Generic[M]):
                             raw = rtxn.get(ref, db=store.objects)
                             if raw is None:
                                 continue
-                            rec = unpack(cast(bytes, raw))  # store.read(): bytes, not buffers
+                            rec = store.record(raw, ref)
                             if key is not None and not self._type_ok(rec[0]):
                                 continue
                             e = tx.entry_from_record(ref, rec, NONE)
