@@ -201,7 +201,7 @@ class Store:
             txn.put(b"counter", pack(0), db=meta)
             return
         try:
-            name, version = unpack(raw)
+            name, version = unpack(bytes(raw))
         except Exception:
             raise CorruptStore(f"{self.path}: unreadable format marker") from None
         if name != FORMAT_NAME:
@@ -223,24 +223,31 @@ class Store:
                 )
             txn.put(b"format", pack([FORMAT_NAME, FORMAT_VERSION]), db=meta)
 
+    def _meta(self, txn: lmdb.Transaction, key: bytes) -> bytes:
+        """A value of the store's ``meta`` table, which every opened store has."""
+        raw = txn.get(key, db=self.meta)
+        if raw is None:
+            raise CorruptStore(f"{self.path}: the store's {key.decode()} is missing")
+        return bytes(raw)
+
     @property
     def location(self) -> int:
         with self.env.begin() as txn:
-            return int(unpack(txn.get(b"location", db=self.meta)))
+            return int(unpack(self._meta(txn, b"location")))
 
     @property
     def timestamp(self) -> int:
         with self.env.begin() as txn:
-            return int(unpack(txn.get(b"timestamp", db=self.meta)))
+            return int(unpack(self._meta(txn, b"timestamp")))
 
     # --------------------------------------------------------- references
     def _reserve_counters(self, _: None) -> tuple[int, int]:
         """Durably reserve the next block of counters.  A crash skips the unused rest."""
         with self.env.begin(write=True) as txn:
-            start = int(unpack(txn.get(b"counter", db=self.meta)))
+            start = int(unpack(self._meta(txn, b"counter")))
             txn.put(b"counter", pack(start + COUNTER_BLOCK), db=self.meta)
-            loc = int(unpack(txn.get(b"location", db=self.meta)))
-            ts = int(unpack(txn.get(b"timestamp", db=self.meta)))
+            loc = int(unpack(self._meta(txn, b"location")))
+            ts = int(unpack(self._meta(txn, b"timestamp")))
         self._ref_prefix = Ref.make(loc, ts, 0).raw[:12]
         return start + 1, start + COUNTER_BLOCK
 
@@ -345,7 +352,7 @@ class Store:
 
     def asyncq_get(self, key: bytes) -> bytes | None:
         with self.env.begin() as txn:
-            return txn.get(key, db=self.asyncq)  # type: ignore[no-any-return]
+            return txn.get(key, db=self.asyncq)
 
     def count(self, type_name: str) -> int:
         with self.env.begin() as txn:
@@ -354,7 +361,8 @@ class Store:
 
     def iter_extent(self, txn: lmdb.Transaction, type_name: str) -> Iterator[bytes]:
         prefix = type_name.encode() + b"\x00"
-        cur = txn.cursor(db=self.extents)
+        # Any: lmdb's stubs type reads as bytes | memoryview; our environments read bytes.
+        cur: Any = txn.cursor(db=self.extents)
         if not cur.set_range(prefix):
             return
         plen = len(prefix)

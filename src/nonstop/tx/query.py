@@ -414,7 +414,8 @@ class Query(Generic[M]):
             yield from extents[0] if len(extents) == 1 else heapq.merge(*extents)
             return
         db = store.index_db(key.db_name, unique=key.options.unique)
-        cur = rtxn.cursor(db=db)
+        # Any: lmdb's stubs type reads as bytes | memoryview; our environments read bytes.
+        cur: Any = rtxn.cursor(db=db)
         if path == "eq":
             kb = encode_key(self._eq[key.field])
             if key.options.unique:

@@ -237,7 +237,9 @@ class SimDataNode:
             elif isinstance(action, ReadWaits):
                 # The simulated store's lock manager knows transactions by branch id.
                 graph = self.store.locks.wait_for()
-                edges = tuple((w, h) for w, hs in graph.items() for h in sorted(hs))
+                edges = tuple(
+                    (str(w), str(h)) for w, hs in graph.items() for h in sorted(hs, key=str)
+                )
                 self._queue.append((True, LocalWaits(now, edges)))
             elif isinstance(action, ClientReply):
                 self._out.append(Reply(action.corr, action.payload))
