@@ -25,13 +25,18 @@ demo: $(STAMP)
 demo-embedded: $(STAMP)
 	$(PY) -m nonstop.demos.embedded
 
+# Lint (ruff over every source file), types (mypy over src/nonstop, strict on the
+# packages of the new layout: pyproject.toml [tool.mypy]), then the suite.
 test: $(STAMP)
 	$(PY) -m ruff check src tests bench
+	$(PY) -m ruff format --check src tests bench
+	$(PY) -m mypy
 	$(PY) -m pytest -q tests
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests bench
 	$(PY) -m ruff format --check src tests bench
+	$(PY) -m mypy
 
 fmt: $(STAMP)
 	$(PY) -m ruff format src tests bench
