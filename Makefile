@@ -25,13 +25,18 @@ demo: $(STAMP)
 demo-embedded: $(STAMP)
 	$(PY) -m nonstop.demos.embedded
 
+# Lint (ruff over every source file), types (mypy over src/nonstop, strict on the
+# packages of the new layout: pyproject.toml [tool.mypy]), then the suite.
 test: $(STAMP)
 	$(PY) -m ruff check src tests bench
+	$(PY) -m ruff format --check src tests bench
+	$(PY) -m mypy
 	$(PY) -m pytest -q tests
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests bench
 	$(PY) -m ruff format --check src tests bench
+	$(PY) -m mypy
 
 fmt: $(STAMP)
 	$(PY) -m ruff format src tests bench
@@ -55,6 +60,7 @@ sim: $(STAMP)
 	$(PY) -m nonstop.sim.campaign --seeds $(SEEDS)
 	$(PY) -m nonstop.sim.dtx_campaign --seeds $(SEEDS)
 	$(PY) -m nonstop.sim.dataplane_campaign --seeds $(SEEDS)
+	$(PY) -m nonstop.sim.partitions_campaign --seeds $(SEEDS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .nonstop build src/*.egg-info

@@ -85,6 +85,19 @@ class KeyTooLong(Error):
     """An encoded key value exceeds the store's key size limit."""
 
 
+class TooLarge(Error):
+    """A value, a write set, a request or a reply exceeds a size limit (not retryable).
+
+    The message names the limit and the size: ``max_frame_bytes`` (the largest
+    frame a node accepts or sends) for requests and replies.
+    """
+
+    def __init__(self, message: str, size: int | None = None, limit: int | None = None) -> None:
+        super().__init__(message)
+        self.size = size
+        self.limit = limit
+
+
 class RequestExpired(Error):
     """A retried request is older than the results kept for its client (H1): outcome unknown."""
 
@@ -108,6 +121,17 @@ class IncompatibleStore(StoreError):
 
 class CorruptStore(StoreError):
     """The store's files are damaged."""
+
+
+class CorruptRecord(CorruptStore):
+    """A stored record fails its checksum: the message names the file, the database and the
+    key; nothing of the damaged record is returned (never wrong content, never NotFound)."""
+
+    def __init__(self, message: str, *, path: str = "", database: str = "", key: bytes = b""):
+        super().__init__(message)
+        self.path = path
+        self.database = database
+        self.key = key
 
 
 class DatabaseClosed(StoreError):

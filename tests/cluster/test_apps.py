@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -101,7 +102,7 @@ def test_local_up_with_app_loads_it_on_every_node(folder: Path) -> None:
         "40",
     )
     assert code == 0, err
-    assert 'app = ["tests.distmodel"]' in (local / "A.toml").read_text()
+    assert tomllib.loads((local / "A.toml").read_text())["app"] == ["tests.distmodel"]
     layout = json.loads((local / "local.json").read_text())
     for node in layout["nodes"]:
         with Client([node["listen"]], timeout=10) as c:

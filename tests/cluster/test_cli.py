@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
+import nonstop
 from nonstop.node.datadir import DataDir, pid_alive
 from tests.cluster.conftest import MACHINE, REAL_CLUSTER, kill_dir_nodes, run_cli, wait_until
+from tests.distmodel import Account
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -90,7 +92,8 @@ def test_local_up_status_partial_restart_down(folder: Path) -> None:
 
     # status with nothing running: one line, non-zero
     code, out, err = run_cli("cluster", "status", "--dir", str(folder), "--timeout", "0.5")
-    assert code != 0 and err.startswith("nonstop: error:") and err.count("\n") == 1
+    assert code == 1 and err.startswith("nonstop: error:") and err.count("\n") == 1
+    assert "nonstop local up --dir" in err
 
 
 def test_start_errors_are_one_line(folder: Path, tmp_path: Path) -> None:
@@ -157,3 +160,120 @@ def test_node_start_stop(tmp_path: Path) -> None:
         assert "stopped" in (data / "node.log").read_text()
     finally:
         kill_dir_nodes(tmp_path)
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def one_line_error(err: str) -> str:
+    assert err.startswith("nonstop: error: ") and err.count("\n") == 1, err
+    assert "Traceback" not in err
+    return err
+
+
+def test_bad_input_is_one_line_with_the_fix(tmp_path: Path) -> None:
+    folder = tmp_path / "none"
+    code, _, err = run_cli(
+        "local", "up", "--dir", str(folder), "--option", "lock_wiat=3", "--option",
+        "rpc_timeout=abc",
+    )  # fmt: skip
+    assert code == 2 and "did you mean 'lock_wait'?" in one_line_error(err)
+    assert "'rpc_timeout' must be a number, got 'abc'" in err
+    assert not folder.exists()
+    # outside a cluster folder: refuse with a hint instead of asking 127.0.0.1:7101
+    code, _, err = run_cli("cluster", "status", "--dir", str(folder))
+    assert code == 2 and "pass --node HOST:PORT" in one_line_error(err)
+    code, _, err = run_cli("local", "stop", "A", "--dir", str(folder))
+    assert code == 2 and "nonstop local up" in one_line_error(err)
+    code, out, _ = run_cli("--help", timeout=30)
+    assert code == 0 and "local" in out
+
+
+def test_python_dash_m_nonstop() -> None:
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "nonstop", "local", "--help"], capture_output=True, text=True
+    )
+    assert proc.returncode == 0 and "destroy" in proc.stdout
+
+
+def test_local_and_membership_commands(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    d = ["--dir", str(folder)]
+    code, out, err = run_cli("local", "up", "-n", "2", *d, *FAST, "--app", "tests.distmodel")
+    assert code == 0, err
+    layout = json.loads((folder / "local.json").read_text())
+    assert f"cluster {layout['cluster']}" in out and 'connect: nonstop.connect("' in out
+
+    # another layout asked of an existing folder: said, not silently ignored
+    code, out, err = run_cli("local", "up", "-n", "3", "--base-port", "7101", *d)
+    assert code == 0, err
+    assert "-n 3 ignored" in err and "--base-port 7101 ignored" in err
+
+    code, out, err = run_cli("local", "add", *d)
+    assert code == 0 and "started: C" in out, err
+    code, out, err = run_cli("cluster", "status", *d)
+    assert code == 0, err
+    assert f"cluster {layout['cluster']}  (addresses from {folder / 'local.json'})" in out
+    assert "members A,B,C" in out and "MEMBER" in out
+    c_addr = json.loads((folder / "local.json").read_text())["nodes"][2]["listen"]
+    code, out, err = run_cli("cluster", "join", "C", c_addr, *d)
+    assert code == 0 and "C is a member" in out, err
+
+    # a node that holds objects is not removed without --force
+    addresses = ",".join(n["listen"] for n in layout["nodes"])
+    with nonstop.connect(addresses) as c, c.transaction() as tx:
+        tx.create(Account, number="A-1", node="A")
+    code, _, err = run_cli("cluster", "remove", "A", *d)
+    assert code == 1 and "A holds 1 objects" in one_line_error(err) and "--force" in err
+
+    # stop one node: no stale pid for it; start it again
+    code, out, err = run_cli("local", "stop", "C", *d)
+    assert code == 0 and "stopped: C" in out, err
+
+    def c_down() -> bool:
+        code, out, _ = run_cli("cluster", "status", "--json", *d)
+        c = next(n for n in json.loads(out)["nodes"] if n["name"] == "C")
+        return code == 0 and c["state"] == "Down" and c["pid"] is None and c["member"]
+
+    wait_until(c_down, 20, "C seen Down")
+    code, out, err = run_cli("local", "start", "C", *d)
+    assert code == 0 and "started: C" in out, err
+
+    # C leaves the membership, then leaves the folder
+    code, out, err = run_cli("cluster", "leave", "--node", c_addr)
+    assert code == 0 and "C removed" in out and "members A,B" in out, err
+    code, out, err = run_cli("local", "remove", "C", *d)
+    assert code == 0 and "removed: C" in out, err
+    assert [n["name"] for n in json.loads((folder / "local.json").read_text())["nodes"]] == [
+        "A",
+        "B",
+    ]
+    assert not (folder / "C").exists()
+    code, _, err = run_cli("local", "stop", "Z", *d)
+    assert code == 2 and "has no node named 'Z'" in one_line_error(err)
+
+    code, _, err = run_cli("local", "destroy", *d)
+    assert code == 2 and "--yes" in one_line_error(err)
+    code, out, err = run_cli("local", "destroy", "--yes", *d)
+    assert code == 0, err
+    assert not folder.exists()
+
+
+def test_failed_up_stops_what_it_started(folder: Path) -> None:
+    code, _, err = run_cli("local", "up", "-n", "2", "--dir", str(folder), *FAST)
+    assert code == 0, err
+    code, _, err = run_cli("local", "down", "--dir", str(folder))
+    assert code == 0, err
+    b_port = int(
+        json.loads((folder / "local.json").read_text())["nodes"][1]["listen"].split(":")[1]
+    )
+    with socket.socket() as squatter:
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        squatter.bind(("127.0.0.1", b_port))
+        squatter.listen()
+        code, _, err = run_cli("local", "up", "--dir", str(folder))
+    assert code == 1 and "node B" in one_line_error(err) and "stopped again: A" in err
+    assert DataDir(folder / "A").running_pid() is None

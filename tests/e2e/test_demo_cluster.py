@@ -74,6 +74,16 @@ def test_demo_reports_ok_and_leaves_nothing_running(tmp_path: Path) -> None:
     assert proc.returncode == 0, out
     assert "stopped 3 node(s) left running by an earlier demo" in out
     assert "OK: total conserved across 3 nodes" in out
+    # Read through a pipe, as in a log file: no progress-bar frames, plain lines instead.
+    assert "\r" not in out
+    assert "transfers: " in out and " tx in " in out
+    # The summary leads with what was checked and held, not with the errors seen.
+    assert "failed with an error" not in out
+    checked = out.index("checked after the crash and restart:")
+    assert "held: total balance conserved" in out[checked:]
+    assert "held: every acknowledged transfer recorded exactly once" in out[checked:]
+    assert "outcome-unknown transfers applied at most once" in out[checked:]
+    assert "FAILED" not in out
     assert "SIGKILL node B" in out and "node B restarted on its data" in out
     assert "in doubt per node after the stop: {'A': 0, 'B': 0, 'C': 0}" in out
     assert (folder / "export" / "accounts.parquet").exists()

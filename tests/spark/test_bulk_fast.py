@@ -50,11 +50,10 @@ def state(ctx: BulkContext) -> dict[str, Any]:
     out: dict[str, Any] = {}
     number_of: dict[bytes, int] = {}
     objects: dict[int, Any] = {}
-    from nonstop.model.codec import unpack
 
     with store.read() as rtxn:
         for ref, raw in rtxn.cursor(db=store.objects):
-            tname, _tv, version, st = unpack(raw)
+            tname, _tv, version, st = store.record(raw, ref)
             if tname == T:
                 number_of[bytes(ref)] = st["number"]
                 objects[st["number"]] = (version, st)

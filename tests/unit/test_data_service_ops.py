@@ -220,9 +220,11 @@ async def peer_call(svc: DataService, rt: FakeRuntime, sender: str, msg: dict[st
     svc.on_peer(sender, {"t": "data.req", "id": 7, **msg})
     for _ in range(200):
         await asyncio.sleep(0.005)
-        if rt.sent:
-            to, payload = rt.sent[0]
-            assert to == sender and payload["t"] == "data.rep" and payload["id"] == 7
+        # Other peer messages (the deadlock detector's data.waits) may come first.
+        replies = [(to, p) for to, p in rt.sent if p.get("t") == "data.rep"]
+        if replies:
+            to, payload = replies[0]
+            assert to == sender and payload["id"] == 7
             return payload["p"]
     raise AssertionError("no reply")
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from nonstop.dataplane.deadlocks import find_cycles, victim_of
 from nonstop.dataplane.events import (
     BranchDone,
     ClientGone,
@@ -26,11 +27,14 @@ from nonstop.dataplane.events import (
     DecisionDone,
     EndBranch,
     Exec,
+    LocalWaits,
+    ReadWaits,
 )
 from nonstop.dataplane.machine import (
     COMMIT_TIMER,
     RPC_TIMER,
     SWEEP_TIMER,
+    WAITS_TIMER,
     DataPlane,
     DataPlaneConfig,
 )
@@ -134,6 +138,8 @@ class Net:
         self.silent: set[str] = set()
         """Nodes whose messages are lost (in and out)."""
         self.held: list[tuple[str, Exec]] = []
+        self.waits: dict[str, list[tuple[str, str]]] = {}
+        """Each store's wait-for edges (what ``ReadWaits`` reads)."""
         self.hold: Callable[[Exec], bool] = lambda ex: False
         for n in names:
             self.feed(n, Started(now=0.0))
@@ -183,6 +189,8 @@ class Net:
             self.timers[at].pop(action.name, None)
         elif isinstance(action, Log):
             self.logs.append(action)
+        elif isinstance(action, ReadWaits):
+            return [(at, LocalWaits(now=self.now, edges=tuple(self.waits.get(at, ()))))]
         else:
             raise AssertionError(f"unexpected action {action!r}")
         return []
@@ -528,6 +536,41 @@ def test_idle_participant_branches_roll_back() -> None:
     assert bid in net.machines["A"].branches
 
 
+def test_an_idle_transaction_rolls_back_everywhere_coordinator_included() -> None:
+    net = Net("AB", tx_idle=20.0, branch_idle=30.0, sweep_every=1.0)
+    accounts(net, {"a": "A", "b": "B"})
+    s = net.ok("A", get("a", begin="serializable", lock="write"))["s"]
+    net.ok("A", get("b", s=s, lock="write"))
+    bid = f"A.{s}"
+    net.now = 15.0
+    net.fire("A", SWEEP_TIMER)  # 15 s without an op: still open
+    assert bid in net.machines["A"].branches and net.ended["A"] == []
+    net.ok("A", {"op": "tx.count", "s": s, "type": ACC})  # an op: the clock restarts
+    net.now = 34.0
+    net.fire("A", SWEEP_TIMER)
+    assert bid in net.machines["A"].branches
+    net.now = 35.5
+    net.fire("A", SWEEP_TIMER)
+    # Rolled back here (its locks on A's objects go) and on B (branch.end).
+    assert net.ended["A"] == [bid] and net.machines["A"].stats["idle_sessions"] == 1
+    assert net.ended["B"] == [bid]
+    reply = net.op("A", {"op": "tx.count", "s": s, "type": ACC})
+    assert reply is not None and reply["error"] == "TransactionClosed"
+    assert "rolled back after 20 s idle" in reply["message"]
+
+
+def test_a_session_with_an_op_running_is_not_idle() -> None:
+    net = Net("A", tx_idle=5.0, sweep_every=1.0)
+    accounts(net, {"a": "A"})
+    net.hold = lambda ex: ex.op == "branch.get"  # the lookup waits (a lock, say)
+    assert net.op("A", get("a", begin="serializable", lock="write")) is None
+    net.now = 50.0
+    net.fire("A", SWEEP_TIMER)
+    assert net.machines["A"].stats["idle_sessions"] == 0 and net.ended["A"] == []
+    net.release_held()
+    assert net.replies[-1].payload["o"] is not None
+
+
 def test_begin_folded_into_the_first_op_answers_its_session_even_on_error() -> None:
     net = Net("A")
     reply = net.op("A", {"op": "tx.count", "begin": "read_committed", "type": 5})
@@ -794,3 +837,80 @@ def test_busy_notes_never_extend_an_ordinary_call() -> None:
     reply = net.replies[-1].payload
     assert reply["error"] == "Unavailable" and "did not answer branch.count" in reply["message"]
     assert not [p for _, _, p in net.sent if p.get("t") == "data.busy"]  # no long op ran
+
+
+# ------------------------------------------------------- distributed deadlocks
+def test_find_cycles_lists_each_cycle_once_from_its_smallest_id() -> None:
+    edges = [("A.1", "B.2"), ("B.2", "C.3"), ("C.3", "A.1"), ("C.3", "D.4"), ("E.5", "A.1")]
+    assert find_cycles(edges) == [("A.1", "B.2", "C.3")]
+    assert find_cycles([("A.1", "B.2"), ("B.2", "C.3")]) == []
+    assert victim_of(("A.1", "B.2", "C.3")) == "C.3"
+
+
+def _crossed(net: Net) -> tuple[int, int]:
+    """Session on A waiting on B, session on B waiting on A (ops held at the stores)."""
+    accounts(net, {"a": "A", "b": "B"})
+    s_a = net.ok("A", get("a", begin="serializable", lock="write"))["s"]
+    s_b = net.ok("B", get("b", begin="serializable", lock="write"))["s"]
+    net.hold = lambda ex: ex.fields.get("t") == "data.req"  # peers' ops wait (for a lock)
+    assert net.op("A", get("b", s=s_a, lock="write")) is None  # waits on B
+    assert net.op("B", get("a", s=s_b, lock="write")) is None  # waits on A
+    return s_a, s_b
+
+
+def _tick(net: Net, rounds: int) -> None:
+    for _ in range(rounds):
+        for node in sorted(net.machines):
+            net.fire(node, WAITS_TIMER)
+
+
+def test_a_cycle_across_two_nodes_dooms_one_victim_with_deadlock() -> None:
+    net = Net("AB")
+    s_a, s_b = _crossed(net)
+    bid_a, bid_b = f"A.{s_a}", f"B.{s_b}"
+    net.waits = {"B": [(bid_a, bid_b)], "A": [(bid_b, bid_a)]}
+    _tick(net, 1)
+    assert net.machines["B"].stats["deadlock_victims"] == 0  # seen once: not yet
+    _tick(net, 2)
+    victim, survivor = (bid_b, bid_a) if bid_b > bid_a else (bid_a, bid_b)
+    coord = victim[0]
+    other = survivor[0]
+    assert net.machines[coord].stats["deadlock_victims"] == 1
+    assert net.machines[other].stats["deadlock_victims"] == 0
+    errors_seen = [r.payload.get("error") for r in net.replies if "error" in r.payload]
+    assert errors_seen == ["Deadlock"]
+    assert victim in net.ended[coord]  # its branch rolled back where it is (its locks go)
+    assert any(p.get("op") == "branch.end" and p["b"] == victim for _, _, p in net.sent)
+    assert survivor not in net.ended[other]
+
+
+def test_waits_without_a_cycle_doom_nobody() -> None:
+    net = Net("AB")
+    s_a, s_b = _crossed(net)
+    # B.s waits for A.s on A; A.s waits for a third transaction on B: a chain.
+    net.waits = {"A": [(f"B.{s_b}", f"A.{s_a}")], "B": [(f"A.{s_a}", "C.77")]}
+    _tick(net, 10)
+    assert all(m.stats["deadlock_victims"] == 0 for m in net.machines.values())
+    assert not [r for r in net.replies if "error" in r.payload]
+    # Waits are shared with peers only while there are some.
+    shared = [p for _, _, p in net.sent if p.get("t") == "data.waits"]
+    assert shared and all(p["e"] for p in shared)
+
+
+# ------------------------------------------------------------------- sizes
+def test_writes_over_the_message_limit_are_too_large_before_any_prepare() -> None:
+    from nonstop.dataplane.sizes import MESSAGE_MARGIN
+
+    net = Net("AB", max_message=MESSAGE_MARGIN + 1000)
+    objs = accounts(net, {"a": "A", "b": "B"})
+    s = net.ok("A", get("a", begin="serializable", lock="write"))["s"]
+    net.ok("A", get("b", s=s, lock="write"))
+    big = [objs["b"][0], ACC, 1, pack({"number": "b", "pad": "x" * 2000})]
+    reply = net.op("A", {"op": "tx.commit", "s": s, "w": [big], "req": ["c", 9]})
+    assert reply is not None and reply["error"] == "TooLarge", reply
+    assert "2,0" in reply["message"] and "node B" in reply["message"]
+    assert net.decides["A"] == []  # nothing prepared, no vote awaited
+    # Writes riding on an op to B are refused the same way (the session goes on).
+    s2 = net.ok("A", get("a", begin="serializable"))["s"]
+    reply = net.op("A", {"op": "tx.count", "s": s2, "type": ACC, "scope": ["B"], "w": [big]})
+    assert reply is not None and reply["error"] == "TooLarge", reply

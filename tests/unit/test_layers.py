@@ -38,6 +38,7 @@ Layers (lowest first)
     database, tx                the embedded store and its transactions
     cluster                     failure detector, Raft, quorum, tables of the log
     dtx                         two-phase commit, the decision table
+    ha                          partitions: table, policies, mappers, leases, failover
     client                      sync/async clients
     nonstop (the facade)        the public surface
     bulk, dataplane             bulk operations, the data service

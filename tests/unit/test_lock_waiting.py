@@ -153,6 +153,23 @@ def test_release_of_a_waiting_txn_wakes_it_with_an_error() -> None:
     assert manager.holders("x") == {"t1": W}
 
 
+def test_interrupt_ends_a_wait_but_keeps_the_locks_held() -> None:
+    table, manager = table_with_manager()
+    table.acquire("t1", "x", W)
+    table.acquire("t2", "y", W)
+    with ThreadPoolExecutor(1) as pool:
+        stuck = pool.submit(table.acquire, "t2", "x", W)
+        wait_until(lambda: bool(manager.waiters("x")))
+        assert table.wait_for() == {"t2": {"t1"}}
+        table.interrupt("t2", Deadlock("victim"))
+        with pytest.raises(Deadlock):
+            stuck.result(5)
+    assert manager.waiters("x") == [] and table.wait_for() == {}
+    assert manager.holders("y") == {"t2": W}  # released only by its rollback
+    table.interrupt("t1", Deadlock("not waiting: nothing happens"))
+    assert manager.holders("x") == {"t1": W}
+
+
 def test_try_acquire_and_zero_timeout() -> None:
     table, manager = table_with_manager()
     assert table.try_acquire("t1", "x", R)

@@ -141,7 +141,7 @@ def test_prepared_transaction_survives_sigkill(tmp_path: Path, outcome: bool) ->
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         cwd=root,
-        env={**os.environ, "PYTHONPATH": str(root)},
+        env={**os.environ, "PYTHONPATH": str(root / "src")},
     )
     try:
         assert child.stdout is not None

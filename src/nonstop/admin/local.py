@@ -5,6 +5,11 @@
 nodes again on their old data and ports.  Each node gets ``DIR/<name>/`` as its
 data directory (its log in ``DIR/<name>/node.log``) and ``DIR/<name>.toml`` as
 its configuration, which an operator can read to see how a node is started.
+
+The layout keeps every node of the folder, also those added later
+(``local add``): ``members`` is the bootstrap membership the founding nodes
+were started with; a node added later starts without it and joins the
+running cluster through the others' addresses.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import string
@@ -23,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nonstop.node.config import ConfigError, check_options, from_mapping, write
 from nonstop.node.datadir import DataDir, pid_alive
 
 DEFAULT_DIR = "./.nonstop/local"
@@ -53,16 +60,6 @@ def node_names(n: int) -> list[str]:
     return [f"n{i + 1}" for i in range(n)]
 
 
-def toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, list):
-        return "[" + ", ".join(toml_value(v) for v in value) + "]"
-    return json.dumps(str(value))
-
-
 class LocalCluster:
     """The layout of one local cluster folder."""
 
@@ -79,22 +76,71 @@ class LocalCluster:
     def create(
         self, n: int, base_port: int | None, options: dict[str, Any] | None = None
     ) -> dict[str, Any]:
-        """Write a new layout: names A, B, C..., free ports, one cluster id."""
+        """Write a new layout: names A, B, C..., free ports, one cluster id.
+
+        ``options`` are node config keys for every node, checked against the schema
+        (:class:`~nonstop.node.config.ConfigError` names a bad key).
+        """
         if n < 1:
             raise LocalError("a local cluster needs at least one node")
+        checked = check_options(options or {})
         self.dir.mkdir(parents=True, exist_ok=True)
         names = node_names(n)
         ports = [base_port + i if base_port else free_port() for i in range(n)]
         layout = {
             "cluster": "local-" + secrets.token_hex(4),
+            "members": names,
             "nodes": [
                 {"name": name, "listen": f"127.0.0.1:{port}"}
                 for name, port in zip(names, ports, strict=True)
             ],
-            "options": options or {},
+            "options": checked,
         }
-        self.layout_path.write_text(json.dumps(layout, indent=2))
+        self.save(layout)
         return layout
+
+    def save(self, layout: dict[str, Any]) -> None:
+        tmp = self.layout_path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(layout, indent=2))
+        os.replace(tmp, self.layout_path)
+
+    def add(self, layout: dict[str, Any], name: str | None = None) -> LocalNode:
+        """Append a node (next free name, a free port) to the layout and save it."""
+        taken = {entry["name"] for entry in layout["nodes"]}
+        if name is None:
+            candidates = node_names(len(taken) + 1)
+            if len(taken) >= 26:
+                candidates = [f"n{i}" for i in range(1, len(taken) + 2)]
+            name = next(n for n in candidates if n not in taken)
+        elif name in taken:
+            raise LocalError(f"{self.dir} already has a node named {name!r}")
+        layout["nodes"].append({"name": name, "listen": f"127.0.0.1:{free_port()}"})
+        self.save(layout)
+        return self.node(layout, name)
+
+    def forget(self, layout: dict[str, Any], name: str) -> None:
+        """Drop node ``name`` from the layout and delete its config and data."""
+        node = self.node(layout, name)
+        layout["nodes"] = [e for e in layout["nodes"] if e["name"] != name]
+        self.save(layout)
+        node.config.unlink(missing_ok=True)
+        shutil.rmtree(node.data, ignore_errors=True)
+
+    def node(self, layout: dict[str, Any], name: str) -> LocalNode:
+        for node in self.nodes(layout):
+            if node.name == name:
+                return node
+        names = ", ".join(n.name for n in self.nodes(layout))
+        raise LocalError(f"{self.dir} has no node named {name!r} (it has {names})")
+
+    def running(self, layout: dict[str, Any]) -> dict[str, int]:
+        """``name → pid`` of the nodes of the layout that run now."""
+        out = {}
+        for node in self.nodes(layout):
+            pid = DataDir(node.data).running_pid()
+            if pid is not None:
+                out[node.name] = pid
+        return out
 
     def nodes(self, layout: dict[str, Any]) -> list[LocalNode]:
         return [
@@ -108,20 +154,25 @@ class LocalCluster:
         ]
 
     def write_config(self, layout: dict[str, Any], node: LocalNode) -> None:
+        """Write ``DIR/<name>.toml`` (checked against the schema, written with tomli-w)."""
         others = [n for n in self.nodes(layout) if n.name != node.name]
+        # Layouts written before "members" was kept: every node was a founder.
+        founders = layout.get("members", [n.name for n in self.nodes(layout)])
         values: dict[str, Any] = {
             "name": node.name,
             "cluster": layout["cluster"],
             "data": str(node.data),
             "listen": node.listen,
             "join": [f"{o.name}@{o.listen}" for o in others],
-            "members": [n.name for n in self.nodes(layout)],
+            # A node added after the founding joins the running cluster instead.
+            "members": founders if node.name in founders else [],
             "log_file": str(node.data / "node.log"),
         }
         values.update(layout.get("options", {}))
-        node.config.write_text(
-            "".join(f"{key} = {toml_value(value)}\n" for key, value in values.items())
-        )
+        try:
+            write(node.config, from_mapping(values))
+        except ConfigError as exc:
+            raise LocalError(f"{self.layout_path}: {exc}") from None
 
     def addresses(self, layout: dict[str, Any]) -> list[str]:
         return [n.listen for n in self.nodes(layout)]

@@ -29,8 +29,8 @@ from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 from nonstop.errors import Conflict, DuplicateKey, FieldError, ImmutableKey, TypeVersionMismatch
-from nonstop.model.codec import encode_key, pack, pack_each, unpack
-from nonstop.store.records import pack_record
+from nonstop.model.codec import encode_key, pack, pack_each
+from nonstop.store.records import pack_record, seal
 from nonstop.tx.locks import LockMode
 
 if TYPE_CHECKING:
@@ -126,7 +126,7 @@ def upsert(
         for i, ref in enumerate(refs):
             if ref is None:
                 continue
-            tname, tver, version, state = unpack(raws[i])
+            tname, tver, version, state = store.record(raws[i], ref)
             if tname != name_b:  # a sibling type's object shares the key's index
                 raise DuplicateKey(f"{key.owner}.{key.field} = {kcol[i]!r} is already taken")
             if tver > tv:
@@ -193,7 +193,7 @@ def _creates(
             seq.append(repeat(pack(n)))
             seq.append(repeat(pack(f.make_default())) if col is None else map(pack_each, col))
         # (zip not strict: the constant columns repeat without end)
-        records = list(map(b"".join, zip(*seq, strict=False)))
+        records = list(map(seal, map(b"".join, zip(*seq, strict=False))))
     except (TypeError, ValueError, OverflowError):
         fnames = list(fields)
         for i in created:  # find the row and say which field (FieldError)
@@ -234,6 +234,6 @@ def _record(info: TypeInfo, version: int, state: dict[str, Any]) -> bytes:
 
 def _record_list(rec: list[Any], info: TypeInfo) -> bytes:
     try:
-        return pack(rec)
+        return seal(pack(rec))
     except (TypeError, ValueError, OverflowError):
         return pack_record(info, rec[2], rec[3])  # raises FieldError naming the field

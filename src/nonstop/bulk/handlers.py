@@ -49,7 +49,7 @@ import itertools
 import math
 import secrets
 import time
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
@@ -424,7 +424,8 @@ def _scan_extent(
     if None in raws:  # (extent and objects change in one commit: cannot happen; be safe)
         refs = [r for r, raw in zip(refs, raws, strict=True) if raw is not None]
         raws = [raw for raw in raws if raw is not None]
-    recs = unpack(_array_header(len(raws)) + b"".join(raws)) if raws else []
+    payloads = list(map(store.record_payload, raws, refs))  # checksums verified
+    recs = unpack(_array_header(len(raws)) + b"".join(payloads)) if raws else []
     if any(rec[0] != type_name for rec in recs):  # (one extent: cannot happen; be safe)
         keep = [i for i, rec in enumerate(recs) if rec[0] == type_name]
         refs, recs = [refs[i] for i in keep], [recs[i] for i in keep]
@@ -457,10 +458,13 @@ def _scan_filtered(
     more = False
     with store.read() as rtxn:
         snapshot = rtxn.id()
-        refs = _point_refs(info, filters, store, rtxn)
-        if refs is None:
+        points = _point_refs(info, filters, store, rtxn)
+        refs: Iterable[bytes]
+        if points is None:
             gens = [_extent_refs(store, rtxn, t, start) for t in types]
             refs = gens[0] if len(gens) == 1 else heapq.merge(*gens)
+        else:
+            refs = points
         get = rtxn.get
         objects = store.objects
         cap = -1 if limit is None else limit
@@ -475,7 +479,7 @@ def _scan_filtered(
             raw = get(ref, db=objects)
             if raw is None:
                 continue
-            type_name, _, _, state = unpack(raw)
+            type_name, _, _, state = store.record(raw, ref)
             if type_name not in types or (filters and not _passes(state, filters)):
                 continue
             found_refs.append(ref)
@@ -845,9 +849,10 @@ def _keys_with(db: Database, prefix: bytes) -> list[bytes]:
         cur = rtxn.cursor(db=bulk)
         if cur.set_range(prefix):
             for k in cur.iternext(keys=True, values=False):
-                if not k.startswith(prefix):
+                key = bytes(k)
+                if not key.startswith(prefix):
                     break
-                out.append(bytes(k))
+                out.append(key)
     return out
 
 
@@ -989,7 +994,7 @@ def _g_swap(tx: Transaction, info: TypeInfo, job: str, parts_arg: Any) -> Steps:
         done = rtxn.get(dslot, db=bulk)
         staged_meta = rtxn.get(jslot, db=bulk)
     if done is not None:
-        return {**unpack(done), "replayed": True}
+        return {**unpack(bytes(done)), "replayed": True}
     if staged_meta is None:
         raise BadArgument(f"no staged overwrite {job!r} on this node (aborted?)")
     staged = _keys_with(db, f"o/{job}/".encode())
@@ -999,7 +1004,10 @@ def _g_swap(tx: Transaction, info: TypeInfo, job: str, parts_arg: Any) -> Steps:
         deleted += yield from _g_delete_extent(db, name)
     inserted = 0
     for slot in parts:
-        part = unpack(db.engine.get_raw(bulk, slot))
+        raw = db.engine.get_raw(bulk, slot)
+        if raw is None:  # (the job's lock is held: its parts cannot go away)
+            raise BadArgument(f"staged part {slot!r} of {job!r} is gone")
+        part = unpack(raw)
         for row in part["rows"]:
             if info.ref_fields:
                 row = yield from _g_refs(info, row)

@@ -65,7 +65,7 @@ class BulkServer(socketserver.ThreadingTCPServer):
     @property
     def address(self) -> str:
         host, port = self.server_address[:2]
-        return f"{host}:{port}"
+        return f"{host!s}:{port}"
 
     def hello(self, proto: int | None) -> Hello:
         return Hello(
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> None:
         importlib.import_module(module)
     db = nonstop.open(args.data, durability=args.durability)
     peers = [tuple(p.split("@", 1)) for p in args.peer]
-    server = BulkServer(db, args.listen, name=args.name, peers=peers)  # type: ignore[arg-type]
+    server = BulkServer(db, args.listen, name=args.name, peers=peers)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: Any) -> None:

@@ -11,17 +11,25 @@ from collections.abc import Generator
 from typing import Any
 
 from nonstop.client.handle import AsyncClient, Client
+from nonstop.client.local_folder import local_cluster_addresses
 from nonstop.client.remote import RemoteTransaction
 from nonstop.client.remote_async import AsyncRemoteTransaction
 
 
-def connect(addresses: str | list[str], **options: Any) -> Client:
+def connect(addresses: str | list[str] | None = None, **options: Any) -> Client:
     """A blocking handle on the cluster reachable at ``addresses`` ("h:p,h:p").
+
+    With no address: the local cluster of the current folder (the one
+    ``nonstop local up`` started here, from ``./.nonstop/local/local.json``),
+    logged at INFO on the ``nonstop.client`` logger; ``Unavailable`` naming the
+    fix when there is none.
 
     Connects to the first node that answers (:class:`nonstop.errors.Unavailable`
     when none does); later requests fail over across the addresses (see
     :class:`nonstop.client.handle.Client`).
     """
+    if addresses is None:
+        addresses = local_cluster_addresses()
     client = Client(addresses, **options)
     try:
         client.ping()
@@ -31,7 +39,7 @@ def connect(addresses: str | list[str], **options: Any) -> Client:
     return client
 
 
-class _Connecting:
+class Connecting:
     """What :func:`connect_async` returns: await it, or ``async with`` it (closed on exit)."""
 
     def __init__(self, addresses: str | list[str], options: dict[str, Any]) -> None:
@@ -55,19 +63,24 @@ class _Connecting:
         await self._client.aclose()
 
 
-def connect_async(addresses: str | list[str], **options: Any) -> Any:
+def connect_async(addresses: str | list[str] | None = None, **options: Any) -> Connecting:
     """An asyncio handle on the cluster; connects to the first node that answers.
+
+    With no address: the local cluster of the current folder, as :func:`connect`.
 
     ``client = await nonstop.connect_async(...)`` or
     ``async with nonstop.connect_async(...) as client:`` (closed at the end).
     """
-    return _Connecting(addresses, options)
+    if addresses is None:
+        addresses = local_cluster_addresses()
+    return Connecting(addresses, options)
 
 
 __all__ = [
     "AsyncClient",
     "AsyncRemoteTransaction",
     "Client",
+    "Connecting",
     "RemoteTransaction",
     "connect",
     "connect_async",

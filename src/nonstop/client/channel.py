@@ -33,9 +33,10 @@ import time
 from typing import Any
 
 from nonstop.client.failures import NETWORK_ERRORS, refusal
+from nonstop.errors import TooLarge
 from nonstop.net.address import split_address
 from nonstop.net.connection import Connection, dial, hello_from_answer
-from nonstop.net.frames import DEFAULT_MAX_FRAME, FrameDecoder, encode
+from nonstop.net.frames import DEFAULT_MAX_FRAME, FrameDecoder, FrameTooLarge, encode
 from nonstop.net.handshake import PROTOCOL_MAX, PROTOCOL_MIN, ROLE_CLIENT, Hello
 
 READ_CHUNK = 256 * 1024
@@ -109,9 +110,10 @@ class SyncChannel:
         if self.closed:
             raise ConnectionResetError(f"connection to {self.address} is broken")
         rid = next(self._ids)
+        frame = request_frame(rid, payload, self.max_frame)  # TooLarge: nothing sent
         try:
             self._sock.settimeout(timeout)
-            self._sock.sendall(encode({"t": "req", "id": rid, "p": payload}, self.max_frame))
+            self._sock.sendall(frame)
             deadline = time.monotonic() + timeout
             while True:
                 self._sock.settimeout(max(0.001, deadline - time.monotonic()))
@@ -207,7 +209,11 @@ class AsyncChannel:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._waiting[rid] = future
         try:
-            if not self.conn.send({"t": "req", "id": rid, "p": payload}):
+            try:
+                sent = self.conn.send({"t": "req", "id": rid, "p": payload})
+            except FrameTooLarge as exc:  # refused before anything was sent
+                raise too_large(payload, exc) from None
+            if not sent:
                 raise ConnectionResetError(f"connection to {self.address} is closed")
             async with asyncio.timeout(timeout):
                 return await future
@@ -229,6 +235,25 @@ class AsyncChannel:
             await self._reader
         self._fail_all()
         await self.conn.aclose()
+
+
+def too_large(payload: Any, exc: FrameTooLarge) -> TooLarge:
+    """The client's refusal of a request over the frame limit (never a network error)."""
+    op = payload.get("op") if isinstance(payload, dict) else None
+    return TooLarge(
+        f"request {op!r} of {exc.size:,} bytes exceeds the frame limit of {exc.limit:,} bytes "
+        "(max_frame_bytes): a value, a write set or a commit too large; nothing was sent",
+        exc.size,
+        exc.limit,
+    )
+
+
+def request_frame(rid: int, payload: Any, max_frame: int) -> bytes:
+    """The request's frame; :class:`~nonstop.errors.TooLarge` if over ``max_frame``."""
+    try:
+        return encode({"t": "req", "id": rid, "p": payload}, max_frame)
+    except FrameTooLarge as exc:
+        raise too_large(payload, exc) from None
 
 
 __all__ = ["NETWORK_ERRORS", "READ_CHUNK", "AsyncChannel", "SyncChannel", "client_hello"]

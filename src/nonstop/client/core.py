@@ -41,7 +41,7 @@ from typing import Any, TypeVar
 from nonstop.client.failures import NodeRefused, is_network_error
 from nonstop.client.lanes import RequestLanes
 from nonstop.client.session import Link, Request
-from nonstop.errors import Aborted, ClusterError, QuorumLost, Unavailable
+from nonstop.errors import Aborted, ClusterError, QuorumLost, TooLarge, Unavailable
 from nonstop.model.wire import raise_error
 from nonstop.net.handshake import Hello
 
@@ -279,6 +279,8 @@ class ClientCore:
         when the link closes, and is told to if the link is kept (a slow op)."""
         try:
             return (yield Call(link, payload, self.op_timeout))
+        except TooLarge:
+            raise  # refused by the client before sending: the session goes on
         except Exception as exc:
             if not link.closed:
                 yield Notify(link, {"op": "tx.rollback", "s": payload.get("s")})
@@ -294,6 +296,11 @@ class ClientCore:
         (:meth:`request_result`)."""
         try:
             reply = yield Call(link, payload, self.op_timeout)
+        except TooLarge:
+            # Refused by the client before sending: the transaction is over, so the
+            # node must release its locks now (not at tx_idle).
+            yield Notify(link, {"op": "tx.rollback", "s": payload.get("s")})
+            raise
         except Exception as exc:
             yield from self.connection_failed(link, exc)
             if req is not None:

@@ -68,7 +68,7 @@ from nonstop.tx.entries import (
     parse_lock,
     unique_lookup,
 )
-from nonstop.tx.query import ordered_key, query_field
+from nonstop.tx.query import DEFAULT_PAGE_SIZE, ordered_key, query_field, release_if_unheld
 
 M = TypeVar("M", bound=Managed)
 
@@ -151,6 +151,7 @@ class RemoteQueryBase(Generic[M]):
         self._filters: list[Callable[[Any], bool]] = []
         self._scope: Any = "cluster"
         self._audit = "skip_down"
+        self._page_size = DEFAULT_PAGE_SIZE
 
     def where(self, **equal: Any) -> Any:
         """Keep objects whose fields equal these values."""
@@ -203,6 +204,19 @@ class RemoteQueryBase(Generic[M]):
         self._filters.append(predicate)
         return self
 
+    def page_size(self, n: int) -> Any:
+        """Objects per page when the query is iterated (default 1000).
+
+        Iterating an unlocked query (``lock("none")`` or a snapshot transaction)
+        asks the cluster for one page at a time (the data plane's keyset paging)
+        and forgets the unchanged objects of the pages passed, so it takes
+        constant memory on the client and on the nodes, however many match.
+        """
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise BadArgument("page_size must be an int >= 1")
+        self._page_size = n
+        return self
+
     def scope(self, scope: str | list[str]) -> Any:
         """Where to look: ``"local"`` (the attached node), ``"cluster"``, or node names."""
         self._scope = check_scope(scope)
@@ -232,6 +246,19 @@ class RemoteQueryBase(Generic[M]):
             "scope": self._scope,
             "audit": self._audit,
         }
+
+    def _streams(self) -> bool:
+        """Whether iterating reads page by page: unlocked, ascending or unordered."""
+        descending = self._order is not None and bool(self._order[1])
+        return self._tx._lock_mode(self._lock) == NONE and not descending and self._limit != 0
+
+    def _g_page(self, after: list[bytes] | None) -> Op:
+        """One page: (handles, resume position, more may follow, entries it added)."""
+        payload = self._payload("none", None)
+        payload["page"] = self._page_size
+        payload["after"] = after
+        page = yield from self._tx._g_query_page(payload)
+        return page
 
     def _g_all(self, lock: str | None = None, limit: Any = ...) -> Op:
         limit = self._limit if limit is ... else limit
@@ -271,7 +298,54 @@ class RemoteQuery(RemoteQueryBase[M]):
         return self._tx._drive(self._g_count())  # type: ignore[no-any-return]
 
     def __iter__(self) -> Iterator[M]:
-        return iter(self.all())
+        """Page by page when unlocked (see :meth:`page_size`), else :meth:`all`."""
+        if not self._streams():
+            return iter(self.all())
+        return self._stream()
+
+    def pages(self) -> Iterator[list[M]]:
+        """The results as lists of at most ``page_size`` objects (see :meth:`__iter__`)."""
+        page: list[M] = []
+        for obj in self:
+            page.append(obj)
+            if len(page) >= self._page_size:
+                yield page
+                page = []
+        if page:
+            yield page
+
+    def to_arrow(self) -> Any:
+        """The results as a ``pyarrow.Table`` (one column per field), read page by page.
+
+        No Spark needed; pyarrow is (``pip install pyarrow``).
+        """
+        from nonstop.tx.export import to_arrow
+
+        return to_arrow(self._info, self.pages())
+
+    def to_pandas(self) -> Any:
+        """The results as a ``pandas.DataFrame`` (through :meth:`to_arrow`)."""
+        from nonstop.tx.export import to_pandas
+
+        return to_pandas(self._info, self.pages())
+
+    def _stream(self) -> Iterator[M]:
+        after: list[bytes] | None = None
+        produced = 0
+        while True:
+            handles, after, more, added = self._tx._drive(self._g_page(after))
+            for h in handles:
+                if self._filters and not all(p(h) for p in self._filters):
+                    continue
+                yield h
+                produced += 1
+                if self._limit is not None and produced >= self._limit:
+                    return
+            h = None  # hold nothing of the page: _forget frees what nobody else holds
+            handles.clear()
+            self._tx._forget(added)
+            if not more:
+                return
 
 
 class RemoteTransactionBase:
@@ -327,6 +401,7 @@ class RemoteTransactionBase:
                 "get it again in this one"
             )
         self._check_usable()
+        self._adopt(entry)
         return entry  # type: ignore[no-any-return]
 
     def _type(self, cls: Any) -> TypeInfo:
@@ -357,6 +432,7 @@ class RemoteTransactionBase:
                 f"{e.info.name} object used outside its transaction (which is {self._state.value})"
             )
         self._check_usable()
+        self._adopt(e)
         if e.status >= DELETED:
             raise Deleted(f"{e.info.name} object was deleted in this transaction")
         f = e.info.fields[name]
@@ -562,15 +638,71 @@ class RemoteTransactionBase:
         payload, sent = self._with_writes(payload)
         reply = yield payload
         self._flushed(sent)
+        objects = list(reply.get("os") or [])
+        more = reply.get("more")
+        while more is not None:
+            # A reply over the frame limit comes in pages (data-path.md §3, tx.more).
+            page = yield {"op": "tx.more", "c": more}
+            objects.extend(page.get("os") or [])
+            more = page.get("more")
         out: list[Any] = []
         seen: set[bytes] = set()
-        for obj in reply.get("os") or []:
+        for obj in objects:
             e = self._intake(obj, mode)
             if e.ref in seen or e.status >= DELETED:
                 continue  # each object once, even if two nodes answered for it
             seen.add(e.ref)
             out.append(e.handle)
         return out
+
+    def _g_query_page(self, payload: Request) -> Op:
+        """A paged query's request: its handles, where to resume, whether more may follow,
+        and the entries it added (which :meth:`_forget` drops once the page is passed)."""
+        payload, sent = self._with_writes(payload)
+        reply = yield payload
+        self._flushed(sent)
+        objects = list(reply.get("os") or [])
+        more = reply.get("more")
+        while more is not None:  # a page over the frame limit is split too (tx.more)
+            split = yield {"op": "tx.more", "c": more}
+            objects.extend(split.get("os") or [])
+            more = split.get("more")
+        out: list[Any] = []
+        added: list[RemoteEntry] = []
+        for obj in objects:
+            known = obj_in(obj)[0] in self._entries
+            e = self._intake(obj, NONE)
+            if not known:
+                added.append(e)
+            if e.status < DELETED:
+                out.append(e.handle)
+        after = reply.get("after")
+        return out, after, bool(reply.get("rest")) and after is not None, added
+
+    def _forget(self, entries: list[RemoteEntry]) -> None:
+        """Drop the entries of a passed page nobody locked or changed (constant memory)."""
+        for e in entries:
+            if (
+                e.status == CLEAN
+                and e.lock == NONE
+                and not e.changes
+                and self._entries.get(e.ref) is e
+            ):
+                del self._entries[e.ref]
+                release_if_unheld(e)
+
+    def _adopt(self, e: RemoteEntry) -> None:
+        """Take back an entry a paged query forgot, before it is used to change anything."""
+        held = self._entries.get(e.ref)
+        if held is e:
+            return
+        if held is None:
+            self._entries[e.ref] = e
+            return
+        raise ObjectNotInTransaction(
+            f"{e.info.name} object from an earlier page of a streamed query was loaded again "
+            "since; use the object loaded last"
+        )
 
     def _g_call(self, obj: Any, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Op:
         e = self._entry_of(obj)

@@ -48,8 +48,27 @@ class AsyncRemoteQuery(RemoteQueryBase[M]):
         return await self._tx.adrive(self._g_count())  # type: ignore[no-any-return]
 
     async def __aiter__(self) -> AsyncIterator[M]:
-        for obj in await self.all():
-            yield obj
+        """Page by page when unlocked (see :meth:`page_size`), else :meth:`all`."""
+        if not self._streams():
+            for obj in await self.all():
+                yield obj
+            return
+        after: list[bytes] | None = None
+        produced = 0
+        while True:
+            handles, after, more, added = await self._tx.adrive(self._g_page(after))
+            for h in handles:
+                if self._filters and not all(p(h) for p in self._filters):
+                    continue
+                yield h
+                produced += 1
+                if self._limit is not None and produced >= self._limit:
+                    return
+            h = None  # hold nothing of the page: _forget frees what nobody else holds
+            handles.clear()
+            self._tx._forget(added)
+            if not more:
+                return
 
 
 class AsyncRemoteTransaction(RemoteTransactionBase):

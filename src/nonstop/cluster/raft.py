@@ -229,7 +229,7 @@ class Entry(NamedTuple):
     A named tuple rather than a dataclass: one is built per committed entry, on the hot path.
     """
 
-    index: int
+    index: int  # type: ignore[assignment]  # shadows tuple.index, on purpose: the log index
     term: int
     kind: str
     data: Any
@@ -368,7 +368,7 @@ class Raft:
             members = frozenset(bootstrap_members)
             self._initial_policy.bind(members)  # a bad policy for founders: configuration error
             if node_id in members:
-                data = {"voters": sorted(members), "old": None}
+                data: dict[str, Any] = {"voters": sorted(members), "old": None}
                 data["policy"] = self._initial_policy.to_config()
                 self._append_local(0, K_CONFIG, data)
         self._durable_hs = (self.term, self.voted_for)
@@ -666,7 +666,7 @@ class Raft:
         if new == cur.voters and policy == cur.policy:
             return
         # Joint consensus (C_old,new): effective as soon as appended; C_new follows on commit.
-        data = {"voters": sorted(new), "old": sorted(cur.voters)}
+        data: dict[str, Any] = {"voters": sorted(new), "old": sorted(cur.voters)}
         data["policy"], data["old_policy"] = policy.to_config(), cur.policy.to_config()
         self._append_local(self.term, K_CONFIG, data)
         for n in sorted(new - cur.everyone()):
@@ -1558,6 +1558,7 @@ def _int(p: Mapping[str, Any], key: str) -> int:
     v = p.get(key)
     if not _is_int(v):
         raise _Bad(f"field {key!r} must be an int, got {type(v).__name__}")
+    assert isinstance(v, int)
     if not 0 <= v <= _MAX_INT:
         raise _Bad(f"field {key!r} out of range: {v}")
     return v

@@ -25,6 +25,7 @@ from nonstop import errors
 from nonstop.dataplane.args import RequestId, parse_req
 from nonstop.dataplane.results import AlreadyDone, g_first_outcome, outcome_of
 from nonstop.dataplane.session_ops import WRITE_NOW, take_writes
+from nonstop.dataplane.sizes import check_writes
 from nonstop.dataplane.state import COMMITTING, UNDECIDED, Session
 from nonstop.dataplane.steps import AWAIT_DECISION, Call, DecideStep, OpCoroutine, ReplyNow
 from nonstop.dataplane.steps import UNDECIDED as NOT_DECIDED
@@ -111,6 +112,10 @@ def g_decide(dp: DataPlane, s: Session, req: RequestId | None) -> OpCoroutine:
 
 
 def g_two_phase(dp: DataPlane, s: Session, writers: set[str], req: RequestId | None) -> OpCoroutine:
+    for node in sorted(writers - {dp.name}):
+        # A prepare over the frame limit would never arrive: refuse now (TooLarge),
+        # not as the participant's missing vote after vote_timeout.
+        check_writes(node, (s.pending.get(node) or {}).values(), dp.config.max_message)
     down = sorted(n for n in writers if not dp.view.is_up(n))
     if down:
         raise errors.Unavailable(f"node(s) {', '.join(down)} of the transaction are down")

@@ -101,6 +101,20 @@ class ClusterChanged:
     """Location code (first 8 bytes of a reference) → the node it names."""
 
 
+@dataclass(frozen=True, slots=True)
+class LocalWaits:
+    """The store's wait-for edges now, answering :class:`ReadWaits`.
+
+    ``edges``: (waiting branch id, branch id it waits for) for every lock
+    request of a branch that waits for another branch's lock (holders and
+    incompatible requests queued ahead, as in ``LockManager.wait_for``).
+    Transactions that are not branches are left out.
+    """
+
+    now: float
+    edges: tuple[tuple[str, str], ...]
+
+
 # ---------------------------------------------------------------- actions
 @dataclass(frozen=True, slots=True)
 class ClientReply:
@@ -150,8 +164,13 @@ class Decide:
     branches: dict[str, list[Any]]
 
 
-DataEvent = ClientOp | ClientGone | BranchDone | DecisionDone | ClusterChanged
-DataAction = ClientReply | Exec | EndBranch | Decide
+@dataclass(frozen=True, slots=True)
+class ReadWaits:
+    """Read the store's wait-for edges between branches; answer with :class:`LocalWaits`."""
+
+
+DataEvent = ClientOp | ClientGone | BranchDone | DecisionDone | ClusterChanged | LocalWaits
+DataAction = ClientReply | Exec | EndBranch | Decide | ReadWaits
 
 __all__ = [
     "BranchDone",
@@ -165,4 +184,6 @@ __all__ = [
     "DecisionDone",
     "EndBranch",
     "Exec",
+    "LocalWaits",
+    "ReadWaits",
 ]

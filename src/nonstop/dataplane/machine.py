@@ -32,6 +32,7 @@ from nonstop.dataplane.args import RequestId
 from nonstop.dataplane.branches import BranchRegistry
 from nonstop.dataplane.calls import BUSY, RPC_TIMER, PeerCalls
 from nonstop.dataplane.commit import g_commit
+from nonstop.dataplane.deadlocks import WAITS_TIMER, DeadlockDetector
 from nonstop.dataplane.driver import ALONE, COMMIT_TIMER, FIRST, Driver, Immediate
 from nonstop.dataplane.events import (
     BranchDone,
@@ -43,11 +44,13 @@ from nonstop.dataplane.events import (
     DecisionDone,
     EndBranch,
     Exec,
+    LocalWaits,
 )
 from nonstop.dataplane.managed_types import check_type
 from nonstop.dataplane.results import g_commit_retry, g_request_result, g_settle
 from nonstop.dataplane.routing import SESSION_OPS
 from nonstop.dataplane.session_ops import OPS, WRITE_NOW, take_writes
+from nonstop.dataplane.sizes import check_writes
 from nonstop.dataplane.state import ACTIVE, COMMITTING, OVER, Branch, Session
 from nonstop.dataplane.steps import (
     UNDECIDED,
@@ -58,6 +61,7 @@ from nonstop.dataplane.steps import (
 )
 from nonstop.dataplane.view import ClusterView
 from nonstop.model.wire import STORE_ISOLATION, error_out
+from nonstop.net.frames import DEFAULT_MAX_FRAME
 from nonstop.runtime.interface import (
     Action,
     CancelTimer,
@@ -69,7 +73,8 @@ from nonstop.runtime.interface import (
 )
 
 SWEEP_TIMER = "dp.sweep"
-"""Every ``sweep_every``: participants' branches idle for ``branch_idle`` roll back."""
+"""Every ``sweep_every``: participants' branches idle for ``branch_idle`` and sessions
+idle for ``tx_idle`` roll back."""
 
 _BOUND = 10_000
 """How many broken sessions and recent request outcomes are remembered."""
@@ -80,14 +85,25 @@ _MAX_HINTS = 100_000
 class DataPlaneConfig:
     """Timeouts of the data path (seconds) and the managed-type check."""
 
-    branch_idle: float = 30.0
-    """A participant's branch without an op for this long is rolled back (B8)."""
+    branch_idle: float = 90.0
+    """A participant's branch without an op for this long is rolled back (B8): the
+    backstop for a coordinator that is up but silent (a lost ``branch.end``); above
+    ``tx_idle``, so that an idle transaction is ended by its coordinator first."""
+    tx_idle: float = 60.0
+    """A session (an open transaction) with no client op for this long is rolled back
+    on every node, its own branch included; its next op hears TransactionClosed."""
     rpc_timeout: float = 15.0
     """A peer that does not answer a data request this long is Unavailable (> lock wait)."""
     commit_timeout: float = 30.0
     """A two-phase commit undecided this long: the client hears Unavailable (outcome unknown)."""
     sweep_every: float = 1.0
     """How often idle branches are looked for."""
+    max_message: int = DEFAULT_MAX_FRAME
+    """The largest message to a peer (``max_frame_bytes``): writes that would not fit
+    are refused with TooLarge before they are sent (``dataplane/sizes.py``)."""
+    deadlock_every: float = 0.025
+    """How often the wait-for edges are read, shared and searched for cycles that
+    span nodes (docs/design/deadlocks.md); 0 turns distributed detection off."""
     check_type: Callable[[Any, Any], object] = check_type
     """``(type name, client's version)`` → raises UnknownType / TypeVersionMismatch.
     The coordinator checks before anything runs; the store checks again."""
@@ -111,14 +127,18 @@ class DataPlane(Driver):
         # refused or, worse, join a stale branch.  A random start per incarnation.
         self._next_sid = rng.randrange(1, 1 << 52)
         self.registry = BranchRegistry(self)
-        self._broken: collections.OrderedDict[int, str] = collections.OrderedDict()
-        """Sessions rolled back because a node of theirs went down → why (for their next op)."""
+        self._broken: collections.OrderedDict[int, tuple[type[errors.Error], str]] = (
+            collections.OrderedDict()
+        )
+        """Sessions rolled back by the node (a node of theirs went down, idle, deadlock
+        victim) → the error their next op hears (class, message)."""
         self.calls = PeerCalls(self, rng)
         self.recent: collections.OrderedDict[RequestId, dict[str, Any]] = collections.OrderedDict()
         """Outcomes of recent commit requests (phase two may not have reached the store yet)."""
         self.hints: collections.OrderedDict[tuple[str, bytes], str] = collections.OrderedDict()
         """(type, packed unique key) → the node a cluster-scope get found it on last."""
         self.stats = collections.Counter[str]()
+        self.deadlocks = DeadlockDetector(self)
         self._now = 0.0
         self._handlers: dict[type, Callable[[Any], None]] = {
             ClientOp: self._on_client_op,
@@ -129,6 +149,7 @@ class DataPlane(Driver):
             ClientGone: self._on_client_gone,
             ClusterChanged: self._on_cluster,
             Started: self._on_started,
+            LocalWaits: self._on_local_waits,
         }
 
     # ================================================================ machine
@@ -228,6 +249,7 @@ class DataPlane(Driver):
         sid = self._next_sid
         self._next_sid += 1
         s = Session(sid, conn, STORE_ISOLATION[iso], f"{self.name}.{sid}")
+        s.last = self._now
         self.sessions[sid] = s
         conn_sids = self._by_conn.get(conn)
         if conn_sids is None:
@@ -247,7 +269,8 @@ class DataPlane(Driver):
         """The error of an op on a session that is over (Unavailable if a node of it died)."""
         broken = self._broken.get(sid) if isinstance(sid, int) else None
         if broken is not None:
-            return errors.Unavailable(f"transaction rolled back: {broken}")
+            cls, why = broken
+            return cls(why)
         return errors.TransactionClosed(f"transaction {sid!r:.40} is over")
 
     def _start_op(
@@ -262,6 +285,7 @@ class DataPlane(Driver):
         task = Task(gen, conn, corr, s)
         task.fold = fold
         s.task = task
+        s.last = self._now
         self._run(task, None, None)
 
     def _next_op(self, s: Session) -> None:
@@ -279,6 +303,7 @@ class DataPlane(Driver):
         s = task.session
         if s is not None and s.task is task:
             s.task = None
+            s.last = self._now
             if s.queue:
                 self._next_op(s)
 
@@ -320,6 +345,28 @@ class DataPlane(Driver):
         if queue and answer:
             for conn, corr, _, _ in queue:
                 self._out.append(ClientReply(conn, corr, error_out(self.closed_error(s.sid))))
+
+    def doom(self, s: Session, cls: type[errors.Error], why: str) -> None:
+        """Roll ``s`` back now on every node; its op in flight and its next op hear ``cls(why)``."""
+        self._broken[s.sid] = (cls, why)
+        while len(self._broken) > _BOUND:
+            self._broken.popitem(last=False)
+        self.end_session(s)
+
+    def _sweep_sessions(self, now: float) -> None:
+        """Roll back sessions without a client op for ``tx_idle`` (no lock held for ever)."""
+        limit = self.config.tx_idle
+        cutoff = now - limit
+        idle = [
+            s
+            for s in self.sessions.values()
+            if s.state == ACTIVE and s.task is None and s.last <= cutoff
+        ]
+        for s in idle:
+            self.stats["idle_sessions"] += 1
+            self.log("info", f"transaction {s.bid} idle for {limit:g} s: rolled back")
+            why = f"transaction {s.sid} rolled back after {limit:g} s idle (tx_idle)"
+            self.doom(s, errors.TransactionClosed, why)
 
     def forget_session(self, s: Session) -> None:
         self.sessions.pop(s.sid, None)
@@ -390,6 +437,12 @@ class DataPlane(Driver):
             # anywhere else, as when they arrived.
             task.then = call
             return self._call(task, FIRST, Call(self.name, WRITE_NOW, {}))
+        pending = s.pending.get(node)
+        if pending and node != self.name:
+            try:
+                check_writes(node, pending.values(), self.config.max_message)
+            except errors.TooLarge as exc:
+                return None, exc
         pending = s.pending.pop(node, None)
         writes = list(pending.values()) if pending else None
         if node == self.name:
@@ -447,6 +500,8 @@ class DataPlane(Driver):
             self.registry.serve(ev.sender, msg)
         elif kind == BUSY:
             self.calls.busy(ev.sender, msg)
+        elif kind == "data.waits":
+            self.deadlocks.received(ev.sender, msg)
         else:
             self.log("warning", f"dropped data message {kind!r:.40} from {ev.sender}")
 
@@ -455,7 +510,10 @@ class DataPlane(Driver):
         if name == SWEEP_TIMER:
             self.registry.sweep(ev.now)
             self.registry.keep_alive()
+            self._sweep_sessions(ev.now)
             self._out.append(SetTimer(SWEEP_TIMER, self.config.sweep_every))
+        elif name == WAITS_TIMER:
+            self.deadlocks.tick()
         elif name.startswith(COMMIT_TIMER) and name[len(COMMIT_TIMER) :].isdigit():
             task = self._deciding.get(int(name[len(COMMIT_TIMER) :]))
             if task is not None:
@@ -472,6 +530,10 @@ class DataPlane(Driver):
 
     def _on_started(self, ev: Started) -> None:
         self._out.append(SetTimer(SWEEP_TIMER, self.config.sweep_every))
+        self.deadlocks.start()
+
+    def _on_local_waits(self, ev: LocalWaits) -> None:
+        self.deadlocks.local_waits(ev.edges)
 
     def _on_cluster(self, ev: ClusterChanged) -> None:
         before = self.view.up
@@ -491,13 +553,12 @@ class DataPlane(Driver):
         """
         for s in list(self.sessions.values()):
             if s.state == ACTIVE and peer in s.remote:
-                self._broken[s.sid] = f"node {peer} of the transaction is down"
-                while len(self._broken) > _BOUND:
-                    self._broken.popitem(last=False)
                 self.stats["sessions_broken"] += 1
-                self.end_session(s)
+                why = f"transaction rolled back: node {peer} of the transaction is down"
+                self.doom(s, errors.Unavailable, why)
         self.calls.node_down(peer)
         self.registry.coordinator_down(peer)
+        self.deadlocks.node_down(peer)
 
 
 _DOOMING = (errors.Retryable, errors.Unavailable, errors.TransactionClosed)
@@ -510,4 +571,11 @@ def _g_with_writes(dp: DataPlane, s: Session, op: str, p: dict[str, Any]) -> OpC
     return (yield from OPS[op](dp, s, p))
 
 
-__all__ = ["COMMIT_TIMER", "RPC_TIMER", "SWEEP_TIMER", "DataPlane", "DataPlaneConfig"]
+__all__ = [
+    "COMMIT_TIMER",
+    "RPC_TIMER",
+    "SWEEP_TIMER",
+    "WAITS_TIMER",
+    "DataPlane",
+    "DataPlaneConfig",
+]

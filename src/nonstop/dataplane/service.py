@@ -29,12 +29,15 @@ from __future__ import annotations
 import asyncio
 import collections
 import functools
+import itertools
 import logging
 import os
 import random
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+import msgpack
 
 from nonstop import errors
 from nonstop.dataplane.commit import RETRYABLE_REASONS, map_run_reply
@@ -48,6 +51,8 @@ from nonstop.dataplane.events import (
     DecisionDone,
     EndBranch,
     Exec,
+    LocalWaits,
+    ReadWaits,
 )
 from nonstop.dataplane.machine import DataPlane, DataPlaneConfig
 from nonstop.dataplane.managed_types import check_type, types_reply
@@ -55,6 +60,7 @@ from nonstop.dataplane.routing import CLIENT_OPS, SESSION_OPS, is_data_message, 
 from nonstop.dataplane.session_ops import merge_write
 from nonstop.dataplane.store_ops import apply_writes, execute, run_branch_op, run_store_op
 from nonstop.model.wire import error_out
+from nonstop.net.frames import DEFAULT_MAX_FRAME, FrameTooLarge
 from nonstop.runtime.interface import (
     CancelTimer,
     Log,
@@ -80,8 +86,12 @@ _LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.
 class ServiceConfig:
     """Timeouts of the data path (seconds)."""
 
-    branch_idle: float = 30.0
-    """A participant's branch without an op for this long is rolled back (B8)."""
+    branch_idle: float = 90.0
+    """A participant's branch without an op for this long is rolled back (B8): the
+    backstop for a coordinator that is up but silent (a lost ``branch.end``); above
+    ``tx_idle``, so that an idle transaction is ended by its coordinator first."""
+    tx_idle: float = 60.0
+    """A transaction with no client op for this long is rolled back on every node."""
     lock_wait: float = 5.0
     """Lock-wait timeout of every branch: how distributed deadlocks end (B4, LockTimeout)."""
     rpc_timeout: float = 15.0
@@ -89,15 +99,19 @@ class ServiceConfig:
     commit_timeout: float = 30.0
     """A two-phase commit undecided this long: the client hears Unavailable (outcome unknown)."""
     sweep_every: float = 1.0
+    deadlock_every: float = 0.025
+    """How often wait-for edges are shared to find deadlocks across nodes (0: off)."""
     result_window: int = DEFAULT_WINDOW
 
     def machine(self) -> DataPlaneConfig:
         """The machine's part of the configuration."""
         return DataPlaneConfig(
             branch_idle=self.branch_idle,
+            tx_idle=self.tx_idle,
             rpc_timeout=self.rpc_timeout,
             commit_timeout=self.commit_timeout,
             sweep_every=self.sweep_every,
+            deadlock_every=self.deadlock_every,
         )
 
 
@@ -128,7 +142,16 @@ class DataService:
         self.config = config or ServiceConfig()
         # A fresh random start per incarnation for session and call ids (the machine says why).
         rng = rng or random.Random(int.from_bytes(os.urandom(8), "big"))
-        self.machine = DataPlane(self.name, rng, self.config.machine())
+        # The frame limit of this node's connections (max_frame_bytes): writes to a
+        # peer and replies to clients are sized against it.
+        runtime_config = getattr(runtime, "config", None)
+        self.max_frame: int = int(getattr(runtime_config, "max_frame", DEFAULT_MAX_FRAME))
+        machine_config = self.config.machine()
+        machine_config.max_message = self.max_frame
+        self.machine = DataPlane(self.name, rng, machine_config)
+        self._pages: dict[int, dict[int, collections.deque[list[Any]]]] = {}
+        """Client connection → cursor → the pages of a query reply not fetched yet."""
+        self._cursors = itertools.count(1)
         self._txs: dict[str, _Branch] = {}
         self._conns: dict[int, Any] = {}
         self._timers: dict[str, asyncio.TimerHandle] = {}
@@ -150,6 +173,7 @@ class DataService:
             EndBranch: self._do_end_branch,
             Decide: self._do_decide,
             Log: self._do_log,
+            ReadWaits: self._do_read_waits,
         }
 
     @property
@@ -210,6 +234,10 @@ class DataService:
             self.stats["client_ops"] += 1
             _send_reply(conn, client_id, self._directory(op))
             return
+        if op == "tx.more":
+            self.stats["client_ops"] += 1
+            _send_reply(conn, client_id, self._next_page(id(conn), payload.get("c")))
+            return
         if isinstance(op, str) and op.startswith("bulk."):
             self.stats["client_ops"] += 1
             self._spawn(self._answer_bulk(conn, client_id, op, payload))
@@ -224,6 +252,7 @@ class DataService:
     def connection_closed(self, conn: Any) -> None:
         """The client connection is gone: its sessions roll back, except committing ones (B8)."""
         key = id(conn)
+        self._pages.pop(key, None)
         if self._conns.pop(key, None) is not None:
             self._feed(ClientGone(now=self._now(), conn=key))
 
@@ -315,12 +344,71 @@ class DataService:
             self._feeding = False
 
     def _do_send(self, action: Send) -> None:
-        self.runtime.send(action.to, action.payload)
+        payload = action.payload
+        if (
+            payload.get("t") == "data.rep"
+            and _objects_bytes(payload.get("p")) > self.max_frame // 2
+        ):
+            size = _frame_size(payload)  # worth measuring exactly: big objects aboard
+            if size > self.max_frame:
+                # A branch op's answer too large for a frame (a query of big objects):
+                # the coordinator hears TooLarge now, not a timeout.
+                refusal = _too_large("the answer of a branch op", size, self.max_frame)
+                payload = {**payload, "p": error_out(refusal)}
+        self.runtime.send(action.to, payload)
 
     def _do_reply(self, action: ClientReply) -> None:
         conn = self._conns.get(action.conn)
-        if conn is not None:
+        if conn is None or conn.closed:
+            return
+        try:
+            conn.send({"t": "rep", "id": action.corr, "p": action.payload})
+        except FrameTooLarge as exc:  # encoded once; measured only when too large
+            payload = self._first_page(action.conn, action.payload, exc.size)
+            _send_reply(conn, action.corr, payload)
+        except Exception:  # not encodable: _send_reply answers ProtocolError
             _send_reply(conn, action.corr, action.payload)
+
+    # ============================================================ reply pages
+    def _first_page(self, conn_key: int, reply: Any, size: int) -> Any:
+        """A reply over the frame limit: a query's objects in pages, else TooLarge.
+
+        The first page goes now with ``more: cursor``; the client fetches the
+        others with ``tx.more`` (held until then, or until the connection closes).
+        """
+        objects = reply.get("os") if isinstance(reply, dict) else None
+        if not isinstance(objects, list):
+            return error_out(_too_large("the reply", size, self.max_frame))
+        budget = self.max_frame - PAGE_MARGIN
+        pages: list[list[Any]] = [[]]
+        used = 0
+        for obj in objects:
+            obj_size = _frame_size(obj)
+            if obj_size > budget:
+                return error_out(_too_large("one object of the reply", obj_size, self.max_frame))
+            if pages[-1] and used + obj_size > budget:
+                pages.append([])
+                used = 0
+            pages[-1].append(obj)
+            used += obj_size
+        first = {**reply, "os": pages[0]}
+        if len(pages) > 1:
+            cursor = next(self._cursors)
+            self._pages.setdefault(conn_key, {})[cursor] = collections.deque(pages[1:])
+            first["more"] = cursor
+            self.stats["paged_replies"] += 1
+        return first
+
+    def _next_page(self, conn_key: int, cursor: Any) -> dict[str, Any]:
+        pages = self._pages.get(conn_key, {}).get(cursor) if isinstance(cursor, int) else None
+        if not pages:
+            return error_out(errors.BadArgument(f"no reply pages left for cursor {cursor!r:.40}"))
+        page: dict[str, Any] = {"os": pages.popleft()}
+        if pages:
+            page["more"] = cursor
+        else:
+            del self._pages[conn_key][cursor]
+        return page
 
     def _do_set_timer(self, action: SetTimer) -> None:
         old = self._timers.pop(action.name, None)
@@ -346,6 +434,21 @@ class DataService:
             log.error("%s", action.message)
         else:
             log.log(_LOG_LEVELS.get(action.level, logging.INFO), "%s", action.message)
+
+    def _do_read_waits(self, _action: ReadWaits) -> None:
+        """The store's wait-for edges between branches (the lock table knows transactions)."""
+        graph = self.db.engine.locks.wait_for()
+        edges: tuple[tuple[str, str], ...] = ()
+        if graph:
+            bids = {slot.tx.id: bid for bid, slot in self._txs.items() if slot.tx is not None}
+            edges = tuple(
+                (bids[waiter], bids[holder])
+                for waiter, holders in graph.items()
+                if waiter in bids
+                for holder in holders
+                if holder in bids
+            )
+        self._feed(LocalWaits(now=self._now(), edges=edges))
 
     def _do_decide(self, action: Decide) -> None:
         try:
@@ -382,6 +485,11 @@ class DataService:
         if slot is None:
             return
         slot.queue.append(action)
+        if slot.running and slot.tx is not None:
+            # An op of the branch may be waiting for a lock: end the wait now, or the
+            # rollback queued behind it (and the locks it frees) waits for lock_wait.
+            closed = errors.TransactionClosed(f"branch {action.bid} is being rolled back")
+            self.db.engine.locks.interrupt(slot.tx.id, closed)
         if not slot.running:
             slot.running = True
             self._start_drain(action.bid, slot)
@@ -577,12 +685,47 @@ _USER_CODE_OPS = frozenset({"branch.call", "branch.overwrite"})
 """Branch ops that run application code (a called method, a bulk swap): in a task."""
 
 
+PAGE_MARGIN = 64 * 1024
+"""Room left in a reply frame for everything but its objects."""
+
+
+def _objects_bytes(reply: Any) -> int:
+    """A quick lower bound of the bytes of a reply's objects (``o``, ``os``): their states."""
+    if not isinstance(reply, dict):
+        return 0
+    objects = reply.get("os")
+    objects = objects if isinstance(objects, list) else [reply.get("o")]
+    return sum(
+        len(o[3]) for o in objects if isinstance(o, list) and len(o) > 3 and isinstance(o[3], bytes)
+    )
+
+
+def _frame_size(value: Any) -> int:
+    """The bytes ``value`` takes in a frame body (msgpack), for the size limits."""
+    try:
+        return len(msgpack.packb(value, use_bin_type=True))
+    except (TypeError, ValueError, OverflowError):
+        return 0  # not encodable at all: the send reports it
+
+
+def _too_large(what: str, size: int, limit: int) -> errors.TooLarge:
+    return errors.TooLarge(
+        f"{what} takes {size:,} bytes, over the frame limit of {limit:,} bytes (max_frame_bytes)",
+        size,
+        limit,
+    )
+
+
 def _send_reply(conn: Any, client_id: Any, reply: Any) -> None:
     if conn.closed:
         return
     try:
         conn.send({"t": "rep", "id": client_id, "p": reply})
-    except Exception as exc:  # a reply too large for a frame
+    except FrameTooLarge as exc:  # a reply too large for a frame
+        log.warning("data reply refused: %s", exc)
+        refusal = _too_large("the reply", exc.size, exc.limit)
+        conn.send({"t": "rep", "id": client_id, "p": error_out(refusal)})
+    except Exception as exc:
         log.error("cannot send a data reply: %s", exc)
         conn.send({"t": "rep", "id": client_id, "p": error_out(errors.ProtocolError(str(exc)))})
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from nonstop import errors
 from nonstop.dataplane.args import ref_arg
+from nonstop.dataplane.sizes import MESSAGE_MARGIN
 from nonstop.dataplane.state import Session
 from nonstop.dataplane.steps import Call, Gather, OpCoroutine
 from nonstop.model.codec import pack, unpack
@@ -215,11 +216,72 @@ def g_query(dp: DataPlane, s: Session, p: dict[str, Any]) -> OpCoroutine:
         "limit": limit,
         "lock": p.get("lock"),
     }
+    page = p.get("page")
+    if page is not None:
+        reply = yield from g_query_page(dp, s, nodes, fields, page, p.get("after"), audit)
+        return reply
     results = yield from g_fan_out(dp, s, nodes, "branch.query", fields, audit)
     desc = False
     if order is not None:
         desc = bool(order[1]) if isinstance(order, list | tuple) and len(order) > 1 else False
     return {"os": merge_query(results, order is not None or rng is not None, desc, limit)}
+
+
+def g_query_page(
+    dp: DataPlane,
+    s: Session,
+    nodes: list[str],
+    fields: dict[str, Any],
+    page: Any,
+    after: Any,
+    audit: Any,
+) -> OpCoroutine:
+    """One page of a query (A5: constant memory however many objects match).
+
+    Keyset paging, no cursor kept anywhere: every node answers its first
+    ``page`` results past ``after`` (the position of the last object the client
+    got), and the pages are merged by position.  A node that filled its page
+    may have more past its last one (as has one whose page was cut to fit a
+    frame), so the merged page stops at the smallest
+    such last position: what is sent is complete up to there, and the next
+    request resumes right after it.
+    """
+    if not isinstance(page, int) or isinstance(page, bool) or page < 1:
+        raise errors.BadArgument("page must be an int >= 1")
+    order = fields.get("order")
+    if isinstance(order, list | tuple) and len(order) > 1 and order[1]:
+        raise errors.BadArgument("a paged query runs in ascending order")
+    limit = fields.get("limit")
+    fields = {**fields, "limit": page if limit is None else min(page, limit), "page": True}
+    fields["after"] = after
+    # Each node's page fits in a frame whatever its objects' size (it is cut, then).
+    fields["bytes"] = max(1, (dp.config.max_message - MESSAGE_MARGIN) // 2)
+    results = yield from g_fan_out(dp, s, nodes, "branch.query", fields, audit)
+    return merge_page(results, fields["limit"])
+
+
+def merge_page(results: list[dict[str, Any]], page: int) -> dict[str, Any]:
+    """The nodes' pages → one page, its last position and whether more may follow (rest)."""
+    streams = [list(zip(r.get("k") or [], r.get("os") or [], strict=False)) for r in results]
+    full = [s for s, r in zip(streams, results, strict=True) if len(s) >= page or r.get("cut")]
+    bound = min(((s[-1][0], s[-1][1][0]) for s in full), default=None)
+    seen: set[bytes] = set()
+    out: list[Any] = []
+    last: list[bytes] | None = None
+    more = bool(full)
+    for k, o in heapq.merge(*streams, key=lambda kv: (kv[0], kv[1][0])):
+        if bound is not None and (k, o[0]) > bound:
+            break
+        if o[0] in seen:
+            continue
+        if len(out) >= page:
+            more = True
+            break
+        seen.add(o[0])
+        out.append(o)
+        last = [k, o[0]]
+    # "rest", not "more": "more" is the service's cursor of a reply split for size.
+    return {"os": out, "after": last, "rest": more and last is not None}
 
 
 def merge_query(
@@ -313,6 +375,7 @@ OPS: dict[str, Callable[[DataPlane, Session, dict[str, Any]], OpCoroutine]] = {
 __all__ = [
     "OPS",
     "WRITE_NOW",
+    "merge_page",
     "merge_query",
     "merge_write",
     "raise_fatal",

@@ -36,6 +36,7 @@ class Session:
         "conn",
         "dirty",
         "iso",
+        "last",
         "local_open",
         "pending",
         "queue",
@@ -68,6 +69,8 @@ class Session:
         """The op running now: a session runs one op at a time."""
         self.queue: deque[tuple[int, Any, str, dict[str, Any]]] | None = None
         """Ops that arrived while one ran: (conn, corr, op, payload)."""
+        self.last = 0.0
+        """When its last op started or ended (the ``tx_idle`` sweep's clock)."""
 
 
 class Branch:

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from nonstop import errors
 from nonstop.dataplane.args import parse_req, ref_arg, unpacked
 from nonstop.dataplane.managed_types import check_type, types_reply
+from nonstop.dataplane.sizes import write_bytes
 from nonstop.model.codec import encode_key, pack
 from nonstop.model.entry import CLEAN, DELETED
 from nonstop.model.managed import Managed, type_info
@@ -42,6 +43,8 @@ from nonstop.model.ref import Ref
 from nonstop.model.wire import obj_out, write_in
 from nonstop.tx.async_transaction import AsyncTransaction
 from nonstop.tx.asyncmethods import AsyncMethod
+from nonstop.tx.entries import NONE
+from nonstop.tx.query import release_if_unheld
 from nonstop.tx.requests import DEFAULT_WINDOW, g_claim_request, g_record_result, lookup_result
 from nonstop.tx.transaction import WRITE, Entry, Isolation, TxState
 
@@ -168,13 +171,62 @@ async def _run_query(tx: AsyncTransaction, p: dict[str, Any]) -> dict[str, Any]:
         q.limit(limit)
     if p.get("lock") is not None:
         q.lock(p.get("lock"))
+    paged = bool(p.get("page"))
+    if paged:  # keyset paging (session_ops.g_query): resume past the last position sent
+        q.after(_position(p.get("after")))
     found = await q.all()
     objs = [obj_of(tx.entry_of(h)) for h in found]
     reply: dict[str, Any] = {"os": objs}
-    if q.ordering is not None:
+    if paged:
+        budget = p.get("bytes")
+        if isinstance(budget, int) and budget > 0:
+            # A page of big objects is cut to what one frame carries ("cut": the
+            # data plane then takes this node as having more past its last one).
+            kept = page_within(objs, budget)
+            if kept < len(objs):
+                del objs[kept:], found[kept:]
+                reply["cut"] = True
+        reply["k"] = [q.position_of(h)[0] for h in found]
+        sent = [h._e for h in found]
+        found.clear()
+        forget_unlocked(tx, sent)
+    elif q.ordering is not None:
         fname = q.ordering[0]
         reply["k"] = [encode_key(tx.entry_of(h).state[fname]) for h in found]
     return reply
+
+
+def page_within(objs: list[Any], budget: int) -> int:
+    """How many of ``objs`` (at least one) fit in ``budget`` bytes on the wire, about."""
+    used = 0
+    for n, obj in enumerate(objs):
+        used += write_bytes(obj)
+        if used > budget and n > 0:
+            return n
+    return len(objs)
+
+
+def forget_unlocked(tx: AsyncTransaction, sent: list[Entry]) -> None:
+    """A page sent is forgotten by the branch unless locked or changed: however many
+    pages a query is read in, the branch's memory holds one page (A5)."""
+    entries = tx.entry_map()
+    for entry in sent:
+        if entry.status == CLEAN and entry.lock == NONE and entries.get(entry.ref) is entry:
+            del entries[entry.ref]
+            release_if_unheld(entry)
+
+
+def _position(after: Any) -> tuple[bytes, bytes] | None:
+    """A paged query's resume position: None, or [sort key, ref] as two byte strings."""
+    if after is None:
+        return None
+    if (
+        not isinstance(after, list | tuple)
+        or len(after) != 2
+        or not all(isinstance(b, bytes) for b in after)
+    ):
+        raise errors.BadArgument("after must be [sort key, ref] (bytes)")
+    return bytes(after[0]), bytes(after[1])
 
 
 def _remote_marked(fn: Any) -> bool:

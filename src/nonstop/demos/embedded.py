@@ -20,9 +20,8 @@ import threading
 import time
 from pathlib import Path
 
-from tqdm import tqdm
-
 import nonstop
+from nonstop.demos.progress import Progress
 
 
 class Account(nonstop.Managed, name="nonstop.demos.embedded.Account"):
@@ -83,7 +82,7 @@ async def transfer_async(
 
 def build_bank(db: nonstop.Database, accounts: int) -> None:
     batch = 2_000
-    with tqdm(total=accounts, desc="creating accounts", unit="acct", mininterval=1.0) as bar:
+    with Progress("creating accounts", "acct", accounts) as bar:
         for start in range(0, accounts, batch):
             with db.transaction() as tx:
                 for n in range(start, min(start + batch, accounts)):
@@ -99,7 +98,7 @@ def run_transfers(db: nonstop.Database, accounts: int, total: int) -> tuple[int,
     """Half the transfers from 8 threads, half from 64 asyncio tasks, at the same time."""
     acked: list[str] = []
     lock = threading.Lock()
-    bar = tqdm(total=total, desc="transfers", unit="tx", mininterval=1.0)
+    bar = Progress("transfers", "tx", total)
     threads_share = total // 2
 
     def thread_worker(worker: int, n: int) -> None:

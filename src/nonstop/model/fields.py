@@ -18,6 +18,11 @@ from typing import Any
 
 from nonstop.errors import FieldError, SchemaError
 
+# The declared type of a field whose key()/field() gives a default: the class
+# body `balance: int = nonstop.field(default="x")` is then a type error.  Without
+# a default, key() returns Any (as dataclasses.field does) so any annotation fits.
+T = typing.TypeVar("T")
+
 
 class _Missing:
     __slots__ = ()
@@ -45,6 +50,30 @@ class FieldSpec:
     key: KeyOptions | None = None
 
 
+@typing.overload
+def key(
+    *,
+    unique: bool = False,
+    ordered: bool = False,
+    mutable: bool = False,
+    default: T,
+) -> T: ...
+
+
+@typing.overload
+def key(
+    *,
+    unique: bool = False,
+    ordered: bool = False,
+    mutable: bool = False,
+    default_factory: typing.Callable[[], T],
+) -> T: ...
+
+
+@typing.overload
+def key(*, unique: bool = False, ordered: bool = False, mutable: bool = False) -> Any: ...
+
+
 def key(
     *,
     unique: bool = False,
@@ -52,7 +81,7 @@ def key(
     mutable: bool = False,
     default: Any = MISSING,
     default_factory: typing.Callable[[], Any] | None = None,
-) -> Any:
+) -> Any:  # typed by the overloads above
     """Declare the field as a key (A4): an index is kept for it on every node holding the object.
 
     ``unique``: at most one object per value (``DuplicateKey`` otherwise).
@@ -61,6 +90,14 @@ def key(
     ``mutable``: the value may change after create (immutable by default).
     """
     return FieldSpec(default, default_factory, KeyOptions(unique, ordered, mutable))
+
+
+@typing.overload
+def field(*, default: T) -> T: ...
+
+
+@typing.overload
+def field(*, default_factory: typing.Callable[[], T]) -> T: ...
 
 
 def field(

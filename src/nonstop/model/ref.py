@@ -43,15 +43,15 @@ class Ref:
 
     @property
     def location(self) -> int:
-        return _LAYOUT.unpack(self.raw)[0]
+        return int(_LAYOUT.unpack(self.raw)[0])
 
     @property
     def timestamp(self) -> int:
-        return _LAYOUT.unpack(self.raw)[1]
+        return int(_LAYOUT.unpack(self.raw)[1])
 
     @property
     def counter(self) -> int:
-        return _LAYOUT.unpack(self.raw)[2]
+        return int(_LAYOUT.unpack(self.raw)[2])
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError("Ref is immutable")

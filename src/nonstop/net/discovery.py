@@ -139,7 +139,7 @@ class Discovery:
         except OSError as exc:
             log.warning("dynamic discovery (%s) unavailable here: %s", self.config.mode, exc)
             return False
-        self._transport = transport  # type: ignore[assignment]
+        self._transport = transport
         self._task = asyncio.ensure_future(self._announce())
         log.info("dynamic discovery on (%s)", self.config.mode)
         return True

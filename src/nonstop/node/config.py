@@ -1,16 +1,30 @@
-"""A node's configuration: command-line options or a TOML file (``--config node.toml``).
+"""A node's configuration: one schema for the TOML file, ``--option`` values and policies.
 
-Every key is documented in ``docs/operations.md``.  Command-line options win
-over the file, so a shared file can be reused with ``--name``/``--listen``
-overrides per node.
+:class:`NodeConfig` is a pydantic model: every key a node understands is a
+field here, with its type, default and a description (the key table in
+``docs/operations.md`` is generated from it by :mod:`nonstop.node.config_doc`).
+A config file (``--config node.toml``), the ``--option key=value`` values of
+``nonstop local up`` and the quorum policy table (``quorum = {...}``) are all
+checked against it, so an unknown key is refused with the closest valid key,
+and a wrong type names the key, the expected type and the value -- one line
+for the operator (:class:`ConfigError`).  Command-line options win over the
+file, so a shared file can be reused with ``--name``/``--listen`` per node.
+
+Files are read with :mod:`tomllib` and written with ``tomli_w``
+(:func:`to_toml`), so nested tables (``raft``, ``tls``) round-trip.
 """
 
 from __future__ import annotations
 
+import difflib
 import tomllib
-from dataclasses import dataclass, field, fields
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args, get_origin
+
+import tomli_w
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import model_validator as _model_validator
 
 from nonstop.net.discovery import DiscoveryConfig
 from nonstop.net.frames import DEFAULT_MAX_FRAME
@@ -20,67 +34,300 @@ from nonstop.net.tls import TLSConfig
 DEFAULT_CLUSTER = "nonstop"
 DEFAULT_MACHINE = "nonstop.node.machine:build_cluster_node"
 
+CLUSTER_KEYS = ("quorum", "raft", "snapshot_every")
+"""Keys handed unchanged to :class:`nonstop.cluster.node.ClusterConfig` (via ``extra``)."""
+SERVICE_KEYS = (
+    "lock_wait",
+    "deadlock_every",
+    "tx_idle",
+    "branch_idle",
+    "rpc_timeout",
+    "commit_timeout",
+    "sweep_every",
+    "result_window",
+)
+"""Keys handed to :class:`nonstop.dataplane.service.ServiceConfig` (via ``extra``)."""
+
 
 class ConfigError(ValueError):
     """The configuration is unusable; the message is one line for the operator."""
 
 
-@dataclass
-class NodeConfig:
+class Section(BaseModel):
+    """A table of the config: unknown keys are errors, values are not coerced from strings."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True)
+
+
+class TLSSection(Section):
+    """`[tls]`: PEM files; with `cert` the node listens with TLS only (see TLS)."""
+
+    cert: str | None = Field(
+        default=None, description="this node's certificate (server and client)"
+    )
+    key: str | None = Field(default=None, description="its private key")
+    ca: str | None = Field(default=None, description="CA that peers and clients must be signed by")
+    require_client_cert: bool = Field(default=True, description="with `ca`: mutual TLS")
+    check_hostname: bool = Field(default=True, description="verify peers' host names")
+
+    @property
+    def enabled(self) -> bool:
+        return self.cert is not None or self.ca is not None
+
+    def runtime(self) -> TLSConfig:
+        """The network layer's :class:`~nonstop.net.tls.TLSConfig`."""
+        return TLSConfig(**self.model_dump())
+
+
+class DiscoverySection(Section):
+    """`[discovery]`: UDP announcements, off by default (see Dynamic discovery)."""
+
+    enabled: bool = Field(default=False, description="announce and listen for nodes over UDP")
+    mode: Literal["multicast", "loopback"] = Field(
+        default="multicast", description="`loopback`: nodes on one machine, UDP to their ports"
+    )
+    group: str = Field(default="239.255.77.77", description="multicast group")
+    port: int = Field(default=7199, description="multicast UDP port")
+    interface: str = Field(default="127.0.0.1", description="interface to announce on")
+    ttl: int = Field(default=0, description="multicast TTL (0 = this host only)")
+    interval: float = Field(default=1.0, description="seconds between announcements")
+    ports: list[int] = Field(
+        default_factory=lambda: [7101, 7120],
+        description="loopback mode: inclusive range of listen ports to announce to",
+    )
+
+    def runtime(self) -> DiscoveryConfig:
+        return DiscoveryConfig(**self.model_dump())
+
+
+class RaftSection(Section):
+    """`[raft]`: cluster-log tunables (`nonstop.cluster.raft.RaftConfig`)."""
+
+    election_timeout: float = Field(
+        default=1.0, description="seconds; elections time out in [t, 2t)"
+    )
+    heartbeat_interval: float = Field(default=0.1, description="seconds between leader heartbeats")
+    max_entries_per_append: int = Field(default=4096, description="log entries per append message")
+    max_inflight_appends: int = Field(default=4, description="appends in flight per follower")
+    join_retry_interval: float = Field(default=0.5, description="seconds between join attempts")
+
+
+class QuorumSection(Section):
+    """`[quorum]`: the quorum policy (D16, `nonstop.cluster.quorum.QuorumPolicy`)."""
+
+    mode: Literal["majority", "min_votes", "percentage", "off"] = Field(
+        default="majority", description="how many votes make a quorum"
+    )
+    min_votes: int | None = Field(default=None, description="mode min_votes: votes needed")
+    percentage: float | None = Field(
+        default=None, description="mode percentage: share of votes, (0, 100]"
+    )
+    weights: dict[str, int] = Field(default_factory=dict, description="votes per node name")
+    default_weight: int = Field(default=1, description="votes of a node not in `weights`")
+    allow_non_intersecting: bool | None = Field(
+        default=None,
+        description="accept policies whose quorums need not intersect (default: mode off)",
+    )
+
+    @_model_validator(mode="after")
+    def _consistent(self) -> QuorumSection:
+        from nonstop.cluster.quorum import QuorumPolicy
+
+        try:
+            QuorumPolicy.from_config(self.model_dump(exclude_unset=True))
+        except ValueError as exc:
+            raise ValueError(f"quorum policy: {exc}") from None
+        return self
+
+
+class NodeConfig(Section):
     """Everything one node process needs; the defaults make a single local node."""
 
-    name: str = ""
-    data: str = ""
-    cluster: str | None = None
-    listen: str = "127.0.0.1:7101"
-    join: list[str] = field(default_factory=list)
-    """Peer addresses, ``host:port`` or ``name@host:port`` (a named entry is a static peer)."""
-    members: list[str] = field(default_factory=list)
-    """Bootstrap membership of a *new* cluster (every node the same list, itself included)."""
-    protocol: list[int] = field(default_factory=lambda: [PROTOCOL_MIN, PROTOCOL_MAX])
-    """Wire protocol range spoken; only changed to test upgrades (E4)."""
-    max_frame_bytes: int = DEFAULT_MAX_FRAME
+    name: str = Field(default="", description="cluster-unique node name (required)")
+    data: str = Field(default="", description="data directory (required)")
+    cluster: str | None = Field(
+        default=None,
+        description=f'cluster id, checked against the data directory (`"{DEFAULT_CLUSTER}"`)',
+    )
+    listen: str = Field(
+        default="127.0.0.1:7101", description="address to listen on, and to announce to peers"
+    )
+    join: list[str] = Field(
+        default_factory=list,
+        description='peers: `"host:port"` or `"name@host:port"` (a comma string is accepted)',
+    )
+    members: list[str] = Field(
+        default_factory=list,
+        description="bootstrap membership of a *new* cluster (every node the same list)",
+    )
+    protocol: list[int] = Field(
+        default_factory=lambda: [PROTOCOL_MIN, PROTOCOL_MAX],
+        description="wire protocol range `[min, max]`; only changed to test upgrades (E4)",
+    )
+    max_frame_bytes: int = Field(
+        default=DEFAULT_MAX_FRAME, description="largest frame accepted or sent"
+    )
     # Defaults detect a dead node in well under a second on a LAN (~0.5-0.6 s
     # measured: bench/results/cluster.md); raise them on slow or lossy networks.
-    keepalive_interval: float = 0.1
-    nonresponse_timeout: float = 0.4
-    connect_timeout: float = 2.0
-    log_level: str = "info"
-    log_file: str | None = None
-    machine: str = DEFAULT_MACHINE
-    app: list[str] = field(default_factory=list)
-    """Application modules imported at start, before the store opens (F2, ``--app``)."""
-    sync: bool = True
-    tls: TLSConfig = field(default_factory=TLSConfig)
-    discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)
-    extra: dict[str, Any] = field(default_factory=dict)
-    """Keys this module does not know, passed to the machine factory (quorum policy...)."""
+    keepalive_interval: float = Field(default=0.1, description="seconds between keep-alives (C6)")
+    nonresponse_timeout: float = Field(
+        default=0.4,
+        description="silence before the one reconnect; Down one interval later "
+        "(raise both on slow or lossy networks)",
+    )
+    connect_timeout: float = Field(default=2.0, description="seconds for a TCP connect + handshake")
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        default="info", description="log level"
+    )
+    log_file: str | None = Field(default=None, description="log file (default: stderr)")
+    machine: str = Field(
+        default=DEFAULT_MACHINE, description="`module:factory` of the protocol machine"
+    )
+    app: list[str] = Field(
+        default_factory=list,
+        description="application modules imported at start, before the store opens (F2)",
+    )
+    sync: bool = Field(
+        default=True, description="fsync commits (turn off only for throw-away tests)"
+    )
+    scrub_interval: float = Field(
+        default=3600.0,
+        description="seconds between background scrubs of the stores (0: none; "
+        "`nonstop store verify`)",
+    )
+    tls: TLSSection = Field(default_factory=TLSSection, description="TLS, see below")
+    discovery: DiscoverySection = Field(
+        default_factory=DiscoverySection, description="UDP discovery, see below"
+    )
+    # -- passed to the cluster layer (ClusterConfig) when set
+    quorum: QuorumSection = Field(
+        default_factory=QuorumSection, description="quorum policy table (D16)"
+    )
+    raft: RaftSection = Field(default_factory=RaftSection, description="cluster-log tunables")
+    snapshot_every: int = Field(default=256, description="cluster-log entries between snapshots")
+    # -- passed to the data service (ServiceConfig) when set
+    lock_wait: float = Field(
+        default=5.0,
+        description="seconds a transaction waits for a lock before `LockTimeout` (B4)",
+    )
+    deadlock_every: float = Field(
+        default=0.025,
+        ge=0,
+        description="seconds between reads of the store's lock waits, shared with the other "
+        "nodes to find deadlocks across nodes (docs/design/deadlocks.md); 0 turns it off",
+    )
+    tx_idle: float = Field(
+        default=60.0,
+        gt=0,
+        description="a transaction with no client call this long is rolled back on every node, "
+        "the coordinator's own branch included; its next call answers `TransactionClosed`",
+    )
+    branch_idle: float = Field(
+        default=90.0,
+        gt=0,
+        description="a participant's branch idle this long is rolled back (B8); keep it above "
+        "`tx_idle`",
+    )
+    rpc_timeout: float = Field(
+        default=15.0,
+        description="a peer silent this long on a data request is `Unavailable` "
+        "(keep it above `lock_wait`)",
+    )
+    commit_timeout: float = Field(
+        default=30.0,
+        description="a distributed commit undecided this long answers `Unavailable` "
+        "(outcome unknown: ask `request.result`)",
+    )
+    sweep_every: float = Field(default=1.0, description="seconds between the data service's sweeps")
+    result_window: int = Field(
+        default=1024, description="request outcomes kept per client session for `request.result`"
+    )
 
-    def validate(self) -> None:
+    # ------------------------------------------------------------ parsing
+    @field_validator("join", "members", mode="before")
+    @classmethod
+    def _comma_list(cls, value: Any) -> Any:
+        return parse_join(value) if isinstance(value, str) else value
+
+    @field_validator("app", mode="before")
+    @classmethod
+    def _apps(cls, value: Any) -> Any:
+        from nonstop.node.apps import AppLoadError, parse_apps
+
+        try:
+            return parse_apps(value)
+        except AppLoadError as exc:
+            raise ValueError(str(exc)) from None
+
+    @field_validator("listen")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        check_address(value)
+        return value
+
+    @field_validator("join")
+    @classmethod
+    def _join_addresses(cls, value: list[str]) -> list[str]:
+        for entry in value:
+            check_address(entry.rpartition("@")[2])
+        return value
+
+    @field_validator("protocol")
+    @classmethod
+    def _protocol(cls, value: list[int]) -> list[int]:
+        if len(value) != 2 or not 1 <= value[0] <= value[1]:
+            raise ValueError(f"protocol must be [min, max], got {value!r}")
+        return value
+
+    @field_validator("max_frame_bytes")
+    @classmethod
+    def _frame(cls, value: int) -> int:
+        if value < 1024:
+            raise ValueError("max_frame_bytes must be at least 1024")
+        return value
+
+    # ------------------------------------------------------------ use
+    def validate_node(self) -> None:
+        """What a starting node needs beyond well-typed keys (name, data, TLS files)."""
         if not self.name:
             raise ConfigError("a node needs a name (--name or name = ...)")
         if not self.data:
             raise ConfigError("a node needs a data directory (--data or data = ...)")
-        for address in [self.listen, *(j.rpartition("@")[2] for j in self.join)]:
-            host, sep, port = address.rpartition(":")
-            if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
-                raise ConfigError(f"not a host:port address: {address!r}")
-        if len(self.protocol) != 2 or not 1 <= self.protocol[0] <= self.protocol[1]:
-            raise ConfigError(f"protocol must be [min, max], got {self.protocol!r}")
-        if self.max_frame_bytes < 1024:
-            raise ConfigError("max_frame_bytes must be at least 1024")
         if self.tls.enabled and not self.tls.cert:
             raise ConfigError("TLS needs tls.cert (and tls.key) on every node")
 
+    # ``validate`` is the name the node and the CLI call (pydantic's own classmethod
+    # of that name is deprecated and unused here).
+    validate = validate_node  # type: ignore[assignment]
+
+    @property
+    def extra(self) -> dict[str, Any]:
+        """The keys set for the layers below (cluster layer, data service), by name.
+
+        Only keys given in the configuration: a layer's own default applies otherwise
+        (``tests/unit/test_config.py`` checks the schema's defaults equal theirs).
+        """
+        out: dict[str, Any] = {}
+        for key in (*CLUSTER_KEYS, *SERVICE_KEYS):
+            if key not in self.model_fields_set:
+                continue
+            value = getattr(self, key)
+            out[key] = value.model_dump(exclude_unset=True) if isinstance(value, Section) else value
+        return out
+
     def to_dict(self) -> dict[str, Any]:
         """A TOML/JSON-able view (what the node writes to ``DATA/node.json``)."""
-        out: dict[str, Any] = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, TLSConfig | DiscoveryConfig):
-                value = {g.name: getattr(value, g.name) for g in fields(value)}
-            out[f.name] = value
-        return out
+        return self.model_dump(exclude_none=True)
+
+    def settings(self) -> dict[str, Any]:
+        """Only the keys that were set (what a config file written from this holds)."""
+        return self.model_dump(exclude_unset=True, exclude_none=True)
+
+
+def check_address(address: str) -> None:
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ValueError(f"not a host:port address: {address!r}")
 
 
 def split_join(join: list[str]) -> tuple[list[str], dict[str, str]]:
@@ -104,48 +351,99 @@ def parse_join(value: str | list[str] | None) -> list[str]:
     return [item.strip() for item in items if item and item.strip()]
 
 
-def from_mapping(data: dict[str, Any], base: NodeConfig | None = None) -> NodeConfig:
-    """Build a config from a parsed TOML file (unknown keys go to ``extra``)."""
-    cfg = base or NodeConfig()
-    known = {f.name for f in fields(NodeConfig)}
-    for key, value in data.items():
-        if key == "tls":
-            cfg.tls = TLSConfig(**_only(value, TLSConfig, "tls"))
-        elif key == "discovery":
-            cfg.discovery = DiscoveryConfig(**_only(value, DiscoveryConfig, "discovery"))
-        elif key in ("join", "members"):
-            setattr(cfg, key, parse_join(value))
-        elif key == "app":
-            cfg.app = parse_app_list(value)
-        elif key in known and key != "extra":
-            setattr(cfg, key, value)
-        else:
-            cfg.extra[key] = value
-    return cfg
+# ================================================================ checking
+def from_mapping(data: Mapping[str, Any], base: NodeConfig | None = None) -> NodeConfig:
+    """Check ``data`` (a parsed TOML file, ``--option`` values) against the schema.
 
-
-def parse_app_list(value: Any) -> list[str]:
-    """``app`` from a file: one module name or a list of them."""
-    from nonstop.node.apps import AppLoadError, parse_apps
-
+    With ``base`` the keys of ``data`` override it (nested tables are replaced whole).
+    Raises :class:`ConfigError` with one line naming every bad key.
+    """
+    merged = {**(base.settings() if base is not None else {}), **data}
     try:
-        return parse_apps(value)
-    except AppLoadError as exc:
-        raise ConfigError(str(exc)) from None
+        return NodeConfig.model_validate(merged)
+    except ValidationError as exc:
+        raise ConfigError(explain(exc)) from None
 
 
-def _only(value: Any, cls: type, section: str) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise ConfigError(f"[{section}] must be a table")
-    allowed = {f.name for f in fields(cls)}
-    unknown = set(value) - allowed
-    if unknown:
-        raise ConfigError(f"unknown key(s) in [{section}]: {', '.join(sorted(unknown))}")
-    return value
+def check_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """Validate partial settings (``local up --option``); returns them normalised."""
+    cfg = from_mapping(options)
+    return {key: value for key, value in cfg.settings().items() if key in options}
 
 
+def explain(exc: ValidationError, model: type[BaseModel] = NodeConfig) -> str:
+    """One line for every problem pydantic found: the key, what was expected, the value."""
+    return "; ".join(_explain_one(error, model) for error in exc.errors())
+
+
+def _explain_one(error: Any, model: type[BaseModel]) -> str:
+    loc = [str(part) for part in error["loc"]]
+    key = ".".join(loc)
+    if error["type"] == "extra_forbidden":
+        parent = _model_at(model, loc[:-1])
+        valid = list(parent.model_fields) if parent is not None else []
+        close = difflib.get_close_matches(loc[-1], valid, n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]!r}?" if close else f"valid keys: {', '.join(valid)}"
+        return f"unknown config key {key!r} ({hint})"
+    expected = _expected(model, loc)
+    if error["type"] == "value_error":
+        message = str(error.get("ctx", {}).get("error", error["msg"]))
+        return f"config key {key!r}: {message}"
+    return f"config key {key!r} must be {expected}, got {error['input']!r}"
+
+
+def _model_at(model: type[BaseModel], path: list[str]) -> type[BaseModel] | None:
+    current: Any = model
+    for part in path:
+        if not (isinstance(current, type) and issubclass(current, BaseModel)):
+            return None
+        field = current.model_fields.get(part)
+        if field is None:
+            return None
+        current = field.annotation
+    return current if isinstance(current, type) and issubclass(current, BaseModel) else None
+
+
+def _expected(model: type[BaseModel], loc: list[str]) -> str:
+    parent = _model_at(model, loc[:-1])
+    name = loc[-1]
+    if parent is None:  # an item of a list or table: describe the container's item type
+        container = _model_at(model, loc[:-2])
+        if container is not None and loc[-2] in container.model_fields:
+            args = get_args(container.model_fields[loc[-2]].annotation)
+            return describe_type(args[-1]) if args else "a value of another type"
+        return "a value of another type"
+    field = parent.model_fields.get(name)
+    return describe_type(field.annotation) if field is not None else "a value of another type"
+
+
+def describe_type(annotation: Any) -> str:
+    """An operator's name for a field type: ``a number``, ``a list of strings``..."""
+    origin = get_origin(annotation)
+    args = [a for a in get_args(annotation) if a is not type(None)]
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in get_args(annotation))
+    if origin is list:
+        return f"a list of {_plural(args[0])}"
+    if origin is dict:
+        return f"a table of {_plural(args[1])}"
+    if args and len(args) < len(get_args(annotation)):  # X | None
+        return describe_type(args[0])
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return "a table"
+    names = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}
+    return names.get(annotation, getattr(annotation, "__name__", str(annotation)))
+
+
+def _plural(annotation: Any) -> str:
+    return {str: "strings", int: "integers", float: "numbers", bool: "booleans"}.get(
+        annotation, "values"
+    )
+
+
+# ================================================================ files
 def load(path: str | Path) -> NodeConfig:
-    """Read a TOML config file."""
+    """Read and check a TOML config file."""
     try:
         with open(path, "rb") as fh:
             data = tomllib.load(fh)
@@ -153,4 +451,17 @@ def load(path: str | Path) -> NodeConfig:
         raise ConfigError(f"cannot read config {path}: {exc.strerror}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config {path} is not valid TOML: {exc}") from exc
-    return from_mapping(data)
+    try:
+        return from_mapping(data)
+    except ConfigError as exc:
+        raise ConfigError(f"config {path}: {exc}") from None
+
+
+def to_toml(settings: Mapping[str, Any]) -> str:
+    """TOML text of ``settings`` (written by ``tomli_w``: nested tables round-trip)."""
+    return tomli_w.dumps({k: v for k, v in settings.items() if v is not None})
+
+
+def write(path: str | Path, cfg: NodeConfig) -> None:
+    """Write the keys set in ``cfg`` as a config file :func:`load` reads back equal."""
+    Path(path).write_text(to_toml(cfg.settings()))

@@ -25,6 +25,11 @@ from pathlib import Path
 from nonstop.net.handshake import location_code
 from nonstop.node.config import DEFAULT_CLUSTER, ConfigError, NodeConfig
 from nonstop.runtime.storage import ClusterStore
+from nonstop.store.verify import verify_isolated
+
+START_VERIFY_SECONDS = 2.0
+"""Time budget of the structure and checksum walk of each LMDB file at start (the
+rest is checked by ``nonstop store verify``): a start stays quick on a big store."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +110,39 @@ class DataDir:
         except BaseException:
             store.close()
             raise
+
+    # --------------------------------------------------------- start checks
+    def check_writable(self) -> str | None:
+        """None, or the one-line reason the data directory cannot take writes (a
+        read-only file system, no space left, no permission), found by writing, syncing
+        and removing a small file in it and in each part that exists."""
+        for where in (self.path, self.cluster_path, self.store_path):
+            if not where.is_dir():
+                continue
+            probe = where / ".write-probe"
+            try:
+                fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                try:
+                    os.write(fd, b"\0" * 4096)
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                    probe.unlink(missing_ok=True)
+            except OSError as exc:
+                return f"data directory {where} is not writable: {exc.strerror}"
+        return None
+
+    def verify(self, seconds: float = START_VERIFY_SECONDS) -> str | None:
+        """None, or the one-line error naming the damaged file and where (structure and
+        checksums of ``cluster`` and ``store``, each within ``seconds``; the walk runs in a
+        child process, so a page that crashes LMDB is reported, not fatal)."""
+        for where in (self.cluster_path, self.store_path):
+            if not (where / "data.mdb").exists():
+                continue
+            report = verify_isolated(str(where), seconds=seconds)
+            if not report.ok:
+                return f"damaged store, refusing to serve it: {report.summary()}"
+        return None
 
     # ------------------------------------------------------------ pid file
     def running_pid(self) -> int | None:

@@ -9,7 +9,12 @@ pid file always means "this node is listening".
 Every start-up failure is one line on stderr and exit code 1 (2 for a bad
 configuration): a port in use, a data directory of another cluster or node, a
 data directory already used by a running node, a node name already used in the
-cluster.
+cluster, a data directory that cannot take writes (read-only, full), a damaged
+store (the structure and checksum walk of ``DataDir.verify``, bounded in time:
+the node refuses to serve a store that fails it).  While it runs, a background
+scrub (``scrub_interval`` seconds, default an hour) verifies both stores in full
+and stops the node, with that one line, if either is damaged; so does a record
+that fails its checksum when a transaction reads it.
 """
 
 from __future__ import annotations
@@ -17,12 +22,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import json
 import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from typing import Any
 
+from nonstop.errors import StoreError
 from nonstop.net.handshake import ROLE_NODE, Hello
 from nonstop.node.config import ConfigError, NodeConfig, split_join
 from nonstop.node.datadir import DataDir, Identity
@@ -34,6 +42,7 @@ from nonstop.runtime.real import (
     install_event_loop_policy,
     new_rng,
 )
+from nonstop.store.records import on_corrupt
 
 log = logging.getLogger("nonstop.node")
 
@@ -151,6 +160,21 @@ async def serve(cfg: NodeConfig, datadir: DataDir) -> None:
         joiner = None
         if not cfg.members and cfg.join:
             joiner = asyncio.ensure_future(auto_join(runtime, cfg))
+        damaged: list[str] = []
+
+        def store_damaged(problem: str) -> None:
+            damaged.append(problem)
+            stop.set()
+
+        scrubber = asyncio.ensure_future(
+            background_scrub(datadir, cfg.scrub_interval, store_damaged)
+        )
+
+        # A record that fails its checksum when read (any thread): stop serving the store.
+        def record_damaged(err: Exception) -> None:
+            loop.call_soon_threadsafe(store_damaged, str(err))
+
+        stop_listening = on_corrupt(record_damaged)
         stopped = asyncio.ensure_future(runtime.stopped.wait())
         waiter = asyncio.ensure_future(stop.wait())
         await asyncio.wait({stopped, waiter}, return_when=asyncio.FIRST_COMPLETED)
@@ -158,6 +182,8 @@ async def serve(cfg: NodeConfig, datadir: DataDir) -> None:
         stopped.cancel()
         if joiner is not None:
             joiner.cancel()
+        scrubber.cancel()
+        stop_listening()
         log.info("node %s stopping", ident.name)
         await runtime.stop()
         datadir.remove_pid()
@@ -165,6 +191,8 @@ async def serve(cfg: NodeConfig, datadir: DataDir) -> None:
             raise NodeStartError(f"refused by the cluster: {failure[0]}")
         if runtime.fatal is not None:
             raise NodeStartError(f"cluster state commit failed: {runtime.fatal}")
+        if damaged:
+            raise NodeStartError(f"damaged store, stopped serving it: {damaged[0]}")
         log.info("node %s stopped", ident.name)
     finally:
         if object_store is not None:
@@ -172,6 +200,49 @@ async def serve(cfg: NodeConfig, datadir: DataDir) -> None:
                 object_store.close()
         store.close()
         datadir.remove_pid()
+
+
+async def background_scrub(
+    datadir: DataDir, interval: float, damaged: Callable[[str], None]
+) -> None:
+    """Every ``interval`` seconds, verify both stores in full (structure and checksums) in a
+    child process at low priority; on damage, log it and call ``damaged`` with the one line
+    (the node then stops: it would refuse to start on that store anyway)."""
+    if interval <= 0:
+        return
+    while True:
+        await asyncio.sleep(interval)
+        paths = [str(p) for p in (datadir.cluster_path, datadir.store_path) if p.is_dir()]
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "nonstop.store.verify",
+            *paths,
+            "--nice",
+            stdout=asyncio.subprocess.PIPE,
+        )
+        try:
+            out, _ = await proc.communicate()
+        except asyncio.CancelledError:  # the node stops: do not leave the child behind
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+            raise
+        try:
+            reports = json.loads(out)
+        except ValueError:
+            log.warning("background scrub failed (exit status %s)", proc.returncode)
+            continue
+        problems = [p for r in reports for p in r["problems"]]
+        if problems:
+            log.error("background scrub: %s", problems[0])
+            damaged(problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
+            return
+        log.info(
+            "background scrub: %d records of %d databases intact",
+            sum(r["records"] for r in reports),
+            sum(r["databases"] for r in reports),
+        )
 
 
 def install_node_notifiers(runtime: RealRuntime) -> None:
@@ -220,7 +291,7 @@ async def auto_join(runtime: RealRuntime, cfg: NodeConfig) -> None:
                 cluster=runtime.hello.cluster,
                 timeout=5.0,
                 rounds=1,
-                tls=cfg.tls,
+                tls=cfg.tls.runtime(),
                 protocol=(cfg.protocol[0], cfg.protocol[1]),
             ) as client:
                 reply = await client.request(
@@ -280,8 +351,8 @@ def make_runtime(
             join=plain,
             static_peers=static_peers,
             max_frame=cfg.max_frame_bytes,
-            tls=cfg.tls,
-            discovery=cfg.discovery,
+            tls=cfg.tls.runtime(),
+            discovery=cfg.discovery.runtime(),
             connect_timeout=cfg.connect_timeout,
         ),
     )
@@ -337,10 +408,16 @@ def run(cfg: NodeConfig) -> int:
     except OSError as exc:
         print(f"nonstop: error: cannot create {exc.filename}: {exc.strerror}", file=sys.stderr)
         return EXIT_ERROR
+    problem = datadir.check_writable() or datadir.verify()
+    if problem is not None:
+        if cfg.log_file:  # else the log is stderr: the line below says it once
+            log.error("%s", problem)
+        print(f"nonstop: error: {problem}", file=sys.stderr)
+        return EXIT_ERROR
     install_event_loop_policy()
     try:
         asyncio.run(serve(cfg, datadir))
-    except (ConfigError, NodeStartError) as exc:
+    except (ConfigError, NodeStartError, StoreError) as exc:
         if cfg.log_file:  # else the log is stderr: the line below says it once
             log.error("%s", exc)
         print(f"nonstop: error: {exc}", file=sys.stderr)

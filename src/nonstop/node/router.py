@@ -106,6 +106,8 @@ class NodeRouter:
             "data": {} if self.data is None else dict(self.data.stats),
             # The object store's group commit: store commits per fsync (commits/groups).
             "store": {} if self.db is None else self.db.stats(),
+            # What the node would lose if it left the cluster (`nonstop cluster remove`).
+            "objects": None if self.db is None else self.db.object_count(),
         }
 
 

@@ -67,6 +67,9 @@ INTERNAL = "internal"
 WRONG_TOTAL = "wrong-total"
 NEGATIVE = "negative-balance"
 
+Vals = tuple[Any, ...]
+"""The list a read saw (or a prefix of it), as a tuple."""
+
 
 class HistoryError(ValueError):
     """The history itself is malformed (not an anomaly of the system under test)."""
@@ -304,7 +307,7 @@ def _writers(txns: Sequence[Txn]) -> tuple[dict[Any, dict[Any, int]], dict[tuple
     return writer, final
 
 
-def _reads(txns: Sequence[Txn], result: Result) -> dict[Any, list[tuple[int, tuple, bool]]]:
+def _reads(txns: Sequence[Txn], result: Result) -> dict[Any, list[tuple[int, Vals, bool]]]:
     """Every known read of a committed txn, per key: ``(txn, values, external)``.
 
     A read is *external* if the transaction had not appended to that key
@@ -313,11 +316,11 @@ def _reads(txns: Sequence[Txn], result: Result) -> dict[Any, list[tuple[int, tup
     ``internal`` anomaly: a transaction does not see its own writes, or its
     view of a key changed under it).
     """
-    reads: dict[Any, list[tuple[int, tuple, bool]]] = {}
+    reads: dict[Any, list[tuple[int, Vals, bool]]] = {}
     for pos, t in enumerate(txns):
         if t.type != OK:
             continue  # an info txn's reads are unknown; a failed one's do not matter
-        known: dict[Any, tuple] = {}  # key -> what the txn must see now (after a read)
+        known: dict[Any, Vals] = {}  # key -> what the txn must see now (after a read)
         own: dict[Any, list[Any]] = {}  # key -> own appends not yet covered by a read
         later: dict[Any, set[Any]] = {}  # key -> every value the txn appends
         for f, k, v in t.ops:
@@ -377,12 +380,12 @@ def _reads(txns: Sequence[Txn], result: Result) -> dict[Any, list[tuple[int, tup
 def _order_key(
     txns: Sequence[Txn],
     k: Any,
-    rs: list[tuple[int, tuple, bool]],
+    rs: list[tuple[int, Vals, bool]],
     writer: dict[Any, int],
     final: dict[tuple[int, Any], Any],
     observed: set[int],
     result: Result,
-) -> tuple[tuple, list[tuple[int, tuple, bool]]]:
+) -> tuple[Vals, list[tuple[int, Vals, bool]]]:
     """Version order of ``k`` and the reads consistent with it; flags the non-cycle anomalies.
 
     Adds to ``observed`` every transaction whose append some read shows: an
@@ -391,9 +394,9 @@ def _order_key(
     """
     # The version order is the longest read without duplicates; every other
     # read must be a prefix of it.
-    order: tuple = ()
+    order: Vals = ()
     order_reader = -1
-    clean: list[tuple[int, tuple, bool]] = []
+    clean: list[tuple[int, Vals, bool]] = []
     for pos, vals, ext in rs:
         if len(set(vals)) != len(vals):
             dups = sorted({v for v in vals if vals.count(v) > 1}, key=repr)
@@ -411,7 +414,7 @@ def _order_key(
         clean.append((pos, vals, ext))
         if len(vals) > len(order):
             order, order_reader = vals, pos
-    compatible: list[tuple[int, tuple, bool]] = []
+    compatible: list[tuple[int, Vals, bool]] = []
     for pos, vals, ext in clean:
         if order[: len(vals)] == vals:
             compatible.append((pos, vals, ext))
@@ -448,8 +451,8 @@ def _order_key(
 def _key_edges(
     txns: Sequence[Txn],
     k: Any,
-    order: tuple,
-    compatible: list[tuple[int, tuple, bool]],
+    order: Vals,
+    compatible: list[tuple[int, Vals, bool]],
     writer: dict[Any, int],
     committed: list[bool],
     graph: Graph,
@@ -509,7 +512,7 @@ def _check_values(
     txns: Sequence[Txn],
     k: Any,
     pos: int,
-    vals: tuple,
+    vals: Vals,
     writer: dict[Any, int],
     observed: set[int],
     result: Result,
@@ -525,7 +528,7 @@ def _report_bad(
     txns: Sequence[Txn],
     k: Any,
     pos: int,
-    vals: tuple,
+    vals: Vals,
     bad: list[Any],
     writer: dict[Any, int],
     result: Result,
@@ -564,7 +567,7 @@ def _check_intermediate(
     txns: Sequence[Txn],
     k: Any,
     pos: int,
-    vals: tuple,
+    vals: Vals,
     writer: dict[Any, int],
     final: dict[tuple[int, Any], Any],
     result: Result,
@@ -788,7 +791,7 @@ class Recorder:
         now = self.clock()
         with self._lock:
             self._txns.append(
-                Txn(ops=[tuple(o) for o in ops], type=INFO, process=process, invoke=now)  # type: ignore[misc]
+                Txn(ops=[tuple(o) for o in ops], type=INFO, process=process, invoke=now)
             )
             return len(self._txns) - 1
 
@@ -800,7 +803,7 @@ class Recorder:
             t = self._txns[handle]
             t.type = type
             if ops is not None:
-                t.ops = [tuple(o) for o in ops]  # type: ignore[misc]
+                t.ops = [tuple(o) for o in ops]
             t.complete = None if type == INFO else now
 
     def history(self) -> list[Txn]:

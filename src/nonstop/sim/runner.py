@@ -48,7 +48,7 @@ def run_many(
     jobs = jobs or os.cpu_count() or 1
     bar = None
     if progress:
-        from tqdm import tqdm  # type: ignore[import-untyped]
+        from tqdm import tqdm
 
         bar = tqdm(total=len(work), unit="seed", file=sys.stderr, dynamic_ncols=True)
     pool = None

@@ -365,7 +365,7 @@ class NonstopWriter(DataSourceArrowWriter):
                 with BulkClient(node["address"], cluster=opts.cluster_id) as c:
                     c.call("bulk.overwrite.begin", type=opts.type, tv=self.version, job=self.job)
 
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteStats:  # type: ignore[override]
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteStats:
         ctx = TaskContext.get()
         assert ctx is not None
         pid, attempt = ctx.partitionId(), ctx.attemptNumber()
@@ -520,7 +520,7 @@ class NonstopStreamWriter(DataSourceStreamArrowWriter):
         check_writable(ts, schema, self.key)
         self.nodes = _up_nodes(opts)
 
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteStats:  # type: ignore[override]
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteStats:
         ctx = TaskContext.get()
         assert ctx is not None
         batch_id = int(ctx.getLocalProperty("streaming.sql.batchId") or -1)

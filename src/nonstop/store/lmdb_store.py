@@ -7,7 +7,8 @@ name           key                                              value
 =============  ===============================================  =========================
 ``meta``       ``format``, ``location``, ``timestamp``, ...     msgpack
 ``objects``    ref (20 bytes)                                   msgpack [type, type version,
-                                                                object version, {field: value}]
+                                                                object version, {field:
+                                                                value}] + crc32 (records.py)
 ``extents``    type name + 0x00 + ref                           empty
 ``counts``     type name                                        8-byte count (A2 cardinality)
 ``types``      type name                                        msgpack schema (E1/E2)
@@ -15,7 +16,7 @@ name           key                                              value
 ``asyncq``     target ref + priority byte + 8-byte sequence     msgpack call (A6)
 ``dead``       8-byte sequence                                  msgpack failed async call
 ``prepared``   global transaction id                            msgpack prepared write set
-                                                                and locks (2PC, B6/B9)
+                                                                and locks + crc32 (2PC)
 ``results``    client id + 0x00 + 8-byte sequence               msgpack request result (H1)
 ``dtx``        ``dtx/...`` (the decision protocol's own keys)   its values (opaque here):
                                                                 committed together with the
@@ -36,6 +37,7 @@ import secrets
 import struct
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -46,11 +48,13 @@ from nonstop.errors import CorruptStore, IncompatibleStore, StoreError, StoreLoc
 from nonstop.model.codec import pack, unpack
 from nonstop.model.managed import TypeInfo
 from nonstop.model.ref import Ref
+from nonstop.store.records import CHECKSUM_BYTES, RESIDUE, corrupt, open_record
 
 FORMAT_NAME = "nonstop-store"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: object records carry a CRC-32 (store/records.py)
 DEFAULT_MAP_SIZE = 1 << 38  # 256 GiB of address space; the file grows only as used
 COUNTER_BLOCK = 1 << 16
+_crc32 = zlib.crc32
 _U64 = struct.Struct(">Q")
 
 
@@ -197,7 +201,7 @@ class Store:
             txn.put(b"counter", pack(0), db=meta)
             return
         try:
-            name, version = unpack(raw)
+            name, version = unpack(bytes(raw))
         except Exception:
             raise CorruptStore(f"{self.path}: unreadable format marker") from None
         if name != FORMAT_NAME:
@@ -207,25 +211,43 @@ class Store:
                 f"{self.path} was written by a newer nonstop (store format {version}; "
                 f"this version reads up to {FORMAT_VERSION})"
             )
+        if version < FORMAT_VERSION:
+            if any(txn.stat(self._dbs[n])["entries"] for n in (b"objects", b"prepared")):
+                # Format 1 records carry no checksum: reading them as format 2 would
+                # report every one as damaged, and reading them unchecked is what
+                # format 2 exists to end.  (No release shipped format 1 data.)
+                raise IncompatibleStore(
+                    f"{self.path} is store format {version} (records without checksums); "
+                    f"this version reads format {FORMAT_VERSION}: dump it with the nonstop "
+                    "that wrote it and load it into a new store"
+                )
+            txn.put(b"format", pack([FORMAT_NAME, FORMAT_VERSION]), db=meta)
+
+    def _meta(self, txn: lmdb.Transaction, key: bytes) -> bytes:
+        """A value of the store's ``meta`` table, which every opened store has."""
+        raw = txn.get(key, db=self.meta)
+        if raw is None:
+            raise CorruptStore(f"{self.path}: the store's {key.decode()} is missing")
+        return bytes(raw)
 
     @property
     def location(self) -> int:
         with self.env.begin() as txn:
-            return int(unpack(txn.get(b"location", db=self.meta)))
+            return int(unpack(self._meta(txn, b"location")))
 
     @property
     def timestamp(self) -> int:
         with self.env.begin() as txn:
-            return int(unpack(txn.get(b"timestamp", db=self.meta)))
+            return int(unpack(self._meta(txn, b"timestamp")))
 
     # --------------------------------------------------------- references
     def _reserve_counters(self, _: None) -> tuple[int, int]:
         """Durably reserve the next block of counters.  A crash skips the unused rest."""
         with self.env.begin(write=True) as txn:
-            start = int(unpack(txn.get(b"counter", db=self.meta)))
+            start = int(unpack(self._meta(txn, b"counter")))
             txn.put(b"counter", pack(start + COUNTER_BLOCK), db=self.meta)
-            loc = int(unpack(txn.get(b"location", db=self.meta)))
-            ts = int(unpack(txn.get(b"timestamp", db=self.meta)))
+            loc = int(unpack(self._meta(txn, b"location")))
+            ts = int(unpack(self._meta(txn, b"timestamp")))
         self._ref_prefix = Ref.make(loc, ts, 0).raw[:12]
         return start + 1, start + COUNTER_BLOCK
 
@@ -306,11 +328,31 @@ class Store:
     def get_object(self, ref: bytes) -> list[Any] | None:
         with self.env.begin(buffers=True) as txn:
             raw = txn.get(ref, db=self.objects)
-            return None if raw is None else unpack(raw)
+            return None if raw is None else self.record(raw, ref)
+
+    def record(self, raw: bytes | memoryview, ref: bytes | memoryview) -> Any:
+        """The decoded object record ``raw`` read under ``ref``: CorruptRecord (naming this
+        store's file, ``objects`` and the key) if it fails its checksum."""
+        if _crc32(raw) != RESIDUE or len(raw) < CHECKSUM_BYTES:  # (read_record, inlined)
+            raise corrupt(self.path, "objects", bytes(ref))
+        return unpack(raw[:-CHECKSUM_BYTES])  # type: ignore[arg-type]  # msgpack takes buffers
+
+    def record_payload(
+        self, raw: bytes | memoryview, ref: bytes | memoryview
+    ) -> bytes | memoryview:
+        """The checked msgpack bytes of the object record ``raw`` (see :meth:`record`)."""
+        return open_record(raw, path=self.path, key=ref)
+
+    def sealed_payload(
+        self, raw: bytes | memoryview, key: bytes | memoryview, database: str
+    ) -> bytes | memoryview:
+        """The checked payload of a sealed value of ``database`` (``prepared``): CorruptRecord
+        naming this store's file, the database and the key if it fails its checksum."""
+        return open_record(raw, path=self.path, database=database, key=key)
 
     def asyncq_get(self, key: bytes) -> bytes | None:
         with self.env.begin() as txn:
-            return txn.get(key, db=self.asyncq)  # type: ignore[no-any-return]
+            return txn.get(key, db=self.asyncq)
 
     def count(self, type_name: str) -> int:
         with self.env.begin() as txn:
@@ -319,7 +361,8 @@ class Store:
 
     def iter_extent(self, txn: lmdb.Transaction, type_name: str) -> Iterator[bytes]:
         prefix = type_name.encode() + b"\x00"
-        cur = txn.cursor(db=self.extents)
+        # Any: lmdb's stubs type reads as bytes | memoryview; our environments read bytes.
+        cur: Any = txn.cursor(db=self.extents)
         if not cur.set_range(prefix):
             return
         plen = len(prefix)

@@ -275,5 +275,9 @@ class AsyncQuery(Query[M]):
         return len(self._candidates())
 
     async def __aiter__(self) -> AsyncIterator[M]:
+        if self._streams():  # unlocked: no lock to wait for, so the pages are read inline
+            for obj in self._stream():
+                yield obj
+            return
         for obj in await self.all():
             yield obj

@@ -33,7 +33,7 @@ import time
 from bisect import insort
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from nonstop.errors import DatabaseClosed, Error, UnknownType
 from nonstop.model.codec import pack, unpack
@@ -124,7 +124,10 @@ class AsyncDispatcher:
         self.failed = 0
         store = db.engine.store
         with store.read() as rtxn:
-            keys = list(rtxn.cursor(db=store.asyncq).iternext(keys=True, values=False))
+            # lmdb returns bytes (buffers=False); its stubs say bytes | memoryview.
+            keys = cast(
+                list[bytes], list(rtxn.cursor(db=store.asyncq).iternext(keys=True, values=False))
+            )
             # Dead letters are keyed by sequence: never reuse one after a restart.
             dead = rtxn.cursor(db=store.dead)
             last_dead = int.from_bytes(dead.key(), "big") if dead.last() else 0
@@ -250,7 +253,7 @@ class AsyncDispatcher:
             ran.clear()
             target = tx.by_ref(Ref(target_ref))
             with store.read() as rtxn:  # every queued record of the batch, one snapshot
-                records = [rtxn.get(key, db=store.asyncq) for key in keys]
+                records = cast(list[bytes | None], [rtxn.get(key, db=store.asyncq) for key in keys])
             for key, raw in zip(keys, records, strict=True):
                 ran.append(key)
                 if raw is None:  # already ran (cannot happen in one process; cheap to check)

@@ -154,6 +154,12 @@ class Database:
             tx.abort_prepared()
         return True
 
+    def object_count(self) -> int:
+        """How many objects the store holds, of every type (its ``objects`` table)."""
+        store = self.engine.store
+        with store.read() as txn:
+            return int(txn.stat(store.objects)["entries"])
+
     def stats(self) -> dict[str, Any]:
         """Counters for monitoring: group commit sizes, async method outcomes."""
         c = self.engine.committer.stats

@@ -25,6 +25,7 @@ from nonstop.errors import StoreError
 from nonstop.model.codec import pack, unpack
 from nonstop.store.group_commit import WriteSet
 from nonstop.store.lmdb_store import Store
+from nonstop.store.records import seal
 from nonstop.tx.locks import LockMode
 
 if TYPE_CHECKING:
@@ -127,7 +128,7 @@ def prepared_write_set(
     read = [_lock_out(r) for r, mode in locks.items() if mode is LockMode.READ]
     if read:
         record["rlocks"] = read
-    return WriteSet([(True, store.prepared, gtid, pack(record))])
+    return WriteSet([(True, store.prepared, gtid, seal(pack(record)))])  # checksummed
 
 
 def phase_two_write_set(store: Store, gtid: bytes, ws: WriteSet, commit: bool) -> WriteSet:
@@ -142,7 +143,7 @@ def recover_prepared(engine: Engine) -> None:
     with store.read() as rtxn:
         records = list(rtxn.cursor(db=store.prepared))
     for gtid, raw in records:
-        rec = unpack(bytes(raw))
+        rec = unpack(bytes(store.sealed_payload(raw, gtid, "prepared")))
         for name, unique in rec["unique"].items():
             store.index_db(name, unique=unique)
         ops = [(p, store.db_by_name(n), k, v) for p, n, k, v in rec["ops"]]

@@ -12,12 +12,14 @@ objects created by others after the scan (phantoms) are not locked out.
 from __future__ import annotations
 
 import gc
+import heapq
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from nonstop.errors import BadArgument
-from nonstop.model.codec import encode_key, unpack
+from nonstop.model.codec import encode_key
 from nonstop.model.entry import CLEAN, DELETED
 from nonstop.model.managed import KeyInfo, Managed, TypeInfo
 from nonstop.model.ref import Ref
@@ -29,6 +31,9 @@ if TYPE_CHECKING:
     from nonstop.tx.transaction import Transaction
 
 M = TypeVar("M", bound=Managed)
+
+# Objects read per page when a query is iterated without locks (see Query.__iter__).
+DEFAULT_PAGE_SIZE = 1000
 
 
 @contextmanager
@@ -48,6 +53,18 @@ def gc_paused() -> Iterator[None]:
     finally:
         if enabled:
             gc.enable()
+
+
+def release_if_unheld(e: Any) -> None:
+    """Free a forgotten entry's handle now if nobody holds it (paged queries).
+
+    An entry and its handle point at each other: left alone, the pair waits for
+    the cyclic GC's full collection, which on a growing heap comes late, so
+    memory would grow with the pages read.  Nobody else holds the handle when
+    only the entry's attribute and this call's argument count it.
+    """
+    if e.handle is not None and sys.getrefcount(e.handle) <= 2:
+        e.handle = None
 
 
 def query_field(info: TypeInfo, name: str) -> Any:
@@ -85,6 +102,8 @@ class Query(Generic[M]):
         self._order: tuple[str, bool] | None = None
         self._lock: int | None = None
         self._limit: int | None = None
+        self._page_size = DEFAULT_PAGE_SIZE
+        self._after: tuple[bytes, bytes] | None = None
         self._filters: list[Callable[[Any], bool]] = []
 
     # ------------------------------------------------------------ building
@@ -142,6 +161,34 @@ class Query(Generic[M]):
         self._limit = n
         return self
 
+    def page_size(self, n: int) -> Query[M]:
+        """Objects read per page when the query is iterated (default 1000).
+
+        Iterating reads page by page from one store snapshot; the objects of pages
+        already passed are forgotten by the transaction unless they were locked or
+        changed, so memory stays bounded by a page however many objects match.
+        """
+        if n < 1:
+            raise BadArgument("page_size must be >= 1")
+        self._page_size = n
+        return self
+
+    def after(self, position: tuple[bytes, bytes] | None) -> Query[M]:
+        """Only results past ``position`` (a :meth:`position_of`): keyset paging.
+
+        The data plane pages a cluster query with it: each node resumes after the
+        last object the client received, so no node keeps a cursor between pages.
+        Positions order results as the query does: by (order key, reference) when
+        ordered, else by reference.
+        """
+        self._after = position
+        return self
+
+    def position_of(self, handle: M) -> tuple[bytes, bytes]:
+        """Where a result stands in this query's order (what :meth:`after` takes)."""
+        e: Entry = handle._e
+        return self._position(e.state, e.ref)
+
     def filter(self, predicate: Callable[[M], bool]) -> Query[M]:
         """Keep objects for which ``predicate(obj)`` is true (evaluated after locking)."""
         self._filters.append(predicate)
@@ -185,7 +232,113 @@ class Query(Generic[M]):
         return len(self._candidates())
 
     def __iter__(self) -> Iterator[M]:
-        return iter(self.all())
+        """Stream the results in pages when nothing needs locking, else run :meth:`all`.
+
+        Streaming needs an unlocked read (snapshot isolation, or ``lock("none")``)
+        in ascending or no order of committed objects only: a locking read keeps a
+        lock per object anyway, and this transaction's own changes of the type (and
+        a descending order) are sorted in memory, so those cases read everything first.
+        """
+        return self._stream() if self._streams() else iter(self.all())
+
+    def _streams(self) -> bool:
+        """Whether iterating can read page by page (see :meth:`__iter__`)."""
+        tx = self._tx
+        tx.check_usable()
+        mode = tx.default_lock if self._lock is None else self._lock
+        if mode != NONE or self._limit == 0:
+            return False
+        if self._order is not None:
+            # In order only when the scan itself runs in that order, ascending.
+            key, path = self._access_key()
+            if self._order[1] or path != "range" or key is None or key.field != self._order[0]:
+                return False
+        cls = self._info.cls
+        return not any(e.status != CLEAN and isinstance(e.handle, cls) for e in tx.entries())
+
+    def pages(self) -> Iterator[list[M]]:
+        """The results as lists of at most ``page_size`` objects (see :meth:`__iter__`)."""
+        page: list[M] = []
+        for obj in self:
+            page.append(obj)
+            if len(page) >= self._page_size:
+                yield page
+                page = []
+        if page:
+            yield page
+
+    def to_arrow(self) -> Any:
+        """The results as a ``pyarrow.Table``, one column per field, built page by page.
+
+        References become their raw bytes.  Needs pyarrow (``pip install pyarrow``
+        or ``nonstop[spark]``); no Spark.
+        """
+        from nonstop.tx.export import to_arrow
+
+        return to_arrow(self._info, self.pages())
+
+    def to_pandas(self) -> Any:
+        """The results as a ``pandas.DataFrame`` (through :meth:`to_arrow`; needs pandas)."""
+        from nonstop.tx.export import to_pandas
+
+        return to_pandas(self._info, self.pages())
+
+    def _stream(self) -> Iterator[M]:
+        tx = self._tx
+        store = tx.engine.store
+        key, path = self._access_key()
+        entries = tx.entry_map()
+        scanned = set() if key is None else {key.field}
+        check = bool(set(self._eq) - scanned) or (
+            self._range is not None and self._range[0] not in scanned
+        )
+        limit = self._limit
+        after = self._after
+        produced = 0
+        with store.read() as rtxn:
+            scan = self._scan(rtxn, key, path)
+            while True:
+                page: list[Entry] = []
+                added: list[Entry] = []
+                with gc_paused():  # not across the yields below: user code runs there
+                    for _, ref in scan:
+                        e = entries.get(ref)
+                        if e is None:
+                            raw = rtxn.get(ref, db=store.objects)
+                            if raw is None:
+                                continue
+                            rec = store.record(raw, ref)
+                            if key is not None and not self._type_ok(rec[0]):
+                                continue
+                            e = tx.entry_from_record(ref, rec, NONE)
+                            added.append(e)
+                        elif e.status >= DELETED:
+                            continue
+                        if check and not self._matches_index(e.state):
+                            continue
+                        if after is not None and self._position(e.state, ref) <= after:
+                            continue
+                        page.append(e)
+                        if len(page) >= self._page_size:
+                            break
+                for e in page:
+                    handle = e.handle
+                    if self._filters and not all(p(handle) for p in self._filters):
+                        continue
+                    yield handle
+                    produced += 1
+                    if limit is not None and produced >= limit:
+                        return
+                handle = None
+                full = len(page) >= self._page_size
+                page.clear()
+                # Forget what this page loaded and nobody locked or changed since.
+                for e in added:
+                    if e.status == CLEAN and e.lock == NONE and entries.get(e.ref) is e:
+                        del entries[e.ref]
+                        release_if_unheld(e)
+                if not full:
+                    return
 
     # ------------------------------------------------------------ internals
     def _access_key(self) -> tuple[KeyInfo | None, str]:
@@ -226,7 +379,7 @@ class Query(Generic[M]):
                     raw = rtxn.get(ref, db=store.objects)
                     if raw is None:
                         continue
-                    rec = unpack(raw)
+                    rec = store.record(raw, ref)
                     if key is not None and not self._type_ok(rec[0]):
                         continue
                 out.append((sort_key, ref, rec))
@@ -248,36 +401,40 @@ class Query(Generic[M]):
     def _scan(
         self, rtxn: lmdb.Transaction, key: KeyInfo | None, path: str
     ) -> Iterator[tuple[bytes, bytes]]:
+        """(sort key, ref) of what may match, in (sort key, ref) order where paging needs it:
+        the extent in reference order across subtypes, an index in key order."""
         store = self._tx.engine.store
+        after = self._after
         if key is None:
-            for info in self._info.concrete_types():
-                prefix = info.name.encode() + b"\x00"
-                plen = len(prefix)
-                cur = rtxn.cursor(db=store.extents)
-                if not cur.set_range(prefix):
-                    continue
-                for ext in cur.iternext(keys=True, values=False):
-                    if not ext.startswith(prefix):
-                        break
-                    ref = ext[plen:]
-                    yield ref, ref
+            start = b"" if after is None or self._order is not None else after[1]
+            extents = [
+                self._scan_extent(rtxn, info.name.encode() + b"\x00", start)
+                for info in self._info.concrete_types()
+            ]
+            yield from extents[0] if len(extents) == 1 else heapq.merge(*extents)
             return
         db = store.index_db(key.db_name, unique=key.options.unique)
-        cur = rtxn.cursor(db=db)
+        # Any: lmdb's stubs type reads as bytes | memoryview; our environments read bytes.
+        cur: Any = rtxn.cursor(db=db)
         if path == "eq":
             kb = encode_key(self._eq[key.field])
             if key.options.unique:
                 ref = cur.get(kb)
                 if ref is not None:
                     yield kb, ref
-            elif cur.set_key(kb):
-                for ref in cur.iternext_dup():
-                    yield kb, ref
+            else:
+                resume = after[1] if after is not None and self._order is None else None
+                found = cur.set_key(kb) if resume is None else cur.set_range_dup(kb, resume)
+                if found:
+                    for ref in cur.iternext_dup():
+                        yield kb, ref
             return
         lo = hi = None
         lo_inc = hi_inc = True
         if self._range is not None and self._range[0] == key.field:
             _, lo, hi, lo_inc, hi_inc = self._range
+        if after is not None and self._order is not None and (lo is None or after[0] > lo):
+            lo, lo_inc = after[0], True  # resume at the last page's key; the rest is skipped later
         positioned = cur.set_range(lo) if lo is not None else cur.first()
         if not positioned:
             return
@@ -287,6 +444,25 @@ class Query(Generic[M]):
             if hi is not None and (kb > hi or (kb == hi and not hi_inc)):
                 break
             yield kb, ref
+
+    def _scan_extent(
+        self, rtxn: lmdb.Transaction, prefix: bytes, start: bytes
+    ) -> Iterator[tuple[bytes, bytes]]:
+        plen = len(prefix)
+        cur = rtxn.cursor(db=self._tx.engine.store.extents)
+        if not cur.set_range(prefix + start):
+            return
+        for ext in cur.iternext(keys=True, values=False):
+            key = cast(bytes, ext)  # store.read(): bytes, not buffers
+            if not key.startswith(prefix):
+                break
+            ref = key[plen:]
+            yield ref, ref
+
+    def _position(self, state: dict[str, Any], ref: bytes) -> tuple[bytes, bytes]:
+        if self._order is not None:
+            return encode_key(state[self._order[0]]), ref
+        return ref, ref
 
     def _sort_key(self, state: dict[str, Any], ref: bytes) -> bytes:
         if self._order is not None:
@@ -328,6 +504,7 @@ class Query(Generic[M]):
         )
         ordered = self._order is not None or bool(mine)
         limit = self._limit
+        after = self._after
         keyed: list[tuple[bytes, bytes, Any]] = []
         results: list[Any] = []
         make = tx.entry_from_record
@@ -346,7 +523,7 @@ class Query(Generic[M]):
                     raw = get(ref, db=objects)
                     if raw is None:
                         continue
-                    rec = unpack(raw)
+                    rec = store.record(raw, ref)
                     type_name, type_version, version, state = rec
                     info = current.get(type_name)
                     if info is None:
@@ -360,6 +537,8 @@ class Query(Generic[M]):
                         e = make(ref, rec, NONE)
                 if check and not matches(e.state):
                     continue
+                if after is not None and self._position(e.state, ref) <= after:
+                    continue
                 if ordered:
                     keyed.append((sort_key, ref, e.handle))
                 else:
@@ -369,6 +548,8 @@ class Query(Generic[M]):
         if not ordered:
             return results
         for ref, e in mine.items():
+            if after is not None and self._position(e.state, ref) <= after:
+                continue
             if e.status < DELETED and matches(e.state):
                 keyed.append((self._sort_key(e.state, ref), ref, e.handle))
         if self._order is not None:
@@ -399,6 +580,8 @@ class Query(Generic[M]):
                 continue
             if not self._matches_index(e.state):
                 continue  # changed between the scan and the lock
+            if self._after is not None and self._position(e.state, ref) <= self._after:
+                continue
             handle = e.handle
             if self._filters and not all(p(handle) for p in self._filters):
                 continue

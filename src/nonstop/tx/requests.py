@@ -24,8 +24,8 @@ still guaranteed.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Generator
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Callable, Generator, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from nonstop.errors import BadArgument, RequestExpired
 from nonstop.model.codec import pack, unpack
@@ -77,10 +77,10 @@ def run_request(
     def body(tx: Transaction) -> tuple[bool, Any]:
         found = tx.drive(g_claim_request(tx, client, seq, window))
         if found is not None:
-            return found
+            return cast(tuple[bool, Any], found)
         try:
             value = fn(tx, *args, **kwargs)
-            outcome = (True, value)
+            outcome: tuple[bool, Any] = (True, value)
         except Abort as exc:
             tx.discard_changes()
             outcome = (False, str(exc))
@@ -162,7 +162,7 @@ def g_record_result(
         with engine.store.read() as rtxn:
             cur = rtxn.cursor(db=results)
             if cur.set_range(prefix + _SEQ.pack(low)):
-                for old in cur.iternext(values=False):
+                for old in cast(Iterator[bytes], cur.iternext(values=False)):
                     if old >= stale or not old.startswith(prefix) or old == prefix + _LOW:
                         break
                     ops.append((False, results, old, None))

@@ -20,15 +20,53 @@ import inspect
 import random
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Concatenate,
+    ParamSpec,
+    Protocol,
+    TypeAlias,
+    TypeVar,
+    overload,
+)
 
 from nonstop.errors import Retryable, TooManyRetries
 
 if TYPE_CHECKING:
     from nonstop.tx.database import Database
+    from nonstop.tx.transaction import Transaction
 
 T = TypeVar("T")
+P = ParamSpec("P")
+R = TypeVar("R")
 DEFAULT_MAX_RETRIES = 100
+
+
+class TransactionSource(Protocol):
+    """Anything that opens transactions: an embedded database or a cluster client."""
+
+    def transaction(self, isolation: str = ...) -> Any: ...
+
+
+class JoinableTransaction(Protocol):
+    """A client's remote transaction: a decorated function called with it joins it."""
+
+    __nonstop_transaction__: bool
+
+
+# What a decorated function accepts in place of its transaction parameter.  The
+# embedded Transaction is named through a string so this module, below
+# tx.transaction, does not import it at run time.
+Target: TypeAlias = "TransactionSource | Transaction | JoinableTransaction"
+
+
+class _Decorator(Protocol):
+    """What ``@transactional(isolation=...)`` returns: the decorator proper."""
+
+    def __call__(
+        self, fn: Callable[Concatenate[Any, P], R], /
+    ) -> Callable[Concatenate[Target, P], R]: ...
 
 
 def _backoff(attempt: int) -> float:
@@ -87,13 +125,31 @@ def _joins(target: Any, transaction: type) -> bool:
     return isinstance(target, transaction) or getattr(target, "__nonstop_transaction__", False)
 
 
+@overload
+def transactional(
+    fn: Callable[Concatenate[Any, P], R], /
+) -> Callable[Concatenate[Target, P], R]: ...
+
+
+@overload
+def transactional(
+    *, isolation: str = "serializable", max_retries: int = DEFAULT_MAX_RETRIES
+) -> _Decorator: ...
+
+
 def transactional(
     fn: Callable[..., Any] | None = None,
+    /,
     *,
     isolation: str = "serializable",
     max_retries: int = DEFAULT_MAX_RETRIES,
 ) -> Any:
-    """Decorator: run ``fn(tx, ...)`` as a replayed transaction when called as ``fn(db, ...)``."""
+    """Decorator: run ``fn(tx, ...)`` as a replayed transaction when called as ``fn(db, ...)``.
+
+    Typed with a ParamSpec: the decorated function keeps every parameter after
+    the first and its result (an ``async def`` keeps returning an awaitable of
+    it), and its first parameter accepts a database, a client or a transaction.
+    """
     from nonstop.tx.transaction import Transaction
 
     def wrap(func: Callable[..., Any]) -> Callable[..., Any]:

@@ -54,7 +54,7 @@ from nonstop.errors import (
     TransactionClosed,
     TypeVersionMismatch,
 )
-from nonstop.model.codec import encode_key, pack, unpack
+from nonstop.model.codec import encode_key, pack
 from nonstop.model.entry import CLEAN, CREATED, CREATED_DELETED, DELETED, DIRTY
 from nonstop.model.managed import KeyInfo, Managed, TypeInfo, lookup_type, type_info
 from nonstop.model.ref import Ref
@@ -187,7 +187,26 @@ class Transaction:
                 f"not in this one ({self.id}); get it again in this transaction"
             )
         self.check_usable()
+        self.adopt(entry)
         return entry
+
+    def adopt(self, e: Entry) -> None:
+        """Take back an entry a streaming query let go of (tx/query.py pages) before using it.
+
+        A query streamed in pages forgets the unlocked, unchanged objects of the
+        pages it has passed, so iterating millions of objects takes constant memory;
+        a handle kept from such a page is still usable: it is registered again here.
+        """
+        held = self._entries.get(e.ref)
+        if held is e:
+            return
+        if held is None:
+            self._entries[e.ref] = e
+            return
+        raise ObjectNotInTransaction(
+            f"{e.info.name} object from an earlier page of a streamed query was loaded again "
+            "since; use the object loaded last"
+        )
 
     # ---------------------------------------------------------- field access
     def read_field(self, e: Entry, name: str) -> Any:
@@ -199,6 +218,7 @@ class Transaction:
         if e.status >= DELETED:
             raise Deleted(f"{e.info.name} object was deleted in this transaction")
         if e.lock < self.default_lock:
+            self.adopt(e)
             self._upgrade_now(e, self.default_lock)
         value = e.state[name]
         if value is not None and name in e.info.ref_fields:
@@ -212,6 +232,7 @@ class Transaction:
                 f"{e.info.name} object used outside its transaction (which is {e.tx._state.value})"
             )
         self.check_usable()
+        self.adopt(e)
         if e.status >= DELETED:
             raise Deleted(f"{e.info.name} object was deleted in this transaction")
         f = e.info.fields[name]
@@ -300,7 +321,7 @@ class Transaction:
             yield from self.need(ref, mode)  # type: ignore[arg-type]
         if prefetched is not None and prefetched[0] == store.commit_seq:
             raw = prefetched[1]
-            rec = None if raw is None else unpack(raw)
+            rec = None if raw is None else store.record(raw, ref)
         else:
             rec = store.get_object(ref)
         if rec is None:

@@ -172,6 +172,26 @@ class LockTable:
         for waiter in (*woken, *orphans):
             waiter.wake()
 
+    def interrupt(self, txn: Hashable, error: BaseException) -> None:
+        """Withdraw ``txn``'s waiting requests: each waiter raises ``error``; its held locks stay.
+
+        A transaction being rolled back while one of its ops waits for a lock (a
+        deadlock victim across nodes, an idle or orphaned branch): the wait ends
+        now, so the rollback that is queued behind the op can run and free the
+        locks the others wait for, instead of after ``lock_wait``.
+        """
+        woken: list[_Waiter] = []
+        with self._mutex:
+            for req in self._manager.pending(txn):
+                waiter = self._waits.pop(req.ticket, None)
+                if waiter is None:
+                    continue
+                waiter.error = error
+                woken.append(waiter)
+                woken.extend(self._claim(self._manager.cancel(req.ticket)))
+        for waiter in woken:
+            waiter.wake()
+
     def held_by(self, txn: Hashable) -> dict[Hashable, LockMode]:
         """A copy of every lock ``txn`` holds (to make a prepared transaction's locks durable)."""
         with self._mutex:
@@ -181,6 +201,12 @@ class LockTable:
         """The mode ``txn`` holds on ``resource``, or ``None``."""
         with self._mutex:
             return self._manager.mode_held(txn, resource)
+
+    def wait_for(self) -> dict[Hashable, set[Hashable]]:
+        """The wait-for graph now: waiting txn -> the txns it waits for (deadlock detection
+        across nodes reads it; empty, and cheap, when nobody waits)."""
+        with self._mutex:
+            return self._manager.wait_for()
 
     def waiting(self, resource: Hashable) -> int:
         """How many requests wait for ``resource`` (diagnostics, tests)."""

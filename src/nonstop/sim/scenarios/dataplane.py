@@ -102,6 +102,9 @@ class ScenarioConfig(CommonConfig):
     audit_share: float = 0.1
     local_share: float = 0.3
     """Transfers between two accounts of the node the client talks to (local commits)."""
+    unordered: float = 0.0
+    """Share of transfers that lock their two accounts in random order rather than
+    sorted: they make deadlocks, across nodes too (docs/design/deadlocks.md)."""
     crash_steps: bool = True
     """Also crash one node at a delicate step of a commit (:mod:`.dataplane_crashes`)."""
     dtx: DtxConfig = field(default_factory=DtxConfig)
@@ -360,6 +363,8 @@ class BankClient:
         a = Attempt(tid, ledger.la.invoke(self.process), ledger.bank.invoke(self.process))
         ledger.counts["transfers"] += 1
         first, second = sorted((src, dst))
+        if self.cfg.unordered and self.rng.random() < self.cfg.unordered:
+            first, second = src, dst  # locks in any order: cycles across nodes happen
         got: dict[int, tuple[bytes, int, dict[str, Any]]] = {}
         session: Any = None
         for number in (first, second):

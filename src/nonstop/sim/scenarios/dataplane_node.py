@@ -59,6 +59,8 @@ from nonstop.dataplane.events import (
     DecisionDone,
     EndBranch,
     Exec,
+    LocalWaits,
+    ReadWaits,
 )
 from nonstop.dataplane.machine import DataPlane
 from nonstop.dtx.clustered import DtxClusterNode
@@ -232,6 +234,13 @@ class SimDataNode:
                 self.store.end(now, action.bid)
             elif isinstance(action, Decide):
                 self._decide(now, action)
+            elif isinstance(action, ReadWaits):
+                # The simulated store's lock manager knows transactions by branch id.
+                graph = self.store.locks.wait_for()
+                edges = tuple(
+                    (str(w), str(h)) for w, hs in graph.items() for h in sorted(hs, key=str)
+                )
+                self._queue.append((True, LocalWaits(now, edges)))
             elif isinstance(action, ClientReply):
                 self._out.append(Reply(action.corr, action.payload))
             elif isinstance(action, Persist):

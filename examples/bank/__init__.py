@@ -1,0 +1,1 @@
+"""The README's example application (``nonstop local up --app bank.model``)."""

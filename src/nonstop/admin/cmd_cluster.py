@@ -1,0 +1,218 @@
+"""``nonstop cluster status | join | leave | remove``: ask a running cluster.
+
+Which cluster: the nodes given with ``--node``, else the local cluster of
+``--dir`` (default ``./.nonstop/local``), whose cluster id is then checked on
+connect.  Without either the command refuses with a hint rather than show
+whatever happens to answer on a default port.
+
+Membership changes go through the cluster log (the leader commits a new
+view).  Removing a node does not move its data yet (issue 10): ``leave`` and
+``remove`` refuse a node whose object store holds objects, naming how many,
+unless ``--force``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import click
+
+from nonstop.admin.local import LocalCluster
+from nonstop.admin.output import USAGE, emit_status, fail
+from nonstop.errors import Error
+from nonstop.net.tls import TLSConfig
+
+DIR_HELP = "Local cluster folder whose nodes to ask (default ./.nonstop/local)."
+
+
+@dataclass
+class Target:
+    """The addresses to ask, the cluster id expected ('' = any) and where they came from."""
+
+    addresses: str
+    cluster: str
+    source: str
+    folder: str | None = None
+
+
+def resolve_target(address: str | None, folder: str | None) -> Target:
+    """``--node`` wins; else the local cluster of ``--dir``; else a one-line refusal."""
+    from nonstop.admin.local import DEFAULT_DIR
+
+    if address:
+        return Target(address, "", "--node")
+    lc = LocalCluster(folder or DEFAULT_DIR)
+    layout = lc.load()
+    if layout is None:
+        fail(
+            f"no local cluster in {lc.dir}: pass --node HOST:PORT of a node, or --dir of a "
+            "local cluster folder (`nonstop local up` creates one)",
+            USAGE,
+        )
+    return Target(
+        ",".join(lc.addresses(layout)), layout["cluster"], str(lc.layout_path), str(lc.dir)
+    )
+
+
+def open_client(target: Target, timeout: float, tls: TLSConfig | None = None) -> Any:
+    """A connected client, or a one-line failure with what to do."""
+    from nonstop.client import connect
+
+    try:
+        return connect(target.addresses, cluster=target.cluster, timeout=timeout, tls=tls)
+    except (Error, ValueError) as exc:
+        if target.folder is not None:
+            fail(
+                f"no node of the local cluster in {target.folder} answers ({exc}): "
+                f"start it with `nonstop local up --dir {target.folder}`"
+            )
+        fail(str(exc))
+
+
+def tls_options(f: Any) -> Any:
+    for option in (
+        click.option("--tls-key", type=click.Path(dir_okay=False), help="Client private key."),
+        click.option("--tls-cert", type=click.Path(dir_okay=False), help="Client certificate."),
+        click.option("--tls-ca", type=click.Path(dir_okay=False), help="CA file: talk TLS."),
+    ):
+        f = option(f)
+    return f
+
+
+def target_options(f: Any) -> Any:
+    for option in (
+        click.option("--timeout", default=3.0, show_default=True, help="Seconds per node."),
+        click.option("--dir", "folder", help=DIR_HELP),
+        click.option("--node", "address", help="Node address(es) to ask, comma-separated."),
+    ):
+        f = option(f)
+    return f
+
+
+@click.group()
+def cluster() -> None:
+    """Ask a running cluster: status, membership."""
+
+
+@cluster.command("status")
+@target_options
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@tls_options
+def cluster_status(
+    address: str | None,
+    folder: str | None,
+    timeout: float,
+    as_json: bool,
+    tls_ca: str | None,
+    tls_cert: str | None,
+    tls_key: str | None,
+) -> None:
+    """Show the cluster id, view, quorum, leader, and every node's state and membership."""
+    target = resolve_target(address, folder)
+    tls = TLSConfig(cert=tls_cert, key=tls_key, ca=tls_ca)
+    with open_client(target, timeout, tls) as client:
+        try:
+            cluster_id = client.ping().get("cluster")
+            status = client.status()
+        except (Error, ValueError) as exc:
+            fail(str(exc))
+    emit_status(status, as_json, cluster=cluster_id, source=target.source)
+
+
+@cluster.command("join")
+@click.argument("name")
+@click.argument("node_address", metavar="ADDRESS")
+@target_options
+def cluster_join_cmd(
+    name: str, node_address: str, address: str | None, folder: str | None, timeout: float
+) -> None:
+    """Add node NAME at ADDRESS (host:port) to the membership, through the cluster log.
+
+    The node itself must be running without bootstrap members (it waits to be added).
+    """
+    target = resolve_target(address, folder)
+    with open_client(target, timeout) as client:
+        try:
+            reply = client.join(name, node_address)
+        except (Error, ValueError) as exc:
+            fail(f"cannot add {name}: {exc}")
+    click.echo(f"{name} is a member: view {reply.get('view')}, members {_names(reply)}")
+
+
+@cluster.command("remove")
+@click.argument("name")
+@target_options
+@click.option("--force", is_flag=True, help="Remove it even if its store holds objects.")
+def cluster_remove(
+    name: str, address: str | None, folder: str | None, timeout: float, force: bool
+) -> None:
+    """Remove node NAME from the membership (refused while its store holds objects)."""
+    target = resolve_target(address, folder)
+    with open_client(target, timeout) as client:
+        remove_member(client, name, force, timeout)
+
+
+@cluster.command("leave")
+@click.option("--node", "address", required=True, help="Address of the node that leaves.")
+@click.option("--timeout", default=3.0, show_default=True, help="Seconds per node.")
+@click.option("--force", is_flag=True, help="Leave even if its store holds objects.")
+def cluster_leave(address: str, timeout: float, force: bool) -> None:
+    """The node at --node leaves the membership (refused while its store holds objects)."""
+    target = Target(address, "", "--node")
+    with open_client(target, timeout) as client:
+        try:
+            name = client.ping()["name"]
+        except (Error, ValueError) as exc:
+            fail(str(exc))
+        remove_member(client, name, force, timeout)
+
+
+def remove_member(client: Any, name: str, force: bool, timeout: float) -> None:
+    """Check that ``name`` is a member that holds nothing (or ``force``), then remove it."""
+    try:
+        status = client.status()
+    except (Error, ValueError) as exc:
+        fail(str(exc))
+    members = status.get("members") or []
+    if name not in members:
+        fail(f"{name} is not a member (members: {', '.join(members) or '-'})", USAGE)
+    if not force:
+        address = next(
+            (n.get("address") for n in status.get("nodes", []) if n["name"] == name), None
+        )
+        held = objects_held(address, timeout)
+        if held is None:
+            fail(
+                f"cannot tell whether {name} holds objects (it does not answer): start it "
+                "first, or pass --force to remove it and lose what it holds"
+            )
+        if held:
+            fail(
+                f"{name} holds {held} objects; removing it would lose them (partitions are "
+                "not moved off a removed node yet): pass --force to remove it anyway"
+            )
+    try:
+        reply = client.leave(name)
+    except (Error, ValueError) as exc:
+        fail(f"cannot remove {name}: {exc}")
+    click.echo(f"{name} removed: view {reply.get('view')}, members {_names(reply)}")
+
+
+def objects_held(address: str | None, timeout: float) -> int | None:
+    """How many objects the node at ``address`` stores (None: it does not answer)."""
+    if not address:
+        return None
+    from nonstop.client import Client
+
+    try:
+        with Client([address], timeout=timeout, rounds=1) as c:
+            stats = c.request({"op": "runtime_stats"})
+    except (Error, OSError):
+        return None
+    objects = stats.get("objects") if isinstance(stats, dict) else None
+    return int(objects) if isinstance(objects, int) else 0
+
+
+def _names(reply: dict[str, Any]) -> str:
+    return ",".join(reply.get("members") or []) or "-"

@@ -1,0 +1,142 @@
+"""When a node may act as a partition's active node: liveness leases (ha.md section 8).
+
+The failure detector is not symmetric (any message is a sign of life), so an
+active node cut off one way still hears a quorum while the others promote a
+replica.  Epochs fence writes at sync replicas; reads, and partitions without
+a sync replica, need more.  The rule, made of cluster-log entries:
+
+* every node renews a **lease** every ``lease / 3`` with a ``lease`` entry
+  carrying its lease number ``ln``; the table accepts it only if ``ln`` is
+  still the node's number (a failover of the node's partitions raises it);
+* a node holds its lease until ``proposed_at + lease`` of its last renewal
+  *accepted* (measured on its own clock from when it proposed it, which is
+  before anyone applied it);
+* every node notes, on its own clock, when it applied each node's last
+  accepted renewal.  A node that becomes active for P (any entry: failover,
+  handover, disable, enable) starts **acting** only once the previous
+  active's lease, as it applied it, has run out: ``applied_at + lease *
+  (1 + drift)``.  Renewals after the revoking entry are refused, so the old
+  active's last lease is one the new active applied *before* that entry.
+
+So at no instant do two nodes act for one partition, whatever the network
+does, as long as clock *rates* differ by less than ``drift``.  Acting also
+needs quorum (D16).  The data path acknowledges only while acting.
+
+:class:`LeaseKeeper` is that rule, sans-I/O: fed the table's ``pt.lease`` and
+``pt.changed`` notifications with the local time, it says when to renew and
+:meth:`acting` answers "may I acknowledge for P now?".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from nonstop.ha.partition_table import PartitionTable, lease_entry
+from nonstop.runtime.interface import NodeId
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseConfig:
+    """Lease length and the bound on clock-rate difference it tolerates."""
+
+    lease: float = 0.6
+    drift: float = 0.05
+
+    @property
+    def renew_every(self) -> float:
+        return self.lease / 3
+
+
+class LeaseKeeper:
+    """One node's view of leases: its own, and when others' were applied (module doc)."""
+
+    def __init__(
+        self,
+        me: NodeId,
+        incarnation: int,
+        table: PartitionTable,
+        config: LeaseConfig | None = None,
+        *,
+        wait_for_previous: bool = True,
+    ) -> None:
+        self.me = me
+        self.incarnation = incarnation
+        self.table = table
+        self.config = config or LeaseConfig()
+        self.wait_for_previous = wait_for_previous
+        """False only in the simulator's broken variant (a new active acts at once)."""
+        self.held_until = float("-inf")
+        self._renewal = 0
+        self._sent: dict[int, float] = {}
+        self._next_renew = float("-inf")
+        self._applied_at: dict[NodeId, float] = {}
+        self._acting_from: dict[str, float] = {}
+        self._snapshot_at = float("-inf")
+
+    # ------------------------------------------------------------ renewals
+    def renewal(self, now: float) -> dict[str, Any] | None:
+        """The next renewal entry to submit, when one is due (every ``lease / 3``)."""
+        if now < self._next_renew:
+            return None
+        self._next_renew = now + self.config.renew_every
+        self._renewal += 1
+        self._sent[self._renewal] = now
+        for old in [k for k in self._sent if k < self._renewal - 64]:
+            del self._sent[old]
+        return lease_entry(self.table.leases.get(self.me, 0), self._renewal)
+
+    # ------------------------------------------------------------ applied entries
+    def on_snapshot(self, now: float) -> None:
+        """The table was replaced: any node's last lease may be inside it, so treat every
+        lease as applied now (conservative: a later start, never an earlier one)."""
+        self._snapshot_at = now
+        for name, part in self.table.partitions.items():
+            if part.active == self.me:
+                self._acting_from[name] = now + self._wait()
+
+    def on_lease(self, now: float, data: dict[str, Any]) -> None:
+        """``pt.lease`` applied here (``r`` in it: who asked, which incarnation)."""
+        if not data.get("ok"):
+            return
+        node = data.get("node")
+        if not isinstance(node, str):
+            return
+        self._applied_at[node] = now
+        if node == self.me and data.get("r") == [self.me, self.incarnation]:
+            sent = self._sent.get(data.get("k"))  # type: ignore[arg-type]
+            if sent is not None:
+                self.held_until = max(self.held_until, sent + self.config.lease)
+
+    def on_changed(self, now: float, data: dict[str, Any]) -> None:
+        """``pt.changed`` applied here: a new active node waits out the previous one's lease."""
+        name, active, was = data.get("p"), data.get("active"), data.get("was")
+        if not isinstance(name, str) or active != self.me or was == self.me:
+            return
+        start = now
+        if self.wait_for_previous and isinstance(was, str):
+            applied = max(self._applied_at.get(was, float("-inf")), self._snapshot_at)
+            start = max(now, applied + self._wait())
+        self._acting_from[name] = start
+
+    def _wait(self) -> float:
+        return self.config.lease * (1 + self.config.drift)
+
+    # ------------------------------------------------------------ answer
+    def acting(self, now: float, partition: str, *, enabled: bool) -> bool:
+        """May this node acknowledge for ``partition`` now? (quorum, active, lease, wait)."""
+        part = self.table.get(partition)
+        return (
+            enabled
+            and part is not None
+            and part.active == self.me
+            and now < self.held_until
+            and now >= self._acting_from.get(partition, float("inf"))
+        )
+
+    def acting_until(self, partition: str) -> float:
+        """Until when the current answer of :meth:`acting` holds without another event."""
+        return self.held_until
+
+
+__all__ = ["LeaseConfig", "LeaseKeeper"]

@@ -1,0 +1,114 @@
+"""Liveness leases (ha.md section 8): renewals, revocation by failover, the new active's wait."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nonstop.ha.lease import LeaseConfig, LeaseKeeper
+from nonstop.ha.partition_table import (
+    PartitionTable,
+    define_entry,
+    enable_entry,
+    failover_entry,
+    lease_entry,
+    restored_entry,
+)
+from nonstop.ha.policies import SYNC, PartitionDef
+from nonstop.runtime.interface import Notify
+
+AB = PartitionDef("P", (("a", SYNC), ("b", SYNC)), "s")
+CFG = LeaseConfig(lease=0.6, drift=0.0)
+
+
+class Pair:
+    """Two nodes' keepers over one table (a log applied at the same instant on both)."""
+
+    def __init__(self) -> None:
+        self.live = ["a", "b"]
+        self.table = PartitionTable(lambda: ["a", "b"], lambda: self.live)
+        self.keepers = {n: LeaseKeeper(n, 1, self.table, CFG) for n in "ab"}
+        self.index = 0
+
+    def apply(self, now: float, entry: dict[str, Any], by: str) -> list[Any]:
+        self.index += 1
+        actions = self.table.apply(self.index, {**entry, "r": [by, 1]})
+        for action in actions:
+            if isinstance(action, Notify) and action.kind == "pt.lease":
+                for keeper in self.keepers.values():
+                    keeper.on_lease(now, action.data)
+            if isinstance(action, Notify) and action.kind == "pt.changed":
+                for keeper in self.keepers.values():
+                    keeper.on_changed(now, action.data)
+        return actions
+
+    def renew(self, now: float, node: str, apply_at: float | None = None) -> None:
+        entry = self.keepers[node].renewal(now)
+        assert entry is not None
+        self.apply(now if apply_at is None else apply_at, entry, node)
+
+
+def test_renewals_are_due_every_third_of_the_lease_and_hold_it_from_the_proposal() -> None:
+    w = Pair()
+    k = w.keepers["a"]
+    assert k.renewal(1.0) is not None
+    assert k.renewal(1.1) is None
+    assert k.renewal(1.2) is not None
+    w2 = Pair()
+    w2.renew(1.0, "a", apply_at=1.05)
+    assert w2.keepers["a"].held_until == 1.6  # from when it was proposed, not applied
+
+
+def test_a_failover_revokes_the_lease_and_later_renewals_are_refused() -> None:
+    w = Pair()
+    w.apply(0.0, define_entry(AB), "a")
+    w.apply(0.0, enable_entry("P"), "a")
+    w.apply(0.0, enable_entry("P"), "b")
+    w.apply(0.0, restored_entry("P", 2, "b"), "a")
+    w.renew(1.0, "a")
+    assert w.keepers["a"].acting(1.1, "P", enabled=True)
+    assert not w.keepers["a"].acting(1.1, "P", enabled=False)  # no quorum, no acting (D16)
+    stale = w.keepers["a"].renewal(1.3)  # proposed before the failover, applied after it
+    w.live = ["b"]
+    w.apply(1.4, failover_entry("P", 3, ["a"]), "b")
+    assert w.table.leases == {"a": 1}
+    assert stale is not None
+    actions = w.apply(1.5, stale, "a")
+    assert actions[0].data["ok"] is False
+    # b applied a's last accepted renewal at 1.0: it acts from 1.6, never before.
+    b = w.keepers["b"]
+    w.renew(1.4, "b")
+    assert not b.acting(1.55, "P", enabled=True)
+    assert b.acting(1.61, "P", enabled=True)
+    # a's own lease ran out at 1.6 too: never both at once.
+    assert not w.keepers["a"].acting(1.61, "P", enabled=True)
+    fresh = w.keepers["a"].renewal(2.0)
+    assert fresh is not None and fresh["ln"] == 1  # a learned its new lease number
+
+
+def test_the_first_active_acts_at_once_and_lease_entries_are_validated() -> None:
+    w = Pair()
+    w.apply(0.0, define_entry(AB), "a")
+    w.renew(0.0, "a")
+    w.apply(0.1, enable_entry("P"), "a")
+    assert w.keepers["a"].acting(0.1, "P", enabled=True)
+    assert w.table.forwarded("a", {"pt": "lease", "ln": "0", "k": 1}) is None
+    assert w.table.forwarded("a", lease_entry(0, 1)) is not None
+    before = w.table.digest()
+    actions = w.table.apply(99, {"pt": "lease", "ln": 0, "k": 1})  # no requester
+    assert actions[0].data["ok"] is False and w.table.digest() == before
+
+
+def test_a_snapshot_makes_a_new_active_wait_a_whole_lease() -> None:
+    w = Pair()
+    w.apply(0.0, define_entry(AB), "a")
+    w.apply(0.0, enable_entry("P"), "a")
+    copy = PartitionTable(lambda: ["a", "b"], lambda: ["b"])
+    copy.restore(w.table.snapshot())
+    assert copy.leases == w.table.leases and copy.digest() == w.table.digest()
+    b = LeaseKeeper("b", 1, copy, CFG)
+    b.on_snapshot(5.0)  # whatever a renewed is inside the snapshot
+    b.on_changed(5.0, {"p": "P", "active": "b", "was": "a"})
+    copy.partitions["P"].active = "b"
+    b.held_until = 10.0
+    assert not b.acting(5.5, "P", enabled=True)
+    assert b.acting(5.61, "P", enabled=True)
