@@ -39,7 +39,7 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from nonstop.dtx.decisions import (
     ABORT,
@@ -329,7 +329,7 @@ class DtxNode:
             if sender == LOG and isinstance(floor, int) and payload.get("c") == self.name:
                 self.log_floor = max(self.log_floor, floor)
             return
-        gtid = payload.get("g")
+        gtid = cast(str, payload.get("g"))  # checked by parse_gtid just below
         parsed = parse_gtid(gtid)
         if kind == FORGET or parsed is None:
             self._log("warning", f"dropped {kind} from {sender}: bad gtid {gtid!r:.40}")

@@ -19,7 +19,7 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from nonstop.dtx.decisions import (
     DECIDED,
@@ -229,27 +229,27 @@ class SimDecisionLog:
                 return [forgot]
             gone = self.table.forget(coord, floor)
             self._token += 1
-            writes = [(b"fl/" + coord.encode(), _pack(floor))]
+            writes: list[tuple[bytes, bytes | None]] = [(b"fl/" + coord.encode(), _pack(floor))]
             writes += [(b"d/" + g.encode(), None) for g in gone]
             self._waiting[self._token] = [forgot]  # acknowledged once durable
             return [Persist(self._token, tuple(writes))]
-        gtid = payload.get("g")
+        gtid = cast(str, payload.get("g"))  # checked by parse_gtid just below
         if parse_gtid(gtid) is None:
             return [Log("warning", f"log: bad gtid from {sender}")]
         if kind == LOOKUP:
             if self.table.forgotten(gtid):
                 return [Send(sender, {"t": UNKNOWN, "g": gtid, "forgotten": True})]
-            outcome = self.table.lookup(gtid)
-            if outcome is None:
+            found = self.table.lookup(gtid)
+            if found is None:
                 return [Send(sender, {"t": UNKNOWN, "g": gtid, "forgotten": False})]
-            return self._answer(gtid, outcome, [sender])
+            return self._answer(gtid, found, [sender])
         if kind == PROPOSE:
-            outcome = payload.get("o")
+            proposed = payload.get("o")
             tell = payload.get("n", [])
-            if outcome not in OUTCOMES or not isinstance(tell, list):
+            if proposed not in OUTCOMES or not isinstance(tell, list):
                 return [Log("warning", f"log: bad proposal from {sender}")]
             known = self.table.lookup(gtid)
-            decided = self.table.decide(gtid, outcome)
+            decided = self.table.decide(gtid, proposed)
             if decided is None:
                 return [Send(sender, {"t": UNKNOWN, "g": gtid, "forgotten": True})]
             if known is not None:
