@@ -494,10 +494,7 @@ def _settle_and_check(
         return
     if injector is not None:
         injector.enabled = False  # the final audit checks liveness, not crashes
-    rid = sim.request(names[0], audit())
-    while sim.now < deadline + 3.0 and sim.requests[rid].reply is None:
-        sim.run_for(0.05)
-    reply = sim.requests[rid].reply
+    reply = _final_audit(sim, names[0], audit, deadline + 3.0)
     if not (isinstance(reply, dict) and reply.get("outcome") == COMMIT):
         checker.fail(sim, "liveness", f"final audit did not commit: {reply!r:.200}")
     # Its phase two, then compaction: the log must have forgotten every
@@ -521,6 +518,40 @@ def _settle_and_check(
     if any(t != tables[0] for t in tables):
         differ = [(n, t.floors) for n, t in zip(names, tables, strict=True)]
         checker.fail(sim, "replicas", f"decision tables differ: {differ}")
+
+
+FINAL_AUDIT_ATTEMPTS = 3
+"""How often the final audit is run, like a client that replays on ``Unavailable``."""
+
+
+def _final_audit(
+    sim: Simulation, coordinator: NodeId, audit: Callable[[], dict[str, Any]], until: float
+) -> Any:
+    """Run the last audit on ``coordinator``; replay it while the network excuses a failure.
+
+    The heal ends partitions and loss bursts, not the seed's ambient message
+    loss (up to 5 %): each prepare/vote round trip then fails with some 10 %
+    probability, and the coordinator makes only ``vote_timeout / retry`` of
+    them before it answers ``Unavailable`` -- correctly: that is B8, and a
+    client replays the transaction.  One try would make the liveness check
+    fail about once in 10,000 seeds with nothing wrong (seeds 311205,
+    317065: a vote and every retransmitted prepare to the same node lost).
+    So the audit is replayed, at most :data:`FINAL_AUDIT_ATTEMPTS` times, and
+    only when its failure is ``Unavailable`` *and* the network dropped
+    messages during the attempt: a participant that stops voting with no
+    message lost still fails the first try.  Returns the last reply.
+    """
+    reply: Any = None
+    for _ in range(FINAL_AUDIT_ATTEMPTS):
+        dropped = sim.messages_dropped
+        rid = sim.request(coordinator, audit())
+        while sim.now < until and sim.requests[rid].reply is None:
+            sim.run_for(0.05)
+        reply = sim.requests[rid].reply
+        lost = sim.messages_dropped > dropped
+        if not (isinstance(reply, dict) and reply.get("error") == "Unavailable" and lost):
+            break
+    return reply
 
 
 def _dtx(machine: Any) -> DtxNode | None:
