@@ -44,7 +44,7 @@ from nonstop.cluster.node import ClusterConfig
 from nonstop.cluster.raft import RaftConfig
 from nonstop.dtx.clustered import DtxClusterNode
 from nonstop.dtx.decisions import ABORT, COMMIT, DECIDED, LOG, PROPOSE, DecisionTable
-from nonstop.dtx.protocol import ACK, K_TOMB, VOTE, DtxConfig, DtxNode
+from nonstop.dtx.protocol import ACK, K_TOMB, PREPARE, VOTE, DtxConfig, DtxNode
 from nonstop.runtime.interface import (
     Action,
     ClientRequest,
@@ -521,36 +521,74 @@ def _settle_and_check(
 
 
 FINAL_AUDIT_ATTEMPTS = 3
-"""How often the final audit is run, like a client that replays on ``Unavailable``."""
+"""How often the final audit may run, like a client that replays on ``Unavailable``."""
+
+
+@dataclass(slots=True)
+class VoteWatch:
+    """When a prepare last reached each participant, and when it last voted, per gtid.
+
+    Tells a vote the network lost from a participant that stopped voting: a
+    healthy participant answers every prepare that reaches it (it votes once
+    its branch is durable, and again on every retransmitted prepare).
+    """
+
+    reached: dict[tuple[str, NodeId], float] = field(default_factory=dict)
+    voted: dict[tuple[str, NodeId], float] = field(default_factory=dict)
+
+    def observe(self, sim: Simulation, node: NodeId, event: Event, actions: list[Action]) -> None:
+        p = event.payload if isinstance(event, Received) else None
+        if isinstance(p, dict) and p.get("t") == PREPARE:
+            self.reached[(str(p.get("g")), node)] = sim.now
+        for a in actions:
+            if isinstance(a, Send) and a.payload.get("t") == VOTE:
+                self.voted[(str(a.payload.get("g")), node)] = sim.now
+
+    def silent(self, gtid: str) -> list[NodeId]:
+        """Participants a prepare of ``gtid`` reached after their last vote on it."""
+        return sorted(
+            node
+            for (g, node), at in self.reached.items()
+            if g == gtid and self.voted.get((g, node), -1.0) < at
+        )
 
 
 def _final_audit(
     sim: Simulation, coordinator: NodeId, audit: Callable[[], dict[str, Any]], until: float
 ) -> Any:
-    """Run the last audit on ``coordinator``; replay it while the network excuses a failure.
+    """Run the last audit on ``coordinator``; replay it if the network lost its votes.
 
     The heal ends partitions and loss bursts, not the seed's ambient message
     loss (up to 5 %): each prepare/vote round trip then fails with some 10 %
-    probability, and the coordinator makes only ``vote_timeout / retry`` of
-    them before it answers ``Unavailable`` -- correctly: that is B8, and a
-    client replays the transaction.  One try would make the liveness check
-    fail about once in 10,000 seeds with nothing wrong (seeds 311205,
-    317065: a vote and every retransmitted prepare to the same node lost).
-    So the audit is replayed, at most :data:`FINAL_AUDIT_ATTEMPTS` times, and
-    only when its failure is ``Unavailable`` *and* the network dropped
-    messages during the attempt: a participant that stops voting with no
-    message lost still fails the first try.  Returns the last reply.
+    probability, and the coordinator makes about ``vote_timeout / retry`` of
+    them before it answers ``Unavailable`` -- correctly (B8); a client replays
+    the transaction.  With one try the liveness check failed about once in
+    10,000 seeds with nothing wrong (seeds 311205, 317065: a vote and every
+    retransmitted prepare to one node lost).  So the audit is replayed, at
+    most :data:`FINAL_AUDIT_ATTEMPTS` times, and only when the answer is
+    ``Unavailable``, messages were dropped, and every participant answered
+    every prepare that reached it (:class:`VoteWatch`): a participant that
+    stops voting still fails the first try.  Returns the last reply.
     """
+    watch = VoteWatch()
+    sim.observers.append(watch.observe)
     reply: Any = None
-    for _ in range(FINAL_AUDIT_ATTEMPTS):
-        dropped = sim.messages_dropped
-        rid = sim.request(coordinator, audit())
-        while sim.now < until and sim.requests[rid].reply is None:
-            sim.run_for(0.05)
-        reply = sim.requests[rid].reply
-        lost = sim.messages_dropped > dropped
-        if not (isinstance(reply, dict) and reply.get("error") == "Unavailable" and lost):
-            break
+    try:
+        for _ in range(FINAL_AUDIT_ATTEMPTS):
+            dropped = sim.messages_dropped
+            rid = sim.request(coordinator, audit())
+            while sim.now < until and sim.requests[rid].reply is None:
+                sim.run_for(0.05)
+            reply = sim.requests[rid].reply
+            if not (
+                isinstance(reply, dict)
+                and reply.get("error") == "Unavailable"
+                and sim.messages_dropped > dropped
+                and not watch.silent(str(reply.get("g")))
+            ):
+                break
+    finally:
+        sim.observers.remove(watch.observe)
     return reply
 
 
