@@ -16,13 +16,15 @@ import os
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 
 from nonstop.dtx.decisions import COMMIT
-from nonstop.dtx.protocol import Branch, CoordTx, DtxNode, Progress, Ready
+from nonstop.dtx.protocol import PREPARE, VOTE, Branch, CoordTx, DtxNode, Progress, Ready
+from nonstop.runtime.interface import Persisted, Received, Send
 from nonstop.sim.dtx_campaign import COUNTERS, failure_text, main, run_campaign, totals
-from nonstop.sim.scenarios.dtx import STEPS, ScenarioConfig, run_seed
+from nonstop.sim.scenarios.dtx import STEPS, ScenarioConfig, VoteWatch, run_seed
 
 SEEDS = int(os.environ.get("NONSTOP_DTX_SEEDS", "1000"))
 SEMANTIC = {"agreement", "atomicity", "balance", "acked-commit", "acked-abort", "audit"}
@@ -81,6 +83,53 @@ def test_a_seed_replays_identically():
     b, sim_b = run_seed(11, trace=True)
     assert sim_a.trace_digest == sim_b.trace_digest
     assert a.summary().split(" wall=")[0] == b.summary().split(" wall=")[0]
+
+
+@pytest.mark.parametrize("clustered", [False, True], ids=["plain", "clustered"])
+@pytest.mark.parametrize("seed", [311205, 317065, 468901])
+def test_issue_14_seeds_commit_their_final_audit_after_the_heal(seed, clustered):
+    """Once liveness failures: the final audit's vote to one node and every
+    retransmitted prepare were lost to the ambient 5 % loss, so the single try
+    ended ``Unavailable`` (311205, 317065), or its commit proposals were lost
+    until participants in doubt had the log abort it (468901).  The audit is
+    now replayed like a client would."""
+    result, _ = run_seed(seed, ScenarioConfig(clustered=clustered))
+    assert result.ok, result.violations
+    assert result.stats["audits"] >= 1
+
+
+class SilentAfterVoting(DtxNode):
+    """Broken: a participant whose vote was lost never votes again (ignores retransmits)."""
+
+    def _prepare(self, gtid: str, ops: object) -> None:
+        b = self.branches.get(gtid)
+        if b is not None and b.state == "prepared":
+            return
+        super()._prepare(gtid, ops)
+
+
+def test_the_final_audit_replay_does_not_excuse_a_participant_that_stops_voting():
+    """Seed 311205 loses the final audit's vote: with a participant that never
+    repeats it, the replay is refused and the run fails liveness."""
+    result, _ = run_seed(311205, ScenarioConfig(node_class=SilentAfterVoting))
+    liveness = [v for v in result.violations if v.invariant == "liveness"]
+    assert liveness and "no vote from" in liveness[0].detail, result.violations
+
+
+def test_vote_watch_names_participants_a_prepare_reached_after_their_last_vote():
+    watch = VoteWatch()
+    prepare = {"t": PREPARE, "g": "n1.7", "ops": [], "f": 1}
+    vote = Send("n1", {"t": VOTE, "g": "n1.7", "v": "yes", "r": {}})
+    sim = SimpleNamespace(now=1.0)
+    watch.observe(sim, "n2", Received(1.0, "n1", prepare), [vote])  # answered at once
+    watch.observe(sim, "n3", Received(1.0, "n1", prepare), [])  # persisting first
+    assert watch.silent("n1.7") == ["n3"]
+    sim.now = 1.01
+    watch.observe(sim, "n3", Persisted(1.01, 4), [vote])  # durable: votes
+    assert watch.silent("n1.7") == []
+    sim.now = 1.2
+    watch.observe(sim, "n2", Received(1.2, "n1", prepare), [])  # a retransmit unanswered
+    assert watch.silent("n1.7") == ["n2"] and watch.silent("n1.8") == []
 
 
 def test_replay_command_runs_one_seed(capsys):
