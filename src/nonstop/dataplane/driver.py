@@ -16,6 +16,7 @@ done (finished or cancelled) are dropped.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Any
 
 from nonstop import errors
@@ -47,7 +48,7 @@ FIRST = -2
 """The slot of a wait that must end before the task's ``then`` step is carried out."""
 
 
-class Driver:
+class Driver(ABC):
     """Runs tasks (module doc); the base of the data-plane machine."""
 
     def __init__(self, commit_timeout: float) -> None:
@@ -68,13 +69,16 @@ class Driver:
         self._next_corr += 1
         return corr
 
+    @abstractmethod
     def _call(self, task: Task, slot: int, call: Call) -> Immediate | None:
-        """Carry out one :class:`Call` (the machine's)."""
-        raise NotImplementedError
+        """Carry out one :class:`Call`: :class:`~nonstop.dataplane.machine.DataPlane`
+        routes it to the local store or to a peer (this base only drives coroutines)."""
 
+    @abstractmethod
     def _task_over(self, task: Task) -> None:
         """``task`` finished (the machine starts its session's next op)."""
 
+    @abstractmethod
     def _failed(self, task: Task, error: errors.Error) -> None:
         """``task`` raised ``error`` (the machine ends a session it dooms)."""
 
