@@ -398,10 +398,46 @@ def test_no_quorum_no_distributed_commit() -> None:
     assert reply["error"] == "Unavailable" and "no quorum" in reply["message"]
     assert net.decides["A"] == []
     assert [p["b"] for _, _, p in net.data_reqs("branch.end")] == [f"A.{s}"]
-    # Writing only here needs no decision: it commits.
-    s = net.ok("A", get("a", begin="serializable"))["s"]
+
+
+def test_disabled_means_disabled_no_local_commit_either() -> None:
+    """D16: a node without quorum acknowledges no commit, not even one it could do alone."""
+    net = Net("AB")
+    objs = accounts(net, {"a": "A"})
+    net.cluster(up={"A"}, quorum="Disabled")
+    s = net.ok("A", get("a", begin="serializable", lock="write"))["s"]  # reads still work
     w = [write(objs["a"], balance=1)]
-    assert net.ok("A", {"op": "tx.commit", "s": s, "w": w}) == {"ok": True}
+    reply = net.op("A", {"op": "tx.commit", "s": s, "w": w, "req": ["d", 1]})
+    assert reply is not None and reply["error"] == "Unavailable"
+    assert "no quorum" in reply["message"] and "A" in reply["message"]
+    # Nothing was written: no store commit, the branch rolled back; the request's
+    # outcome is the definite abort (a retry of the same id hears it again).
+    assert [ex.op for ex in net.stores["A"].execs if ex.op == "branch.commit"] == []
+    assert net.ended["A"] == [f"A.{s}"]
+    assert net.stores["A"].results[("d", 1)][0] is False
+    # A read-only commit acknowledges nothing and still ends cleanly.
+    s = net.ok("A", get("a", begin="serializable"))["s"]
+    assert net.ok("A", {"op": "tx.commit", "s": s}) == {"ok": True}
+    # The quorum back: the same commit goes through.
+    net.cluster(up={"A", "B"})
+    s = net.ok("A", get("a", begin="serializable", lock="write"))["s"]
+    assert net.ok("A", {"op": "tx.commit", "s": s, "w": w, "req": ["d", 2]}) == {"ok": True}
+
+
+def test_quorum_lost_during_a_commit_is_not_acknowledged() -> None:
+    """The store commit finished after the node lost quorum: Unavailable, outcome recorded."""
+    net = Net("AB")
+    objs = accounts(net, {"a": "A"})
+    s = net.ok("A", get("a", begin="serializable", lock="write"))["s"]
+    net.hold = lambda ex: ex.op == "branch.commit"
+    w = [write(objs["a"], balance=1)]
+    assert net.op("A", {"op": "tx.commit", "s": s, "w": w, "req": ["q", 1]}) is None
+    net.cluster(up={"A"}, quorum="Disabled")
+    net.hold = lambda ex: False
+    net.release_held()
+    reply = net.replies[-1].payload
+    assert reply["error"] == "Unavailable" and "lost its quorum" in reply["message"]
+    assert net.ok("A", {"op": "request.result", "req": ["q", 1]})["state"] == "committed"
 
 
 def test_a_retried_request_gets_the_first_outcome_and_is_not_decided_again() -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 from nonstop.cluster.node import ClusterConfig
 from nonstop.dataplane.branches import BranchRegistry
-from nonstop.dataplane.events import Decide, DecisionDone
+from nonstop.dataplane.events import ClusterChanged, Decide, DecisionDone
 from nonstop.dataplane.machine import DataPlane, DataPlaneConfig
 from nonstop.dtx.decisions import COMMIT
 from nonstop.dtx.protocol import CoordTx, DtxNode
@@ -68,6 +68,57 @@ class AckOnVotes(SimDataNode):
         super().__init__(cluster_config, rng, recovered, dtx_class=_AckOnVotesDtx, **kwargs)
 
 
+class _AckAtDecisionDtx(DtxNode):
+    """Replies commit to ``run`` as soon as the log decided, before the participants applied."""
+
+    def _commit_decided(self, tx: CoordTx, reply: dict[str, Any]) -> None:
+        self._reply(tx, reply)
+
+
+class AckBeforeApply(SimDataNode):
+    """A commit is acknowledged once its decision is durable, before every participant applied it.
+
+    Durable and atomic -- nothing is lost -- but a read right after the
+    acknowledgement may still see the state before the commit on a participant
+    that has not applied it yet: the stale read of issue 10.  The read-back check
+    (no stale read after an acknowledged commit) catches it.
+    """
+
+    def __init__(
+        self,
+        cluster_config: ClusterConfig,
+        rng: random.Random,
+        recovered: Mapping[bytes, bytes],
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(cluster_config, rng, recovered, dtx_class=_AckAtDecisionDtx, **kwargs)
+
+
+class _QuorumBlindPlane(DataPlane):
+    def _on_cluster(self, ev: ClusterChanged) -> None:
+        super()._on_cluster(ev)
+        self.view.quorum = "Active"  # the bug: a node cut off from the majority commits on
+
+
+class CommitWithoutQuorum(SimDataNode):
+    """A node without quorum (Disabled) still commits its clients' local transactions.
+
+    Distributed commits still fail there (the decision log has no quorum), so
+    only one-node commits are acknowledged: the ack-without-quorum check catches it.
+    """
+
+    def __init__(
+        self,
+        cluster_config: ClusterConfig,
+        rng: random.Random,
+        recovered: Mapping[bytes, bytes],
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            cluster_config, rng, recovered, dataplane_class=_QuorumBlindPlane, **kwargs
+        )
+
+
 class _KeepOrphans(BranchRegistry):
     def coordinator_down(self, peer: str) -> None:
         pass  # the bug: a dead coordinator's branches keep their locks until they idle out
@@ -103,10 +154,19 @@ class KeepOrphanBranches(SimDataNode):
 
 
 MUTANTS: dict[str, type[SimDataNode]] = {
+    "ack-before-apply": AckBeforeApply,
     "ack-before-decision": AckBeforeDecision,
     "ack-on-votes": AckOnVotes,
+    "commit-without-quorum": CommitWithoutQuorum,
     "keep-orphan-branches": KeepOrphanBranches,
 }
 """Name (``--mutant``) -> node class."""
 
-__all__ = ["MUTANTS", "AckBeforeDecision", "AckOnVotes", "KeepOrphanBranches"]
+__all__ = [
+    "MUTANTS",
+    "AckBeforeApply",
+    "AckBeforeDecision",
+    "AckOnVotes",
+    "CommitWithoutQuorum",
+    "KeepOrphanBranches",
+]
