@@ -30,6 +30,7 @@ from nonstop.dataplane.events import (
     LocalWaits,
     ReadWaits,
 )
+from nonstop.dataplane.holdings import leave_refusal
 from nonstop.dataplane.machine import (
     COMMIT_TIMER,
     RPC_TIMER,
@@ -95,6 +96,8 @@ class FakeStore:
             return {"o": self.objects.get(ex.fields.get("key"))}  # type: ignore[arg-type]
         if ex.op in ("branch.count",):
             return {"n": len(self.objects)}
+        if ex.op == "branch.holdings":
+            return {"types": {ACC: len(self.objects)}}
         if ex.op == "branch.query":
             return {"os": list(self.objects.values())}
         if ex.op in ("branch.commit", "request.record"):
@@ -950,3 +953,25 @@ def test_writes_over_the_message_limit_are_too_large_before_any_prepare() -> Non
     s2 = net.ok("A", get("a", begin="serializable"))["s"]
     reply = net.op("A", {"op": "tx.count", "s": s2, "type": ACC, "scope": ["B"], "w": [big]})
     assert reply is not None and reply["error"] == "TooLarge", reply
+
+
+# ---------------------------------------------------------------- membership
+def test_holdings_of_a_node_count_its_objects_by_type_in_a_session_of_their_own() -> None:
+    net = Net("AB")
+    accounts(net, {"b1": "B", "b2": "B", "a1": "A"})
+    reply = net.ok("A", {"op": "member.holdings", "name": "B"})
+    assert reply == {"node": "B", "objects": 2, "types": {ACC: 2}}
+    assert leave_refusal(reply) == (
+        f"B holds 2 objects (2 {ACC}): it cannot leave while it holds objects "
+        "(partitions cannot move them off a node yet); delete them first"
+    )
+    assert net.ok("A", {"op": "member.holdings", "name": "A"})["objects"] == 1
+    # The read-only session is over on both nodes: nothing left open.
+    assert net.machines["A"].sessions == {} and net.machines["B"].branches == {}
+    empty = Net("AB")
+    assert leave_refusal(empty.ok("A", {"op": "member.holdings", "name": "B"})) is None
+    # A node that cannot be asked is not "empty": Unavailable, and unknown names are refused.
+    net.cluster(up={"A"})
+    assert net.op("A", {"op": "member.holdings", "name": "B"})["error"] == "Unavailable"
+    assert net.op("A", {"op": "member.holdings", "name": "Z"})["error"] == "BadArgument"
+    assert net.machines["A"].sessions == {}

@@ -112,6 +112,10 @@ def g_get(dp: DataPlane, s: Session, p: dict[str, Any]) -> OpCoroutine:
     if hint is not None and hint != dp.name and not dp.view.is_up(hint):
         # Its object lives there: "not found" would be a lie.
         raise errors.Unavailable(f"the object lives on node {hint}, which is down")
+    if hint is not None and hint not in others and hint != dp.name and scope in ("cluster", None):
+        # Its object lived on a node that is not a member (any more): ask it all the
+        # same; "not found" because a node left the view would be a lie too.
+        others = [hint, *others]
     if hint in others:
         reply = yield Call(hint, "branch.get", probe)
         if reply.get("o") is not None:
