@@ -612,35 +612,23 @@ class DataService:
     async def _answer_bulk(
         self, conn: Any, client_id: Any, op: str, payload: dict[str, Any]
     ) -> None:
-        try:
-            reply = await self._bulk(op, payload)
-        except errors.Error as exc:
-            reply = error_out(exc)
-        except Exception as exc:
-            log.exception("data op %r failed", op)
-            reply = error_out(exc)
-        _send_reply(conn, client_id, reply)
+        await _answer(conn, client_id, op, self._bulk(op, payload))
 
     async def _answer_leave(self, conn: Any, client_id: Any, payload: dict[str, Any]) -> None:
+        await _answer(conn, client_id, "leave", self._leave(payload))
+
+    async def _leave(self, payload: dict[str, Any]) -> Any:
         """``leave``: refused while the node leaving holds objects (holdings.py), else the
         cluster's membership change as before."""
         name = payload.get("name")
-        reply: Any
-        try:
-            if isinstance(name, str) and name in self.members():
-                holdings = await self._internal_op({"op": HOLDINGS_OP, "name": name})
-                if "error" in holdings:
-                    raise errors.ClusterError(cannot_tell(name, holdings))
-                why = leave_refusal(holdings)
-                if why is not None:
-                    raise errors.ClusterError(why)
-            reply = await self.runtime.submit(payload)
-        except errors.Error as exc:
-            reply = error_out(exc)
-        except Exception as exc:
-            log.exception("leave %r failed", name)
-            reply = error_out(exc)
-        _send_reply(conn, client_id, reply)
+        if isinstance(name, str) and name in self.members():
+            holdings = await self._internal_op({"op": HOLDINGS_OP, "name": name})
+            if "error" in holdings:
+                raise errors.ClusterError(cannot_tell(name, holdings))
+            why = leave_refusal(holdings)
+            if why is not None:
+                raise errors.ClusterError(why)
+        return await self.runtime.submit(payload)
 
     def _internal_op(self, payload: dict[str, Any]) -> asyncio.Future[Any]:
         """Run a client op of the machine for the node itself; the future of its reply."""
@@ -761,6 +749,18 @@ class _InternalConn:
     def send(self, frame: dict[str, Any]) -> None:
         if not self.future.done():
             self.future.set_result(frame.get("p"))
+
+
+async def _answer(conn: Any, client_id: Any, op: str, work: Coroutine[Any, Any, Any]) -> None:
+    """Send ``work``'s result as the reply, or its error (a bug logged too)."""
+    try:
+        reply = await work
+    except errors.Error as exc:
+        reply = error_out(exc)
+    except Exception as exc:
+        log.exception("data op %r failed", op)
+        reply = error_out(exc)
+    _send_reply(conn, client_id, reply)
 
 
 def _send_reply(conn: Any, client_id: Any, reply: Any) -> None:

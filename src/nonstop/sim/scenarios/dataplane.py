@@ -278,6 +278,23 @@ def _sleep(seconds: float) -> Call:
     return ("sleep", seconds, None)
 
 
+def _get_account(conn: int, number: int, lock: str, session: Any) -> dict[str, Any]:
+    """``tx.get`` of account ``number``: in ``session``, or beginning one if None."""
+    op: dict[str, Any] = {
+        "conn": conn,
+        "op": "tx.get",
+        "type": ACCOUNT,
+        "tv": TYPE_VERSION,
+        "key": codec.pack({"number": number}),
+        "lock": lock,
+    }
+    if session is None:
+        op["begin"] = "serializable"
+    else:
+        op["s"] = session
+    return op
+
+
 def _error(reply: Any) -> str | None:
     """The error class a reply names; ``"NoReply"`` for a timeout; None for success."""
     if reply is None:
@@ -380,19 +397,7 @@ class BankClient:
         got: dict[int, tuple[bytes, int, dict[str, Any]]] = {}
         session: Any = None
         for number in (first, second):
-            op: dict[str, Any] = {
-                "conn": conn,
-                "op": "tx.get",
-                "type": ACCOUNT,
-                "tv": TYPE_VERSION,
-                "key": codec.pack({"number": number}),
-                "lock": "write",
-            }
-            if session is None:
-                op["begin"] = "serializable"
-            else:
-                op["s"] = session
-            reply = yield _call(node, op)
+            reply = yield _call(node, _get_account(conn, number, "write", session))
             if isinstance(reply, dict) and reply.get("s") is not None:
                 session = reply["s"]
             error = _error(reply)
@@ -474,19 +479,7 @@ class BankClient:
         conn = self._conn()
         session: Any = None
         for number in numbers:
-            op: dict[str, Any] = {
-                "conn": conn,
-                "op": "tx.get",
-                "type": ACCOUNT,
-                "tv": TYPE_VERSION,
-                "key": codec.pack({"number": number}),
-                "lock": "none",
-            }
-            if session is None:
-                op["begin"] = "serializable"
-            else:
-                op["s"] = session
-            reply = yield _call(node, op)
+            reply = yield _call(node, _get_account(conn, number, "none", session))
             if isinstance(reply, dict) and reply.get("s") is not None:
                 session = reply["s"]
             if _error(reply) is not None or reply.get("o") is None:
