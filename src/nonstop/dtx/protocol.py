@@ -20,8 +20,11 @@ in short:
    (nobody else can ever propose commit), answers ``Aborted`` / ``Unavailable``
    (B8) and rolls back every branch.
 4. **Phase two.**  The outcome goes to every participant, retried until every
-   one has acknowledged, which each does only once the outcome is durable.  The
-   coordinator then forgets the gtid and raises its *floor* (compaction).
+   one has acknowledged, which each does only once the outcome is durable.  A
+   commit is answered only then (read your writes: every participant applied
+   it), or ``apply_wait`` after the decision naming those that have not
+   (``unapplied``).  The coordinator then forgets the gtid and raises its
+   *floor* (compaction).
 5. **Termination (B9).**  A participant prepared for ``decision_timeout``
    without an outcome proposes ``abort`` to the log; whichever decision the log
    holds first is the outcome for everybody.  A recovered coordinator looks its
