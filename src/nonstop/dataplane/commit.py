@@ -11,7 +11,12 @@ pending writes or a branch that changed):
   writes still pending for it (one message per participant); this node's branch
   takes part whenever a request result is to be recorded.
 
-The client hears the outcome only once it is decided.  A decision not known
+A node without quorum (Disabled, D16) commits nothing: a commit that writes is
+refused there before anything is written, and one whose outcome arrives after
+the quorum was lost is not acknowledged (``Unavailable``; ``request.result``
+tells).  The client hears the outcome only once it is decided and, for
+two-phase commit, applied by every participant (the decision machine answers
+then: read your writes, docs/guarantees.md).  A decision not known
 within ``commit_timeout`` answers ``Unavailable`` (outcome unknown); the commit
 keeps waiting for it, the branches stay with it, and ``request.result`` says
 ``running`` until then.
