@@ -33,7 +33,7 @@ import itertools
 import logging
 import os
 import random
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -52,6 +52,7 @@ from nonstop.dataplane.events import (
     EndBranch,
     Exec,
     LocalWaits,
+    PartitionView,
     ReadWaits,
 )
 from nonstop.dataplane.machine import DataPlane, DataPlaneConfig
@@ -162,6 +163,8 @@ class DataService:
         self._backlog: collections.deque[Any] = collections.deque()
         self._peers_seen = -1
         self._refresh_due = False
+        self._partitions_key: tuple[Any, ...] | None = None
+        self._partitions: Mapping[str, PartitionView] = {}
         self._stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._do: dict[type, Callable[[Any], None]] = {
@@ -191,7 +194,8 @@ class DataService:
         """Start the machine's timers and listen for membership changes."""
         add = getattr(self.runtime, "add_notifier", None)
         if add is not None:
-            for kind in ("node_state", "view", "quorum"):
+            # pt.changed: the partition table moved; pt.acting: what this node acts for.
+            for kind in ("node_state", "view", "quorum", "pt.changed", "pt.acting"):
                 add(kind, self._cluster_noted)
         self._feed(Started(now=self._now()))
         self._refresh()
@@ -310,7 +314,19 @@ class DataService:
             up=frozenset(up),
             quorum=str(quorum),
             locations=locations,
+            partitions=self._partition_views(cluster),
         )
+
+    def _partition_views(self, cluster: Any) -> Mapping[str, PartitionView]:
+        """The table and this node's acting set; rebuilt only when either changed."""
+        table = getattr(cluster, "partition_table", None)
+        if table is None:
+            return {}
+        key = (cluster.table_version, cluster.acting_set)
+        if key != self._partitions_key:
+            self._partitions_key = key
+            self._partitions = partition_views(table, cluster.acting_set)
+        return self._partitions
 
     # ============================================================ the machine
     def _feed(self, event: Any) -> None:
@@ -687,6 +703,23 @@ _USER_CODE_OPS = frozenset({"branch.call", "branch.overwrite"})
 
 PAGE_MARGIN = 64 * 1024
 """Room left in a reply frame for everything but its objects."""
+
+
+def partition_views(table: Any, acting: frozenset[str]) -> dict[str, PartitionView]:
+    """The data plane's view of a :class:`~nonstop.ha.partition_table.PartitionTable`."""
+    from nonstop.ha.partition_table import partition_location
+
+    return {
+        name: PartitionView(
+            name=name,
+            location=partition_location(name),
+            active=part.active,
+            epoch=part.epoch,
+            current=tuple((n, part.style(n)) for n in part.current),
+            acting=name in acting,
+        )
+        for name, part in table.partitions.items()
+    }
 
 
 def _objects_bytes(reply: Any) -> int:
