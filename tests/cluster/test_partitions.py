@@ -120,7 +120,7 @@ def test_kill_fails_over_then_restart_hands_back(procs: Callable[..., Procs]) ->
     # and becomes active again where it comes first in the list (handover by priority).
     p.start(victim)
     back = wait_until(lambda: settled(p, "ABC"), 30, f"{victim} restored and the table settled")
-    for name, part in back.items():
+    for part in back.values():
         assert part["active"] == preferred(part, "ABC"), part
         assert [n for n, _ in part["current"]] == [n for n, _ in part["nodes"]]
     assert sorted(n for n, part in back.items() if part["active"] == victim) == lost
