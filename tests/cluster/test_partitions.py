@@ -211,9 +211,7 @@ def test_pause_longer_than_lease(procs: Callable[..., Procs]) -> None:
     # while the others acted for them (its lease ran out while it was stopped).
     first_after = [s for s in samples[resumed:] if s[0] == victim][:3]
     assert first_after, "no answer from the resumed node"
-    taken = {
-        name for n, _, _, acting in samples[:resumed] if n != victim for name in acting & lost
-    }
+    taken = {name for n, _, _, acting in samples[:resumed] if n != victim for name in acting & lost}
     assert taken == lost
     for _, now, until, acting in first_after:
         assert not acting & taken or now >= until, (now, until, sorted(acting))
