@@ -11,6 +11,7 @@ compared across nodes on one time line (``test_pause_longer_than_lease``).
 
 from __future__ import annotations
 
+import json
 import math
 import signal
 import threading
@@ -25,7 +26,14 @@ import pytest
 from nonstop.admin.local import LocalError, spawn_node
 from nonstop.client import Client
 from nonstop.errors import Error
-from tests.cluster.conftest import DETECT_WITHIN, REAL_CLUSTER, Procs, wait_until
+from tests.cluster.conftest import (
+    DETECT_WITHIN,
+    REAL_CLUSTER,
+    Procs,
+    free_port,
+    run_cli,
+    wait_until,
+)
 
 pytestmark = [
     pytest.mark.timeout(150),
@@ -225,7 +233,7 @@ def test_bad_ha_config_is_one_line_and_the_node_does_not_start(tmp_path: Path) -
     data = tmp_path / "n1"
     config = tmp_path / "n1.toml"
     config.write_text(
-        f'name = "n1"\ndata = "{data}"\nlisten = "127.0.0.1:0"\nmembers = ["n1"]\n'
+        f'name = "n1"\ndata = "{data}"\nlisten = "127.0.0.1:{free_port()}"\nmembers = ["n1"]\n'
         f'log_file = "{data / "node.log"}"\n'
         '[ha.bindings.Account]\nmapper = "no_such_module_xyz:Mapper"\n'
     )
@@ -235,3 +243,44 @@ def test_bad_ha_config_is_one_line_and_the_node_does_not_start(tmp_path: Path) -
     assert "binding of Account" in message and "no_such_module_xyz:Mapper" in message, message
     assert "\n" not in message
     assert not (data / "node.pid").exists()
+
+
+def test_partition_commands(procs: Callable[..., Procs]) -> None:
+    p = procs(3)
+    p.start_all()
+    wait_until(lambda: settled(p, "ABC"), 30, "the table settled on A, B, C")
+    node = p.address("A")
+
+    code, out, err = run_cli("partition", "list", "--json", "--node", node)
+    assert code == 0, err
+    rows = json.loads(out)["partitions"]
+    assert [r["name"] for r in rows][:3] == ["default.0", "default.1", "default.2"]
+    for r in rows:
+        assert r["acting_on"] == [r["active"]] and r["objects"] is None
+        assert set(r["status"]) == {"A", "B", "C"}
+        listed = {n for n, _ in r["nodes"]}
+        assert {n: s for n, s in r["status"].items() if n in listed} == dict.fromkeys(
+            listed, "LocalEnabled"
+        )
+        assert {s for n, s in r["status"].items() if n not in listed} == {"RemoteEnabled"}
+    code, out, err = run_cli("cluster", "status", "--json", "--node", node)
+    assert code == 0 and len(json.loads(out)["partitions"]) == PARTITIONS, err
+
+    # A list naming a node that is not a member: one line naming it, exit code 2.
+    code, out, err = run_cli("partition", "define", "px", "--nodes", "A,Z", "--node", node)
+    assert code == 2 and "node 'Z'" in err and len(err.strip().splitlines()) == 1, err
+    code, out, err = run_cli("partition", "define", "px", "--nodes", "C,B:async", "--node", node)
+    assert code == 0, err
+    code, out, err = run_cli("partition", "enable", "px", "--node", node)
+    assert code == 0 and "enabled px on C" in out and "enabled px on B" in out, (out, err)
+    px = wait_until(
+        lambda: next(
+            (r for r in table(p, "B") if r["name"] == "px" and r["state"] == "Active"), None
+        ),
+        10,
+        "px Active",
+    )
+    assert px["active"] == "C" and px["current"] == [["C", "sync"], ["B", "async"]]
+    # B is async: disabling C would leave no in-sync sync copy, so the table refuses it.
+    code, out, err = run_cli("partition", "disable", "px", "--on", "C", "--node", node)
+    assert code == 2 and "last in-sync copy" in err, (out, err)
