@@ -88,6 +88,7 @@ def one_run(oc: OwnedCluster, victim: str) -> dict[str, Any]:
     names = oc.names
     before = wait(lambda: settled(oc, names), 60, "the table to settle")
     lost = {p for p, part in before.items() if part["active"] == victim}
+    leader = oc.status(victim).get("leader")
     survivors = [n for n in names if n != victim]
     clients = {n: Client([oc.address(n)], timeout=2.0, rounds=1) for n in survivors}
     committed: float | None = None
@@ -116,6 +117,7 @@ def one_run(oc: OwnedCluster, victim: str) -> dict[str, Any]:
     wait(lambda: settled(oc, names), 60, f"{victim} to be restored")
     return {
         "victim": victim,
+        "leader": leader == victim,
         "partitions": len(lost),
         "committed": committed - killed,
         "acting": max(acting_at.values()) - killed,
@@ -143,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
             run = one_run(oc, victim)
             runs.append(run)
             print(
-                f"run {i + 1}: kill {victim} ({run['partitions']} partitions): committed "
+                f"run {i + 1}: kill {victim} (leader: {run['leader']}, "
+                f"{run['partitions']} partitions): committed "
                 f"{run['committed'] * 1000:.0f} ms, acting {run['acting'] * 1000:.0f} ms",
                 flush=True,
             )
@@ -177,12 +180,13 @@ def write(path: Path, runs: list[dict[str, Any]], argv: list[str]) -> None:
         "",
         f"{len(runs)} runs:",
         "",
-        "| run | killed | partitions | committed ms | acting ms |",
-        "| --- | --- | --- | --- | --- |",
+        "| run | killed | was the Raft leader | partitions | committed ms | acting ms |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     for i, r in enumerate(runs, 1):
         lines.append(
-            f"| {i} | {r['victim']} | {r['partitions']} | {r['committed'] * 1000:.0f} | "
+            f"| {i} | {r['victim']} | {'yes' if r['leader'] else 'no'} | {r['partitions']} | "
+            f"{r['committed'] * 1000:.0f} | "
             f"{r['acting'] * 1000:.0f} |"
         )
     lines += [

@@ -159,3 +159,16 @@ def test_status_reports_acting_at_the_request_time() -> None:
     names = [p["name"] for p in status["partitions"]]
     assert names == ["P0", "P1", "P2"]
     assert all(isinstance(p["location"], int) for p in status["partitions"])
+
+
+def test_a_node_without_quorum_shows_its_partitions_unavailable_and_acts_for_none() -> None:
+    sim, _ = build()
+    sim.run_until(3.0)
+    sim.crash("n1")
+    sim.crash("n2")
+    sim.run_for(3.0)
+    status = ask(sim, "n3", {"op": "status"})
+    assert status["quorum"] == "Disabled"
+    assert status["acting"] == []
+    assert {p["state"] for p in status["partitions"]} == {"Unavailable"}
+    assert "Active" in {p["table_state"] for p in status["partitions"]}

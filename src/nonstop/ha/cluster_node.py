@@ -220,7 +220,14 @@ class HaClusterNode(ClusterNode):
 
     def status(self) -> dict[str, Any]:
         status = super().status()
-        status["partitions"] = self.partition_table.describe(self.view_members)
+        partitions = self.partition_table.describe(self.view_members)
+        if not self.enabled:
+            # D16: without quorum this node makes its partitions Unavailable (it acts for
+            # none); the state the table last had here stays visible as ``table_state``.
+            for part in partitions:
+                part["table_state"] = part["state"]
+                part["state"] = self.partition_table.local_state(part["name"], enabled=False)
+        status["partitions"] = partitions
         return status
 
     def status_at(self, now: float) -> dict[str, Any]:
