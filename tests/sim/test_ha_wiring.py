@@ -137,6 +137,9 @@ def test_operator_define_enable_disable_and_rejections() -> None:
     assert off2["partition"]["active"] == "n3"
     last = ask(sim, "n3", {"op": "partition", "do": "disable", "p": "X"})
     assert last["error"] == "Rejected" and "last in-sync copy" in last["message"], last
+    refused = ask(sim, "n2", {"op": "partition", "do": "disable", "p": "nope"})
+    assert refused["error"] == "Rejected"
+    assert ha(sim, "n2").restorer.held == {"X"}  # a refused disable holds nothing off
     # A configured partition an operator disabled stays disabled (the restorer holds off).
     off = ask(sim, "n2", {"op": "partition", "do": "disable", "p": "P1"})
     assert off["ok"] and off["partition"]["active"] == "n3"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from typing import Any
 
@@ -133,3 +134,48 @@ def test_partition_view_of_the_data_plane() -> None:
     view = ClusterView("A", ["A", "B"], ["A"], partitions=views)
     assert view.partitions["P"].acting and not view.partitions["Q"].acting
     assert ClusterView("A").partitions == {}
+
+
+def test_the_service_rebuilds_the_partition_view_only_when_table_or_acting_changed(
+    tmp_path: Any,
+) -> None:
+    from types import SimpleNamespace
+
+    import nonstop
+    from nonstop.dataplane.service import DataService, ServiceConfig
+
+    db = nonstop.open(tmp_path / "store", durability="none")
+    try:
+        table = PartitionTable(members=lambda: ["B"], live=lambda: ["B"])
+        table.partitions["P"] = Partition("P", "default", [["B", "sync"]], ["B"], active="B")
+        cluster = SimpleNamespace(
+            partition_table=table,
+            table_version=1,
+            acting_set=frozenset(),
+            view_members=["B"],
+            quorum_state="Active",
+        )
+        runtime = SimpleNamespace(
+            name="B",
+            hello=SimpleNamespace(location=7, address="127.0.0.1:1"),
+            peers={},
+            machine=cluster,
+            connected=lambda name: False,
+        )
+
+        async def check() -> None:  # the service reads the running loop's clock
+            svc = DataService(runtime, db, ServiceConfig())
+            first = svc._cluster_changed().partitions
+            assert not first["P"].acting
+            assert svc._cluster_changed().partitions is first  # nothing changed: no rebuild
+            cluster.acting_set = frozenset({"P"})
+            second = svc._cluster_changed().partitions
+            assert second is not first and second["P"].acting
+            table.partitions["P"].epoch = 2
+            cluster.table_version = 2
+            third = svc._cluster_changed().partitions
+            assert third is not second and third["P"].epoch == 2
+
+        asyncio.run(check())
+    finally:
+        db.close()

@@ -137,6 +137,11 @@ class HaClusterNode(ClusterNode):
                 touched = True
             elif action.kind == "quorum":
                 touched = True
+            elif action.kind == "pt.rejected" and (
+                action.data.get("by"),
+                action.data.get("kind"),
+            ) == (self.name, DISABLE):
+                self.restorer.held.discard(str(action.data.get("p")))  # refused: not held off
         return touched
 
     # ------------------------------------------------------------ acting
