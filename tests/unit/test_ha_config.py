@@ -179,3 +179,24 @@ def test_the_service_rebuilds_the_partition_view_only_when_table_or_acting_chang
         asyncio.run(check())
     finally:
         db.close()
+
+
+def test_ha_defaults_equal_the_ha_layers_defaults() -> None:
+    from nonstop.ha.failover import PromoterConfig
+    from nonstop.ha.lease import LeaseConfig
+    from nonstop.ha.mapper import DEFAULT_RING_SIZE
+    from nonstop.ha.policies import Binding, Policy
+    from nonstop.node.config import HaBindingSection, HaPolicySection, HaSection
+
+    ha = HaSection()
+    assert (ha.lease, ha.drift) == (LeaseConfig().lease, LeaseConfig().drift)
+    assert ha.retry == PromoterConfig().retry
+    section, policy = HaPolicySection(), Policy("default")
+    for key in ("partitions", "replicas", "async_replicas", "batch"):
+        assert getattr(section, key) == getattr(policy, key), key
+    binding, bound = HaBindingSection(), Binding("T")
+    assert (binding.policy, binding.mapper, binding.ring_size) == (
+        bound.policy,
+        bound.mapper,
+        DEFAULT_RING_SIZE,
+    )
