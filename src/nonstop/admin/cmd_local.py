@@ -117,7 +117,13 @@ def local_up(
             f"cluster did not become Active within {timeout:.0f}s{_stopped_note(started)}: "
             f"see {lc.dir}/*/node.log"
         )
-    emit_status(status, as_json, cluster=layout["cluster"], source=str(lc.layout_path))
+    emit_status(
+        status,
+        as_json,
+        cluster=layout["cluster"],
+        source=str(lc.layout_path),
+        metrics=lc.metrics_addresses(layout),
+    )
     if not as_json:
         addresses = ",".join(lc.addresses(layout))
         click.echo(
