@@ -340,4 +340,10 @@ def _wait_running(lc: LocalCluster, layout: dict[str, Any], timeout: float) -> N
     status = wait_active(addresses, timeout)
     if status is None:
         fail(f"cluster did not become Active within {timeout:.0f}s: see {lc.dir}/*/node.log")
-    emit_status(status, False, cluster=layout["cluster"], source=str(lc.layout_path))
+    emit_status(
+        status,
+        False,
+        cluster=layout["cluster"],
+        source=str(lc.layout_path),
+        metrics=lc.metrics_addresses(layout),
+    )

@@ -55,9 +55,7 @@ class CommitStats:
     largest_group: int = 0
     # Histograms read by the node's metrics (nonstop.node.metrics): counts per bucket.
     group_sizes: list[int] = field(default_factory=lambda: [0] * (len(GROUP_SIZE_BUCKETS) + 1))
-    write_seconds: list[int] = field(
-        default_factory=lambda: [0] * (len(WRITE_SECONDS_BUCKETS) + 1)
-    )
+    write_seconds: list[int] = field(default_factory=lambda: [0] * (len(WRITE_SECONDS_BUCKETS) + 1))
     write_seconds_sum: float = 0.0
 
 
