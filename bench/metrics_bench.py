@@ -300,6 +300,7 @@ def data_path(folder: Path, rounds: int, seconds: float, clients: int) -> dict[s
 def render(args: argparse.Namespace, scrape: dict[str, Any], path: dict[str, Any]) -> str:
     syn, http, real = scrape["exposition"], scrape["http"], scrape["node"]
     inst = scrape["instrumentation"]
+    per_transfer = 5 * inst["observer_us"]
     rows = []
     summary = {}
     for name in ("off", "on"):
@@ -369,8 +370,10 @@ once per session op / commit, metrics on |
 {inst["group_us"]:.2f} | once per group (one fsync), always |
 | lock table counters | — | only when a request waits, times out or deadlocks |
 
-Against the node CPU per transfer above ({off_cpu:,.0f} µs) the observer is
-{inst["observer_us"] / off_cpu * 100:.2f} % of a transfer; the group-commit lines are
+A transfer is five session ops (begin with the first get, a second get, a
+create, the commit; each op and reply seen by the observer, the commit's the
+dearest): at most {per_transfer:.1f} µs, {per_transfer / off_cpu * 100:.1f} % of
+the node CPU per transfer above ({off_cpu:,.0f} µs).  The group-commit lines run once
 per group, next to an fsync of 0.1–5 ms.
 
 Commands:

@@ -156,6 +156,25 @@ class Procs:
                 (node.data / "node.pid").unlink()
 
 
+@contextlib.contextmanager
+def app_cluster(folder: Path, n: int, options: dict[str, Any]) -> Iterator[Procs]:
+    """``n`` nodes that import the repository's test modules (``app``), Active, then gone."""
+    root = str(Path(__file__).resolve().parents[2])
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [root, old]))
+    procs = Procs(folder, n, options)
+    try:
+        procs.start_all()
+        procs.wait_quorum(list(procs.nodes), "Active", 30)
+        yield procs
+    finally:
+        procs.cleanup()
+        if old is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = old
+
+
 @pytest.fixture
 def procs(tmp_path: Path) -> Iterator[Callable[..., Procs]]:
     made: list[Procs] = []

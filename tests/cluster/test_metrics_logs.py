@@ -8,25 +8,22 @@ checked exactly where the test alone drives them (commits through node A).
 from __future__ import annotations
 
 import json
-import os
 import threading
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from prometheus_client.parser import text_string_to_metric_families
 
 import nonstop
 import tests.distmodel  # noqa: F401  (the types the nodes load with --app)
 from nonstop.admin.cli import cli
 from nonstop.node.log_format import REQUIRED_FIELDS
-from tests.cluster.conftest import Procs
+from tests.cluster.conftest import Procs, app_cluster
 from tests.distmodel import Account
+from tests.prometheus_samples import families, value
 
-ROOT = Path(__file__).resolve().parents[2]
 NAMES = ["A", "B", "C"]
 
 FAMILIES = {
@@ -69,23 +66,9 @@ FAMILIES = {
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Procs]:
-    old = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), old]))
-    procs = Procs(
-        tmp_path_factory.mktemp("metrics"),
-        3,
-        {"app": ["tests.distmodel"], "lock_wait": 0.5, "nonresponse_timeout": 2.0},
-    )
-    try:
-        procs.start_all()
-        procs.wait_quorum(NAMES, "Active", 30)
+    options = {"app": ["tests.distmodel"], "lock_wait": 0.5, "nonresponse_timeout": 2.0}
+    with app_cluster(tmp_path_factory.mktemp("metrics"), 3, options) as procs:
         yield procs
-    finally:
-        procs.cleanup()
-        if old is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = old
 
 
 def scrape(cluster: Procs, name: str) -> dict[str, Any]:
@@ -93,16 +76,7 @@ def scrape(cluster: Procs, name: str) -> dict[str, Any]:
     assert address is not None and address.startswith("127.0.0.1:")
     with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as reply:
         assert reply.status == 200
-        text = reply.read().decode()
-    return {f.name: f for f in text_string_to_metric_families(text)}
-
-
-def value(families: dict[str, Any], family: str, sample: str = "", **labels: str) -> float:
-    names = {sample} if sample else {family, family + "_total"}
-    for s in families[family].samples:
-        if s.name in names and all(s.labels.get(k) == v for k, v in labels.items()):
-            return float(s.value)
-    raise AssertionError(f"no sample {names} {labels} in {family}")
+        return families(reply.read().decode())
 
 
 def test_every_node_serves_the_named_families(cluster: Procs) -> None:

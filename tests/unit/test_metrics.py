@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from tests.bankmodel import Account
+from tests.prometheus_samples import families, value
 
 import nonstop
 from nonstop.errors import Deadlock, LockTimeout
@@ -38,17 +39,7 @@ BOUNDS = [0.001, 0.01, 0.1, 1.0]
 def scrape(registry: Any) -> dict[str, Any]:
     from prometheus_client import generate_latest
 
-    text = generate_latest(registry).decode()
-    return {f.name: f for f in text_string_to_metric_families(text)}
-
-
-def value(families: dict[str, Any], family: str, sample: str = "", **labels: str) -> float:
-    """The sample ``sample`` (default: the family's own, or its ``_total``) with ``labels``."""
-    names = {sample} if sample else {family, family + "_total"}
-    for s in families[family].samples:
-        if s.name in names and all(s.labels.get(k) == v for k, v in labels.items()):
-            return float(s.value)
-    raise AssertionError(f"no sample {names} {labels} in {family}")
+    return families(generate_latest(registry).decode())
 
 
 def test_observer_counts_commit_outcomes_and_latency() -> None:

@@ -183,6 +183,35 @@ def cluster_node_of(machine: Any) -> Any:
     return None
 
 
+def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(PREFIX + name, doc, value=value)
+
+
+def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(PREFIX + name, doc, value=value)
+
+
+def labelled(
+    kind: type[CounterMetricFamily] | type[GaugeMetricFamily],
+    name: str,
+    doc: str,
+    labels: Sequence[str],
+    values: Iterable[tuple[Sequence[str], float]],
+) -> Metric:
+    """A family with one sample per ``(label values, value)``."""
+    family = kind(PREFIX + name, doc, labels=list(labels))
+    for label_values, value in values:
+        family.add_metric(list(label_values), value)
+    return family
+
+
+def one_hot(name: str, doc: str, label: str, choices: Sequence[str], current: Any) -> Metric:
+    """A gauge that is 1 for the current value of a fixed set of ``choices``, 0 for the others."""
+    return labelled(
+        GaugeMetricFamily, name, doc, [label], (([c], int(c == current)) for c in choices)
+    )
+
+
 class NodeCollector(Collector):
     """Every ``nonstop_*`` family of one node, read from ``runtime`` at scrape time."""
 
@@ -193,131 +222,115 @@ class NodeCollector(Collector):
     def collect(self) -> Iterable[Metric]:
         router = getattr(self.runtime, "router", None)
         service = getattr(router, "data", None)
-        db = getattr(router, "db", None)
-        yield from self._transactions(service)
-        yield from self._data_service(service, db)
-        yield from self._store(db)
+        engine = getattr(getattr(router, "db", None), "engine", None)
+        stats = getattr(service, "stats", None) or {}
+        yield from self._transactions(service, stats)
+        yield from self._data_service(service, stats, getattr(engine, "locks", None))
+        yield from self._store(engine)
         yield from self._cluster(cluster_node_of(getattr(self.runtime, "machine", None)))
         yield from self._runtime()
 
     # ------------------------------------------------------------ families
-    def _transactions(self, service: Any) -> Iterator[Metric]:
+    def _transactions(self, service: Any, stats: Any) -> Iterator[Metric]:
         obs = self.observer
-        yield CounterMetricFamily(
-            PREFIX + "transactions_committed",
+        yield counter(
+            "transactions_committed",
             "Transactions this node coordinated that committed (tx.commit answered ok).",
-            value=obs.commits,
+            obs.commits,
         )
-        aborted = CounterMetricFamily(
-            PREFIX + "transactions_aborted",
-            "Transactions this node coordinated that ended without committing, by reason: "
-            "the commit's error, Rollback (by the client), Idle (tx_idle passed).",
-            labels=["reason"],
-        )
-        stats = getattr(service, "stats", None) or {}
         reasons = collections.Counter(obs.aborts)
         reasons["Idle"] += int(stats.get("idle_sessions", 0))
         for reason in ("Conflict", "Deadlock", "LockTimeout", "Unavailable", ROLLBACK, "Idle"):
             reasons.setdefault(reason, 0)
-        for reason, count in sorted(reasons.items()):
-            aborted.add_metric([reason], count)
-        yield aborted
-        sessions = getattr(getattr(service, "machine", None), "sessions", None) or {}
-        yield GaugeMetricFamily(
-            PREFIX + "transactions_active",
-            "Transactions open now on this node as coordinator (client sessions).",
-            value=len(sessions),
+        yield labelled(
+            CounterMetricFamily,
+            "transactions_aborted",
+            "Transactions this node coordinated that ended without committing, by reason: "
+            "the commit's error, Rollback (by the client), Idle (tx_idle passed).",
+            ["reason"],
+            (([reason], count) for reason, count in sorted(reasons.items())),
         )
+        sessions = getattr(getattr(service, "machine", None), "sessions", None) or {}
+        yield gauge(
+            "transactions_active",
+            "Transactions open now on this node as coordinator (client sessions).",
+            len(sessions),
+        )
+        latency = obs.latency
         yield histogram(
             "commit_latency_seconds",
             "tx.commit latency at the coordinator, from the op's arrival to its reply.",
-            obs.latency.bounds,
-            obs.latency.counts,
-            obs.latency.sum,
+            latency.bounds,
+            latency.counts,
+            latency.sum,
         )
 
-    def _data_service(self, service: Any, db: Any) -> Iterator[Metric]:
+    def _data_service(self, service: Any, stats: Any, locks: Any) -> Iterator[Metric]:
         obs = self.observer
         machine = getattr(service, "machine", None)
-        yield GaugeMetricFamily(
-            PREFIX + "data_branches",
+        yield gauge(
+            "data_branches",
             "Transaction branches held on this node (its sessions' and remote coordinators').",
-            value=len(getattr(machine, "branches", None) or {}),
+            len(getattr(machine, "branches", None) or {}),
         )
-        yield GaugeMetricFamily(
-            PREFIX + "data_client_connections",
+        yield gauge(
+            "data_client_connections",
             "Client connections that opened a data session on this node.",
-            value=len(getattr(service, "_conns", None) or {}),
+            len(getattr(service, "_conns", None) or {}),
         )
-        yield CounterMetricFamily(
-            PREFIX + "data_session_ops", "Session ops received (tx.*).", value=obs.ops
-        )
-        failed = CounterMetricFamily(
-            PREFIX + "data_request_errors",
+        yield counter("data_session_ops", "Session ops received (tx.*).", obs.ops)
+        yield labelled(
+            CounterMetricFamily,
+            "data_request_errors",
             "Session ops answered with an error, by error kind (nonstop.errors class name).",
-            labels=["kind"],
+            ["kind"],
+            (([kind], count) for kind, count in sorted(obs.errors.items())),
         )
-        for kind, count in sorted(obs.errors.items()):
-            failed.add_metric([kind], count)
-        yield failed
-        events = CounterMetricFamily(
-            PREFIX + "data_events",
+        yield labelled(
+            CounterMetricFamily,
+            "data_events",
             "The data plane's own counters (two_phase, rpc, idle_rollbacks, deadlock_victims...).",
-            labels=["event"],
+            ["event"],
+            (([str(event)], count) for event, count in sorted(stats.items())),
         )
-        for event, count in sorted((getattr(service, "stats", None) or {}).items()):
-            events.add_metric([str(event)], count)
-        yield events
-        victims = CounterMetricFamily(
-            PREFIX + "lock_deadlock_victims",
+        yield labelled(
+            CounterMetricFamily,
+            "lock_deadlock_victims",
             "Transactions rolled back to break a deadlock: found in this node's lock table "
             "(local) or across nodes by the data plane (distributed).",
-            labels=["scope"],
+            ["scope"],
+            [
+                (["local"], getattr(locks, "deadlocks", 0)),
+                (["distributed"], int(stats.get("deadlock_victims", 0))),
+            ],
         )
-        locks = self._locks_of(getattr(db, "engine", None))
-        victims.add_metric(["local"], getattr(locks, "deadlocks", 0))
-        victims.add_metric(
-            ["distributed"], int((getattr(service, "stats", None) or {}).get("deadlock_victims", 0))
-        )
-        yield victims
-
-    @staticmethod
-    def _locks_of(engine: Any) -> Any:
-        return getattr(engine, "locks", None)
-
-    def _store(self, db: Any) -> Iterator[Metric]:
-        engine = getattr(db, "engine", None)
-        locks = self._locks_of(engine)
-        yield CounterMetricFamily(
-            PREFIX + "lock_waits",
-            "Lock requests that had to wait.",
-            value=getattr(locks, "waits", 0),
-        )
-        yield CounterMetricFamily(
-            PREFIX + "lock_timeouts",
+        yield counter("lock_waits", "Lock requests that had to wait.", getattr(locks, "waits", 0))
+        yield counter(
+            "lock_timeouts",
             "Lock waits that ended in LockTimeout (lock_wait passed).",
-            value=getattr(locks, "timeouts", 0),
+            getattr(locks, "timeouts", 0),
         )
-        waiting = locks.wait_for() if locks is not None else {}
-        yield GaugeMetricFamily(
-            PREFIX + "lock_waiting_transactions",
+        yield gauge(
+            "lock_waiting_transactions",
             "Transactions waiting for a lock now.",
-            value=len(waiting),
+            len(locks.wait_for()) if locks is not None else 0,
         )
+
+    def _store(self, engine: Any) -> Iterator[Metric]:
         stats = getattr(getattr(engine, "committer", None), "stats", None)
         if stats is None:
             return
         from nonstop.store.group_commit import GROUP_SIZE_BUCKETS, WRITE_SECONDS_BUCKETS
 
-        yield CounterMetricFamily(
-            PREFIX + "group_commit_batches",
+        yield counter(
+            "group_commit_batches",
             "Object-store write transactions (one fsync each when durable).",
-            value=stats.groups,
+            stats.groups,
         )
-        yield CounterMetricFamily(
-            PREFIX + "group_commit_write_sets",
+        yield counter(
+            "group_commit_write_sets",
             "Transactions' write sets committed by the group committer.",
-            value=stats.commits,
+            stats.commits,
         )
         yield histogram(
             "group_commit_batch_size",
@@ -338,112 +351,90 @@ class NodeCollector(Collector):
         obs = self.observer
         raft = getattr(node, "raft", None)
         if raft is not None:
-            yield GaugeMetricFamily(PREFIX + "cluster_log_term", "Raft term.", value=raft.term)
-            yield GaugeMetricFamily(
-                PREFIX + "cluster_log_commit_index",
-                "Highest cluster-log index known committed.",
-                value=raft.commit_index,
-            )
-            yield GaugeMetricFamily(
-                PREFIX + "cluster_log_last_index",
-                "Last index of this node's cluster log.",
-                value=raft.last_index,
-            )
-            yield GaugeMetricFamily(
-                PREFIX + "cluster_log_applied_index",
-                "Highest cluster-log index applied here.",
-                value=node.applied_index,
-            )
-            yield CounterMetricFamily(
-                PREFIX + "cluster_log_applied_entries",
+            for name, doc, value in (
+                ("cluster_log_term", "Raft term.", raft.term),
+                ("cluster_log_commit_index", "Highest index known committed.", raft.commit_index),
+                ("cluster_log_last_index", "Last index of this node's log.", raft.last_index),
+                ("cluster_log_applied_index", "Highest index applied here.", node.applied_index),
+                ("cluster_view", "Id of the committed view.", node.view),
+                ("cluster_members", "Members of the committed view.", len(node.view_members)),
+            ):
+                yield gauge(name, doc, value)
+            yield counter(
+                "cluster_log_applied_entries",
                 "Cluster-log entries applied (the applied index: rate() gives entries/s).",
-                value=node.applied_index,
+                node.applied_index,
             )
-            yield CounterMetricFamily(
-                PREFIX + "cluster_log_snapshots",
+            yield counter(
+                "cluster_log_snapshots",
                 "Cluster-log snapshots taken or installed by this node since it started.",
-                value=getattr(node, "snapshots", 0),
+                getattr(node, "snapshots", 0),
             )
-            role = GaugeMetricFamily(
-                PREFIX + "cluster_log_role", "1 for this node's Raft role.", labels=["role"]
+            yield one_hot(
+                "cluster_log_role", "1 for this node's Raft role.", "role", ROLES, raft.role
             )
-            for name in ROLES:
-                role.add_metric([name], 1 if raft.role == name else 0)
-            yield role
-            leader = GaugeMetricFamily(
-                PREFIX + "cluster_log_leader",
+            yield labelled(
+                GaugeMetricFamily,
+                "cluster_log_leader",
                 "1 with the name of the leader this node knows (no series: none known).",
-                labels=["leader"],
+                ["leader"],
+                [] if raft.leader is None else [([str(raft.leader)], 1)],
             )
-            if raft.leader is not None:
-                leader.add_metric([str(raft.leader)], 1)
-            yield leader
-            yield GaugeMetricFamily(
-                PREFIX + "cluster_view", "Id of the committed view.", value=node.view
+            yield one_hot(
+                "cluster_quorum_state",
+                "1 for this node's quorum state.",
+                "state",
+                QUORUM_STATES,
+                node.quorum_state,
             )
-            yield GaugeMetricFamily(
-                PREFIX + "cluster_members",
-                "Members of the committed view.",
-                value=len(node.view_members),
-            )
-            quorum = GaugeMetricFamily(
-                PREFIX + "cluster_quorum_state", "1 for this node's quorum state.", labels=["state"]
-            )
-            for state in QUORUM_STATES:
-                quorum.add_metric([state], 1 if node.quorum_state == state else 0)
-            yield quorum
-        yield CounterMetricFamily(
-            PREFIX + "cluster_quorum_changes",
-            "Quorum state changes of this node.",
-            value=obs.quorum_changes,
+        yield counter(
+            "cluster_quorum_changes", "Quorum state changes of this node.", obs.quorum_changes
         )
-        yield CounterMetricFamily(
-            PREFIX + "cluster_leader_changes",
-            "Leader changes this node heard of.",
-            value=obs.leader_changes,
+        yield counter(
+            "cluster_leader_changes", "Leader changes this node heard of.", obs.leader_changes
         )
         detector = getattr(node, "detector", None)
-        peers = GaugeMetricFamily(
-            PREFIX + "cluster_peers",
-            "Peers by the failure detector's state (Up, Down, ...).",
-            labels=["state"],
-        )
-        counts = collections.Counter(
+        states = collections.Counter(
             str(p.state) for p in (getattr(detector, "peers", None) or {}).values()
         )
-        for state in PEER_STATES:
-            peers.add_metric([state], counts.get(state, 0))
-        yield peers
-        transitions = CounterMetricFamily(
-            PREFIX + "cluster_peer_transitions",
-            "Peer state changes seen by the failure detector (suspicions: to InDownNotifier).",
-            labels=["old", "new"],
+        yield labelled(
+            GaugeMetricFamily,
+            "cluster_peers",
+            "Peers by the failure detector's state (Up, Down, ...).",
+            ["state"],
+            (([state], states.get(state, 0)) for state in PEER_STATES),
         )
-        for (old, new), count in sorted(obs.transitions.items()):
-            transitions.add_metric([old, new], count)
-        yield transitions
+        yield labelled(
+            CounterMetricFamily,
+            "cluster_peer_transitions",
+            "Peer state changes seen by the failure detector (suspicions: to InDownNotifier).",
+            ["old", "new"],
+            (([old, new], count) for (old, new), count in sorted(obs.transitions.items())),
+        )
 
     def _runtime(self) -> Iterator[Metric]:
         stats = getattr(self.runtime, "stats", None) or {}
-        yield CounterMetricFamily(
-            PREFIX + "cluster_store_commits",
+        yield counter(
+            "cluster_store_commits",
             "Cluster-state store commits (Raft log, votes, decisions; one fsync each).",
-            value=int(stats.get("commits", 0)),
+            int(stats.get("commits", 0)),
         )
-        yield CounterMetricFamily(
-            PREFIX + "cluster_store_commit_seconds",
+        yield counter(
+            "cluster_store_commit_seconds",
             "Time spent in those commits.",
-            value=int(stats.get("commit_us", 0)) / 1e6,
+            int(stats.get("commit_us", 0)) / 1e6,
         )
-        events = CounterMetricFamily(
-            PREFIX + "runtime_events",
+        yield labelled(
+            CounterMetricFamily,
+            "runtime_events",
             "The runtime's counters (received messages, persists, machine errors...).",
-            labels=["event"],
+            ["event"],
+            (
+                ([str(event)], count)
+                for event, count in sorted(stats.items())
+                if event not in ("commits", "commit_us")
+            ),
         )
-        for event, count in sorted(stats.items()):
-            if event not in ("commits", "commit_us"):
-                events.add_metric([str(event)], count)
-        yield events
 
 
 def node_registry(runtime: Any, observer: DataObserver, process: bool = True) -> CollectorRegistry:
