@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import CollectorRegistry
 from tests.bankmodel import Account
 from tests.prometheus_samples import families, value
 
@@ -55,11 +56,13 @@ def test_observer_counts_commit_outcomes_and_latency() -> None:
     obs.op(2, 1, "tx.get")
     obs.reply(2, 1, {"error": "NotFound"})
     obs.reply(2, 77, {"ok": True})  # a reply to an op never seen: ignored
+    obs.op(3, [1, 2], "tx.commit")  # a client's odd request id: counted, not tracked
+    obs.reply(3, [1, 2], {"error": "ProtocolError"})
     assert obs.commits == 3
     assert dict(obs.aborts) == {"Conflict": 1, "other": 1, "Rollback": 1}
-    assert dict(obs.errors) == {"Conflict": 1, "other": 1, "NotFound": 1}
+    assert dict(obs.errors) == {"Conflict": 1, "other": 1, "NotFound": 1, "ProtocolError": 1}
     assert sum(obs.latency.counts) == 5, "every commit's latency, not the rollback's"
-    assert obs.ops == 7
+    assert obs.ops == 8
 
 
 def test_error_kinds_are_bounded() -> None:
@@ -195,6 +198,26 @@ def test_http_endpoint_serves_text_and_openmetrics_and_refuses_the_rest() -> Non
             huge = b"GET /metrics HTTP/1.1\r\nX: " + b"a" * 20_000 + b"\r\n\r\n"
             assert (await http(port, huge))[0].endswith("400 Bad Request")
             assert server.scrapes == 3
+        finally:
+            await server.stop()
+
+    asyncio.run(main())
+
+
+def test_a_failing_collector_is_a_500_and_the_server_goes_on() -> None:
+    class Broken:
+        def collect(self) -> Any:
+            raise RuntimeError("broken")
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Broken())  # type: ignore[arg-type]
+
+    async def main() -> None:
+        server = await serve_metrics(registry, "127.0.0.1:0")
+        try:
+            for _ in range(2):
+                status, _, _ = await http(server.port, b"GET /metrics HTTP/1.1\r\n\r\n")
+                assert status.endswith("500 Internal Server Error")
         finally:
             await server.stop()
 

@@ -65,6 +65,8 @@ ROLES = ("follower", "candidate", "leader")
 OTHER = "other"
 ROLLBACK = "Rollback"
 """The abort reason of a transaction its client rolled back."""
+_CORR_TYPES = (int, str, bytes)
+"""The request ids a commit's latency is tracked under (hashable by construction)."""
 PENDING_BOUND = 100_000
 """Commits waiting for their reply remembered at most (their connection may be gone)."""
 
@@ -135,7 +137,9 @@ class DataObserver:
     def op(self, conn: int, corr: Any, op: Any) -> None:
         """A session op arrived; ``tx.commit`` and ``tx.rollback`` wait for their reply."""
         self.ops += 1
-        if op == "tx.commit" or op == "tx.rollback":
+        # The client chose ``corr``: only the kinds a well-behaved client sends are
+        # remembered (a list would not even hash), so no client can break the path.
+        if (op == "tx.commit" or op == "tx.rollback") and type(corr) in _CORR_TYPES:
             pending = self._pending
             if len(pending) >= PENDING_BOUND:
                 del pending[next(iter(pending))]
@@ -147,6 +151,8 @@ class DataObserver:
         kind = error_kind(payload["error"]) if failed else ""
         if failed:
             self.errors[kind] += 1
+        if type(corr) not in _CORR_TYPES:
+            return
         started = self._pending.pop((conn, corr), None)
         if started is None:
             return

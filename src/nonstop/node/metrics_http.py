@@ -82,6 +82,9 @@ class MetricsServer:
                 answer = await asyncio.wait_for(self._answer(reader), READ_TIMEOUT)
             except (TimeoutError, ValueError, asyncio.LimitOverrunError, ConnectionError):
                 answer = _plain("400 Bad Request", "bad or slow request")
+            except Exception:  # a collector failed: say so, keep serving
+                log.exception("metrics scrape failed")
+                answer = _plain("500 Internal Server Error", "the scrape failed: see the node log")
             finally:
                 self._busy -= 1
             writer.write(answer)
