@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -141,3 +145,27 @@ def test_a_missing_log_gives_no_events(tmp_path: Path) -> None:
     events = list(merged_logs({"A": tmp_path / "nope.log"}, LogFilter()))
     assert events == []
     assert list(read_events(["not a log line\n"])) == []
+
+
+def test_follow_prints_what_is_appended(tmp_path: Path) -> None:
+    """``nonstop logs -f`` as a process: the old events, then one appended after it started."""
+    log = tmp_path / "A" / "node.log"
+    log.parent.mkdir()
+    log.write_text(line("A", 0, message="before"))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nonstop.admin.cli", "logs", "-f", "--json", str(log)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert proc.stdout is not None
+        assert json.loads(proc.stdout.readline())["message"] == "before"
+        time.sleep(0.3)
+        with open(log, "a") as fh:
+            fh.write(line("A", 1, message="after"))
+        assert json.loads(proc.stdout.readline())["message"] == "after"
+    finally:
+        proc.terminate()
+        proc.wait(10)
