@@ -224,6 +224,29 @@ def test_a_failing_collector_is_a_500_and_the_server_goes_on() -> None:
     asyncio.run(main())
 
 
+def test_partition_counts_when_the_machine_has_a_partition_table() -> None:
+    def part(state: str, active: str | None, copying: list[str]) -> Any:
+        return SimpleNamespace(state=state, active=active, copying=copying)
+
+    table = SimpleNamespace(
+        partitions={
+            "p1": part("Active", "A", []),
+            "p2": part("Active", "B", ["A"]),
+            "p3": part("Migrating", "A", []),
+        }
+    )
+    node = SimpleNamespace(raft=None, name="A", partition_table=table)
+    runtime = SimpleNamespace(router=None, machine=SimpleNamespace(cluster=node), stats={})
+    parsed = scrape(node_registry(runtime, DataObserver(BOUNDS), process=False))
+    assert value(parsed, "nonstop_partitions", state="Active") == 2
+    assert value(parsed, "nonstop_partitions", state="Migrating") == 1
+    assert value(parsed, "nonstop_partitions", state="Unavailable") == 0
+    assert value(parsed, "nonstop_partitions_active_here") == 2
+    assert value(parsed, "nonstop_partitions_copying_here") == 1
+    without = scrape(node_registry(SimpleNamespace(), DataObserver(BOUNDS), process=False))
+    assert "nonstop_partitions" not in without
+
+
 def test_collector_is_a_prometheus_collector() -> None:
     runtime = SimpleNamespace(router=None, machine=None, stats={})
     families = list(NodeCollector(runtime, DataObserver(BOUNDS)).collect())

@@ -60,6 +60,8 @@ PEER_STATES = (
 )
 """The failure detector's remote node states (C3): one series each, also at 0."""
 QUORUM_STATES = ("Active", "Partial", "Disabled")
+PARTITION_STATES = ("Initial", "Active", "Migrating", "Replicating", "Updating", "Unavailable")
+"""The partition table's states (``nonstop.ha.partition_table``): one series each, also at 0."""
 ROLES = ("follower", "candidate", "leader")
 
 OTHER = "other"
@@ -233,7 +235,9 @@ class NodeCollector(Collector):
         yield from self._transactions(service, stats)
         yield from self._data_service(service, stats, getattr(engine, "locks", None))
         yield from self._store(engine)
-        yield from self._cluster(cluster_node_of(getattr(self.runtime, "machine", None)))
+        node = cluster_node_of(getattr(self.runtime, "machine", None))
+        yield from self._cluster(node)
+        yield from self._partitions(node)
         yield from self._runtime()
 
     # ------------------------------------------------------------ families
@@ -416,6 +420,32 @@ class NodeCollector(Collector):
             "Peer state changes seen by the failure detector (suspicions: to InDownNotifier).",
             ["old", "new"],
             (([old, new], count) for (old, new), count in sorted(obs.transitions.items())),
+        )
+
+    def _partitions(self, node: Any) -> Iterator[Metric]:
+        """The partition table (ha/), when the node's machine has one: counts, not names."""
+        table = getattr(node, "partition_table", None)
+        partitions = getattr(table, "partitions", None)
+        if not isinstance(partitions, dict):
+            return
+        name = getattr(node, "name", None)
+        states = collections.Counter(str(p.state) for p in partitions.values())
+        yield labelled(
+            GaugeMetricFamily,
+            "partitions",
+            "Partitions of the cluster by state (Initial, Active, Migrating, ...).",
+            ["state"],
+            (([state], states.get(state, 0)) for state in sorted({*PARTITION_STATES, *states})),
+        )
+        yield gauge(
+            "partitions_active_here",
+            "Partitions whose active copy is this node.",
+            sum(1 for p in partitions.values() if p.active == name),
+        )
+        yield gauge(
+            "partitions_copying_here",
+            "Partitions this node holds a copy of that is still being copied.",
+            sum(1 for p in partitions.values() if name in p.copying),
         )
 
     def _runtime(self) -> Iterator[Metric]:
