@@ -180,6 +180,11 @@ class LocalCluster:
             "members": founders if node.name in founders else [],
             "log_file": str(node.data / "node.log"),
         }
+        entry = next(e for e in layout["nodes"] if e["name"] == node.name)
+        if "metrics" not in entry:
+            # A folder made before nodes had a metrics endpoint: give this one its port now.
+            entry["metrics"] = node.metrics = _metrics_address()
+            self.save(layout)
         if node.metrics is not None:
             values["metrics"] = {"listen": node.metrics}
         values.update(layout.get("options", {}))
