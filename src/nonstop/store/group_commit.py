@@ -133,14 +133,13 @@ class GroupCommitter:
                         self._store.commit_seq += 1
                     except Exception as one:
                         results.append(_as_store_error(one))
+            self.stats.groups += 1
+            self.stats.commits += len(batch)
+            self.stats.largest_group = max(self.stats.largest_group, len(batch))
             took = time.perf_counter() - started
-            stats = self.stats
-            stats.groups += 1
-            stats.commits += len(batch)
-            stats.largest_group = max(stats.largest_group, len(batch))
-            stats.group_sizes[bisect.bisect_left(GROUP_SIZE_BUCKETS, len(batch))] += 1
-            stats.write_seconds[bisect.bisect_left(WRITE_SECONDS_BUCKETS, took)] += 1
-            stats.write_seconds_sum += took
+            self.stats.group_sizes[bisect.bisect_left(GROUP_SIZE_BUCKETS, len(batch))] += 1
+            self.stats.write_seconds[bisect.bisect_left(WRITE_SECONDS_BUCKETS, took)] += 1
+            self.stats.write_seconds_sum += took
             for (_, done), result in zip(batch, results, strict=True):
                 try:
                     done(result)
