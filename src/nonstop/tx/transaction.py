@@ -57,7 +57,7 @@ from nonstop.errors import (
 from nonstop.model.codec import encode_key, pack
 from nonstop.model.entry import CLEAN, CREATED, CREATED_DELETED, DELETED, DIRTY
 from nonstop.model.managed import KeyInfo, Managed, TypeInfo, lookup_type, type_info
-from nonstop.model.ref import Ref
+from nonstop.model.ref import Ref, check_epoch, check_location
 from nonstop.store.group_commit import Op as StoreOp
 from nonstop.store.group_commit import WriteSet
 from nonstop.store.records import pack_record
@@ -451,6 +451,8 @@ class Transaction:
         info: TypeInfo,
         state: dict[str, Any],
         claimed: tuple[KeyInfo, bytes] | None = None,
+        location: int | None = None,
+        epoch: int = 0,
     ) -> Op:
         """Generator op: create an object of ``info`` from a complete, checked ``state``;
         returns its entry.
@@ -458,9 +460,11 @@ class Transaction:
         Claims the object's unique key values (DuplicateKey: nothing is created),
         except ``claimed`` = (key, encoded value), which :meth:`g_claim_absent`
         already locked and found free.  ``create`` checks the values first; a
-        bulk load that checked whole columns calls this directly.
+        bulk load that checked whole columns calls this directly.  The reference
+        is new in ``location`` (a partition's location code; this store's own when
+        None) at ``epoch`` (:meth:`~nonstop.store.lmdb_store.Store.new_ref`).
         """
-        ref = self.engine.store.new_ref()
+        ref = self.engine.store.new_ref(location, epoch)
         claims = self._claimed
         skip = None
         if claimed is not None:
@@ -519,6 +523,17 @@ class Transaction:
         self.check_usable()
         info = self.engine.ensure_type(cls)
         e = self.drive(self.g_insert(info, self._new_state(info, values)))
+        return e.handle  # type: ignore[no-any-return]
+
+    def create_in(self, cls: type[M], location: int, epoch: int = 0, /, **values: Any) -> M:
+        """Create an object in ``location`` (a partition's location code) at the partition's
+        ``epoch``; otherwise as :meth:`create` (which creates in this store's own location).
+        BadArgument (nothing created) for a location or epoch out of range."""
+        self.check_usable()
+        check_location(location)
+        check_epoch(epoch)
+        info = self.engine.ensure_type(cls)
+        e = self.drive(self.g_insert(info, self._new_state(info, values), None, location, epoch))
         return e.handle  # type: ignore[no-any-return]
 
     def find(self, cls: type[M], /, *, lock: str | None = None, **key: Any) -> M | None:
@@ -752,7 +767,8 @@ class Transaction:
 
         ``ops``: ``(is_put, database, key, value)`` on engine databases (``results``,
         ``asyncq``, ``bulk``...) or records a bulk write built itself; ``counts``:
-        the extent count changes of such records, by type name; ``first``: before
+        the extent count changes of such records, by ``store.count_key(type name,
+        ref)`` (type and location); ``first``: before
         the raw operations added so far.  They commit with the transaction or not
         at all; nothing locks them: lock what they stand for with :meth:`need`.
         """
@@ -856,7 +872,8 @@ class Transaction:
             if status == DELETED:
                 ops.append((False, objects, ref, None))
                 ops.append((False, extents, tname + b"\x00" + ref, None))
-                deltas[tname] = deltas.get(tname, 0) - 1
+                ck = tname + b"\x00" + ref[:8]  # (store.count_key, inlined)
+                deltas[ck] = deltas.get(ck, 0) - 1
                 for name, key in info.keys.items():
                     value = e.orig[name] if e.orig and name in e.orig else e.state[name]
                     self._index_op(removals, key, value, ref, put=False)
@@ -864,7 +881,8 @@ class Transaction:
             ops.append((True, objects, ref, pack_record(info, e.version + 1, e.state)))
             if status == CREATED:
                 ops.append((True, extents, tname + b"\x00" + ref, b""))
-                deltas[tname] = deltas.get(tname, 0) + 1
+                ck = tname + b"\x00" + ref[:8]
+                deltas[ck] = deltas.get(ck, 0) + 1
                 for name, key in info.keys.items():
                     self._index_op(ops, key, e.state[name], ref, put=True)
             elif e.orig:
@@ -876,8 +894,8 @@ class Transaction:
         for qkey, record in self._async_calls:
             ops.append((True, store.asyncq, qkey, record))
         ops.extend(self._raw_ops)
-        for tname, delta in self._raw_counts.items():
-            deltas[tname] = deltas.get(tname, 0) + delta
+        for ck, delta in self._raw_counts.items():
+            deltas[ck] = deltas.get(ck, 0) + delta
         ws.ops = removals + ops
         return ws if ws.ops else None
 
