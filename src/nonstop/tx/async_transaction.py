@@ -129,6 +129,8 @@ class AsyncTransaction(Transaction):
         lock: str | None = None,
     ) -> Managed | None:
         self.check_usable()
+        if not self.in_scope(ref.raw):
+            return None
         mode = parse_lock(lock)
         e = await self.adrive(self.g_load(ref.raw, self.default_lock if mode is None else mode))
         return None if e is None else e.handle

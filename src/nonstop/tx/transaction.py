@@ -57,7 +57,7 @@ from nonstop.errors import (
 from nonstop.model.codec import encode_key, pack
 from nonstop.model.entry import CLEAN, CREATED, CREATED_DELETED, DELETED, DIRTY
 from nonstop.model.managed import KeyInfo, Managed, TypeInfo, lookup_type, type_info
-from nonstop.model.ref import Ref, check_epoch, check_location
+from nonstop.model.ref import Ref, check_epoch, check_location, location_prefix
 from nonstop.store.group_commit import Op as StoreOp
 from nonstop.store.group_commit import WriteSet
 from nonstop.store.records import pack_record
@@ -116,6 +116,9 @@ class Transaction:
         self._on_commit: list[Callable[[], Any]] = []
         self._on_rollback: list[Callable[[], Any]] = []
         self._prepared: tuple[bytes, WriteSet] = (b"", WriteSet())
+        self.scope: frozenset[bytes] | None = None
+        """The 8-byte location prefixes counts, queries and lookups see (None: all; see
+        :meth:`restrict_to`)."""
 
     # ------------------------------------------------------------- drivers
     def drive(self, op: Op) -> Any:
@@ -372,6 +375,11 @@ class Transaction:
             raise DuplicateKey(f"{key.owner}.{key.field} = {value!r} is already taken")
         self._claimed[slot] = ref
 
+    def g_claim(self, key: KeyInfo, value: Any, ref: bytes) -> Op:
+        """Generator op: take the unique value ``value`` of ``key`` for the object ``ref``
+        (DuplicateKey if another object holds it); what a replica's apply claims with."""
+        yield from self._g_claim(key, value, ref)
+
     def _released(self, ref: bytes, key: KeyInfo, kb: bytes) -> bool:
         """Did this transaction delete the object at ``ref`` or move it off key value ``kb``?"""
         e = self._entries.get(ref)
@@ -386,9 +394,10 @@ class Transaction:
         kb = encode_key(value)
         slot = (key.db_name, kb)
         mine = self._claimed.get(slot)
+        scope = self.scope
         if mine is not None:
             e = self._entries[mine]
-            return None if e.status >= DELETED else e
+            return None if e.status >= DELETED or not self.in_scope(mine) else e
         locked_slot = False
         store = self.engine.store
         index = store.index_db(key.db_name, unique=True)
@@ -401,6 +410,8 @@ class Transaction:
                 if ref is not None:
                     ref = bytes(ref)
                     raw = None if raw is None else bytes(raw)
+            if ref is not None and scope is not None and ref[:8] not in scope:
+                return None  # another partition's object (held here as a replica)
             if ref is None:
                 if mode == NONE or locked_slot:
                     return None
@@ -564,6 +575,8 @@ class Transaction:
     def by_ref(self, ref: Ref, /, *, lock: str | None = None) -> Managed | None:
         """The object with this reference, or None if it does not exist."""
         self.check_usable()
+        if not self.in_scope(ref.raw):
+            return None
         mode = parse_lock(lock)
         e = self.drive(self.g_load(ref.raw, self.default_lock if mode is None else mode))
         return None if e is None else e.handle
@@ -586,10 +599,11 @@ class Transaction:
         """Cardinality of the type's extent (A2): read committed plus this transaction's changes."""
         self.check_usable()
         total = 0
+        scope = self.scope
         for info in self.engine.ensure_type(cls).concrete_types():
-            total += self.engine.store.count(info.name)
+            total += self.engine.store.count(info.name, scope)
         for e in self._entries.values():
-            if isinstance(e.handle, cls):
+            if isinstance(e.handle, cls) and (scope is None or e.ref[:8] in scope):
                 if e.status == CREATED:
                     total += 1
                 elif e.status == DELETED:
@@ -730,6 +744,22 @@ class Transaction:
     # ------------------------------------------- engine-level API (bulk, data plane)
     # What nonstop's own bulk operations, data plane and participant use besides
     # the application API; applications do not need it.
+    def restrict_to(self, locations: Iterable[int] | None) -> None:
+        """See only the objects of ``locations`` (location codes: the partitions this node is
+        active for) in counts, queries, extents, unique lookups and ``by_ref``, so that a
+        query asked of each partition once counts nothing twice; None: every object of the
+        store (the default).  BadArgument (nothing changed) for a bad location code.
+
+        Writes are not restricted: a unique value is unique in the whole store
+        (a create in scope of a value an out-of-scope object holds is DuplicateKey).
+        """
+        self.scope = None if locations is None else frozenset(map(location_prefix, locations))
+
+    def in_scope(self, ref: bytes) -> bool:
+        """Whether the object ``ref`` is in this transaction's scope (:meth:`restrict_to`)."""
+        scope = self.scope
+        return scope is None or ref[:8] in scope
+
     @property
     def state(self) -> TxState:
         """Where the transaction is in its life (only an ACTIVE one can be used)."""
