@@ -79,6 +79,7 @@ def test_create_in_names_the_partition_and_the_epoch(store_dir: Path) -> None:
             a = tx.ref(tx.create_in(Account, P0, 3, number="A-1"))
             b = tx.ref(tx.create_in(Account, P1, 0, number="B-1"))
         assert (a.location, a.epoch, split_sequence(a.counter)[1]) == (P0, 3, 1)
+        assert a.timestamp == 0  # no node in a partition's reference
         assert (b.location, b.epoch) == (P1, 0)
         with db.transaction() as tx:
             assert tx.by_ref(a).number == "A-1"  # type: ignore[union-attr]
@@ -111,8 +112,11 @@ def test_counter_per_location_and_epoch_survives_restart(store_dir: Path) -> Non
     # two epochs of one location never collide: the epoch is in the sequence
     assert not {*first, again} & {*other_epoch, later}
     assert {Ref(r).epoch for r in first} == {1} and {Ref(r).epoch for r in other_epoch} == {2}
-    # one location is one key range: the location code is the key prefix
-    assert all(r[:8] == P0.to_bytes(8, "big") for r in [*first, *other_epoch, again, later])
+    # one location is one key range: the location code is the key prefix; in it,
+    # references sort in creation order across epochs
+    everything = [*first, *other_epoch, again, later]
+    assert all(r[:8] == P0.to_bytes(8, "big") for r in everything)
+    assert max(first) < min(other_epoch) and sorted([*first, again]) == [*first, again]
 
 
 def test_two_nodes_active_at_different_epochs_never_share_a_reference(tmp_path: Path) -> None:

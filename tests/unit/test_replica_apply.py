@@ -23,6 +23,7 @@ from nonstop.tx.replica import (
     apply_write_set,
     apply_write_set_async,
     copy_batch,
+    g_copy_batch,
     iter_location,
     write_set_records,
 )
@@ -319,3 +320,56 @@ def test_restore_copy_scans_one_location_in_batches(tmp_path: Path, pair: Any) -
         copy_batch(a.engine, P0, None, 0)
     with pytest.raises(BadArgument, match="location code is an int"):
         copy_batch(a.engine, "default.0", None, 10)  # type: ignore[arg-type]
+
+
+def test_restore_copy_under_traffic_locks_its_batch_and_catches_up(
+    tmp_path: Path, pair: Any
+) -> None:
+    """ha.md §7: the copy read-locks each batch until the target has it; writes made during
+    the copy reach the target as write sets, applied with ``catching_up``."""
+    a, _ = pair
+    with a.transaction() as tx:
+        for i in range(10):
+            tx.create_in(Account, P0, 1, number=f"A-{i}", balance=i)
+    with nonstop.open(tmp_path / "target") as c:
+        copier = a.transaction().__enter__()
+        first, resume = copier.drive(g_copy_batch(copier, P0, None, 5))
+        copied = {Ref(r[1]) for r in first}
+        # a writer of a copied object waits for the batch (here: gives up at once)
+        writer = a.transaction(lock_timeout=0.05).__enter__()
+        victim = next(
+            x for x in writer.query(Account).lock("none").all() if writer.ref(x) in copied
+        )
+        with pytest.raises(nonstop.LockTimeout):
+            writer.lock(victim, "write")
+        writer.rollback()
+        apply_write_set(c, first)
+        copier.rollback()  # (read only: the batch is on the target, let writers in)
+        # traffic: one copied object and one not yet copied change, one of each is deleted
+        with a.transaction() as tx:
+            traffic = Captured(tx)
+            done, pending = (
+                sorted(copied)[0],
+                max(tx.ref(x) for x in tx.query(Account).all() if tx.ref(x) not in copied),
+            )
+            tx.by_ref(done).balance = 100  # type: ignore[union-attr]
+            tx.by_ref(pending).balance = 200  # type: ignore[union-attr]
+            tx.delete(tx.by_ref(sorted(copied)[1]))  # type: ignore[arg-type]
+        with pytest.raises(ReplicaGap, match="does not hold"):
+            apply_write_set(c, traffic.records)  # an in-sync replica never sees this
+        applied = apply_write_set(c, traffic.records, catching_up=True)
+        assert (applied.created, applied.updated, applied.deleted) == (1, 1, 1)
+        copier = a.transaction().__enter__()
+        rest, end = copier.drive(g_copy_batch(copier, P0, resume, 5))
+        assert end is None and len(rest) == 5
+        later = apply_write_set(c, rest, catching_up=True)
+        assert later.unchanged == 1 and later.created == 4  # (the pending one came first)
+        copier.rollback()
+        assert accounts(c) == accounts(a)
+
+
+def test_catching_up_still_refuses_a_partial_update_of_an_absent_object(pair: Any) -> None:
+    _, b = pair
+    partial = ["u", b.engine.store.new_ref(P0, 1), "bank.Account", 4, pack({"balance": 1})]
+    with pytest.raises(ReplicaGap, match="does not hold"):
+        apply_write_set(b, [partial], catching_up=True)

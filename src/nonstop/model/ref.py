@@ -1,9 +1,12 @@
 """Object references (C1): globally unique, immutable, and they say where an object lives.
 
-A reference is 20 bytes, big-endian (``>QIQ``): an 8-byte **location code**, the
-creating store's 4-byte timestamp (seconds at store creation) and an 8-byte
-**sequence**.  References sort by (location, timestamp, sequence) in LMDB, so the
-objects of one location are one key range (the location is the key prefix).
+A reference is 20 bytes, big-endian (``>QIQ``): an 8-byte **location code**, a
+4-byte **timestamp** and an 8-byte **sequence**.  References sort by (location,
+timestamp, sequence) in LMDB, so the objects of one location are one key range
+(the location is the key prefix).  The timestamp is the creating store's
+(seconds at store creation) for a plain create into the store's own location,
+and zero for a create into a partition: a partition's references name no node,
+and sort in creation order (epoch, then counter) across failovers.
 
 The location code names where the object belongs: a partition
 (``nonstop.ha.partition_table.partition_location(name)``, a hash of the partition
@@ -103,6 +106,7 @@ class Ref:
 
     @property
     def timestamp(self) -> int:
+        """The creating store's timestamp (a plain create), or 0 (a create into a partition)."""
         return int(_LAYOUT.unpack(self.raw)[1])
 
     @property

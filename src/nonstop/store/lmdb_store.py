@@ -303,15 +303,17 @@ class Store:
         c.next, c.until = start + 1, until
 
     def new_ref(self, location: int | None = None, epoch: int = 0) -> bytes:
-        """A new reference of ``location`` (this store's own when None) at ``epoch``:
-        sequence ``(epoch << 40) | counter``, never handed out before (module doc)."""
+        """A new reference of ``location`` at ``epoch``: sequence ``(epoch << 40) | counter``,
+        never handed out before (module doc).  ``location`` None: this store's own, with
+        its timestamp in the middle (a plain create, as before format 3); else the middle
+        is zero, so a partition's references name no node and sort in creation order."""
         c = self._own if location is None and not epoch else self._counter(location, epoch)
         with self._counter_lock:
             if c.next > c.until:
                 self._reserve(c)
             counter = c.next
             c.next += 1
-        return c.prefix + _U64.pack(c.base | counter)
+        return (c.prefix if location is None else c.bare) + _U64.pack(c.base | counter)
 
     def new_refs(self, n: int, location: int | None = None, epoch: int = 0) -> list[bytes]:
         """``n`` new references at once (a bulk write's new objects): one lock, no call each."""
@@ -323,7 +325,8 @@ class Store:
                     self._reserve(c)
                 first = c.next
                 last = min(c.until, first + n - len(out) - 1)
-                prefix, u64, base = c.prefix, _U64.pack, c.base
+                prefix = c.prefix if location is None else c.bare
+                u64, base = _U64.pack, c.base
                 out.extend([prefix + u64(base | k) for k in range(first, last + 1)])
                 c.next = last + 1
         return out
@@ -511,15 +514,18 @@ def count_key(type_name: bytes, ref: bytes) -> bytes:
 
 class _Counter:
     """The counters of one (location, epoch) in this process: next to hand out, reserved
-    durably up to ``until``; ``prefix`` + 8-byte ``base | counter`` is a reference."""
+    durably up to ``until``; ``prefix`` + 8-byte ``base | counter`` is a plain create's
+    reference (the store's timestamp in the middle), ``bare`` + the same a reference
+    created into a given location (zero in the middle: no node in it)."""
 
-    __slots__ = ("base", "epoch", "key", "location", "next", "prefix", "until")
+    __slots__ = ("bare", "base", "epoch", "key", "location", "next", "prefix", "until")
 
     def __init__(self, location: int, epoch: int, timestamp: int) -> None:
         self.location = location
         self.epoch = epoch
         self.key = _seq_key(location, epoch)
         self.prefix = location.to_bytes(LOCATION_BYTES, "big") + timestamp.to_bytes(4, "big")
+        self.bare = location.to_bytes(LOCATION_BYTES, "big") + bytes(4)
         self.base = epoch << COUNTER_BITS
         self.next = 1
         self.until = 0

@@ -63,7 +63,7 @@ from nonstop.model.codec import encode_key, pack, unpack
 from nonstop.model.entry import CLEAN, CREATED, CREATED_DELETED, DELETED, DIRTY
 from nonstop.model.managed import TypeInfo
 from nonstop.model.ref import REF_SIZE, Ref, split_sequence
-from nonstop.tx.entries import WRITE, Entry, Isolation, Op
+from nonstop.tx.entries import READ, WRITE, Entry, Isolation, Op
 
 if TYPE_CHECKING:
     from nonstop.tx.database import Database
@@ -138,12 +138,18 @@ def _parse(i: int, record: Any) -> Record:
     return Record(i, kind, ref, type_name, version, values)
 
 
-def g_apply(tx: Transaction, records: list[Record]) -> Op:
+def g_apply(tx: Transaction, records: list[Record], *, catching_up: bool = False) -> Op:
     """Generator op: apply checked ``records`` in ``tx`` (module doc); returns :class:`Applied`.
 
     Takes a write lock on every object named and on each (location, epoch)
     counter it records.  ``tx`` must be fresh and be used for nothing else: the
     caller commits it (all records) or rolls it back (none).
+
+    ``catching_up``: the store is a restore target still being copied (ha.md §7):
+    a ``u`` record that carries the object's complete state (as
+    :func:`write_set_records` makes them) is applied as a whole-state put to an
+    object the copy has not brought yet or brought at an older version, instead
+    of being refused as a gap.
     """
     engine = tx.engine
     done = Applied()
@@ -156,11 +162,12 @@ def g_apply(tx: Transaction, records: list[Record]) -> Op:
                 f"write set record {rec.index}: object {Ref(rec.ref)} was deleted by an "
                 "earlier record of the same write set"
             )
+        whole = catching_up and rec.kind == "u" and rec.values.keys() >= info.fields.keys()
         e = yield from tx.g_load(rec.ref, WRITE)
         if e is None:
             if rec.kind == "d":
                 done.unchanged += 1  # already deleted
-            elif rec.kind == "u":
+            elif rec.kind == "u" and not whole:
                 raise ReplicaGap(
                     f"write set record {rec.index}: update of object {Ref(rec.ref)}, which "
                     "this store does not hold (resynchronize the replica)"
@@ -183,7 +190,7 @@ def g_apply(tx: Transaction, records: list[Record]) -> Op:
         if rec.version <= now:
             done.unchanged += 1  # already applied
             continue
-        if rec.kind == "u" and rec.version != now + 1:
+        if rec.kind == "u" and rec.version != now + 1 and not whole:
             raise ReplicaGap(
                 f"write set record {rec.index}: object {Ref(rec.ref)} is at version {now}, "
                 f"the record makes it version {rec.version}: a write is missing "
@@ -303,22 +310,33 @@ def _counters(tx: Transaction, records: list[Record], done: Applied) -> Op:
         store.note_counter(location, epoch, counter)
 
 
-def apply_write_set(db: Database, records: Any, *, lock_timeout: float | None = 30.0) -> Applied:
+def apply_write_set(
+    db: Database,
+    records: Any,
+    *,
+    catching_up: bool = False,
+    lock_timeout: float | None = 30.0,
+) -> Applied:
     """Apply a write set (module doc) in one transaction of its own and commit it durably."""
     checked = parse_write_set(records)
     with db.transaction(isolation=Isolation.SERIALIZABLE.value, lock_timeout=lock_timeout) as tx:
-        return tx.drive(g_apply(tx, checked))  # type: ignore[no-any-return]
+        return tx.drive(g_apply(tx, checked, catching_up=catching_up))  # type: ignore[no-any-return]
 
 
 async def apply_write_set_async(
-    db: Database, records: Any, *, lock_timeout: float | None = 30.0
+    db: Database,
+    records: Any,
+    *,
+    catching_up: bool = False,
+    lock_timeout: float | None = 30.0,
 ) -> Applied:
     """:func:`apply_write_set` for asyncio: waits for locks and the commit without a thread."""
     checked = parse_write_set(records)
     async with db.transaction(
         isolation=Isolation.SERIALIZABLE.value, lock_timeout=lock_timeout
     ) as tx:
-        return await tx.adrive(g_apply(tx, checked))  # type: ignore[no-any-return]
+        op = g_apply(tx, checked, catching_up=catching_up)
+        return await tx.adrive(op)  # type: ignore[no-any-return]
 
 
 def write_set_records(tx: Transaction) -> list[list[Any]]:
@@ -348,14 +366,43 @@ def copy_batch(
     """Up to ``limit`` objects of ``location`` as ``c`` records, in reference order after the
     reference ``after``: ``(records, resume)``, ``resume`` None once the location is done.
 
-    One LMDB snapshot per batch, no locks: a restore copy runs while traffic
-    continues, and the writes made meanwhile reach the returning node as
-    replica write sets (ha.md §7), which win by version.
+    One LMDB snapshot per batch, no locks: a consistent read of committed state
+    (a Spark split, a count, a check).  A restore copy under traffic uses
+    :func:`g_copy_batch`.
     """
     store = engine.store
     with store.read() as rtxn:
         found, resume = store.scan_location(rtxn, location, after, limit)
     return [["c", ref, rec[0], rec[2], pack(rec[3])] for ref, rec in found], resume
+
+
+def g_copy_batch(
+    tx: Transaction, location: int, after: bytes | None = None, limit: int = 1000
+) -> Op:
+    """Generator op: :func:`copy_batch` for a restore copy while traffic runs (ha.md §7).
+
+    Read-locks the batch's objects in ``tx`` and reads them again under the
+    locks; the caller keeps ``tx`` open until the target applied the records
+    durably, then ends it.  So a write of one of them either committed before
+    the read (the record has it) or waits for the batch and reaches the target
+    after it, as a replica write set (the target applies those with
+    ``catching_up``: a write to an object the copy has not brought yet is a
+    whole-state ``u``).  A delete can never be overtaken by an older copy.
+    Returns ``(records, resume)``.
+    """
+    store = tx.engine.store
+    with store.read() as rtxn:
+        found, resume = store.scan_location(rtxn, location, after, limit)
+    refs = [ref for ref, _ in found]
+    yield from tx.need_all(refs, READ)  # type: ignore[arg-type]
+    out: list[list[Any]] = []
+    with store.read() as rtxn:
+        for ref in refs:
+            raw = rtxn.get(ref, db=store.objects)
+            if raw is not None:  # (deleted between the scan and the lock: not copied)
+                rec = store.record(raw, ref)
+                out.append(["c", ref, rec[0], rec[2], pack(rec[3])])
+    return out, resume
 
 
 def iter_location(engine: Engine, location: int, batch: int = 1000) -> Iterator[list[list[Any]]]:
@@ -378,6 +425,7 @@ __all__ = [
     "apply_write_set_async",
     "copy_batch",
     "g_apply",
+    "g_copy_batch",
     "iter_location",
     "parse_write_set",
     "write_set_records",
