@@ -1,9 +1,10 @@
 """The ``nonstop`` command line (G1, G2): node life cycle, cluster status, local clusters.
 
 One command group per module: ``node`` (:mod:`nonstop.admin.cmd_node`),
-``cluster`` (:mod:`nonstop.admin.cmd_cluster`), ``local``
+``cluster`` (:mod:`nonstop.admin.cmd_cluster`), ``partition``
+(:mod:`nonstop.admin.cmd_partition`), ``local``
 (:mod:`nonstop.admin.cmd_local`), ``pipeline`` (:mod:`nonstop.admin.pipeline`),
-``store`` (:mod:`nonstop.admin.scrub`).
+``store`` (:mod:`nonstop.admin.scrub`), ``logs`` (:mod:`nonstop.admin.cmd_logs`).
 Every command prints either a human table or, with ``--json``, one JSON
 document on stdout; errors are one line on stderr (``nonstop: error: ...``,
 :mod:`nonstop.admin.output`), exit code 2 for a usage error and 1 for a
@@ -16,7 +17,9 @@ import click
 
 from nonstop.admin.cmd_cluster import cluster
 from nonstop.admin.cmd_local import local
+from nonstop.admin.cmd_logs import logs
 from nonstop.admin.cmd_node import node
+from nonstop.admin.cmd_partition import partition
 from nonstop.admin.output import emit_status, fail
 from nonstop.admin.pipeline import pipeline
 from nonstop.admin.scrub import store
@@ -31,8 +34,10 @@ def cli() -> None:
 cli.add_command(node)
 cli.add_command(cluster)
 cli.add_command(local)
+cli.add_command(partition)  # the partition table (nonstop.admin.cmd_partition)
 cli.add_command(pipeline)  # the Spark jobs
 cli.add_command(store)  # nonstop store verify (nonstop.admin.scrub)
+cli.add_command(logs)  # the merged node logs
 
 
 def main() -> None:

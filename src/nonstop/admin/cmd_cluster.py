@@ -118,7 +118,28 @@ def cluster_status(
             status = client.status()
         except (Error, ValueError) as exc:
             fail(str(exc))
-    emit_status(status, as_json, cluster=cluster_id, source=target.source)
+    metrics = None
+    if target.folder is not None:
+        lc = LocalCluster(target.folder)
+        layout = lc.load()
+        metrics = lc.metrics_addresses(layout) if layout is not None else None
+    emit_status(status, as_json, cluster=cluster_id, source=target.source, metrics=metrics)
+    if not as_json and status.get("partitions"):
+        click.echo(partitions_summary(status))
+
+
+def partitions_summary(status: dict[str, Any]) -> str:
+    """One line on the partition table (``nonstop partition list`` shows it whole)."""
+    parts = status["partitions"]
+    states: dict[str, int] = {}
+    for part in parts:
+        states[part["state"]] = states.get(part["state"], 0) + 1
+    counts = ", ".join(f"{n} {s}" for s, n in sorted(states.items()))
+    acting = len(status.get("acting") or [])
+    return (
+        f"partitions: {len(parts)} ({counts}); {status.get('name')} acts for {acting} "
+        "(`nonstop partition list`)"
+    )
 
 
 @cluster.command("join")

@@ -50,6 +50,19 @@ def parse_options(options: tuple[str, ...], apps: tuple[str, ...]) -> dict[str, 
         fail(f"--option: {exc}", USAGE)
 
 
+def show_status(
+    lc: LocalCluster, layout: dict[str, Any], status: dict[str, Any], as_json: bool
+) -> None:
+    """The status table (or JSON) of the folder's cluster, with each node's metrics address."""
+    emit_status(
+        status,
+        as_json,
+        cluster=layout["cluster"],
+        source=str(lc.layout_path),
+        metrics=lc.metrics_addresses(layout),
+    )
+
+
 def load_layout(lc: LocalCluster) -> dict[str, Any]:
     layout = lc.load()
     if layout is None:
@@ -117,7 +130,7 @@ def local_up(
             f"cluster did not become Active within {timeout:.0f}s{_stopped_note(started)}: "
             f"see {lc.dir}/*/node.log"
         )
-    emit_status(status, as_json, cluster=layout["cluster"], source=str(lc.layout_path))
+    show_status(lc, layout, status, as_json)
     if not as_json:
         addresses = ",".join(lc.addresses(layout))
         click.echo(
@@ -322,4 +335,4 @@ def _wait_running(lc: LocalCluster, layout: dict[str, Any], timeout: float) -> N
     status = wait_active(addresses, timeout)
     if status is None:
         fail(f"cluster did not become Active within {timeout:.0f}s: see {lc.dir}/*/node.log")
-    emit_status(status, False, cluster=layout["cluster"], source=str(lc.layout_path))
+    show_status(lc, layout, status, False)

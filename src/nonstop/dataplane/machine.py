@@ -543,7 +543,9 @@ class DataPlane(Driver):
 
     def _on_cluster(self, ev: ClusterChanged) -> None:
         before = self.view.up
-        self.view = ClusterView(self.name, ev.members, ev.up, ev.quorum, ev.locations)
+        self.view = ClusterView(
+            self.name, ev.members, ev.up, ev.quorum, ev.locations, ev.partitions
+        )
         for peer in sorted(before - self.view.up):
             self._peer_down(peer)
 

@@ -33,7 +33,7 @@ import itertools
 import logging
 import os
 import random
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -52,6 +52,7 @@ from nonstop.dataplane.events import (
     EndBranch,
     Exec,
     LocalWaits,
+    PartitionView,
     ReadWaits,
 )
 from nonstop.dataplane.holdings import HOLDINGS_OP, cannot_tell, leave_refusal
@@ -163,8 +164,13 @@ class DataService:
         self._backlog: collections.deque[Any] = collections.deque()
         self._peers_seen = -1
         self._refresh_due = False
+        self._partitions_key: tuple[Any, ...] | None = None
+        self._partitions: Mapping[str, PartitionView] = {}
         self._stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.observer: Any = None
+        """The node's metrics (``nonstop.node.metrics.DataObserver``): told of each session
+        op and its reply; None when the node serves no metrics."""
         self._do: dict[type, Callable[[Any], None]] = {
             Exec: self._do_exec,
             Send: self._do_send,
@@ -192,7 +198,8 @@ class DataService:
         """Start the machine's timers and listen for membership changes."""
         add = getattr(self.runtime, "add_notifier", None)
         if add is not None:
-            for kind in ("node_state", "view", "quorum"):
+            # pt.changed: the partition table moved; pt.acting: what this node acts for.
+            for kind in ("node_state", "view", "quorum", "pt.changed", "pt.acting"):
                 add(kind, self._cluster_noted)
         self._feed(Started(now=self._now()))
         self._refresh()
@@ -249,6 +256,8 @@ class DataService:
         key = id(conn)
         if key not in self._conns:
             self._conns[key] = conn
+        if self.observer is not None:
+            self.observer.op(key, client_id, op)
         if len(self.runtime.peers) != self._peers_seen:
             self._refresh()  # a new peer's hello: where its objects live
         self._feed(ClientOp(now=self._now(), conn=key, corr=client_id, payload=payload))
@@ -314,7 +323,19 @@ class DataService:
             up=frozenset(up),
             quorum=str(quorum),
             locations=locations,
+            partitions=self._partition_views(cluster),
         )
+
+    def _partition_views(self, cluster: Any) -> Mapping[str, PartitionView]:
+        """The table and this node's acting set; rebuilt only when either changed."""
+        table = getattr(cluster, "partition_table", None)
+        if table is None:
+            return {}
+        key = (cluster.table_version, cluster.acting_set)
+        if key != self._partitions_key:
+            self._partitions_key = key
+            self._partitions = partition_views(table, cluster.acting_set)
+        return self._partitions
 
     # ============================================================ the machine
     def _feed(self, event: Any) -> None:
@@ -362,6 +383,8 @@ class DataService:
         self.runtime.send(action.to, payload)
 
     def _do_reply(self, action: ClientReply) -> None:
+        if self.observer is not None:
+            self.observer.reply(action.conn, action.corr, action.payload)
         conn = self._conns.get(action.conn)
         if conn is None or conn.closed:
             return
@@ -709,6 +732,23 @@ _USER_CODE_OPS = frozenset({"branch.call", "branch.overwrite"})
 
 PAGE_MARGIN = 64 * 1024
 """Room left in a reply frame for everything but its objects."""
+
+
+def partition_views(table: Any, acting: frozenset[str]) -> dict[str, PartitionView]:
+    """The data plane's view of a :class:`~nonstop.ha.partition_table.PartitionTable`."""
+    from nonstop.ha.partition_table import partition_location
+
+    return {
+        name: PartitionView(
+            name=name,
+            location=partition_location(name),
+            active=part.active,
+            epoch=part.epoch,
+            current=tuple((n, part.style(n)) for n in part.current),
+            acting=name in acting,
+        )
+        for name, part in table.partitions.items()
+    }
 
 
 def _objects_bytes(reply: Any) -> int:

@@ -97,6 +97,7 @@ QUIET_NOTIFY = frozenset(
         "dl.request",
         "dl.answer",
         "dl.decided",
+        "pt.lease",
     }
 )
 """Per-entry and per-transaction notifications: logged at debug only (one line per log
@@ -415,7 +416,12 @@ class RealRuntime:
         level = logging.DEBUG if kind in QUIET_NOTIFY else logging.INFO
         if notify_log.isEnabledFor(level):
             record = {"kind": kind, "node": self.name, **action.data}
-            notify_log.log(level, "%s", json.dumps(record, default=str, sort_keys=True))
+            notify_log.log(
+                level,
+                "%s",
+                json.dumps(record, default=str, sort_keys=True),
+                extra={"notify": record},  # a structured field of JSON log lines
+            )
         for key in (kind, "*"):
             callbacks = self.notifiers.get(key)
             if not callbacks:
