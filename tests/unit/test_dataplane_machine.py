@@ -975,3 +975,27 @@ def test_holdings_of_a_node_count_its_objects_by_type_in_a_session_of_their_own(
     assert net.op("A", {"op": "member.holdings", "name": "B"})["error"] == "Unavailable"
     assert net.op("A", {"op": "member.holdings", "name": "Z"})["error"] == "BadArgument"
     assert net.machines["A"].sessions == {}
+
+
+def test_a_lookup_asks_the_node_its_hint_names_even_outside_the_members() -> None:
+    """A node out of the view but up still holds its objects: never "not found" for them."""
+    net = Net("ABC")
+    objs = accounts(net, {"c1": "C"})
+    s = net.ok("A", get("c1", begin="serializable"))["s"]  # found on C: the hint says C
+    net.ok("A", {"op": "tx.rollback", "s": s})
+    locations = {loc: n for n, loc in LOCATIONS.items()}
+    view = ClusterChanged(
+        now=net.now, members=("A", "B"), up=frozenset("ABC"), quorum="Active", locations=locations
+    )
+    net.feed("A", view)
+    reply = net.ok("A", get("c1", begin="serializable"))
+    assert reply["o"] == objs["c1"]
+    # Which is why nothing is created outside the members (a lookup without a hint
+    # asks the members only), and a member that holds objects cannot leave.
+    st = pack({"number": "c2"})
+    reply = net.op(
+        "A",
+        {"op": "tx.create", "begin": "serializable", "type": ACC, "tv": 1, "st": st, "node": "C"},
+    )
+    assert reply is not None and reply["error"] == "BadArgument"
+    assert "C is not a member" in reply["message"]

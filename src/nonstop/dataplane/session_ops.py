@@ -177,6 +177,13 @@ def g_create(dp: DataPlane, s: Session, p: dict[str, Any]) -> OpCoroutine:
     node = p.get("node") or dp.name
     if not isinstance(node, str) or node not in dp.view.known:
         raise errors.BadArgument(f"no node named {node!r:.40} in this cluster")
+    if node not in dp.view.members:
+        # A lookup asks the members only: an object created on a node outside them
+        # could be "not found" and created twice (issue 10).
+        raise errors.BadArgument(
+            f"node {node} is not a member of the cluster ({', '.join(dp.view.members)}): "
+            "objects are created on members only"
+        )
     fields = {"type": p["type"], "tv": p.get("tv"), "st": p.get("st")}
     reply = yield Call(node, "branch.create", fields)
     s.dirty.add(node)
