@@ -184,7 +184,15 @@ class ReplicationMachine:
             return True  # asynchronous replicas hold nothing yet (D11 is a later issue)
         stream = self.streams.get(partition)
         peer = stream.peers.get(node) if stream is not None else None
-        return peer is not None and peer.copy_finished()
+        # Caught up with everything, not only the copy: from the moment the copy is finished
+        # completions wait for this node too (see _complete), so when ``restored`` is applied
+        # it holds every record acknowledged before -- it may become the active node at once.
+        return (
+            peer is not None
+            and peer.copy_finished()
+            and stream is not None
+            and (peer.acked >= stream.last)
+        )
 
     def on_table(
         self, now: float, views: Mapping[str, PartitionView], acting: Iterable[str]
@@ -340,6 +348,9 @@ class ReplicationMachine:
 
     def _complete(self, stream: Stream, view: PartitionView) -> list[Any]:
         needed = [stream.peers.get(n) for n in view.in_sync_replicas()]
+        # A copying node whose copy is finished is about to be proposed in sync (``restored``):
+        # from then on it must hold every record acknowledged, like an in-sync replica.
+        needed += [p for p in stream.peers.values() if p.copy_finished()]
         if self.config.mutant == "ack_before_replica":
             needed = []
         out: list[Any] = []
