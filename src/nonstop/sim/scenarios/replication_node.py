@@ -96,6 +96,7 @@ class ReplicatedNode(HaClusterNode):
             self.name, random.Random(rng.getrandbits(64)), recovered, replication
         )
         self.restorer.copy_done = self.replication.copy_done
+        self._views: tuple[tuple[int, bytes], dict[str, PartitionView]] = ((-1, b""), {})
         self._waiting_decision: dict[str, list[int]] = {}
         self._resolving: dict[str, str] = {}
 
@@ -121,7 +122,12 @@ class ReplicatedNode(HaClusterNode):
         )
 
     def rep_views(self) -> dict[str, PartitionView]:
-        return {n: view_of(p) for n, p in self.partition_table.partitions.items()}
+        # The table only changes when a log entry (or a snapshot) is applied: cache per index.
+        at, views = self._views
+        if at != (self.applied_index, self.applied_digest):
+            views = {n: view_of(p) for n, p in self.partition_table.partitions.items()}
+            self._views = ((self.applied_index, self.applied_digest), views)
+        return views
 
     def acting_set(self, now: float) -> list[str]:
         return [n for n in self.partition_table.partitions if self.acting(now, n)]
