@@ -55,6 +55,8 @@ def test_replica_ack_without_local_disk_is_not_enough() -> None:
     a.table(view(), acting=(P,))
     assert not a.of(Completed)
     a.sync()
+    assert not a.of(Completed), "completions wait for on_table: acting is known only then"
+    a.table(view(), acting=(P,))
     assert [c.ref for c in a.of(Completed)] == ["r1"]
 
 

@@ -211,7 +211,7 @@ class ReplicationMachine:
                 actions += self._start_stream(now, view)
         for name, stream in self.streams.items():
             actions += self._sync_peers(now, stream, self.views[name])
-        return actions + self._progress(now)
+        return actions + self._progress(now, complete=True)
 
     # ------------------------------------------------------------ runtime events
     def handle(self, event: Event) -> list[Any]:
@@ -233,7 +233,10 @@ class ReplicationMachine:
                     peer.sent = peer.acked  # resend what is not acknowledged
         elif isinstance(event, Persisted):
             actions = self._on_persisted(event.token)
-        return actions + self._progress(now)
+        # No completion here: whether this node acts is only known once the composition has
+        # handed the table over (on_table, at the end of this event).  A node resuming from
+        # a pause must not acknowledge from the answer it had before the pause.
+        return actions + self._progress(now, complete=False)
 
     # ------------------------------------------------------------ active side
     def _record(
@@ -326,7 +329,7 @@ class ReplicationMachine:
         self.stats["copies"] += 1
         return actions
 
-    def _progress(self, now: float) -> list[Any]:
+    def _progress(self, now: float, *, complete: bool) -> list[Any]:
         """Copy batches, completions, D12 drops, re-resolves, pruning; then flush."""
         actions: list[Any] = []
         for name, stream in self.streams.items():
@@ -339,7 +342,7 @@ class ReplicationMachine:
                     batch = {k: values.get(k) for k in keys}
                     actions += self._append(stream, COPY, writes=batch, extra=peer.node)
                     peer.copy_last = stream.last
-            if name in self.acting:
+            if complete and name in self.acting:
                 actions += self._complete(stream, view)
                 actions += self._re_resolve(now, name)
             actions += self._drop_silent(now, stream, view)
