@@ -21,7 +21,7 @@ import pytest
 
 from nonstop.sim.replication_campaign import main, replay_command, run_campaign
 
-SEEDS = int(os.environ.get("NONSTOP_REPLICATION_SEEDS", "60"))
+SEEDS = int(os.environ.get("NONSTOP_REPLICATION_SEEDS", "50"))
 """About 0.2 s of CPU per seed on the development machine: 1,000 seeds is ``make sim``'s."""
 
 
