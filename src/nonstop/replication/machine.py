@@ -376,7 +376,10 @@ class ReplicationMachine:
         if self.config.mutant == "ignore_prepared":
             return []
         out: list[Any] = []
-        for txid in sorted(self.data.prepared_of(name)):
+        prepared = self.data.prepared_of(name)
+        for key in [k for k in self._prepared_seen if k[0] == name and k[1] not in prepared]:
+            del self._prepared_seen[key]  # resolved since
+        for txid in sorted(prepared):
             seen = self._prepared_seen.setdefault((name, txid), now)
             if now - seen >= self.config.resolve_after:
                 self._prepared_seen[(name, txid)] = now
