@@ -188,3 +188,16 @@ def test_unacknowledged_records_are_sent_again_on_the_tick() -> None:
     a.take(a.machine.handle(TimerFired(0.1, TICK)))
     (again,) = a.sends("b", REP)
     assert [r[0] for r in again.payload["parts"][0][4]] == [2]
+
+
+def test_another_nodes_record_applied_here_ends_the_stream() -> None:
+    """If this node's copy of P moved to another stream (a restore copy from another active
+    node between two looks at the table), its own waiting records may be gone: fail them."""
+    a, _b = _pair()
+    a.take(a.machine.replicate(0.0, "r", P, 1, {"x": [1]}))
+    a.table(view(), acting=(P,))
+    a.machine.data.heads[P] = (12345, 7)
+    a.table(view(), acting=(P,))
+    (failed,) = a.of(Failed)
+    assert failed.ref == "r" and failed.error == NOT_ACTIVE
+    assert a.machine.streams[P].base == (12345, 7), "a new stream from where the data is"

@@ -201,9 +201,13 @@ class ReplicationMachine:
         self.views = dict(views)
         self.acting = frozenset(acting)
         actions: list[Any] = []
-        for name in list(self.streams):
+        for name, stream in list(self.streams.items()):
             view = self.views.get(name)
-            if view is None or view.active != self.me:
+            # Another node's record applied here (a restore copy from another active node, in
+            # events this one did not see as a gap) ends this stream too: its waiting records
+            # may have been overwritten, so they must not complete.
+            moved = self.data.head(name)[0] != stream.stream_id
+            if view is None or view.active != self.me or moved:
                 actions += self._end_stream(name, view)
         for name in sorted(self.acting):
             view = self.views.get(name)
