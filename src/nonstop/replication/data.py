@@ -59,10 +59,12 @@ class PartitionData:
             if key.startswith(K_HEAD):
                 stream, seq = plain.unpack(raw)
                 data.heads[key[len(K_HEAD) :].decode()] = (int(stream), int(seq))
-            elif key.startswith(K_DATA) or key.startswith(K_PREPARED):
+            elif key.startswith(K_DATA):
                 part, _, name = key[len(K_DATA) :].partition(b"\0")
-                where = data.objects if key.startswith(K_DATA) else data.prepared
-                where.setdefault(part.decode(), {})[name.decode()] = plain.unpack(raw)
+                data.objects.setdefault(part.decode(), {})[name.decode()] = plain.unpack(raw)
+            elif key.startswith(K_PREPARED):
+                part, _, name = key[len(K_PREPARED) :].partition(b"\0")
+                data.prepared.setdefault(part.decode(), {})[name.decode()] = plain.unpack(raw)
         return data
 
     def head(self, partition: str) -> Head:
