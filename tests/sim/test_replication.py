@@ -20,6 +20,7 @@ import os
 import pytest
 
 from nonstop.sim.replication_campaign import main, replay_command, run_campaign
+from nonstop.sim.scenarios.replication import run_seed
 
 SEEDS = int(os.environ.get("NONSTOP_REPLICATION_SEEDS", "50"))
 """About 0.2 s of CPU per seed on the development machine: 1,000 seeds is ``make sim``'s."""
@@ -74,3 +75,12 @@ def test_replay_explains_one_seed(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--seed", "1", "--verbose"]) == 0
     out = capsys.readouterr().out
     assert "rep.acked" in out and "seed 1: ok" in out
+
+
+@pytest.mark.timeout(60)
+def test_a_seed_replays_identically() -> None:
+    """A failing seed is worth something only if it replays bit for bit."""
+    first, sim1 = run_seed(7, trace=True)
+    second, sim2 = run_seed(7, trace=True)
+    assert sim1.trace_digest == sim2.trace_digest
+    assert first.summary().split(" wall=")[0] == second.summary().split(" wall=")[0]
