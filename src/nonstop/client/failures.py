@@ -25,6 +25,7 @@ from nonstop.errors import ProtocolError
 from nonstop.net.connection import HandshakeRejected
 from nonstop.net.frames import FrameError
 from nonstop.net.handshake import Hello
+from nonstop.runtime.limits import TOO_MANY_CONNECTIONS
 
 NETWORK_ERRORS = (OSError, EOFError, TimeoutError, FrameError, ProtocolError)
 """What a lost, refused, reset or silent connection raises (``ConnectionError`` is an
@@ -67,6 +68,8 @@ def refusal(address: str, exc: BaseException) -> NodeRefused | None:
     if isinstance(exc, NodeRefused):
         return exc
     if isinstance(exc, HandshakeRejected):
+        if exc.code == TOO_MANY_CONNECTIONS:
+            return None  # the node is busy, not misconfigured: another node may take us
         return NodeRefused(address, exc.code, exc.reason, exc.peer)
     if isinstance(exc, ssl.SSLCertVerificationError):
         return NodeRefused(address, TLS_REFUSED, f"its certificate is not trusted: {exc}")

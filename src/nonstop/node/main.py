@@ -354,6 +354,7 @@ def make_runtime(
             tls=cfg.tls.runtime(),
             discovery=cfg.discovery.runtime(),
             connect_timeout=cfg.connect_timeout,
+            limits=cfg.limits.runtime(),
         ),
     )
     context.route_persists = runtime.persists.route

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 from nonstop.net.connection import Connection
 from nonstop.net.frames import FrameError
 from nonstop.net.handshake import Hello
+from nonstop.runtime.limits import ConnectionGuard
 from nonstop.runtime.routing import Router
 
 log = logging.getLogger("nonstop.runtime")
@@ -39,6 +40,8 @@ class ClientHost(Protocol):
     peers: dict[str, Hello]
     addresses: dict[str, tuple[str, int]]
     router: Router | None
+    guard: ConnectionGuard
+    """Counts the frames refused on client connections (``runtime/limits.py``)."""
 
     def new_request_id(self) -> int:
         """A request id no other request of the machine has."""
@@ -71,7 +74,7 @@ class ClientServer:
                 try:
                     values = await conn.recv_many()
                 except FrameError as exc:
-                    log.warning("closing client connection from %s: %s", conn.remote, exc)
+                    host.guard.frame_error(conn, exc, f"client {conn.remote}")
                     return
                 except (OSError, EOFError, asyncio.IncompleteReadError):
                     return
@@ -111,6 +114,8 @@ class ClientServer:
         conn, client_id, op = entry
         if op == "status" and isinstance(payload, dict):
             payload = self._enrich_status(payload)
+            # This node's connection limits and refusal counters (issue 11).
+            payload["limits"] = self.host.guard.snapshot()
         try:
             conn.send({"t": "rep", "id": client_id, "p": payload})
         except FrameError as exc:

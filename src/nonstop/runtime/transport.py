@@ -36,6 +36,7 @@ from nonstop.net.frames import FrameError
 from nonstop.net.handshake import Hello
 from nonstop.net.tls import client_context, server_context
 from nonstop.runtime.config import RuntimeConfig
+from nonstop.runtime.limits import CLIENT, PEER, TOO_MANY_CONNECTIONS, ConnectionGuard
 
 log = logging.getLogger("nonstop.runtime")
 
@@ -187,6 +188,8 @@ class Transport:
         self.config = config
         self.host = host
         self.stats = stats
+        self.guard = ConnectionGuard(config.limits)
+        """Caps, deadlines and the buffer budget of inbound connections, with their counters."""
         self.server: asyncio.AbstractServer | None = None
         self.server_ssl: ssl.SSLContext | None = None
         self.client_ssl: ssl.SSLContext | None = None
@@ -214,9 +217,13 @@ class Transport:
             host,
             port,
             ssl=self.server_ssl,
+            ssl_handshake_timeout=self.config.limits.handshake_timeout
+            if self.server_ssl is not None
+            else None,
             limit=256 * 1024,
             reuse_address=True,
         )
+        self.guard.start()
 
     async def start(self) -> None:
         """Dial the configured peers and start discovery."""
@@ -247,6 +254,7 @@ class Transport:
     def stop(self) -> None:
         """No new connections; every link and inbound connection closed."""
         self._stopping = True
+        self.guard.stop()
         if self.server is not None:
             self.server.close()
         if self.discovery is not None:
@@ -394,38 +402,57 @@ class Transport:
 
     # ============================================================ inbound
     async def _on_accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        conn = Connection(reader, writer, self.config.max_frame)
+        guard = self.guard
+        conn = Connection(reader, writer, self.config.max_frame, guard.budget)
+        refused = guard.opened(conn)
+        if refused is not None:
+            log.warning("refusing connection from %s: %s", conn.remote, refused)
+            conn.send(handshake.Rejection(TOO_MANY_CONNECTIONS, refused).to_wire())
+            conn.close()
+            return
         try:
             try:
                 peer = await accept(
-                    conn, self.hello, self.config.handshake_timeout, self._check_identity
+                    conn, self.hello, self.config.limits.handshake_timeout, self._check_accept
                 )
             except HandshakeRejected as exc:
                 log.warning("rejected connection from %s: %s", conn.remote, exc)
-                refused = exc.peer
+                refused_peer = exc.peer
                 if (
-                    refused is not None
-                    and refused.role == handshake.ROLE_NODE
+                    refused_peer is not None
+                    and refused_peer.role == handshake.ROLE_NODE
                     and exc.code in IDENTITY_CODES
                 ):
-                    self.host.on_refused_identity(refused)
+                    self.host.on_refused_identity(refused_peer)
                 return
             except FrameError as exc:
-                log.warning("closing connection from %s: %s", conn.remote, exc)
+                guard.frame_error(conn, exc, conn.remote)
                 return
-            except (OSError, EOFError, TimeoutError, asyncio.IncompleteReadError) as exc:
+            except TimeoutError:
+                guard.handshake_timed_out(conn)
+                return
+            except (OSError, EOFError, asyncio.IncompleteReadError) as exc:
                 log.debug("handshake with %s failed: %r", conn.remote, exc)
                 return
             if peer.role == handshake.ROLE_CLIENT:
+                guard.handshaken(conn, CLIENT)
                 await self.host.serve_client(conn)
             else:
+                guard.handshaken(conn, PEER)
                 await self._serve_peer(conn, peer)
         except asyncio.CancelledError:
             pass
         except Exception:
             log.exception("connection from %s failed", conn.remote)
         finally:
+            guard.closed(conn)
             conn.close()
+
+    def _check_accept(self, peer: Hello) -> handshake.Rejection | None:
+        """The transport's checks of a hello beyond the handshake's own: identity, caps."""
+        if peer.role == handshake.ROLE_CLIENT:
+            return self.guard.admit_client()
+        return self._check_identity(peer)
 
     def _check_identity(self, peer: Hello) -> handshake.Rejection | None:
         """Refuse a second live process claiming a name we already talk to.
@@ -455,7 +482,7 @@ class Transport:
                 try:
                     values = await conn.recv_many()
                 except FrameError as exc:
-                    log.warning("closing connection from %s: %s", peer.name, exc)
+                    self.guard.frame_error(conn, exc, peer.name)
                     return
                 except (OSError, EOFError, asyncio.IncompleteReadError):
                     return
