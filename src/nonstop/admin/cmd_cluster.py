@@ -34,6 +34,8 @@ class Target:
     cluster: str
     source: str
     folder: str | None = None
+    tls: TLSConfig | None = None
+    """The local cluster's TLS files (its nodes use TLS), unless given on the command line."""
 
 
 def resolve_target(address: str | None, folder: str | None) -> Target:
@@ -51,7 +53,11 @@ def resolve_target(address: str | None, folder: str | None) -> Target:
             USAGE,
         )
     return Target(
-        ",".join(lc.addresses(layout)), layout["cluster"], str(lc.layout_path), str(lc.dir)
+        ",".join(lc.addresses(layout)),
+        layout["cluster"],
+        str(lc.layout_path),
+        str(lc.dir),
+        lc.client_tls(layout),
     )
 
 
@@ -59,6 +65,8 @@ def open_client(target: Target, timeout: float, tls: TLSConfig | None = None) ->
     """A connected client, or a one-line failure with what to do."""
     from nonstop.client import connect
 
+    if tls is None or not tls.enabled:
+        tls = target.tls
     try:
         return connect(target.addresses, cluster=target.cluster, timeout=timeout, tls=tls)
     except (Error, ValueError) as exc:
@@ -181,7 +189,7 @@ def remove_member(client: Any, name: str, force: bool, timeout: float) -> None:
         address = next(
             (n.get("address") for n in status.get("nodes", []) if n["name"] == name), None
         )
-        held = objects_held(address, timeout)
+        held = objects_held(address, timeout, client.tls)
         if held is None:
             fail(
                 f"cannot tell whether {name} holds objects (it does not answer): start it "
@@ -199,14 +207,14 @@ def remove_member(client: Any, name: str, force: bool, timeout: float) -> None:
     click.echo(f"{name} removed: view {reply.get('view')}, members {_names(reply)}")
 
 
-def objects_held(address: str | None, timeout: float) -> int | None:
+def objects_held(address: str | None, timeout: float, tls: TLSConfig | None = None) -> int | None:
     """How many objects the node at ``address`` stores (None: it does not answer)."""
     if not address:
         return None
     from nonstop.client import Client
 
     try:
-        with Client([address], timeout=timeout, rounds=1) as c:
+        with Client([address], timeout=timeout, rounds=1, tls=tls) as c:
             stats = c.request({"op": "runtime_stats"})
     except (Error, OSError):
         return None

@@ -29,7 +29,7 @@ from pydantic import model_validator as _model_validator
 from nonstop.net.discovery import DiscoveryConfig
 from nonstop.net.frames import DEFAULT_MAX_FRAME
 from nonstop.net.handshake import PROTOCOL_MAX, PROTOCOL_MIN
-from nonstop.net.tls import TLSConfig
+from nonstop.net.tls import TLSConfig, setup_problem
 from nonstop.runtime.limits import ConnectionLimits
 
 DEFAULT_CLUSTER = "nonstop"
@@ -347,8 +347,9 @@ class NodeConfig(Section):
             raise ConfigError("a node needs a name (--name or name = ...)")
         if not self.data:
             raise ConfigError("a node needs a data directory (--data or data = ...)")
-        if self.tls.enabled and not self.tls.cert:
-            raise ConfigError("TLS needs tls.cert (and tls.key) on every node")
+        problem = setup_problem(self.tls.runtime())
+        if problem is not None:
+            raise ConfigError(problem)
 
     # ``validate`` is the name the node and the CLI call (pydantic's own classmethod
     # of that name is deprecated and unused here).

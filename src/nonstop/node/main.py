@@ -32,6 +32,7 @@ from typing import Any
 
 from nonstop.errors import StoreError
 from nonstop.net.handshake import ROLE_NODE, Hello
+from nonstop.net.tls import TLSSetupError
 from nonstop.node.config import ConfigError, NodeConfig, split_join
 from nonstop.node.datadir import DataDir, Identity
 from nonstop.node.machine import NodeContext, resolve, takes_context
@@ -130,6 +131,8 @@ async def serve(cfg: NodeConfig, datadir: DataDir) -> None:
         runtime.on_identity_error = identity_error
         try:
             await runtime.start()
+        except TLSSetupError as exc:
+            raise NodeStartError(str(exc)) from None
         except OSError as exc:
             reason = "port in use" if exc.errno == errno.EADDRINUSE else str(exc)
             raise NodeStartError(f"cannot listen on {cfg.listen}: {reason}") from exc

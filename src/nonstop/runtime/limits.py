@@ -94,19 +94,29 @@ class ConnectionGuard:
         default_factory=lambda: {HANDSHAKING: 0, CLIENT: 0, PEER: 0}, init=False
     )
     _sweeper: asyncio.Task[None] | None = field(default=None, init=False)
+    tls_pending: int = field(default=0, init=False)
+    """Connections in their TLS handshake (before a :class:`Connection` exists)."""
 
     def __post_init__(self) -> None:
         self.budget = BufferBudget(self.limits.buffer_budget_bytes)
 
     # ------------------------------------------------------------ states
+    def over_handshaking_cap(self) -> str | None:
+        """None if one more connection may start its handshake, else why not (counted)."""
+        pending = self._counts[HANDSHAKING] + self.tls_pending
+        if pending < self.limits.max_handshaking_connections:
+            return None
+        self.refusals.too_many_connections += 1
+        return (
+            f"node has {pending} connections still in their handshake "
+            "(max_handshaking_connections); try again or another node"
+        )
+
     def opened(self, conn: Connection) -> str | None:
         """A connection was accepted: None to go on, else why it is refused (counted)."""
-        if self._counts[HANDSHAKING] >= self.limits.max_handshaking_connections:
-            self.refusals.too_many_connections += 1
-            return (
-                f"node has {self._counts[HANDSHAKING]} connections still in their handshake "
-                "(max_handshaking_connections); try again or another node"
-            )
+        refused = self.over_handshaking_cap()
+        if refused is not None:
+            return refused
         conn.set_frame_limit(min(conn.max_frame, self.limits.handshake_frame_bytes))
         self._set(conn, HANDSHAKING)
         return None
@@ -144,22 +154,15 @@ class ConnectionGuard:
         """Count and log a frame the decoder refused (the caller closes the connection)."""
         if isinstance(exc, FrameTooLarge):
             self.refusals.frame_too_large += 1
-            if self._state.get(conn) == HANDSHAKING and looks_like_tls(conn.head):
-                log.warning(
-                    "closing connection from %s: it speaks TLS, this node's listener is "
-                    "plain TCP (no tls.cert)",
-                    who,
-                )
-                return
         elif isinstance(exc, BufferBudgetExceeded):
             self.refusals.budget_exceeded += 1
         log.warning("closing connection from %s: %s", who, exc)
 
-    def handshake_timed_out(self, conn: Connection) -> None:
+    def handshake_timed_out(self, remote: str) -> None:
         self.refusals.handshake_timeout += 1
         log.info(
             "closing connection from %s: no handshake within %ss (handshake_timeout)",
-            conn.remote,
+            remote,
             self.limits.handshake_timeout,
         )
 
@@ -238,15 +241,9 @@ class ConnectionGuard:
         }
 
 
-def looks_like_tls(head: bytes) -> bool:
-    """Do these first bytes start a TLS handshake record (content type 22, version 3.x)?"""
-    return len(head) >= 2 and head[0] == 0x16 and head[1] == 0x03
-
-
 __all__ = [
     "TOO_MANY_CONNECTIONS",
     "ConnectionGuard",
     "ConnectionLimits",
     "Refusals",
-    "looks_like_tls",
 ]

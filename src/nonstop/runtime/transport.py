@@ -34,9 +34,16 @@ from nonstop.net.connection import Connection, HandshakeRejected, accept, dial
 from nonstop.net.discovery import Discovery
 from nonstop.net.frames import FrameError
 from nonstop.net.handshake import Hello
-from nonstop.net.tls import client_context, server_context
+from nonstop.net.tls import (
+    TLS_NOT_ENABLED,
+    TLSSetupError,
+    client_context,
+    looks_like_tls,
+    server_context,
+)
 from nonstop.runtime.config import RuntimeConfig
 from nonstop.runtime.limits import CLIENT, PEER, TOO_MANY_CONNECTIONS, ConnectionGuard
+from nonstop.runtime.listener import Listener
 
 log = logging.getLogger("nonstop.runtime")
 
@@ -139,6 +146,14 @@ class PeerLink:
                 await self._sleep(max(delay, 1.0))
                 delay = min(delay * 2, tr.config.redial_max)
                 continue
+            except ssl.SSLCertVerificationError as exc:
+                if self.refused != "TLS":
+                    log.error("TLS: cannot verify the certificate of %s: %s", self.address, exc)
+                self.refused = "TLS"
+                self.first_attempt.set()
+                await self._sleep(max(delay, 1.0))
+                delay = min(delay * 2, tr.config.redial_max)
+                continue
             except (OSError, TimeoutError, EOFError, ProtocolError) as exc:
                 log.debug("dial %s failed: %r", self.address, exc)
                 self.first_attempt.set()
@@ -190,7 +205,7 @@ class Transport:
         self.stats = stats
         self.guard = ConnectionGuard(config.limits)
         """Caps, deadlines and the buffer budget of inbound connections, with their counters."""
-        self.server: asyncio.AbstractServer | None = None
+        self.listener: Listener
         self.server_ssl: ssl.SSLContext | None = None
         self.client_ssl: ssl.SSLContext | None = None
         if config.tls.enabled:
@@ -210,20 +225,49 @@ class Transport:
 
     # ================================================================ life
     async def listen(self) -> None:
-        """Bind the listener (a port conflict fails here, before anything is dialed)."""
+        """Bind the listener (a port conflict fails here, before anything is dialed).
+
+        A TLS node then checks that its certificate can be verified the way its
+        peers will verify it (:class:`~nonstop.net.tls.TLSSetupError` if not).
+        """
         host, port = split_address(self.config.listen)
-        self.server = await asyncio.start_server(
-            self._on_accept,
-            host,
-            port,
-            ssl=self.server_ssl,
-            ssl_handshake_timeout=self.config.limits.handshake_timeout
-            if self.server_ssl is not None
-            else None,
-            limit=256 * 1024,
-            reuse_address=True,
-        )
+        self.listener = Listener(self._on_accept, self.guard, self.server_ssl, self.name)
+        await self.listener.start(host, port)
         self.guard.start()
+        if self.server_ssl is not None:
+            await self._check_own_certificate(host, port)
+
+    async def _check_own_certificate(self, host: str, port: int) -> None:
+        """Dial our own listener with the context peers use; refuse to start if it fails.
+
+        Without this a certificate no peer can verify (no ``tls.ca`` and a
+        private CA, another CA's file, a certificate for another host) means
+        a node that never connects to anybody and says nothing.
+        """
+        if host in ("0.0.0.0", "::", ""):
+            return  # peers dial another address: nothing to check the host name against
+        try:
+            _reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(host, port, ssl=self.client_ssl, server_hostname=host),
+                self.config.connect_timeout,
+            )
+        except ssl.SSLCertVerificationError as exc:
+            self.listener.close()
+            tls = self.config.tls
+            hint = (
+                "; without tls.ca a certificate must chain to a CA of the system store: "
+                "set tls.ca to the CA file that signed the nodes' certificates"
+                if not tls.ca
+                else f"; is it signed by the CA in {tls.ca}?"
+            )
+            raise TLSSetupError(
+                f"TLS: peers cannot verify this node's certificate {tls.cert} "
+                f"({exc.verify_message}){hint}"
+            ) from None
+        except (OSError, TimeoutError) as exc:
+            log.warning("could not check this node's own TLS certificate: %r", exc)
+            return
+        writer.close()
 
     async def start(self) -> None:
         """Dial the configured peers and start discovery."""
@@ -255,8 +299,8 @@ class Transport:
         """No new connections; every link and inbound connection closed."""
         self._stopping = True
         self.guard.stop()
-        if self.server is not None:
-            self.server.close()
+        if hasattr(self, "listener"):
+            self.listener.close()
         if self.discovery is not None:
             self.discovery.stop()
         for link in list(self._links.values()):
@@ -426,10 +470,13 @@ class Transport:
                     self.host.on_refused_identity(refused_peer)
                 return
             except FrameError as exc:
-                guard.frame_error(conn, exc, conn.remote)
+                if self.server_ssl is None and looks_like_tls(conn.head):
+                    self._refuse_tls(conn)
+                else:
+                    guard.frame_error(conn, exc, conn.remote)
                 return
             except TimeoutError:
-                guard.handshake_timed_out(conn)
+                guard.handshake_timed_out(conn.remote)
                 return
             except (OSError, EOFError, asyncio.IncompleteReadError) as exc:
                 log.debug("handshake with %s failed: %r", conn.remote, exc)
@@ -447,6 +494,18 @@ class Transport:
         finally:
             guard.closed(conn)
             conn.close()
+
+    def _refuse_tls(self, conn: Connection) -> None:
+        """A TLS client on this plain port: log it, and answer bytes that are not TLS
+        (its TLS library then reports a wrong version number, which the client reads
+        as :data:`~nonstop.net.tls.TLS_NOT_ENABLED`; silence would look like a crash)."""
+        log.warning(
+            "closing connection from %s: it speaks TLS, this node's listener is plain TCP "
+            "(no tls.cert)",
+            conn.remote,
+        )
+        reason = f"node {self.name} does not speak TLS (no tls.cert)"
+        conn.send(handshake.Rejection(TLS_NOT_ENABLED, reason).to_wire())
 
     def _check_accept(self, peer: Hello) -> handshake.Rejection | None:
         """The transport's checks of a hello beyond the handshake's own: identity, caps."""
