@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import socket
 import struct
 import time
@@ -23,7 +24,7 @@ from nonstop.client.handle import AsyncClient
 from nonstop.errors import Unavailable
 from nonstop.net.frames import FrameDecoder, encode
 from nonstop.net.handshake import ROLE_CLIENT, Hello
-from tests.cluster.conftest import Procs, wait_until
+from tests.cluster.conftest import Procs, run_cli, wait_until
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -127,7 +128,10 @@ def test_announced_frames_attack_keeps_rss_bounded(procs: Callable[..., Procs]) 
         for sock in held:
             sock.close()
     bound_kib = before + (BUDGET + RSS_SLACK) // 1024
-    print(f"RSS before {before // 1024} MiB, peak {peak // 1024} MiB, bound {bound_kib // 1024}")
+    print(
+        f"RSS before {before // 1024} MiB, peak {peak // 1024} MiB, bound {bound_kib // 1024} "
+        f"MiB; refused on send {refused}; {seen['refusals']}"
+    )
     assert peak < bound_kib, (before, peak)
     assert seen["buffered_bytes"] <= BUDGET
     assert seen["refusals"]["budget_exceeded"] >= 50
@@ -213,6 +217,10 @@ def test_slow_sender_is_closed(short: Procs) -> None:
     assert closed_within(sock, 3) < 3
     sock.close()
     assert limits(short)["refusals"]["slow_sender"] >= 1
+    # The same counters through the CLI.
+    code, out, err = run_cli("node", "status", "--json", "--node", address)
+    assert code == 0, err
+    assert json.loads(out)["limits"]["refusals"]["slow_sender"] >= 1
 
 
 def test_idle_client_connection_is_closed_and_clients_reconnect(short: Procs) -> None:

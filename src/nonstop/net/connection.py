@@ -70,6 +70,10 @@ class Connection:
         self.opened_at = time.monotonic()
         self.last_activity = self.opened_at
         self.partial_since: float | None = None
+        self.frames_in = 0
+        self.frames_out = 0
+        """Frames received and queued to send: on a client connection every frame in is a
+        request and every frame out a reply, so more in than out means one is in progress."""
         self._closed = False
         self.close_reason: str | None = None
         """Why this side closed it (set by whoever enforces a limit), for the logs."""
@@ -92,6 +96,7 @@ class Connection:
             now = time.monotonic()
             if values:
                 self._pending.extend(values)
+                self.frames_in += len(values)
                 self.last_activity = now
                 self.partial_since = now if self._decoder.buffered else None
             elif self.partial_since is None:
@@ -129,6 +134,7 @@ class Connection:
             self.dropped += 1
             return False
         frame = encode(value, self.max_frame)
+        self.frames_out += 1
         self.last_activity = time.monotonic()
         if not self._out:
             asyncio.get_running_loop().call_soon(self.flush)

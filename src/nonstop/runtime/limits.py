@@ -13,7 +13,8 @@ connection (or many) can make the node hold is bounded:
   ``TooManyConnections`` (the client tries another node) and close;
 * **time**: a handshake not finished in ``handshake_timeout``, a frame not
   completed in ``frame_timeout`` (slow sender), a client connection with no
-  frame either way for ``client_idle_timeout`` — closed.
+  frame either way for ``client_idle_timeout`` and no request in progress
+  (a long lock wait is not idleness) — closed.
 
 Every refusal is counted in :class:`Refusals`, a plain object the runtime
 exposes (``runtime_stats``, the ``status`` op's ``limits``) for operators and,
@@ -187,47 +188,42 @@ class ConnectionGuard:
 
     def sweep(self, now: float) -> list[Connection]:
         """Close every connection past a deadline at ``now``; returns them."""
-        lim = self.limits
-        late: list[tuple[Connection, str, str]] = []
-        for conn, state in self._state.items():
-            if conn.closed:
-                continue
-            if state == HANDSHAKING and 0 < lim.handshake_timeout < now - conn.opened_at:
-                late.append(
-                    (
-                        conn,
-                        "handshake_timeout",
-                        f"no handshake within {lim.handshake_timeout}s (handshake_timeout)",
-                    )
-                )
-            elif (
-                conn.partial_since is not None and 0 < lim.frame_timeout < now - conn.partial_since
-            ):
-                late.append(
-                    (
-                        conn,
-                        "slow_sender",
-                        f"a frame not completed within {lim.frame_timeout}s (frame_timeout)",
-                    )
-                )
-            elif state == CLIENT and 0 < lim.client_idle_timeout < now - conn.last_activity:
-                late.append(
-                    (
-                        conn,
-                        "idle_timeout",
-                        f"idle for {lim.client_idle_timeout}s (client_idle_timeout)",
-                    )
-                )
-        for conn, counter, reason in late:
+        late = [
+            (conn, missed)
+            for conn, state in self._state.items()
+            if not conn.closed and (missed := self._missed(conn, state, now)) is not None
+        ]
+        for conn, (counter, reason) in late:
             setattr(self.refusals, counter, getattr(self.refusals, counter) + 1)
-            log.log(
-                logging.INFO if counter == "idle_timeout" else logging.WARNING,
-                "closing connection from %s: %s",
-                conn.remote,
-                reason,
-            )
+            level = logging.INFO if counter == "idle_timeout" else logging.WARNING
+            log.log(level, "closing connection from %s: %s", conn.remote, reason)
             conn.close(reason)
-        return [conn for conn, _, _ in late]
+        return [conn for conn, _ in late]
+
+    def _missed(self, conn: Connection, state: str, now: float) -> tuple[str, str] | None:
+        """The deadline ``conn`` missed at ``now`` (its counter and a reason), if any."""
+        lim = self.limits
+        if state == HANDSHAKING and 0 < lim.handshake_timeout < now - conn.opened_at:
+            return (
+                "handshake_timeout",
+                f"no handshake within {lim.handshake_timeout}s (limits.handshake_timeout)",
+            )
+        begun = conn.partial_since
+        if begun is not None and 0 < lim.frame_timeout < now - begun:
+            return (
+                "slow_sender",
+                f"a frame not completed within {lim.frame_timeout}s (limits.frame_timeout)",
+            )
+        if (
+            state == CLIENT
+            and 0 < lim.client_idle_timeout < now - conn.last_activity
+            and conn.frames_in <= conn.frames_out  # a request waiting for its reply is no idling
+        ):
+            return (
+                "idle_timeout",
+                f"idle for {lim.client_idle_timeout}s (limits.client_idle_timeout)",
+            )
+        return None
 
     # ------------------------------------------------------------ reporting
     def snapshot(self) -> dict[str, Any]:
