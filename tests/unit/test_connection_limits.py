@@ -83,11 +83,13 @@ def test_caps_refuse_and_count() -> None:
     assert guard.opened(first) is None and guard.opened(second) is None
     refused = guard.opened(third)
     assert refused is not None and "max_handshaking_connections" in refused
-    assert guard.admit_client() is None
+    assert guard.admit(CLIENT) is None
     guard.handshaken(first, CLIENT)
-    rejection = guard.admit_client()
+    rejection = guard.admit(CLIENT)
     assert rejection is not None and rejection.code == "TooManyConnections"
+    assert "max_client_connections" in rejection.reason
+    assert guard.admit(PEER) is None  # nodes have their own cap
     guard.closed(first)
-    assert guard.admit_client() is None
+    assert guard.admit(CLIENT) is None
     assert guard.refusals.too_many_connections == 2
     assert guard.snapshot()["connections"] == {"handshaking": 1, "client": 0, "peer": 0}

@@ -103,6 +103,11 @@ class LimitsSection(Section):
         ge=1,
         description="client connections at once; beyond, `TooManyConnections`",
     )
+    max_peer_connections: int = Field(
+        default=_LIMITS.max_peer_connections,
+        ge=1,
+        description="inbound connections from nodes at once; beyond, `TooManyConnections`",
+    )
     max_handshaking_connections: int = Field(
         default=_LIMITS.max_handshaking_connections,
         ge=1,

@@ -9,8 +9,9 @@ connection (or many) can make the node hold is bounded:
   (``buffer_budget_bytes``);
 * **connections**: at most ``max_handshaking_connections`` that have not
   finished their handshake, and ``max_client_connections`` client
-  connections after it; beyond, a ``reject`` frame with code
-  ``TooManyConnections`` (the client tries another node) and close;
+  connections (``max_peer_connections`` node connections) after it;
+  beyond, a ``reject`` frame with code ``TooManyConnections`` (the client
+  tries another node) and close;
 * **time**: a handshake not finished in ``handshake_timeout``, a frame not
   completed in ``frame_timeout`` (slow sender), a client connection with no
   frame either way for ``client_idle_timeout`` and no request in progress
@@ -54,6 +55,9 @@ class ConnectionLimits:
     buffer_budget_bytes: int = DEFAULT_BUFFER_BUDGET
     handshake_frame_bytes: int = 64 * 1024
     max_client_connections: int = 1000
+    max_peer_connections: int = 256
+    """Inbound connections from nodes (a node keeps one to each peer, plus one while it
+    reconnects): far above any cluster's size, a bound on hellos claiming to be nodes."""
     max_handshaking_connections: int = 128
     handshake_timeout: float = 5.0
     frame_timeout: float = 60.0
@@ -122,16 +126,21 @@ class ConnectionGuard:
         self._set(conn, HANDSHAKING)
         return None
 
-    def admit_client(self) -> Rejection | None:
-        """The handshake of a client is about to succeed: refuse it over the client cap."""
-        if self._counts[CLIENT] >= self.limits.max_client_connections:
-            self.refusals.too_many_connections += 1
-            return Rejection(
-                TOO_MANY_CONNECTIONS,
-                f"node has {self._counts[CLIENT]} client connections "
-                "(max_client_connections); try again or another node",
-            )
-        return None
+    def admit(self, role: str) -> Rejection | None:
+        """The handshake of a :data:`CLIENT` or :data:`PEER` is about to succeed: refuse
+        it over its cap."""
+        cap, key = (
+            (self.limits.max_client_connections, "max_client_connections")
+            if role == CLIENT
+            else (self.limits.max_peer_connections, "max_peer_connections")
+        )
+        if self._counts[role] < cap:
+            return None
+        self.refusals.too_many_connections += 1
+        return Rejection(
+            TOO_MANY_CONNECTIONS,
+            f"node has {self._counts[role]} {role} connections ({key}); try again or another node",
+        )
 
     def handshaken(self, conn: Connection, role: str) -> None:
         """The handshake is done: ``role`` is :data:`CLIENT` or :data:`PEER`."""

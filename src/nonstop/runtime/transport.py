@@ -510,8 +510,8 @@ class Transport:
     def _check_accept(self, peer: Hello) -> handshake.Rejection | None:
         """The transport's checks of a hello beyond the handshake's own: identity, caps."""
         if peer.role == handshake.ROLE_CLIENT:
-            return self.guard.admit_client()
-        return self._check_identity(peer)
+            return self.guard.admit(CLIENT)
+        return self._check_identity(peer) or self.guard.admit(PEER)
 
     def _check_identity(self, peer: Hello) -> handshake.Rejection | None:
         """Refuse a second live process claiming a name we already talk to.
