@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,19 +18,10 @@ import pytest
 from nonstop.client import Client
 from nonstop.client.failures import NodeRefused
 from nonstop.net.tls import TLSConfig
-from tests.cluster.conftest import kill_dir_nodes, run_cli
+from tests.cluster.conftest import run_cli
 from tests.unit.test_transport import make_certs
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture
-def folder(tmp_path: Path) -> Iterator[Path]:
-    d = tmp_path / "local"
-    try:
-        yield d
-    finally:
-        kill_dir_nodes(d)
 
 
 def tls_option(tls: TLSConfig, *, ca: bool = True) -> str:
