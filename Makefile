@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 SEEDS ?= 1000
 
-.PHONY: demo demo-embedded test lint fmt bench bench-dist bench-spark sim clean venv
+.PHONY: demo demo-embedded test lint fmt bench bench-dist bench-metrics bench-spark sim clean venv
 
 venv: $(STAMP)
 
@@ -48,6 +48,10 @@ bench: $(STAMP)
 # Cross-node transfers on a local 3-node cluster vs PostgreSQL → bench/results/distributed.md
 bench-dist: $(STAMP)
 	$(PY) -m bench.distributed_bench
+
+# A scrape at 1,000 series, a node's scrape, the data path with metrics on/off → bench/results/metrics.md
+bench-metrics: $(STAMP)
+	$(PY) -m bench.metrics_bench
 
 # Spark load/read vs Spark's own Parquet and Spark's JDBC source on PostgreSQL
 # (needs Debian's libpostgresql-jdbc-java).

@@ -32,7 +32,6 @@ import datetime as dt
 import json
 import os
 import platform
-import re
 import shlex
 import signal
 import statistics
@@ -43,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from nonstop.admin.local import LocalCluster, spawn_node
+from nonstop.admin.log_events import read_events
 from nonstop.client import Client
 from nonstop.errors import Error
 from nonstop.net.connection import dial
@@ -50,22 +50,18 @@ from nonstop.net.handshake import ROLE_CLIENT, Hello
 from nonstop.node.datadir import pid_alive
 
 RESULTS = Path(__file__).parent / "results" / "cluster.md"
-LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*nonstop\.notify: (\{.*\})$")
 
 
 def parse_log(path: Path, kind: str, since: float) -> list[tuple[float, dict[str, Any]]]:
     out = []
     with contextlib.suppress(OSError):
-        for line in path.read_text().splitlines():
-            m = LOG_LINE.match(line)
-            if not m:
+        # JSON lines or text lines (log_format): the notification is the message either way.
+        for event in read_events(path.read_text().splitlines()):
+            if event.logger != "nonstop.notify" or event.time < since:
                 continue
-            when = dt.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
-            if when < since:
-                continue
-            rec = json.loads(m.group(2))
+            rec = json.loads(event.message)
             if rec.get("kind") == kind:
-                out.append((when, rec))
+                out.append((event.time, rec))
     return out
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import signal
 import socket
 import sys
@@ -22,6 +21,7 @@ from typing import Any
 import pytest
 
 from nonstop.admin.local import LocalCluster, spawn_node
+from nonstop.admin.log_events import read_events
 from nonstop.client import Client
 from nonstop.errors import Error
 from nonstop.node.datadir import DataDir, pid_alive
@@ -138,10 +138,10 @@ class Procs:
         out = []
         log_path = self.nodes[name].data / "node.log"
         with contextlib.suppress(OSError):
-            for line in log_path.read_text().splitlines():
-                m = re.search(r"nonstop\.notify: (\{.*\})$", line)
-                if m:
-                    rec = json.loads(m.group(1))
+            # JSON lines or text lines: the notification is the message either way.
+            for event in read_events(log_path.read_text().splitlines(), name):
+                if event.logger == "nonstop.notify":
+                    rec = json.loads(event.message)
                     if rec.get("kind") == kind:
                         out.append(rec)
         return out
@@ -154,6 +154,25 @@ class Procs:
         for node in self.nodes.values():
             with contextlib.suppress(OSError):
                 (node.data / "node.pid").unlink()
+
+
+@contextlib.contextmanager
+def app_cluster(folder: Path, n: int, options: dict[str, Any]) -> Iterator[Procs]:
+    """``n`` nodes that import the repository's test modules (``app``), Active, then gone."""
+    root = str(Path(__file__).resolve().parents[2])
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [root, old]))
+    procs = Procs(folder, n, options)
+    try:
+        procs.start_all()
+        procs.wait_quorum(list(procs.nodes), "Active", 30)
+        yield procs
+    finally:
+        procs.cleanup()
+        if old is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = old
 
 
 @pytest.fixture

@@ -262,13 +262,23 @@ def test_scrub_cross_checks_indexes_and_counts(store: Path) -> None:
         index = env.open_db(b"ix:bank.Account:number", txn=txn)
         other = txn.get(encode_key("ACC-00018"), db=index)
         txn.put(encode_key("ACC-00017"), other, db=index)  # a valid-looking wrong reference
-        txn.put(b"bank.Account", (N + 1).to_bytes(8, "big"), db=env.open_db(b"counts", txn=txn))
+        # counts are per (type, location): every account is in the store's own location
+        counts = env.open_db(b"counts", txn=txn)
+        ((key, _),) = list(txn.cursor(db=counts))
+        txn.put(key, (N + 1).to_bytes(8, "big"), db=counts)
+        txn.put(b"bank.Account\x00" + bytes(8), (7).to_bytes(8, "big"), db=counts)
     env.close()
     assert verify(str(store)).ok  # the start check's walk: structure and checksums only
     (report,) = scrub(str(store))
-    assert len(report.problems) == 2, report.problems
+    assert len(report.problems) == 3, report.problems
     assert f"does not match object {other.hex()}'s 'number'" in report.problems[0]
-    assert f"bank.Account counts {N + 1}, its extent holds {N}" in report.problems[1]
+    location = key[-8:].hex()
+    assert f"bank.Account @ location {location} counts {N + 1}, its extent holds {N}" in (
+        report.problems[1] + report.problems[2]
+    )
+    assert f"bank.Account @ location {bytes(8).hex()} counts 7, its extent holds 0" in (
+        report.problems[1] + report.problems[2]
+    )
 
 
 def test_damaged_prepared_record_is_an_error_at_recovery(tmp_path: Path) -> None:

@@ -125,7 +125,12 @@ def cluster_status(
             status = client.status()
         except (Error, ValueError) as exc:
             fail(str(exc))
-    emit_status(status, as_json, cluster=cluster_id, source=target.source)
+    metrics = None
+    if target.folder is not None:
+        lc = LocalCluster(target.folder)
+        layout = lc.load()
+        metrics = lc.metrics_addresses(layout) if layout is not None else None
+    emit_status(status, as_json, cluster=cluster_id, source=target.source, metrics=metrics)
 
 
 @cluster.command("join")

@@ -73,6 +73,19 @@ def absolute_tls_files(tls: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def show_status(
+    lc: LocalCluster, layout: dict[str, Any], status: dict[str, Any], as_json: bool
+) -> None:
+    """The status table (or JSON) of the folder's cluster, with each node's metrics address."""
+    emit_status(
+        status,
+        as_json,
+        cluster=layout["cluster"],
+        source=str(lc.layout_path),
+        metrics=lc.metrics_addresses(layout),
+    )
+
+
 def load_layout(lc: LocalCluster) -> dict[str, Any]:
     layout = lc.load()
     if layout is None:
@@ -140,7 +153,7 @@ def local_up(
             f"cluster did not become Active within {timeout:.0f}s{_stopped_note(started)}: "
             f"see {lc.dir}/*/node.log"
         )
-    emit_status(status, as_json, cluster=layout["cluster"], source=str(lc.layout_path))
+    show_status(lc, layout, status, as_json)
     if not as_json:
         addresses = ",".join(lc.addresses(layout))
         click.echo(
@@ -365,4 +378,4 @@ def _wait_running(lc: LocalCluster, layout: dict[str, Any], timeout: float) -> N
     status = wait_active(addresses, timeout, lc.client_tls(layout))
     if status is None:
         fail(f"cluster did not become Active within {timeout:.0f}s: see {lc.dir}/*/node.log")
-    emit_status(status, False, cluster=layout["cluster"], source=str(lc.layout_path))
+    show_status(lc, layout, status, False)

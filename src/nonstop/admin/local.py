@@ -3,8 +3,10 @@
 ``DIR/local.json`` remembers the layout (cluster id, node names, ports) so that
 ``local up`` on a stopped or partly running cluster starts exactly the missing
 nodes again on their old data and ports.  Each node gets ``DIR/<name>/`` as its
-data directory (its log in ``DIR/<name>/node.log``) and ``DIR/<name>.toml`` as
-its configuration, which an operator can read to see how a node is started.
+data directory (its log in ``DIR/<name>/node.log``, JSON lines that ``nonstop
+logs`` merges), ``DIR/<name>.toml`` as its configuration, which an operator can
+read to see how a node is started, and a port of its own for its Prometheus
+metrics (``metrics.listen``, on 127.0.0.1).
 
 The layout keeps every node of the folder, also those added later
 (``local add``): ``members`` is the bootstrap membership the founding nodes
@@ -46,6 +48,8 @@ class LocalNode:
     listen: str
     data: Path
     config: Path
+    metrics: str | None = None
+    """``host:port`` of its metrics endpoint (None in folders made before there was one)."""
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -53,6 +57,11 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def _metrics_address() -> str:
+    # Loopback only: the endpoint has no authentication yet (docs/security.md).
+    return f"127.0.0.1:{free_port()}"
 
 
 def node_names(n: int) -> list[str]:
@@ -92,7 +101,7 @@ class LocalCluster:
             "cluster": "local-" + secrets.token_hex(4),
             "members": names,
             "nodes": [
-                {"name": name, "listen": f"127.0.0.1:{port}"}
+                {"name": name, "listen": f"127.0.0.1:{port}", "metrics": _metrics_address()}
                 for name, port in zip(names, ports, strict=True)
             ],
             "options": checked,
@@ -115,7 +124,9 @@ class LocalCluster:
             name = next(n for n in candidates if n not in taken)
         elif name in taken:
             raise LocalError(f"{self.dir} already has a node named {name!r}")
-        layout["nodes"].append({"name": name, "listen": f"127.0.0.1:{free_port()}"})
+        layout["nodes"].append(
+            {"name": name, "listen": f"127.0.0.1:{free_port()}", "metrics": _metrics_address()}
+        )
         self.save(layout)
         return self.node(layout, name)
 
@@ -150,6 +161,7 @@ class LocalCluster:
                 listen=entry["listen"],
                 data=self.dir / entry["name"],
                 config=self.dir / f"{entry['name']}.toml",
+                metrics=entry.get("metrics"),
             )
             for entry in layout["nodes"]
         ]
@@ -169,6 +181,13 @@ class LocalCluster:
             "members": founders if node.name in founders else [],
             "log_file": str(node.data / "node.log"),
         }
+        entry = next(e for e in layout["nodes"] if e["name"] == node.name)
+        if "metrics" not in entry:
+            # A folder made before nodes had a metrics endpoint: give this one its port now.
+            entry["metrics"] = node.metrics = _metrics_address()
+            self.save(layout)
+        if node.metrics is not None:
+            values["metrics"] = {"listen": node.metrics}
         values.update(layout.get("options", {}))
         try:
             write(node.config, from_mapping(values))
@@ -194,6 +213,14 @@ class LocalCluster:
             ca=tls.get("ca"),
             check_hostname=bool(tls.get("check_hostname", True)),
         )
+
+    def metrics_addresses(self, layout: dict[str, Any]) -> dict[str, str]:
+        """``name → host:port`` of each node's metrics endpoint."""
+        return {n.name: n.metrics for n in self.nodes(layout) if n.metrics is not None}
+
+    def log_files(self, layout: dict[str, Any]) -> dict[str, Path]:
+        """``name → DIR/<name>/node.log`` of each node of the layout."""
+        return {n.name: n.data / "node.log" for n in self.nodes(layout)}
 
 
 def spawn_node(config: Path, data: Path, timeout: float = 15.0) -> int:

@@ -53,14 +53,20 @@ def emit_status(
     *,
     cluster: str | None = None,
     source: str | None = None,
+    metrics: dict[str, str] | None = None,
 ) -> None:
     """Print a node's status: JSON, or a header (cluster, view, leader) and a node table.
 
     ``cluster`` is the cluster id the answering node reported and ``source`` where
     the addresses asked came from; both are shown so that nobody mistakes one
-    cluster for another.
+    cluster for another.  ``metrics`` (node name → ``host:port``, from a local
+    cluster's layout) adds each node's metrics endpoint.
     """
     status = {**status, "nodes": status_rows(status)}
+    if metrics:
+        for row in status["nodes"]:
+            if row["name"] in metrics:
+                row["metrics"] = metrics[row["name"]]
     if cluster is not None:
         status["cluster"] = cluster
     if source is not None:
@@ -80,7 +86,7 @@ def emit_status(
         members = ",".join(status.get("members") or []) or "-"
         live = ",".join(status.get("live") or []) or "-"
         click.echo(f"view {status.get('view')}: members {members}  live {live}")
-    header = ("NAME", "ADDRESS", "STATE", "MEMBER", "PID")
+    header: tuple[str, ...] = ("NAME", "ADDRESS", "STATE", "MEMBER", "PID")
     table = [header] + [
         (
             str(n["name"]),
@@ -91,6 +97,12 @@ def emit_status(
         )
         for n in status["nodes"]
     ]
+    if metrics:
+        header = (*header, "METRICS")
+        table = [header] + [
+            (*row, str(n.get("metrics") or "-"))
+            for row, n in zip(table[1:], status["nodes"], strict=True)
+        ]
     widths = [max(len(r[i]) for r in table) for i in range(len(header))]
     for r in table:
         click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())

@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 from nonstop.errors import Conflict, DuplicateKey, FieldError, ImmutableKey, TypeVersionMismatch
 from nonstop.model.codec import encode_key, pack, pack_each
+from nonstop.model.ref import location_prefix
+from nonstop.store.lmdb_store import count_key
 from nonstop.store.records import pack_record, seal
 from nonstop.tx.locks import LockMode
 
@@ -111,7 +113,9 @@ def upsert(
     counts = None
     if created:
         _creates(tx, info, names, cols, created, kbs, index, ops)
-        counts = {info.name.encode(): len(created)}
+        # (a bulk write creates in the store's own location, as create does)
+        own = location_prefix(store.location)
+        counts = {count_key(info.name.encode(), own): len(created)}
     updated = 0
     if len(created) < len(rows):
         pos = {n: i for i, n in enumerate(names)}

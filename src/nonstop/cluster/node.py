@@ -303,6 +303,7 @@ class ClusterNode:
         self.applied_index = 0
         self.applied_digest = b""
         self._since_snapshot = 0
+        self.snapshots = 0  # snapshots taken or installed here (the node's metrics read it)
         self._nonce = rng.getrandbits(48)
         self._pending_log: dict[int, _Pending] = {}  # log index -> proposal
         self._pending_members: list[_Pending] = []
@@ -526,6 +527,7 @@ class ClusterNode:
                 self.applied_digest = state["digest"]
                 self.applied_index = entry.index
                 self._since_snapshot = 0
+                self.snapshots += 1
                 self.views = list(state.get("views", []))
                 missing = self.tables.restore(state)
                 if raw is not None and missing:
@@ -596,6 +598,7 @@ class ClusterNode:
             )
             actions += self._wrap("raft", self.raft.snapshot(self._now, self.applied_index, packed))
             self._since_snapshot = 0
+            self.snapshots += 1
         return actions
 
     def _view_from(self, data: Mapping[str, Any], *, record: bool = True) -> list[Action]:

@@ -164,6 +164,9 @@ class DataService:
         self._refresh_due = False
         self._stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.observer: Any = None
+        """The node's metrics (``nonstop.node.metrics.DataObserver``): told of each session
+        op and its reply; None when the node serves no metrics."""
         self._do: dict[type, Callable[[Any], None]] = {
             Exec: self._do_exec,
             Send: self._do_send,
@@ -245,6 +248,8 @@ class DataService:
         key = id(conn)
         if key not in self._conns:
             self._conns[key] = conn
+        if self.observer is not None:
+            self.observer.op(key, client_id, op)
         if len(self.runtime.peers) != self._peers_seen:
             self._refresh()  # a new peer's hello: where its objects live
         self._feed(ClientOp(now=self._now(), conn=key, corr=client_id, payload=payload))
@@ -358,6 +363,8 @@ class DataService:
         self.runtime.send(action.to, payload)
 
     def _do_reply(self, action: ClientReply) -> None:
+        if self.observer is not None:
+            self.observer.reply(action.conn, action.corr, action.payload)
         conn = self._conns.get(action.conn)
         if conn is None or conn.closed:
             return

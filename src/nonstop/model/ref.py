@@ -1,19 +1,78 @@
-"""Object references (C1): globally unique, immutable, and they say where an object was made.
+"""Object references (C1): globally unique, immutable, and they say where an object lives.
 
-A reference is 20 bytes: the creating store's 8-byte location code, its 4-byte
-store timestamp (seconds at store creation) and an 8-byte counter.  Big-endian,
-so references sort by (location, timestamp, counter) in LMDB.  Two stores never
-share (location, timestamp) in practice (the location code is random or derived
-from the cluster-unique node name); duplicates are what C3's DuplicateLocation /
-DuplicateTimestamp states report.
+A reference is 20 bytes, big-endian (``>QIQ``): an 8-byte **location code**, a
+4-byte **timestamp** and an 8-byte **sequence**.  References sort by (location,
+timestamp, sequence) in LMDB, so the objects of one location are one key range
+(the location is the key prefix).  The timestamp is the creating store's
+(seconds at store creation) for a plain create into the store's own location,
+and zero for a create into a partition: a partition's references name no node,
+and sort in creation order (epoch, then counter) across failovers.
+
+The location code names where the object belongs: a partition
+(``nonstop.ha.partition_table.partition_location(name)``, a hash of the partition
+name) when the data path creates into a partition, else the creating store's own
+location (random or derived from the cluster-unique node name; today's default).
+It never changes, so a partition's objects keep their identity across failover.
+
+The sequence is ``(epoch << 40) | counter`` (store format 3): the partition's epoch
+at creation (24 bits) and a counter kept per (location, epoch), durably, by the
+store.  One node is active per (partition, epoch) (ha.md I1), so two nodes never
+hand out the same sequence for one location.  The store's own location uses
+epoch 0, where the sequence is the plain counter of formats 1 and 2.
 """
 
 from __future__ import annotations
 
 import struct
 
+from nonstop.errors import BadArgument
+
 REF_SIZE = 20
 _LAYOUT = struct.Struct(">QIQ")
+LOCATION_BYTES = 8
+"""A reference's first 8 bytes are its location code: the key prefix of its location."""
+EPOCH_BITS = 24
+COUNTER_BITS = 40
+MAX_EPOCH = (1 << EPOCH_BITS) - 1
+MAX_COUNTER = (1 << COUNTER_BITS) - 1
+_MAX_LOCATION = (1 << 64) - 1
+
+
+def check_location(location: object) -> int:
+    """``location`` as a location code (an int in 0..2**64-1); BadArgument naming it if not."""
+    if not isinstance(location, int) or isinstance(location, bool):
+        got = f"{type(location).__name__} {location!r:.40}"
+        raise BadArgument(f"a location code is an int (0..2**64-1), got {got}")
+    if not 0 <= location <= _MAX_LOCATION:
+        raise BadArgument(f"a location code is in 0..2**64-1, got {location}")
+    return location
+
+
+def check_epoch(epoch: object) -> int:
+    """``epoch`` as a partition epoch (an int in 0..2**24-1); BadArgument naming it if not."""
+    if not isinstance(epoch, int) or isinstance(epoch, bool):
+        raise BadArgument(f"an epoch is an int, got {type(epoch).__name__} {epoch!r:.40}")
+    if not 0 <= epoch <= MAX_EPOCH:
+        raise BadArgument(
+            f"an epoch is in 0..{MAX_EPOCH} (it takes the top {EPOCH_BITS} bits of a "
+            f"reference's sequence), got {epoch}"
+        )
+    return epoch
+
+
+def location_prefix(location: int) -> bytes:
+    """The 8-byte key prefix of every reference of ``location`` (checked)."""
+    return check_location(location).to_bytes(LOCATION_BYTES, "big")
+
+
+def make_sequence(epoch: int, counter: int) -> int:
+    """A reference's sequence: ``(epoch << 40) | counter``."""
+    return (epoch << COUNTER_BITS) | counter
+
+
+def split_sequence(sequence: int) -> tuple[int, int]:
+    """``(epoch, counter)`` of a reference's sequence."""
+    return sequence >> COUNTER_BITS, sequence & MAX_COUNTER
 
 
 class Ref:
@@ -47,11 +106,18 @@ class Ref:
 
     @property
     def timestamp(self) -> int:
+        """The creating store's timestamp (a plain create), or 0 (a create into a partition)."""
         return int(_LAYOUT.unpack(self.raw)[1])
 
     @property
     def counter(self) -> int:
+        """The whole 8-byte sequence (``(epoch << 40) | counter``; see the module doc)."""
         return int(_LAYOUT.unpack(self.raw)[2])
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of the location at creation (0 for a store's own location)."""
+        return split_sequence(self.counter)[0]
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError("Ref is immutable")

@@ -196,6 +196,41 @@ class QuorumSection(Section):
         return self
 
 
+class MetricsSection(Section):
+    """`[metrics]`: the Prometheus endpoint (see Metrics); off unless `listen` is set."""
+
+    listen: str | None = Field(
+        default=None,
+        description="`host:port` of the metrics endpoint (`GET /metrics`); keep it on "
+        "127.0.0.1: it has no authentication yet (docs/security.md)",
+    )
+    latency_buckets: list[float] = Field(
+        default_factory=lambda: [
+            0.0005,
+            0.001,
+            0.002,
+            0.005,
+            0.01,
+            0.02,
+            0.05,
+            0.1,
+            0.2,
+            0.5,
+            1.0,
+            2.0,
+            5.0,
+        ],
+        description="upper bounds (seconds) of the commit latency histogram's buckets",
+    )
+
+    @field_validator("listen")
+    @classmethod
+    def _address(cls, value: str | None) -> str | None:
+        if value is not None:
+            check_address(value)
+        return value
+
+
 class NodeConfig(Section):
     """Everything one node process needs; the defaults make a single local node."""
 
@@ -236,6 +271,11 @@ class NodeConfig(Section):
         default="info", description="log level"
     )
     log_file: str | None = Field(default=None, description="log file (default: stderr)")
+    log_format: Literal["json", "text"] = Field(
+        default="json",
+        description="`json`: one JSON object per line (`nonstop logs` reads it); "
+        "`text`: plain lines for a terminal",
+    )
     machine: str = Field(
         default=DEFAULT_MACHINE, description="`module:factory` of the protocol machine"
     )
@@ -252,6 +292,9 @@ class NodeConfig(Section):
         "`nonstop store verify`)",
     )
     tls: TLSSection = Field(default_factory=TLSSection, description="TLS, see below")
+    metrics: MetricsSection = Field(
+        default_factory=MetricsSection, description="Prometheus endpoint, see below"
+    )
     discovery: DiscoverySection = Field(
         default_factory=DiscoverySection, description="UDP discovery, see below"
     )

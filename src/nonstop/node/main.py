@@ -28,11 +28,12 @@ import os
 import signal
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nonstop.errors import StoreError
 from nonstop.net.handshake import ROLE_NODE, Hello
 from nonstop.net.tls import TLSSetupError
+from nonstop.node import log_format
 from nonstop.node.config import ConfigError, NodeConfig, split_join
 from nonstop.node.datadir import DataDir, Identity
 from nonstop.node.machine import NodeContext, resolve, takes_context
@@ -44,6 +45,9 @@ from nonstop.runtime.real import (
     new_rng,
 )
 from nonstop.store.records import on_corrupt
+
+if TYPE_CHECKING:
+    from nonstop.node.metrics_http import MetricsServer
 
 log = logging.getLogger("nonstop.node")
 
@@ -57,17 +61,33 @@ class NodeStartError(Exception):
 
 
 def setup_logging(cfg: NodeConfig) -> None:
-    """Plain, greppable lines: time, level, node, logger, message."""
+    """One event per line: JSON objects (``log_format = "json"``, the default, read by
+    ``nonstop logs``) or plain text (:mod:`nonstop.node.log_format`)."""
     handler: logging.Handler
     if cfg.log_file:
         handler = logging.FileHandler(cfg.log_file)
     else:
         handler = logging.StreamHandler(sys.stderr)
-    fmt = f"%(asctime)s %(levelname)s {cfg.name} %(name)s: %(message)s"
-    handler.setFormatter(logging.Formatter(fmt))
+    handler.setFormatter(log_format.formatter(cfg.log_format, cfg.name))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(getattr(logging, cfg.log_level.upper(), logging.INFO))
+
+
+async def start_metrics(runtime: RealRuntime, cfg: NodeConfig) -> MetricsServer | None:
+    """Serve the node's Prometheus metrics on ``metrics.listen`` (None: not configured)."""
+    if cfg.metrics.listen is None:
+        return None
+    from nonstop.node.metrics import attach, node_registry
+    from nonstop.node.metrics_http import serve_metrics
+
+    observer = attach(runtime, cfg.metrics.latency_buckets)
+    try:
+        return await serve_metrics(node_registry(runtime, observer), cfg.metrics.listen)
+    except OSError as exc:
+        reason = "port in use" if exc.errno == errno.EADDRINUSE else str(exc)
+        where = cfg.metrics.listen
+        raise NodeStartError(f"cannot listen for metrics on {where}: {reason}") from exc
 
 
 def open_object_store(datadir: DataDir, ident: Identity | None = None) -> Any:
@@ -141,8 +161,15 @@ async def serve(cfg: NodeConfig, datadir: DataDir) -> None:
         except Exception as exc:
             log.exception("cannot start the cluster machine")
             raise NodeStartError(f"cannot start the cluster machine: {exc!r}") from exc
+        try:
+            metrics = await start_metrics(runtime, cfg)
+        except NodeStartError:
+            await runtime.stop()
+            raise
         await runtime.first_contacts(cfg.connect_timeout + 0.5)
         if failure:
+            if metrics is not None:
+                await metrics.stop()
             await runtime.stop()
             raise NodeStartError(f"refused by the cluster: {failure[0]}")
         datadir.write_pid(cfg.listen)
@@ -188,6 +215,8 @@ async def serve(cfg: NodeConfig, datadir: DataDir) -> None:
         scrubber.cancel()
         stop_listening()
         log.info("node %s stopping", ident.name)
+        if metrics is not None:
+            await metrics.stop()
         await runtime.stop()
         datadir.remove_pid()
         if failure:

@@ -418,7 +418,12 @@ class RealRuntime:
         level = logging.DEBUG if kind in QUIET_NOTIFY else logging.INFO
         if notify_log.isEnabledFor(level):
             record = {"kind": kind, "node": self.name, **action.data}
-            notify_log.log(level, "%s", json.dumps(record, default=str, sort_keys=True))
+            notify_log.log(
+                level,
+                "%s",
+                json.dumps(record, default=str, sort_keys=True),
+                extra={"notify": record},  # a structured field of JSON log lines
+            )
         for key in (kind, "*"):
             callbacks = self.notifiers.get(key)
             if not callbacks:

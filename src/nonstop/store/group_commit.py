@@ -13,9 +13,11 @@ write set at a time so that only the faulty transaction fails.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import struct
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,11 +42,21 @@ class WriteSet:
     count_deltas: dict[bytes, int] = field(default_factory=dict)
 
 
+GROUP_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+"""Upper bounds of the group-size histogram (write sets per group); one more slot: larger."""
+WRITE_SECONDS_BUCKETS = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
+"""Upper bounds (seconds) of the group write-and-fsync time histogram; one more slot: slower."""
+
+
 @dataclass(slots=True)
 class CommitStats:
     groups: int = 0
     commits: int = 0
     largest_group: int = 0
+    # Histograms read by the node's metrics (nonstop.node.metrics): counts per bucket.
+    group_sizes: list[int] = field(default_factory=lambda: [0] * (len(GROUP_SIZE_BUCKETS) + 1))
+    write_seconds: list[int] = field(default_factory=lambda: [0] * (len(WRITE_SECONDS_BUCKETS) + 1))
+    write_seconds_sum: float = 0.0
 
 
 class GroupCommitter:
@@ -102,6 +114,7 @@ class GroupCommitter:
                 batch, self._queue = self._queue, []
                 if not batch and self._closing:
                     return
+            started = time.perf_counter()
             try:
                 self._apply([ws for ws, _ in batch])
                 results: list[BaseException | None] = [None] * len(batch)
@@ -123,6 +136,10 @@ class GroupCommitter:
             self.stats.groups += 1
             self.stats.commits += len(batch)
             self.stats.largest_group = max(self.stats.largest_group, len(batch))
+            took = time.perf_counter() - started
+            self.stats.group_sizes[bisect.bisect_left(GROUP_SIZE_BUCKETS, len(batch))] += 1
+            self.stats.write_seconds[bisect.bisect_left(WRITE_SECONDS_BUCKETS, took)] += 1
+            self.stats.write_seconds_sum += took
             for (_, done), result in zip(batch, results, strict=True):
                 try:
                     done(result)

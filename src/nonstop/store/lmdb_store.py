@@ -10,7 +10,10 @@ name           key                                              value
                                                                 object version, {field:
                                                                 value}] + crc32 (records.py)
 ``extents``    type name + 0x00 + ref                           empty
-``counts``     type name                                        8-byte count (A2 cardinality)
+``counts``     type name + 0x00 + location (8 bytes)            8-byte count (A2 cardinality,
+                                                                per location)
+``seqs``       location (8 bytes) + epoch (4 bytes)             8-byte highest counter that
+                                                                may have been handed out
 ``types``      type name                                        msgpack schema (E1/E2)
 ``ix:T:f``     order-preserving key value                       ref (dupsort when non-unique)
 ``asyncq``     target ref + priority byte + 8-byte sequence     msgpack call (A6)
@@ -22,6 +25,14 @@ name           key                                              value
                                                                 committed together with the
                                                                 prepared records (2PC)
 =============  ===============================================  =========================
+
+A reference's first 8 bytes are its location code (:mod:`nonstop.model.ref`): a
+partition, or this store's own location by default.  So the objects of one
+location are one key range of ``objects`` (:meth:`Store.scan_location`), and
+counts are kept per (type, location) so that a count restricted to some
+locations (the partitions this node is active for) reads a few keys.  New
+references of a (location, epoch) take counters from ``seqs``, reserved in
+blocks of :data:`COUNTER_BLOCK`.
 
 The directory is locked with ``flock`` so that a second process cannot open it
 (LMDB itself would allow that, and two nonstop nodes on one store would break
@@ -38,20 +49,30 @@ import struct
 import threading
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
 import lmdb
 
-from nonstop.errors import CorruptStore, IncompatibleStore, StoreError, StoreLocked
+from nonstop.errors import BadArgument, CorruptStore, IncompatibleStore, StoreError, StoreLocked
 from nonstop.model.codec import pack, unpack
 from nonstop.model.managed import TypeInfo
-from nonstop.model.ref import Ref
+from nonstop.model.ref import (
+    COUNTER_BITS,
+    LOCATION_BYTES,
+    MAX_COUNTER,
+    check_epoch,
+    check_location,
+    location_prefix,
+)
 from nonstop.store.records import CHECKSUM_BYTES, RESIDUE, corrupt, open_record
 
 FORMAT_NAME = "nonstop-store"
-FORMAT_VERSION = 2  # 2: object records carry a CRC-32 (store/records.py)
+FORMAT_VERSION = 3
+"""2: object records carry a CRC-32 (store/records.py).  3: a reference's location names a
+partition, its sequence is (epoch << 40) | counter with counters per (location, epoch)
+in ``seqs``, and counts are per (type, location)."""
 DEFAULT_MAP_SIZE = 1 << 38  # 256 GiB of address space; the file grows only as used
 COUNTER_BLOCK = 1 << 16
 _crc32 = zlib.crc32
@@ -96,6 +117,7 @@ class Store:
                     b"prepared",
                     b"results",
                     b"dtx",
+                    b"seqs",
                 ):
                     self._dbs[name] = self.env.open_db(name, txn=txn)
                 self._check_format(txn, location)
@@ -110,12 +132,19 @@ class Store:
             self.results = self._dbs[b"results"]
             # Created on open when missing, so a store written before it existed opens too.
             self.dtx = self._dbs[b"dtx"]
+            self.seqs = self._dbs[b"seqs"]
             # Bumped by the group committer after every LMDB commit (before any lock
             # is released): a reader that saw the same value before a read and after
             # taking a lock knows its read is still current.
             self.commit_seq = 0
             self._counter_lock = threading.Lock()
-            self._next_counter, self._reserved_until = self._reserve_counters(None)
+            with self.env.begin() as txn:
+                self._location = int(unpack(self._meta(txn, b"location")))
+                self._timestamp = int(unpack(self._meta(txn, b"timestamp")))
+            self._counters: dict[tuple[int, int], _Counter] = {}
+            self._own = self._counter(self._location, 0)
+            with self._counter_lock:
+                self._reserve(self._own)  # fail at open, not at the first create
         except BaseException:
             if getattr(self, "env", None) is not None:
                 self.env.close()
@@ -198,7 +227,6 @@ class Store:
                 db=meta,
             )
             txn.put(b"timestamp", pack(int(time.time())), db=meta)
-            txn.put(b"counter", pack(0), db=meta)
             return
         try:
             name, version = unpack(bytes(raw))
@@ -213,14 +241,20 @@ class Store:
             )
         if version < FORMAT_VERSION:
             if any(txn.stat(self._dbs[n])["entries"] for n in (b"objects", b"prepared")):
-                # Format 1 records carry no checksum: reading them as format 2 would
-                # report every one as damaged, and reading them unchecked is what
-                # format 2 exists to end.  (No release shipped format 1 data.)
-                raise IncompatibleStore(
-                    f"{self.path} is store format {version} (records without checksums); "
-                    f"this version reads format {FORMAT_VERSION}: dump it with the nonstop "
-                    "that wrote it and load it into a new store"
-                )
+                raise IncompatibleStore(_old_format_message(self.path, version))
+            # An empty older store is upgraded in place: its references so far (format 1
+            # and 2 kept one counter in meta) continue as epoch 0 of its own location.
+            raw_counter = txn.get(b"counter", db=meta)
+            if raw_counter is not None:
+                raw_location = txn.get(b"location", db=meta)
+                if raw_location is None:
+                    raise CorruptStore(f"{self.path}: the store's location is missing")
+                own = int(unpack(bytes(raw_location)))
+                counter = int(unpack(bytes(raw_counter)))
+                txn.put(_seq_key(own, 0), _U64.pack(counter), db=self._dbs[b"seqs"])
+                txn.delete(b"counter", db=meta)
+            for old_key in list(txn.cursor(db=self._dbs[b"counts"]).iternext(values=False)):
+                txn.delete(old_key, db=self._dbs[b"counts"])  # (all zero: no objects)
             txn.put(b"format", pack([FORMAT_NAME, FORMAT_VERSION]), db=meta)
 
     def _meta(self, txn: lmdb.Transaction, key: bytes) -> bytes:
@@ -232,46 +266,91 @@ class Store:
 
     @property
     def location(self) -> int:
-        with self.env.begin() as txn:
-            return int(unpack(self._meta(txn, b"location")))
+        """This store's own location code (references of plain creates start with it)."""
+        return self._location
 
     @property
     def timestamp(self) -> int:
-        with self.env.begin() as txn:
-            return int(unpack(self._meta(txn, b"timestamp")))
+        return self._timestamp
 
     # --------------------------------------------------------- references
-    def _reserve_counters(self, _: None) -> tuple[int, int]:
-        """Durably reserve the next block of counters.  A crash skips the unused rest."""
+    def _counter(self, location: int | None, epoch: int) -> _Counter:
+        """The counter state of (location, epoch) (checked; this store's own if None)."""
+        if location is None:
+            if not epoch:
+                return self._own
+            location = self._location
+        counter = self._counters.get((location, epoch))
+        if counter is None:
+            counter = _Counter(check_location(location), check_epoch(epoch), self._timestamp)
+            with self._counter_lock:
+                counter = self._counters.setdefault((location, epoch), counter)
+        return counter
+
+    def _reserve(self, c: _Counter) -> None:
+        """Durably reserve the next block of counters of ``c`` (caller holds the counter lock).
+        A crash skips the unused rest of the block; a counter is never handed out twice."""
         with self.env.begin(write=True) as txn:
-            start = int(unpack(self._meta(txn, b"counter")))
-            txn.put(b"counter", pack(start + COUNTER_BLOCK), db=self.meta)
-            loc = int(unpack(self._meta(txn, b"location")))
-            ts = int(unpack(self._meta(txn, b"timestamp")))
-        self._ref_prefix = Ref.make(loc, ts, 0).raw[:12]
-        return start + 1, start + COUNTER_BLOCK
+            raw = txn.get(c.key, db=self.seqs)
+            start = max(0 if raw is None else _U64.unpack(raw)[0], c.next - 1)
+            if start >= MAX_COUNTER:
+                raise StoreError(
+                    f"location {c.location:016x} epoch {c.epoch} has used all 2**{COUNTER_BITS} "
+                    "counters of its references (a failover starts a new epoch)"
+                )
+            until = min(start + COUNTER_BLOCK, MAX_COUNTER)
+            txn.put(c.key, _U64.pack(until), db=self.seqs)
+        c.next, c.until = start + 1, until
 
-    def new_ref(self) -> bytes:
+    def new_ref(self, location: int | None = None, epoch: int = 0) -> bytes:
+        """A new reference of ``location`` at ``epoch``: sequence ``(epoch << 40) | counter``,
+        never handed out before (module doc).  ``location`` None: this store's own, with
+        its timestamp in the middle (a plain create, as before format 3); else the middle
+        is zero, so a partition's references name no node and sort in creation order."""
+        c = self._own if location is None and not epoch else self._counter(location, epoch)
         with self._counter_lock:
-            if self._next_counter > self._reserved_until:
-                self._next_counter, self._reserved_until = self._reserve_counters(None)
-            counter = self._next_counter
-            self._next_counter += 1
-        return self._ref_prefix + _U64.pack(counter)
+            if c.next > c.until:
+                self._reserve(c)
+            counter = c.next
+            c.next += 1
+        return (c.prefix if location is None else c.bare) + _U64.pack(c.base | counter)
 
-    def new_refs(self, n: int) -> list[bytes]:
+    def new_refs(self, n: int, location: int | None = None, epoch: int = 0) -> list[bytes]:
         """``n`` new references at once (a bulk write's new objects): one lock, no call each."""
+        c = self._own if location is None and not epoch else self._counter(location, epoch)
         out: list[bytes] = []
         with self._counter_lock:
             while len(out) < n:
-                if self._next_counter > self._reserved_until:
-                    self._next_counter, self._reserved_until = self._reserve_counters(None)
-                first = self._next_counter
-                last = min(self._reserved_until, first + n - len(out) - 1)
-                prefix, u64 = self._ref_prefix, _U64.pack
-                out.extend([prefix + u64(c) for c in range(first, last + 1)])
-                self._next_counter = last + 1
+                if c.next > c.until:
+                    self._reserve(c)
+                first = c.next
+                last = min(c.until, first + n - len(out) - 1)
+                prefix = c.prefix if location is None else c.bare
+                u64, base = _U64.pack, c.base
+                out.extend([prefix + u64(base | k) for k in range(first, last + 1)])
+                c.next = last + 1
         return out
+
+    def counter_floor(self, txn: lmdb.Transaction, location: int, epoch: int) -> int:
+        """The highest counter of (location, epoch) that may have been handed out or applied,
+        as ``txn`` (a read or the caller's write) and this process know it."""
+        raw = txn.get(_seq_key(location, epoch), db=self.seqs)
+        durable = 0 if raw is None else int(_U64.unpack(raw)[0])
+        c = self._counters.get((location, epoch))
+        return durable if c is None else max(durable, c.next - 1)
+
+    def note_counter(self, location: int, epoch: int, counter: int) -> None:
+        """A reference of (location, epoch) with ``counter`` exists (a replica applied it):
+        never hand out that counter or a lower one from this process."""
+        c = self._counters.get((location, epoch))
+        if c is not None:
+            with self._counter_lock:
+                c.next = max(c.next, counter + 1)
+
+    def seq_op(self, location: int, epoch: int, counter: int) -> tuple[bool, Any, bytes, bytes]:
+        """The write-set put that records ``counter`` as used in ``seqs`` (for a replica apply,
+        committed with the objects it creates)."""
+        return (True, self.seqs, _seq_key(location, epoch), _U64.pack(counter))
 
     # ------------------------------------------------------------ indexes
     def db_by_name(self, name: bytes) -> Any:
@@ -354,10 +433,54 @@ class Store:
         with self.env.begin() as txn:
             return txn.get(key, db=self.asyncq)
 
-    def count(self, type_name: str) -> int:
+    def count(self, type_name: str, locations: Collection[bytes] | None = None) -> int:
+        """The committed number of objects of exactly ``type_name`` (A2): all of them, or those
+        of the given locations (8-byte prefixes: :func:`~nonstop.model.ref.location_prefix`)."""
+        prefix = type_name.encode() + b"\x00"
+        total = 0
         with self.env.begin() as txn:
-            raw = txn.get(type_name.encode(), db=self.counts)
-        return 0 if raw is None else _U64.unpack(raw)[0]
+            if locations is not None:
+                for loc in locations:
+                    raw = txn.get(prefix + loc, db=self.counts)
+                    if raw is not None:
+                        total += _U64.unpack(raw)[0]
+                return total
+            cur: Any = txn.cursor(db=self.counts)
+            if not cur.set_range(prefix):
+                return 0
+            for key, raw in cur.iternext():
+                if not key.startswith(prefix):
+                    break
+                total += _U64.unpack(raw)[0]
+        return total
+
+    def scan_location(
+        self, txn: lmdb.Transaction, location: int, after: bytes | None, limit: int
+    ) -> tuple[list[tuple[bytes, Any]], bytes | None]:
+        """Up to ``limit`` objects of ``location`` in reference order, after reference ``after``
+        (None: from the first): ``([(ref, decoded record), ...], resume)``; ``resume`` is the
+        last reference returned (pass it as ``after``), None once the location is exhausted."""
+        prefix = location_prefix(location)
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+            raise BadArgument(f"a scan's batch size is a positive int, got {limit!r:.40}")
+        if after is not None and (len(after) != 20 or not after.startswith(prefix)):
+            raise BadArgument(
+                f"a resume key of location {location:016x} is one of its references, "
+                f"got {bytes(after).hex()[:48]}"
+            )
+        out: list[tuple[bytes, Any]] = []
+        cur: Any = txn.cursor(db=self.objects)
+        if not cur.set_range(prefix if after is None else after):
+            return out, None
+        for ref, raw in cur.iternext():
+            if not ref.startswith(prefix):
+                return out, None
+            if ref == after:
+                continue
+            if len(out) >= limit:
+                return out, out[-1][0] if out else None
+            out.append((bytes(ref), self.record(raw, ref)))
+        return out, None
 
     def iter_extent(self, txn: lmdb.Transaction, type_name: str) -> Iterator[bytes]:
         prefix = type_name.encode() + b"\x00"
@@ -376,3 +499,46 @@ class Store:
             self.env.close()
         finally:
             os.close(self._lock_fd)
+
+
+def _seq_key(location: int, epoch: int) -> bytes:
+    """The ``seqs`` key of (location, epoch): their counters sort together per location."""
+    return location.to_bytes(LOCATION_BYTES, "big") + epoch.to_bytes(4, "big")
+
+
+def count_key(type_name: bytes, ref: bytes) -> bytes:
+    """The ``counts`` key (and count-delta key of a write set) of an object of ``type_name``
+    at ``ref``: type name, 0x00, the reference's location."""
+    return type_name + b"\x00" + ref[:LOCATION_BYTES]
+
+
+class _Counter:
+    """The counters of one (location, epoch) in this process: next to hand out, reserved
+    durably up to ``until``; ``prefix`` + 8-byte ``base | counter`` is a plain create's
+    reference (the store's timestamp in the middle), ``bare`` + the same a reference
+    created into a given location (zero in the middle: no node in it)."""
+
+    __slots__ = ("bare", "base", "epoch", "key", "location", "next", "prefix", "until")
+
+    def __init__(self, location: int, epoch: int, timestamp: int) -> None:
+        self.location = location
+        self.epoch = epoch
+        self.key = _seq_key(location, epoch)
+        self.prefix = location.to_bytes(LOCATION_BYTES, "big") + timestamp.to_bytes(4, "big")
+        self.bare = location.to_bytes(LOCATION_BYTES, "big") + bytes(4)
+        self.base = epoch << COUNTER_BITS
+        self.next = 1
+        self.until = 0
+
+
+def _old_format_message(path: Path, version: int) -> str:
+    what = (
+        "records without checksums"
+        if version < 2
+        else "references that name the creating node, not a partition"
+    )
+    return (
+        f"{path} is store format {version} ({what}); this version reads format "
+        f"{FORMAT_VERSION}: export its types with the nonstop that wrote it (nonstop pipeline "
+        "export) and import them into a new store"
+    )

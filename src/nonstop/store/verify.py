@@ -38,6 +38,7 @@ import lmdb
 from nonstop.model.codec import encode_key, unpack
 
 REF_SIZE = 20
+LOCATION_BYTES = 8  # (model.ref's: a reference's location prefix)
 _CRC = 4
 RESIDUE = 0x2144DF1C  # the CRC-32 of any payload + its CRC-32 (little-endian)
 # Databases whose every value is CRC-32 + payload, by kind of directory.
@@ -289,16 +290,30 @@ def _cross_check(
     sizes: dict[bytes, int] = {}
     for k in txn.cursor(db=extents).iternext(values=False):
         tick()
-        name = bytes(k).split(b"\x00", 1)[0]
+        # type name + 0x00 + ref -> the count's key: type name + 0x00 + the ref's location
+        name = bytes(k)[: -(REF_SIZE - LOCATION_BYTES)]
         sizes[name] = sizes.get(name, 0) + 1
     for k, v in txn.cursor(db=counts):
         tick()
+        key = bytes(k)
         stored = int.from_bytes(bytes(v), "big")
-        if stored != sizes.get(bytes(k), 0):
+        size = sizes.pop(key, 0)
+        if stored != size:
             report.problems.append(
-                f"{data}: database 'counts': {bytes(k).decode(errors='replace')} counts "
-                f"{stored}, its extent holds {sizes.get(bytes(k), 0)}"
+                f"{data}: database 'counts': {_count_name(key)} counts "
+                f"{stored}, its extent holds {size}"
             )
+    for key, size in sizes.items():
+        report.problems.append(
+            f"{data}: database 'counts': {_count_name(key)} has no count, its extent holds {size}"
+        )
+
+
+def _count_name(key: bytes) -> str:
+    """A ``counts`` key as people read it: ``type name @ location``."""
+    if len(key) < 9 or key[-9] != 0:
+        return key.decode(errors="replace")
+    return f"{key[:-9].decode(errors='replace')} @ location {key[-8:].hex()}"
 
 
 def verify_isolated(

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 from nonstop.errors import Conflict, Error, NotFound
 from nonstop.model.entry import DELETED
 from nonstop.model.managed import Managed
-from nonstop.model.ref import Ref
+from nonstop.model.ref import Ref, check_epoch, check_location
 from nonstop.store.group_commit import WriteSet
 from nonstop.tx.entries import NONE, WRITE, Op, TxState, describe_key, parse_lock
 from nonstop.tx.locks import LockMode
@@ -67,6 +67,17 @@ class AsyncTransaction(Transaction):
         self.check_usable()
         info = self.engine.ensure_type(cls)
         e = await self.adrive(self.g_insert(info, self._new_state(info, values)))
+        return e.handle  # type: ignore[no-any-return]
+
+    async def create_in(  # type: ignore[override]
+        self, cls: type[M], location: int, epoch: int = 0, /, **values: Any
+    ) -> M:
+        self.check_usable()
+        check_location(location)
+        check_epoch(epoch)
+        info = self.engine.ensure_type(cls)
+        state = self._new_state(info, values)
+        e = await self.adrive(self.g_insert(info, state, None, location, epoch))
         return e.handle  # type: ignore[no-any-return]
 
     async def find(  # type: ignore[override]
@@ -118,6 +129,8 @@ class AsyncTransaction(Transaction):
         lock: str | None = None,
     ) -> Managed | None:
         self.check_usable()
+        if not self.in_scope(ref.raw):
+            return None
         mode = parse_lock(lock)
         e = await self.adrive(self.g_load(ref.raw, self.default_lock if mode is None else mode))
         return None if e is None else e.handle

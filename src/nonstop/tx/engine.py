@@ -3,7 +3,8 @@
 :class:`Engine` holds the pieces a transaction needs and nothing else:
 
 * ``store`` — the LMDB store (:class:`~nonstop.store.lmdb_store.Store`): reads
-  of committed state, named databases, new references;
+  of committed state, named databases, new references (in the store's own
+  location, or in a partition's at an epoch: ``store.new_ref(location, epoch)``);
 * ``locks`` — the lock table (:class:`~nonstop.tx.waiting.LockTable`);
 * ``committer`` — the group committer, the store's single writer;
 * ``prepared`` — the prepared (two-phase-commit) transactions

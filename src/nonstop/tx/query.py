@@ -367,7 +367,7 @@ class Query(Generic[M]):
         mine = {
             e.ref: e
             for e in tx.entries()
-            if e.status != CLEAN and isinstance(e.handle, self._info.cls)
+            if e.status != CLEAN and isinstance(e.handle, self._info.cls) and tx.in_scope(e.ref)
         }
         want_records = self._lock == NONE or (self._lock is None and tx.default_lock == NONE)
         with gc_paused(), store.read() as rtxn:
@@ -402,7 +402,18 @@ class Query(Generic[M]):
         self, rtxn: lmdb.Transaction, key: KeyInfo | None, path: str
     ) -> Iterator[tuple[bytes, bytes]]:
         """(sort key, ref) of what may match, in (sort key, ref) order where paging needs it:
-        the extent in reference order across subtypes, an index in key order."""
+        the extent in reference order across subtypes, an index in key order; only the
+        objects of the transaction's scope (``tx.restrict_to``: each partition once)."""
+        scan = self._scan_all(rtxn, key, path)
+        scope = self._tx.scope
+        if scope is None:
+            return scan
+        return ((sort_key, ref) for sort_key, ref in scan if ref[:8] in scope)
+
+    def _scan_all(
+        self, rtxn: lmdb.Transaction, key: KeyInfo | None, path: str
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """:meth:`_scan` without the scope."""
         store = self._tx.engine.store
         after = self._after
         if key is None:
@@ -494,7 +505,9 @@ class Query(Generic[M]):
         cls = self._info.cls
         entries = tx.entry_map()
         mine = {
-            ref: e for ref, e in entries.items() if e.status != CLEAN and isinstance(e.handle, cls)
+            ref: e
+            for ref, e in entries.items()
+            if e.status != CLEAN and isinstance(e.handle, cls) and tx.in_scope(ref)
         }
         # The scan itself enforces the access key's equality or range; check the
         # rest (equality on other fields, a range on another key) per object.

@@ -57,7 +57,7 @@ from nonstop.errors import (
 from nonstop.model.codec import encode_key, pack
 from nonstop.model.entry import CLEAN, CREATED, CREATED_DELETED, DELETED, DIRTY
 from nonstop.model.managed import KeyInfo, Managed, TypeInfo, lookup_type, type_info
-from nonstop.model.ref import Ref
+from nonstop.model.ref import Ref, check_epoch, check_location, location_prefix
 from nonstop.store.group_commit import Op as StoreOp
 from nonstop.store.group_commit import WriteSet
 from nonstop.store.records import pack_record
@@ -116,6 +116,9 @@ class Transaction:
         self._on_commit: list[Callable[[], Any]] = []
         self._on_rollback: list[Callable[[], Any]] = []
         self._prepared: tuple[bytes, WriteSet] = (b"", WriteSet())
+        self.scope: frozenset[bytes] | None = None
+        """The 8-byte location prefixes counts, queries and lookups see (None: all; see
+        :meth:`restrict_to`)."""
 
     # ------------------------------------------------------------- drivers
     def drive(self, op: Op) -> Any:
@@ -372,6 +375,11 @@ class Transaction:
             raise DuplicateKey(f"{key.owner}.{key.field} = {value!r} is already taken")
         self._claimed[slot] = ref
 
+    def g_claim(self, key: KeyInfo, value: Any, ref: bytes) -> Op:
+        """Generator op: take the unique value ``value`` of ``key`` for the object ``ref``
+        (DuplicateKey if another object holds it); what a replica's apply claims with."""
+        yield from self._g_claim(key, value, ref)
+
     def _released(self, ref: bytes, key: KeyInfo, kb: bytes) -> bool:
         """Did this transaction delete the object at ``ref`` or move it off key value ``kb``?"""
         e = self._entries.get(ref)
@@ -386,9 +394,10 @@ class Transaction:
         kb = encode_key(value)
         slot = (key.db_name, kb)
         mine = self._claimed.get(slot)
+        scope = self.scope
         if mine is not None:
             e = self._entries[mine]
-            return None if e.status >= DELETED else e
+            return None if e.status >= DELETED or not self.in_scope(mine) else e
         locked_slot = False
         store = self.engine.store
         index = store.index_db(key.db_name, unique=True)
@@ -401,6 +410,8 @@ class Transaction:
                 if ref is not None:
                     ref = bytes(ref)
                     raw = None if raw is None else bytes(raw)
+            if ref is not None and scope is not None and ref[:8] not in scope:
+                return None  # another partition's object (held here as a replica)
             if ref is None:
                 if mode == NONE or locked_slot:
                     return None
@@ -451,6 +462,8 @@ class Transaction:
         info: TypeInfo,
         state: dict[str, Any],
         claimed: tuple[KeyInfo, bytes] | None = None,
+        location: int | None = None,
+        epoch: int = 0,
     ) -> Op:
         """Generator op: create an object of ``info`` from a complete, checked ``state``;
         returns its entry.
@@ -458,9 +471,11 @@ class Transaction:
         Claims the object's unique key values (DuplicateKey: nothing is created),
         except ``claimed`` = (key, encoded value), which :meth:`g_claim_absent`
         already locked and found free.  ``create`` checks the values first; a
-        bulk load that checked whole columns calls this directly.
+        bulk load that checked whole columns calls this directly.  The reference
+        is new in ``location`` (a partition's location code; this store's own when
+        None) at ``epoch`` (:meth:`~nonstop.store.lmdb_store.Store.new_ref`).
         """
-        ref = self.engine.store.new_ref()
+        ref = self.engine.store.new_ref(location, epoch)
         claims = self._claimed
         skip = None
         if claimed is not None:
@@ -521,6 +536,17 @@ class Transaction:
         e = self.drive(self.g_insert(info, self._new_state(info, values)))
         return e.handle  # type: ignore[no-any-return]
 
+    def create_in(self, cls: type[M], location: int, epoch: int = 0, /, **values: Any) -> M:
+        """Create an object in ``location`` (a partition's location code) at the partition's
+        ``epoch``; otherwise as :meth:`create` (which creates in this store's own location).
+        BadArgument (nothing created) for a location or epoch out of range."""
+        self.check_usable()
+        check_location(location)
+        check_epoch(epoch)
+        info = self.engine.ensure_type(cls)
+        e = self.drive(self.g_insert(info, self._new_state(info, values), None, location, epoch))
+        return e.handle  # type: ignore[no-any-return]
+
     def find(self, cls: type[M], /, *, lock: str | None = None, **key: Any) -> M | None:
         """Unique lookup by one unique key: ``find(Account, number="A-1")``; None if absent."""
         self.check_usable()
@@ -549,6 +575,8 @@ class Transaction:
     def by_ref(self, ref: Ref, /, *, lock: str | None = None) -> Managed | None:
         """The object with this reference, or None if it does not exist."""
         self.check_usable()
+        if not self.in_scope(ref.raw):
+            return None
         mode = parse_lock(lock)
         e = self.drive(self.g_load(ref.raw, self.default_lock if mode is None else mode))
         return None if e is None else e.handle
@@ -571,10 +599,11 @@ class Transaction:
         """Cardinality of the type's extent (A2): read committed plus this transaction's changes."""
         self.check_usable()
         total = 0
+        scope = self.scope
         for info in self.engine.ensure_type(cls).concrete_types():
-            total += self.engine.store.count(info.name)
+            total += self.engine.store.count(info.name, scope)
         for e in self._entries.values():
-            if isinstance(e.handle, cls):
+            if isinstance(e.handle, cls) and (scope is None or e.ref[:8] in scope):
                 if e.status == CREATED:
                     total += 1
                 elif e.status == DELETED:
@@ -715,6 +744,22 @@ class Transaction:
     # ------------------------------------------- engine-level API (bulk, data plane)
     # What nonstop's own bulk operations, data plane and participant use besides
     # the application API; applications do not need it.
+    def restrict_to(self, locations: Iterable[int] | None) -> None:
+        """See only the objects of ``locations`` (location codes: the partitions this node is
+        active for) in counts, queries, extents, unique lookups and ``by_ref``, so that a
+        query asked of each partition once counts nothing twice; None: every object of the
+        store (the default).  BadArgument (nothing changed) for a bad location code.
+
+        Writes are not restricted: a unique value is unique in the whole store
+        (a create in scope of a value an out-of-scope object holds is DuplicateKey).
+        """
+        self.scope = None if locations is None else frozenset(map(location_prefix, locations))
+
+    def in_scope(self, ref: bytes) -> bool:
+        """Whether the object ``ref`` is in this transaction's scope (:meth:`restrict_to`)."""
+        scope = self.scope
+        return scope is None or ref[:8] in scope
+
     @property
     def state(self) -> TxState:
         """Where the transaction is in its life (only an ACTIVE one can be used)."""
@@ -752,7 +797,8 @@ class Transaction:
 
         ``ops``: ``(is_put, database, key, value)`` on engine databases (``results``,
         ``asyncq``, ``bulk``...) or records a bulk write built itself; ``counts``:
-        the extent count changes of such records, by type name; ``first``: before
+        the extent count changes of such records, by ``store.count_key(type name,
+        ref)`` (type and location); ``first``: before
         the raw operations added so far.  They commit with the transaction or not
         at all; nothing locks them: lock what they stand for with :meth:`need`.
         """
@@ -856,7 +902,8 @@ class Transaction:
             if status == DELETED:
                 ops.append((False, objects, ref, None))
                 ops.append((False, extents, tname + b"\x00" + ref, None))
-                deltas[tname] = deltas.get(tname, 0) - 1
+                ck = tname + b"\x00" + ref[:8]  # (store.count_key, inlined)
+                deltas[ck] = deltas.get(ck, 0) - 1
                 for name, key in info.keys.items():
                     value = e.orig[name] if e.orig and name in e.orig else e.state[name]
                     self._index_op(removals, key, value, ref, put=False)
@@ -864,7 +911,8 @@ class Transaction:
             ops.append((True, objects, ref, pack_record(info, e.version + 1, e.state)))
             if status == CREATED:
                 ops.append((True, extents, tname + b"\x00" + ref, b""))
-                deltas[tname] = deltas.get(tname, 0) + 1
+                ck = tname + b"\x00" + ref[:8]
+                deltas[ck] = deltas.get(ck, 0) + 1
                 for name, key in info.keys.items():
                     self._index_op(ops, key, e.state[name], ref, put=True)
             elif e.orig:
@@ -876,8 +924,8 @@ class Transaction:
         for qkey, record in self._async_calls:
             ops.append((True, store.asyncq, qkey, record))
         ops.extend(self._raw_ops)
-        for tname, delta in self._raw_counts.items():
-            deltas[tname] = deltas.get(tname, 0) + delta
+        for ck, delta in self._raw_counts.items():
+            deltas[ck] = deltas.get(ck, 0) + delta
         ws.ops = removals + ops
         return ws if ws.ops else None
 

@@ -89,12 +89,16 @@ class LockTable:
     released while one of its requests waits.
     """
 
-    __slots__ = ("_manager", "_mutex", "_waits")
+    __slots__ = ("_manager", "_mutex", "_waits", "deadlocks", "timeouts", "waits")
 
     def __init__(self, manager: LockManager | None = None) -> None:
         self._manager = LockManager() if manager is None else manager
         self._mutex = Lock()
         self._waits: dict[int, _Waiter] = {}  # ticket -> waiter, for every queued request
+        # Counters for the node's metrics (nonstop.node.metrics), changed under the mutex.
+        self.waits = 0
+        self.timeouts = 0
+        self.deadlocks = 0
 
     def acquire(
         self, txn: Hashable, resource: Hashable, mode: LockMode, timeout: float | None = None
@@ -109,7 +113,9 @@ class LockTable:
             if isinstance(outcome, Granted):
                 return
             if isinstance(outcome, DeadlockFound):
+                self.deadlocks += 1
                 raise _deadlock(txn, resource, mode, outcome)
+            self.waits += 1
             waiter = _ThreadWaiter()
             self._waits[outcome.ticket] = waiter
         try:
@@ -134,7 +140,9 @@ class LockTable:
             if isinstance(outcome, Granted):
                 return
             if isinstance(outcome, DeadlockFound):
+                self.deadlocks += 1
                 raise _deadlock(txn, resource, mode, outcome)
+            self.waits += 1
             waiter = _AsyncWaiter(loop)
             self._waits[outcome.ticket] = waiter
         timer = None if timeout is None else loop.call_later(timeout, _settle, waiter.future)
@@ -245,6 +253,7 @@ class LockTable:
             if waiter.error is not None:
                 raise waiter.error
             woken = self._withdraw(ticket)
+            self.timeouts += 1
         for other in woken:
             other.wake()
         raise LockTimeout(

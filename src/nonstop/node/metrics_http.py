@@ -1,0 +1,130 @@
+"""The node's metrics endpoint: ``GET /metrics`` in Prometheus text, on the node's event loop.
+
+Served by :func:`serve_metrics` on the ``metrics.listen`` address
+(``127.0.0.1`` by default: the endpoint has no authentication yet, see
+docs/security.md "Metrics endpoint").  The body is the ``prometheus_client``
+library's own exposition (:func:`prometheus_client.exposition.choose_encoder`:
+the text format 0.0.4, or OpenMetrics when the scraper asks for it in
+``Accept``) of the node's registry (:mod:`nonstop.node.metrics`).
+
+Why a small asyncio handler rather than the library's servers:
+``start_http_server`` serves from a thread of its own, which would read the
+machines while the event loop changes them (a dict changing size under
+iteration, a half-applied event); its ASGI app needs an ASGI server, another
+dependency, in the node process.  Here the request is read and the registry
+collected on the loop thread, between two events, so every scrape sees a
+consistent node; a scrape of the ~100 series of a node costs well under a
+millisecond of loop time (bench/results/metrics.md).
+
+Bounds: requests of at most 8 KiB of head, read within 5 s, at most 8 scrapes
+at once (more are answered 503), connections closed after each answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.registry import CollectorRegistry
+
+log = logging.getLogger("nonstop.metrics")
+
+HEAD_LIMIT = 8192
+READ_TIMEOUT = 5.0
+MAX_CONCURRENT = 8
+PATHS = frozenset({"/metrics", "/"})
+
+
+def _response(status: str, content_type: str, body: bytes, head_only: bool = False) -> bytes:
+    head = (
+        f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    )
+    return head.encode("ascii") + (b"" if head_only else body)
+
+
+def _plain(status: str, message: str) -> bytes:
+    return _response(status, "text/plain; charset=utf-8", (message + "\n").encode())
+
+
+class MetricsServer:
+    """Answers scrapes of ``registry`` (module doc)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.scrapes = 0
+        self._busy = 0
+        self._server: asyncio.Server | None = None
+
+    async def start(self, host: str, port: int) -> None:
+        self._server = await asyncio.start_server(self._serve, host, port, limit=HEAD_LIMIT)
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            with contextlib.suppress(Exception):
+                await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            if self._busy >= MAX_CONCURRENT:
+                writer.write(_plain("503 Service Unavailable", "too many scrapes at once"))
+                return
+            self._busy += 1
+            try:
+                answer = await asyncio.wait_for(self._answer(reader), READ_TIMEOUT)
+            except (TimeoutError, ValueError, asyncio.LimitOverrunError, ConnectionError):
+                answer = _plain("400 Bad Request", "bad or slow request")
+            except Exception:  # a collector failed: say so, keep serving
+                log.exception("metrics scrape failed")
+                answer = _plain("500 Internal Server Error", "the scrape failed: see the node log")
+            finally:
+                self._busy -= 1
+            writer.write(answer)
+            await writer.drain()
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def _answer(self, reader: asyncio.StreamReader) -> bytes:
+        request = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
+        lines = request.split("\r\n")
+        parts = lines[0].split()
+        if len(parts) != 3 or not parts[2].startswith("HTTP/"):
+            return _plain("400 Bad Request", "not an HTTP request")
+        method, target = parts[0], parts[1]
+        headers = {}
+        for line in lines[1:]:
+            name, sep, value = line.partition(":")
+            if sep:
+                headers[name.strip().lower()] = value.strip()
+        if target.partition("?")[0] not in PATHS:
+            return _plain("404 Not Found", "the metrics are at /metrics")
+        if method not in ("GET", "HEAD"):
+            return _plain("405 Method Not Allowed", "GET /metrics")
+        encoder, content_type = choose_encoder(headers.get("accept", ""))
+        self.scrapes += 1
+        body = encoder(self.registry)
+        return _response("200 OK", content_type, body, head_only=method == "HEAD")
+
+
+async def serve_metrics(registry: CollectorRegistry, address: str) -> MetricsServer:
+    """Listen on ``address`` (``host:port``; port 0: any free one) and answer scrapes."""
+    host, _, port = address.rpartition(":")
+    server = MetricsServer(registry)
+    await server.start(host, int(port))
+    log.info("metrics at http://%s:%d/metrics", host, server.port)
+    return server
+
+
+__all__ = ["MetricsServer", "serve_metrics"]
