@@ -31,8 +31,16 @@ class FakeWriter:
         pass
 
 
+LOOP = asyncio.new_event_loop()
+"""The readers' loop: the guard never reads, and no loop runs in these tests."""
+
+
+def teardown_module() -> None:
+    LOOP.close()
+
+
 def connection(opened: float) -> Connection:
-    conn = Connection(asyncio.StreamReader(), FakeWriter())  # type: ignore[arg-type]
+    conn = Connection(asyncio.StreamReader(loop=LOOP), FakeWriter())  # type: ignore[arg-type]
     conn.opened_at = conn.last_activity = opened
     return conn
 
