@@ -1,4 +1,4 @@
-"""The connection guard's deadlines and caps (runtime/limits.py), on a virtual clock.
+"""The connection bounds's deadlines and caps (runtime/limits.py), on a virtual clock.
 
 The real-process attacks are in ``tests/cluster/test_resource_bounds.py``; this
 checks the rules one by one with connections whose clocks the test sets.
@@ -10,7 +10,7 @@ import asyncio
 from typing import Any
 
 from nonstop.net.connection import Connection
-from nonstop.runtime.limits import CLIENT, PEER, ConnectionGuard, ConnectionLimits
+from nonstop.runtime.limits import CLIENT, PEER, ConnectionBounds, ConnectionLimits
 
 
 class FakeWriter:
@@ -32,7 +32,7 @@ class FakeWriter:
 
 
 LOOP = asyncio.new_event_loop()
-"""The readers' loop: the guard never reads, and no loop runs in these tests."""
+"""The readers' loop: the bounds never reads, and no loop runs in these tests."""
 
 
 def teardown_module() -> None:
@@ -55,26 +55,26 @@ LIMITS = ConnectionLimits(
 
 
 def test_each_deadline_closes_and_counts() -> None:
-    guard = ConnectionGuard(
+    bounds = ConnectionBounds(
         ConnectionLimits(handshake_timeout=5, frame_timeout=10, client_idle_timeout=60)
     )
     silent, slow, idle, busy, peer = (connection(0.0) for _ in range(5))
-    assert guard.opened(silent) is None and guard.opened(slow) is None
-    guard.handshaken(slow, CLIENT)
+    assert bounds.opened(silent) is None and bounds.opened(slow) is None
+    bounds.handshaken(slow, CLIENT)
     slow.partial_since = 1.0
     for conn in (idle, busy, peer):
-        assert guard.opened(conn) is None
-    guard.handshaken(idle, CLIENT)
-    guard.handshaken(busy, CLIENT)
+        assert bounds.opened(conn) is None
+    bounds.handshaken(idle, CLIENT)
+    bounds.handshaken(busy, CLIENT)
     busy.frames_in = 3  # a request still waiting for its reply: not idle
     busy.frames_out = 2
-    guard.handshaken(peer, PEER)  # node links have their own keep-alives
-    assert guard.sweep(4.9) == []
-    assert guard.sweep(5.1) == [silent]
-    assert guard.sweep(11.1) == [slow]
-    assert guard.sweep(61.0) == [idle]
+    bounds.handshaken(peer, PEER)  # node links have their own keep-alives
+    assert bounds.sweep(4.9) == []
+    assert bounds.sweep(5.1) == [silent]
+    assert bounds.sweep(11.1) == [slow]
+    assert bounds.sweep(61.0) == [idle]
     assert not busy.closed and not peer.closed
-    assert guard.refusals.as_dict() == {
+    assert bounds.refusals.as_dict() == {
         "frame_too_large": 0,
         "budget_exceeded": 0,
         "too_many_connections": 0,
@@ -86,18 +86,18 @@ def test_each_deadline_closes_and_counts() -> None:
 
 
 def test_caps_refuse_and_count() -> None:
-    guard = ConnectionGuard(LIMITS)
+    bounds = ConnectionBounds(LIMITS)
     first, second, third = (connection(0.0) for _ in range(3))
-    assert guard.opened(first) is None and guard.opened(second) is None
-    refused = guard.opened(third)
+    assert bounds.opened(first) is None and bounds.opened(second) is None
+    refused = bounds.opened(third)
     assert refused is not None and "max_handshaking_connections" in refused
-    assert guard.admit(CLIENT) is None
-    guard.handshaken(first, CLIENT)
-    rejection = guard.admit(CLIENT)
+    assert bounds.admit(CLIENT) is None
+    bounds.handshaken(first, CLIENT)
+    rejection = bounds.admit(CLIENT)
     assert rejection is not None and rejection.code == "TooManyConnections"
     assert "max_client_connections" in rejection.reason
-    assert guard.admit(PEER) is None  # nodes have their own cap
-    guard.closed(first)
-    assert guard.admit(CLIENT) is None
-    assert guard.refusals.too_many_connections == 2
-    assert guard.snapshot()["connections"] == {"handshaking": 1, "client": 0, "peer": 0}
+    assert bounds.admit(PEER) is None  # nodes have their own cap
+    bounds.closed(first)
+    assert bounds.admit(CLIENT) is None
+    assert bounds.refusals.too_many_connections == 2
+    assert bounds.snapshot()["connections"] == {"handshaking": 1, "client": 0, "peer": 0}

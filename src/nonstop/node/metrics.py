@@ -475,10 +475,10 @@ class NodeCollector(Collector):
 
     def _limits(self) -> Iterator[Metric]:
         """The node port's limits (``runtime/limits.py``): refusals, connections, bytes."""
-        guard = getattr(self.runtime, "guard", None)
-        if guard is None:
+        bounds = getattr(self.runtime, "bounds", None)
+        if bounds is None:
             return
-        snap = guard.snapshot()
+        snap = bounds.snapshot()
         yield labelled(
             CounterMetricFamily,
             "connection_refusals",

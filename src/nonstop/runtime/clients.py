@@ -26,7 +26,7 @@ from typing import Any, Protocol
 from nonstop.net.connection import Connection
 from nonstop.net.frames import FrameError
 from nonstop.net.handshake import Hello
-from nonstop.runtime.limits import ConnectionGuard
+from nonstop.runtime.limits import ConnectionBounds
 from nonstop.runtime.routing import Router
 
 log = logging.getLogger("nonstop.runtime")
@@ -40,7 +40,7 @@ class ClientHost(Protocol):
     peers: dict[str, Hello]
     addresses: dict[str, tuple[str, int]]
     router: Router | None
-    guard: ConnectionGuard
+    bounds: ConnectionBounds
     """Counts the frames refused on client connections (``runtime/limits.py``)."""
 
     def new_request_id(self) -> int:
@@ -74,7 +74,7 @@ class ClientServer:
                 try:
                     values = await conn.recv_many()
                 except FrameError as exc:
-                    host.guard.frame_error(conn, exc, f"client {conn.remote}")
+                    host.bounds.frame_error(conn, exc, f"client {conn.remote}")
                     return
                 except (OSError, EOFError, asyncio.IncompleteReadError):
                     return
@@ -115,7 +115,7 @@ class ClientServer:
         if op == "status" and isinstance(payload, dict):
             payload = self._enrich_status(payload)
             # This node's connection limits and refusal counters (issue 11).
-            payload["limits"] = self.host.guard.snapshot()
+            payload["limits"] = self.host.bounds.snapshot()
         try:
             conn.send({"t": "rep", "id": client_id, "p": payload})
         except FrameError as exc:

@@ -19,7 +19,7 @@ connection (or many) can make the node hold is bounded:
 
 Every refusal is counted in :class:`Refusals`, a plain object the runtime
 exposes (``runtime_stats``, the ``status`` op's ``limits``) for operators and,
-later, a metrics exporter.  :class:`ConnectionGuard` enforces the limits; the
+later, a metrics exporter.  :class:`ConnectionBounds` enforces the limits; the
 transport tells it what each inbound connection is doing, and one sweeper task
 checks the deadlines (nothing is added to the per-frame path but timestamps).
 """
@@ -88,7 +88,7 @@ class Refusals:
 
 
 @dataclass
-class ConnectionGuard:
+class ConnectionBounds:
     """Tracks the inbound connections of one node and enforces :class:`ConnectionLimits`."""
 
     limits: ConnectionLimits = field(default_factory=ConnectionLimits)
@@ -248,7 +248,7 @@ class ConnectionGuard:
 
 __all__ = [
     "TOO_MANY_CONNECTIONS",
-    "ConnectionGuard",
+    "ConnectionBounds",
     "ConnectionLimits",
     "Refusals",
 ]

@@ -9,7 +9,7 @@ for its user ("node requires TLS") instead of a closed connection — and a
 TLS client gets its TLS handshake, whose failure is logged with the reason
 (an untrusted certificate, no certificate...).  Connections in their TLS
 handshake count against the handshaking cap of the
-:class:`~nonstop.runtime.limits.ConnectionGuard`, and have
+:class:`~nonstop.runtime.limits.ConnectionBounds`, and have
 ``handshake_timeout`` to finish it.
 """
 
@@ -26,7 +26,7 @@ from typing import Any
 from nonstop.net.frames import encode
 from nonstop.net.handshake import Rejection
 from nonstop.net.tls import TLS_REQUIRED, looks_like_tls
-from nonstop.runtime.limits import ConnectionGuard
+from nonstop.runtime.limits import ConnectionBounds
 
 log = logging.getLogger("nonstop.runtime")
 
@@ -42,12 +42,12 @@ class Listener:
     def __init__(
         self,
         on_accept: OnAccept,
-        guard: ConnectionGuard,
+        bounds: ConnectionBounds,
         server_ssl: ssl.SSLContext | None,
         name: str,
     ) -> None:
         self.on_accept = on_accept
-        self.guard = guard
+        self.bounds = bounds
         self.server_ssl = server_ssl
         self.name = name
         self._server: asyncio.AbstractServer | None = None
@@ -93,17 +93,17 @@ class Listener:
 
     async def _open_tls(self, sock: socket.socket, remote: str) -> None:
         """Tell TLS from plain, then hand a TLS connection's streams on (or refuse it)."""
-        guard = self.guard
-        refused = guard.over_handshaking_cap()
+        bounds = self.bounds
+        refused = bounds.over_handshaking_cap()
         if refused is not None:
             log.warning("refusing connection from %s: %s", remote, refused)
             sock.close()
             return
         loop = asyncio.get_running_loop()
         owned: socket.socket | None = sock
-        guard.tls_pending += 1
+        bounds.tls_pending += 1
         try:
-            async with asyncio.timeout(guard.limits.handshake_timeout):
+            async with asyncio.timeout(bounds.limits.handshake_timeout):
                 head = await _peek(sock)
                 if not head:
                     return
@@ -123,14 +123,14 @@ class Listener:
                     self._protocol,
                     sock,
                     ssl=self.server_ssl,
-                    ssl_handshake_timeout=guard.limits.handshake_timeout,
+                    ssl_handshake_timeout=bounds.limits.handshake_timeout,
                 )
         except TimeoutError:
-            guard.handshake_timed_out(remote)
+            bounds.handshake_timed_out(remote)
         except (ssl.SSLError, OSError) as exc:
             log.warning("TLS handshake with %s failed: %s", remote, exc)
         finally:
-            guard.tls_pending -= 1
+            bounds.tls_pending -= 1
             if owned is not None:
                 owned.close()
 

@@ -42,7 +42,7 @@ from nonstop.net.tls import (
     server_context,
 )
 from nonstop.runtime.config import RuntimeConfig
-from nonstop.runtime.limits import CLIENT, PEER, TOO_MANY_CONNECTIONS, ConnectionGuard
+from nonstop.runtime.limits import CLIENT, PEER, TOO_MANY_CONNECTIONS, ConnectionBounds
 from nonstop.runtime.listener import Listener
 
 log = logging.getLogger("nonstop.runtime")
@@ -203,7 +203,7 @@ class Transport:
         self.config = config
         self.host = host
         self.stats = stats
-        self.guard = ConnectionGuard(config.limits)
+        self.bounds = ConnectionBounds(config.limits)
         """Caps, deadlines and the buffer budget of inbound connections, with their counters."""
         self.listener: Listener
         self.server_ssl: ssl.SSLContext | None = None
@@ -231,9 +231,9 @@ class Transport:
         peers will verify it (:class:`~nonstop.net.tls.TLSSetupError` if not).
         """
         host, port = split_address(self.config.listen)
-        self.listener = Listener(self._on_accept, self.guard, self.server_ssl, self.name)
+        self.listener = Listener(self._on_accept, self.bounds, self.server_ssl, self.name)
         await self.listener.start(host, port)
-        self.guard.start()
+        self.bounds.start()
         if self.server_ssl is not None:
             await self._check_own_certificate(host, port)
 
@@ -298,7 +298,7 @@ class Transport:
     def stop(self) -> None:
         """No new connections; every link and inbound connection closed."""
         self._stopping = True
-        self.guard.stop()
+        self.bounds.stop()
         if hasattr(self, "listener"):
             self.listener.close()
         if self.discovery is not None:
@@ -446,9 +446,9 @@ class Transport:
 
     # ============================================================ inbound
     async def _on_accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        guard = self.guard
-        conn = Connection(reader, writer, self.config.max_frame, guard.budget)
-        refused = guard.opened(conn)
+        bounds = self.bounds
+        conn = Connection(reader, writer, self.config.max_frame, bounds.budget)
+        refused = bounds.opened(conn)
         if refused is not None:
             log.warning("refusing connection from %s: %s", conn.remote, refused)
             conn.send(handshake.Rejection(TOO_MANY_CONNECTIONS, refused).to_wire())
@@ -473,26 +473,26 @@ class Transport:
                 if self.server_ssl is None and looks_like_tls(conn.head):
                     self._refuse_tls(conn)
                 else:
-                    guard.frame_error(conn, exc, conn.remote)
+                    bounds.frame_error(conn, exc, conn.remote)
                 return
             except TimeoutError:
-                guard.handshake_timed_out(conn.remote)
+                bounds.handshake_timed_out(conn.remote)
                 return
             except (OSError, EOFError, asyncio.IncompleteReadError) as exc:
                 log.debug("handshake with %s failed: %r", conn.remote, exc)
                 return
             if peer.role == handshake.ROLE_CLIENT:
-                guard.handshaken(conn, CLIENT)
+                bounds.handshaken(conn, CLIENT)
                 await self.host.serve_client(conn)
             else:
-                guard.handshaken(conn, PEER)
+                bounds.handshaken(conn, PEER)
                 await self._serve_peer(conn, peer)
         except asyncio.CancelledError:
             pass
         except Exception:
             log.exception("connection from %s failed", conn.remote)
         finally:
-            guard.closed(conn)
+            bounds.closed(conn)
             conn.close()
 
     def _refuse_tls(self, conn: Connection) -> None:
@@ -510,8 +510,8 @@ class Transport:
     def _check_accept(self, peer: Hello) -> handshake.Rejection | None:
         """The transport's checks of a hello beyond the handshake's own: identity, caps."""
         if peer.role == handshake.ROLE_CLIENT:
-            return self.guard.admit(CLIENT)
-        return self._check_identity(peer) or self.guard.admit(PEER)
+            return self.bounds.admit(CLIENT)
+        return self._check_identity(peer) or self.bounds.admit(PEER)
 
     def _check_identity(self, peer: Hello) -> handshake.Rejection | None:
         """Refuse a second live process claiming a name we already talk to.
@@ -541,7 +541,7 @@ class Transport:
                 try:
                     values = await conn.recv_many()
                 except FrameError as exc:
-                    self.guard.frame_error(conn, exc, peer.name)
+                    self.bounds.frame_error(conn, exc, peer.name)
                     return
                 except (OSError, EOFError, asyncio.IncompleteReadError):
                     return
