@@ -28,3 +28,8 @@ class RuntimeConfig:
     redial_max: float = 1.0
     startup_grace: float = 10.0
     """A DuplicateName/WrongCluster refusal this soon after start stops the node."""
+
+    @property
+    def handshake_timeout(self) -> float:
+        """Seconds a new connection has to finish its handshake (``limits.handshake_timeout``)."""
+        return self.limits.handshake_timeout
