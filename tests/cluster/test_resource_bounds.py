@@ -177,6 +177,7 @@ def test_handshake_deadline_and_cap(short: Procs) -> None:
     silent = [raw(address) for _ in range(4)]  # connected, never say hello
     time.sleep(0.1)
     over = raw(address)
+    over.sendall(client_hello())  # unread by the node: must not reset the answer
     answer = read_frame(over)  # refused at once, with a reason
     assert answer["t"] == "reject" and answer["code"] == "TooManyConnections", answer
     assert "max_handshaking_connections" in answer["reason"]

@@ -205,7 +205,7 @@ class Transport:
         self.stats = stats
         self.bounds = ConnectionBounds(config.limits)
         """Caps, deadlines and the buffer budget of inbound connections, with their counters."""
-        self.listener: Listener
+        self.listener: Listener | None = None
         self.server_ssl: ssl.SSLContext | None = None
         self.client_ssl: ssl.SSLContext | None = None
         if config.tls.enabled:
@@ -252,7 +252,8 @@ class Transport:
                 self.config.connect_timeout,
             )
         except ssl.SSLCertVerificationError as exc:
-            self.listener.close()
+            if self.listener is not None:
+                self.listener.close()
             tls = self.config.tls
             hint = (
                 "; without tls.ca a certificate must chain to a CA of the system store: "
@@ -299,7 +300,7 @@ class Transport:
         """No new connections; every link and inbound connection closed."""
         self._stopping = True
         self.bounds.stop()
-        if hasattr(self, "listener"):
+        if self.listener is not None:
             self.listener.close()
         if self.discovery is not None:
             self.discovery.stop()
@@ -451,8 +452,7 @@ class Transport:
         refused = bounds.opened(conn)
         if refused is not None:
             log.warning("refusing connection from %s: %s", conn.remote, refused)
-            conn.send(handshake.Rejection(TOO_MANY_CONNECTIONS, refused).to_wire())
-            conn.close()
+            await self._refuse_busy(conn, refused)
             return
         try:
             try:
@@ -494,6 +494,22 @@ class Transport:
         finally:
             bounds.closed(conn)
             conn.close()
+
+    async def _refuse_busy(self, conn: Connection, reason: str) -> None:
+        """Answer ``TooManyConnections`` before the hello and close so that the client reads it.
+
+        Our frame and end of stream go first; then what the client sent (its hello)
+        is read until it closes, at most a moment: closing with unread bytes would
+        reset the connection and could destroy the answer on its way.
+        """
+        conn.send(handshake.Rejection(TOO_MANY_CONNECTIONS, reason).to_wire())
+        conn.flush()
+        with contextlib.suppress(Exception):
+            conn.writer.write_eof()
+            async with asyncio.timeout(0.5):
+                while await conn.reader.read(65536):
+                    pass
+        conn.close()
 
     def _refuse_tls(self, conn: Connection) -> None:
         """A TLS client on this plain port: log it, and answer bytes that are not TLS
