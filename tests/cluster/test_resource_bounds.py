@@ -161,6 +161,7 @@ SHORT = {
     "client_idle_timeout": 1.0,
     "max_client_connections": 6,
     "max_handshaking_connections": 4,
+    "reply_backlog_bytes": 65536,
 }
 
 
@@ -246,3 +247,25 @@ def test_idle_client_connection_is_closed_and_clients_reconnect(short: Procs) ->
             assert (await c.ping())["name"] == "A"
 
     asyncio.run(idle_async())
+
+
+def test_client_that_does_not_read_its_replies_is_closed(short: Procs) -> None:
+    """Requests without reading the replies: the node stops reading that client once
+    its unsent replies pass reply_backlog_bytes, and closes it after frame_timeout."""
+    address = short.address("A")
+    host, port = address.rsplit(":", 1)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window: fills fast
+    sock.connect((host, int(port)))
+    sock.sendall(client_hello())
+    read_frame(sock)
+    requests = b"".join(encode({"t": "req", "id": i, "p": {"op": "status"}}) for i in range(6000))
+    sock.settimeout(5)
+    with contextlib.suppress(OSError):
+        sock.sendall(requests)  # the node stops reading us: this may block until closed
+    wait_until(
+        lambda: limits(short)["refusals"]["slow_reader"] >= 1, 10, "the slow reader to be closed"
+    )
+    with Client([address], timeout=2.0, rounds=1) as c:  # others are served meanwhile
+        assert c.ping()["name"] == "A"
+    sock.close()

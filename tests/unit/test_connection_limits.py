@@ -81,6 +81,7 @@ def test_each_deadline_closes_and_counts() -> None:
         "handshake_timeout": 1,
         "idle_timeout": 1,
         "slow_sender": 1,
+        "slow_reader": 0,
     }
     assert silent.close_reason is not None and "handshake_timeout" in silent.close_reason
 

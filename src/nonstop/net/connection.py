@@ -152,6 +152,22 @@ class Connection:
                 self.writer.write(data)
 
     @property
+    def unsent(self) -> int:
+        """Bytes queued for the other side that it has not taken yet (ours and the transport's)."""
+        transport = self.writer.transport
+        return self._out_bytes + (0 if transport is None else transport.get_write_buffer_size())
+
+    async def drained(self, timeout: float) -> bool:
+        """Wait until the other side took what is queued (down to the transport's low mark);
+        False if it did not within ``timeout`` seconds or the connection broke."""
+        self.flush()
+        try:
+            await asyncio.wait_for(self.writer.drain(), timeout)
+        except (TimeoutError, ConnectionError):
+            return False
+        return True
+
+    @property
     def closed(self) -> bool:
         return self.writer.is_closing()
 

@@ -121,7 +121,14 @@ class LimitsSection(Section):
     frame_timeout: float = Field(
         default=_LIMITS.frame_timeout,
         gt=0,
-        description="seconds a frame may take to arrive once begun (slow senders are closed)",
+        description="seconds a frame may take to arrive once begun, and a client to take its "
+        "replies (slow senders and readers are closed)",
+    )
+    reply_backlog_bytes: int = Field(
+        default=_LIMITS.reply_backlog_bytes,
+        ge=64 * 1024,
+        description="unsent reply bytes of a client above which its requests wait to be read; "
+        "not taken within `frame_timeout`: closed",
     )
     client_idle_timeout: float = Field(
         default=_LIMITS.client_idle_timeout,

@@ -69,6 +69,7 @@ class ClientServer:
         host = self.host
         mine: set[int] = set()
         routed = False
+        backlog = host.bounds.limits.reply_backlog_bytes
         try:
             while True:
                 try:
@@ -100,6 +101,8 @@ class ClientServer:
                     self._requests[rid] = (conn, client_id, op)
                     mine.add(rid)
                     host.request_machine(rid, payload)
+                if conn.unsent > backlog and not await host.bounds.replies_taken(conn):
+                    return
         finally:
             for rid in mine:
                 self._requests.pop(rid, None)

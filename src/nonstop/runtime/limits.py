@@ -12,6 +12,8 @@ connection (or many) can make the node hold is bounded:
   connections (``max_peer_connections`` node connections) after it;
   beyond, a ``reject`` frame with code ``TooManyConnections`` (the client
   tries another node) and close;
+* **replies**: a client whose unsent replies pass ``reply_backlog_bytes`` is not
+  read from until it takes them (``frame_timeout``, else closed: slow reader);
 * **time**: a handshake not finished in ``handshake_timeout``, a frame not
   completed in ``frame_timeout`` (slow sender), a client connection with no
   frame either way for ``client_idle_timeout`` and no request in progress
@@ -61,6 +63,10 @@ class ConnectionLimits:
     max_handshaking_connections: int = 128
     handshake_timeout: float = 5.0
     frame_timeout: float = 60.0
+    """Also how long a client that does not read its replies may keep the node waiting."""
+    reply_backlog_bytes: int = 4 * 1024 * 1024
+    """Unsent reply bytes of a client connection above which its requests are not read
+    until it takes them (``frame_timeout``, else closed: a slow reader)."""
     client_idle_timeout: float = 900.0
     """0 turns the idle timeout off."""
 
@@ -82,6 +88,7 @@ class Refusals:
     handshake_timeout: int = 0
     idle_timeout: int = 0
     slow_sender: int = 0
+    slow_reader: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)
@@ -167,6 +174,25 @@ class ConnectionBounds:
         elif isinstance(exc, BufferBudgetExceeded):
             self.refusals.budget_exceeded += 1
         log.warning("closing connection from %s: %s", who, exc)
+
+    async def replies_taken(self, conn: Connection) -> bool:
+        """Before reading more requests from a client: if its replies pile up unsent, wait
+        for it to take them; False (closed, counted) if it does not within ``frame_timeout``.
+        A client that sends without reading would otherwise make the node buffer every
+        reply (``docs/security.md``, Resource bounds)."""
+        if conn.unsent <= self.limits.reply_backlog_bytes:
+            return True
+        if await conn.drained(self.limits.frame_timeout):
+            return True
+        if not conn.closed:
+            self.refusals.slow_reader += 1
+            reason = (
+                f"{conn.unsent} bytes of replies not taken within {self.limits.frame_timeout}s "
+                "(limits.reply_backlog_bytes, limits.frame_timeout)"
+            )
+            log.warning("closing connection from %s: %s", conn.remote, reason)
+            conn.close(reason)
+        return False
 
     def handshake_timed_out(self, remote: str) -> None:
         self.refusals.handshake_timeout += 1
