@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 SEEDS ?= 1000
 
-.PHONY: demo demo-embedded test lint fmt bench bench-dist bench-metrics bench-spark sim clean venv
+.PHONY: demo demo-embedded test lint fmt bench bench-dist bench-metrics bench-spark bench-failover sim clean venv
 
 venv: $(STAMP)
 
@@ -57,6 +57,11 @@ bench-metrics: $(STAMP)
 # (needs Debian's libpostgresql-jdbc-java).
 bench-spark: $(STAMP)
 	$(PY) -m bench.spark_bench
+
+# SIGKILL of a node active for partitions: time until a survivor acts for each of them
+# (partition-table level, 3 local processes, default settings) → bench/results/failover-table.md
+bench-failover: $(STAMP)
+	$(PY) -m bench.failover_table --runs 12
 
 # The long simulation campaigns: the cluster log, the distributed-commit protocol,
 # and the data path (the bank through the real data-plane machine).

@@ -1,7 +1,8 @@
 """The ``nonstop`` command line (G1, G2): node life cycle, cluster status, local clusters.
 
 One command group per module: ``node`` (:mod:`nonstop.admin.cmd_node`),
-``cluster`` (:mod:`nonstop.admin.cmd_cluster`), ``local``
+``cluster`` (:mod:`nonstop.admin.cmd_cluster`), ``partition``
+(:mod:`nonstop.admin.cmd_partition`), ``local``
 (:mod:`nonstop.admin.cmd_local`), ``pipeline`` (:mod:`nonstop.admin.pipeline`),
 ``store`` (:mod:`nonstop.admin.scrub`), ``logs`` (:mod:`nonstop.admin.cmd_logs`).
 Every command prints either a human table or, with ``--json``, one JSON
@@ -18,6 +19,7 @@ from nonstop.admin.cmd_cluster import cluster
 from nonstop.admin.cmd_local import local
 from nonstop.admin.cmd_logs import logs
 from nonstop.admin.cmd_node import node
+from nonstop.admin.cmd_partition import partition
 from nonstop.admin.output import emit_status, fail
 from nonstop.admin.pipeline import pipeline
 from nonstop.admin.scrub import store
@@ -32,6 +34,7 @@ def cli() -> None:
 cli.add_command(node)
 cli.add_command(cluster)
 cli.add_command(local)
+cli.add_command(partition)  # the partition table (nonstop.admin.cmd_partition)
 cli.add_command(pipeline)  # the Spark jobs
 cli.add_command(store)  # nonstop store verify (nonstop.admin.scrub)
 cli.add_command(logs)  # the merged node logs

@@ -17,7 +17,7 @@ from typing import Any
 
 import click
 
-from nonstop.admin.cmd_cluster import Target, objects_held
+from nonstop.admin.cmd_cluster import Target
 from nonstop.admin.local import DEFAULT_DIR, LocalCluster, LocalError, spawn_node, stop_pid
 from nonstop.admin.output import USAGE, emit_status, fail, note
 from nonstop.errors import Error
@@ -296,12 +296,12 @@ def local_add(folder: str, name: str | None, timeout: float) -> None:
 @local.command("remove")
 @click.argument("name")
 @DIR_OPTION
-@click.option("--force", is_flag=True, help="Remove it even if its store holds objects.")
 @click.option("--timeout", default=10.0, show_default=True, help="Seconds per request.")
-def local_remove(name: str, folder: str, force: bool, timeout: float) -> None:
+def local_remove(name: str, folder: str, timeout: float) -> None:
     """Remove node NAME: leave the membership, stop it, delete its data and config.
 
-    Refused while its store holds objects (they would be lost), unless --force.
+    Refused while its store holds objects (they would be lost), or while it is stopped
+    and a member (what it holds cannot be counted).
     """
     from nonstop.admin.cmd_cluster import open_client, remove_member
 
@@ -312,18 +312,6 @@ def local_remove(name: str, folder: str, force: bool, timeout: float) -> None:
     if not others:
         fail(f"{name} is the last node: use `nonstop local destroy --dir {folder}`", USAGE)
     pid = DataDir(node.data).running_pid()
-    if not force and pid is None:
-        fail(
-            f"node {name} is stopped, so its objects cannot be counted: "
-            "start it first, or pass --force"
-        )
-    if not force:
-        held = objects_held(node.listen, timeout, lc.client_tls(layout))
-        if held:
-            fail(
-                f"{name} holds {held} objects; removing it would lose them: "
-                "pass --force to remove it anyway"
-            )
     target = Target(
         ",".join(others),
         layout["cluster"],
@@ -333,7 +321,7 @@ def local_remove(name: str, folder: str, force: bool, timeout: float) -> None:
     )
     with open_client(target, timeout) as client:
         if _is_member(client, name):  # an added node that never joined is not
-            remove_member(client, name, True, timeout)
+            remove_member(client, name)
     if pid is not None:
         stop_pid(pid)
     lc.forget(layout, name)

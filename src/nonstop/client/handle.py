@@ -98,7 +98,6 @@ class ClientBase:
         self.cluster = cluster
         self.max_frame = max_frame
         self.protocol = protocol
-        self.tls = tls
         self._ssl: ssl.SSLContext | None = client_context(tls) if tls and tls.enabled else None
         self._start()
 

@@ -87,6 +87,27 @@ class DecisionDone:
 
 
 @dataclass(frozen=True, slots=True)
+class PartitionView:
+    """One partition of the table as this node applied it (ha.md sections 2, 8).
+
+    Not used for routing yet: the data path still routes by the node a
+    reference names (the next step of issue 10 routes by partition).
+    """
+
+    name: str
+    location: int
+    """The partition's opaque 64-bit location code (``ha.partition_table.partition_location``)."""
+    active: str | None
+    epoch: int
+    current: tuple[tuple[str, str], ...]
+    """The nodes holding it now, priority order, each with its style (``sync``/``async``)."""
+    acting: bool
+    """This node acted for it when the event was built: quorum, active, lease held, the
+    previous active's lease waited out (ha.md section 8).  A lease runs out by time alone:
+    whoever acknowledges must ask the cluster node's ``acting(now, name)`` at that instant."""
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterChanged:
     """What the cluster layer knows now (sent at start and on every change)."""
 
@@ -99,6 +120,9 @@ class ClusterChanged:
     """``"Active"``, ``"Partial"`` or ``"Disabled"`` (D16)."""
     locations: Mapping[int, str] = field(default_factory=dict)
     """Location code (first 8 bytes of a reference) → the node it names."""
+    partitions: Mapping[str, PartitionView] = field(default_factory=dict)
+    """The partition table by name (empty on a node without one); rebuilt only when the
+    table or this node's acting set changed, else the same mapping as before."""
 
 
 @dataclass(frozen=True, slots=True)

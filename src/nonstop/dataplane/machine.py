@@ -46,6 +46,7 @@ from nonstop.dataplane.events import (
     Exec,
     LocalWaits,
 )
+from nonstop.dataplane.holdings import HOLDINGS_OP, g_holdings
 from nonstop.dataplane.managed_types import check_type
 from nonstop.dataplane.results import g_commit_retry, g_request_result, g_settle
 from nonstop.dataplane.routing import SESSION_OPS
@@ -205,6 +206,11 @@ class DataPlane(Driver):
                 self._out.append(ClientReply(ev.conn, ev.corr, {"s": s.sid}))
             elif op == "request.result":
                 self._run(Task(g_request_result(self, p.get("req")), ev.conn, ev.corr), None, None)
+            elif op == HOLDINGS_OP:
+                # A read-only session of its own, ended by the op (holdings.py).
+                s = self._begin(ev.conn, "snapshot")
+                s.task = Task(g_holdings(self, s, p), ev.conn, ev.corr, s)
+                self._run(s.task, None, None)
             else:
                 raise errors.BadArgument(f"unknown op {op!r:.40}")
         except errors.Error as exc:
@@ -537,7 +543,9 @@ class DataPlane(Driver):
 
     def _on_cluster(self, ev: ClusterChanged) -> None:
         before = self.view.up
-        self.view = ClusterView(self.name, ev.members, ev.up, ev.quorum, ev.locations)
+        self.view = ClusterView(
+            self.name, ev.members, ev.up, ev.quorum, ev.locations, ev.partitions
+        )
         for peer in sorted(before - self.view.up):
             self._peer_down(peer)
 

@@ -24,7 +24,17 @@ SESSION_OPS = frozenset(
 )
 """Ops of one session (they name it with ``s``, or open it with ``begin``)."""
 
-CLIENT_OPS = SESSION_OPS | {"tx.begin", "tx.more", "nodes", "types", "request.result"}
+CLIENT_OPS = SESSION_OPS | {
+    "tx.begin",
+    "tx.more",
+    "nodes",
+    "types",
+    "request.result",
+    "member.holdings",
+    # The membership change is the cluster's; the data service checks first that the
+    # node leaving holds no objects (dataplane/holdings.py), then hands it on.
+    "leave",
+}
 """Client ops the runtime hands to the data service (plus every ``bulk.*``)."""
 
 

@@ -33,7 +33,7 @@ import itertools
 import logging
 import os
 import random
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -52,8 +52,10 @@ from nonstop.dataplane.events import (
     EndBranch,
     Exec,
     LocalWaits,
+    PartitionView,
     ReadWaits,
 )
+from nonstop.dataplane.holdings import HOLDINGS_OP, cannot_tell, leave_refusal
 from nonstop.dataplane.machine import DataPlane, DataPlaneConfig
 from nonstop.dataplane.managed_types import check_type, types_reply
 from nonstop.dataplane.routing import CLIENT_OPS, SESSION_OPS, is_data_message, is_data_op
@@ -162,6 +164,8 @@ class DataService:
         self._backlog: collections.deque[Any] = collections.deque()
         self._peers_seen = -1
         self._refresh_due = False
+        self._partitions_key: tuple[Any, ...] | None = None
+        self._partitions: Mapping[str, PartitionView] = {}
         self._stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self.observer: Any = None
@@ -194,7 +198,8 @@ class DataService:
         """Start the machine's timers and listen for membership changes."""
         add = getattr(self.runtime, "add_notifier", None)
         if add is not None:
-            for kind in ("node_state", "view", "quorum"):
+            # pt.changed: the partition table moved; pt.acting: what this node acts for.
+            for kind in ("node_state", "view", "quorum", "pt.changed", "pt.acting"):
                 add(kind, self._cluster_noted)
         self._feed(Started(now=self._now()))
         self._refresh()
@@ -244,6 +249,9 @@ class DataService:
         if isinstance(op, str) and op.startswith("bulk."):
             self.stats["client_ops"] += 1
             self._spawn(self._answer_bulk(conn, client_id, op, payload))
+            return
+        if op == "leave":
+            self._spawn(self._answer_leave(conn, client_id, payload))
             return
         key = id(conn)
         if key not in self._conns:
@@ -315,7 +323,19 @@ class DataService:
             up=frozenset(up),
             quorum=str(quorum),
             locations=locations,
+            partitions=self._partition_views(cluster),
         )
+
+    def _partition_views(self, cluster: Any) -> Mapping[str, PartitionView]:
+        """The table and this node's acting set; rebuilt only when either changed."""
+        table = getattr(cluster, "partition_table", None)
+        if table is None:
+            return {}
+        key = (cluster.table_version, cluster.acting_set)
+        if key != self._partitions_key:
+            self._partitions_key = key
+            self._partitions = partition_views(table, cluster.acting_set)
+        return self._partitions
 
     # ============================================================ the machine
     def _feed(self, event: Any) -> None:
@@ -615,14 +635,32 @@ class DataService:
     async def _answer_bulk(
         self, conn: Any, client_id: Any, op: str, payload: dict[str, Any]
     ) -> None:
-        try:
-            reply = await self._bulk(op, payload)
-        except errors.Error as exc:
-            reply = error_out(exc)
-        except Exception as exc:
-            log.exception("data op %r failed", op)
-            reply = error_out(exc)
-        _send_reply(conn, client_id, reply)
+        await _answer(conn, client_id, op, self._bulk(op, payload))
+
+    async def _answer_leave(self, conn: Any, client_id: Any, payload: dict[str, Any]) -> None:
+        await _answer(conn, client_id, "leave", self._leave(payload))
+
+    async def _leave(self, payload: dict[str, Any]) -> Any:
+        """``leave``: refused while the node leaving holds objects (holdings.py), else the
+        cluster's membership change as before."""
+        name = payload.get("name")
+        if isinstance(name, str) and name in self.members():
+            holdings = await self._internal_op({"op": HOLDINGS_OP, "name": name})
+            if "error" in holdings:
+                raise errors.ClusterError(cannot_tell(name, holdings))
+            why = leave_refusal(holdings)
+            if why is not None:
+                raise errors.ClusterError(why)
+        return await self.runtime.submit(payload)
+
+    def _internal_op(self, payload: dict[str, Any]) -> asyncio.Future[Any]:
+        """Run a client op of the machine for the node itself; the future of its reply."""
+        inner = _InternalConn(self._get_loop().create_future())
+        key = id(inner)
+        self._conns[key] = inner
+        inner.future.add_done_callback(lambda _: self._conns.pop(key, None))
+        self._feed(ClientOp(now=self._now(), conn=key, corr=0, payload=payload))
+        return inner.future
 
     async def _bulk(self, op: str, p: dict[str, Any]) -> dict[str, Any]:
         try:
@@ -696,6 +734,23 @@ PAGE_MARGIN = 64 * 1024
 """Room left in a reply frame for everything but its objects."""
 
 
+def partition_views(table: Any, acting: frozenset[str]) -> dict[str, PartitionView]:
+    """The data plane's view of a :class:`~nonstop.ha.partition_table.PartitionTable`."""
+    from nonstop.ha.partition_table import partition_location
+
+    return {
+        name: PartitionView(
+            name=name,
+            location=partition_location(name),
+            active=part.active,
+            epoch=part.epoch,
+            current=tuple((n, part.style(n)) for n in part.current),
+            acting=name in acting,
+        )
+        for name, part in table.partitions.items()
+    }
+
+
 def _objects_bytes(reply: Any) -> int:
     """A quick lower bound of the bytes of a reply's objects (``o``, ``os``): their states."""
     if not isinstance(reply, dict):
@@ -721,6 +776,31 @@ def _too_large(what: str, size: int, limit: int) -> errors.TooLarge:
         size,
         limit,
     )
+
+
+class _InternalConn:
+    """A connection for ops the node runs for itself: the reply resolves ``future``."""
+
+    closed = False
+
+    def __init__(self, future: asyncio.Future[Any]) -> None:
+        self.future = future
+
+    def send(self, frame: dict[str, Any]) -> None:
+        if not self.future.done():
+            self.future.set_result(frame.get("p"))
+
+
+async def _answer(conn: Any, client_id: Any, op: str, work: Coroutine[Any, Any, Any]) -> None:
+    """Send ``work``'s result as the reply, or its error (a bug logged too)."""
+    try:
+        reply = await work
+    except errors.Error as exc:
+        reply = error_out(exc)
+    except Exception as exc:
+        log.exception("data op %r failed", op)
+        reply = error_out(exc)
+    _send_reply(conn, client_id, reply)
 
 
 def _send_reply(conn: Any, client_id: Any, reply: Any) -> None:

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from nonstop import errors
+from nonstop.dataplane.events import PartitionView
 from nonstop.model.wire import AUDITS, location_of
 
 QUORUM_DISABLED = "Disabled"
@@ -20,7 +21,16 @@ QUORUM_DISABLED = "Disabled"
 class ClusterView:
     """One snapshot of the cluster as this node sees it (replaced on every change)."""
 
-    __slots__ = ("known", "locations", "members", "name", "quorum", "up", "up_members")
+    __slots__ = (
+        "known",
+        "locations",
+        "members",
+        "name",
+        "partitions",
+        "quorum",
+        "up",
+        "up_members",
+    )
 
     def __init__(
         self,
@@ -29,6 +39,7 @@ class ClusterView:
         up: Iterable[str] = (),
         quorum: str = "Active",
         locations: Mapping[int, str] | None = None,
+        partitions: Mapping[str, PartitionView] | None = None,
     ) -> None:
         self.name = name
         others = sorted({m for m in members if isinstance(m, str) and m != name})
@@ -41,6 +52,9 @@ class ClusterView:
         """Every node this one knows of (members and peers it has a hello from)."""
         self.up_members = [n for n in self.members if n in self.up]
         """The members that are up, in ``members`` order (do not change it)."""
+        self.partitions: Mapping[str, PartitionView] = partitions or {}
+        """The partition table as applied here, with this node's acting flags (not used
+        for routing yet; shared with the event, do not change it)."""
 
     def is_up(self, node: str) -> bool:
         """Up per the failure detector (this node always is)."""

@@ -54,6 +54,9 @@ from nonstop.runtime.interface import (
     TimerFired,
 )
 
+ClusterFactory = Callable[[ClusterConfig, random.Random, Mapping[bytes, bytes]], ClusterNode]
+"""``(config, rng, recovered)`` → the cluster node (a ``ClusterNode`` or a subclass)."""
+
 DTX_PREFIX = "dtx."
 """Message types and timer names of the DtxNode all start with this."""
 
@@ -69,9 +72,11 @@ class DtxClusterNode:
         recovered: Mapping[bytes, bytes],
         dtx_config: DtxConfig | None = None,
         node_class: type[DtxNode] = DtxNode,
+        cluster_factory: ClusterFactory = ClusterNode,
     ) -> None:
         self.name = cluster_config.name
-        self.cluster = ClusterNode(cluster_config, rng, recovered)
+        # The real node passes the HA cluster node (nonstop.ha.cluster_node) here.
+        self.cluster = cluster_factory(cluster_config, rng, recovered)
         self.decisions = DecisionLogTable(self.cluster)
         """The commit-decision table, replicated by the cluster log (``.table`` is its state)."""
         self.cluster.register_table(self.decisions)
@@ -111,8 +116,16 @@ class DtxClusterNode:
             if op == "run":
                 return self._from_dtx(now, self.dtx.handle(event))
             if op == "status":
-                status = {**self.cluster.status(), "dtx": self.dtx.status()}
-                return [Reply(event.request_id, status)]
+                # Through the cluster node's handle(): a status may depend on the time.
+                replies = self.cluster.handle(event)
+                out: list[Action] = []
+                for action in replies:
+                    if isinstance(action, Reply) and action.request_id == event.request_id:
+                        action = Reply(
+                            action.request_id, {**action.payload, "dtx": self.dtx.status()}
+                        )
+                    out.append(action)
+                return self._from_cluster(now, out)
             return self._from_cluster(now, self.cluster.handle(event))
         return self._from_cluster(now, self.cluster.handle(event))
 

@@ -112,11 +112,16 @@ class Restorer:
         self.config = config or PromoterConfig()
         self.copy_done = copy_done or (lambda partition, node: True)
         self._throttle = _Throttle(self.config.retry)
+        self.held: set[str] = set()
+        """Partitions an operator disabled on this node: not re-enabled until the operator
+        enables them again (in this life of the node; a restart restores, section 7)."""
 
     def proposals(self, now: float, live: Iterable[NodeId]) -> list[dict[str, Any]]:
         up = set(live)
         out: list[dict[str, Any]] = []
         for pdef in self.layout:
+            if pdef.name in self.held:
+                continue
             part = self.table.get(pdef.name)
             if part is None:
                 entry = define_entry(pdef)

@@ -134,6 +134,12 @@ class LeaseKeeper:
             and now >= self._acting_from.get(partition, float("inf"))
         )
 
+    def next_change(self, now: float) -> float:
+        """The first instant after ``now`` at which :meth:`acting` may change by time alone
+        (a lease running out, a wait for the previous active ending); ``inf`` if none."""
+        later = [t for t in (self.held_until, *self._acting_from.values()) if t > now]
+        return min(later, default=float("inf"))
+
     def acting_until(self, partition: str) -> float:
         """Until when the current answer of :meth:`acting` holds without another event."""
         return self.held_until

@@ -22,6 +22,7 @@ every node).  A bad entry changes nothing and is *rejected with a reason*:
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,6 +61,16 @@ LOCAL_DISABLED = "LocalDisabled"
 
 FORMAT = 1
 """Version of the snapshot value (``{"v": FORMAT, "p": {...}}``)."""
+
+
+def partition_location(name: str) -> int:
+    """The opaque 64-bit location code of partition ``name`` (the same on every node).
+
+    The store side names a partition's objects by this code (ha.md section 9), so
+    it depends on the name alone: stable across restarts, failovers and versions.
+    """
+    digest = hashlib.blake2b(b"nonstop/partition/" + name.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big")
 
 
 class Rejected(Exception):
@@ -234,20 +245,26 @@ class PartitionTable:
         part = self.partitions[name]
         return part.state if enabled else UNAVAILABLE
 
-    def describe(self, nodes: Iterable[NodeId] = ()) -> list[dict[str, Any]]:
+    def describe(
+        self, nodes: Iterable[NodeId] = (), only: str | None = None
+    ) -> list[dict[str, Any]]:
         """Per partition, what ``partition list --json`` shows (status on each of ``nodes``)."""
         out = []
-        for name in sorted(self.partitions):
+        nodes = list(nodes)
+        for name in sorted(self.partitions) if only is None else [only]:
             part = self.partitions[name]
             everyone = sorted(set(nodes) | set(part.names()) | set(part.status))
             out.append(
                 {
                     "name": name,
+                    "location": partition_location(name),
                     "policy": part.policy,
                     "state": part.state,
                     "epoch": part.epoch,
                     "active": part.active,
                     "nodes": [list(x) for x in part.nodes],
+                    "current": [[n, part.style(n)] for n in part.current],
+                    "copying": list(part.copying),
                     "replicas": [
                         {"node": n, "style": part.style(n), "in_sync": n not in part.copying}
                         for n in part.current
@@ -323,6 +340,7 @@ class PartitionTable:
                     "epoch": part.epoch,
                     "active": part.active,
                     "was": was,
+                    "by": by,
                     "current": list(part.current),
                     "state": part.state,
                 },
@@ -569,6 +587,7 @@ __all__ = [
     "enable_entry",
     "failover_entry",
     "lease_entry",
+    "partition_location",
     "restored_entry",
     "well_formed",
 ]

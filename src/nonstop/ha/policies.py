@@ -188,6 +188,23 @@ def resolve_mapper(binding: Binding) -> Mapper:
     return mapper
 
 
+def check_mapper_spec(binding: Binding) -> None:
+    """A mapper spec's shape, without importing anything (see :meth:`Distribution.validate`)."""
+    spec = binding.mapper
+    where = f"binding of {binding.type_name}"
+    if spec == HASH:
+        if not isinstance(binding.ring_size, int) or binding.ring_size < 1:
+            raise DistributionError(f"{where}: ring_size must be >= 1, not {binding.ring_size!r}")
+        return
+    if spec == ROUND_ROBIN or not isinstance(spec, str):
+        return
+    module, colon, attr = spec.partition(":")
+    if not colon or not module or not attr:
+        raise DistributionError(
+            f"{where}: mapper {spec!r} is not 'hash', 'round_robin' or 'module:Class'"
+        )
+
+
 @dataclass(slots=True)
 class Distribution:
     """Policies and bindings of one cluster, validated together (module doc)."""
@@ -199,8 +216,16 @@ class Distribution:
     default_policy: str = DEFAULT_POLICY
     _mappers: dict[str, Mapper] = field(default_factory=dict)
 
-    def validate(self, known_nodes: Iterable[str] | None = None) -> None:
-        """Raise :class:`DistributionError` naming the first culprit (module doc)."""
+    def validate(
+        self, known_nodes: Iterable[str] | None = None, *, resolve_mappers: bool = True
+    ) -> None:
+        """Raise :class:`DistributionError` naming the first culprit (module doc).
+
+        ``resolve_mappers=False`` checks a mapper spec's shape only (``hash``,
+        ``round_robin`` or ``module:attr``) without importing application code: a
+        configuration file is checked that way where it is read, and resolved in
+        full when the node starts, after its application modules are loaded.
+        """
         known = set(known_nodes) if known_nodes is not None else None
         for name, policy in self.policies.items():
             if name != policy.name:
@@ -236,7 +261,10 @@ class Distribution:
                     f"type {type_name} is bound to unknown policy {binding.policy!r} "
                     f"(policies: {sorted(self.policies)})"
                 )
-            self._mappers[type_name] = resolve_mapper(binding)
+            if resolve_mappers:
+                self._mappers[type_name] = resolve_mapper(binding)
+            else:
+                check_mapper_spec(binding)
 
     def layout(self, nodes: Iterable[str]) -> list[PartitionDef]:
         """Every partition of every policy, for the given nodes present."""
@@ -269,7 +297,12 @@ class Distribution:
         return map_object(mapper, cls.__name__, key, self.partitions_of(binding.policy, nodes))
 
 
-def distribution_from_config(config: Mapping[str, Any]) -> Distribution:
+def distribution_from_config(
+    config: Mapping[str, Any],
+    known_nodes: Iterable[str] | None = None,
+    *,
+    resolve_mappers: bool = True,
+) -> Distribution:
     """A distribution from its TOML form (``[ha]`` table of the node configuration).
 
     ::
@@ -334,7 +367,7 @@ def distribution_from_config(config: Mapping[str, Any]) -> Distribution:
         )
     default = config.get("default_policy", DEFAULT_POLICY)
     dist = Distribution(policies, bindings, default)
-    dist.validate()
+    dist.validate(known_nodes, resolve_mappers=resolve_mappers)
     return dist
 
 
@@ -350,6 +383,7 @@ __all__ = [
     "DistributionError",
     "PartitionDef",
     "Policy",
+    "check_mapper_spec",
     "check_node_list",
     "distribution_from_config",
     "dynamic_layout",

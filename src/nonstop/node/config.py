@@ -203,6 +203,97 @@ class QuorumSection(Section):
         return self
 
 
+class HaPolicySection(Section):
+    """`[ha.policies.NAME]`: one distribution policy (D2, D3; ha.md section 4)."""
+
+    kind: Literal["dynamic", "static"] | None = Field(
+        default=None,
+        description="`dynamic`: partitions spread over the nodes; `static`: the lists below "
+        "(default: static when `partitions_static` is given)",
+    )
+    partitions: int = Field(default=16, ge=1, description="dynamic: number of partitions")
+    replicas: int = Field(default=1, ge=0, description="dynamic: sync replicas per partition")
+    async_replicas: int = Field(
+        default=0, ge=0, description="dynamic: async replicas per partition"
+    )
+    batch: int = Field(default=1000, ge=1, description="objects copied per restore transaction")
+    partitions_static: dict[str, list[list[str]]] = Field(
+        default_factory=dict,
+        description="static: partition name → priority-ordered node list "
+        '`[["A", "sync"], ["B", "async"], ...]`',
+    )
+
+
+class HaBindingSection(Section):
+    """`[ha.bindings.TYPE]`: the policy and mapper of a managed type and its subtypes."""
+
+    policy: str = Field(default="default", description="the policy its objects go to")
+    mapper: str = Field(
+        default="hash",
+        description='`"hash"` (consistent hash of the unique key), `"round_robin"`, or '
+        '`"module:Class"` (an application mapper)',
+    )
+    ring_size: int = Field(default=4096, ge=1, description="hash: slots of the ring")
+
+
+class HaSection(Section):
+    """`[ha]`: partitions, policies, bindings, leases (see High availability)."""
+
+    default_policy: str = Field(
+        default="default", description="the policy of types without a binding"
+    )
+    policies: dict[str, HaPolicySection] = Field(
+        default_factory=dict,
+        description="policies by name; `default` (dynamic, 16 partitions, 1 sync replica) "
+        "exists unless given here",
+    )
+    bindings: dict[str, HaBindingSection] = Field(
+        default_factory=dict, description="bindings by managed type name"
+    )
+    lease: float = Field(
+        default=0.6, gt=0, description="seconds a node's liveness lease lasts (ha.md section 8)"
+    )
+    drift: float = Field(
+        default=0.05, ge=0, lt=1, description="tolerated difference of clock rates between nodes"
+    )
+    retry: float = Field(
+        default=0.5, gt=0, description="seconds before an unanswered table proposal is resent"
+    )
+
+    @_model_validator(mode="after")
+    def _consistent(self) -> HaSection:
+        from nonstop.ha.policies import DistributionError
+
+        try:
+            self.distribution(resolve_mappers=False)
+        except DistributionError as exc:
+            raise ValueError(str(exc)) from None
+        return self
+
+    def distribution(
+        self, known_nodes: list[str] | None = None, *, resolve_mappers: bool = True
+    ) -> Any:
+        """The validated :class:`nonstop.ha.policies.Distribution` (raises ``DistributionError``).
+
+        ``known_nodes``: the cluster's nodes, when known, that static lists may name.
+        """
+        from nonstop.ha.policies import DEFAULT_POLICY, distribution_from_config
+
+        policies = {
+            name: policy.model_dump(exclude_unset=True) for name, policy in self.policies.items()
+        }
+        if DEFAULT_POLICY not in policies:
+            policies = {DEFAULT_POLICY: {}, **policies}
+        raw = {
+            "default_policy": self.default_policy,
+            "policies": policies,
+            "bindings": {n: b.model_dump() for n, b in self.bindings.items()},
+        }
+        return distribution_from_config(
+            raw, known_nodes=known_nodes, resolve_mappers=resolve_mappers
+        )
+
+
 class MetricsSection(Section):
     """`[metrics]`: the Prometheus endpoint (see Metrics); off unless `listen` is set."""
 
@@ -314,6 +405,9 @@ class NodeConfig(Section):
     )
     raft: RaftSection = Field(default_factory=RaftSection, description="cluster-log tunables")
     snapshot_every: int = Field(default=256, description="cluster-log entries between snapshots")
+    ha: HaSection = Field(
+        default_factory=HaSection, description="partitions and their policies, see below"
+    )
     # -- passed to the data service (ServiceConfig) when set
     lock_wait: float = Field(
         default=5.0,
@@ -394,6 +488,19 @@ class NodeConfig(Section):
         if value < 1024:
             raise ValueError("max_frame_bytes must be at least 1024")
         return value
+
+    @_model_validator(mode="after")
+    def _ha_nodes(self) -> NodeConfig:
+        """Static node lists name nodes of the bootstrap membership (when there is one)."""
+        if not self.members:
+            return self  # a joining node: the table checks lists against the committed view
+        from nonstop.ha.policies import DistributionError
+
+        try:
+            self.ha.distribution(self.members, resolve_mappers=False)
+        except DistributionError as exc:
+            raise ValueError(f"config key 'ha': {exc}") from None
+        return self
 
     # ------------------------------------------------------------ use
     def validate_node(self) -> None:
@@ -486,9 +593,15 @@ def explain(exc: ValidationError, model: type[BaseModel] = NodeConfig) -> str:
     return "; ".join(_explain_one(error, model) for error in exc.errors())
 
 
+BOUNDS = frozenset({"greater_than", "greater_than_equal", "less_than", "less_than_equal"})
+"""pydantic error types of a number out of its field's bounds (``ge=``, ``gt=``...)."""
+
+
 def _explain_one(error: Any, model: type[BaseModel]) -> str:
     loc = [str(part) for part in error["loc"]]
     key = ".".join(loc)
+    if not loc:  # a check of the whole configuration: its message names the keys
+        return str(error.get("ctx", {}).get("error", error["msg"]))
     if error["type"] == "extra_forbidden":
         parent = _model_at(model, loc[:-1])
         valid = list(parent.model_fields) if parent is not None else []
@@ -496,6 +609,9 @@ def _explain_one(error: Any, model: type[BaseModel]) -> str:
         hint = f"did you mean {close[0]!r}?" if close else f"valid keys: {', '.join(valid)}"
         return f"unknown config key {key!r} ({hint})"
     expected = _expected(model, loc)
+    if error["type"] in BOUNDS:
+        bound = error["msg"].lower().removeprefix("input should be ")
+        return f"config key {key!r} must be {bound}, got {error['input']!r}"
     if error["type"] == "value_error":
         message = str(error.get("ctx", {}).get("error", error["msg"]))
         return f"config key {key!r}: {message}"
@@ -505,6 +621,9 @@ def _explain_one(error: Any, model: type[BaseModel]) -> str:
 def _model_at(model: type[BaseModel], path: list[str]) -> type[BaseModel] | None:
     current: Any = model
     for part in path:
+        if get_origin(current) is dict:  # a table of sections (``ha.policies.NAME``)
+            current = get_args(current)[1]
+            continue
         if not (isinstance(current, type) and issubclass(current, BaseModel)):
             return None
         field = current.model_fields.get(part)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args, get_origin
 
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
@@ -38,6 +38,15 @@ def _default(field: Any) -> str:
     return f"`{value}`"
 
 
+def _is_section(annotation: Any) -> bool:
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
+
+
+def _placeholder(name: str) -> str:
+    """``policies`` → ``NAME``, ``bindings`` → ``TYPE``: how the key's part is written."""
+    return "TYPE" if name == "bindings" else "NAME"
+
+
 def rows(model: type[BaseModel], prefix: str = "") -> list[str]:
     out: list[str] = []
     nested: list[tuple[str, type[BaseModel]]] = []
@@ -45,6 +54,12 @@ def rows(model: type[BaseModel], prefix: str = "") -> list[str]:
         annotation = field.annotation
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
             nested.append((f"{prefix}{name}", annotation))
+            continue
+        args = get_args(annotation)
+        if get_origin(annotation) is dict and _is_section(args[1]):
+            # A table of sections by name (``ha.policies.NAME``): one row, then its keys.
+            nested.append((f"{prefix}{name}.{_placeholder(name)}", args[1]))
+            out.append(f"| `{prefix}{name}` | table | | {field.description or ''} |")
             continue
         kind = describe_type(annotation).removeprefix("a ").removeprefix("an ")
         out.append(f"| `{prefix}{name}` | {kind} | {_default(field)} | {field.description or ''} |")

@@ -1,9 +1,12 @@
 """Which protocol machine a node process runs, built from its configuration.
 
 The default is the cluster layer with distributed commit,
-:class:`nonstop.dtx.clustered.DtxClusterNode` (a ``ClusterNode`` plus the
+:class:`nonstop.dtx.clustered.DtxClusterNode` (a cluster node plus the
 two-phase-commit machine over the node's object store); without an object
-store it is the plain :class:`nonstop.cluster.node.ClusterNode`.  The
+store it is the cluster node alone.  The cluster node is
+:class:`nonstop.ha.cluster_node.HaClusterNode`: the ``ClusterNode`` with the
+partition table, its promoter, restorer and leases, laid out from the ``[ha]``
+configuration (ha.md section 11a).  The
 ``machine`` config key (``"module:callable"``) selects another factory with the
 same signature — tests and benchmarks use :func:`build_probe` to exercise the
 runtime on its own.  A factory that declares a ``context`` keyword gets the
@@ -13,6 +16,7 @@ node's :class:`NodeContext` (the object store and the data service's hooks).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import inspect
 import random
@@ -20,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from nonstop.dtx.clustered import ClusterFactory
 from nonstop.node.config import ConfigError, NodeConfig, split_join
 from nonstop.node.datadir import Identity
 from nonstop.runtime.interface import Machine, Persist
@@ -80,10 +85,10 @@ def build_cluster_node(
     (data-path.md section 5).
     """
     config = cluster_config(cfg, ident)
+    make_cluster = ha_cluster_factory(cfg)
     if context is None or context.db is None:
-        from nonstop.cluster.node import ClusterNode
-
-        return ClusterNode(config, rng, recovered)
+        node: Machine = make_cluster(config, rng, recovered)
+        return node
     from nonstop.dataplane.participant import (
         K_DTX,
         DtxPersister,
@@ -103,7 +108,44 @@ def build_cluster_node(
     context.route_persists(K_DTX, StoreWrites(DtxPersister(db)), label="dtx", distinct_keys=True)
     real = getattr(DtxConfig, "real", None)
     dtx_config = real() if real is not None else DtxConfig()
-    return DtxClusterNode(config, rm, rng, merged, dtx_config)
+    return DtxClusterNode(config, rm, rng, merged, dtx_config, cluster_factory=make_cluster)
+
+
+def ha_cluster_factory(cfg: NodeConfig) -> ClusterFactory:
+    """``(config, rng, recovered)`` → the node's :class:`~nonstop.ha.cluster_node.HaClusterNode`.
+
+    The partition layout comes from the ``[ha]`` configuration over the bootstrap
+    members (every founding node has the same list, so every node computes the same
+    layout).  A node started without members (it joins later) hosts only the static
+    partitions that list it: the dynamic ones were laid out over the founders
+    (spreading them over new nodes is rebalancing, D19, later).  A binding whose
+    mapper does not resolve (the application modules are loaded by now) is a
+    :class:`ConfigError` naming it: the node does not start.
+    """
+    from nonstop.ha.cluster_node import HaClusterNode
+    from nonstop.ha.failover import PromoterConfig
+    from nonstop.ha.lease import LeaseConfig
+    from nonstop.ha.policies import STATIC, DistributionError
+
+    try:
+        distribution = cfg.ha.distribution(cfg.members or None)
+    except DistributionError as exc:
+        raise ConfigError(f"config key 'ha': {exc}") from None
+    if cfg.members:
+        layout = distribution.layout(cfg.members)
+    else:
+        layout = [
+            part
+            for policy in distribution.policies.values()
+            if policy.kind == STATIC
+            for part in policy.static
+        ]
+    promoter = PromoterConfig(retry=cfg.ha.retry)
+    lease = LeaseConfig(lease=cfg.ha.lease, drift=cfg.ha.drift)
+    factory: ClusterFactory = functools.partial(
+        HaClusterNode, layout=layout, promoter=promoter, lease=lease
+    )
+    return factory
 
 
 class StoreWrites:

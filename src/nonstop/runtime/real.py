@@ -97,6 +97,7 @@ QUIET_NOTIFY = frozenset(
         "dl.request",
         "dl.answer",
         "dl.decided",
+        "pt.lease",
     }
 )
 """Per-entry and per-transaction notifications: logged at debug only (one line per log

@@ -14,11 +14,29 @@ from typing import Any
 
 from nonstop.cluster.node import ClusterConfig
 from nonstop.dataplane.branches import BranchRegistry
-from nonstop.dataplane.events import Decide, DecisionDone
+from nonstop.dataplane.events import ClusterChanged, Decide, DecisionDone
 from nonstop.dataplane.machine import DataPlane, DataPlaneConfig
 from nonstop.dtx.decisions import COMMIT
 from nonstop.dtx.protocol import CoordTx, DtxNode
 from nonstop.sim.scenarios.dataplane_node import SimDataNode
+
+
+class _Swapped(SimDataNode):
+    """A node with one part replaced by a broken one (``dtx_part`` or ``dataplane_part``)."""
+
+    dtx_part: type[DtxNode] = DtxNode
+    dataplane_part: type[DataPlane] = DataPlane
+
+    def __init__(
+        self,
+        cluster_config: ClusterConfig,
+        rng: random.Random,
+        recovered: Mapping[bytes, bytes],
+        **kwargs: Any,
+    ) -> None:
+        kwargs.setdefault("dtx_class", self.dtx_part)
+        kwargs.setdefault("dataplane_class", self.dataplane_part)
+        super().__init__(cluster_config, rng, recovered, **kwargs)
 
 
 class AckBeforeDecision(SimDataNode):
@@ -48,7 +66,7 @@ class _AckOnVotesDtx(DtxNode):
         super()._on_all_yes(tx)  # proposes commit; its answer no longer reaches the client
 
 
-class AckOnVotes(SimDataNode):
+class AckOnVotes(_Swapped):
     """The subtle variant: a commit is acknowledged when every participant voted yes.
 
     Everything else runs as it should, so the transaction nearly always commits;
@@ -58,14 +76,42 @@ class AckOnVotes(SimDataNode):
     doubt proposes abort first (B9).  That needs a fault at the wrong moment.
     """
 
-    def __init__(
-        self,
-        cluster_config: ClusterConfig,
-        rng: random.Random,
-        recovered: Mapping[bytes, bytes],
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(cluster_config, rng, recovered, dtx_class=_AckOnVotesDtx, **kwargs)
+    dtx_part = _AckOnVotesDtx
+
+
+class _AckAtDecisionDtx(DtxNode):
+    """Replies commit to ``run`` as soon as the log decided, before the participants applied."""
+
+    def _commit_decided(self, tx: CoordTx, reply: dict[str, Any]) -> None:
+        self._reply(tx, reply)
+
+
+class AckBeforeApply(_Swapped):
+    """A commit is acknowledged once its decision is durable, before every participant applied it.
+
+    Durable and atomic -- nothing is lost -- but a read right after the
+    acknowledgement may still see the state before the commit on a participant
+    that has not applied it yet: the stale read of issue 10.  The read-back check
+    (no stale read after an acknowledged commit) catches it.
+    """
+
+    dtx_part = _AckAtDecisionDtx
+
+
+class _QuorumBlindPlane(DataPlane):
+    def _on_cluster(self, ev: ClusterChanged) -> None:
+        super()._on_cluster(ev)
+        self.view.quorum = "Active"  # the bug: a node cut off from the majority commits on
+
+
+class CommitWithoutQuorum(_Swapped):
+    """A node without quorum (Disabled) still commits its clients' local transactions.
+
+    Distributed commits still fail there (the decision log has no quorum), so
+    only one-node commits are acknowledged: the ack-without-quorum check catches it.
+    """
+
+    dataplane_part = _QuorumBlindPlane
 
 
 class _KeepOrphans(BranchRegistry):
@@ -81,7 +127,7 @@ class _KeepOrphansPlane(DataPlane):
         self.registry = _KeepOrphans(self)
 
 
-class KeepOrphanBranches(SimDataNode):
+class KeepOrphanBranches(_Swapped):
     """A participant does not roll back a coordinator's branches when it sees it Down.
 
     Not a safety bug -- the branches idle out after ``branch_idle`` -- but their
@@ -90,23 +136,23 @@ class KeepOrphanBranches(SimDataNode):
     its branches afterwards) catches it.
     """
 
-    def __init__(
-        self,
-        cluster_config: ClusterConfig,
-        rng: random.Random,
-        recovered: Mapping[bytes, bytes],
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(
-            cluster_config, rng, recovered, dataplane_class=_KeepOrphansPlane, **kwargs
-        )
+    dataplane_part = _KeepOrphansPlane
 
 
 MUTANTS: dict[str, type[SimDataNode]] = {
+    "ack-before-apply": AckBeforeApply,
     "ack-before-decision": AckBeforeDecision,
     "ack-on-votes": AckOnVotes,
+    "commit-without-quorum": CommitWithoutQuorum,
     "keep-orphan-branches": KeepOrphanBranches,
 }
 """Name (``--mutant``) -> node class."""
 
-__all__ = ["MUTANTS", "AckBeforeDecision", "AckOnVotes", "KeepOrphanBranches"]
+__all__ = [
+    "MUTANTS",
+    "AckBeforeApply",
+    "AckBeforeDecision",
+    "AckOnVotes",
+    "CommitWithoutQuorum",
+    "KeepOrphanBranches",
+]
