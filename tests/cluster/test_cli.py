@@ -6,7 +6,6 @@ import json
 import os
 import signal
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,15 +25,6 @@ FAST = [
     "--option",
     "nonresponse_timeout=0.5",
 ]
-
-
-@pytest.fixture
-def folder(tmp_path: Path) -> Iterator[Path]:
-    d = tmp_path / "local"
-    try:
-        yield d
-    finally:
-        kill_dir_nodes(d)
 
 
 def test_local_up_status_partial_restart_down(folder: Path) -> None:

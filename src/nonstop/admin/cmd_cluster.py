@@ -35,6 +35,8 @@ class Target:
     cluster: str
     source: str
     folder: str | None = None
+    tls: TLSConfig | None = None
+    """The local cluster's TLS files (its nodes use TLS), unless given on the command line."""
 
 
 def resolve_target(address: str | None, folder: str | None) -> Target:
@@ -52,7 +54,11 @@ def resolve_target(address: str | None, folder: str | None) -> Target:
             USAGE,
         )
     return Target(
-        ",".join(lc.addresses(layout)), layout["cluster"], str(lc.layout_path), str(lc.dir)
+        ",".join(lc.addresses(layout)),
+        layout["cluster"],
+        str(lc.layout_path),
+        str(lc.dir),
+        lc.client_tls(layout),
     )
 
 
@@ -60,6 +66,8 @@ def open_client(target: Target, timeout: float, tls: TLSConfig | None = None) ->
     """A connected client, or a one-line failure with what to do."""
     from nonstop.client import connect
 
+    if tls is None or not tls.enabled:
+        tls = target.tls
     try:
         return connect(target.addresses, cluster=target.cluster, timeout=timeout, tls=tls)
     except (Error, ValueError) as exc:
