@@ -2,7 +2,7 @@
 
 One command group per module: ``node`` (:mod:`nonstop.admin.cmd_node`),
 ``cluster`` (:mod:`nonstop.admin.cmd_cluster`), ``partition``
-(:mod:`nonstop.admin.cmd_partition`), ``local``
+(:mod:`nonstop.admin.cmd_partition`), ``config`` (:mod:`nonstop.admin.cmd_config`), ``local``
 (:mod:`nonstop.admin.cmd_local`), ``pipeline`` (:mod:`nonstop.admin.pipeline`),
 ``store`` (:mod:`nonstop.admin.scrub`), ``logs`` (:mod:`nonstop.admin.cmd_logs`).
 Every command prints either a human table or, with ``--json``, one JSON
@@ -16,6 +16,7 @@ from __future__ import annotations
 import click
 
 from nonstop.admin.cmd_cluster import cluster
+from nonstop.admin.cmd_config import config
 from nonstop.admin.cmd_local import local
 from nonstop.admin.cmd_logs import logs
 from nonstop.admin.cmd_node import node
@@ -35,6 +36,7 @@ cli.add_command(node)
 cli.add_command(cluster)
 cli.add_command(local)
 cli.add_command(partition)  # the partition table (nonstop.admin.cmd_partition)
+cli.add_command(config)  # versioned configuration (nonstop.admin.cmd_config)
 cli.add_command(pipeline)  # the Spark jobs
 cli.add_command(store)  # nonstop store verify (nonstop.admin.scrub)
 cli.add_command(logs)  # the merged node logs

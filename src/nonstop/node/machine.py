@@ -112,7 +112,8 @@ def build_cluster_node(
 
 
 def ha_cluster_factory(cfg: NodeConfig) -> ClusterFactory:
-    """``(config, rng, recovered)`` → the node's :class:`~nonstop.ha.cluster_node.HaClusterNode`.
+    """``(config, rng, recovered)`` → the node's cluster node: the HA one with the
+    configuration table (:class:`~nonstop.configuration.cluster_node.ConfiguredClusterNode`).
 
     The partition layout comes from the ``[ha]`` configuration over the bootstrap
     members (every founding node has the same list, so every node computes the same
@@ -122,7 +123,7 @@ def ha_cluster_factory(cfg: NodeConfig) -> ClusterFactory:
     mapper does not resolve (the application modules are loaded by now) is a
     :class:`ConfigError` naming it: the node does not start.
     """
-    from nonstop.ha.cluster_node import HaClusterNode
+    from nonstop.configuration.cluster_node import ConfiguredClusterNode
     from nonstop.ha.failover import PromoterConfig
     from nonstop.ha.lease import LeaseConfig
     from nonstop.ha.policies import STATIC, DistributionError
@@ -142,8 +143,9 @@ def ha_cluster_factory(cfg: NodeConfig) -> ClusterFactory:
         ]
     promoter = PromoterConfig(retry=cfg.ha.retry)
     lease = LeaseConfig(lease=cfg.ha.lease, drift=cfg.ha.drift)
+    # The HA cluster node plus the configuration table (F1, nonstop.configuration).
     factory: ClusterFactory = functools.partial(
-        HaClusterNode, layout=layout, promoter=promoter, lease=lease
+        ConfiguredClusterNode, layout=layout, promoter=promoter, lease=lease
     )
     return factory
 
