@@ -1,0 +1,104 @@
+"""Versioned configuration (F1) on real node processes: every node agrees, restarts keep it.
+
+Three nodes import ``tests.configmodel`` (the ``rates`` type, its audit and
+notifier).  Changes go to one node through ``nonstop config``; every node
+answers ``config list --json`` with the same versions.  Snapshots are taken
+every few entries, so a restart of every node rebuilds the table from a
+snapshot plus the entries after it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cluster.conftest import REAL_CLUSTER, Procs, app_cluster, run_cli, wait_until
+
+pytestmark = [
+    pytest.mark.timeout(150),
+    pytest.mark.skipif(not REAL_CLUSTER, reason="the configuration table is the real node's"),
+]
+
+
+def rates(path: Path, version: str, eur: str = "1.1", extra: str = "") -> str:
+    path.write_text(f'type = "rates"\nname = "fx"\nversion = "{version}"\neur = {eur}\n{extra}')
+    return str(path)
+
+
+def listed(p: Procs, name: str) -> list[dict[str, Any]]:
+    code, out, err = run_cli("config", "list", "--json", "--node", p.address(name))
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["node"] == name
+    rows: list[dict[str, Any]] = doc["configurations"]
+    return rows
+
+
+def same_everywhere(p: Procs, want: list[tuple[str, str]]) -> None:
+    """Every node lists exactly ``want`` (version, state), in the same rows."""
+
+    def agree() -> bool:
+        tables = [listed(p, n) for n in p.nodes]
+        return (
+            all(t == tables[0] for t in tables)
+            and [(r["version"], r["state"]) for r in tables[0]] == want
+        )
+
+    wait_until(agree, 15, f"every node to list {want}")
+
+
+def test_configuration_life_cycle_on_three_nodes(tmp_path: Path) -> None:
+    options = {"app": ["tests.configmodel"], "snapshot_every": 4}
+    with app_cluster(tmp_path / "c", 3, options) as p:
+        a, b, c = (p.address(n) for n in sorted(p.nodes))
+        v1, v2 = rates(tmp_path / "fx1.toml", "1"), rates(tmp_path / "fx2.toml", "2", "2.5")
+
+        code, out, err = run_cli("config", "load", v1, "--activate", "--node", a)
+        assert code == 0, err
+        assert "activate rates/fx version 1" in out
+        code, _, err = run_cli("config", "load", v2, "--node", b)
+        assert code == 0, err
+        same_everywhere(p, [("1", "Active"), ("2", "Inactive")])
+
+        # Replace: one entry, the old version Inactive as the new one is Active.
+        code, out, err = run_cli("config", "activate", "rates", "fx", "2", "--node", c)
+        assert code == 0, err
+        assert "replace rates/fx version 2 (replaces 1)" in out
+        same_everywhere(p, [("1", "Inactive"), ("2", "Active")])
+
+        # Refusals: one line naming the culprit, exit 2, nothing applied anywhere.
+        veto = rates(tmp_path / "fx3.toml", "3", "-1.0")
+        wrong = rates(tmp_path / "fx4.toml", "4", '"high"')
+        unknown = rates(tmp_path / "fx5.toml", "5", extra="usdd = 2.0\n")
+        for args, message in [
+            (["load", veto, "--activate"], "vetoed by the audit: eur must be positive, got -1.0"),
+            (["load", wrong], f"{wrong}:4: key 'eur'"),
+            (["load", unknown], f"{unknown}:5: unknown key 'usdd'; did you mean 'usd'?"),
+            (["activate", "rates", "fx", "9"], "unknown version 9 (loaded: 1, 2)"),
+            (["remove", "rates", "fx", "2"], "version 2 is active; deactivate it first"),
+        ]:
+            code, out, err = run_cli("config", *args, "--node", a)
+            assert code == 2, (args, out, err)
+            assert message in err and len(err.strip().splitlines()) == 1, err
+        code, _, err = run_cli("config", "remove", "rates", "fx", "1", "--node", a)
+        assert code == 0, err
+        code, _, err = run_cli("config", "activate", "rates", "fx", "1", "--node", b)
+        assert code == 2 and "version 1 was removed; load its file again" in err
+        code, _, err = run_cli("config", "deactivate", "rates", "fx", "--node", b)
+        assert code == 0, err
+        code, _, err = run_cli("config", "activate", "rates", "fx", "2", "--node", a)
+        assert code == 0, err
+        same_everywhere(p, [("2", "Active")])
+        code, out, err = run_cli("config", "show", "rates", "fx", "--node", c)
+        assert code == 0, err
+        assert json.loads(out)[0]["data"] == {"eur": 2.5, "note": "", "usd": 1.0}
+
+        # A restart of every node keeps the table (snapshot + the entries after it).
+        for name in list(p.nodes):
+            p.kill(name)
+        p.start_all()
+        p.wait_quorum(list(p.nodes), "Active", 30)
+        same_everywhere(p, [("2", "Active")])
