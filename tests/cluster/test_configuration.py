@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from nonstop.node.datadir import pid_alive
 from tests.cluster.conftest import REAL_CLUSTER, Procs, app_cluster, run_cli, wait_until
 
 pytestmark = [
@@ -102,3 +103,44 @@ def test_configuration_life_cycle_on_three_nodes(tmp_path: Path) -> None:
         p.start_all()
         p.wait_quorum(list(p.nodes), "Active", 30)
         same_everywhere(p, [("2", "Active")])
+
+
+def start_with_apps(p: Procs, name: str, apps: list[str]) -> int:
+    """Start ``name`` with its own ``app`` list (the other nodes keep theirs)."""
+    options = p.layout.setdefault("options", {})
+    before = options.get("app")
+    options["app"] = apps
+    try:
+        return p.start(name)
+    finally:
+        options["app"] = before
+
+
+def test_component_activation_is_one_transaction(tmp_path: Path) -> None:
+    with app_cluster(tmp_path / "c", 3, {"app": ["tests.configmodel"]}) as p:
+        a, b, c = sorted(p.nodes)
+        p.kill(c)
+        # The second component's file is vetoed: nothing of the first one is applied either,
+        # and the node stops saying why.
+        pid = start_with_apps(
+            p, c, ["tests.configmodel", "tests.components.good", "tests.components.vetoed"]
+        )
+        wait_until(lambda: not pid_alive(pid), 30, f"{c} to stop")
+        log_text = (p.nodes[c].data / "node.log").read_text()
+        assert (
+            "component activation rolled back, nothing activated: load of rates/bad version 1 "
+            "vetoed by the audit: eur must be positive, got -3.0"
+        ) in log_text
+        assert listed(p, a) == [] and listed(p, b) == []
+        # Without the bad component the node starts, and the good one's file is Active everywhere.
+        start_with_apps(p, c, ["tests.configmodel", "tests.components.good"])
+        p.wait_quorum([a, b, c], "Active", 30)
+        wait_until(
+            lambda: all(
+                [(r["name"], r["version"], r["state"]) for r in listed(p, n)]
+                == [("desk", "shipped", "Active")]
+                for n in (a, b, c)
+            ),
+            20,
+            "the component's configuration on every node",
+        )

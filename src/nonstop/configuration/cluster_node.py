@@ -83,9 +83,10 @@ class ConfiguredClusterNode(HaClusterNode):
         if do not in CHANGES:
             reads_and_changes = ", ".join((*READS, *CHANGES))
             return [Reply(request_id, rejected(f"config: do must be one of {reads_and_changes}"))]
-        if not self.enabled:
-            return [Reply(request_id, rejected(f"node {self.name} has no quorum (Disabled)"))]
-        entry, refusal = self.config_requests.start(now, request_id, payload, self.applied_index)
+        disabled = None if self.enabled else f"node {self.name} has no quorum (Disabled)"
+        entry, refusal = self.config_requests.start(
+            now, request_id, payload, self.applied_index, disabled
+        )
         if refusal is not None:
             return [refusal]
         assert entry is not None

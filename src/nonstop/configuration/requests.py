@@ -131,9 +131,18 @@ class ConfigRequests:
         return Reply(request_id, {"node": self.me, "versions": versions})
 
     def start(
-        self, now: float, request_id: int, payload: dict[str, Any], index: int
+        self,
+        now: float,
+        request_id: int,
+        payload: dict[str, Any],
+        index: int,
+        quorum: str | None = None,
     ) -> tuple[dict[str, Any] | None, Reply | None]:
-        """The entry to submit for a change, or the reply refusing it at once."""
+        """The entry to submit for a change, or the reply refusing it at once.
+
+        ``quorum`` is why this node cannot submit now (no quorum), None when it
+        can: a change the file, life cycle or audits refuse is refused first.
+        """
         do = payload.get("do")
         try:
             ops = ops_of(payload, self.table)
@@ -142,6 +151,8 @@ class ConfigRequests:
             return None, Reply(request_id, rejected(str(exc)))
         if not changes:
             return None, Reply(request_id, {"ok": True, "changes": []})  # nothing to do
+        if quorum is not None:
+            return None, Reply(request_id, rejected(quorum))
         q = self._next_q
         self._next_q += 1
         label = payload.get("label")

@@ -194,6 +194,8 @@ def _one(
     if kind == ACTIVATE:
         if record.state == ACTIVE:
             return None  # already the active version (a retry): nothing to do
+        if op.get("unless_active") and active is not None:
+            return None  # a component's default: the version an operator activated stays
         old = versions.get(active) if active is not None else None
         audit_kind = "replace" if old is not None else "activate"
         _audit(

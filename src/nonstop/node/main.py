@@ -120,7 +120,7 @@ def open_object_store(datadir: DataDir, ident: Identity | None = None) -> Any:
     return db
 
 
-def load_app_modules(cfg: NodeConfig) -> None:
+def load_app_modules(cfg: NodeConfig) -> list[Any]:
     """Import the application modules (F2) before the store opens; one-line error."""
     from nonstop.node.apps import AppLoadError, load_apps
 
@@ -130,11 +130,70 @@ def load_app_modules(cfg: NodeConfig) -> None:
         raise NodeStartError(str(exc)) from exc
     if modules:
         log.info("application modules: %s", ", ".join(m.__name__ for m in modules))
+    return modules
+
+
+COMPONENT_WAIT = 60.0
+"""Seconds a starting node waits for quorum to activate its components' configuration."""
+
+
+async def activate_components(
+    runtime: RealRuntime, modules: list[Any], failed: Callable[[str], None]
+) -> list[Any]:
+    """Activate the application modules as components (F2, ``nonstop.node.apps``).
+
+    The hooks in order, then every component's configuration in one change of
+    the configuration table, retried until the cluster has quorum.  A failure
+    undoes the hooks, logs why and calls ``failed`` with one line (the node
+    stops).  Returns the components activated, for :func:`stop_components` at stop.
+    """
+    from nonstop.node.apps import (
+        ComponentError,
+        component_ops,
+        components_of,
+        start_components,
+        stop_components,
+    )
+
+    try:
+        components = components_of(modules)
+        ops = component_ops(components)  # every file checked before any hook runs
+        started = start_components(components)
+    except ComponentError as exc:
+        log.error("component activation failed, nothing activated: %s", exc)
+        failed(str(exc))
+        return []
+    if not ops:
+        return started
+    names = ", ".join(c.name for c in components if c.files)
+    payload = {"op": "config", "do": "apply", "ops": ops, "label": f"components {names}"}
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + COMPONENT_WAIT
+    reply: Any = None
+    while loop.time() < deadline:
+        reply = await runtime.submit(payload)
+        retry = isinstance(reply, dict) and (
+            reply.get("error") == "Timeout" or "has no quorum" in str(reply.get("message"))
+        )
+        if not retry:
+            break
+        await asyncio.sleep(0.5)
+    if isinstance(reply, dict) and reply.get("ok"):
+        log.info(
+            "components activated: %s (%d configuration changes)", names, len(reply["changes"])
+        )
+        return started
+    reason = reply.get("message") if isinstance(reply, dict) else reply
+    stop_components(started)
+    message = f"component activation rolled back, nothing activated: {reason}"
+    log.error("%s", message)
+    failed(message)
+    return []
 
 
 async def serve(cfg: NodeConfig, datadir: DataDir) -> None:
     """Run until SIGTERM/SIGINT (graceful) or a fatal identity error."""
-    load_app_modules(cfg)
+    modules = load_app_modules(cfg)
     store, ident = datadir.open_identity(cfg)
     object_store = None
     try:
@@ -191,6 +250,13 @@ async def serve(cfg: NodeConfig, datadir: DataDir) -> None:
         if not cfg.members and cfg.join:
             joiner = asyncio.ensure_future(auto_join(runtime, cfg))
         damaged: list[str] = []
+        component_failure: list[str] = []
+
+        def component_failed(message: str) -> None:
+            component_failure.append(message)
+            stop.set()
+
+        components = asyncio.ensure_future(activate_components(runtime, modules, component_failed))
 
         def store_damaged(problem: str) -> None:
             damaged.append(problem)
@@ -215,6 +281,7 @@ async def serve(cfg: NodeConfig, datadir: DataDir) -> None:
         scrubber.cancel()
         stop_listening()
         log.info("node %s stopping", ident.name)
+        await stop_activated(components)
         if metrics is not None:
             await metrics.stop()
         await runtime.stop()
@@ -225,6 +292,8 @@ async def serve(cfg: NodeConfig, datadir: DataDir) -> None:
             raise NodeStartError(f"cluster state commit failed: {runtime.fatal}")
         if damaged:
             raise NodeStartError(f"damaged store, stopped serving it: {damaged[0]}")
+        if component_failure:
+            raise NodeStartError(component_failure[0])
         log.info("node %s stopped", ident.name)
     finally:
         if object_store is not None:
@@ -232,6 +301,19 @@ async def serve(cfg: NodeConfig, datadir: DataDir) -> None:
                 object_store.close()
         store.close()
         datadir.remove_pid()
+
+
+async def stop_activated(activation: asyncio.Future[list[Any]]) -> None:
+    """Deactivate the components activated at start, in reverse order (F2)."""
+    from nonstop.node.apps import stop_components
+
+    if not activation.done():
+        activation.cancel()
+        return
+    if activation.cancelled() or activation.exception() is not None:
+        return
+    for failure in stop_components(activation.result()):
+        log.warning("%s", failure)
 
 
 async def background_scrub(

@@ -1,0 +1,1 @@
+"""Components (F2) for the configuration tests: modules that ship configuration files."""
