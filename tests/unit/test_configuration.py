@@ -231,14 +231,15 @@ def test_snapshot_round_trip_and_notifiers_on_restore() -> None:
 def test_request_shapes_are_refused_in_one_line() -> None:
     table = ConfigTable(make_types())
     requests = ConfigRequests(table, "A")
-    for payload, message in [
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"do": "activate", "type": "rates", "name": "fx"}, "activate needs a version"),
         ({"do": "load", "files": []}, "load needs at least one file"),
         (
             {"do": "activate", "type": "rates", "name": "fx", "version": "1"},
             "activate rates/fx: unknown version 1 (loaded: none)",
         ),
-    ]:
+    ]
+    for payload, message in cases:
         entry, reply = requests.start(0.0, 1, payload, 0)
         assert entry is None and reply is not None
         assert reply.payload == {"error": "Rejected", "message": message}
