@@ -9,6 +9,9 @@ it, and its notifiers hear the active versions again.
 
 from __future__ import annotations
 
+import functools
+import random
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -58,13 +61,14 @@ def build(heard: dict[str, list[tuple[str, str]]]) -> Simulation:
             raft=RaftConfig(election_timeout=0.5, heartbeat_interval=0.05),
             snapshot_every=4,
         )
-        sim.add_node(
-            name,
-            lambda rng, rec, cfg=cfg, types=types: ConfiguredClusterNode(
-                cfg, rng, rec, promoter=PromoterConfig(retry=0.3), types=types
-            ),
-        )
+        sim.add_node(name, functools.partial(make_node, cfg, types))
     return sim
+
+
+def make_node(
+    cfg: ClusterConfig, types: ConfigTypes, rng: random.Random, rec: Mapping[bytes, bytes]
+) -> ConfiguredClusterNode:
+    return ConfiguredClusterNode(cfg, rng, rec, promoter=PromoterConfig(retry=0.3), types=types)
 
 
 def node(sim: Simulation, name: str) -> ConfiguredClusterNode:
