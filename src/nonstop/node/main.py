@@ -172,8 +172,10 @@ async def activate_components(
     reply: Any = None
     while loop.time() < deadline:
         reply = await runtime.submit(payload)
+        # No quorum yet, not applied in time, or overtaken by another change: ask again.
+        message = str(reply.get("message")) if isinstance(reply, dict) else ""
         retry = isinstance(reply, dict) and (
-            reply.get("error") == "Timeout" or "has no quorum" in str(reply.get("message"))
+            reply.get("error") == "Timeout" or "has no quorum" in message or "try again" in message
         )
         if not retry:
             break
