@@ -122,6 +122,10 @@ def test_life_cycle_load_activate_replace_deactivate_remove() -> None:
     assert plan(state, [load_op(types, "2", 2.2)], 6, types)[1] == []
     with pytest.raises(Refused, match="loaded already with other data"):
         plan(state, [load_op(types, "2", 3.3)], 6, types)
+    # Operations sent as such (``apply``) are checked like files: the type must be declared.
+    alien = {**load_op(types, "7"), "type": "alien"}
+    with pytest.raises(Refused, match="unknown configuration type 'alien' \\(known: rates\\)"):
+        plan(state, [alien], 6, types)
 
 
 def test_audit_veto_refuses_and_leaves_state_as_it_was() -> None:

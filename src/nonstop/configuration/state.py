@@ -172,6 +172,11 @@ def _one(
         data = op.get("data")
         if not isinstance(data, dict):
             raise Refused(f"load {what} version {v}: no data")
+        if types is not None and types.get(t) is None:
+            known = ", ".join(types.names()) or "none"
+            raise Refused(
+                f"load {what} version {v}: unknown configuration type {t!r} (known: {known})"
+            )
         if record is not None:
             if record.data == data:
                 return None  # the same file again (a retry): nothing to do
