@@ -32,6 +32,12 @@ class BranchRolledBack(Retryable):
     ``branch_idle``, or the coordinator looked down); the transaction was rolled back."""
 
 
+class NotActive(Retryable):
+    """The node asked does not act for the partition (at the epoch) the transaction touched
+    there: the partition failed over or moved (ha.md, routing by partition).  The
+    transaction was rolled back; run again, it is routed to the partition's active node."""
+
+
 class TooManyRetries(Error):
     """A transactional function was replayed ``max_retries`` times without committing."""
 
