@@ -19,11 +19,16 @@ from collections.abc import Iterable
 from typing import Any, Protocol
 
 from nonstop import errors
-from nonstop.ha.mapper import MapperError
-from nonstop.ha.policies import Distribution, DistributionError
+from nonstop.ha.mapper import Mapper, MapperError, map_object
+from nonstop.ha.policies import STATIC, Distribution, DistributionError, resolve_mapper
 from nonstop.model.codec import pack
 from nonstop.model.managed import TypeInfo, registered_type, type_info
 from nonstop.tx.unique_scope import check_unique_scope, unique_key_names
+
+SYNC_REPLICATION_OF_DATA = False
+"""Whether a partition's writes reach its replicas (ha.md §5): not yet.  Until then a
+node with ``ha.data = "partitions"`` refuses a policy with replicas
+(``node/config.replicas_refusal``): a failover would promote a node without the data."""
 
 
 class Placement(Protocol):
@@ -47,14 +52,20 @@ def routing_key(value: Any) -> bytes:
 class BindingPlacement:
     """The node's placement: bindings and mappers of the ``[ha]`` distribution (module doc).
 
-    ``nodes``: the nodes the layout was computed over (the bootstrap members), so
-    that the partitions of each policy are the ones the table defines.
+    A policy's partitions are its names (``<policy>.<i>`` for a dynamic one, the
+    static list's otherwise): the same on every node, whichever nodes hold them.
     """
 
-    def __init__(self, distribution: Distribution, nodes: Iterable[str]) -> None:
+    def __init__(self, distribution: Distribution) -> None:
         self.distribution = distribution
-        self.nodes = sorted(set(nodes))
         self._unique: dict[str, str | None] = {}
+        self._mappers: dict[str, tuple[Mapper, list[str]]] = {}
+
+    def partitions_of(self, policy_name: str) -> list[str]:
+        policy = self.distribution.policies[policy_name]
+        if policy.kind == STATIC:
+            return [part.name for part in policy.static]
+        return [f"{policy.name}.{i}" for i in range(policy.partitions)]
 
     def _info(self, type_name: str) -> TypeInfo:
         cls = registered_type(type_name)
@@ -63,9 +74,13 @@ class BindingPlacement:
         return type_info(cls)
 
     def partition_for(self, type_name: str, key: bytes | None) -> str:
-        info = self._info(type_name)
+        bound = self._mappers.get(type_name)
         try:
-            return self.distribution.partition_for(info.cls, key, self.nodes)
+            if bound is None:
+                binding = self.distribution.binding_for(self._info(type_name).cls)
+                bound = (resolve_mapper(binding), self.partitions_of(binding.policy))
+                self._mappers[type_name] = bound
+            return map_object(bound[0], type_name, key, bound[1])
         except (MapperError, DistributionError) as exc:
             raise errors.BadArgument(str(exc)) from None
 
@@ -80,8 +95,8 @@ class BindingPlacement:
         partitions (``tx/unique_scope.py``); called at node start for every managed type."""
         for info in infos:
             binding = self.distribution.binding_for(info.cls)
-            count = len(self.distribution.partitions_of(binding.policy, self.nodes))
+            count = len(self.partitions_of(binding.policy))
             check_unique_scope(info, binding.mapper, count)
 
 
-__all__ = ["BindingPlacement", "Placement", "routing_key"]
+__all__ = ["SYNC_REPLICATION_OF_DATA", "BindingPlacement", "Placement", "routing_key"]

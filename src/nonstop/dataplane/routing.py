@@ -24,7 +24,14 @@ SESSION_OPS = frozenset(
 )
 """Ops of one session (they name it with ``s``, or open it with ``begin``)."""
 
-CLIENT_OPS = SESSION_OPS | {"tx.begin", "tx.more", "nodes", "types", "request.result"}
+CLIENT_OPS = SESSION_OPS | {
+    "tx.begin",
+    "tx.more",
+    "nodes",
+    "types",
+    "request.result",
+    "partition.objects",
+}
 """Client ops the runtime hands to the data service (plus every ``bulk.*``)."""
 
 

@@ -196,15 +196,27 @@ class HaSection(Section):
     retry: float = Field(
         default=0.5, gt=0, description="seconds before an unanswered table proposal is resent"
     )
+    data: Literal["nodes", "partitions"] = Field(
+        default="nodes",
+        description="how the data path routes: `nodes` (a reference names the node that "
+        "created it, unique lookups ask every node) or `partitions` (a reference names its "
+        'partition, served by the partition\'s active node; ha.md "Routing by partition"); '
+        "`partitions` needs every policy at `replicas = 0` until sync replication of data "
+        "is built",
+    )
 
     @_model_validator(mode="after")
     def _consistent(self) -> HaSection:
         from nonstop.ha.policies import DistributionError
 
         try:
-            self.distribution(resolve_mappers=False)
+            dist = self.distribution(resolve_mappers=False)
         except DistributionError as exc:
             raise ValueError(str(exc)) from None
+        if self.data == "partitions":
+            refusal = replicas_refusal(dist)
+            if refusal is not None:
+                raise ValueError(refusal)
         return self
 
     def distribution(
@@ -229,6 +241,34 @@ class HaSection(Section):
         return distribution_from_config(
             raw, known_nodes=known_nodes, resolve_mappers=resolve_mappers
         )
+
+
+def replicas_refusal(distribution: Any) -> str | None:
+    """Why ``ha.data = "partitions"`` cannot run this distribution yet, or None.
+
+    Without sync replication of the data a failover would promote a node that has
+    none of the partition's objects: every policy must keep one copy (``replicas =
+    0``, static lists of one sync node) until replication is wired
+    (``dataplane/placement.SYNC_REPLICATION_OF_DATA``).
+    """
+    from nonstop.dataplane.placement import SYNC_REPLICATION_OF_DATA
+    from nonstop.ha.policies import STATIC
+
+    if SYNC_REPLICATION_OF_DATA:
+        return None
+    for name in sorted(distribution.policies):
+        policy = distribution.policies[name]
+        copies = (
+            max((len(part.nodes) for part in policy.static), default=1)
+            if policy.kind == STATIC
+            else 1 + policy.replicas + policy.async_replicas
+        )
+        if copies > 1:
+            return (
+                f"policy {name!r} keeps {copies} copies of a partition: sync replication "
+                "of data is not built yet; set replicas = 0 (ha.data = 'partitions')"
+            )
+    return None
 
 
 class MetricsSection(Section):

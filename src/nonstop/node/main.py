@@ -30,7 +30,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from nonstop.errors import StoreError
+from nonstop.errors import SchemaError, StoreError
 from nonstop.net.handshake import ROLE_NODE, Hello
 from nonstop.node import log_format
 from nonstop.node.config import ConfigError, NodeConfig, split_join
@@ -402,6 +402,8 @@ def attach_data_service(runtime: RealRuntime, db: Any, cfg: NodeConfig, context:
     names = {f.name for f in dataclasses.fields(ServiceConfig)}
     config = ServiceConfig(**{k: v for k, v in cfg.extra.items() if k in names})
     service = DataService(runtime, db, config)
+    if cfg.ha.data == "partitions":
+        route_by_partition(service, cfg)
 
     def feed(progress: list[Any]) -> None:
         # A message from the node to itself: delivered on the next loop turn,
@@ -411,6 +413,24 @@ def attach_data_service(runtime: RealRuntime, db: Any, cfg: NodeConfig, context:
     context.lookup_branch = service.lookup_branch
     context.feed = feed
     return service
+
+
+def route_by_partition(service: Any, cfg: NodeConfig) -> None:
+    """``ha.data = "partitions"``: the data plane routes by partition (ha.md "Routing by
+    partition").  Every managed type's binding is checked here, after the application
+    modules are loaded: one that could put one unique value in two partitions stops the
+    start with one line naming the type (``tx/unique_scope.py``)."""
+    from nonstop.dataplane.placement import BindingPlacement
+    from nonstop.ha.policies import DistributionError
+    from nonstop.model.managed import registered_types, type_info
+
+    try:
+        placement = BindingPlacement(cfg.ha.distribution(cfg.members or None))
+        placement.check_bindings(type_info(cls) for cls in registered_types().values())
+    except (DistributionError, SchemaError) as exc:
+        raise ConfigError(f"config key 'ha': {exc}") from None
+    service.machine.config.placement = placement
+    service.machine.config.acting = service.acting
 
 
 def run(cfg: NodeConfig) -> int:
