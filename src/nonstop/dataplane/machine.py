@@ -517,7 +517,11 @@ class DataPlane(Driver):
                 branch = self.registry.branches.get(s.bid)
                 if branch is not None:
                     branch.fence.update(fence)
-                self._fenced[corr] = dict(fence)
+                if call.op not in _COMMITTING_OPS:
+                    # Checked again at the answer -- except a commit's: once the store
+                    # committed, refusing would report a committed transaction as
+                    # rolled back (it was checked just above, before it ran).
+                    self._fenced[corr] = dict(fence)
             if writes:
                 s.dirty.add(node)
             self._execs[corr] = (task, slot)
@@ -641,6 +645,9 @@ class DataPlane(Driver):
         self.registry.coordinator_down(peer)
         self.deadlocks.node_down(peer)
 
+
+_COMMITTING_OPS = frozenset({"branch.commit"})
+"""Store ops whose success is a commit: fenced before they run, never after."""
 
 _DOOMING = (errors.Retryable, errors.Unavailable, errors.TransactionClosed)
 """Errors of a session op that end its session (other errors leave it usable)."""

@@ -12,6 +12,7 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
+from nonstop import errors
 from nonstop.cluster.node import ClusterConfig
 from nonstop.dataplane.branches import BranchRegistry
 from nonstop.dataplane.events import Decide, DecisionDone
@@ -102,6 +103,30 @@ class KeepOrphanBranches(SimDataNode):
         )
 
 
+class _UnfencedPlane(DataPlane):
+    def not_active(self, fence: dict[str, int]) -> errors.NotActive | None:
+        return None
+
+
+class AckWithoutActing(SimDataNode):
+    """Routing by partition: a node runs and acknowledges branch ops (and votes) for a
+    partition whatever it acts for -- at a stale epoch, or after its lease ran out.  The
+    partitioned scenario's ack-acting check catches it
+    (:mod:`.dataplane_partitions`)."""
+
+    def __init__(
+        self,
+        cluster_config: ClusterConfig,
+        rng: random.Random,
+        recovered: Mapping[bytes, bytes],
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(cluster_config, rng, recovered, dataplane_class=_UnfencedPlane, **kwargs)
+
+
+PARTITION_MUTANTS: dict[str, type[SimDataNode]] = {"ack-without-acting": AckWithoutActing}
+"""Mutants of routing by partition: run with ``dataplane.partitioned_config()``."""
+
 MUTANTS: dict[str, type[SimDataNode]] = {
     "ack-before-decision": AckBeforeDecision,
     "ack-on-votes": AckOnVotes,
@@ -109,4 +134,11 @@ MUTANTS: dict[str, type[SimDataNode]] = {
 }
 """Name (``--mutant``) -> node class."""
 
-__all__ = ["MUTANTS", "AckBeforeDecision", "AckOnVotes", "KeepOrphanBranches"]
+__all__ = [
+    "MUTANTS",
+    "PARTITION_MUTANTS",
+    "AckBeforeDecision",
+    "AckOnVotes",
+    "AckWithoutActing",
+    "KeepOrphanBranches",
+]
