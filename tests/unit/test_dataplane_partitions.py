@@ -224,3 +224,34 @@ def test_the_coordinators_own_partition_is_fenced_at_its_local_commit() -> None:
     reply = net.op("A", {"op": "tx.commit", "s": s, "w": w})
     assert reply is not None and reply["error"] == "NotActive"
     assert all(ex.op != "branch.commit" for ex in net.stores["A"].execs)
+
+
+def test_a_local_commit_that_ran_is_never_refused_afterwards() -> None:
+    net = PNet()
+    a = pobj("P0", 1, "a")
+    put(net, "A", a, "a")
+    s = net.ok("A", get("a", begin="serializable", lock="write"))["s"]
+    net.hold = lambda ex: ex.op == "branch.commit"
+    w = [[a[0], a[1], a[2], pack({"balance": 1})]]
+    assert net.op("A", {"op": "tx.commit", "s": s, "w": w}) is None
+    # The lease lapses while the store commits: the commit happened, so it is ok.
+    net.acting_now["A"] = set()
+    net.hold = lambda ex: False
+    net.release_held()
+    assert net.replies[-1].payload == {"ok": True}
+
+
+def test_without_a_placement_the_table_in_the_view_changes_nothing() -> None:
+    net = PNet()
+    for m in net.machines.values():
+        m.config.placement = None  # ha.data = "nodes" (the default)
+    net.cluster(up={"A", "B"})  # the view still carries the table
+    assert net.machines["A"].view.partitions and not net.machines["A"].view.by_location
+    net.ok("A", get("b", begin="serializable"))
+    # Node routing: a probe here, then every other node; no parts, no fence.
+    assert net.stores["A"].execs[0].fields.get("if_found")
+    ((_, to, msg),) = net.data_reqs("branch.get")[:1]
+    assert to == "B" and "parts" not in msg and "pe" not in msg
+    s = net.ok("A", {"op": "tx.begin"})["s"]
+    reply = net.op("A", {"op": "tx.ref", "s": s, "ref": pref("P1", 4)})
+    assert reply is not None and reply["error"] == "BadArgument"
