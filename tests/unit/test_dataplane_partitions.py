@@ -14,7 +14,7 @@ from typing import Any
 from tests.unit.test_dataplane_machine import ACC, LOCATIONS, Net, get
 
 from nonstop import errors
-from nonstop.dataplane.events import ClusterChanged, PartitionView
+from nonstop.dataplane.events import PartitionView
 from nonstop.dataplane.placement import routing_key
 from nonstop.model.codec import pack, unpack
 from nonstop.model.ref import Ref
@@ -57,24 +57,13 @@ class PNet(Net):
 
         return acting
 
-    def cluster(self, up: set[str], quorum: str = "Active", at: str | None = None) -> None:
-        locations = {loc: n for n, loc in LOCATIONS.items() if n in self.machines}
-        for n in self.machines if at is None else [at]:
-            parts = {
-                name: PartitionView(
-                    name, P_LOC[name], active, epoch, ((active, "sync"),), active == n
-                )
-                for name, (active, epoch) in self.table.items()
-            }
-            ev = ClusterChanged(
-                now=self.now,
-                members=tuple(self.machines),
-                up=frozenset(up | {n}),
-                quorum=quorum,
-                locations=locations,
-                partitions=parts,
+    def partitions_seen_by(self, node: str) -> dict[str, Any]:
+        return {
+            name: PartitionView(
+                name, P_LOC[name], active, epoch, ((active, "sync"),), active == node
             )
-            self.feed(n, ev)
+            for name, (active, epoch) in self.table.items()
+        }
 
 
 def pref(partition: str, n: int) -> bytes:

@@ -114,14 +114,8 @@ class AckWithoutActing(SimDataNode):
     partitioned scenario's ack-acting check catches it
     (:mod:`.dataplane_partitions`)."""
 
-    def __init__(
-        self,
-        cluster_config: ClusterConfig,
-        rng: random.Random,
-        recovered: Mapping[bytes, bytes],
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(cluster_config, rng, recovered, dataplane_class=_UnfencedPlane, **kwargs)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, dataplane_class=_UnfencedPlane, **kwargs)
 
 
 PARTITION_MUTANTS: dict[str, type[SimDataNode]] = {"ack-without-acting": AckWithoutActing}
