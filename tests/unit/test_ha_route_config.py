@@ -105,3 +105,23 @@ def test_a_binding_that_could_repeat_a_unique_value_is_refused_at_start() -> Non
     with pytest.raises(errors.SchemaError, match="2 unique keys"):
         placement.check_bindings([type_info(RouteTwoKeys)])
     placement.check_bindings([type_info(RouteNote)])  # no unique key: fine
+
+
+def test_transactional_replays_not_active_as_the_wire_raises_it(tmp_path: Any) -> None:
+    from nonstop.model.wire import error_out, raise_error
+
+    attempts = []
+
+    @nonstop.transactional
+    def once_refused(tx: nonstop.Transaction) -> int:
+        attempts.append(1)
+        if len(attempts) == 1:
+            # What a client hears from a node that no longer acts for the partition.
+            raise_error(error_out(errors.NotActive("n2 does not act for default.3 now")))
+        return len(attempts)
+
+    db = nonstop.open(str(tmp_path / "db"))
+    try:
+        assert once_refused(db) == 2
+    finally:
+        db.close()
