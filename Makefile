@@ -71,6 +71,7 @@ sim: $(STAMP)
 	$(PY) -m nonstop.sim.dataplane_campaign --seeds $(SEEDS)
 	$(PY) -m nonstop.sim.dataplane_campaign --seeds $(SEEDS) --partitions
 	$(PY) -m nonstop.sim.partitions_campaign --seeds $(SEEDS)
+	$(PY) -m nonstop.sim.replication_campaign --seeds $(SEEDS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .nonstop build src/*.egg-info

@@ -191,6 +191,16 @@ def procs(tmp_path: Path) -> Iterator[Callable[..., Procs]]:
             p.cleanup()
 
 
+@pytest.fixture
+def folder(tmp_path: Path) -> Iterator[Path]:
+    """The folder of a local cluster made by the CLI; its nodes are killed afterwards."""
+    d = tmp_path / "local"
+    try:
+        yield d
+    finally:
+        kill_dir_nodes(d)
+
+
 def run_cli(*args: str, timeout: float = 60) -> tuple[int, str, str]:
     """Run ``nonstop ARGS`` in a subprocess; (exit code, stdout, stderr)."""
     import subprocess

@@ -82,8 +82,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                         node=node,
                     )
         with nonstop.connect(addresses) as c:
-            # The client hears "committed" once the decision is durable; the nodes
-            # apply phase two right after.  Wait for it before counting.
+            # Applied everywhere once acknowledged (read your writes); the wait only
+            # covers a node that looks down for a moment (fail_if_down).
             wait_until(lambda: len(balances(c)) == 9, 20, "the accounts on every node")
         yield addresses
     finally:

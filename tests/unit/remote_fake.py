@@ -264,6 +264,9 @@ class FakeSyncChannel:
             self.closed = True
             self.fake.lost(self)
 
+    def gone_while_idle(self) -> bool:
+        return self.closed
+
 
 class FakeAsyncChannel:
     """Stands in for :class:`nonstop.client.channel.AsyncChannel` (replies after a loop turn)."""

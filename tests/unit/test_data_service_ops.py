@@ -348,17 +348,18 @@ def test_no_distributed_commit_without_quorum(db: nonstop.Database) -> None:
         reply = await client_call(svc, conn, {"op": "tx.count", "s": sid, "type": ACC, "tv": 1})
         assert reply["error"] == "TransactionClosed"
         assert rt.sent == []
-        # A commit that wrote only here does not need the cluster log: it commits.
+        # Disabled means disabled (D16): a commit that wrote only here is refused too.
         sid = (await client_call(svc, conn, {"op": "tx.begin"}))["s"]
         st = pack({"number": "q1", "balance": 1})
         create = {"op": "tx.create", "s": sid, "type": ACC, "tv": 1, "st": st}
         assert "o" in await client_call(svc, conn, create)
-        assert await client_call(svc, conn, {"op": "tx.commit", "s": sid}) == {"ok": True}
+        reply = await client_call(svc, conn, {"op": "tx.commit", "s": sid})
+        assert reply["error"] == "Unavailable" and "no quorum" in reply["message"]
         await svc.stop()
 
     run(main())
     with db.transaction() as tx:
-        assert tx.get(Account, number="q1").balance == 1
+        assert tx.find(Account, number="q1") is None
 
 
 def test_local_session_and_exactly_once_through_the_service(db: nonstop.Database) -> None:

@@ -30,6 +30,7 @@ from nonstop.dataplane.events import (
     LocalWaits,
     ReadWaits,
 )
+from nonstop.dataplane.holdings import leave_refusal
 from nonstop.dataplane.machine import (
     COMMIT_TIMER,
     RPC_TIMER,
@@ -95,6 +96,8 @@ class FakeStore:
             return {"o": self.objects.get(ex.fields.get("key"))}  # type: ignore[arg-type]
         if ex.op in ("branch.count",):
             return {"n": len(self.objects)}
+        if ex.op == "branch.holdings":
+            return {"types": {ACC: len(self.objects)}}
         if ex.op == "branch.query":
             return {"os": list(self.objects.values())}
         if ex.op in ("branch.commit", "request.record"):
@@ -403,10 +406,46 @@ def test_no_quorum_no_distributed_commit() -> None:
     assert reply["error"] == "Unavailable" and "no quorum" in reply["message"]
     assert net.decides["A"] == []
     assert [p["b"] for _, _, p in net.data_reqs("branch.end")] == [f"A.{s}"]
-    # Writing only here needs no decision: it commits.
-    s = net.ok("A", get("a", begin="serializable"))["s"]
+
+
+def test_disabled_means_disabled_no_local_commit_either() -> None:
+    """D16: a node without quorum acknowledges no commit, not even one it could do alone."""
+    net = Net("AB")
+    objs = accounts(net, {"a": "A"})
+    net.cluster(up={"A"}, quorum="Disabled")
+    s = net.ok("A", get("a", begin="serializable", lock="write"))["s"]  # reads still work
     w = [write(objs["a"], balance=1)]
-    assert net.ok("A", {"op": "tx.commit", "s": s, "w": w}) == {"ok": True}
+    reply = net.op("A", {"op": "tx.commit", "s": s, "w": w, "req": ["d", 1]})
+    assert reply is not None and reply["error"] == "Unavailable"
+    assert "no quorum" in reply["message"] and "A" in reply["message"]
+    # Nothing was written: no store commit, the branch rolled back; the request's
+    # outcome is the definite abort (a retry of the same id hears it again).
+    assert [ex.op for ex in net.stores["A"].execs if ex.op == "branch.commit"] == []
+    assert net.ended["A"] == [f"A.{s}"]
+    assert net.stores["A"].results[("d", 1)][0] is False
+    # A read-only commit acknowledges nothing and still ends cleanly.
+    s = net.ok("A", get("a", begin="serializable"))["s"]
+    assert net.ok("A", {"op": "tx.commit", "s": s}) == {"ok": True}
+    # The quorum back: the same commit goes through.
+    net.cluster(up={"A", "B"})
+    s = net.ok("A", get("a", begin="serializable", lock="write"))["s"]
+    assert net.ok("A", {"op": "tx.commit", "s": s, "w": w, "req": ["d", 2]}) == {"ok": True}
+
+
+def test_quorum_lost_during_a_commit_is_not_acknowledged() -> None:
+    """The store commit finished after the node lost quorum: Unavailable, outcome recorded."""
+    net = Net("AB")
+    objs = accounts(net, {"a": "A"})
+    s = net.ok("A", get("a", begin="serializable", lock="write"))["s"]
+    net.hold = lambda ex: ex.op == "branch.commit"
+    w = [write(objs["a"], balance=1)]
+    assert net.op("A", {"op": "tx.commit", "s": s, "w": w, "req": ["q", 1]}) is None
+    net.cluster(up={"A"}, quorum="Disabled")
+    net.hold = lambda ex: False
+    net.release_held()
+    reply = net.replies[-1].payload
+    assert reply["error"] == "Unavailable" and "lost its quorum" in reply["message"]
+    assert net.ok("A", {"op": "request.result", "req": ["q", 1]})["state"] == "committed"
 
 
 def test_a_retried_request_gets_the_first_outcome_and_is_not_decided_again() -> None:
@@ -919,3 +958,49 @@ def test_writes_over_the_message_limit_are_too_large_before_any_prepare() -> Non
     s2 = net.ok("A", get("a", begin="serializable"))["s"]
     reply = net.op("A", {"op": "tx.count", "s": s2, "type": ACC, "scope": ["B"], "w": [big]})
     assert reply is not None and reply["error"] == "TooLarge", reply
+
+
+# ---------------------------------------------------------------- membership
+def test_holdings_of_a_node_count_its_objects_by_type_in_a_session_of_their_own() -> None:
+    net = Net("AB")
+    accounts(net, {"b1": "B", "b2": "B", "a1": "A"})
+    reply = net.ok("A", {"op": "member.holdings", "name": "B"})
+    assert reply == {"node": "B", "objects": 2, "types": {ACC: 2}}
+    assert leave_refusal(reply) == (
+        f"B holds 2 objects (2 {ACC}): it cannot leave while it holds objects "
+        "(partitions cannot move them off a node yet); delete them first"
+    )
+    assert net.ok("A", {"op": "member.holdings", "name": "A"})["objects"] == 1
+    # The read-only session is over on both nodes: nothing left open.
+    assert net.machines["A"].sessions == {} and net.machines["B"].branches == {}
+    empty = Net("AB")
+    assert leave_refusal(empty.ok("A", {"op": "member.holdings", "name": "B"})) is None
+    # A node that cannot be asked is not "empty": Unavailable, and unknown names are refused.
+    net.cluster(up={"A"})
+    assert net.op("A", {"op": "member.holdings", "name": "B"})["error"] == "Unavailable"
+    assert net.op("A", {"op": "member.holdings", "name": "Z"})["error"] == "BadArgument"
+    assert net.machines["A"].sessions == {}
+
+
+def test_a_lookup_asks_the_node_its_hint_names_even_outside_the_members() -> None:
+    """A node out of the view but up still holds its objects: never "not found" for them."""
+    net = Net("ABC")
+    objs = accounts(net, {"c1": "C"})
+    s = net.ok("A", get("c1", begin="serializable"))["s"]  # found on C: the hint says C
+    net.ok("A", {"op": "tx.rollback", "s": s})
+    locations = {loc: n for n, loc in LOCATIONS.items()}
+    view = ClusterChanged(
+        now=net.now, members=("A", "B"), up=frozenset("ABC"), quorum="Active", locations=locations
+    )
+    net.feed("A", view)
+    reply = net.ok("A", get("c1", begin="serializable"))
+    assert reply["o"] == objs["c1"]
+    # Which is why nothing is created outside the members (a lookup without a hint
+    # asks the members only), and a member that holds objects cannot leave.
+    st = pack({"number": "c2"})
+    reply = net.op(
+        "A",
+        {"op": "tx.create", "begin": "serializable", "type": ACC, "tv": 1, "st": st, "node": "C"},
+    )
+    assert reply is not None and reply["error"] == "BadArgument"
+    assert "C is not a member" in reply["message"]

@@ -204,18 +204,20 @@ def test_coordinator_commits_only_after_the_log_decided():
     (prop,) = sends(acts, PROPOSE, LOG)
     assert prop.payload["o"] == COMMIT and set(prop.payload["n"]) == {"c", "p1", "p2"}
     assert replies(acts) == [] and sends(acts, OUTCOME) == []
-    # The decision arrives: reply, then phase two.
+    # The decision arrives: phase two; the reply waits for every participant to apply.
     acts = c.recv(LOG, {"t": DECIDED, "g": gtid, "o": COMMIT})
-    assert replies(acts) == [{"ok": True, "outcome": COMMIT, "g": gtid, "reads": {"y": 5}}]
+    assert replies(acts) == []
     assert sorted(s.to for s in sends(acts, OUTCOME)) == ["p1", "p2"]
     # Duplicated decision and duplicated votes change nothing.
     assert c.recv(LOG, {"t": DECIDED, "g": gtid, "o": COMMIT}) == []
     assert c.recv("p1", {"t": VOTE, "g": gtid, "v": "no"}) == []
     # Phase two is retried until every participant acknowledged.
-    c.recv("p1", {"t": ACK, "g": gtid})
+    assert replies(c.recv("p1", {"t": ACK, "g": gtid})) == []
     acts = c.tick(0.2)
-    assert [s.to for s in sends(acts, OUTCOME)] == ["p2"]
+    assert [s.to for s in sends(acts, OUTCOME)] == ["p2"] and replies(acts) == []
     acts = c.recv("p2", {"t": ACK, "g": gtid})
+    # Every participant applied it: now the client hears it committed (read-your-writes).
+    assert replies(acts) == [{"ok": True, "outcome": COMMIT, "g": gtid, "reads": {"y": 5}}]
     assert notes(acts, "dtx.finished") == [{"g": gtid, "o": COMMIT}]
     # Compaction is batched: the floor goes to the log on the tick, once per forget_every.
     assert sends(acts, FORGET) == []
@@ -227,6 +229,27 @@ def test_coordinator_commits_only_after_the_log_decided():
     c.sync()
     assert not any(k.startswith(K_COORD) for k in c.disk)
     assert c.recv("p2", {"t": ACK, "g": gtid}) == []  # late ack of a finished gtid
+
+
+def test_a_participant_that_does_not_apply_holds_the_reply_back_only_apply_wait():
+    c = Harness("c")
+    gtid = start_transfer(c)
+    c.recv("p1", {"t": VOTE, "g": gtid, "v": "yes", "r": {}})
+    c.recv("p2", {"t": VOTE, "g": gtid, "v": "yes", "r": {}})
+    decided_at = c.now
+    assert replies(c.recv(LOG, {"t": DECIDED, "g": gtid, "o": COMMIT})) == []
+    c.recv("p1", {"t": ACK, "g": gtid})
+    # p2 is down: the reply leaves at apply_wait after the decision, naming it.
+    acts = c.tick(CFG.apply_wait - 0.05)
+    assert replies(acts) == []
+    acts = c.tick(0.1)
+    assert c.now - decided_at >= CFG.apply_wait
+    (reply,) = replies(acts)
+    assert reply["ok"] is True and reply["unapplied"] == ["p2"]
+    # Phase two goes on until p2 acks; the client is answered once only.
+    assert [s.to for s in sends(c.tick(0.2), OUTCOME)] == ["p2"]
+    acts = c.recv("p2", {"t": ACK, "g": gtid})
+    assert replies(acts) == [] and notes(acts, "dtx.finished") == [{"g": gtid, "o": COMMIT}]
 
 
 def test_a_no_vote_aborts_without_the_log_and_rolls_back_everywhere():

@@ -95,3 +95,40 @@ def test_two_values_in_one_body_is_malformed() -> None:
 def test_empty_body_is_malformed() -> None:
     with pytest.raises(MalformedFrame):
         FrameDecoder().feed(struct.pack(">I", 0))
+
+
+# ------------------------------------------------------- the buffer budget
+def test_incomplete_frames_are_charged_to_the_shared_budget() -> None:
+    from nonstop.net.budget import BufferBudget
+    from nonstop.net.frames import BufferBudgetExceeded
+
+    budget = BufferBudget(limit=300_000)
+    a = FrameDecoder(max_frame=1 << 20, budget=budget, free_bytes=1000)
+    b = FrameDecoder(max_frame=1 << 20, budget=budget, free_bytes=1000)
+    frame = encode(b"x" * 200_000)
+    assert a.feed(frame[:150_000]) == []
+    assert budget.used == 150_000 - 1000  # the free allowance is not charged
+    with pytest.raises(BufferBudgetExceeded, match="buffer budget"):
+        b.feed(frame[:190_000])  # 189,000 more would overrun 300,000
+    assert budget.used == 149_000  # the refused decoder charged nothing
+    assert a.feed(frame[150_000:]) == [b"x" * 200_000]
+    assert budget.used == 0  # a completed frame gives its bytes back
+    a.feed(frame[:50_000])
+    assert budget.used == 49_000
+    a.release()  # the connection closes
+    assert budget.used == 0 and budget.peak == 149_000
+
+
+def test_announced_size_is_checked_before_the_body_is_buffered() -> None:
+    decoder = FrameDecoder(max_frame=1024)
+    with pytest.raises(FrameTooLarge):
+        decoder.feed(struct.pack(">I", 1025))
+    assert decoder.buffered == 0
+
+
+def test_frame_limit_can_be_raised_between_frames() -> None:
+    decoder = FrameDecoder(max_frame=64)
+    assert decoder.feed(encode("hello")) == ["hello"]
+    decoder.max_frame = 1 << 20  # the handshake is done
+    assert decoder.feed(encode("y" * 1000)) == ["y" * 1000]
+    assert decoder.head[:4] == struct.pack(">I", 6)  # the stream's first bytes are kept

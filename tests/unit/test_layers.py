@@ -39,6 +39,7 @@ Layers (lowest first)
     cluster                     failure detector, Raft, quorum, tables of the log
     dtx                         two-phase commit, the decision table
     ha                          partitions: table, policies, mappers, leases, failover
+    replication                 sync replication of partitions: streams, fencing, copies
     client                      sync/async clients
     nonstop (the facade)        the public surface
     bulk, dataplane             bulk operations, the data service

@@ -253,3 +253,21 @@ def test_collector_is_a_prometheus_collector() -> None:
     names = [f.name for f in families]
     assert len(names) == len(set(names)), "each family once"
     assert all(n.startswith("nonstop_") for n in names)
+
+
+def test_connection_limits_are_exported() -> None:
+    from nonstop.runtime.limits import CLIENT, ConnectionBounds
+
+    bounds = ConnectionBounds()
+    bounds.refusals.budget_exceeded = 3
+    bounds.refusals.idle_timeout = 1
+    bounds._counts[CLIENT] = 2  # as if two clients were connected
+    bounds.budget.take(1000)
+    runtime = SimpleNamespace(router=None, machine=None, stats={}, bounds=bounds)
+    got = scrape(node_registry(runtime, DataObserver(BOUNDS), process=False))
+    assert value(got, "nonstop_connection_refusals", reason="budget_exceeded") == 3
+    assert value(got, "nonstop_connection_refusals", reason="idle_timeout") == 1
+    assert value(got, "nonstop_connection_refusals", reason="slow_sender") == 0
+    assert value(got, "nonstop_connections", state="client") == 2
+    assert value(got, "nonstop_buffered_bytes") == 1000
+    assert value(got, "nonstop_buffer_budget_bytes") == bounds.budget.limit

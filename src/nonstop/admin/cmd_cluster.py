@@ -6,9 +6,10 @@ connect.  Without either the command refuses with a hint rather than show
 whatever happens to answer on a default port.
 
 Membership changes go through the cluster log (the leader commits a new
-view).  Removing a node does not move its data yet (issue 10): ``leave`` and
-``remove`` refuse a node whose object store holds objects, naming how many,
-unless ``--force``.
+view).  Removing a node does not move its data yet (issue 10): the node that
+takes the request refuses to remove a node whose object store holds objects,
+naming how many of which types, or that cannot be asked (dataplane/holdings.py);
+there is no ``--force``: its objects would turn into ``NotFound``.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ class Target:
     cluster: str
     source: str
     folder: str | None = None
+    tls: TLSConfig | None = None
+    """The local cluster's TLS files (its nodes use TLS), unless given on the command line."""
 
 
 def resolve_target(address: str | None, folder: str | None) -> Target:
@@ -51,7 +54,11 @@ def resolve_target(address: str | None, folder: str | None) -> Target:
             USAGE,
         )
     return Target(
-        ",".join(lc.addresses(layout)), layout["cluster"], str(lc.layout_path), str(lc.dir)
+        ",".join(lc.addresses(layout)),
+        layout["cluster"],
+        str(lc.layout_path),
+        str(lc.dir),
+        lc.client_tls(layout),
     )
 
 
@@ -59,6 +66,8 @@ def open_client(target: Target, timeout: float, tls: TLSConfig | None = None) ->
     """A connected client, or a one-line failure with what to do."""
     from nonstop.client import connect
 
+    if tls is None or not tls.enabled:
+        tls = target.tls
     try:
         return connect(target.addresses, cluster=target.cluster, timeout=timeout, tls=tls)
     except (Error, ValueError) as exc:
@@ -164,21 +173,17 @@ def cluster_join_cmd(
 @cluster.command("remove")
 @click.argument("name")
 @target_options
-@click.option("--force", is_flag=True, help="Remove it even if its store holds objects.")
-def cluster_remove(
-    name: str, address: str | None, folder: str | None, timeout: float, force: bool
-) -> None:
+def cluster_remove(name: str, address: str | None, folder: str | None, timeout: float) -> None:
     """Remove node NAME from the membership (refused while its store holds objects)."""
     target = resolve_target(address, folder)
     with open_client(target, timeout) as client:
-        remove_member(client, name, force, timeout)
+        remove_member(client, name)
 
 
 @cluster.command("leave")
 @click.option("--node", "address", required=True, help="Address of the node that leaves.")
 @click.option("--timeout", default=3.0, show_default=True, help="Seconds per node.")
-@click.option("--force", is_flag=True, help="Leave even if its store holds objects.")
-def cluster_leave(address: str, timeout: float, force: bool) -> None:
+def cluster_leave(address: str, timeout: float) -> None:
     """The node at --node leaves the membership (refused while its store holds objects)."""
     target = Target(address, "", "--node")
     with open_client(target, timeout) as client:
@@ -186,11 +191,11 @@ def cluster_leave(address: str, timeout: float, force: bool) -> None:
             name = client.ping()["name"]
         except (Error, ValueError) as exc:
             fail(str(exc))
-        remove_member(client, name, force, timeout)
+        remove_member(client, name)
 
 
-def remove_member(client: Any, name: str, force: bool, timeout: float) -> None:
-    """Check that ``name`` is a member that holds nothing (or ``force``), then remove it."""
+def remove_member(client: Any, name: str) -> None:
+    """Remove member ``name``; the node asked refuses if it holds objects (one line)."""
     try:
         status = client.status()
     except (Error, ValueError) as exc:
@@ -198,41 +203,11 @@ def remove_member(client: Any, name: str, force: bool, timeout: float) -> None:
     members = status.get("members") or []
     if name not in members:
         fail(f"{name} is not a member (members: {', '.join(members) or '-'})", USAGE)
-    if not force:
-        address = next(
-            (n.get("address") for n in status.get("nodes", []) if n["name"] == name), None
-        )
-        held = objects_held(address, timeout)
-        if held is None:
-            fail(
-                f"cannot tell whether {name} holds objects (it does not answer): start it "
-                "first, or pass --force to remove it and lose what it holds"
-            )
-        if held:
-            fail(
-                f"{name} holds {held} objects; removing it would lose them (partitions are "
-                "not moved off a removed node yet): pass --force to remove it anyway"
-            )
     try:
         reply = client.leave(name)
     except (Error, ValueError) as exc:
         fail(f"cannot remove {name}: {exc}")
     click.echo(f"{name} removed: view {reply.get('view')}, members {_names(reply)}")
-
-
-def objects_held(address: str | None, timeout: float) -> int | None:
-    """How many objects the node at ``address`` stores (None: it does not answer)."""
-    if not address:
-        return None
-    from nonstop.client import Client
-
-    try:
-        with Client([address], timeout=timeout, rounds=1) as c:
-            stats = c.request({"op": "runtime_stats"})
-    except (Error, OSError):
-        return None
-    objects = stats.get("objects") if isinstance(stats, dict) else None
-    return int(objects) if isinstance(objects, int) else 0
 
 
 def _names(reply: dict[str, Any]) -> str:

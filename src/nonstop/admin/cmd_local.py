@@ -9,6 +9,7 @@ folder's (it never silently changes ports or node count).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 import time
@@ -16,10 +17,11 @@ from typing import Any
 
 import click
 
-from nonstop.admin.cmd_cluster import Target, objects_held
+from nonstop.admin.cmd_cluster import Target
 from nonstop.admin.local import DEFAULT_DIR, LocalCluster, LocalError, spawn_node, stop_pid
 from nonstop.admin.output import USAGE, emit_status, fail, note
 from nonstop.errors import Error
+from nonstop.net.tls import TLSConfig, setup_problem
 from nonstop.node.config import ConfigError, check_options
 from nonstop.node.datadir import DataDir
 
@@ -45,9 +47,30 @@ def parse_options(options: tuple[str, ...], apps: tuple[str, ...]) -> dict[str, 
     if apps:
         parsed["app"] = list(dict.fromkeys(apps))
     try:
-        return check_options(parsed)
+        checked = check_options(parsed)
     except ConfigError as exc:
         fail(f"--option: {exc}", USAGE)
+    if "tls" in checked:
+        checked["tls"] = absolute_tls_files(checked["tls"])
+    return checked
+
+
+def absolute_tls_files(tls: dict[str, Any]) -> dict[str, Any]:
+    """The ``tls`` option with its files made absolute (the nodes run in other folders)
+    and checked now: a missing file or a bad key is refused with the reason at once."""
+    out = {
+        key: os.path.abspath(value) if key in ("cert", "key", "ca") and value else value
+        for key, value in tls.items()
+    }
+    known = {
+        k: out[k]
+        for k in ("cert", "key", "ca", "require_client_cert", "check_hostname")
+        if k in out
+    }
+    problem = setup_problem(TLSConfig(**known))
+    if problem is not None:
+        fail(f"--option tls: {problem}", USAGE)
+    return out
 
 
 def show_status(
@@ -123,7 +146,7 @@ def local_up(
             fail(f"node {n.name}: {exc}{_stopped_note(started)}")
     if not as_json:
         click.echo(f"started: {', '.join(started) if started else 'none (all running)'}")
-    status = wait_active(lc.addresses(layout), timeout)
+    status = wait_active(lc.addresses(layout), timeout, lc.client_tls(layout))
     if status is None:
         stop_started(started)
         fail(
@@ -167,7 +190,9 @@ def _stopped_note(started: dict[str, int]) -> str:
     return f" (stopped again: {', '.join(started)})" if started else ""
 
 
-def wait_active(addresses: list[str], timeout: float) -> dict[str, Any] | None:
+def wait_active(
+    addresses: list[str], timeout: float, tls: TLSConfig | None = None
+) -> dict[str, Any] | None:
     """Poll status until every node reports quorum Active and the same leader.
 
     Returns the first node's last status, or None on timeout.  Waiting for an
@@ -180,7 +205,7 @@ def wait_active(addresses: list[str], timeout: float) -> dict[str, Any] | None:
         statuses = []
         for address in addresses:
             try:
-                with Client([address], timeout=1.0, rounds=1) as c:
+                with Client([address], timeout=1.0, rounds=1, tls=tls) as c:
                     statuses.append(c.status())
             except Error:
                 break
@@ -271,12 +296,12 @@ def local_add(folder: str, name: str | None, timeout: float) -> None:
 @local.command("remove")
 @click.argument("name")
 @DIR_OPTION
-@click.option("--force", is_flag=True, help="Remove it even if its store holds objects.")
 @click.option("--timeout", default=10.0, show_default=True, help="Seconds per request.")
-def local_remove(name: str, folder: str, force: bool, timeout: float) -> None:
+def local_remove(name: str, folder: str, timeout: float) -> None:
     """Remove node NAME: leave the membership, stop it, delete its data and config.
 
-    Refused while its store holds objects (they would be lost), unless --force.
+    Refused while its store holds objects (they would be lost), or while it is stopped
+    and a member (what it holds cannot be counted).
     """
     from nonstop.admin.cmd_cluster import open_client, remove_member
 
@@ -287,22 +312,16 @@ def local_remove(name: str, folder: str, force: bool, timeout: float) -> None:
     if not others:
         fail(f"{name} is the last node: use `nonstop local destroy --dir {folder}`", USAGE)
     pid = DataDir(node.data).running_pid()
-    if not force and pid is None:
-        fail(
-            f"node {name} is stopped, so its objects cannot be counted: "
-            "start it first, or pass --force"
-        )
-    if not force:
-        held = objects_held(node.listen, timeout)
-        if held:
-            fail(
-                f"{name} holds {held} objects; removing it would lose them: "
-                "pass --force to remove it anyway"
-            )
-    target = Target(",".join(others), layout["cluster"], str(lc.layout_path), str(lc.dir))
+    target = Target(
+        ",".join(others),
+        layout["cluster"],
+        str(lc.layout_path),
+        str(lc.dir),
+        lc.client_tls(layout),
+    )
     with open_client(target, timeout) as client:
         if _is_member(client, name):  # an added node that never joined is not
-            remove_member(client, name, True, timeout)
+            remove_member(client, name)
     if pid is not None:
         stop_pid(pid)
     lc.forget(layout, name)
@@ -344,7 +363,7 @@ def _wait_running(lc: LocalCluster, layout: dict[str, Any], timeout: float) -> N
     """Wait until the running nodes agree on an Active quorum; print the status."""
     running = set(lc.running(layout))
     addresses = [n.listen for n in lc.nodes(layout) if n.name in running]
-    status = wait_active(addresses, timeout)
+    status = wait_active(addresses, timeout, lc.client_tls(layout))
     if status is None:
         fail(f"cluster did not become Active within {timeout:.0f}s: see {lc.dir}/*/node.log")
     show_status(lc, layout, status, False)

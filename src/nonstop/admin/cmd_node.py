@@ -1,21 +1,25 @@
-"""``nonstop node start | stop``: one node process."""
+"""``nonstop node start | stop | status``: one node process."""
 
 from __future__ import annotations
 
+import json
 import sys
 from typing import Any
 
 import click
 
+from nonstop.admin.cmd_cluster import open_client, resolve_target, target_options, tls_options
 from nonstop.admin.local import LocalError, spawn_node, stop_pid
 from nonstop.admin.output import USAGE, fail
+from nonstop.errors import Error
+from nonstop.net.tls import TLSConfig
 from nonstop.node.config import ConfigError, NodeConfig, from_mapping, load, parse_join, write
 from nonstop.node.datadir import DataDir
 
 
 @click.group()
 def node() -> None:
-    """Start and stop one node process."""
+    """Start, stop and ask one node process."""
 
 
 @node.command("start")
@@ -121,3 +125,45 @@ def node_stop(data: str, timeout: float) -> None:
         fail(f"no node is running on {datadir.path}: nothing to stop")
     stop_pid(pid, timeout)
     click.echo(f"node stopped (pid {pid})")
+
+
+@node.command("status")
+@target_options
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@tls_options
+def node_status(
+    address: str | None,
+    folder: str | None,
+    timeout: float,
+    as_json: bool,
+    tls_ca: str | None,
+    tls_cert: str | None,
+    tls_key: str | None,
+) -> None:
+    """Show one node's runtime: connections, buffered bytes, refusals of its limits.
+
+    The node asked is the first of --node (or of the local cluster) that answers.
+    """
+    target = resolve_target(address, folder)
+    tls = TLSConfig(cert=tls_cert, key=tls_key, ca=tls_ca)
+    with open_client(target, timeout, tls) as client:
+        try:
+            name = client.ping().get("name")
+            stats = client.request({"op": "runtime_stats"})
+        except (Error, ValueError) as exc:
+            fail(str(exc))
+    if not isinstance(stats, dict):
+        fail(f"unexpected runtime_stats reply: {stats!r}")
+    stats = {"name": name, **stats}
+    if as_json:
+        click.echo(json.dumps(stats, indent=2, sort_keys=True, default=str))
+        return
+    limits = stats.get("limits", {})
+    conns = limits.get("connections", {})
+    click.echo(
+        f"node {name}: connections client {conns.get('client', 0)}, peer "
+        f"{conns.get('peer', 0)}, handshaking {conns.get('handshaking', 0)}; buffered "
+        f"{limits.get('buffered_bytes', 0):,} of {limits.get('buffer_budget_bytes', 0):,} bytes"
+    )
+    refusals = limits.get("refusals", {})
+    click.echo("refusals: " + ", ".join(f"{k} {v}" for k, v in sorted(refusals.items())))

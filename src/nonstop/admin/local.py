@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nonstop.net.tls import TLSConfig
 from nonstop.node.config import ConfigError, check_options, from_mapping, write
 from nonstop.node.datadir import DataDir, pid_alive
 
@@ -195,6 +196,23 @@ class LocalCluster:
 
     def addresses(self, layout: dict[str, Any]) -> list[str]:
         return [n.listen for n in self.nodes(layout)]
+
+    @staticmethod
+    def client_tls(layout: dict[str, Any]) -> TLSConfig | None:
+        """How the CLI talks to the nodes: TLS with the nodes' own files when they use TLS.
+
+        The nodes' certificate doubles as the client certificate, so a mutual-TLS
+        cluster (``tls.ca`` set) accepts the commands of ``nonstop local``.
+        """
+        tls = layout.get("options", {}).get("tls")
+        if not isinstance(tls, dict) or not (tls.get("cert") or tls.get("ca")):
+            return None
+        return TLSConfig(
+            cert=tls.get("cert"),
+            key=tls.get("key"),
+            ca=tls.get("ca"),
+            check_hostname=bool(tls.get("check_hostname", True)),
+        )
 
     def metrics_addresses(self, layout: dict[str, Any]) -> dict[str, str]:
         """``name → host:port`` of each node's metrics endpoint."""

@@ -66,7 +66,9 @@ class BlockingDriver:
         with self._pool_lock:
             while self._pool:
                 link = self._pool.pop()
-                if link.address == address and not link.closed:
+                # A pooled link the node closed while idle (client_idle_timeout,
+                # a restart) is dialed anew instead of failing the next request.
+                if link.address == address and not link.closed and not link.gone_while_idle():
                     return link
                 link.close()  # a node requests no longer go to
         return self._dial(address)

@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import itertools
 import os
+import select
 import socket
 import ssl
 import time
@@ -124,6 +125,21 @@ class SyncChannel:
             # A reply may still be on its way: the stream is out of step, never reuse it.
             self.close()
             raise
+
+    def gone_while_idle(self) -> bool:
+        """Between requests nothing is due from the node: a readable socket means it
+        closed the connection (idle timeout, restart) -- or broke the protocol."""
+        if self.closed:
+            return True
+        if isinstance(self._sock, ssl.SSLSocket) and self._sock.pending():
+            return True
+        try:
+            readable, _, _ = select.select([self._sock], [], [], 0)
+        except (OSError, ValueError):
+            return True
+        if readable:
+            self.close()
+        return bool(readable)
 
     def close(self) -> None:
         self.closed = True

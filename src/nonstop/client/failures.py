@@ -25,11 +25,18 @@ from nonstop.errors import ProtocolError
 from nonstop.net.connection import HandshakeRejected
 from nonstop.net.frames import FrameError
 from nonstop.net.handshake import Hello
+from nonstop.net.tls import TLS_NOT_ENABLED
+from nonstop.runtime.limits import TOO_MANY_CONNECTIONS
 
 NETWORK_ERRORS = (OSError, EOFError, TimeoutError, FrameError, ProtocolError)
 """What a lost, refused, reset or silent connection raises (``ConnectionError`` is an
 ``OSError``; a peer that does not speak the protocol at all is a ``ProtocolError``).
 :class:`NodeRefused` is one of them by class: test it first (:func:`is_network_error`)."""
+
+NOT_TLS_REASONS = frozenset(
+    {"WRONG_VERSION_NUMBER", "PACKET_LENGTH_TOO_LONG", "RECORD_LAYER_FAILURE"}
+)
+"""OpenSSL's reasons for a TLS handshake answered with bytes that are not TLS."""
 
 TLS_REFUSED = "TLSRefused"
 """The code of a refusal by TLS (certificates), next to the handshake's reject codes."""
@@ -67,7 +74,17 @@ def refusal(address: str, exc: BaseException) -> NodeRefused | None:
     if isinstance(exc, NodeRefused):
         return exc
     if isinstance(exc, HandshakeRejected):
+        if exc.code == TOO_MANY_CONNECTIONS:
+            return None  # the node is busy, not misconfigured: another node may take us
         return NodeRefused(address, exc.code, exc.reason, exc.peer)
+    if isinstance(exc, ssl.SSLError) and exc.reason in NOT_TLS_REASONS:
+        # The node answered our TLS handshake with bytes that are not TLS.
+        return NodeRefused(
+            address,
+            TLS_NOT_ENABLED,
+            "the node does not speak TLS on this port (its listener is plain TCP): "
+            "connect without TLS options",
+        )
     if isinstance(exc, ssl.SSLCertVerificationError):
         return NodeRefused(address, TLS_REFUSED, f"its certificate is not trusted: {exc}")
     if isinstance(exc, ssl.SSLError) and "CERTIFICATE" in str(exc.reason or "").upper():

@@ -47,6 +47,10 @@ class BlockingLink(Link, Protocol):
 
     def close(self) -> None: ...
 
+    def gone_while_idle(self) -> bool:
+        """Did the node close it while it sat unused (its idle timeout, a restart)?"""
+        ...
+
 
 class AsyncLink(Link, Protocol):
     """A multiplexed asyncio connection (:class:`~nonstop.client.channel.AsyncChannel`)."""

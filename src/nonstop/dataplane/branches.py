@@ -42,6 +42,7 @@ PEER_OPS = frozenset(
         "branch.call",
         "branch.write",
         "branch.overwrite",
+        "branch.holdings",
     }
 )
 """The branch ops a peer may run here (besides ``branch.end``); the store ops the

@@ -11,7 +11,12 @@ pending writes or a branch that changed):
   writes still pending for it (one message per participant); this node's branch
   takes part whenever a request result is to be recorded.
 
-The client hears the outcome only once it is decided.  A decision not known
+A node without quorum (Disabled, D16) commits nothing: a commit that writes is
+refused there before anything is written, and one whose outcome arrives after
+the quorum was lost is not acknowledged (``Unavailable``; ``request.result``
+tells).  The client hears the outcome only once it is decided and, for
+two-phase commit, applied by every participant (the decision machine answers
+then: read your writes, docs/guarantees.md).  A decision not known
 within ``commit_timeout`` answers ``Unavailable`` (outcome unknown); the commit
 keeps waiting for it, the branches stay with it, and ``request.result`` says
 ``running`` until then.
@@ -53,6 +58,11 @@ that makes an aborted commit worth replaying → the retryable error the client 
 def map_run_reply(reply: Any) -> dict[str, Any]:
     """The decision machine's ``run`` reply → the client's commit reply (data-path.md §5)."""
     if isinstance(reply, dict) and reply.get("ok"):
+        unapplied = reply.get("unapplied")
+        if isinstance(unapplied, list) and unapplied:
+            # Acknowledged with the decision durable, but these participants had not
+            # applied it within apply_wait (down or cut off): docs/guarantees.md.
+            return {**OK, "unapplied": [str(n) for n in unapplied]}
         return dict(OK)
     if not isinstance(reply, dict):
         return error_out(errors.Error(f"unexpected commit reply {reply!r:.80}"))
@@ -83,6 +93,7 @@ def g_commit(dp: DataPlane, s: Session, p: dict[str, Any]) -> OpCoroutine:
         w = p.get("w")
         if w:
             take_writes(dp, s, w)
+        wrote = req is not None or bool(_writers(s))
         outcome = yield from g_decide(dp, s, req)
     except AlreadyDone as done:
         # This request committed (or aborted) before, maybe before a restart:
@@ -93,13 +104,34 @@ def g_commit(dp: DataPlane, s: Session, p: dict[str, Any]) -> OpCoroutine:
         dp.finish_commit(s, req, error_out(exc))
         raise
     dp.finish_commit(s, req, outcome)
+    if wrote and outcome.get("ok") and dp.view.quorum == QUORUM_DISABLED:
+        # The commit went through, but this node lost its quorum meanwhile (D16):
+        # it acknowledges nothing now.  The outcome is recorded; a client that
+        # asks (request.result) learns it.
+        raise errors.Unavailable(
+            f"node {dp.name} lost its quorum during the commit: outcome not "
+            "acknowledged; ask request.result"
+        )
     return outcome
 
 
+def _writers(s: Session) -> set[str]:
+    """The nodes where ``s`` wrote: writes pending for them, or a branch that changed."""
+    return {n for n, w in s.pending.items() if w} | s.dirty
+
+
 def g_decide(dp: DataPlane, s: Session, req: RequestId | None) -> OpCoroutine:
-    writers = {n for n, w in s.pending.items() if w} | s.dirty
+    writers = _writers(s)
     if not writers and req is None:
         return dict(OK)
+    if dp.view.quorum == QUORUM_DISABLED:
+        # Disabled means disabled (D16): without a quorum this node acknowledges
+        # no commit, local or distributed.  Refused before anything is written;
+        # retryable, on another node or once the quorum is back.
+        raise errors.Unavailable(
+            f"node {dp.name} has no quorum (Disabled): it commits nothing; "
+            "retry on a node of the majority"
+        )
     if writers <= {dp.name}:
         # One node wrote, and it is this one: one local group commit (with the
         # request's result, H1); the read-only branches elsewhere are released after.
@@ -119,12 +151,6 @@ def g_two_phase(dp: DataPlane, s: Session, writers: set[str], req: RequestId | N
     down = sorted(n for n in writers if not dp.view.is_up(n))
     if down:
         raise errors.Unavailable(f"node(s) {', '.join(down)} of the transaction are down")
-    if dp.view.quorum == QUORUM_DISABLED:
-        # The decision goes through the cluster log, which this node cannot
-        # reach a quorum of (D16): fail now rather than at commit_timeout.
-        raise errors.Unavailable(
-            f"node {dp.name} has no quorum: a distributed commit cannot be decided here"
-        )
     for node in sorted(writers - s.remote - {dp.name}):
         # Writes to a node this session never opened a branch on (the client
         # cached the object elsewhere): open it now, shipping them.

@@ -46,6 +46,7 @@ from nonstop.dataplane.events import (
     Exec,
     LocalWaits,
 )
+from nonstop.dataplane.holdings import HOLDINGS_OP, g_holdings
 from nonstop.dataplane.managed_types import check_type
 from nonstop.dataplane.placement import Placement
 from nonstop.dataplane.results import g_commit_retry, g_request_result, g_settle
@@ -225,6 +226,11 @@ class DataPlane(Driver):
                 self._out.append(ClientReply(ev.conn, ev.corr, {"s": s.sid}))
             elif op == "request.result":
                 self._run(Task(g_request_result(self, p.get("req")), ev.conn, ev.corr), None, None)
+            elif op == HOLDINGS_OP:
+                # A read-only session of its own, ended by the op (holdings.py).
+                s = self._begin(ev.conn, "snapshot")
+                s.task = Task(g_holdings(self, s, p), ev.conn, ev.corr, s)
+                self._run(s.task, None, None)
             else:
                 raise errors.BadArgument(f"unknown op {op!r:.40}")
         except errors.Error as exc:

@@ -31,6 +31,10 @@ CLIENT_OPS = SESSION_OPS | {
     "types",
     "request.result",
     "partition.objects",
+    "member.holdings",
+    # The membership change is the cluster's; the data service checks first that the
+    # node leaving holds no objects (dataplane/holdings.py), then hands it on.
+    "leave",
 }
 """Client ops the runtime hands to the data service (plus every ``bulk.*``)."""
 

@@ -55,6 +55,7 @@ from nonstop.dataplane.events import (
     PartitionView,
     ReadWaits,
 )
+from nonstop.dataplane.holdings import HOLDINGS_OP, cannot_tell, leave_refusal
 from nonstop.dataplane.machine import DataPlane, DataPlaneConfig
 from nonstop.dataplane.managed_types import check_type, types_reply
 from nonstop.dataplane.routing import CLIENT_OPS, SESSION_OPS, is_data_message, is_data_op
@@ -251,6 +252,9 @@ class DataService:
         if isinstance(op, str) and op.startswith("bulk."):
             self.stats["client_ops"] += 1
             self._spawn(self._answer_bulk(conn, client_id, op, payload))
+            return
+        if op == "leave":
+            self._spawn(self._answer_leave(conn, client_id, payload))
             return
         key = id(conn)
         if key not in self._conns:
@@ -634,14 +638,32 @@ class DataService:
     async def _answer_bulk(
         self, conn: Any, client_id: Any, op: str, payload: dict[str, Any]
     ) -> None:
-        try:
-            reply = await self._bulk(op, payload)
-        except errors.Error as exc:
-            reply = error_out(exc)
-        except Exception as exc:
-            log.exception("data op %r failed", op)
-            reply = error_out(exc)
-        _send_reply(conn, client_id, reply)
+        await _answer(conn, client_id, op, self._bulk(op, payload))
+
+    async def _answer_leave(self, conn: Any, client_id: Any, payload: dict[str, Any]) -> None:
+        await _answer(conn, client_id, "leave", self._leave(payload))
+
+    async def _leave(self, payload: dict[str, Any]) -> Any:
+        """``leave``: refused while the node leaving holds objects (holdings.py), else the
+        cluster's membership change as before."""
+        name = payload.get("name")
+        if isinstance(name, str) and name in self.members():
+            holdings = await self._internal_op({"op": HOLDINGS_OP, "name": name})
+            if "error" in holdings:
+                raise errors.ClusterError(cannot_tell(name, holdings))
+            why = leave_refusal(holdings)
+            if why is not None:
+                raise errors.ClusterError(why)
+        return await self.runtime.submit(payload)
+
+    def _internal_op(self, payload: dict[str, Any]) -> asyncio.Future[Any]:
+        """Run a client op of the machine for the node itself; the future of its reply."""
+        inner = _InternalConn(self._get_loop().create_future())
+        key = id(inner)
+        self._conns[key] = inner
+        inner.future.add_done_callback(lambda _: self._conns.pop(key, None))
+        self._feed(ClientOp(now=self._now(), conn=key, corr=0, payload=payload))
+        return inner.future
 
     async def _bulk(self, op: str, p: dict[str, Any]) -> dict[str, Any]:
         try:
@@ -784,6 +806,31 @@ def _too_large(what: str, size: int, limit: int) -> errors.TooLarge:
         size,
         limit,
     )
+
+
+class _InternalConn:
+    """A connection for ops the node runs for itself: the reply resolves ``future``."""
+
+    closed = False
+
+    def __init__(self, future: asyncio.Future[Any]) -> None:
+        self.future = future
+
+    def send(self, frame: dict[str, Any]) -> None:
+        if not self.future.done():
+            self.future.set_result(frame.get("p"))
+
+
+async def _answer(conn: Any, client_id: Any, op: str, work: Coroutine[Any, Any, Any]) -> None:
+    """Send ``work``'s result as the reply, or its error (a bug logged too)."""
+    try:
+        reply = await work
+    except errors.Error as exc:
+        reply = error_out(exc)
+    except Exception as exc:
+        log.exception("data op %r failed", op)
+        reply = error_out(exc)
+    _send_reply(conn, client_id, reply)
 
 
 def _send_reply(conn: Any, client_id: Any, reply: Any) -> None:

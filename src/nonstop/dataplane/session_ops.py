@@ -116,6 +116,10 @@ def g_get(dp: DataPlane, s: Session, p: dict[str, Any]) -> OpCoroutine:
     if hint is not None and hint != dp.name and not dp.view.is_up(hint):
         # Its object lives there: "not found" would be a lie.
         raise errors.Unavailable(f"the object lives on node {hint}, which is down")
+    if hint is not None and hint not in others and hint != dp.name and scope in ("cluster", None):
+        # Its object lived on a node that is not a member (any more): ask it all the
+        # same; "not found" because a node left the view would be a lie too.
+        others = [hint, *others]
     if hint in others:
         reply = yield Call(hint, "branch.get", probe)
         if reply.get("o") is not None:
@@ -197,6 +201,13 @@ def g_create(dp: DataPlane, s: Session, p: dict[str, Any]) -> OpCoroutine:
     node = p.get("node") or dp.name
     if not isinstance(node, str) or node not in dp.view.known:
         raise errors.BadArgument(f"no node named {node!r:.40} in this cluster")
+    if node not in dp.view.members:
+        # A lookup asks the members only: an object created on a node outside them
+        # could be "not found" and created twice (issue 10).
+        raise errors.BadArgument(
+            f"node {node} is not a member of the cluster ({', '.join(dp.view.members)}): "
+            "objects are created on members only"
+        )
     fields = {"type": p["type"], "tv": p.get("tv"), "st": p.get("st")}
     reply = yield Call(node, "branch.create", fields)
     s.dirty.add(node)

@@ -38,7 +38,7 @@ from nonstop.dataplane.managed_types import check_type, types_reply
 from nonstop.dataplane.sizes import write_bytes
 from nonstop.model.codec import encode_key, pack
 from nonstop.model.entry import CLEAN, DELETED
-from nonstop.model.managed import Managed, type_info
+from nonstop.model.managed import Managed, registered_types, type_info
 from nonstop.model.ref import Ref
 from nonstop.model.wire import obj_out, write_in
 from nonstop.tx.async_transaction import AsyncTransaction
@@ -162,6 +162,13 @@ async def _execute(tx: AsyncTransaction, op: str, p: dict[str, Any]) -> dict[str
         return await _run_call(tx, p)
     if op == "branch.write":
         return {}
+    if op == "branch.holdings":  # what this node would lose if it left (holdings.py)
+        counts = {}
+        for name, cls in sorted(registered_types().items()):
+            n = await tx.count(cls)
+            if n:
+                counts[name] = n
+        return {"types": counts}
     if op == "branch.overwrite":
         from nonstop.bulk.handlers import overwrite_branch
 

@@ -20,8 +20,11 @@ in short:
    (nobody else can ever propose commit), answers ``Aborted`` / ``Unavailable``
    (B8) and rolls back every branch.
 4. **Phase two.**  The outcome goes to every participant, retried until every
-   one has acknowledged, which each does only once the outcome is durable.  The
-   coordinator then forgets the gtid and raises its *floor* (compaction).
+   one has acknowledged, which each does only once the outcome is durable.  A
+   commit is answered only then (read your writes: every participant applied
+   it), or ``apply_wait`` after the decision naming those that have not
+   (``unapplied``).  The coordinator then forgets the gtid and raises its
+   *floor* (compaction).
 5. **Termination (B9).**  A participant prepared for ``decision_timeout``
    without an outcome proposes ``abort`` to the log; whichever decision the log
    holds first is the outcome for everybody.  A recovered coordinator looks its
@@ -167,6 +170,11 @@ class DtxConfig:
     """Participant: not prepared this long after the prepare arrived -> abort the branch (B4)."""
     decision_timeout: float = 0.6
     """Participant: prepared this long without an outcome -> propose abort to the log (B9)."""
+    apply_wait: float = 0.3
+    """Coordinator: a commit is acknowledged once every participant applied it (its ack:
+    the outcome durable there), so that no read after the acknowledgement sees the state
+    before it; a participant that has not acked this long after the decision (down,
+    cut off) no longer holds the client back: the reply then names it (``unapplied``)."""
     forget_every: float = 1.0
     """Compaction runs this often (it is only an optimisation): the coordinator sends its
     floor to the log (resent until confirmed) and a participant drops the tombstones
@@ -185,6 +193,7 @@ class DtxConfig:
             vote_timeout=5.0,
             branch_timeout=4.0,
             decision_timeout=10.0,
+            apply_wait=2.0,
             forget_every=1.0,
         )
 
@@ -207,6 +216,9 @@ class CoordTx:
     vote_deadline: float = 0.0
     next_retry: float = 0.0
     replied: bool = False
+    held_reply: dict[str, Any] | None = None
+    """A commit's reply, held until every participant applied it (or ``reply_by``)."""
+    reply_by: float = 0.0
 
 
 @dataclass(slots=True)
@@ -539,9 +551,15 @@ class DtxNode:
         elif tx.phase == "recovering" and now >= tx.next_retry:
             tx.next_retry = now + self.config.retry
             self._send(LOG, {"t": LOOKUP, "g": tx.gtid})
-        elif tx.phase == "finishing" and now >= tx.next_retry:
-            tx.next_retry = now + self.config.retry
-            self._send_outcomes(tx)
+        elif tx.phase == "finishing":
+            if tx.held_reply is not None and now >= tx.reply_by:
+                # A participant has not applied the commit in time (down, cut off):
+                # acknowledge with the decision durable, naming who has not applied.
+                unapplied = sorted(set(tx.branches) - tx.acks)
+                self._release_reply(tx, unapplied)
+            if now >= tx.next_retry:
+                tx.next_retry = now + self.config.retry
+                self._send_outcomes(tx)
 
     def _coord_decided(self, tx: CoordTx, outcome: str) -> None:
         if tx.outcome is not None:
@@ -554,10 +572,29 @@ class DtxNode:
             reads: dict[str, Any] = {}
             for node in sorted(tx.votes):
                 reads.update(tx.votes[node])
-            self._reply(tx, {"ok": True, "outcome": COMMIT, "g": tx.gtid, "reads": reads})
+            self._commit_decided(tx, {"ok": True, "outcome": COMMIT, "g": tx.gtid, "reads": reads})
         else:
             self._reply(tx, {"ok": False, "outcome": ABORT, "error": "Aborted", "g": tx.gtid})
         self._enter_phase_two(tx, outcome)
+
+    def _commit_decided(self, tx: CoordTx, reply: dict[str, Any]) -> None:
+        """The log decided commit: the reply waits until every participant applied it.
+
+        Read-your-writes: a client told "committed" never reads, on any node, the
+        state before the commit (docs/guarantees.md).  The wait is phase two's own
+        round trip (outcome out, ack back): no message is added.
+        """
+        if tx.request_id is None or tx.replied:
+            return
+        tx.held_reply = reply
+        tx.reply_by = self.now + self.config.apply_wait
+
+    def _release_reply(self, tx: CoordTx, unapplied: list[NodeId]) -> None:
+        reply, tx.held_reply = tx.held_reply, None
+        assert reply is not None
+        if unapplied:
+            reply = {**reply, "unapplied": unapplied}
+        self._reply(tx, reply)
 
     def _coord_unknown(self, tx: CoordTx, forgotten: bool) -> None:
         if tx.phase != "recovering":
@@ -592,6 +629,8 @@ class DtxNode:
             return  # it resolved through the log; it will ack again once we know the outcome
         tx.acks.add(node)
         if tx.acks >= set(tx.branches):
+            if tx.held_reply is not None:
+                self._release_reply(tx, [])
             self._finished(tx)
 
     def _finished(self, tx: CoordTx) -> None:

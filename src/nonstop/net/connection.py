@@ -14,10 +14,12 @@ import asyncio
 import collections
 import contextlib
 import ssl
+import time
 from collections.abc import Callable
 from typing import Any
 
 from nonstop.errors import ProtocolError
+from nonstop.net.budget import BufferBudget
 from nonstop.net.frames import DEFAULT_MAX_FRAME, FrameDecoder, FrameError, encode
 from nonstop.net.handshake import (
     BAD_HELLO,
@@ -45,18 +47,36 @@ class HandshakeRejected(ProtocolError):
 
 
 class Connection:
-    """A framed stream: ``await recv()`` values, ``send()`` values without waiting."""
+    """A framed stream: ``await recv()`` values, ``send()`` values without waiting.
+
+    It keeps the times its owner's deadlines are checked against (all
+    ``time.monotonic()``): when it was opened, when a frame last came or went
+    (:attr:`last_activity`) and since when the frame being received is
+    incomplete (:attr:`partial_since`, None between frames).  ``budget`` is
+    the node-wide budget its incomplete frames are charged to (accepting side).
+    """
 
     def __init__(
         self,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
         max_frame: int = DEFAULT_MAX_FRAME,
+        budget: BufferBudget | None = None,
     ) -> None:
         self.reader = reader
         self.writer = writer
         self.max_frame = max_frame
-        self._decoder = FrameDecoder(max_frame)
+        self._decoder = FrameDecoder(max_frame, budget)
+        self.opened_at = time.monotonic()
+        self.last_activity = self.opened_at
+        self.partial_since: float | None = None
+        self.frames_in = 0
+        self.frames_out = 0
+        """Frames received and queued to send: on a client connection every frame in is a
+        request and every frame out a reply, so more in than out means one is in progress."""
+        self._closed = False
+        self.close_reason: str | None = None
+        """Why this side closed it (set by whoever enforces a limit), for the logs."""
         self._pending: collections.deque[Any] = collections.deque()
         self._out: list[bytes] = []
         self._out_bytes = 0
@@ -70,10 +90,27 @@ class Connection:
         """The next value; ``EOFError`` at end of stream, :class:`FrameError` on bad bytes."""
         while not self._pending:
             data = await self.reader.read(READ_CHUNK)
-            if not data:
-                raise EOFError("connection closed by peer")
-            self._pending.extend(self._decoder.feed(data))
+            if not data or self._closed:
+                raise EOFError(self.close_reason or "connection closed by peer")
+            values = self._decoder.feed(data)
+            now = time.monotonic()
+            if values:
+                self._pending.extend(values)
+                self.frames_in += len(values)
+                self.last_activity = now
+                self.partial_since = now if self._decoder.buffered else None
+            elif self.partial_since is None:
+                self.partial_since = now
         return self._pending.popleft()
+
+    def set_frame_limit(self, max_frame: int) -> None:
+        """Accept frames up to ``max_frame`` from now on (raised once a handshake is done)."""
+        self._decoder.max_frame = max_frame
+
+    @property
+    def head(self) -> bytes:
+        """The first bytes received (up to 5), to recognise a TLS record on a plain port."""
+        return self._decoder.head
 
     async def recv_many(self) -> list[Any]:
         """Every value already received (waiting for at least one); errors as :meth:`recv`."""
@@ -97,6 +134,8 @@ class Connection:
             self.dropped += 1
             return False
         frame = encode(value, self.max_frame)
+        self.frames_out += 1
+        self.last_activity = time.monotonic()
         if not self._out:
             asyncio.get_running_loop().call_soon(self.flush)
         self._out.append(frame)
@@ -113,11 +152,35 @@ class Connection:
                 self.writer.write(data)
 
     @property
+    def unsent(self) -> int:
+        """Bytes queued for the other side that it has not taken yet (ours and the transport's)."""
+        transport = self.writer.transport
+        return self._out_bytes + (0 if transport is None else transport.get_write_buffer_size())
+
+    async def drained(self, timeout: float) -> bool:
+        """Wait until the other side took what is queued (down to the transport's low mark);
+        False if it did not within ``timeout`` seconds or the connection broke."""
+        self.flush()
+        try:
+            await asyncio.wait_for(self.writer.drain(), timeout)
+        except (TimeoutError, ConnectionError):
+            return False
+        return True
+
+    @property
     def closed(self) -> bool:
         return self.writer.is_closing()
 
-    def close(self) -> None:
-        """Flush what is queued and close without waiting (safe to call twice)."""
+    def close(self, reason: str | None = None) -> None:
+        """Flush what is queued and close without waiting (safe to call twice).
+
+        ``reason`` is kept for the reader's log line; the buffered bytes of an
+        incomplete frame are freed and given back to the budget.
+        """
+        if reason is not None and self.close_reason is None:
+            self.close_reason = reason
+        self._closed = True
+        self._decoder.release()
         with contextlib.suppress(Exception):
             self.flush()
             self.writer.close()

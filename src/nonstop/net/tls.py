@@ -6,12 +6,34 @@ listener speaks TLS only; when it also names a CA file, peers must present a
 certificate signed by that CA (mutual TLS), which is how nodes of one cluster
 recognise each other without passwords.  Dialing nodes verify the server
 certificate against the CA file (or the system store when none is given).
+
+A certificate without a CA file is a valid configuration only when the
+certificates chain to a CA of the system store (a public CA): nodes verify
+each other like any TLS client would.  A node checks this at start by
+verifying its own certificate the way its peers will (the runtime dials its
+own listener once) and refuses to start with one line if it cannot
+(:class:`TLSSetupError`), instead of never connecting to anybody.
+
+Speaking the wrong language on the node port gets a one-line answer
+(``runtime/listener.py``): a plain client on a TLS node receives a plain
+``reject`` frame with code :data:`TLS_REQUIRED`; a TLS client on a plain node
+receives bytes that are not TLS, which its TLS library reports as a wrong
+version number, read by the client as :data:`TLS_NOT_ENABLED`.
 """
 
 from __future__ import annotations
 
 import ssl
 from dataclasses import dataclass
+
+TLS_REQUIRED = "TLSRequired"
+"""Reject code: a plain-TCP client or node dialed a node that speaks TLS only."""
+TLS_NOT_ENABLED = "TLSNotEnabled"
+"""Refusal code: a TLS client dialed a node whose listener is plain TCP."""
+
+
+class TLSSetupError(Exception):
+    """The TLS configuration cannot work (files, or a certificate peers cannot verify)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,3 +72,34 @@ def client_context(cfg: TLSConfig) -> ssl.SSLContext:
     if cfg.cert:
         ctx.load_cert_chain(cfg.cert, cfg.key)
     return ctx
+
+
+def setup_problem(cfg: TLSConfig) -> str | None:
+    """One line saying why ``cfg`` cannot be loaded (missing file, bad key), or None."""
+    if not cfg.enabled:
+        return None
+    if not cfg.cert:
+        return "TLS needs tls.cert (and tls.key) on every node"
+    for key, path in (("tls.cert", cfg.cert), ("tls.key", cfg.key), ("tls.ca", cfg.ca)):
+        if path is None:
+            continue
+        try:
+            with open(path, "rb"):
+                pass
+        except OSError as exc:
+            return f"{key} {path}: {exc.strerror}"
+    try:
+        server_context(cfg)
+        client_context(cfg)
+    except (ssl.SSLError, OSError, ValueError) as exc:
+        return f"TLS files cannot be loaded ({cfg.cert}, {cfg.key}, {cfg.ca}): {exc}"
+    return None
+
+
+def looks_like_tls(head: bytes) -> bool:
+    """Does a stream starting with ``head`` start with a TLS handshake record (type 22)?
+
+    A frame's first byte is the top byte of its length: 0x16 would announce
+    more than 350 MB, far above any frame limit, so one byte tells them apart.
+    """
+    return bool(head) and head[0] == 0x16

@@ -29,7 +29,8 @@ from pydantic import model_validator as _model_validator
 from nonstop.net.discovery import DiscoveryConfig
 from nonstop.net.frames import DEFAULT_MAX_FRAME
 from nonstop.net.handshake import PROTOCOL_MAX, PROTOCOL_MIN
-from nonstop.net.tls import TLSConfig
+from nonstop.net.tls import TLSConfig, setup_problem
+from nonstop.runtime.limits import ConnectionLimits
 
 DEFAULT_CLUSTER = "nonstop"
 DEFAULT_MACHINE = "nonstop.node.machine:build_cluster_node"
@@ -77,6 +78,68 @@ class TLSSection(Section):
     def runtime(self) -> TLSConfig:
         """The network layer's :class:`~nonstop.net.tls.TLSConfig`."""
         return TLSConfig(**self.model_dump())
+
+
+# ---------------------------------------------------------------- [limits] (issue 11)
+_LIMITS = ConnectionLimits()
+
+
+class LimitsSection(Section):
+    """`[limits]`: what connections may make a node hold (see Resource bounds in security.md)."""
+
+    buffer_budget_bytes: int = Field(
+        default=_LIMITS.buffer_budget_bytes,
+        ge=1024 * 1024,
+        description="bytes of incomplete frames all connections together may buffer; "
+        "a connection that would overrun it is closed",
+    )
+    handshake_frame_bytes: int = Field(
+        default=_LIMITS.handshake_frame_bytes,
+        ge=1024,
+        description="largest frame accepted before a connection's handshake is done",
+    )
+    max_client_connections: int = Field(
+        default=_LIMITS.max_client_connections,
+        ge=1,
+        description="client connections at once; beyond, `TooManyConnections`",
+    )
+    max_peer_connections: int = Field(
+        default=_LIMITS.max_peer_connections,
+        ge=1,
+        description="inbound connections from nodes at once; beyond, `TooManyConnections`",
+    )
+    max_handshaking_connections: int = Field(
+        default=_LIMITS.max_handshaking_connections,
+        ge=1,
+        description="connections still in their handshake at once; beyond, refused",
+    )
+    handshake_timeout: float = Field(
+        default=_LIMITS.handshake_timeout,
+        gt=0,
+        description="seconds a new connection has to finish its handshake (TLS included)",
+    )
+    frame_timeout: float = Field(
+        default=_LIMITS.frame_timeout,
+        gt=0,
+        description="seconds a frame may take to arrive once begun, and a client to take its "
+        "replies (slow senders and readers are closed)",
+    )
+    reply_backlog_bytes: int = Field(
+        default=_LIMITS.reply_backlog_bytes,
+        ge=64 * 1024,
+        description="unsent reply bytes of a client above which its requests wait to be read; "
+        "not taken within `frame_timeout`: closed",
+    )
+    client_idle_timeout: float = Field(
+        default=_LIMITS.client_idle_timeout,
+        ge=0,
+        description="seconds a client connection may go without a frame either way "
+        "(0: no limit); clients reconnect by themselves",
+    )
+
+    def runtime(self) -> ConnectionLimits:
+        """The runtime's :class:`~nonstop.runtime.limits.ConnectionLimits`."""
+        return ConnectionLimits(**self.model_dump())
 
 
 class DiscoverySection(Section):
@@ -373,6 +436,9 @@ class NodeConfig(Section):
     discovery: DiscoverySection = Field(
         default_factory=DiscoverySection, description="UDP discovery, see below"
     )
+    limits: LimitsSection = Field(
+        default_factory=LimitsSection, description="connection limits, see below"
+    )
     # -- passed to the cluster layer (ClusterConfig) when set
     quorum: QuorumSection = Field(
         default_factory=QuorumSection, description="quorum policy table (D16)"
@@ -483,8 +549,9 @@ class NodeConfig(Section):
             raise ConfigError("a node needs a name (--name or name = ...)")
         if not self.data:
             raise ConfigError("a node needs a data directory (--data or data = ...)")
-        if self.tls.enabled and not self.tls.cert:
-            raise ConfigError("TLS needs tls.cert (and tls.key) on every node")
+        problem = setup_problem(self.tls.runtime())
+        if problem is not None:
+            raise ConfigError(problem)
 
     # ``validate`` is the name the node and the CLI call (pydantic's own classmethod
     # of that name is deprecated and unused here).

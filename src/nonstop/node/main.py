@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from nonstop.errors import SchemaError, StoreError
 from nonstop.net.handshake import ROLE_NODE, Hello
+from nonstop.net.tls import TLSSetupError
 from nonstop.node import log_format
 from nonstop.node.config import ConfigError, NodeConfig, split_join
 from nonstop.node.datadir import DataDir, Identity
@@ -150,6 +151,8 @@ async def serve(cfg: NodeConfig, datadir: DataDir) -> None:
         runtime.on_identity_error = identity_error
         try:
             await runtime.start()
+        except TLSSetupError as exc:
+            raise NodeStartError(str(exc)) from None
         except OSError as exc:
             reason = "port in use" if exc.errno == errno.EADDRINUSE else str(exc)
             raise NodeStartError(f"cannot listen on {cfg.listen}: {reason}") from exc
@@ -383,6 +386,7 @@ def make_runtime(
             tls=cfg.tls.runtime(),
             discovery=cfg.discovery.runtime(),
             connect_timeout=cfg.connect_timeout,
+            limits=cfg.limits.runtime(),
         ),
     )
     context.route_persists = runtime.persists.route

@@ -239,6 +239,7 @@ class NodeCollector(Collector):
         yield from self._cluster(node)
         yield from self._partitions(node)
         yield from self._runtime()
+        yield from self._limits()
 
     # ------------------------------------------------------------ families
     def _transactions(self, service: Any, stats: Any) -> Iterator[Metric]:
@@ -470,6 +471,37 @@ class NodeCollector(Collector):
                 for event, count in sorted(stats.items())
                 if event not in ("commits", "commit_us")
             ),
+        )
+
+    def _limits(self) -> Iterator[Metric]:
+        """The node port's limits (``runtime/limits.py``): refusals, connections, bytes."""
+        bounds = getattr(self.runtime, "bounds", None)
+        if bounds is None:
+            return
+        snap = bounds.snapshot()
+        yield labelled(
+            CounterMetricFamily,
+            "connection_refusals",
+            "Connections closed or refused by a limit of the node port, by reason.",
+            ["reason"],
+            (([reason], count) for reason, count in sorted(snap["refusals"].items())),
+        )
+        yield labelled(
+            GaugeMetricFamily,
+            "connections",
+            "Inbound connections of the node port: in their handshake, clients, nodes.",
+            ["state"],
+            (([state], count) for state, count in sorted(snap["connections"].items())),
+        )
+        yield gauge(
+            "buffered_bytes",
+            "Bytes of incomplete frames charged to the node's buffer budget now.",
+            snap["buffered_bytes"],
+        )
+        yield gauge(
+            "buffer_budget_bytes",
+            "The node's buffer budget (limits.buffer_budget_bytes).",
+            snap["buffer_budget_bytes"],
         )
 
 

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 from nonstop.net.connection import Connection
 from nonstop.net.frames import FrameError
 from nonstop.net.handshake import Hello
+from nonstop.runtime.limits import ConnectionBounds
 from nonstop.runtime.routing import Router
 
 log = logging.getLogger("nonstop.runtime")
@@ -39,6 +40,8 @@ class ClientHost(Protocol):
     peers: dict[str, Hello]
     addresses: dict[str, tuple[str, int]]
     router: Router | None
+    bounds: ConnectionBounds
+    """Counts the frames refused on client connections (``runtime/limits.py``)."""
 
     def new_request_id(self) -> int:
         """A request id no other request of the machine has."""
@@ -66,12 +69,13 @@ class ClientServer:
         host = self.host
         mine: set[int] = set()
         routed = False
+        backlog = host.bounds.limits.reply_backlog_bytes
         try:
             while True:
                 try:
                     values = await conn.recv_many()
                 except FrameError as exc:
-                    log.warning("closing client connection from %s: %s", conn.remote, exc)
+                    host.bounds.frame_error(conn, exc, f"client {conn.remote}")
                     return
                 except (OSError, EOFError, asyncio.IncompleteReadError):
                     return
@@ -97,6 +101,8 @@ class ClientServer:
                     self._requests[rid] = (conn, client_id, op)
                     mine.add(rid)
                     host.request_machine(rid, payload)
+                if conn.unsent > backlog and not await host.bounds.replies_taken(conn):
+                    return
         finally:
             for rid in mine:
                 self._requests.pop(rid, None)
@@ -111,6 +117,8 @@ class ClientServer:
         conn, client_id, op = entry
         if op == "status" and isinstance(payload, dict):
             payload = self._enrich_status(payload)
+            # This node's connection limits and refusal counters (issue 11).
+            payload["limits"] = self.host.bounds.snapshot()
         try:
             conn.send({"t": "rep", "id": client_id, "p": payload})
         except FrameError as exc:

@@ -7,11 +7,12 @@ from dataclasses import dataclass, field
 from nonstop.net.discovery import DiscoveryConfig
 from nonstop.net.frames import DEFAULT_MAX_FRAME
 from nonstop.net.tls import TLSConfig
+from nonstop.runtime.limits import ConnectionLimits
 
 
 @dataclass
 class RuntimeConfig:
-    """Listener, peers to join, frame limit, TLS, discovery and the transport's timings."""
+    """Listener, peers to join, frame limit, TLS, discovery, limits and the transport's timings."""
 
     listen: str = "127.0.0.1:7101"
     join: list[str] = field(default_factory=list)
@@ -21,8 +22,14 @@ class RuntimeConfig:
     tls: TLSConfig = field(default_factory=TLSConfig)
     discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)
     connect_timeout: float = 2.0
-    handshake_timeout: float = 5.0
+    limits: ConnectionLimits = field(default_factory=ConnectionLimits)
+    """Connections, deadlines and buffered bytes of the listener (``runtime/limits.py``)."""
     redial_min: float = 0.05
     redial_max: float = 1.0
     startup_grace: float = 10.0
     """A DuplicateName/WrongCluster refusal this soon after start stops the node."""
+
+    @property
+    def handshake_timeout(self) -> float:
+        """Seconds a new connection has to finish its handshake (``limits.handshake_timeout``)."""
+        return self.limits.handshake_timeout

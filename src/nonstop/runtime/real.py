@@ -138,6 +138,8 @@ class RealRuntime:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.stats = collections.Counter[str]()
         self.transport = Transport(hello, config, self, self.stats)
+        self.bounds = self.transport.bounds
+        """Connection caps, deadlines, buffer budget; ``bounds.refusals`` counts each refusal."""
         self.peers: dict[str, Hello] = self.transport.peers
         """The last hello seen from each peer name (address, pid, ...)."""
         self.addresses: dict[str, tuple[str, int]] = self.transport.addresses
@@ -350,6 +352,7 @@ class RealRuntime:
             "stats": dict(self.stats),
             "connected": self.transport.connected_names(),
             "addresses": {n: a for n, (a, _) in self.addresses.items()},
+            "limits": self.bounds.snapshot(),
         }
         if self.router is not None:
             reply.update(self.router.stats())

@@ -34,8 +34,16 @@ from nonstop.net.connection import Connection, HandshakeRejected, accept, dial
 from nonstop.net.discovery import Discovery
 from nonstop.net.frames import FrameError
 from nonstop.net.handshake import Hello
-from nonstop.net.tls import client_context, server_context
+from nonstop.net.tls import (
+    TLS_NOT_ENABLED,
+    TLSSetupError,
+    client_context,
+    looks_like_tls,
+    server_context,
+)
 from nonstop.runtime.config import RuntimeConfig
+from nonstop.runtime.limits import CLIENT, PEER, TOO_MANY_CONNECTIONS, ConnectionBounds
+from nonstop.runtime.listener import Listener
 
 log = logging.getLogger("nonstop.runtime")
 
@@ -138,6 +146,14 @@ class PeerLink:
                 await self._sleep(max(delay, 1.0))
                 delay = min(delay * 2, tr.config.redial_max)
                 continue
+            except ssl.SSLCertVerificationError as exc:
+                if self.refused != "TLS":
+                    log.error("TLS: cannot verify the certificate of %s: %s", self.address, exc)
+                self.refused = "TLS"
+                self.first_attempt.set()
+                await self._sleep(max(delay, 1.0))
+                delay = min(delay * 2, tr.config.redial_max)
+                continue
             except (OSError, TimeoutError, EOFError, ProtocolError) as exc:
                 log.debug("dial %s failed: %r", self.address, exc)
                 self.first_attempt.set()
@@ -187,7 +203,9 @@ class Transport:
         self.config = config
         self.host = host
         self.stats = stats
-        self.server: asyncio.AbstractServer | None = None
+        self.bounds = ConnectionBounds(config.limits)
+        """Caps, deadlines and the buffer budget of inbound connections, with their counters."""
+        self.listener: Listener | None = None
         self.server_ssl: ssl.SSLContext | None = None
         self.client_ssl: ssl.SSLContext | None = None
         if config.tls.enabled:
@@ -207,16 +225,50 @@ class Transport:
 
     # ================================================================ life
     async def listen(self) -> None:
-        """Bind the listener (a port conflict fails here, before anything is dialed)."""
+        """Bind the listener (a port conflict fails here, before anything is dialed).
+
+        A TLS node then checks that its certificate can be verified the way its
+        peers will verify it (:class:`~nonstop.net.tls.TLSSetupError` if not).
+        """
         host, port = split_address(self.config.listen)
-        self.server = await asyncio.start_server(
-            self._on_accept,
-            host,
-            port,
-            ssl=self.server_ssl,
-            limit=256 * 1024,
-            reuse_address=True,
-        )
+        self.listener = Listener(self._on_accept, self.bounds, self.server_ssl, self.name)
+        await self.listener.start(host, port)
+        self.bounds.start()
+        if self.server_ssl is not None:
+            await self._check_own_certificate(host, port)
+
+    async def _check_own_certificate(self, host: str, port: int) -> None:
+        """Dial our own listener with the context peers use; refuse to start if it fails.
+
+        Without this a certificate no peer can verify (no ``tls.ca`` and a
+        private CA, another CA's file, a certificate for another host) means
+        a node that never connects to anybody and says nothing.
+        """
+        if host in ("0.0.0.0", "::", ""):
+            return  # peers dial another address: nothing to check the host name against
+        try:
+            _reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(host, port, ssl=self.client_ssl, server_hostname=host),
+                self.config.connect_timeout,
+            )
+        except ssl.SSLCertVerificationError as exc:
+            if self.listener is not None:
+                self.listener.close()
+            tls = self.config.tls
+            hint = (
+                "; without tls.ca a certificate must chain to a CA of the system store: "
+                "set tls.ca to the CA file that signed the nodes' certificates"
+                if not tls.ca
+                else f"; is it signed by the CA in {tls.ca}?"
+            )
+            raise TLSSetupError(
+                f"TLS: peers cannot verify this node's certificate {tls.cert} "
+                f"({exc.verify_message}){hint}"
+            ) from None
+        except (OSError, TimeoutError) as exc:
+            log.warning("could not check this node's own TLS certificate: %r", exc)
+            return
+        writer.close()
 
     async def start(self) -> None:
         """Dial the configured peers and start discovery."""
@@ -247,8 +299,9 @@ class Transport:
     def stop(self) -> None:
         """No new connections; every link and inbound connection closed."""
         self._stopping = True
-        if self.server is not None:
-            self.server.close()
+        self.bounds.stop()
+        if self.listener is not None:
+            self.listener.close()
         if self.discovery is not None:
             self.discovery.stop()
         for link in list(self._links.values()):
@@ -394,38 +447,87 @@ class Transport:
 
     # ============================================================ inbound
     async def _on_accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        conn = Connection(reader, writer, self.config.max_frame)
+        bounds = self.bounds
+        conn = Connection(reader, writer, self.config.max_frame, bounds.budget)
+        refused = bounds.opened(conn)
+        if refused is not None:
+            log.warning("refusing connection from %s: %s", conn.remote, refused)
+            await self._refuse_busy(conn, refused)
+            return
         try:
             try:
                 peer = await accept(
-                    conn, self.hello, self.config.handshake_timeout, self._check_identity
+                    conn, self.hello, self.config.limits.handshake_timeout, self._check_accept
                 )
             except HandshakeRejected as exc:
                 log.warning("rejected connection from %s: %s", conn.remote, exc)
-                refused = exc.peer
+                refused_peer = exc.peer
                 if (
-                    refused is not None
-                    and refused.role == handshake.ROLE_NODE
+                    refused_peer is not None
+                    and refused_peer.role == handshake.ROLE_NODE
                     and exc.code in IDENTITY_CODES
                 ):
-                    self.host.on_refused_identity(refused)
+                    self.host.on_refused_identity(refused_peer)
                 return
             except FrameError as exc:
-                log.warning("closing connection from %s: %s", conn.remote, exc)
+                if self.server_ssl is None and looks_like_tls(conn.head):
+                    self._refuse_tls(conn)
+                else:
+                    bounds.frame_error(conn, exc, conn.remote)
                 return
-            except (OSError, EOFError, TimeoutError, asyncio.IncompleteReadError) as exc:
+            except TimeoutError:
+                bounds.handshake_timed_out(conn.remote)
+                return
+            except (OSError, EOFError, asyncio.IncompleteReadError) as exc:
                 log.debug("handshake with %s failed: %r", conn.remote, exc)
                 return
             if peer.role == handshake.ROLE_CLIENT:
+                bounds.handshaken(conn, CLIENT)
                 await self.host.serve_client(conn)
             else:
+                bounds.handshaken(conn, PEER)
                 await self._serve_peer(conn, peer)
         except asyncio.CancelledError:
             pass
         except Exception:
             log.exception("connection from %s failed", conn.remote)
         finally:
+            bounds.closed(conn)
             conn.close()
+
+    async def _refuse_busy(self, conn: Connection, reason: str) -> None:
+        """Answer ``TooManyConnections`` before the hello and close so that the client reads it.
+
+        Our frame and end of stream go first; then what the client sent (its hello)
+        is read until it closes, at most a moment: closing with unread bytes would
+        reset the connection and could destroy the answer on its way.
+        """
+        conn.send(handshake.Rejection(TOO_MANY_CONNECTIONS, reason).to_wire())
+        conn.flush()
+        with contextlib.suppress(Exception):
+            conn.writer.write_eof()
+            async with asyncio.timeout(0.5):
+                while await conn.reader.read(65536):
+                    pass
+        conn.close()
+
+    def _refuse_tls(self, conn: Connection) -> None:
+        """A TLS client on this plain port: log it, and answer bytes that are not TLS
+        (its TLS library then reports a wrong version number, which the client reads
+        as :data:`~nonstop.net.tls.TLS_NOT_ENABLED`; silence would look like a crash)."""
+        log.warning(
+            "closing connection from %s: it speaks TLS, this node's listener is plain TCP "
+            "(no tls.cert)",
+            conn.remote,
+        )
+        reason = f"node {self.name} does not speak TLS (no tls.cert)"
+        conn.send(handshake.Rejection(TLS_NOT_ENABLED, reason).to_wire())
+
+    def _check_accept(self, peer: Hello) -> handshake.Rejection | None:
+        """The transport's checks of a hello beyond the handshake's own: identity, caps."""
+        if peer.role == handshake.ROLE_CLIENT:
+            return self.bounds.admit(CLIENT)
+        return self._check_identity(peer) or self.bounds.admit(PEER)
 
     def _check_identity(self, peer: Hello) -> handshake.Rejection | None:
         """Refuse a second live process claiming a name we already talk to.
@@ -455,7 +557,7 @@ class Transport:
                 try:
                     values = await conn.recv_many()
                 except FrameError as exc:
-                    log.warning("closing connection from %s: %s", peer.name, exc)
+                    self.bounds.frame_error(conn, exc, peer.name)
                     return
                 except (OSError, EOFError, asyncio.IncompleteReadError):
                     return

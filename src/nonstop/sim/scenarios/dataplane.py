@@ -111,6 +111,10 @@ class ScenarioConfig(CommonConfig):
     unordered: float = 0.0
     """Share of transfers that lock their two accounts in random order rather than
     sorted: they make deadlocks, across nodes too (docs/design/deadlocks.md)."""
+    read_back: float = 0.5
+    """Share of acknowledged transfers the client reads back at once, without locks,
+    through a random node: each account must show the transfer (no stale read after
+    an acknowledged commit; docs/guarantees.md)."""
     crash_steps: bool = True
     """Also crash one node at a delicate step of a commit (:mod:`.dataplane_crashes`)."""
     dtx: DtxConfig = field(default_factory=DtxConfig)
@@ -209,11 +213,15 @@ class Wire:
         self.latency = latency
         self.timeout = timeout
         self.pending: dict[int, Callable[[Any], None]] = {}
+        self.commits: dict[int, NodeId] = {}
+        """Request id of a ``tx.commit`` that writes, in flight -> the node it went to."""
         sim.observers.append(self._observe)
 
     def call(self, node: NodeId, payload: dict[str, Any], then: Callable[[Any], None]) -> None:
         rid = self.sim.request(node, payload, delay=self.latency)
         self.pending[rid] = then
+        if payload.get("op") == "tx.commit" and payload.get("req") is not None:
+            self.commits[rid] = node  # a commit that writes (read-only ones carry no id)
         self.sim.at(self.sim.now + self.timeout, lambda: self._expire(rid))
 
     def tell(self, node: NodeId, payload: dict[str, Any]) -> None:
@@ -223,12 +231,14 @@ class Wire:
     def _observe(self, sim: Simulation, node: NodeId, event: Event, actions: list[Action]) -> None:
         for action in actions:
             if isinstance(action, Reply) and action.request_id in self.pending:
+                self.commits.pop(action.request_id, None)
                 then = self.pending.pop(action.request_id)
                 payload = decode(encode(action.payload))
                 sim.at(sim.now + self.latency, functools.partial(then, payload))
 
     def _expire(self, rid: int) -> None:
         then = self.pending.pop(rid, None)
+        self.commits.pop(rid, None)
         if then is not None:
             then(None)
 
@@ -280,6 +290,8 @@ class Ledger:
     """Transfers known not committed (a definite abort, ``aborted`` / ``unknown`` result)."""
     unknown: set[str] = field(default_factory=set)
     counts: Counter[str] = field(default_factory=Counter)
+    stale: list[str] = field(default_factory=list)
+    """Read-backs that did not see the client's own acknowledged transfer."""
 
 
 def _call(node: NodeId, payload: dict[str, Any]) -> Call:
@@ -288,6 +300,23 @@ def _call(node: NodeId, payload: dict[str, Any]) -> Call:
 
 def _sleep(seconds: float) -> Call:
     return ("sleep", seconds, None)
+
+
+def _get_account(conn: int, number: int, lock: str, session: Any) -> dict[str, Any]:
+    """``tx.get`` of account ``number``: in ``session``, or beginning one if None."""
+    op: dict[str, Any] = {
+        "conn": conn,
+        "op": "tx.get",
+        "type": ACCOUNT,
+        "tv": TYPE_VERSION,
+        "key": codec.pack({"number": number}),
+        "lock": lock,
+    }
+    if session is None:
+        op["begin"] = "serializable"
+    else:
+        op["s"] = session
+    return op
 
 
 def _error(reply: Any) -> str | None:
@@ -392,19 +421,7 @@ class BankClient:
         got: dict[int, tuple[bytes, int, dict[str, Any]]] = {}
         session: Any = None
         for number in (first, second):
-            op: dict[str, Any] = {
-                "conn": conn,
-                "op": "tx.get",
-                "type": ACCOUNT,
-                "tv": TYPE_VERSION,
-                "key": codec.pack({"number": number}),
-                "lock": "write",
-            }
-            if session is None:
-                op["begin"] = "serializable"
-            else:
-                op["s"] = session
-            reply = yield _call(node, op)
+            reply = yield _call(node, _get_account(conn, number, "write", session))
             if isinstance(reply, dict) and reply.get("s") is not None:
                 session = reply["s"]
             error = _error(reply)
@@ -452,6 +469,9 @@ class BankClient:
         error = _error(reply)
         if error is None:
             self._ok(a, ops_la, ops_bank)
+            if self.rng.random() < self.cfg.read_back:
+                unapplied = set(reply.get("unapplied") or ())
+                yield from self._read_back(tid, (src, dst), unapplied)
             return False
         ledger.counts[f"commit_{error}"] += 1
         if error in DEFINITE_ABORTS:
@@ -469,6 +489,37 @@ class BankClient:
         else:
             self._unknown(a, ops_la, ops_bank)
         return False
+
+    def _read_back(self, tid: str, numbers: tuple[int, ...], unapplied: set[str]) -> Coroutine:
+        """Read the accounts of acknowledged transfer ``tid`` without locks: both show it.
+
+        Through a random node, in a new transaction: once a commit is acknowledged,
+        no read anywhere returns the state before it -- except on a participant the
+        acknowledgement names as not having applied it yet (``unapplied``: it was
+        down or cut off for ``apply_wait``).
+        """
+        ledger = self.ledger
+        node = self.rng.choice(self.nodes)
+        conn = self._conn()
+        session: Any = None
+        for number in numbers:
+            reply = yield _call(node, _get_account(conn, number, "none", session))
+            if isinstance(reply, dict) and reply.get("s") is not None:
+                session = reply["s"]
+            if _error(reply) is not None or reply.get("o") is None:
+                ledger.counts["read_back_failed"] += 1
+                break
+            if self.home[number] in unapplied:
+                ledger.counts["read_back_unapplied"] += 1
+                continue
+            log = _objects({"os": [reply["o"]]})[0][3]["log"]
+            ledger.counts["read_backs"] += 1
+            if tid not in log:
+                ledger.stale.append(
+                    f"{tid} acknowledged to {self.name}, then account {number} read "
+                    f"through {node} (master {self.home[number]}) without it: log {log}"
+                )
+        self._close(node, conn)
 
     def _ask(self, node: NodeId, req: list[Any]) -> Coroutine:
         """``request.result`` on the coordinator until it knows (data-path.md §8)."""
@@ -633,6 +684,32 @@ def run_seed(
                 fail("orphan-branch", f"{name} sees {peer} down but keeps its branches {kept}")
 
     sim.observers.append(orphans)
+    quorum_before: dict[NodeId, str] = {}
+
+    def disabled_acks(sim: Simulation, name: NodeId, event: Event, actions: list[Action]) -> None:
+        """No commit that writes is acknowledged by a node whose quorum is Disabled (D16).
+
+        Disabled before the step (so the data plane had been told) and after it.
+        A read-only commit commits nothing and may still end there.
+        """
+        machine = sim.machine(name)
+        if not isinstance(machine, SimDataNode):
+            return
+        state = machine.node.cluster.quorum_state
+        before = quorum_before.get(name)
+        quorum_before[name] = state
+        if state != "Disabled" or before != "Disabled":
+            return
+        for action in actions:
+            if (
+                isinstance(action, Reply)
+                and wire.commits.get(action.request_id) == name
+                and isinstance(action.payload, dict)
+                and action.payload.get("ok")
+            ):
+                fail("ack-without-quorum", f"{name} acknowledged a commit while Disabled")
+
+    sim.observers.append(disabled_acks)
     clock: Callable[[], float] = lambda: sim.now  # noqa: E731
     ledger = Ledger(Recorder(clock), Recorder(clock))
     wire = Wire(sim, 0.0003, cfg.op_timeout)
@@ -682,6 +759,8 @@ def run_seed(
 
     history = ledger.la.history()
     check_histories(ledger, history, numbers, total, fail)
+    for stale in ledger.stale[:3]:
+        fail("stale-read", stale)
     if audit.committed:
         check_final(ledger, audit, numbers, total, fail)
         check_durable(sim, names, fail)

@@ -15,11 +15,29 @@ from typing import Any
 from nonstop import errors
 from nonstop.cluster.node import ClusterConfig
 from nonstop.dataplane.branches import BranchRegistry
-from nonstop.dataplane.events import Decide, DecisionDone
+from nonstop.dataplane.events import ClusterChanged, Decide, DecisionDone
 from nonstop.dataplane.machine import DataPlane, DataPlaneConfig
 from nonstop.dtx.decisions import COMMIT
 from nonstop.dtx.protocol import CoordTx, DtxNode
 from nonstop.sim.scenarios.dataplane_node import SimDataNode
+
+
+class _Swapped(SimDataNode):
+    """A node with one part replaced by a broken one (``dtx_part`` or ``dataplane_part``)."""
+
+    dtx_part: type[DtxNode] = DtxNode
+    dataplane_part: type[DataPlane] = DataPlane
+
+    def __init__(
+        self,
+        cluster_config: ClusterConfig,
+        rng: random.Random,
+        recovered: Mapping[bytes, bytes],
+        **kwargs: Any,
+    ) -> None:
+        kwargs.setdefault("dtx_class", self.dtx_part)
+        kwargs.setdefault("dataplane_class", self.dataplane_part)
+        super().__init__(cluster_config, rng, recovered, **kwargs)
 
 
 class AckBeforeDecision(SimDataNode):
@@ -49,7 +67,7 @@ class _AckOnVotesDtx(DtxNode):
         super()._on_all_yes(tx)  # proposes commit; its answer no longer reaches the client
 
 
-class AckOnVotes(SimDataNode):
+class AckOnVotes(_Swapped):
     """The subtle variant: a commit is acknowledged when every participant voted yes.
 
     Everything else runs as it should, so the transaction nearly always commits;
@@ -59,14 +77,42 @@ class AckOnVotes(SimDataNode):
     doubt proposes abort first (B9).  That needs a fault at the wrong moment.
     """
 
-    def __init__(
-        self,
-        cluster_config: ClusterConfig,
-        rng: random.Random,
-        recovered: Mapping[bytes, bytes],
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(cluster_config, rng, recovered, dtx_class=_AckOnVotesDtx, **kwargs)
+    dtx_part = _AckOnVotesDtx
+
+
+class _AckAtDecisionDtx(DtxNode):
+    """Replies commit to ``run`` as soon as the log decided, before the participants applied."""
+
+    def _commit_decided(self, tx: CoordTx, reply: dict[str, Any]) -> None:
+        self._reply(tx, reply)
+
+
+class AckBeforeApply(_Swapped):
+    """A commit is acknowledged once its decision is durable, before every participant applied it.
+
+    Durable and atomic -- nothing is lost -- but a read right after the
+    acknowledgement may still see the state before the commit on a participant
+    that has not applied it yet: the stale read of issue 10.  The read-back check
+    (no stale read after an acknowledged commit) catches it.
+    """
+
+    dtx_part = _AckAtDecisionDtx
+
+
+class _QuorumBlindPlane(DataPlane):
+    def _on_cluster(self, ev: ClusterChanged) -> None:
+        super()._on_cluster(ev)
+        self.view.quorum = "Active"  # the bug: a node cut off from the majority commits on
+
+
+class CommitWithoutQuorum(_Swapped):
+    """A node without quorum (Disabled) still commits its clients' local transactions.
+
+    Distributed commits still fail there (the decision log has no quorum), so
+    only one-node commits are acknowledged: the ack-without-quorum check catches it.
+    """
+
+    dataplane_part = _QuorumBlindPlane
 
 
 class _KeepOrphans(BranchRegistry):
@@ -82,7 +128,7 @@ class _KeepOrphansPlane(DataPlane):
         self.registry = _KeepOrphans(self)
 
 
-class KeepOrphanBranches(SimDataNode):
+class KeepOrphanBranches(_Swapped):
     """A participant does not roll back a coordinator's branches when it sees it Down.
 
     Not a safety bug -- the branches idle out after ``branch_idle`` -- but their
@@ -91,16 +137,7 @@ class KeepOrphanBranches(SimDataNode):
     its branches afterwards) catches it.
     """
 
-    def __init__(
-        self,
-        cluster_config: ClusterConfig,
-        rng: random.Random,
-        recovered: Mapping[bytes, bytes],
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(
-            cluster_config, rng, recovered, dataplane_class=_KeepOrphansPlane, **kwargs
-        )
+    dataplane_part = _KeepOrphansPlane
 
 
 class _UnfencedPlane(DataPlane):
@@ -108,22 +145,23 @@ class _UnfencedPlane(DataPlane):
         return None
 
 
-class AckWithoutActing(SimDataNode):
+class AckWithoutActing(_Swapped):
     """Routing by partition: a node runs and acknowledges branch ops (and votes) for a
     partition whatever it acts for -- at a stale epoch, or after its lease ran out.  The
     partitioned scenario's ack-acting check catches it
     (:mod:`.dataplane_partitions`)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, dataplane_class=_UnfencedPlane, **kwargs)
+    dataplane_part = _UnfencedPlane
 
 
 PARTITION_MUTANTS: dict[str, type[SimDataNode]] = {"ack-without-acting": AckWithoutActing}
 """Mutants of routing by partition: run with ``dataplane.partitioned_config()``."""
 
 MUTANTS: dict[str, type[SimDataNode]] = {
+    "ack-before-apply": AckBeforeApply,
     "ack-before-decision": AckBeforeDecision,
     "ack-on-votes": AckOnVotes,
+    "commit-without-quorum": CommitWithoutQuorum,
     "keep-orphan-branches": KeepOrphanBranches,
 }
 """Name (``--mutant``) -> node class."""
@@ -131,8 +169,10 @@ MUTANTS: dict[str, type[SimDataNode]] = {
 __all__ = [
     "MUTANTS",
     "PARTITION_MUTANTS",
+    "AckBeforeApply",
     "AckBeforeDecision",
     "AckOnVotes",
     "AckWithoutActing",
+    "CommitWithoutQuorum",
     "KeepOrphanBranches",
 ]

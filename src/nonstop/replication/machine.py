@@ -1,0 +1,548 @@
+"""The replication machine of one node: :class:`ReplicationMachine` (replication.md).
+
+Sans-I/O (``nonstop.runtime.interface``): the runtime's events go to
+:meth:`~ReplicationMachine.handle`; the layer above calls
+:meth:`~ReplicationMachine.replicate`, :meth:`~ReplicationMachine.outcome` and
+:meth:`~ReplicationMachine.noop` and, **after every event**,
+:meth:`~ReplicationMachine.on_table` with the applied partition table (as
+:class:`~nonstop.replication.view.PartitionView`) and the partitions this node
+acts for.  ``on_table`` ends the event: it completes what can be completed and
+flushes -- one ``rep`` message per replica node carrying every record queued
+for it, of every partition (batching per group commit).
+
+Active side, per partition P this node acts for (a :class:`Stream`):
+
+* a caller's record gets the next seq, is applied and persisted here, and
+  queued for every replica (in-sync sync members of ``current`` and copying
+  sync members);
+* it completes (:class:`Completed`) once it is durable here *and* every
+  in-sync sync replica of the current epoch acknowledged it durably (I3), in
+  seq order, and only while this node acts for P;
+* a replica silent for ``replica_timeout`` with records outstanding (or one
+  whose history diverged) is dropped: a D12 ``drop(P, e, B)`` is
+  :class:`Submit`-ted and nothing after the silent replica's place completes
+  until the entry is applied here and B is gone from the epoch's list;
+* the epoch moving with this node no longer active fails every waiting record
+  with ``NotActive`` (:class:`Failed`): the caller retries on the active node;
+* on starting to act (promotion, restart) it asks the layer above to resolve
+  every prepared record of P from the decision log (:class:`Resolve`), and
+  again for a prepared record still there after ``resolve_after``;
+* a copying node gets a ``reset`` record, then the partition's objects in
+  batches of ``batch`` (each acknowledged before the next is made), while new
+  records flow to it too; :meth:`copy_done` tells the restorer when to
+  propose ``restored``.
+
+Replica side: :mod:`nonstop.replication.replica` (fencing, order, buffering);
+the answer to a ``rep`` goes out after ``Persisted``.
+
+Messages (``t``):
+
+* ``rep.rep`` active -> replica ``{"parts": [[P, e, stream, base, [record, ...]], ...]}``
+* ``rep.ack`` replica -> active ``{"parts": [[P, e, stream, durable seq, status], ...]}``
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from nonstop.ha.partition_table import drop_entry
+from nonstop.replication.actions import (
+    BAD_REQUEST,
+    NOT_ACTIVE,
+    STALE_EPOCH,
+    Completed,
+    Failed,
+    Resolve,
+    Submit,
+)
+from nonstop.replication.data import PartitionData, Write
+from nonstop.replication.records import (
+    COMMIT,
+    COPY,
+    EMPTY,
+    NOOP,
+    OUTCOME,
+    OUTCOME_ABORT,
+    OUTCOME_COMMIT,
+    PREPARE,
+    RESET,
+    Head,
+    Record,
+    head_from_wire,
+    record_from_wire,
+)
+from nonstop.replication.replica import DIVERGED, OK, STATUSES, ReplicaSide
+from nonstop.replication.stream import Peer, Stream
+from nonstop.replication.view import PartitionView
+from nonstop.runtime.interface import (
+    Event,
+    Log,
+    NodeId,
+    Notify,
+    Persist,
+    Persisted,
+    Received,
+    Send,
+    SetTimer,
+    TimerFired,
+)
+
+REP = "rep.rep"
+ACK = "rep.ack"
+TICK = "rep.tick"
+PREFIX = "rep."
+"""Message types and timer names of the machine all start with this."""
+
+MUTANTS = ("ack_before_replica", "stale_epoch", "ignore_prepared")
+"""Broken variants the simulator must catch (replication.md, section 8)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicationConfig:
+    replica_timeout: float = 1.0
+    """A sync replica silent this long with records outstanding is dropped (D12)."""
+    resend: float = 0.1
+    """Unacknowledged records are sent again this often."""
+    batch: int = 1000
+    """Objects per restore-copy record (the policy's ``batch``)."""
+    resolve_after: float = 2.0
+    """A prepared record on the acting node without outcome this long is resolved again."""
+    max_records: int = 256
+    """Records of one partition per message (a long backlog goes over several flushes)."""
+    mutant: str | None = None
+    """Simulator only: one of :data:`MUTANTS`."""
+
+
+_LOCAL = 0
+_REPLICA = 1
+
+
+class ReplicationMachine:
+    """Active and replica sides of synchronous replication on one node (module doc)."""
+
+    def __init__(
+        self,
+        me: NodeId,
+        rng: random.Random,
+        recovered: Mapping[bytes, bytes],
+        config: ReplicationConfig | None = None,
+    ) -> None:
+        self.me = me
+        self.rng = rng
+        self.config = config or ReplicationConfig()
+        self.data = PartitionData.recover(recovered)
+        self.replica = ReplicaSide(me, self.data, fence=self.config.mutant != "stale_epoch")
+        self.streams: dict[str, Stream] = {}
+        self.views: dict[str, PartitionView] = {}
+        self.acting: frozenset[str] = frozenset()
+        self.durable: dict[str, Head] = dict(self.data.heads)
+        """Per partition, the place durable on this node's disk."""
+        self._token = 0
+        self._tokens: dict[int, tuple[int, Any]] = {}
+        self._drops: dict[tuple[str, int, NodeId], float] = {}
+        self._prepared_seen: dict[tuple[str, str], float] = {}
+        self._tick_armed = False
+        self.stats = {"completed": 0, "drops": 0, "copies": 0, "resolves": 0, "diverged": 0}
+
+    # ------------------------------------------------------------ the layer above
+    def replicate(
+        self,
+        now: float,
+        ref: Any,
+        partition: str,
+        epoch: int,
+        writes: Mapping[str, Any],
+        kind: str = COMMIT,
+        txid: str | None = None,
+    ) -> list[Any]:
+        """Replicate a one-phase commit or a prepared record of ``partition`` at ``epoch``."""
+        if kind not in (COMMIT, PREPARE) or not isinstance(writes, Mapping):
+            return [Failed(ref, partition, BAD_REQUEST)]
+        if not all(isinstance(k, str) for k in writes) or (kind == PREPARE and not txid):
+            return [Failed(ref, partition, BAD_REQUEST)]
+        return self._record(now, ref, partition, epoch, kind, txid, dict(writes), None)
+
+    def outcome(self, now: float, ref: Any, partition: str, txid: str, outcome: str) -> list[Any]:
+        """Replicate ``txid``'s outcome: its prepared record is applied or dropped everywhere."""
+        if outcome not in (OUTCOME_COMMIT, OUTCOME_ABORT) or not isinstance(txid, str):
+            return [Failed(ref, partition, BAD_REQUEST)]
+        return self._record(now, ref, partition, None, OUTCOME, txid, {}, outcome)
+
+    def noop(self, now: float, ref: Any, partition: str) -> list[Any]:
+        """Complete once every in-sync replica holds everything this node holds of P."""
+        return self._record(now, ref, partition, None, NOOP, None, {}, None)
+
+    def copy_done(self, partition: str, node: NodeId) -> bool:
+        """Has the restore copy of ``partition`` to ``node`` finished (for ``restored``)?"""
+        view = self.views.get(partition)
+        if view is None or partition not in self.acting or node not in view.copying:
+            return False
+        if node not in view.sync:
+            return True  # asynchronous replicas hold nothing yet (D11 is a later issue)
+        stream = self.streams.get(partition)
+        peer = stream.peers.get(node) if stream is not None else None
+        # Caught up with everything, not only the copy: from the moment the copy is finished
+        # completions wait for this node too (see _complete), so when ``restored`` is applied
+        # it holds every record acknowledged before -- it may become the active node at once.
+        return (
+            peer is not None
+            and peer.copy_finished()
+            and stream is not None
+            and (peer.acked >= stream.last)
+        )
+
+    def on_table(
+        self, now: float, views: Mapping[str, PartitionView], acting: Iterable[str]
+    ) -> list[Any]:
+        """The applied table and this node's acting set after an event; ends the event."""
+        self.views = dict(views)
+        self.acting = frozenset(acting)
+        actions: list[Any] = []
+        for name, stream in list(self.streams.items()):
+            view = self.views.get(name)
+            # Another node's record applied here (a restore copy from another active node, in
+            # events this one did not see as a gap) ends this stream too: its waiting records
+            # may have been overwritten, so they must not complete.
+            moved = self.data.head(name)[0] != stream.stream_id
+            if view is None or view.active != self.me or moved:
+                actions += self._end_stream(name, view)
+        for name in sorted(self.acting):
+            view = self.views.get(name)
+            if view is not None and view.active == self.me and name not in self.streams:
+                actions += self._start_stream(now, view)
+        for name, stream in self.streams.items():
+            actions += self._sync_peers(now, stream, self.views[name])
+        return actions + self._progress(now, complete=True)
+
+    # ------------------------------------------------------------ runtime events
+    def handle(self, event: Event) -> list[Any]:
+        now = event.now
+        actions: list[Any] = []
+        if isinstance(event, Received):
+            payload = event.payload
+            kind = payload.get("t") if isinstance(payload, dict) else None
+            if kind == REP:
+                actions = self._on_rep(event.sender, payload)
+            elif kind == ACK:
+                self._on_ack(now, event.sender, payload)
+            else:
+                return [Log("warning", f"replication: unknown message from {event.sender}")]
+        elif isinstance(event, TimerFired) and event.name == TICK:
+            self._tick_armed = False
+            for stream in self.streams.values():
+                for peer in stream.peers.values():
+                    peer.sent = peer.acked  # resend what is not acknowledged
+        elif isinstance(event, Persisted):
+            actions = self._on_persisted(event.token)
+        # No completion here: whether this node acts is only known once the composition has
+        # handed the table over (on_table, at the end of this event).  A node resuming from
+        # a pause must not acknowledge from the answer it had before the pause.
+        return actions + self._progress(now, complete=False)
+
+    # ------------------------------------------------------------ active side
+    def _record(
+        self,
+        now: float,
+        ref: Any,
+        partition: str,
+        epoch: int | None,
+        kind: str,
+        txid: str | None,
+        writes: dict[str, Any],
+        extra: str | None,
+    ) -> list[Any]:
+        view = self.views.get(partition)
+        if view is None:
+            return [Failed(ref, partition, BAD_REQUEST)]
+        if epoch is not None and epoch != view.epoch:
+            return [Failed(ref, partition, STALE_EPOCH, view.active)]
+        stream = self.streams.get(partition)
+        if partition not in self.acting or stream is None:
+            return [Failed(ref, partition, NOT_ACTIVE, view.active)]
+        actions = self._append(stream, kind, txid=txid, writes=writes, extra=extra)
+        stream.pending.append((stream.last, ref))
+        return actions
+
+    def _append(self, stream: Stream, kind: str, **fields: Any) -> list[Any]:
+        """Add a record to the stream, apply and persist it here."""
+        record = stream.add(kind, **fields)
+        writes = self.data.apply(stream.partition, stream.stream_id, record, self.me)
+        return [self._persist(writes, (_LOCAL, (stream.partition, stream.stream_id, record.seq)))]
+
+    def _persist(self, writes: list[Write], what: tuple[int, Any]) -> Persist:
+        self._token += 1
+        self._tokens[self._token] = what
+        return Persist(self._token, tuple(writes))
+
+    def _start_stream(self, now: float, view: PartitionView) -> list[Any]:
+        name = view.name
+        self.replica.forget_incoming(name)
+        stream = Stream(name, self.rng.getrandbits(62) + 1, self.data.head(name), view.epoch)
+        self.streams[name] = stream
+        actions: list[Any] = []
+        if self.config.mutant == "ignore_prepared":
+            gone = self.data.discard_prepared(name)
+            if gone:
+                actions.append(self._persist(gone, (_LOCAL, None)))
+        else:
+            for txid in sorted(self.data.prepared_of(name)):
+                self._prepared_seen[(name, txid)] = now
+                self.stats["resolves"] += 1
+                actions.append(Resolve(name, txid))
+        actions += self._sync_peers(now, stream, view)
+        # A first record at once: replicas confirm the base, so divergence is found now.
+        return actions + self._append(stream, NOOP)
+
+    def _end_stream(self, name: str, view: PartitionView | None) -> list[Any]:
+        stream = self.streams.pop(name)
+        active = view.active if view is not None else None
+        return [Failed(ref, name, NOT_ACTIVE, active) for _, ref in stream.pending]
+
+    def _sync_peers(self, now: float, stream: Stream, view: PartitionView) -> list[Any]:
+        """Make the stream's peers the epoch's replicas; start copies to copying nodes."""
+        stream.epoch = view.epoch
+        targets = view.targets()
+        for node in [n for n in stream.peers if n not in targets]:
+            del stream.peers[node]
+        actions: list[Any] = []
+        for node in targets:
+            peer = stream.peers.get(node)
+            if node in view.copying and (peer is None or not peer.copying):
+                actions += self._start_copy(now, stream, node)
+            elif peer is None:
+                peer = stream.peers[node] = Peer(node, acked=0, progress_at=now)
+                peer.diverged = not stream.can_serve(0)
+        return actions
+
+    def _start_copy(self, now: float, stream: Stream, node: NodeId) -> list[Any]:
+        name = stream.partition
+        prepared = {t: dict(w) for t, w in self.data.prepared_of(name).items()}
+        actions = self._append(stream, RESET, writes=prepared, extra=node)
+        reset = stream.last
+        stream.peers[node] = Peer(
+            node,
+            acked=reset - 1,
+            progress_at=now,
+            copy_reset=reset,
+            copy_keys=sorted(self.data.values(name)),
+            copy_last=reset,
+        )
+        self.stats["copies"] += 1
+        return actions
+
+    def _progress(self, now: float, *, complete: bool) -> list[Any]:
+        """Copy batches, completions, D12 drops, re-resolves, pruning; then flush."""
+        actions: list[Any] = []
+        for name, stream in self.streams.items():
+            view = self.views[name]
+            for peer in stream.peers.values():
+                if peer.copying and peer.copy_keys and peer.acked >= peer.copy_last:
+                    keys = peer.copy_keys[: self.config.batch]
+                    del peer.copy_keys[: self.config.batch]
+                    values = self.data.values(name)
+                    batch = {k: values.get(k) for k in keys}
+                    actions += self._append(stream, COPY, writes=batch, extra=peer.node)
+                    peer.copy_last = stream.last
+            if complete and name in self.acting:
+                actions += self._complete(stream, view)
+                actions += self._re_resolve(now, name)
+            actions += self._drop_silent(now, stream, view)
+            stream.prune()
+        return actions + self._flush()
+
+    def _complete(self, stream: Stream, view: PartitionView) -> list[Any]:
+        needed = [stream.peers.get(n) for n in view.in_sync_replicas()]
+        # A copying node whose copy is finished is about to be proposed in sync (``restored``):
+        # from then on it must hold every record acknowledged, like an in-sync replica.
+        needed += [p for p in stream.peers.values() if p.copy_finished()]
+        if self.config.mutant == "ack_before_replica":
+            needed = []
+        out: list[Any] = []
+        while stream.pending:
+            seq, ref = stream.pending[0]
+            if seq > stream.local_durable or any(p is None or p.acked < seq for p in needed):
+                break
+            stream.pending.popleft()
+            self.stats["completed"] += 1
+            out.append(Completed(ref, stream.partition, view.epoch, seq))
+            out.append(
+                Notify(
+                    "rep.acked",
+                    {"p": stream.partition, "e": view.epoch, "seq": seq, "s": stream.stream_id},
+                )
+            )
+        return out
+
+    def _re_resolve(self, now: float, name: str) -> list[Any]:
+        if self.config.mutant == "ignore_prepared":
+            return []
+        out: list[Any] = []
+        prepared = self.data.prepared_of(name)
+        for key in [k for k in self._prepared_seen if k[0] == name and k[1] not in prepared]:
+            del self._prepared_seen[key]  # resolved since
+        for txid in sorted(prepared):
+            seen = self._prepared_seen.setdefault((name, txid), now)
+            if now - seen >= self.config.resolve_after:
+                self._prepared_seen[(name, txid)] = now
+                self.stats["resolves"] += 1
+                out.append(Resolve(name, txid))
+        return out
+
+    def _drop_silent(self, now: float, stream: Stream, view: PartitionView) -> list[Any]:
+        out: list[Any] = []
+        for peer in stream.peers.values():
+            quiet_for = now - peer.progress_at
+            silent = peer.acked < stream.last and quiet_for > self.config.replica_timeout
+            if not (silent or (peer.diverged and not peer.copying)):
+                continue
+            key = (stream.partition, view.epoch, peer.node)
+            last = self._drops.get(key)
+            if last is not None and now - last < self.config.replica_timeout:
+                continue
+            self._drops[key] = now
+            if len(self._drops) > 4096:
+                self._drops = {k: t for k, t in self._drops.items() if now - t < 60.0}
+            self.stats["drops"] += 1
+            why = "diverged" if peer.diverged else f"silent for {quiet_for:.3f}s"
+            out.append(Log("warning", f"{stream.partition}: dropping replica {peer.node} ({why})"))
+            out.append(Submit(drop_entry(stream.partition, view.epoch, peer.node)))
+        return out
+
+    def _flush(self) -> list[Any]:
+        parts: dict[NodeId, list[Any]] = {}
+        for name, stream in self.streams.items():
+            for peer in stream.peers.values():
+                records = stream.unsent(peer, self.config.max_records)
+                if not records:
+                    continue
+                peer.sent = records[-1].seq
+                parts.setdefault(peer.node, []).append(
+                    [
+                        name,
+                        stream.epoch,
+                        stream.stream_id,
+                        list(stream.base),
+                        [r.to_wire(peer.node) for r in records],
+                    ]
+                )
+        actions: list[Any] = [
+            Send(node, {"t": REP, "parts": ps}) for node, ps in sorted(parts.items())
+        ]
+        outstanding = any(p.acked < s.last for s in self.streams.values() for p in s.peers.values())
+        if outstanding and not self._tick_armed:
+            self._tick_armed = True
+            actions.append(SetTimer(TICK, self.config.resend))
+        return actions
+
+    def _on_ack(self, now: float, sender: NodeId, payload: dict[str, Any]) -> None:
+        parts = payload.get("parts")
+        if not isinstance(parts, list):
+            return
+        for raw in parts:
+            if not isinstance(raw, list) or len(raw) != 5:
+                continue
+            name, _epoch, stream_id, seq, status = raw
+            stream = self.streams.get(name) if isinstance(name, str) else None
+            if stream is None or stream.stream_id != stream_id or status not in STATUSES:
+                continue
+            peer = stream.peers.get(sender)
+            if peer is None or not isinstance(seq, int) or isinstance(seq, bool):
+                continue
+            if status == OK and peer.acked < seq <= stream.last:
+                peer.acked = seq
+                peer.progress_at = now
+                peer.diverged = False
+            elif status == DIVERGED and not peer.copying and not peer.diverged:
+                peer.diverged = True
+                self.stats["diverged"] += 1
+
+    # ------------------------------------------------------------ replica side
+    def _on_rep(self, sender: NodeId, payload: dict[str, Any]) -> list[Any]:
+        parts = payload.get("parts")
+        if not isinstance(parts, list):
+            return [Log("warning", f"replication: malformed rep from {sender}")]
+        answers: list[Any] = []
+        writes: list[Write] = []
+        applied: list[tuple[str, int, int, Head]] = []
+        bad = 0
+        for raw in parts:
+            part = _parse_part(raw)
+            if part is None:
+                bad += 1
+                continue
+            name, epoch, stream_id, base, records = part
+            status = self.replica.admit(self.views.get(name), epoch, sender)
+            if status == OK:
+                status, new = self.replica.receive(name, stream_id, base, records)
+                if new:
+                    writes += new
+                    applied.append((name, epoch, stream_id, self.data.head(name)))
+                    continue
+            answers.append([name, epoch, stream_id, self._durable_seq(name, stream_id), status])
+        actions: list[Any] = []
+        if bad:
+            actions.append(Log("warning", f"replication: {bad} malformed part(s) from {sender}"))
+        if answers:
+            actions.append(Send(sender, {"t": ACK, "parts": answers}))
+        if writes:
+            actions.append(self._persist(writes, (_REPLICA, (sender, applied))))
+        return actions
+
+    def _durable_seq(self, name: str, stream_id: int) -> int:
+        head = self.durable.get(name, EMPTY)
+        return head[1] if head[0] == stream_id else 0
+
+    def _on_persisted(self, token: int) -> list[Any]:
+        what = self._tokens.pop(token, None)
+        if what is None:
+            return []
+        side, info = what
+        if side == _LOCAL:
+            if info is not None:
+                name, stream_id, seq = info
+                self.durable[name] = (stream_id, seq)
+                stream = self.streams.get(name)
+                if stream is not None and stream.stream_id == stream_id:
+                    stream.local_durable = max(stream.local_durable, seq)
+            return []
+        sender, applied = info
+        answers = []
+        for name, epoch, stream_id, head in applied:
+            self.durable[name] = head
+            seq = head[1] if head[0] == stream_id else 0
+            answers.append([name, epoch, stream_id, seq, OK])
+        return [Send(sender, {"t": ACK, "parts": answers})]
+
+    # ------------------------------------------------------------ observers
+    def status(self) -> dict[str, Any]:
+        return {
+            "streams": {
+                n: {"epoch": s.epoch, "last": s.last, "pending": len(s.pending)}
+                for n, s in self.streams.items()
+            },
+            "heads": {n: list(h) for n, h in self.data.heads.items()},
+            **self.stats,
+        }
+
+
+def _parse_part(raw: Any) -> tuple[str, int, int, Head, list[Record]] | None:
+    if not isinstance(raw, list) or len(raw) != 5:
+        return None
+    name, epoch, stream_id, base_raw, records_raw = raw
+    if not isinstance(name, str) or not isinstance(epoch, int) or isinstance(epoch, bool):
+        return None
+    if epoch < 0 or not isinstance(stream_id, int) or stream_id < 1:
+        return None
+    base = head_from_wire(base_raw)
+    if base is None or not isinstance(records_raw, list):
+        return None
+    records = [record_from_wire(r) for r in records_raw]
+    if any(r is None for r in records):
+        return None
+    return name, epoch, stream_id, base, [r for r in records if r is not None]
+
+
+__all__ = ["ACK", "MUTANTS", "PREFIX", "REP", "TICK", "ReplicationConfig", "ReplicationMachine"]
