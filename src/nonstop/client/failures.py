@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import ssl
 
-from nonstop.errors import ProtocolError
+from nonstop.errors import AuthenticationFailed, ProtocolError
 from nonstop.net.connection import HandshakeRejected
 from nonstop.net.frames import FrameError
-from nonstop.net.handshake import Hello
+from nonstop.net.handshake import AUTHENTICATION_FAILED, Hello
 
 NETWORK_ERRORS = (OSError, EOFError, TimeoutError, FrameError, ProtocolError)
 """What a lost, refused, reset or silent connection raises (``ConnectionError`` is an
@@ -50,6 +50,11 @@ class NodeRefused(HandshakeRejected):
         self.args = (f"connection to node {address} refused: {code}: {reason}",)
 
 
+class AuthenticationRefused(NodeRefused, AuthenticationFailed):
+    """A node refused this client's credential (or its lack of one): the
+    :class:`~nonstop.errors.AuthenticationFailed` that callers catch."""
+
+
 def is_network_error(exc: BaseException) -> bool:
     """True for a failure worth trying another node for (not a :class:`NodeRefused`)."""
     return isinstance(exc, NETWORK_ERRORS) and not isinstance(exc, NodeRefused)
@@ -66,6 +71,8 @@ def refusal(address: str, exc: BaseException) -> NodeRefused | None:
     """
     if isinstance(exc, NodeRefused):
         return exc
+    if isinstance(exc, HandshakeRejected) and exc.code == AUTHENTICATION_FAILED:
+        return AuthenticationRefused(address, exc.code, exc.reason, exc.peer)
     if isinstance(exc, HandshakeRejected):
         return NodeRefused(address, exc.code, exc.reason, exc.peer)
     if isinstance(exc, ssl.SSLCertVerificationError):
@@ -76,4 +83,11 @@ def refusal(address: str, exc: BaseException) -> NodeRefused | None:
     return None
 
 
-__all__ = ["NETWORK_ERRORS", "TLS_REFUSED", "NodeRefused", "is_network_error", "refusal"]
+__all__ = [
+    "NETWORK_ERRORS",
+    "TLS_REFUSED",
+    "AuthenticationRefused",
+    "NodeRefused",
+    "is_network_error",
+    "refusal",
+]

@@ -79,11 +79,15 @@ def build_cluster_node(
     in the store's own commits, routed there through ``context.route_persists``
     (data-path.md section 5).
     """
+    from nonstop.security.users_table import UsersLogTable
+
     config = cluster_config(cfg, ident)
     if context is None or context.db is None:
         from nonstop.cluster.node import ClusterNode
 
-        return ClusterNode(config, rng, recovered)
+        node = ClusterNode(config, rng, recovered)
+        node.register_table(UsersLogTable(node))
+        return node
     from nonstop.dataplane.participant import (
         K_DTX,
         DtxPersister,
@@ -103,7 +107,16 @@ def build_cluster_node(
     context.route_persists(K_DTX, StoreWrites(DtxPersister(db)), label="dtx", distinct_keys=True)
     real = getattr(DtxConfig, "real", None)
     dtx_config = real() if real is not None else DtxConfig()
-    return DtxClusterNode(config, rm, rng, merged, dtx_config)
+    machine = DtxClusterNode(config, rm, rng, merged, dtx_config)
+    machine.cluster.register_table(UsersLogTable(machine.cluster))
+    return machine
+
+
+def users_table(machine: Any) -> Any:
+    """The machine's users table (``nonstop.security.users_table``), or None."""
+    cluster = getattr(machine, "cluster", machine)
+    tables = getattr(cluster, "tables", None)
+    return None if tables is None else tables.get("users")
 
 
 class StoreWrites:

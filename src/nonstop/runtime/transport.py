@@ -9,9 +9,13 @@
   (static), a peer's hello, a dialed address's answer, peers' address books
   or UDP announcements; a higher source wins (C2: static beats dynamic).
   Every connected peer is told the addresses we know (peer-assisted discovery).
+* Authentication (``config.guard``, :mod:`nonstop.net.challenge`): a peer is a
+  member only once it proved the cluster secret, on both directions of a link;
+  a client connection carries the principal it proved (a user, or a node asking
+  to join).  A connection refused before its proof changes nothing here.
 * Identity checks: a second live process claiming a name we talk to is
-  refused; a refusal because of a peer's identity or protocol range is handed
-  to the host so the failure detector can classify the peer (C3).
+  refused; a refusal because of a proven peer's identity or protocol range is
+  handed to the host so the failure detector can classify the peer (C3).
 
 The transport knows nothing of machines: it tells its :class:`TransportHost`
 (the runtime) what it sees, and hands it the handshake'd client connections.
@@ -30,6 +34,7 @@ from typing import Any, Protocol
 from nonstop.errors import ProtocolError
 from nonstop.net import handshake
 from nonstop.net.address import split_address
+from nonstop.net.auth import NodeKey
 from nonstop.net.connection import Connection, HandshakeRejected, accept, dial
 from nonstop.net.discovery import Discovery
 from nonstop.net.frames import FrameError
@@ -131,6 +136,7 @@ class PeerLink:
                     ssl_context=tr.client_ssl,
                     timeout=tr.config.connect_timeout,
                     max_frame=tr.config.max_frame,
+                    credential=tr.node_key,
                 )
             except HandshakeRejected as exc:
                 tr.on_rejected(self, exc)
@@ -193,6 +199,9 @@ class Transport:
         if config.tls.enabled:
             self.server_ssl = server_context(config.tls)
             self.client_ssl = client_context(config.tls)
+        self.guard = config.guard
+        self.node_key = None if config.guard is None else NodeKey(config.guard.secret)
+        """What this node proves when it dials a peer (the cluster secret)."""
         self.peers: dict[str, Hello] = {}
         """The last hello seen from each peer name (address, pid, ...)."""
         self.addresses: dict[str, tuple[str, int]] = {}
@@ -398,10 +407,17 @@ class Transport:
         try:
             try:
                 peer = await accept(
-                    conn, self.hello, self.config.handshake_timeout, self._check_identity
+                    conn,
+                    self.hello,
+                    self.config.handshake_timeout,
+                    self._check_identity,
+                    guard=self.guard,
                 )
             except HandshakeRejected as exc:
                 log.warning("rejected connection from %s: %s", conn.remote, exc)
+                self.stats[f"refused_{exc.code}"] += 1
+                # exc.peer is None when the refusal came before the proof: only a
+                # proven member's identity or protocol range may classify it (C3).
                 refused = exc.peer
                 if (
                     refused is not None
@@ -418,6 +434,8 @@ class Transport:
                 return
             if peer.role == handshake.ROLE_CLIENT:
                 await self.host.serve_client(conn)
+            elif self.guard is not None and conn.principal.kind != "node":
+                log.warning("closing %s: a node link from a non-member", conn.remote)
             else:
                 await self._serve_peer(conn, peer)
         except asyncio.CancelledError:
