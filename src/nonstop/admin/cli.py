@@ -3,7 +3,7 @@
 One command group per module: ``node`` (:mod:`nonstop.admin.cmd_node`),
 ``cluster`` (:mod:`nonstop.admin.cmd_cluster`), ``local``
 (:mod:`nonstop.admin.cmd_local`), ``pipeline`` (:mod:`nonstop.admin.pipeline`),
-``store`` (:mod:`nonstop.admin.scrub`).
+``store`` (:mod:`nonstop.admin.scrub`), ``user`` (:mod:`nonstop.admin.cmd_user`).
 Every command prints either a human table or, with ``--json``, one JSON
 document on stdout; errors are one line on stderr (``nonstop: error: ...``,
 :mod:`nonstop.admin.output`), exit code 2 for a usage error and 1 for a
@@ -17,6 +17,7 @@ import click
 from nonstop.admin.cmd_cluster import cluster
 from nonstop.admin.cmd_local import local
 from nonstop.admin.cmd_node import node
+from nonstop.admin.cmd_user import user
 from nonstop.admin.output import emit_status, fail
 from nonstop.admin.pipeline import pipeline
 from nonstop.admin.scrub import store
@@ -33,6 +34,7 @@ cli.add_command(cluster)
 cli.add_command(local)
 cli.add_command(pipeline)  # the Spark jobs
 cli.add_command(store)  # nonstop store verify (nonstop.admin.scrub)
+cli.add_command(user)  # users and roles (nonstop.admin.cmd_user)
 
 
 def main() -> None:

@@ -20,7 +20,7 @@ import click
 
 from nonstop.admin.local import LocalCluster
 from nonstop.admin.output import USAGE, emit_status, fail
-from nonstop.errors import Error
+from nonstop.errors import AuthenticationFailed, Error
 from nonstop.net.tls import TLSConfig
 
 DIR_HELP = "Local cluster folder whose nodes to ask (default ./.nonstop/local)."
@@ -34,14 +34,21 @@ class Target:
     cluster: str
     source: str
     folder: str | None = None
+    credentials: str | None = None
 
 
-def resolve_target(address: str | None, folder: str | None) -> Target:
-    """``--node`` wins; else the local cluster of ``--dir``; else a one-line refusal."""
+def resolve_target(
+    address: str | None, folder: str | None, credentials: str | None = None
+) -> Target:
+    """``--node`` wins; else the local cluster of ``--dir``; else a one-line refusal.
+
+    The credential: ``--credentials``, else ``$NONSTOP_CREDENTIALS``, else the local
+    cluster folder's (``nonstop.client.credentials``).
+    """
     from nonstop.admin.local import DEFAULT_DIR
 
     if address:
-        return Target(address, "", "--node")
+        return Target(address, "", "--node", credentials=credentials)
     lc = LocalCluster(folder or DEFAULT_DIR)
     layout = lc.load()
     if layout is None:
@@ -51,7 +58,11 @@ def resolve_target(address: str | None, folder: str | None) -> Target:
             USAGE,
         )
     return Target(
-        ",".join(lc.addresses(layout)), layout["cluster"], str(lc.layout_path), str(lc.dir)
+        ",".join(lc.addresses(layout)),
+        layout["cluster"],
+        str(lc.layout_path),
+        str(lc.dir),
+        credentials,
     )
 
 
@@ -60,7 +71,16 @@ def open_client(target: Target, timeout: float, tls: TLSConfig | None = None) ->
     from nonstop.client import connect
 
     try:
-        return connect(target.addresses, cluster=target.cluster, timeout=timeout, tls=tls)
+        return connect(
+            target.addresses,
+            cluster=target.cluster,
+            timeout=timeout,
+            tls=tls,
+            credentials=target.credentials,
+            folder=target.folder,
+        )
+    except AuthenticationFailed as exc:
+        fail(f"{exc} (--credentials FILE, or NONSTOP_CREDENTIALS)")
     except (Error, ValueError) as exc:
         if target.folder is not None:
             fail(

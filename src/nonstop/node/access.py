@@ -10,8 +10,10 @@ Read from the ``[auth]`` keys of the configuration when the node starts
 * the **bootstrap admin** (``auth.admin_file``, default
   ``DATA/admin.credentials.json``): a credentials file whose user has the ``admin``
   role on this node whatever the users table says, so a fresh cluster can be
-  administered (and a forgotten table cannot lock the operator out).  Generated
-  (0600) when the default file is missing.  Its verifier is computed once here.
+  administered (and a forgotten table cannot lock the operator out).  Written
+  (0600) when the default file is missing: a copy of ``$NONSTOP_CREDENTIALS`` when
+  the node's environment names one, else a generated password.  Its verifier is
+  computed once here.
 
 Every other user comes from the users table of the cluster log
 (:mod:`nonstop.security.users_table`), looked up at each handshake and request.
@@ -20,12 +22,14 @@ Every other user comes from the users table of the cluster log
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from nonstop.client.credentials import (
+    CREDENTIALS_ENV,
     load_credentials,
     load_secret,
     new_password,
@@ -126,8 +130,11 @@ def _admin_path(cfg: NodeConfig, data: Path) -> Path:
     path = data / DEFAULT_ADMIN
     if not path.exists():
         data.mkdir(parents=True, exist_ok=True)
-        write_credentials(path, "admin", new_password())
-        log.info("bootstrap admin credentials written to %s", path)
+        # Like `local up`: the operator's own credential when it names one.
+        env = os.environ.get(CREDENTIALS_ENV)
+        given = load_credentials(env) if env else Password("admin", new_password())
+        write_credentials(path, given.user, given.password)
+        log.info("bootstrap admin credentials (user %s) written to %s", given.user, path)
     return path
 
 
