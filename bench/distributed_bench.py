@@ -130,9 +130,9 @@ def arun(coro: Awaitable[Any]) -> Any:
 class NonstopSide:
     """The 3-node cluster with ``accounts`` accounts on A (0..n-1) and on B (n..2n-1)."""
 
-    def __init__(self, folder: Path, accounts: int) -> None:
+    def __init__(self, folder: Path, accounts: int, options: dict[str, Any] | None = None) -> None:
         self.accounts = accounts
-        self.cluster = OwnedCluster(folder, 3, apps=["nonstop.demos.bank"])
+        self.cluster = OwnedCluster(folder, 3, apps=["nonstop.demos.bank"], options=options)
         self.cluster.start_all()
         self.errors = 0
         self._load()
