@@ -33,6 +33,7 @@ from typing import Any
 
 from bench.distributed_bench import NonstopSide, event_loop
 from bench.peers import run_clients
+from nonstop.client.credentials import load_credentials
 from nonstop.client.handle import Client
 from nonstop.net import auth
 
@@ -88,7 +89,7 @@ def main(argv: list[str]) -> int:
         off = NonstopSide(Path(tmp) / "off", args.accounts, options=OFF)
         try:
             a_on, a_off = on.cluster.address("A"), off.cluster.address("A")
-            credential = nonstop.client.credentials.load_credentials(on.cluster.lc.credentials_path)
+            credential = load_credentials(on.cluster.lc.credentials_path)
             cold = [first_connect(a_on, credential) for _ in range(5)]
             conn = {"on": [], "off": []}  # type: dict[str, list[float]]
             for _ in range(2):  # interleaved halves
