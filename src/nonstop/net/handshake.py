@@ -42,6 +42,8 @@ DUPLICATE_TIMESTAMP = "DuplicateTimestamp"
 BAD_HELLO = "BadHello"
 AUTHENTICATION_FAILED = "AuthenticationFailed"
 """The proof of membership or of a user's password is missing or wrong."""
+WRONG_CERTIFICATE = "WrongCertificate"
+"""With ``tls.member_names``: the node's certificate does not name it."""
 
 
 def location_code(name: str) -> int:

@@ -69,6 +69,10 @@ class TLSSection(Section):
     ca: str | None = Field(default=None, description="CA that peers and clients must be signed by")
     require_client_cert: bool = Field(default=True, description="with `ca`: mutual TLS")
     check_hostname: bool = Field(default=True, description="verify peers' host names")
+    member_names: bool = Field(
+        default=False,
+        description="with `ca`: a node's certificate must name it (CN or DNS SAN = node name)",
+    )
 
     @property
     def enabled(self) -> bool:

@@ -39,7 +39,7 @@ from nonstop.net.connection import Connection, HandshakeRejected, accept, dial
 from nonstop.net.discovery import Discovery
 from nonstop.net.frames import FrameError
 from nonstop.net.handshake import Hello
-from nonstop.net.tls import client_context, server_context
+from nonstop.net.tls import certificate_names, client_context, server_context
 from nonstop.runtime.config import RuntimeConfig
 
 log = logging.getLogger("nonstop.runtime")
@@ -152,6 +152,15 @@ class PeerLink:
                 continue
             assert conn.peer is not None
             self.first_attempt.set()
+            wrong = tr.certificate_mismatch(conn, conn.peer.name)
+            if wrong is not None:
+                if self.refused != "certificate":
+                    log.error("peer at %s refused: %s", self.address, wrong)
+                self.refused = "certificate"
+                conn.close()
+                await self._sleep(max(delay, 1.0))
+                delay = min(delay * 2, tr.config.redial_max)
+                continue
             if not tr.on_link_up(self, conn):
                 conn.close()
                 return
@@ -410,7 +419,9 @@ class Transport:
                     conn,
                     self.hello,
                     self.config.handshake_timeout,
-                    self._check_identity,
+                    lambda hello: (
+                        self._check_identity(hello) or self._check_certificate(conn, hello)
+                    ),
                     guard=self.guard,
                 )
             except HandshakeRejected as exc:
@@ -461,6 +472,25 @@ class Transport:
                 f"{self.addresses.get(peer.name, ('?',))[0]}",
             )
         return None
+
+    def certificate_mismatch(self, conn: Connection, name: str) -> str | None:
+        """With ``tls.member_names``: why ``conn``'s certificate does not name node ``name``."""
+        if not (self.config.tls.member_names and self.config.tls.enabled):
+            return None
+        names = certificate_names(conn.writer.get_extra_info("peercert"))
+        if name in names:
+            return None
+        return (
+            f"node {name!r} presented a certificate for {', '.join(sorted(names)) or 'no name'}"
+            " (tls.member_names: a node's certificate must name it)"
+        )
+
+    def _check_certificate(self, conn: Connection, peer: Hello) -> handshake.Rejection | None:
+        """A node whose certificate names another node is refused (``tls.member_names``)."""
+        if peer.role != handshake.ROLE_NODE and peer.auth != "node":
+            return None
+        wrong = self.certificate_mismatch(conn, peer.name)
+        return None if wrong is None else handshake.Rejection(handshake.WRONG_CERTIFICATE, wrong)
 
     async def _serve_peer(self, conn: Connection, peer: Hello) -> None:
         self.peers[peer.name] = peer
