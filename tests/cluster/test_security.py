@@ -8,6 +8,7 @@ balances as they were.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import time
@@ -325,3 +326,26 @@ def test_users_are_replicated_and_removal_takes_effect(cluster: Procs) -> None:
 def user_list(cluster: Procs, node: str) -> list[dict[str, Any]]:
     with Client([cluster.address(node)], timeout=5, rounds=1) as c:
         return c.call({"op": "user.list"})["users"]  # type: ignore[no-any-return]
+
+
+def test_user_commands_of_the_cli(cluster: Procs, tmp_path: Path) -> None:
+    """`nonstop user add | list | roles | remove` as an admin; the new user's file works."""
+    from nonstop.client.credentials import load_credentials
+    from tests.cluster.conftest import run_cli
+
+    node = ["--node", cluster.address("A")]
+    creds = tmp_path / "ops.json"
+    code, out, err = run_cli("user", "add", "ops", "--role", "operator", "--out", str(creds), *node)
+    assert code == 0 and "added" in out, err
+    assert oct(creds.stat().st_mode & 0o777) == "0o600"
+    wait_until(lambda: "ops" in [u["user"] for u in user_list(cluster, "C")], 10, "ops on C")
+    assert ping_as(cluster.address("C"), load_credentials(creds))["name"] == "C"
+    code, out, err = run_cli("user", "roles", "ops", "--role", "monitor", *node)
+    assert code == 0, err
+    code, out, err = run_cli("user", "list", "--json", *node)
+    assert code == 0 and {"user": "ops", "roles": ["monitor"]} in json.loads(out), err
+    # A monitor may not manage users: one line, exit 1.
+    code, out, err = run_cli("user", "remove", "carol", "--credentials", str(creds), *node)
+    assert code == 1 and "may not run" in err and err.count("\n") == 1, err
+    code, out, err = run_cli("user", "remove", "ops", *node)
+    assert code == 0, err
