@@ -37,7 +37,11 @@ ACCOUNTS = {f"sec-{n}": (n, 100 + i) for i, n in enumerate(NAMES)}
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Procs]:
     old = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), old]))
-    procs = Procs(tmp_path_factory.mktemp("sec"), 3, {"app": ["tests.distmodel"]})
+    # Frequent snapshots (every 4 entries): the restart test at the end rebuilds the users
+    # from a snapshot plus the entries after it, not from the whole log.
+    procs = Procs(
+        tmp_path_factory.mktemp("sec"), 3, {"app": ["tests.distmodel"], "snapshot_every": 4}
+    )
     try:
         procs.start_all()
         procs.wait_quorum(NAMES, "Active", 30)
@@ -349,3 +353,14 @@ def test_user_commands_of_the_cli(cluster: Procs, tmp_path: Path) -> None:
     assert code == 1 and "may not run" in err and err.count("\n") == 1, err
     code, out, err = run_cli("user", "remove", "ops", *node)
     assert code == 0, err
+
+
+def test_users_survive_a_restart(cluster: Procs) -> None:
+    """The users table is rebuilt from the node's snapshot and log (runs last: it restarts C)."""
+    before = {u["user"]: u["roles"] for u in user_list(cluster, "C")}
+    assert {"carol", "watcher", "shop"} <= set(before)
+    cluster.kill("C")
+    cluster.start("C")
+    cluster.wait_quorum(NAMES, "Active", 30)
+    assert {u["user"]: u["roles"] for u in user_list(cluster, "C")} == before
+    assert ping_as(cluster.address("C"), Password("carol", "right-password"))["name"] == "C"
