@@ -186,11 +186,20 @@ def audit_cmd(
 @click.option("--listen", default="127.0.0.1:7201", show_default=True)
 @click.option("--app", multiple=True, help="Module(s) defining the managed types.")
 @click.option("--name", default="", help="Node name to announce.")
-def serve_cmd(data: str, listen: str, app: tuple[str, ...], name: str) -> None:
+@click.option(
+    "--credentials",
+    help="Credentials file of the one user who may connect (default $NONSTOP_CREDENTIALS, "
+    "else one written next to the store).",
+)
+def serve_cmd(
+    data: str, listen: str, app: tuple[str, ...], name: str, credentials: str | None
+) -> None:
     """Serve one embedded store to Spark jobs (the bulk ops of a node), until SIGTERM."""
     from nonstop.bulk.server import main
 
     argv = ["--data", data, "--listen", listen, "--name", name]
+    if credentials:
+        argv += ["--credentials", credentials]
     for module in app:
         argv += ["--app", module]
     main(argv)
