@@ -13,6 +13,7 @@ unless ``--force``.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +21,7 @@ import click
 
 from nonstop.admin.local import LocalCluster
 from nonstop.admin.output import USAGE, emit_status, fail
+from nonstop.client.credentials import CREDENTIALS_ENV
 from nonstop.errors import AuthenticationFailed, Error
 from nonstop.net.tls import TLSConfig
 
@@ -100,7 +102,24 @@ def tls_options(f: Any) -> Any:
     return f
 
 
+def _use_credentials(_ctx: Any, _param: Any, value: str | None) -> None:
+    """``--credentials FILE``: what this command (and anything it starts, Spark's workers
+    included, which inherit the environment) proves to the nodes."""
+    if value:
+        os.environ[CREDENTIALS_ENV] = os.path.abspath(value)
+
+
+credentials_option = click.option(
+    "--credentials",
+    expose_value=False,
+    callback=_use_credentials,
+    help="Credentials file to connect with (default $NONSTOP_CREDENTIALS, else the "
+    "local cluster folder's).",
+)
+
+
 def target_options(f: Any) -> Any:
+    f = credentials_option(f)
     for option in (
         click.option("--timeout", default=3.0, show_default=True, help="Seconds per node."),
         click.option("--dir", "folder", help=DIR_HELP),
@@ -174,6 +193,7 @@ def cluster_remove(
 
 
 @cluster.command("leave")
+@credentials_option
 @click.option("--node", "address", required=True, help="Address of the node that leaves.")
 @click.option("--timeout", default=3.0, show_default=True, help="Seconds per node.")
 @click.option("--force", is_flag=True, help="Leave even if its store holds objects.")

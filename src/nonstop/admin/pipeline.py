@@ -17,6 +17,7 @@ from typing import Any
 
 import click
 
+from nonstop.admin.cmd_cluster import credentials_option
 from nonstop.errors import Error
 
 CLUSTER_HELP = "Node addresses host:port,... (any nodes of the cluster)."
@@ -83,20 +84,8 @@ def pipeline() -> None:
     """Spark jobs: load files into a type, export to Parquet, import, audit two copies."""
 
 
-def _use_credentials(_ctx: Any, _param: Any, value: str | None) -> None:
-    """``--credentials FILE``: what this process and Spark's workers (which inherit the
-    environment) prove to the nodes; default ``$NONSTOP_CREDENTIALS``."""
-    if value:
-        os.environ["NONSTOP_CREDENTIALS"] = os.path.abspath(value)
-
-
 def _common(fn: Callable[..., Any]) -> Callable[..., Any]:
-    fn = click.option(
-        "--credentials",
-        expose_value=False,
-        callback=_use_credentials,
-        help="Credentials file of a user with the app role (default $NONSTOP_CREDENTIALS).",
-    )(fn)
+    fn = credentials_option(fn)
     fn = click.option("--master", default="local[*]", show_default=True, help="Spark master.")(fn)
     fn = click.option("--json", "as_json", is_flag=True, help="Machine-readable report.")(fn)
     return fn
