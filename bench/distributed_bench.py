@@ -130,9 +130,15 @@ def arun(coro: Awaitable[Any]) -> Any:
 class NonstopSide:
     """The 3-node cluster with ``accounts`` accounts on A (0..n-1) and on B (n..2n-1)."""
 
-    def __init__(self, folder: Path, accounts: int, ha_data: str = "nodes") -> None:
+    def __init__(
+        self,
+        folder: Path,
+        accounts: int,
+        ha_data: str = "nodes",
+        options: dict[str, Any] | None = None,
+    ) -> None:
         self.accounts = accounts
-        options: dict[str, Any] = {}
+        options = dict(options or {})
         if ha_data == "partitions":
             # Routing by partition (ha.md section 9a): one copy per partition until
             # sync replication is built.

@@ -169,6 +169,16 @@ class ProtocolError(ClusterError):
     """A peer spoke a protocol version or framing this node does not support (C7/E4)."""
 
 
+class AuthenticationFailed(ProtocolError):
+    """A node refused the connection: no credential, an unknown user, a wrong password or
+    a wrong cluster secret (the message says which, as far as the node tells)."""
+
+
+class NotAuthorized(ClusterError):
+    """The authenticated user's roles do not allow this operation (the message names the
+    user, the operation and the roles that would); nothing was done."""
+
+
 class NotRemote(Error):
     """A method not marked ``@nonstop.remote`` was called on an object mastered on another node."""
 

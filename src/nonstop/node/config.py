@@ -35,7 +35,7 @@ from nonstop.runtime.limits import ConnectionLimits
 DEFAULT_CLUSTER = "nonstop"
 DEFAULT_MACHINE = "nonstop.node.machine:build_cluster_node"
 
-CLUSTER_KEYS = ("quorum", "raft", "snapshot_every")
+CLUSTER_KEYS = ("quorum", "raft", "snapshot_every", "max_log_entry_bytes")
 """Keys handed unchanged to :class:`nonstop.cluster.node.ClusterConfig` (via ``extra``)."""
 SERVICE_KEYS = (
     "lock_wait",
@@ -70,6 +70,10 @@ class TLSSection(Section):
     ca: str | None = Field(default=None, description="CA that peers and clients must be signed by")
     require_client_cert: bool = Field(default=True, description="with `ca`: mutual TLS")
     check_hostname: bool = Field(default=True, description="verify peers' host names")
+    member_names: bool = Field(
+        default=False,
+        description="with `ca`: a node's certificate must name it (CN or DNS SAN = node name)",
+    )
 
     @property
     def enabled(self) -> bool:
@@ -161,6 +165,27 @@ class DiscoverySection(Section):
 
     def runtime(self) -> DiscoveryConfig:
         return DiscoveryConfig(**self.model_dump())
+
+
+# -- authentication (sec-auth): a separate block to ease merges with other sections
+class AuthSection(Section):
+    """`[auth]`: who may connect (see Authentication; docs/security.md)."""
+
+    enabled: bool = Field(
+        default=True,
+        description="peers prove the cluster secret, clients a user's password; `false` "
+        "runs the node open to anyone who reaches its port (benchmarks only)",
+    )
+    secret_file: str | None = Field(
+        default=None,
+        description="file with the cluster secret (hex, mode 0600, the same on every node); "
+        "default `DATA/cluster.secret`, generated for a node that joins no one",
+    )
+    admin_file: str | None = Field(
+        default=None,
+        description="credentials file (JSON user/password, 0600) of the bootstrap admin; "
+        "default `DATA/admin.credentials.json`, generated on first start",
+    )
 
 
 class RaftSection(Section):
@@ -433,6 +458,7 @@ class NodeConfig(Section):
     metrics: MetricsSection = Field(
         default_factory=MetricsSection, description="Prometheus endpoint, see below"
     )
+    auth: AuthSection = Field(default_factory=AuthSection, description="authentication, see below")
     discovery: DiscoverySection = Field(
         default_factory=DiscoverySection, description="UDP discovery, see below"
     )
@@ -447,6 +473,12 @@ class NodeConfig(Section):
     snapshot_every: int = Field(default=256, description="cluster-log entries between snapshots")
     ha: HaSection = Field(
         default_factory=HaSection, description="partitions and their policies, see below"
+    )
+    max_log_entry_bytes: int = Field(
+        default=1024 * 1024,
+        ge=1024,
+        description="largest cluster-log entry a proposal may add (packed bytes); "
+        "larger ones are refused with `TooLarge` naming the limit and the size",
     )
     # -- passed to the data service (ServiceConfig) when set
     lock_wait: float = Field(

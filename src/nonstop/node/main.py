@@ -34,10 +34,11 @@ from nonstop.errors import SchemaError, StoreError
 from nonstop.net.handshake import ROLE_NODE, Hello
 from nonstop.net.tls import TLSSetupError
 from nonstop.node import log_format
+from nonstop.node.access import NodeAccess
 from nonstop.node.config import ConfigError, NodeConfig, split_join
 from nonstop.node.datadir import DataDir, Identity
-from nonstop.node.machine import NodeContext, resolve, takes_context
-from nonstop.node.router import NodeRouter
+from nonstop.node.machine import NodeContext, resolve, takes_context, users_table
+from nonstop.node.router import NodeRouter, OpPermissions
 from nonstop.runtime.real import (
     RealRuntime,
     RuntimeConfig,
@@ -325,6 +326,8 @@ async def auto_join(runtime: RealRuntime, cfg: NodeConfig) -> None:
                 rounds=1,
                 tls=cfg.tls.runtime(),
                 protocol=(cfg.protocol[0], cfg.protocol[1]),
+                # A joiner proves the cluster secret, like a member: `join` is not a user's.
+                credentials=runtime.transport.node_key,
             ) as client:
                 reply = await client.request(
                     {"op": "join", "name": cfg.name, "address": cfg.listen}
@@ -368,6 +371,7 @@ def make_runtime(
     )
     rng = new_rng()
     context = NodeContext(db=object_store)
+    access = NodeAccess.from_config(cfg)
 
     def machine_factory(recovered: dict[bytes, bytes]) -> Any:
         if not takes_context(factory):
@@ -387,8 +391,13 @@ def make_runtime(
             discovery=cfg.discovery.runtime(),
             connect_timeout=cfg.connect_timeout,
             limits=cfg.limits.runtime(),
+            guard=access.guard(lambda: users_table(runtime.machine)),
         ),
     )
+    if access.enabled:
+        runtime.permissions = OpPermissions(
+            runtime.name, access.roles_lookup(lambda: users_table(runtime.machine))
+        )
     context.route_persists = runtime.persists.route
     service = None
     if object_store is not None:
