@@ -50,6 +50,9 @@ class Faults:
     timeline: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     observed: list[tuple[str, dict[str, str]]] = field(default_factory=list)
+    acked: Callable[[], int] = field(default_factory=lambda: lambda: 0)
+    """How many transfers the load has had acknowledged so far."""
+    _acked_at_heal: int = 0
 
     def log(self, what: str) -> None:
         self.timeline.append(f"{time.monotonic() - self.start:6.2f}s {what}")
@@ -60,7 +63,9 @@ class Faults:
     def heal(self) -> None:
         """Heal everything and wait for the cluster to be Active again."""
         self.net.heal()
-        self.log("heal")
+        acked = self.acked()
+        self.log(f"heal ({acked - self._acked_at_heal} transfers acknowledged since the last heal)")
+        self._acked_at_heal = acked
         try:
             took = self.cluster.wait_active(timeout=self.settle_s)
             self.log(f"Active again after {took:.1f}s")
@@ -285,7 +290,7 @@ def run_round(
         cluster.start_all()
         load = BankLoad(cluster.addresses, names, clients=clients, seed=seed)
         load.open_accounts()
-        f = Faults(net, cluster, rng, fault_s, settle_s)
+        f = Faults(net, cluster, rng, fault_s, settle_s, acked=lambda: len(load.ledger.acked))
         f.log(f"{nodes} nodes in {net.bridge} ({net.address('A')}...), {clients} clients")
         load.start()
         try:
