@@ -24,7 +24,17 @@ from pathlib import Path
 from tests.jepsen.netns import netem_available, unavailable
 from tests.jepsen.scenarios import SCENARIOS, RoundResult, run_round
 
-ROTATION = ["leader", "participant", "one-way", "flap", "partition", "loss", "clients", "mix"]
+ROTATION = [
+    "leader",
+    "participant",
+    "one-way",
+    "flap",
+    "coordinator",
+    "partition",
+    "loss",
+    "clients",
+    "mix",
+]
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results" / "jepsen.md"
 
 
@@ -40,7 +50,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--nodes", type=int, default=3, help="nodes per cluster (default 3)")
     p.add_argument("--clients", type=int, default=4, help="client threads (default 4)")
-    p.add_argument("--fault-s", type=float, default=4.0, help="seconds each fault lasts")
+    p.add_argument(
+        "--fault-s",
+        type=float,
+        default=4.0,
+        help="seconds a fault lasts: drawn from 0.25 to 2.5 times this (default 4)",
+    )
+    p.add_argument("--fixed", action="store_true", help="every fault lasts exactly --fault-s")
     p.add_argument("--settle-s", type=float, default=30.0, help="Active within this after a heal")
     p.add_argument("--results", type=Path, default=RESULTS, help="markdown file to append to")
     p.add_argument("--no-results", action="store_true", help="do not append to the results")
@@ -71,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
                 clients=args.clients,
                 fault_s=args.fault_s,
                 settle_s=args.settle_s,
+                vary=not args.fixed,
             )
             results.append(r)
             print(r.report(), flush=True)
@@ -88,6 +105,7 @@ def replay(args: argparse.Namespace, seed: int, scenario: str) -> str:
     return (
         f"python -m tests.jepsen --rounds 1 --seed {seed} --scenario {scenario} "
         f"--nodes {args.nodes} --clients {args.clients} --fault-s {args.fault_s}"
+        + (" --fixed" if args.fixed else "")
     )
 
 

@@ -10,7 +10,8 @@ round's seed; the seed and the command that replays it are in every report.
 
 Named scenarios (``SCENARIOS``): ``leader`` isolates the cluster-log leader;
 ``participant`` isolates a node the moment its status shows a prepared
-two-phase-commit branch (mid-commit); ``one-way`` drops packets from one node
+two-phase-commit branch (mid-commit); ``coordinator`` isolates, from peers
+and clients, a node while it coordinates a commit; ``one-way`` drops packets from one node
 to another but not back; ``flap`` cuts and heals one link every 100-500 ms;
 ``partition`` splits a minority from a majority; ``loss`` drops a share of the
 packets on some links; ``mix`` draws several of these (and the client-side
@@ -46,6 +47,7 @@ class Faults:
     rng: random.Random
     fault_s: float
     settle_s: float
+    vary: bool = False
     start: float = field(default_factory=time.monotonic)
     timeline: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
@@ -58,7 +60,12 @@ class Faults:
         self.timeline.append(f"{time.monotonic() - self.start:6.2f}s {what}")
 
     def hold(self, seconds: float | None = None) -> None:
-        time.sleep(self.fault_s if seconds is None else seconds)
+        """Let the fault last ``fault_s`` (with ``vary``: 0.25 to 2.5 times that, so that
+        some faults outlast the clients' timeouts and some do not)."""
+        if seconds is None:
+            seconds = self.fault_s * (self.rng.uniform(0.25, 2.5) if self.vary else 1.0)
+            self.log(f"  hold {seconds:.1f}s")
+        time.sleep(seconds)
 
     def heal(self) -> None:
         """Heal everything and wait for the cluster to be Active again."""
@@ -91,6 +98,19 @@ class Faults:
         self.observed.append((victim, seen))
         self.log(f"seen: {seen}")
 
+    def wait_for_status(
+        self, names: list[str], pick: Callable[[dict[str, Any]], list[str]], timeout: float = 5.0
+    ) -> tuple[str | None, str | None]:
+        """Poll the nodes' status until ``pick`` finds something on one: (node, what)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for name in names:
+                with contextlib.suppress(Error, OSError):
+                    found = pick(self.cluster.status(name))
+                    if found:
+                        return name, found[0]
+        return None, None
+
     def leader(self, timeout: float = 10.0) -> str:
         """The cluster-log leader (the load makes one: commit decisions go in the log)."""
         deadline = time.monotonic() + timeout
@@ -119,22 +139,36 @@ def isolate_participant(f: Faults) -> None:
     """Isolate a node (not the leader) while one of its 2PC branches is prepared."""
     lead = f.leader()
     candidates = f.others(lead) or f.cluster.names
-    deadline = time.monotonic() + 5.0
-    victim, branch = None, None
-    while time.monotonic() < deadline and victim is None:
-        for name in candidates:
-            with contextlib.suppress(Error, OSError):
-                branches = f.cluster.status(name).get("dtx", {}).get("branches", {})
-                mid = [g for g, state in branches.items() if state in MID_COMMIT]
-                if mid:
-                    victim, branch = name, mid[0]
-                    break
+    victim, branch = f.wait_for_status(
+        candidates,
+        lambda st: [
+            g for g, state in st.get("dtx", {}).get("branches", {}).items() if state in MID_COMMIT
+        ],
+    )
     if victim is None:
         victim = f.rng.choice(candidates)
         f.log(f"no prepared branch seen in 5 s; isolate participant {victim} anyway")
     else:
         f.log(f"isolate participant {victim} mid-commit (branch {branch})")
     f.net.isolate(victim)
+    f.hold()
+    f.observe(victim)
+    f.heal()
+
+
+def isolate_coordinator(f: Faults) -> None:
+    """Isolate a node, clients included, while it coordinates a commit: the client's
+    commit reply is lost and ``request.result`` cannot reach the node either, so the
+    outcome is unknown to the client until the end (resolved from the records)."""
+    victim, gtid = f.wait_for_status(
+        f.cluster.names, lambda st: sorted(st.get("dtx", {}).get("coordinating", {}))
+    )
+    if victim is None:
+        victim = f.rng.choice(f.cluster.names)
+        f.log(f"no commit being coordinated seen in 5 s; isolate {victim} anyway")
+    else:
+        f.log(f"isolate coordinator {victim} mid-commit ({gtid}), clients too")
+    f.net.isolate(victim, clients=True)
     f.hold()
     f.observe(victim)
     f.heal()
@@ -239,6 +273,7 @@ def short(f: Faults) -> None:
 SINGLE: dict[str, Callable[[Faults], None]] = {
     "leader": isolate_leader,
     "participant": isolate_participant,
+    "coordinator": isolate_coordinator,
     "one-way": one_way,
     "flap": flap,
     "partition": partition,
@@ -281,6 +316,7 @@ def run_round(
     fault_s: float = 3.0,
     settle_s: float = 30.0,
     after_heal_s: float = 1.5,
+    vary: bool = False,
 ) -> RoundResult:
     """One round on a fresh network and cluster (module docstring)."""
     began = time.monotonic()
@@ -290,7 +326,7 @@ def run_round(
         cluster.start_all()
         load = BankLoad(cluster.addresses, names, clients=clients, seed=seed)
         load.open_accounts()
-        f = Faults(net, cluster, rng, fault_s, settle_s, acked=lambda: len(load.ledger.acked))
+        f = Faults(net, cluster, rng, fault_s, settle_s, vary, acked=lambda: len(load.ledger.acked))
         f.log(f"{nodes} nodes in {net.bridge} ({net.address('A')}...), {clients} clients")
         load.start()
         try:
