@@ -109,6 +109,17 @@ def replay(args: argparse.Namespace, seed: int, scenario: str) -> str:
     )
 
 
+def faults(r: RoundResult) -> str:
+    """``isolate the leader A: 4.0 s, 2/s, 0.7 s; ...`` for the results table."""
+    parts = []
+    for f in r.faults:
+        what = str(f["fault"]).split(" (")[0].replace("|", "/")
+        parts.append(
+            f"{what}: {f.get('held_s', '-')}, {f.get('rate', '-')}, {f.get('active_s', '-')}"
+        )
+    return "; ".join(parts)
+
+
 def append_results(path: Path, argv: list[str] | None, results: list[RoundResult]) -> None:
     command = "python -m tests.jepsen " + shlex.join(sys.argv[1:] if argv is None else argv)
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -117,8 +128,11 @@ def append_results(path: Path, argv: list[str] | None, results: list[RoundResult
         f"\n## {now}: {passed}/{len(results)} rounds passed\n",
         f"`{command.strip()}` on {platform.node()} (kernel {platform.release()}, "
         f"netem {'yes' if netem_available() else 'no: delay faults skipped'})\n",
-        "| seed | scenario | verdict | acked | failed | unknown (committed) | audits | s |",
-        "|---|---|---|---|---|---|---|---|",
+        "Per fault: how long it held, transfers acknowledged per second meanwhile"
+        " (before the first fault: *base*), seconds until every node was Active again.\n",
+        "| seed | scenario | verdict | acked | failed | unknown (committed) | audits | s "
+        "| base/s | faults: held s, acks/s, Active after s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         s = r.stats
@@ -126,7 +140,7 @@ def append_results(path: Path, argv: list[str] | None, results: list[RoundResult
             f"| {r.seed} | {r.scenario} | {'ok' if r.ok else 'FAILED'} | {s.get('acked', '-')} "
             f"| {s.get('failed', '-')} "
             f"| {s.get('unknown', '-')} ({s.get('unknown_committed', '-')}) "
-            f"| {s.get('audits', '-')} | {r.seconds:.0f} |"
+            f"| {s.get('audits', '-')} | {r.seconds:.0f} | {r.baseline:.0f} | {faults(r)} |"
         )
     for r in results:
         if not r.ok:

@@ -337,14 +337,13 @@ class Network:
 
     # ------------------------------------------------------------ rules
     def _change(
-        self,
-        add: set[tuple[str, str]] = frozenset(),
-        remove: set[tuple[str, str]] = frozenset(),  # type: ignore[assignment]
+        self, add: Iterable[tuple[str, str]] = (), remove: Iterable[tuple[str, str]] = ()
     ) -> None:
+        added, removed = set(add), set(remove)
         with self._lock:
-            self.drops |= add
-            self.drops -= remove
-            for src in sorted({a for a, _ in add | remove} - {HOST}):
+            self.drops |= added
+            self.drops -= removed
+            for src in sorted({a for a, _ in added | removed} - {HOST}):
                 self._apply(src)
 
     def _apply(self, name: str) -> None:

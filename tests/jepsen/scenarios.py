@@ -52,30 +52,40 @@ class Faults:
     timeline: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     observed: list[tuple[str, dict[str, str]]] = field(default_factory=list)
+    faults: list[dict[str, Any]] = field(default_factory=list)
+    """Per fault: what, how long it held, commits/s meanwhile, seconds to Active after."""
     acked: Callable[[], int] = field(default_factory=lambda: lambda: 0)
     """How many transfers the load has had acknowledged so far."""
-    _acked_at_heal: int = 0
 
     def log(self, what: str) -> None:
         self.timeline.append(f"{time.monotonic() - self.start:6.2f}s {what}")
+
+    def fault(self, what: str) -> None:
+        """Log a fault that begins now; :meth:`hold` and :meth:`heal` add its numbers."""
+        self.log(what)
+        self.faults.append({"fault": what})
 
     def hold(self, seconds: float | None = None) -> None:
         """Let the fault last ``fault_s`` (with ``vary``: 0.25 to 2.5 times that, so that
         some faults outlast the clients' timeouts and some do not)."""
         if seconds is None:
             seconds = self.fault_s * (self.rng.uniform(0.25, 2.5) if self.vary else 1.0)
-            self.log(f"  hold {seconds:.1f}s")
+        before = self.acked()
         time.sleep(seconds)
+        n = self.acked() - before
+        self.log(f"  held {seconds:.1f}s: {n} transfers acknowledged ({n / seconds:.0f}/s)")
+        if self.faults and "held_s" not in self.faults[-1]:
+            self.faults[-1].update(held_s=round(seconds, 1), rate=round(n / seconds))
 
     def heal(self) -> None:
         """Heal everything and wait for the cluster to be Active again."""
         self.net.heal()
-        acked = self.acked()
-        self.log(f"heal ({acked - self._acked_at_heal} transfers acknowledged since the last heal)")
-        self._acked_at_heal = acked
+        self.log("heal")
         try:
             took = self.cluster.wait_active(timeout=self.settle_s)
             self.log(f"Active again after {took:.1f}s")
+            if self.faults and "active_s" not in self.faults[-1]:
+                self.faults[-1]["active_s"] = round(took, 1)
         except TimeoutError:
             states = {}
             for name in self.cluster.names:
@@ -96,6 +106,16 @@ class Faults:
                 states = {n["name"]: n["state"] for n in st.get("nodes", [])}
                 seen[name] = f"{st.get('quorum')}, {victim} {states.get(victim)}"
         self.observed.append((victim, seen))
+        self.log(f"seen: {seen}")
+
+    def observe_pair(self, a: str, b: str) -> None:
+        """Log how ``a`` and ``b`` see each other now (a one-way cut is asymmetric)."""
+        seen = {}
+        for x, y in ((a, b), (b, a)):
+            with contextlib.suppress(Error, OSError):
+                st = self.cluster.status(x)
+                states = {n["name"]: n["state"] for n in st.get("nodes", [])}
+                seen[x] = f"{st.get('quorum')}, {y} {states.get(y)}, leader {st.get('leader')}"
         self.log(f"seen: {seen}")
 
     def wait_for_status(
@@ -129,7 +149,7 @@ class Faults:
 def isolate_leader(f: Faults) -> None:
     lead = f.leader()
     f.net.isolate(lead)
-    f.log(f"isolate the leader {lead}")
+    f.fault(f"isolate the leader {lead}")
     f.hold()
     f.observe(lead)
     f.heal()
@@ -147,9 +167,9 @@ def isolate_participant(f: Faults) -> None:
     )
     if victim is None:
         victim = f.rng.choice(candidates)
-        f.log(f"no prepared branch seen in 5 s; isolate participant {victim} anyway")
+        f.fault(f"no prepared branch seen in 5 s; isolate participant {victim} anyway")
     else:
-        f.log(f"isolate participant {victim} mid-commit (branch {branch})")
+        f.fault(f"isolate participant {victim} mid-commit (branch {branch})")
     f.net.isolate(victim)
     f.hold()
     f.observe(victim)
@@ -165,9 +185,9 @@ def isolate_coordinator(f: Faults) -> None:
     )
     if victim is None:
         victim = f.rng.choice(f.cluster.names)
-        f.log(f"no commit being coordinated seen in 5 s; isolate {victim} anyway")
+        f.fault(f"no commit being coordinated seen in 5 s; isolate {victim} anyway")
     else:
-        f.log(f"isolate coordinator {victim} mid-commit ({gtid}), clients too")
+        f.fault(f"isolate coordinator {victim} mid-commit ({gtid}), clients too")
     f.net.isolate(victim, clients=True)
     f.hold()
     f.observe(victim)
@@ -179,8 +199,9 @@ def one_way(f: Faults) -> None:
     other = f.rng.choice(f.others(lead))
     a, b = (lead, other) if f.rng.random() < 0.5 else (other, lead)
     f.net.cut_one_way(a, b)
-    f.log(f"one-way cut {a} -> {b}")
+    f.fault(f"one-way cut {a} -> {b}")
     f.hold()
+    f.observe_pair(a, b)
     f.heal()
 
 
@@ -188,7 +209,7 @@ def flap(f: Faults) -> None:
     a, b = f.rng.sample(f.cluster.names, 2)
     period = f.rng.choice([0.1, 0.2, 0.3, 0.5])
     flapper = Flapper(f.net, a, b, period).start()
-    f.log(f"flap {a} <-> {b} every {period * 1000:.0f} ms")
+    f.fault(f"flap {a} <-> {b} every {period * 1000:.0f} ms")
     try:
         f.hold()
     finally:
@@ -201,7 +222,7 @@ def partition(f: Faults) -> None:
     names = f.cluster.names
     minority = f.rng.sample(names, (len(names) - 1) // 2)
     f.net.partition(minority)
-    f.log(f"partition {minority} | {f.others(*minority)}")
+    f.fault(f"partition {minority} | {f.others(*minority)}")
     f.hold()
     f.heal()
 
@@ -210,7 +231,7 @@ def loss(f: Faults) -> None:
     a, b = f.rng.sample(f.cluster.names, 2)
     percent = f.rng.choice([10, 30, 50])
     f.net.lose(a, b, percent)
-    f.log(f"lose {percent}% between {a} and {b}")
+    f.fault(f"lose {percent}% between {a} and {b}")
     f.hold()
     f.heal()
 
@@ -219,7 +240,7 @@ def isolate_from_clients(f: Faults) -> None:
     """A node cut from its peers and from the clients (their commits there go unknown)."""
     victim = f.rng.choice(f.cluster.names)
     f.net.isolate(victim, clients=True)
-    f.log(f"isolate {victim} from everyone, clients too")
+    f.fault(f"isolate {victim} from everyone, clients too")
     f.hold()
     f.observe(victim)
     f.heal()
@@ -232,7 +253,7 @@ def delay(f: Faults) -> None:
     except Unsupported as exc:
         f.log(f"skip delay: {exc}")
         return
-    f.log(f"delay everything {victim} sends")
+    f.fault(f"delay everything {victim} sends")
     f.hold()
     f.heal()
 
@@ -294,6 +315,9 @@ class RoundResult:
     timeline: list[str]
     seconds: float
     observed: list[tuple[str, dict[str, str]]] = field(default_factory=list)
+    faults: list[dict[str, Any]] = field(default_factory=list)
+    baseline: float = 0.0
+    """Transfers acknowledged per second before the first fault."""
 
     @property
     def ok(self) -> bool:
@@ -330,7 +354,8 @@ def run_round(
         f.log(f"{nodes} nodes in {net.bridge} ({net.address('A')}...), {clients} clients")
         load.start()
         try:
-            f.hold(1.0)
+            f.hold(1.5)
+            baseline = len(load.ledger.acked) / 1.5
             SCENARIOS[scenario](f)
             net.heal()
             before = len(load.ledger.acked)
@@ -353,4 +378,6 @@ def run_round(
         f.timeline,
         time.monotonic() - began,
         f.observed,
+        f.faults,
+        baseline,
     )
