@@ -30,6 +30,7 @@ ROTATION = [
     "one-way",
     "flap",
     "coordinator",
+    "branch",
     "partition",
     "loss",
     "clients",

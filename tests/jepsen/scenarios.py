@@ -11,7 +11,8 @@ round's seed; the seed and the command that replays it are in every report.
 Named scenarios (``SCENARIOS``): ``leader`` isolates the cluster-log leader;
 ``participant`` isolates a node the moment its status shows a prepared
 two-phase-commit branch (mid-commit); ``coordinator`` isolates, from peers
-and clients, a node while it coordinates a commit; ``one-way`` drops packets from one node
+and clients, a node while it coordinates a commit; ``branch`` cuts only the
+link between a prepared participant and its coordinator; ``one-way`` drops packets from one node
 to another but not back; ``flap`` cuts and heals one link every 100-500 ms;
 ``partition`` splits a minority from a majority; ``loss`` drops a share of the
 packets on some links; ``mix`` draws several of these (and the client-side
@@ -176,6 +177,30 @@ def isolate_participant(f: Faults) -> None:
     f.heal()
 
 
+def cut_branch(f: Faults) -> None:
+    """Cut only the link between a prepared participant and its coordinator (the branch
+    id names the coordinator: ``A.52``); both still reach the rest of the cluster, where
+    the commit decision is logged."""
+    victim, branch = f.wait_for_status(
+        f.cluster.names,
+        lambda st: [
+            g
+            for g, state in st.get("dtx", {}).get("branches", {}).items()
+            if state in MID_COMMIT and g.split(".")[0] != st.get("name")
+        ],
+    )
+    coordinator = branch.split(".")[0] if branch else None
+    if victim is None or coordinator not in f.cluster.names or coordinator == victim:
+        victim, coordinator = f.rng.sample(f.cluster.names, 2)
+        f.fault(f"no prepared branch seen in 5 s; cut {victim} <-> {coordinator} anyway")
+    else:
+        f.fault(f"cut participant {victim} <-> its coordinator {coordinator} ({branch})")
+    f.net.cut(victim, coordinator)
+    f.hold()
+    f.observe_pair(victim, coordinator)
+    f.heal()
+
+
 def isolate_coordinator(f: Faults) -> None:
     """Isolate a node, clients included, while it coordinates a commit: the client's
     commit reply is lost and ``request.result`` cannot reach the node either, so the
@@ -295,6 +320,7 @@ SINGLE: dict[str, Callable[[Faults], None]] = {
     "leader": isolate_leader,
     "participant": isolate_participant,
     "coordinator": isolate_coordinator,
+    "branch": cut_branch,
     "one-way": one_way,
     "flap": flap,
     "partition": partition,
