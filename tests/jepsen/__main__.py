@@ -15,6 +15,7 @@ import argparse
 import datetime
 import platform
 import shlex
+import shutil
 import signal
 import sys
 import tempfile
@@ -93,7 +94,10 @@ def main(argv: list[str] | None = None) -> int:
             results.append(r)
             print(r.report(), flush=True)
             if not r.ok:
+                kept = Path(tempfile.mkdtemp(prefix=f"jepsen-seed{seed}."))
+                shutil.copytree(Path(tmp) / f"r{i}", kept, dirs_exist_ok=True)
                 print(f"  replay: {replay(args, seed, scenario)}", flush=True)
+                print(f"  node data and logs kept in {kept}", flush=True)
     failed = [r for r in results if not r.ok]
     took = time.monotonic() - began
     print(f"{len(results) - len(failed)}/{len(results)} rounds passed in {took:.0f}s")

@@ -109,6 +109,18 @@ class Faults:
         self.observed.append((victim, seen))
         self.log(f"seen: {seen}")
 
+    def diagnose(self) -> None:
+        """After a failed round: what each node still holds (two-phase commit state)."""
+        for name in self.cluster.names:
+            try:
+                st = self.cluster.status(name)
+                self.log(
+                    f"status {name}: {st.get('quorum')}, leader {st.get('leader')}, "
+                    f"dtx {st.get('dtx')}"
+                )
+            except (Error, OSError) as exc:
+                self.log(f"status {name}: {exc!r}")
+
     def observe_pair(self, a: str, b: str) -> None:
         """Log how ``a`` and ``b`` see each other now (a one-way cut is asymmetric)."""
         seen = {}
@@ -395,6 +407,8 @@ def run_round(
             f.problems.append(f"clients still blocked 60s after the stop: {hung}")
         verdict = final_check(load)
         f.log("final read and checks done")
+        if f.problems or verdict.problems:
+            f.diagnose()
     stats = dict(verdict.stats)
     return RoundResult(
         seed,
