@@ -159,6 +159,17 @@ class Faults:
 
 
 # ------------------------------------------------------------------ scenarios
+def prepared_for_another(status: dict[str, Any]) -> list[str]:
+    """The branches a node's status shows prepared for a commit another node coordinates
+    (a branch id starts with its coordinator's name: ``A.52``)."""
+    branches = status.get("dtx", {}).get("branches", {})
+    return [
+        g
+        for g, state in branches.items()
+        if state in MID_COMMIT and g.split(".")[0] != status.get("name")
+    ]
+
+
 def isolate_leader(f: Faults) -> None:
     lead = f.leader()
     f.net.isolate(lead)
@@ -172,12 +183,7 @@ def isolate_participant(f: Faults) -> None:
     """Isolate a node (not the leader) while one of its 2PC branches is prepared."""
     lead = f.leader()
     candidates = f.others(lead) or f.cluster.names
-    victim, branch = f.wait_for_status(
-        candidates,
-        lambda st: [
-            g for g, state in st.get("dtx", {}).get("branches", {}).items() if state in MID_COMMIT
-        ],
-    )
+    victim, branch = f.wait_for_status(candidates, prepared_for_another)
     if victim is None:
         victim = f.rng.choice(candidates)
         f.fault(f"no prepared branch seen in 5 s; isolate participant {victim} anyway")
@@ -193,14 +199,7 @@ def cut_branch(f: Faults) -> None:
     """Cut only the link between a prepared participant and its coordinator (the branch
     id names the coordinator: ``A.52``); both still reach the rest of the cluster, where
     the commit decision is logged."""
-    victim, branch = f.wait_for_status(
-        f.cluster.names,
-        lambda st: [
-            g
-            for g, state in st.get("dtx", {}).get("branches", {}).items()
-            if state in MID_COMMIT and g.split(".")[0] != st.get("name")
-        ],
-    )
+    victim, branch = f.wait_for_status(f.cluster.names, prepared_for_another)
     coordinator = branch.split(".")[0] if branch else None
     if victim is None or coordinator not in f.cluster.names or coordinator == victim:
         victim, coordinator = f.rng.sample(f.cluster.names, 2)
