@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nonstop.client import Client
 from nonstop.errors import Error
 from tests.jepsen.bank import BankLoad, final_check
 from tests.jepsen.cluster import NetnsCluster
@@ -120,6 +121,11 @@ class Faults:
                 )
             except (Error, OSError) as exc:
                 self.log(f"status {name}: {exc!r}")
+            with contextlib.suppress(Error, OSError):
+                with Client([self.cluster.address(name)], timeout=2.0, rounds=1) as c:
+                    stats = c.request({"op": "runtime_stats"})
+                data = stats.get("data") if isinstance(stats, dict) else None
+                self.log(f"data path counters {name}: {data}")
 
     def observe_pair(self, a: str, b: str) -> None:
         """Log how ``a`` and ``b`` see each other now (a one-way cut is asymmetric)."""
