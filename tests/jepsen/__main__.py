@@ -60,6 +60,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--fixed", action="store_true", help="every fault lasts exactly --fault-s")
     p.add_argument("--settle-s", type=float, default=30.0, help="Active within this after a heal")
+    p.add_argument(
+        "--final-timeout",
+        type=float,
+        default=150.0,
+        help="give the final read this long (default 150 s: past the nodes' branch_idle)",
+    )
     p.add_argument("--results", type=Path, default=RESULTS, help="markdown file to append to")
     p.add_argument("--no-results", action="store_true", help="do not append to the results")
     args = p.parse_args(argv)
@@ -90,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
                 fault_s=args.fault_s,
                 settle_s=args.settle_s,
                 vary=not args.fixed,
+                final_timeout=args.final_timeout,
             )
             results.append(r)
             print(r.report(), flush=True)

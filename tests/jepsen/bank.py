@@ -257,6 +257,11 @@ def read_all(addresses: list[str], timeout: float = 60.0) -> tuple[list[Any], li
             time.sleep(0.3)
 
 
+SLOW_READ_S = 10.0
+"""The final read runs on a healed, Active cluster with the load stopped: waiting longer
+than this means some transaction still held its locks well after the heal."""
+
+
 def final_check(load: BankLoad, timeout: float = 60.0) -> Verdict:
     """Read everything after the heal and judge the round (module docstring)."""
     led = load.ledger
@@ -273,7 +278,13 @@ def final_check(load: BankLoad, timeout: float = 60.0) -> Verdict:
     led.bank.complete(final_bank, "ok", [("r", n, bal) for n, bal, _ in accounts])
     verdict = judge(led, load.numbers, accounts, transfers)
     verdict.problems[:0] = problems
-    verdict.stats["final_read_s"] = round(time.monotonic() - t0, 2)
+    took = time.monotonic() - t0
+    verdict.stats["final_read_s"] = round(took, 2)
+    if took > SLOW_READ_S:
+        verdict.problems.append(
+            f"locks held after the heal: the final read waited {took:.0f}s "
+            "(lock waits of 5 s each) on a healed, idle cluster"
+        )
     return verdict
 
 

@@ -384,6 +384,7 @@ def run_round(
     settle_s: float = 30.0,
     after_heal_s: float = 1.5,
     vary: bool = False,
+    final_timeout: float = 45.0,
 ) -> RoundResult:
     """One round on a fresh network and cluster (module docstring)."""
     began = time.monotonic()
@@ -410,7 +411,7 @@ def run_round(
             net.heal()
         if hung:
             f.problems.append(f"clients still blocked 60s after the stop: {hung}")
-        verdict = final_check(load)
+        verdict = final_check(load, timeout=final_timeout)
         f.log("final read and checks done")
         if f.problems or verdict.problems:
             f.diagnose()
