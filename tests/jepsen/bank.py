@@ -271,8 +271,15 @@ def final_check(load: BankLoad, timeout: float = 60.0) -> Verdict:
     try:
         accounts, transfers = read_all(load.addresses, timeout)
     except Error as exc:
+        counts = {
+            "acked": len(led.acked),
+            "failed": len(led.failed),
+            "unknown": len(led.unknown),
+            "errors": dict(led.errors.most_common(8)),
+        }
         return Verdict(
-            [f"stuck: the final read did not commit within {timeout:.0f}s ({exc!r})"], {}
+            [*problems, f"stuck: the final read did not commit within {timeout:.0f}s ({exc!r})"],
+            counts,
         )
     led.la.complete(final_la, "ok", [("r", n, log) for n, _, log in accounts])
     led.bank.complete(final_bank, "ok", [("r", n, bal) for n, bal, _ in accounts])
