@@ -110,7 +110,7 @@ def upsert(
     removals: list[Any] = []
     counts = None
     if created:
-        _creates(tx, info, names, cols, created, kbs, index, ops)
+        create_ops(tx, info, names, cols, created, kbs, index, ops)
         counts = {info.name.encode(): len(created)}
     updated = 0
     if len(created) < len(rows):
@@ -159,7 +159,7 @@ def upsert(
     return len(created), updated
 
 
-def _creates(
+def create_ops(
     tx: Transaction,
     info: TypeInfo,
     names: list[str],
