@@ -28,6 +28,7 @@ from __future__ import annotations
 from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
+from nonstop.bulk.keys import encode_keys
 from nonstop.errors import Conflict, DuplicateKey, FieldError, ImmutableKey, TypeVersionMismatch
 from nonstop.model.codec import encode_key, pack, pack_each
 from nonstop.store.records import pack_record, seal
@@ -214,7 +215,8 @@ def create_ops(
         db = store.index_db(k.db_name, unique=False)
         col = fvalues[n]
         if col is not None:
-            ops.extend((True, db, encode_key(v), r) for v, r in zip(col, new_refs, strict=True))
+            kbs_n = encode_keys(col)
+            ops.extend(zip(repeat(True), repeat(db), kbs_n, new_refs, strict=False))
         else:  # a constant default
             kb = encode_key(fields[n].make_default())
             ops.extend((True, db, kb, r) for r in new_refs)

@@ -37,6 +37,7 @@ from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
 from nonstop.bulk import fast as bulk_fast
+from nonstop.bulk.keys import encode_keys
 from nonstop.errors import DuplicateKey, TypeVersionMismatch
 from nonstop.model.codec import encode_key
 from nonstop.tx.locks import LockMode
@@ -126,7 +127,7 @@ def g_create_part(
     if not cols or not cols[0]:
         return 0
     kcol = cols[names.index(key.field)]
-    kbs = [encode_key(v) for v in kcol]
+    kbs = encode_keys(kcol)
     again = seen.intersection(kbs)
     if again:
         shown = _shown(kcol, kbs, again)
