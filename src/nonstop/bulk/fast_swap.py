@@ -34,12 +34,13 @@ duplicate check across parts).
 from __future__ import annotations
 
 from collections.abc import Generator
+from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 from nonstop.bulk import fast as bulk_fast
+from nonstop.bulk import records as bulk_records
 from nonstop.bulk.keys import encode_keys
 from nonstop.errors import DuplicateKey, TypeVersionMismatch
-from nonstop.model.codec import encode_key
 from nonstop.tx.locks import LockMode
 
 if TYPE_CHECKING:
@@ -70,45 +71,42 @@ def g_delete_page(tx: Transaction, info: TypeInfo, refs: list[bytes]) -> Steps:
     many were there to delete (one deleted meanwhile is skipped)."""
     yield (NEED_ALL, (refs, _WRITE), {})
     store = tx.engine.store
-    objects, extents = store.objects, store.extents
+    objects = store.objects
     with store.read() as rtxn:  # (after the locks: nothing in it can change any more)
         get = rtxn.get
         raws = [get(r, db=objects) for r in refs]
-    fields = info.fields
-    keys = [
-        (n, k, store.index_db(k.db_name, unique=k.options.unique)) for n, k in info.keys.items()
-    ]
-    prefix = info.name.encode() + b"\x00"
+    present = [(r, raw) for r, raw in zip(refs, raws, strict=True) if raw is not None]
+    if not present:  # (all deleted by transactions that committed meanwhile)
+        return 0
+    refs = [r for r, _ in present]
+    recs = bulk_records.decode_all(store, [raw for _, raw in present], refs)
+    newest = max(rec[1] for rec in recs)
+    if newest > info.version:
+        raise TypeVersionMismatch(
+            f"the store holds {info.name} version {newest}; this process defines "
+            f"version {info.version}"
+        )
+    states = [rec[3] for rec in recs]
+    # Column by column: the objects, their extent entries, every index entry.
     removals: list[Any] = []
-    ops: list[Any] = []
     slots: list[Any] = []
-    deleted = 0
-    for ref, raw in zip(refs, raws, strict=True):
-        if raw is None:
-            continue  # deleted by a transaction that committed meanwhile
-        tname, tver, _, state = store.record(raw, ref)
-        if tver > info.version:
-            raise TypeVersionMismatch(
-                f"the store holds {tname} version {tver}; this process defines "
-                f"version {info.version}"
-            )
-        ops.append((False, objects, ref, None))
-        ops.append((False, extents, prefix + ref, None))
-        for name, key, db in keys:
-            value = state[name] if name in state else fields[name].make_default()
-            if key.options.unique:
-                if value is None:
-                    continue  # not indexed
-                kb = encode_key(value)
-                removals.append((False, db, kb, None))
-                slots.append((key.db_name, kb))  # given up: a creator of it waits for us
-            else:
-                removals.append((False, db, encode_key(value), ref))
-        deleted += 1
+    for name, key in info.keys.items():
+        db = store.index_db(key.db_name, unique=key.options.unique)
+        default = info.fields[name].make_default()
+        col = [st.get(name, default) for st in states]  # (an older type version: default)
+        if key.options.unique:
+            kbs = encode_keys([v for v in col if v is not None])  # (None is not indexed)
+            removals.extend(zip(repeat(False), repeat(db), kbs, repeat(None)))
+            slots.extend(zip(repeat(key.db_name), kbs))  # given up: a creator waits for us
+        else:
+            removals.extend(zip(repeat(False), repeat(db), encode_keys(col), refs))
+    prefix = info.name.encode() + b"\x00"
+    ops = list(zip(repeat(False), repeat(store.objects), refs, repeat(None)))
+    ops.extend(zip(repeat(False), repeat(store.extents), [prefix + r for r in refs], repeat(None)))
+    deleted = len(refs)
     if slots:
         yield (NEED_ALL, (slots, _WRITE), {})
-    if deleted:
-        tx.write_raw(removals + ops, counts={info.name.encode(): -deleted})
+    tx.write_raw(removals + ops, counts={info.name.encode(): -deleted})
     return deleted
 
 

@@ -49,7 +49,6 @@ import itertools
 import math
 import secrets
 import time
-import zlib
 from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
 from operator import itemgetter
@@ -57,6 +56,7 @@ from typing import TYPE_CHECKING, Any
 
 from nonstop.bulk import fast as bulk_fast
 from nonstop.bulk import fast_swap, gc_hold
+from nonstop.bulk import records as bulk_records
 from nonstop.bulk.keys import encode_keys
 from nonstop.errors import (
     BadArgument,
@@ -73,8 +73,6 @@ from nonstop.model.codec import encode_key, pack, unpack
 from nonstop.model.managed import KeyInfo, TypeInfo, registered_types
 from nonstop.model.ref import REF_SIZE, Ref
 from nonstop.store.group_commit import WriteSet
-from nonstop.store.records import CHECKSUM_BYTES
-from nonstop.store.records import RESIDUE as RECORD_RESIDUE
 from nonstop.tx.locks import LockMode
 
 if TYPE_CHECKING:
@@ -426,30 +424,11 @@ def _scan_extent(
     if None in raws:  # (extent and objects change in one commit: cannot happen; be safe)
         refs = [r for r, raw in zip(refs, raws, strict=True) if raw is not None]
         raws = [raw for raw in raws if raw is not None]
-    payloads = _payloads(store, raws, refs)
-    recs = unpack(_array_header(len(raws)) + b"".join(payloads)) if raws else []
+    recs = bulk_records.decode_all(store, raws, refs)  # checksums verified
     if any(rec[0] != type_name for rec in recs):  # (one extent: cannot happen; be safe)
         keep = [i for i, rec in enumerate(recs) if rec[0] == type_name]
         refs, recs = [refs[i] for i in keep], [recs[i] for i in keep]
     return snapshot, refs, list(map(itemgetter(3), recs)), more
-
-
-def _payloads(store: Any, raws: list[bytes], refs: list[bytes]) -> list[bytes]:
-    """The records' msgpack payloads, every checksum verified: all of them checked by
-    C loops (a sealed record's CRC-32 is a constant), the store's own check (which
-    raises CorruptRecord naming the record) only when one fails."""
-    if all(map(RECORD_RESIDUE.__eq__, map(zlib.crc32, raws))):
-        return [raw[:-CHECKSUM_BYTES] for raw in raws]
-    return list(map(store.record_payload, raws, refs))
-
-
-def _array_header(n: int) -> bytes:
-    """The msgpack header of an array of ``n`` items (what precedes the packed items)."""
-    if n < 16:
-        return bytes([0x90 | n])
-    if n < 1 << 16:
-        return b"\xdc" + n.to_bytes(2, "big")
-    return b"\xdd" + n.to_bytes(4, "big")
 
 
 def _scan_filtered(
