@@ -13,6 +13,14 @@ from nonstop.configuration.state import ACTIVE, INACTIVE, ConfigState, Refused, 
 from nonstop.configuration.table import TABLE, ConfigTable
 from nonstop.configuration.types import ConfigTypes, Veto
 from nonstop.runtime.interface import Reply
+from nonstop.security.roles import (
+    ADMIN_OPS,
+    MONITOR,
+    OPERATOR,
+    STATUS,
+    allows,
+    permission_of,
+)
 
 
 class Rates(BaseModel):
@@ -252,3 +260,9 @@ def test_request_shapes_are_refused_in_one_line() -> None:
         "message": "no configuration rates/fx is loaded",
     }
     assert table.forwarded("B", {TABLE: "change", "q": "x", "ops": [], "revs": []}) is None
+
+
+def test_reads_are_monitor_ops_and_changes_admin_ones() -> None:
+    assert permission_of("config.list") == permission_of("config.show") == STATUS
+    assert permission_of("config") == ADMIN_OPS
+    assert allows([MONITOR], STATUS) and not allows([MONITOR, OPERATOR], ADMIN_OPS)

@@ -36,15 +36,18 @@ class CommandRefused(Exception):
         self.usage = usage
 
 
-def request(target: Target, payload: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """One ``{"op": "config"}`` request to a node of ``target``; its reply or a refusal."""
+def request(
+    target: Target, payload: dict[str, Any], timeout: float, op: str = "config"
+) -> dict[str, Any]:
+    """One configuration request (``op``: ``config``, ``config.list``, ``config.show``)
+    to a node of ``target``; its reply or a :class:`CommandRefused`."""
     with open_client(target, timeout) as client:
         try:
-            reply = client.request({"op": "config", **payload})
+            reply = client.request({"op": op, **payload})
         except (Error, OSError) as exc:
-            raise CommandRefused(f"config {payload.get('do')}: {exc}", usage=False) from None
+            raise CommandRefused(f"{op} {payload.get('do', '')}: {exc}", usage=False) from None
     if not isinstance(reply, dict):
-        raise CommandRefused(f"config {payload.get('do')}: odd reply {reply!r:.80}", usage=False)
+        raise CommandRefused(f"{op}: odd reply {reply!r:.80}", usage=False)
     if "error" in reply:
         message = str(reply.get("message") or reply["error"])
         if reply.get("error") == "BadRequest" and "unknown op" in message:
@@ -101,17 +104,17 @@ def remove(
 
 def list_versions(target: Target, timeout: float) -> dict[str, Any]:
     """Every loaded version, as applied on the node that answers."""
-    return request(target, {"do": "list"}, timeout)
+    return request(target, {}, timeout, op="config.list")
 
 
 def show(
     target: Target, type_name: str, name: str, version: str | None, timeout: float
 ) -> dict[str, Any]:
     """The versions of one configuration with their data."""
-    payload: dict[str, Any] = {"do": "show", "type": type_name, "name": name}
+    payload: dict[str, Any] = {"type": type_name, "name": name}
     if version:
         payload["version"] = version
-    return request(target, payload, timeout)
+    return request(target, payload, timeout, op="config.show")
 
 
 # ------------------------------------------------------------ click

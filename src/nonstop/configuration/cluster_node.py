@@ -2,7 +2,8 @@
 
 :class:`~nonstop.ha.cluster_node.HaClusterNode` plus the
 :class:`~nonstop.configuration.table.ConfigTable` registered as a table of its
-log, and ``{"op": "config"}`` requests (:mod:`nonstop.configuration.requests`).
+log, and ``{"op": "config"}`` (changes), ``config.list`` and ``config.show``
+requests (:mod:`nonstop.configuration.requests`).
 ``{"op": "status"}`` gains ``"configurations"`` (the versions, without data).
 """
 
@@ -13,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from nonstop.cluster.node import ClusterConfig
-from nonstop.configuration.requests import CHANGES, OP, READS, ConfigRequests, rejected
+from nonstop.configuration.requests import CHANGES, OP, READ_OPS, ConfigRequests, rejected
 from nonstop.configuration.table import TABLE, ConfigTable
 from nonstop.configuration.types import ConfigTypes
 from nonstop.ha.cluster_node import HaClusterNode
@@ -46,11 +47,11 @@ class ConfiguredClusterNode(HaClusterNode):
     def handle(self, event: Event) -> list[Action]:
         now = event.now
         payload = event.payload if isinstance(event, ClientRequest) else None
-        if (
-            isinstance(event, ClientRequest)
-            and isinstance(payload, dict)
-            and payload.get("op") == OP
-        ):
+        op = payload.get("op") if isinstance(payload, dict) else None
+        out: list[Action]
+        if isinstance(event, ClientRequest) and isinstance(payload, dict) and op in READ_OPS:
+            out = [self.config_requests.read(event.request_id, {**payload, "do": READ_OPS[op]})]
+        elif isinstance(event, ClientRequest) and isinstance(payload, dict) and op == OP:
             out = self._config_request(now, event.request_id, payload)
         else:
             out = super().handle(event)
@@ -78,11 +79,10 @@ class ConfiguredClusterNode(HaClusterNode):
 
     def _config_request(self, now: float, request_id: int, payload: dict[str, Any]) -> list[Action]:
         do = payload.get("do")
-        if do in READS:
-            return [self.config_requests.read(request_id, payload)]
         if do not in CHANGES:
-            reads_and_changes = ", ".join((*READS, *CHANGES))
-            return [Reply(request_id, rejected(f"config: do must be one of {reads_and_changes}"))]
+            reads = ", ".join(f"op {op}" for op in READ_OPS)
+            message = f"config: do must be one of {', '.join(CHANGES)} (reads: {reads})"
+            return [Reply(request_id, rejected(message))]
         disabled = None if self.enabled else f"node {self.name} has no quorum (Disabled)"
         entry, refusal = self.config_requests.start(
             now, request_id, payload, self.applied_index, disabled

@@ -1,8 +1,9 @@
 """Configuration requests of clients, sans-I/O: ``{"op": "config", "do": ...}``.
 
-Reads (``list``, ``show``) are answered at once from the table as applied on
-this node.  Changes are checked here -- the file parsed against its type, the
-life-cycle rules and every audit run on the table as applied here -- and a
+Reads (ops ``config.list`` and ``config.show``, which a monitor may send) are
+answered at once from the table as applied on this node.  Changes are checked
+here -- the file parsed against its type, the life-cycle rules and every audit
+run on the table as applied here -- and a
 change that passes becomes one entry of the log (:func:`change_entry`), whose
 reply waits until the entry is applied here: the changes, or the reason it was
 refused (another change overtook it).  The entry is resent every ``retry``
@@ -11,8 +12,8 @@ as for the partition operators (:mod:`nonstop.ha.operator`).
 
 Requests::
 
-    {"op": "config", "do": "list"}
-    {"op": "config", "do": "show", "type", "name", "version"?}
+    {"op": "config.list"}
+    {"op": "config.show", "type", "name", "version"?}
     {"op": "config", "do": "load", "files": [{"file": name, "text": toml}], "activate"?: bool}
     {"op": "config", "do": "activate" | "remove", "type", "name", "version"}
     {"op": "config", "do": "deactivate", "type", "name", "version"?}
@@ -34,7 +35,9 @@ from nonstop.configuration.table import ConfigTable, change_entry
 from nonstop.runtime.interface import Action, Notify, Reply
 
 OP = "config"
-"""The client op (``{"op": "config", ...}``)."""
+"""The client op of changes (``{"op": "config", "do": ...}``): the ``admin`` permission."""
+READ_OPS = {"config.list": "list", "config.show": "show"}
+"""The client ops of reads, ``status`` permission (monitor role): op → ``do``."""
 READS = ("list", "show")
 CHANGES = ("load", ACTIVATE, DEACTIVATE, REMOVE, "apply")
 
@@ -206,4 +209,4 @@ class ConfigRequests:
         return len(self._waiting)
 
 
-__all__ = ["CHANGES", "OP", "READS", "ConfigRequests", "ops_of", "rejected"]
+__all__ = ["CHANGES", "OP", "READS", "READ_OPS", "ConfigRequests", "ops_of", "rejected"]

@@ -4,7 +4,8 @@ Every client request is checked before anything else sees it (``runtime/clients.
 ``node/router.py``).  Permissions:
 
 * ``status``: look at the cluster (``ping``, ``status``, ``runtime_stats``, ``nodes``,
-  ``types``);
+  ``types``, ``config.list``, ``config.show``; configuration changes, op ``config``,
+  are ``admin``);
 * ``data``: read and write objects (``tx.*``, ``request.result``, ``bulk.*``);
 * ``membership``: add or remove cluster members (``join``, ``leave``);
 * ``users``: manage users (``user.add``, ``user.remove``, ``user.passwd``,
@@ -46,7 +47,9 @@ GRANTS: dict[str, frozenset[str]] = {
     ADMIN: frozenset({STATUS, DATA, MEMBERSHIP, USERS, ADMIN_OPS}),
 }
 
-STATUS_OPS = frozenset({"ping", "status", "runtime_stats", "nodes", "types"})
+STATUS_OPS = frozenset(
+    {"ping", "status", "runtime_stats", "nodes", "types", "config.list", "config.show"}
+)
 MEMBERSHIP_OPS = frozenset({"join", "leave"})
 NODE_OPS = frozenset({"propose", "run", "bulk.overwrite.commit"})
 """Never reachable by a user: a proposal goes into every node's log as it is; ``run``
