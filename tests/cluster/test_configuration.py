@@ -18,6 +18,9 @@ from click.testing import CliRunner
 
 from nonstop.admin.cli import cli
 from nonstop.admin.local import LocalError
+from nonstop.client import Client
+from nonstop.errors import AuthenticationFailed, NotAuthorized
+from nonstop.net.auth import Password, make_verifier
 from nonstop.node.datadir import pid_alive
 from tests.cluster.conftest import REAL_CLUSTER, Procs, app_cluster, wait_until
 
@@ -105,6 +108,35 @@ def test_configuration_life_cycle_on_three_nodes(tmp_path: Path) -> None:
         code, out, err = run_cli("config", "show", "rates", "fx", "--node", c)
         assert code == 0, err
         assert json.loads(out)[0]["data"] == {"eur": 2.5, "note": "", "usd": 1.0}
+
+        # Roles: a monitor reads the configuration but may not change it.
+        with Client([a], timeout=10, rounds=1) as admin:
+            added = admin.request(
+                {
+                    "op": "user.add",
+                    "user": "watcher",
+                    "roles": ["monitor"],
+                    "verifier": make_verifier("pw-monitor").to_wire(),
+                }
+            )
+        assert added.get("ok"), added
+        watcher = Password("watcher", "pw-monitor")
+
+        def known_on_c() -> bool:
+            try:
+                with Client([c], credentials=watcher, rounds=1) as probe:
+                    return bool(probe.status())
+            except AuthenticationFailed:
+                return False  # the user's entry is not applied on C yet
+
+        wait_until(known_on_c, 10, "the monitor user on C")
+        with Client([c], credentials=watcher) as monitor:
+            rows = monitor.call({"op": "config.list"})["configurations"]
+            assert [(r["version"], r["state"]) for r in rows] == [("2", "Active")]
+            assert monitor.call({"op": "config.show", "type": "rates", "name": "fx"})["versions"]
+            with pytest.raises(NotAuthorized, match="watcher"):
+                monitor.call({"op": "config", "do": "deactivate", "type": "rates", "name": "fx"})
+        same_everywhere(p, [("2", "Active")])
 
         # A restart of every node keeps the table (snapshot + the entries after it).
         for name in list(p.nodes):
