@@ -64,6 +64,8 @@ SYSTEMS = ("postgresql", "nonstop", OWN)
 ``connect_async`` is built for); ``OWN``: one handle, one connection, per client task,
 like PostgreSQL's one connection per client."""
 CLIENTS = (1, 16, 64)
+README_SPAN = 12
+"""Accounts of A and of B the README-order slices also run over (24 in all: hot)."""
 
 
 @dataclass
@@ -130,6 +132,19 @@ def arun(coro: Awaitable[Any]) -> Any:
 
 
 # ------------------------------------------------------------------- nonstop
+@nonstop.transactional
+async def readme_transfer_async(
+    tx: nonstop.AsyncTransaction, tid: str, src: int, dst: int, amount: int
+) -> None:
+    """The README's transfer: ``src`` locked first, then ``dst`` (no global order), so
+    two transfers over one pair in opposite directions deadlock, across nodes too."""
+    a = await tx.get(Account, number=src, lock="write")
+    b = await tx.get(Account, number=dst, lock="write")
+    a.balance -= amount
+    b.balance += amount
+    await tx.create(Transfer, tid=tid, src=src, dst=dst, amount=amount)
+
+
 class NonstopSide:
     """The 3-node cluster with ``accounts`` accounts on A (0..n-1) and on B (n..2n-1)."""
 
@@ -162,10 +177,12 @@ class NonstopSide:
         return list(self.cluster.pids.values())
 
     def make_op(
-        self, shared: bool = False, span: int | None = None
+        self, shared: bool = False, span: int | None = None, readme: bool = False
     ) -> Callable[[int], Awaitable[tuple[Callable[[random.Random], Awaitable[None]], Any]]]:
         """Client ``i`` attaches to A (even) or B (odd): its own handle, or with
-        ``shared`` one handle per node that all clients attached there multiplex."""
+        ``shared`` one handle per node that all clients attached there multiplex.
+        ``readme``: the README's transfer (locks ``src`` then ``dst``: cycles happen)."""
+        transfer = readme_transfer_async if readme else transfer_async
         addresses = self.cluster.addresses
         attach = [[addresses[0], addresses[1]], [addresses[1], addresses[0]]]
         handles: dict[int, Any] = {}
@@ -192,7 +209,7 @@ class NonstopSide:
             async def op(rng: random.Random) -> None:
                 src, dst = self.pick(rng, span)
                 try:
-                    await transfer_async(client, uuid.uuid4().hex, src, dst, 1)
+                    await transfer(client, uuid.uuid4().hex, src, dst, 1)
                 except nonstop.errors.Error:
                     self.errors += 1  # counted, reported: the run goes on
                 else:
@@ -388,6 +405,28 @@ def steps_under_load(ns: NonstopSide, clients: int, seconds: float) -> dict[str,
     return {k: statistics.median(v) for k, v in steps.items() if v}
 
 
+def readme_order(ns: NonstopSide, clients: int, seconds: float, span: int) -> dict[str, float]:
+    """One unmeasured slice of the README's transfer (shared handles, the first ``span``
+    accounts of A and B): transfers/s, the longest commit gap, victims per 1,000."""
+    before = arun(ns.runtime_stats())
+    ns.commits.clear()
+    res = arun(run_clients(clients, ns.make_op(True, span, readme=True), seconds, 0.3))
+    gap = commit_gap(ns.commits, *res.extra["window"])
+    per = _diff_stats(before, arun(ns.runtime_stats()))
+    done = res.extra.get("done", res.ops) or 1
+
+    def per_k(key: str) -> float:
+        return 1000 * sum(v.get(key, 0) for v in per.values()) / done
+
+    return {
+        "transfers/s": res.ops_per_s,
+        "gap ms": gap * 1000,
+        "distributed victims / 1,000": per_k("deadlock_victims"),
+        "local victims / 1,000": per_k("deadlocks"),
+        "lock timeouts / 1,000": per_k("timeouts"),
+    }
+
+
 def contention_check(ns: NonstopSide, clients: int, seconds: float) -> dict[str, float]:
     """Transfers/s at ``clients`` over all accounts and over a tenth of them (ten times
     the chance of meeting a locked account), interleaved, unmeasured elsewhere."""
@@ -478,6 +517,13 @@ def run(cfg: Config) -> Path:
                     )
             after = arun(ns.runtime_stats())
             stats[clients] = _diff_stats(before, after)
+        readme = {
+            (clients, span): readme_order(ns, clients, min(cfg.duration, 4.0), span)
+            for clients in cfg.clients
+            if clients > 1
+            for span in (cfg.accounts, README_SPAN)
+        }
+        print("README order:", readme)
         contention = contention_check(ns, max(cfg.clients), min(cfg.duration / 2, 2.0))
         print(f"lock contention check at {max(cfg.clients)} clients:", contention)
         loaded = steps_under_load(ns, max(cfg.clients), min(cfg.duration, 3.0))
@@ -504,6 +550,7 @@ def run(cfg: Config) -> Path:
     steps.update({f"{k}, at {max(cfg.clients)} clients": v for k, v in loaded.items()})
     steps.update({f"contention {k}": v for k, v in contention.items()})
     report = render(cfg, cells, stats, checks, rtt, steps, load_before, os.getloadavg(), started)
+    report += "\n" + "\n".join(readme_table(cfg, readme)) + "\n"
     report += "\n## Profile of the nodes\n\n" + "\n".join(profile) + "\n"
     cfg.out.parent.mkdir(parents=True, exist_ok=True)
     cfg.out.write_text(report)
@@ -673,6 +720,31 @@ def render(
         lines.append(f"* {clients} clients: " + "; ".join(f"{n}: {v}" for n, v in per_node.items()))
     lines.append("")
     return "\n".join(lines)
+
+
+def readme_table(cfg: Config, readme: dict[tuple[int, int], dict[str, float]]) -> list[str]:
+    if not readme:
+        return []
+    cols = list(next(iter(readme.values())))
+    lines = [
+        "## The README's transfer: commit gaps and deadlock victims",
+        "",
+        "The transfer above locks its accounts in order, so it never deadlocks.  The "
+        "README's locks `src` then `dst`: transfers in opposite directions over a pair form "
+        "wait-for cycles, across nodes, broken by the nodes' deadlock detection "
+        "(docs/design/deadlocks.md) and replayed by `@transactional`.  One unmeasured "
+        f"slice of {min(cfg.duration, 4.0):.0f} s per row (shared handles), over all accounts "
+        f"and over {README_SPAN} of A and {README_SPAN} of B.  The bar (issue 14): no commit "
+        "gap over 200 ms.",
+        "",
+        "| clients | accounts | " + " | ".join(cols) + " |",
+        "| --- | --- | " + " | ".join("---" for _ in cols) + " |",
+    ]
+    for (clients, span), row in readme.items():
+        lines.append(
+            f"| {clients} | {2 * span} | " + " | ".join(f"{row[c]:,.1f}" for c in cols) + " |"
+        )
+    return [*lines, ""]
 
 
 def gaps_and_victims(
