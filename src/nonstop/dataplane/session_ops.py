@@ -255,7 +255,7 @@ def g_query_whole(
     """
     limit = fields.get("limit")
     budget = max(1, (dp.config.max_message - MESSAGE_MARGIN) // 2)
-    paged = {**fields, "page": True, "after": None, "bytes": budget}
+    paged = {**fields, "page": True, "after": None, "bytes": budget, "keep": True}
     replies = yield Gather([Call(n, "branch.query", paged) for n in nodes])
     raise_fatal(replies)
     results: list[dict[str, Any]] = []
