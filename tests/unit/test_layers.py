@@ -43,6 +43,7 @@ Layers (lowest first)
     client                      sync/async clients
     nonstop (the facade)        the public surface
     bulk, dataplane             bulk operations, the data service
+    security                    roles, the op matrix, the users table of the cluster log
     node                        the node process and its composition
     spark, sim, admin, demos    integrations, the simulator, tools, examples
 

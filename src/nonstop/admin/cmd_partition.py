@@ -12,8 +12,10 @@ partition's list.  ``define`` goes to any node.  A refusal of the table comes
 back as one line naming the culprit (an unknown node, a list that disagrees
 with the existing definition, the last copy, ...), exit code 2.
 
-Object counts per partition are ``n/a``: the data path does not place objects
-in partitions yet (issue 10, next step).
+Object counts per partition come from the node acting for it
+(``partition.objects``: committed objects of the partition's location); they
+are ``n/a`` while the data path routes by node (``ha.data = "nodes"``, the
+default: objects are not placed in partitions) or no node acts for it.
 """
 
 from __future__ import annotations
@@ -76,13 +78,41 @@ def acting_by_node(status: dict[str, Any], timeout: float) -> dict[str, list[str
     return out
 
 
+def objects_by_partition(
+    status: dict[str, Any], acting: dict[str, list[str]], timeout: float
+) -> dict[str, int]:
+    """Each partition's object count, from a node acting for it (best effort; none while
+    the data path routes by node)."""
+    addresses = node_addresses(status)
+    out: dict[str, int] = {}
+    for node, parts in sorted(acting.items()):
+        if not parts or node not in addresses:
+            continue
+        try:
+            reply = ask_node(addresses[node], {"op": "partition.objects"}, timeout)
+        except (Error, OSError):
+            continue
+        if not isinstance(reply, dict) or reply.get("routing") != "partitions":
+            continue
+        for name, count in (reply.get("counts") or {}).items():
+            if isinstance(count, int) and name not in out:
+                out[str(name)] = count
+    return out
+
+
 def natural_key(name: str) -> list[Any]:
     """``default.2`` before ``default.10``."""
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
 
 
-def partition_rows(status: dict[str, Any], acting: dict[str, list[str]]) -> list[dict[str, Any]]:
-    """The table as ``list --json`` prints it: one object per partition."""
+def partition_rows(
+    status: dict[str, Any],
+    acting: dict[str, list[str]],
+    objects: dict[str, int] | None = None,
+) -> list[dict[str, Any]]:
+    """The table as ``list --json`` prints it: one object per partition (``objects``:
+    None = n/a)."""
+    objects = objects or {}
     rows = []
     for part in sorted(status["partitions"], key=lambda p: natural_key(p["name"])):
         rows.append(
@@ -98,7 +128,7 @@ def partition_rows(status: dict[str, Any], acting: dict[str, list[str]]) -> list
                 "current": part.get("current", []),
                 "copying": part.get("copying", []),
                 "status": part["status"],
-                "objects": None,  # n/a: the data path does not place objects in partitions yet
+                "objects": objects.get(part["name"]),
             }
         )
     return rows
@@ -111,7 +141,8 @@ def partition_list(address: str | None, folder: str | None, timeout: float, as_j
     """Every partition: state, epoch, active node, current list, status per node."""
     target = resolve_target(address, folder)
     status = read_status(target, timeout)
-    rows = partition_rows(status, acting_by_node(status, timeout))
+    acting = acting_by_node(status, timeout)
+    rows = partition_rows(status, acting, objects_by_partition(status, acting, timeout))
     if as_json:
         click.echo(
             json.dumps({"node": status.get("name"), "partitions": rows}, indent=2, sort_keys=True)
@@ -130,7 +161,7 @@ def partition_list(address: str | None, folder: str | None, timeout: float, as_j
                 ",".join(r["acting_on"]) or "-",
                 current or "-",
                 ",".join(r["copying"]) or "-",
-                "n/a",
+                "n/a" if r["objects"] is None else str(r["objects"]),
             )
         )
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
@@ -141,10 +172,10 @@ def partition_list(address: str | None, folder: str | None, timeout: float, as_j
     )
     if disabled:
         click.echo(f"disabled (LocalDisabled): {', '.join(disabled)}")
-    click.echo(
-        f"({len(rows)} partitions, table as applied on {status.get('name')}; "
-        "OBJECTS n/a: the data path does not place objects in partitions yet)"
-    )
+    note = ""
+    if any(r["objects"] is None for r in rows):
+        note = "; OBJECTS n/a: no node acts for it, or the data path routes by node (ha.data)"
+    click.echo(f"({len(rows)} partitions, table as applied on {status.get('name')}{note})")
 
 
 def parse_node_list(text: str) -> list[list[str]]:

@@ -56,6 +56,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
 from nonstop.bulk.handlers import ROWS_PER_RANGE
+from nonstop.bulk.keys import encode_keys
 from nonstop.client.bulk import BulkClient, cluster_nodes
 from nonstop.errors import BadArgument, Error, Retryable, Unavailable
 from nonstop.model.codec import encode_key
@@ -94,7 +95,9 @@ def _up_nodes(opts: Options, only: list[str] | None = None) -> list[dict[str, An
     A read that skipped a down node would silently miss its objects, and a write
     must send each key to its home among *all* nodes, so both need every node.
     """
-    nodes = _members(opts, cluster_nodes(opts.cluster, cluster=opts.cluster_id))
+    nodes = _members(
+        opts, cluster_nodes(opts.cluster, cluster=opts.cluster_id, credentials=opts.credentials)
+    )
     if only:
         missing = set(only) - {n["name"] for n in nodes}
         if missing:
@@ -119,7 +122,9 @@ def _members(opts: Options, nodes: list[dict[str, Any]]) -> list[dict[str, Any]]
         if not node.get("up", True):
             continue
         try:
-            with BulkClient(node["address"], cluster=opts.cluster_id, timeout=10) as c:
+            with BulkClient(
+                node["address"], cluster=opts.cluster_id, credentials=opts.credentials, timeout=10
+            ) as c:
                 members = c.call("status").get("members")
         except Error:
             continue
@@ -130,12 +135,14 @@ def _members(opts: Options, nodes: list[dict[str, Any]]) -> list[dict[str, Any]]
 
 
 def _type_schema(opts: Options) -> dict[str, Any]:
-    nodes = _members(opts, cluster_nodes(opts.cluster, cluster=opts.cluster_id))
+    nodes = _members(
+        opts, cluster_nodes(opts.cluster, cluster=opts.cluster_id, credentials=opts.credentials)
+    )
     up = [n for n in nodes if n.get("up", True)]
     if not up:
         raise Unavailable(f"no node of the cluster at {opts.cluster} is up")
     node = up[0]
-    with BulkClient(node["address"], cluster=opts.cluster_id) as c:
+    with BulkClient(node["address"], cluster=opts.cluster_id, credentials=opts.credentials) as c:
         return c.call("bulk.schema", type=opts.type)  # type: ignore[no-any-return]
 
 
@@ -153,6 +160,20 @@ def home(key_value: Any, n_nodes: int) -> int:
         return zlib.crc32(encode_key(key_value)) % n_nodes
     except (TypeError, ValueError):
         return 0  # the node reports what is wrong with the value
+
+
+def homes_of(values: list[Any], n_nodes: int) -> list[int]:
+    """``[home(v, n_nodes) for v in values]``, the keys encoded a column at a time
+    (a Spark task computes one per row it writes)."""
+    if n_nodes == 1:
+        return [0] * len(values)
+    if None in values:  # (home() sends a null key to node 0, which reports it)
+        return [home(v, n_nodes) for v in values]
+    try:
+        kbs = encode_keys(values)
+    except (TypeError, ValueError):  # (a bad value: home() sends it to node 0)
+        return [home(v, n_nodes) for v in values]
+    return [c % n_nodes for c in map(zlib.crc32, kbs)]
 
 
 # -------------------------------------------------------------------- source
@@ -226,7 +247,9 @@ class NonstopReader(DataSourceReader):
         parts = []
         # Option `nodes`: read only what those nodes hold (an audit of one copy).
         for node in _up_nodes(self.opts, self.opts.nodes):
-            with BulkClient(node["address"], cluster=self.opts.cluster_id) as c:
+            with BulkClient(
+                node["address"], cluster=self.opts.cluster_id, credentials=self.opts.credentials
+            ) as c:
                 plan = c.call(
                     "bulk.plan", type=self.opts.type, tv=self.version, splits=self.opts.splits
                 )
@@ -236,7 +259,9 @@ class NonstopReader(DataSourceReader):
 
     def read(self, partition: NodeRange) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
         after = None
-        with BulkClient(partition.address, cluster=self.opts.cluster_id) as c:
+        with BulkClient(
+            partition.address, cluster=self.opts.cluster_id, credentials=self.opts.credentials
+        ) as c:
             while True:
                 reply = c.call(
                     "bulk.scan",
@@ -304,7 +329,7 @@ class _Router:
         c = self.clients.get(node["name"])
         if c is None:
             c = self.clients[node["name"]] = BulkClient(
-                node["address"], cluster=self.opts.cluster_id
+                node["address"], cluster=self.opts.cluster_id, credentials=self.opts.credentials
             )
         return c
 
@@ -329,7 +354,7 @@ class _Router:
         if n == 1:
             groups = {0: table}
         else:
-            homes = pa.array([home(v, n) for v in table.column(self.key).to_pylist()])
+            homes = pa.array(homes_of(table.column(self.key).to_pylist(), n))
             groups = {}
             for i in range(n):
                 part = table.filter(pc.equal(homes, i))
@@ -362,7 +387,9 @@ class NonstopWriter(DataSourceArrowWriter):
         self.job = secrets.token_hex(8)
         if overwrite:
             for node in self.nodes:
-                with BulkClient(node["address"], cluster=opts.cluster_id) as c:
+                with BulkClient(
+                    node["address"], cluster=opts.cluster_id, credentials=opts.credentials
+                ) as c:
                     c.call("bulk.overwrite.begin", type=opts.type, tv=self.version, job=self.job)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteStats:
@@ -415,11 +442,15 @@ class NonstopWriter(DataSourceArrowWriter):
                 )
                 return
             for node in self.nodes:  # standalone bulk endpoints: one swap each
-                with BulkClient(node["address"], cluster=self.opts.cluster_id) as c:
+                with BulkClient(
+                    node["address"], cluster=self.opts.cluster_id, credentials=self.opts.credentials
+                ) as c:
                     c.call("bulk.overwrite.commit", type=self.opts.type, job=self.job, parts=parts)
             return
         for node in self.nodes:
-            with BulkClient(node["address"], cluster=self.opts.cluster_id) as c:
+            with BulkClient(
+                node["address"], cluster=self.opts.cluster_id, credentials=self.opts.credentials
+            ) as c:
                 c.call("bulk.forget", prefix=f"{self.job}/")
 
     def _swap_everywhere(self, parts: list[str], timeout: float) -> None:
@@ -434,7 +465,9 @@ class NonstopWriter(DataSourceArrowWriter):
         for attempt in range(COMMIT_RETRIES):
             req = [f"spark-overwrite-{self.job}", attempt]
             try:
-                with BulkClient(address, cluster=cid, timeout=timeout) as c:
+                with BulkClient(
+                    address, cluster=cid, timeout=timeout, credentials=self.opts.credentials
+                ) as c:
                     sid = c.call("tx.begin")["s"]
                     c.call("tx.overwrite", s=sid, **args)
                     try:  # (closing the connection rolls an unfinished session back)
@@ -443,7 +476,7 @@ class NonstopWriter(DataSourceArrowWriter):
                         # Undecided, or the reply was lost: the commit may still have
                         # happened; aborting the job then would be wrong.  Ask (H1).
                         wait = OUTCOME_WAIT + timeout - SWAP_TIMEOUT
-                        if commit_outcome(address, cid, req, wait):
+                        if commit_outcome(address, cid, req, wait, self.opts.credentials):
                             return
                         raise
                 return
@@ -464,7 +497,12 @@ class NonstopWriter(DataSourceArrowWriter):
     def _all_up(self) -> bool:
         try:
             nodes = _members(
-                self.opts, cluster_nodes(self.opts.cluster, cluster=self.opts.cluster_id)
+                self.opts,
+                cluster_nodes(
+                    self.opts.cluster,
+                    cluster=self.opts.cluster_id,
+                    credentials=self.opts.credentials,
+                ),
             )
         except Unavailable:
             return False
@@ -473,7 +511,9 @@ class NonstopWriter(DataSourceArrowWriter):
     def abort(self, messages: list[WriteStats | None]) -> None:  # type: ignore[override]
         for node in self.nodes:
             try:
-                with BulkClient(node["address"], cluster=self.opts.cluster_id) as c:
+                with BulkClient(
+                    node["address"], cluster=self.opts.cluster_id, credentials=self.opts.credentials
+                ) as c:
                     if self.overwrite:
                         c.call("bulk.overwrite.abort", job=self.job)
                     else:
@@ -483,7 +523,11 @@ class NonstopWriter(DataSourceArrowWriter):
 
 
 def commit_outcome(
-    address: str, cluster_id: str, req: list[Any], wait: float = OUTCOME_WAIT
+    address: str,
+    cluster_id: str,
+    req: list[Any],
+    wait: float = OUTCOME_WAIT,
+    credentials: str | None = None,
 ) -> bool:
     """Whether the commit of request ``req`` on the node at ``address`` committed
     (``request.result``); waits while it is undecided.  Unavailable when the node
@@ -492,7 +536,7 @@ def commit_outcome(
     last: Any = None
     while time.monotonic() < deadline:
         try:
-            with BulkClient(address, cluster=cluster_id, timeout=10) as c:
+            with BulkClient(address, cluster=cluster_id, timeout=10, credentials=credentials) as c:
                 last = c.call("request.result", req=req)
         except Unavailable as exc:
             last = exc
@@ -556,7 +600,9 @@ class NonstopStreamWriter(DataSourceStreamArrowWriter):
 
     def commit(self, messages: list[WriteStats | None], batchId: int) -> None:  # type: ignore[override]
         for node in self.nodes:
-            with BulkClient(node["address"], cluster=self.opts.cluster_id) as c:
+            with BulkClient(
+                node["address"], cluster=self.opts.cluster_id, credentials=self.opts.credentials
+            ) as c:
                 c.call("bulk.stream.commit", stream=self.stream, batch=batchId)
                 c.call("bulk.forget", prefix=f"s:{self.stream}/{batchId}/")
 
