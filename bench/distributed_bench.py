@@ -32,6 +32,7 @@ import argparse
 import asyncio
 import contextlib
 import datetime as dt
+import itertools
 import os
 import platform
 import random
@@ -63,6 +64,8 @@ SYSTEMS = ("postgresql", "nonstop", OWN)
 ``connect_async`` is built for); ``OWN``: one handle, one connection, per client task,
 like PostgreSQL's one connection per client."""
 CLIENTS = (1, 16, 64)
+README_SPAN = 12
+"""Accounts of A and of B the README-order slices also run over (24 in all: hot)."""
 
 
 @dataclass
@@ -89,6 +92,8 @@ class Cell:
     load: list[float] = field(default_factory=list)
     server_cpu_us: list[float] = field(default_factory=list)
     node_cpu_us: list[dict[str, float]] = field(default_factory=list)
+    gaps_ms: list[float] = field(default_factory=list)
+    """Per slice: the longest interval of the measured window without a commit."""
     errors: int = 0
 
     def ops_per_s(self) -> float:
@@ -127,6 +132,19 @@ def arun(coro: Awaitable[Any]) -> Any:
 
 
 # ------------------------------------------------------------------- nonstop
+@nonstop.transactional
+async def readme_transfer_async(
+    tx: nonstop.AsyncTransaction, tid: str, src: int, dst: int, amount: int
+) -> None:
+    """The README's transfer: ``src`` locked first, then ``dst`` (no global order), so
+    two transfers over one pair in opposite directions deadlock, across nodes too."""
+    a = await tx.get(Account, number=src, lock="write")
+    b = await tx.get(Account, number=dst, lock="write")
+    a.balance -= amount
+    b.balance += amount
+    await tx.create(Transfer, tid=tid, src=src, dst=dst, amount=amount)
+
+
 class NonstopSide:
     """The 3-node cluster with ``accounts`` accounts on A (0..n-1) and on B (n..2n-1)."""
 
@@ -146,6 +164,8 @@ class NonstopSide:
         self.cluster = OwnedCluster(folder, 3, apps=["nonstop.demos.bank"], options=options)
         self.cluster.start_all()
         self.errors = 0
+        self.commits: list[float] = []
+        """``time.perf_counter()`` of every transfer that committed (for commit gaps)."""
         self.on_a = list(range(accounts))
         self.on_b = list(range(accounts, 2 * accounts))
         if ha_data == "partitions":
@@ -208,10 +228,12 @@ class NonstopSide:
         return list(self.cluster.pids.values())
 
     def make_op(
-        self, shared: bool = False, span: int | None = None
+        self, shared: bool = False, span: int | None = None, readme: bool = False
     ) -> Callable[[int], Awaitable[tuple[Callable[[random.Random], Awaitable[None]], Any]]]:
         """Client ``i`` attaches to A (even) or B (odd): its own handle, or with
-        ``shared`` one handle per node that all clients attached there multiplex."""
+        ``shared`` one handle per node that all clients attached there multiplex.
+        ``readme``: the README's transfer (locks ``src`` then ``dst``: cycles happen)."""
+        transfer = readme_transfer_async if readme else transfer_async
         addresses = self.cluster.addresses
         attach = [[addresses[0], addresses[1]], [addresses[1], addresses[0]]]
         handles: dict[int, Any] = {}
@@ -238,9 +260,11 @@ class NonstopSide:
             async def op(rng: random.Random) -> None:
                 src, dst = self.pick(rng, span)
                 try:
-                    await transfer_async(client, uuid.uuid4().hex, src, dst, 1)
+                    await transfer(client, uuid.uuid4().hex, src, dst, 1)
                 except nonstop.errors.Error:
                     self.errors += 1  # counted, reported: the run goes on
+                else:
+                    self.commits.append(time.perf_counter())
 
             return op, close
 
@@ -432,6 +456,30 @@ def steps_under_load(ns: NonstopSide, clients: int, seconds: float) -> dict[str,
     return {k: statistics.median(v) for k, v in steps.items() if v}
 
 
+def readme_order(ns: NonstopSide, clients: int, seconds: float, span: int) -> dict[str, float]:
+    """One unmeasured slice of the README's transfer (shared handles, the first ``span``
+    accounts of A and B): transfers/s, the longest commit gap, victims per 1,000."""
+    before = arun(ns.runtime_stats())
+    ns.commits.clear()
+    res = arun(run_clients(clients, ns.make_op(True, span, readme=True), seconds, 0.3))
+    gap = commit_gap(ns.commits, *res.extra["window"])
+    per = _diff_stats(before, arun(ns.runtime_stats()))
+    done = res.extra.get("done", res.ops) or 1
+
+    def per_k(key: str) -> float:
+        return 1000 * sum(v.get(key, 0) for v in per.values()) / done
+
+    start, end = res.extra["window"]
+    return {
+        # Commits in the window (a transfer may span it: latency under contention).
+        "transfers/s": sum(1 for t in ns.commits if start < t < end) / (end - start),
+        "gap ms": gap * 1000,
+        "distributed victims / 1,000": per_k("deadlock_victims"),
+        "local victims / 1,000": per_k("deadlocks"),
+        "lock timeouts / 1,000": per_k("timeouts"),
+    }
+
+
 def contention_check(ns: NonstopSide, clients: int, seconds: float) -> dict[str, float]:
     """Transfers/s at ``clients`` over all accounts and over a tenth of them (ten times
     the chance of meeting a locked account), interleaved, unmeasured elsewhere."""
@@ -511,15 +559,24 @@ def run(cfg: Config) -> Path:
                         cell.server_cpu_us.append(res.extra["server_cpu_us"])
                         cell.node_cpu_us.append(res.extra["node_cpu_us"])
                         cell.errors += res.extra["errors"]
+                        cell.gaps_ms.append(res.extra["gap_ms"])
                     cell.results.append(res)
                     print(
                         f"{system:20s} {clients:3d} clients round {rnd + 1}: "
                         f"{res.ops_per_s:7.0f}/s p50 {res.p50:6.2f} ms p99 {res.p99:6.2f} ms "
-                        f"fsync {cell.fsync_ms[-1]:.2f} ms load {cell.load[-1]:.2f}",
+                        f"fsync {cell.fsync_ms[-1]:.2f} ms load {cell.load[-1]:.2f}"
+                        + (f" gap {cell.gaps_ms[-1]:.0f} ms" if cell.gaps_ms else ""),
                         flush=True,
                     )
             after = arun(ns.runtime_stats())
             stats[clients] = _diff_stats(before, after)
+        readme = {
+            (clients, span): readme_order(ns, clients, min(cfg.duration, 4.0), span)
+            for clients in cfg.clients
+            if clients > 1
+            for span in (cfg.accounts, README_SPAN)
+        }
+        print("README order:", readme)
         contention = contention_check(ns, max(cfg.clients), min(cfg.duration / 2, 2.0))
         print(f"lock contention check at {max(cfg.clients)} clients:", contention)
         loaded = steps_under_load(ns, max(cfg.clients), min(cfg.duration, 3.0))
@@ -546,6 +603,7 @@ def run(cfg: Config) -> Path:
     steps.update({f"{k}, at {max(cfg.clients)} clients": v for k, v in loaded.items()})
     steps.update({f"contention {k}": v for k, v in contention.items()})
     report = render(cfg, cells, stats, checks, rtt, steps, load_before, os.getloadavg(), started)
+    report += "\n" + "\n".join(readme_table(cfg, readme)) + "\n"
     report += "\n## Profile of the nodes\n\n" + "\n".join(profile) + "\n"
     cfg.out.parent.mkdir(parents=True, exist_ok=True)
     cfg.out.write_text(report)
@@ -560,7 +618,9 @@ async def _run_nonstop(
     cpu0 = proc_cpu(pids)
     errors0 = ns.errors
     per0 = {n: proc_cpu([p]) for n, p in ns.cluster.pids.items()}
+    ns.commits.clear()
     res = await run_clients(clients, ns.make_op(shared), duration, warmup)
+    res.extra["gap_ms"] = commit_gap(ns.commits, *res.extra["window"]) * 1000
     done = res.extra.get("done", res.ops)
     res.extra["server_cpu_us"] = (proc_cpu(pids) - cpu0) / done * 1e6 if done else float("nan")
     res.extra["node_cpu_us"] = {
@@ -571,13 +631,19 @@ async def _run_nonstop(
     return res
 
 
+def commit_gap(commits: list[float], start: float, end: float) -> float:
+    """The longest interval of ``[start, end]`` in which no commit finished (seconds)."""
+    times = [start, *sorted(t for t in commits if start < t < end), end]
+    return max(b - a for a, b in itertools.pairwise(times))
+
+
 def _diff_stats(
     before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]]
 ) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for node, rep in after.items():
         merged: dict[str, Any] = {}
-        for part in ("stats", "data"):
+        for part in ("stats", "data", "locks"):
             b = (before.get(node) or {}).get(part, {})
             a = rep.get(part) or {}
             merged.update(
@@ -651,6 +717,7 @@ def render(
         f"({checks['nonstop_transfers']} transfers recorded); PostgreSQL total conserved: "
         f"{checks['pg_total_ok']} ({checks['pg_transfers']} transfers recorded).",
         "",
+        *gaps_and_victims(cfg, cells, stats),
         "## One transfer, step by step (median ms)",
         "",
         "Alone: a sync client attached to A, one transfer at a time.  Under load: an extra "
@@ -706,6 +773,66 @@ def render(
         lines.append(f"* {clients} clients: " + "; ".join(f"{n}: {v}" for n, v in per_node.items()))
     lines.append("")
     return "\n".join(lines)
+
+
+def readme_table(cfg: Config, readme: dict[tuple[int, int], dict[str, float]]) -> list[str]:
+    if not readme:
+        return []
+    cols = list(next(iter(readme.values())))
+    lines = [
+        "## The README's transfer: commit gaps and deadlock victims",
+        "",
+        "The transfer above locks its accounts in order, so it never deadlocks.  The "
+        "README's locks `src` then `dst`: transfers in opposite directions over a pair form "
+        "wait-for cycles, across nodes, broken by the nodes' deadlock detection "
+        "(docs/design/deadlocks.md) and replayed by `@transactional`.  One unmeasured "
+        f"slice of {min(cfg.duration, 4.0):.0f} s per row (shared handles), over all accounts "
+        f"and over {README_SPAN} of A and {README_SPAN} of B.  The bar (issue 14): no commit "
+        "gap over 200 ms.",
+        "",
+        "| clients | accounts | " + " | ".join(cols) + " |",
+        "| --- | --- | " + " | ".join("---" for _ in cols) + " |",
+    ]
+    for (clients, span), row in readme.items():
+        lines.append(
+            f"| {clients} | {2 * span} | " + " | ".join(f"{row[c]:,.1f}" for c in cols) + " |"
+        )
+    return [*lines, ""]
+
+
+def gaps_and_victims(
+    cfg: Config, cells: dict[tuple[str, int], Cell], stats: dict[int, dict[str, Any]]
+) -> list[str]:
+    """Commit gaps (per slice) and deadlock victims per 1,000 transfers (issue 14)."""
+    lines = [
+        "## Commit gaps and deadlock victims",
+        "",
+        "Commit gap: the longest interval of a slice's measured window in which no "
+        "transfer of the cell committed (the bar: none over 200 ms).  Deadlock victims: "
+        "transactions rolled back to break a wait-for cycle, found across nodes by the "
+        "data plane (*distributed*) or in one node's lock table (*local*), and lock waits "
+        "ended by `lock_wait` (*timeouts*), per 1,000 transfers done, over both nonstop "
+        "rows of the cell (the nodes count them, not per row).  The benchmark's transfer "
+        "takes its locks in account order, so cycles are rare by construction.",
+        "",
+        "| clients | system | longest commit gap, ms (per slice) | distributed victims "
+        "/ 1,000 | local victims / 1,000 | lock timeouts / 1,000 |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for clients in cfg.clients:
+        both = [cells[k] for k in (("nonstop", clients), (OWN, clients)) if k in cells]
+        done = sum(r.extra.get("done", r.ops) for c in both for r in c.results) or 1
+        per = stats.get(clients, {})
+
+        def per_k(key: str, per: dict[str, Any] = per, done: int = done) -> str:
+            return f"{1000 * sum(v.get(key, 0) for v in per.values()) / done:.2f}"
+
+        for c in both:
+            lines.append(
+                f"| {clients} | {c.system} | {', '.join(f'{g:.0f}' for g in c.gaps_ms)} | "
+                f"{per_k('deadlock_victims')} | {per_k('deadlocks')} | {per_k('timeouts')} |"
+            )
+    return [*lines, ""]
 
 
 # Messages on the critical path of one cross-node transfer (client attached to A, the

@@ -218,7 +218,7 @@ async def run_clients(
     (op, async close) — e.g. one database connection per client task.
 
     ``extra``: ``cpu_us`` (this process, per op), ``done`` (ops finished, warm-up
-    included).
+    included), ``window`` (the measured interval, ``time.perf_counter`` start and end).
     """
     pairs = await asyncio.gather(*(make(i) for i in range(clients)))
     now = time.perf_counter()
@@ -246,7 +246,8 @@ async def run_clients(
     finally:
         cpu = time.process_time() - cpu0
         await asyncio.gather(*(close() for _, close in pairs), return_exceptions=True)
-    return Result(len(lats), duration, lats, {"cpu_us": _per_op(cpu, done[0]), "done": done[0]})
+    extra = {"cpu_us": _per_op(cpu, done[0]), "done": done[0], "window": (start, end)}
+    return Result(len(lats), duration, lats, extra)
 
 
 def fsync_cost(directory: str, rounds: int = 50) -> tuple[float, float]:

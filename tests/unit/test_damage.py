@@ -281,6 +281,38 @@ def test_scrub_cross_checks_indexes_and_counts(store: Path) -> None:
     )
 
 
+def test_damage_in_the_databases_without_checksums_is_one_line_each(store: Path) -> None:
+    # seqs, counts, index, types: no CRC (fixed forms, cross-checked by the scrub);
+    # a record of the wrong form is named by the start check's walk (issue 14).
+    import lmdb
+
+    from nonstop.model.codec import encode_key
+
+    assert verify(str(store)).ok
+    env = lmdb.open(str(store), max_dbs=64)
+    with env.begin(write=True) as txn:
+        seqs = env.open_db(b"seqs", txn=txn)
+        ((seq_key, _),) = list(txn.cursor(db=seqs))
+        txn.put(seq_key, b"\x01\x02\x03", db=seqs)  # a counter of 3 bytes
+        counts = env.open_db(b"counts", txn=txn)
+        ((count_key, _),) = list(txn.cursor(db=counts))
+        txn.put(count_key, b"\x00" * 9, db=counts)
+        index = env.open_db(b"ix:bank.Account:number", txn=txn)
+        txn.put(encode_key("ACC-00017"), b"\xff" * 7, db=index)
+        types = env.open_db(b"types", txn=txn)
+        ((type_key, _),) = list(txn.cursor(db=types))
+        txn.put(type_key, b"\xc1garbage", db=types)
+    env.close()
+    report = verify(str(store))
+    text = "\n".join(report.problems)
+    assert len(report.problems) == 4, report.problems
+    assert f"database 'seqs', key {seq_key.hex()}: a value of 3 bytes, not 8" in text
+    assert f"database 'counts', key {count_key.hex()}: a value of 9 bytes, not 8" in text
+    assert "database 'ix:bank.Account:number'" in text and "7 bytes is no reference" in text
+    assert f"database 'types', key {type_key.hex()}: a value that does not decode" in text
+    assert all("\n" not in line and str(store) in line for line in report.problems)
+
+
 def test_damaged_prepared_record_is_an_error_at_recovery(tmp_path: Path) -> None:
     path = tmp_path / "store"
     with nonstop.open(path) as db:

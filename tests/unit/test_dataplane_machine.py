@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from nonstop.dataplane.deadlocks import find_cycles, victim_of
+from nonstop.dataplane.deadlocks import find_cycles, victim_of, victims_of
 from nonstop.dataplane.events import (
     BranchDone,
     ClientGone,
@@ -889,6 +889,29 @@ def test_find_cycles_lists_each_cycle_once_from_its_smallest_id() -> None:
     assert find_cycles(edges) == [("A.1", "B.2", "C.3")]
     assert find_cycles([("A.1", "B.2"), ("B.2", "C.3")]) == []
     assert victim_of(("A.1", "B.2", "C.3")) == "C.3"
+
+
+def test_victims_of_leave_no_cycle_in_a_dense_graph() -> None:
+    # Under heavy contention one strongly connected part holds many cycles: one
+    # search must pick victims for all of them, not one per part (issue 14: gaps).
+    rng = random.Random(5)
+    for _ in range(50):
+        ids = [f"{rng.choice('ABC')}.{i}" for i in range(12)]
+        edges = {(rng.choice(ids), rng.choice(ids)) for _ in range(30)}
+        victims = victims_of(edges)
+        left = [(w, h) for w, h in edges if w not in victims and h not in victims]
+        assert find_cycles(left) == []
+        for victim, cycle in victims.items():
+            assert victim in cycle
+
+
+def test_the_victim_is_the_youngest_by_rank() -> None:
+    started = {"A.9": 1.0, "B.2": 3.0, "C.5": 2.0}
+    cycle = ("A.9", "B.2", "C.5")
+    assert victim_of(cycle, lambda b: (started[b], b)) == "B.2"  # not the greatest id
+    assert victims_of(
+        [("A.9", "B.2"), ("B.2", "C.5"), ("C.5", "A.9")], lambda b: (started[b], b)
+    ) == {"B.2": cycle}
 
 
 def _crossed(net: Net) -> tuple[int, int]:

@@ -275,7 +275,7 @@ class DataPlane(Driver):
         sid = self._next_sid
         self._next_sid += 1
         s = Session(sid, conn, STORE_ISOLATION[iso], f"{self.name}.{sid}")
-        s.last = self._now
+        s.last = s.started = self._now
         self.sessions[sid] = s
         conn_sids = self._by_conn.get(conn)
         if conn_sids is None:

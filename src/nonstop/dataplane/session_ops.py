@@ -283,11 +283,56 @@ def g_query(dp: DataPlane, s: Session, p: dict[str, Any]) -> OpCoroutine:
     if page is not None:
         reply = yield from g_query_page(dp, s, nodes, fields, page, p.get("after"), audit, parts)
         return reply
-    results = yield from g_fan_out(dp, s, nodes, "branch.query", fields, audit, parts)
     desc = False
     if order is not None:
         desc = bool(order[1]) if isinstance(order, list | tuple) and len(order) > 1 else False
+    if desc:  # keyset paging runs ascending: one answer per node, as it fits
+        results = yield from g_fan_out(dp, s, nodes, "branch.query", fields, audit, parts)
+    else:
+        results = yield from g_query_whole(dp, s, nodes, fields, audit, parts)
     return {"os": merge_query(results, order is not None or rng is not None, desc, limit)}
+
+
+def g_query_whole(
+    dp: DataPlane,
+    s: Session,
+    nodes: list[str],
+    fields: dict[str, Any],
+    audit: Any,
+    parts: dict[str, list[int]] | None = None,
+) -> OpCoroutine:
+    """Every node's whole answer to a query, asked in frame-sized pieces (issue 14).
+
+    A node's answer can exceed the frame limit (two objects of 9 MB with a
+    16 MiB limit): each node cuts its answer to what a frame carries (``cut``)
+    and is asked again past the last object it sent (keyset paging, as
+    :func:`g_query_page`), until its answer is whole.  The merged result goes
+    to the client in pieces too (the service's ``more`` cursor), so a query can
+    always read back what was written.  ``parts`` as for :func:`g_fan_out`.
+    """
+    limit = fields.get("limit")
+    budget = max(1, (dp.config.max_message - MESSAGE_MARGIN) // 2)
+    paged = {**fields, "page": True, "after": None, "bytes": budget, "keep": True}
+    asks = {n: paged if parts is None else {**paged, "parts": parts[n]} for n in nodes}
+    replies = yield Gather([Call(n, "branch.query", asks[n]) for n in nodes])
+    raise_fatal(replies)
+    results: list[dict[str, Any]] = []
+    failure: BaseException | None = None
+    for node, reply in zip(nodes, replies, strict=True):
+        if isinstance(reply, BaseException):
+            failure = failure or reply
+            continue
+        objs, keys = list(reply.get("os") or []), list(reply.get("k") or [])
+        while reply.get("cut") and objs and (limit is None or len(objs) < limit):
+            rest = None if limit is None else limit - len(objs)
+            more = {**asks[node], "after": [keys[-1], objs[-1][0]], "limit": rest}
+            reply = yield Call(node, "branch.query", more)
+            objs += reply.get("os") or []
+            keys += reply.get("k") or []
+        results.append({"os": objs, "k": keys})
+    if failure is not None and (audit != "at_least_one" or not results):
+        raise failure
+    return results
 
 
 def g_query_page(
@@ -482,6 +527,7 @@ OPS: dict[str, Callable[[DataPlane, Session, dict[str, Any]], OpCoroutine]] = {
 __all__ = [
     "OPS",
     "WRITE_NOW",
+    "g_query_whole",
     "merge_page",
     "merge_query",
     "merge_write",

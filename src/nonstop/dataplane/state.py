@@ -43,6 +43,7 @@ class Session:
         "queue",
         "remote",
         "sid",
+        "started",
         "state",
         "task",
     )
@@ -76,6 +77,8 @@ class Session:
         """Ops that arrived while one ran: (conn, corr, op, payload)."""
         self.last = 0.0
         """When its last op started or ended (the ``tx_idle`` sweep's clock)."""
+        self.started = 0.0
+        """When it began (deadlock victims are the youngest: docs/design/deadlocks.md)."""
 
 
 class Branch:

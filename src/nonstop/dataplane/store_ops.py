@@ -219,9 +219,10 @@ async def _run_query(tx: AsyncTransaction, p: dict[str, Any]) -> dict[str, Any]:
                 del objs[kept:], found[kept:]
                 reply["cut"] = True
         reply["k"] = [q.position_of(h)[0] for h in found]
-        sent = [h._e for h in found]
-        found.clear()
-        forget_unlocked(tx, sent)
+        if not p.get("keep"):  # a whole answer in pieces keeps what it read, as before
+            sent = [h._e for h in found]
+            found.clear()
+            forget_unlocked(tx, sent)
     elif q.ordering is not None:
         fname = q.ordering[0]
         reply["k"] = [encode_key(tx.entry_of(h).state[fname]) for h in found]

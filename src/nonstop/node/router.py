@@ -117,7 +117,15 @@ class NodeRouter:
             "store": {} if self.db is None else self.db.stats(),
             # What the node would lose if it left the cluster (`nonstop cluster remove`).
             "objects": None if self.db is None else self.db.object_count(),
+            # The lock table: waits, deadlock victims found in it, lock-wait timeouts.
+            "locks": self._lock_counters(),
         }
+
+    def _lock_counters(self) -> dict[str, int]:
+        locks = getattr(getattr(self.db, "engine", None), "locks", None)
+        if locks is None:
+            return {}
+        return {k: int(getattr(locks, k, 0)) for k in ("waits", "deadlocks", "timeouts")}
 
 
 class OpPermissions:

@@ -30,6 +30,7 @@ import os
 import signal
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -164,7 +165,19 @@ def _walk(
             # every extents entry names an object: look it up (store only)
             objects = opened.get(b"objects") if kind == "object" and name == b"extents" else None
             try:
-                _walk_db(txn, db, name, name in sealed, objects, data, report, deadline, limit)
+                shape = _SHAPES.get(name) or (_index_shape if name.startswith(b"ix:") else None)
+                _walk_db(
+                    txn,
+                    db,
+                    name,
+                    name in sealed,
+                    objects,
+                    data,
+                    report,
+                    deadline,
+                    limit,
+                    shape if kind == "object" else None,
+                )
             except _Budget:
                 report.complete = False
                 return
@@ -181,6 +194,54 @@ def _walk(
                 report.problems.append(f"{data} is damaged: {exc}")
 
 
+Shape = Callable[[bytes, bytes], str | None]
+"""A database's record → what is wrong with its form (None: nothing)."""
+
+
+def _fixed(key_size: int | None, value_size: int) -> Shape:
+    def check(key: bytes, value: bytes) -> str | None:
+        if key_size is not None and len(key) != key_size:
+            return f"a key of {len(key)} bytes, not {key_size} (damaged)"
+        if len(value) != value_size:
+            return f"a value of {len(value)} bytes, not {value_size} (damaged)"
+        return None
+
+    return check
+
+
+def _counts_shape(key: bytes, value: bytes) -> str | None:
+    if len(key) < LOCATION_BYTES + 1 or key[-LOCATION_BYTES - 1] != 0:
+        return "not a type name + 0x00 + location (damaged)"
+    return _fixed(None, 8)(key, value)
+
+
+def _index_shape(key: bytes, value: bytes) -> str | None:
+    # A unique index's value, or each duplicate of a non-unique one, is a reference.
+    return None if len(value) == REF_SIZE else f"a value of {len(value)} bytes is no reference"
+
+
+def _packed(key: bytes, value: bytes) -> str | None:
+    try:
+        unpack(value)
+    except Exception as exc:  # any decoding error is damage; msgpack raises several kinds
+        return f"a value that does not decode ({type(exc).__name__}: damaged)"
+    return None
+
+
+_SHAPES: dict[bytes, Shape] = {
+    # The object store's databases without a checksum: their records have a fixed
+    # form (store/lmdb_store.py), so damage shows as a record of the wrong form.
+    b"seqs": _fixed(LOCATION_BYTES + 4, 8),
+    b"counts": _counts_shape,
+    b"extents": _fixed(None, 0),
+    b"meta": _packed,
+    b"types": _packed,
+    b"asyncq": _packed,
+    b"dead": _packed,
+    b"results": _packed,
+}
+
+
 def _walk_db(
     txn: lmdb.Transaction,
     db: Any,
@@ -191,6 +252,7 @@ def _walk_db(
     report: Report,
     deadline: float | None,
     limit: int | None,
+    shape: Shape | None = None,
 ) -> None:
     shown = name.decode(errors="replace")
     dupsort = bool(db.flags(txn)["dupsort"])
@@ -215,6 +277,9 @@ def _walk_db(
             report.problems.append(
                 f"{data}: database {shown!r}, key {key.hex()} fails its checksum"
             )
+        wrong = None if shape is None else shape(key, bytes(v))
+        if wrong is not None:
+            report.problems.append(f"{data}: database {shown!r}, key {key.hex()}: {wrong}")
         if sealed and name == b"objects" and len(key) != REF_SIZE:
             report.problems.append(
                 f"{data}: database 'objects': key {key.hex()} is not a reference (damaged)"

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import random
 import time
 from collections import Counter
@@ -115,6 +116,8 @@ class ScenarioConfig(CommonConfig):
     """Share of acknowledged transfers the client reads back at once, without locks,
     through a random node: each account must show the transfer (no stale read after
     an acknowledged commit; docs/guarantees.md)."""
+    lossless: bool = False
+    """No lost message from the start (the no-fault runs of issue 14: commit gaps)."""
     crash_steps: bool = True
     """Also crash one node at a delicate step of a commit (:mod:`.dataplane_crashes`)."""
     dtx: DtxConfig = field(default_factory=DtxConfig)
@@ -292,6 +295,8 @@ class Ledger:
     counts: Counter[str] = field(default_factory=Counter)
     stale: list[str] = field(default_factory=list)
     """Read-backs that did not see the client's own acknowledged transfer."""
+    commit_times: list[float] = field(default_factory=list)
+    """Virtual time of every acknowledged transfer (commit gaps, issue 14)."""
 
 
 def _call(node: NodeId, payload: dict[str, Any]) -> Call:
@@ -573,6 +578,7 @@ class BankClient:
         self.ledger.bank.complete(a.bank, "ok", ops_bank if ops_bank is not None else [])
         if a.tid:
             self.ledger.acked.add(a.tid)
+            self.ledger.commit_times.append(self.sim.now)
 
     def _fail(self, a: Attempt, ops_la: list[Any], ops_bank: list[Any] | None = None) -> None:
         self.ledger.la.complete(a.la, "fail", ops_la)
@@ -659,6 +665,8 @@ def run_seed(
     # connection: Unavailable, and the client retries).  So after the heal the
     # network's steady loss stops too: liveness is judged on a healed network.
     sim.at(cfg.heal_at, lambda: setattr(sim.net, "drop", 0.0))
+    if cfg.lossless:
+        sim.net.drop = 0.0
     step = rng.choice(STEPS) if cfg.crash_steps else "none"
     injector = CrashAtStep(
         step,
@@ -778,11 +786,22 @@ def run_seed(
         audits=s["audits"],
         counts=dict(sorted(s.items())),
         settled_after=None if settled_at is None else settled_at - cfg.heal_at,
+        max_gap=commit_gap(ledger.commit_times, cfg.client_start + GAP_WARMUP, cfg.heal_at),
         cpu_time=time.process_time() - cpu,
     )
     violations = checker.found
     result = DataPlaneResult(seed, not violations, violations, faults, names, stats, history)
     return result, sim
+
+
+GAP_WARMUP = 0.1
+"""Seconds after the clients start before commit gaps count (their first transactions)."""
+
+
+def commit_gap(times: list[float], start: float, end: float) -> float:
+    """The longest interval of ``[start, end]`` in which no transfer was acknowledged."""
+    marks = [start, *sorted(t for t in times if start < t < end), end]
+    return max(b - a for a, b in itertools.pairwise(marks))
 
 
 def check_histories(
