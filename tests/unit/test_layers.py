@@ -43,6 +43,8 @@ Layers (lowest first)
     client                      sync/async clients
     nonstop (the facade)        the public surface
     bulk, dataplane             bulk operations, the data service
+    commands                    the administrative commands, defined once (G2)
+    adminapi                    the node's admin HTTP API and web console
     node                        the node process and its composition
     spark, sim, admin, demos    integrations, the simulator, tools, examples
 

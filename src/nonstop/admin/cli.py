@@ -22,6 +22,7 @@ from nonstop.admin.cmd_node import node
 from nonstop.admin.cmd_partition import partition
 from nonstop.admin.output import emit_status, fail
 from nonstop.admin.pipeline import pipeline
+from nonstop.admin.registered import add_generated
 from nonstop.admin.scrub import store
 
 
@@ -38,6 +39,8 @@ cli.add_command(partition)  # the partition table (nonstop.admin.cmd_partition)
 cli.add_command(pipeline)  # the Spark jobs
 cli.add_command(store)  # nonstop store verify (nonstop.admin.scrub)
 cli.add_command(logs)  # the merged node logs
+# Registered commands with no hand-written CLI command (nonstop.commands): generated ones.
+add_generated(cli)
 
 
 def main() -> None:
