@@ -38,7 +38,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Procs]:
     try:
         procs.start_all()
         procs.wait_quorum(list(procs.nodes), "Active", 30)
-        code, out, err = run_cli(
+        code, _, err = run_cli(
             "user",
             "add",
             MONITOR[0],

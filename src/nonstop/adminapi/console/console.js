@@ -13,7 +13,9 @@ function el(tag, attrs, ...children) {
   for (const [k, v] of Object.entries(attrs || {})) {
     if (k === "class") node.className = v; else node.setAttribute(k, v);
   }
-  for (const c of children) node.append(c === null || c === undefined ? "" : String(c));
+  for (const c of children) {
+    node.append(c instanceof Node ? c : (c === null || c === undefined ? "" : String(c)));
+  }
   return node;
 }
 
@@ -107,7 +109,7 @@ function commandForm(cmd) {
 async function start() {
   const me = await call("/whoami", undefined, "GET");
   if (!me.ok) { logout(); return; }
-  $("who").textContent = `${me.data.user} (${me.data.roles.join(",")}) on ${me.data.node}`;
+  $("who").textContent = `${me.data.user} (${me.data.roles.join(",")})` + (me.data.node ? ` on node ${me.data.node}` : "");
   $("login").hidden = true; $("main").hidden = false; $("logout").hidden = false;
   const commands = await call("/commands", undefined, "GET");
   $("commands").replaceChildren(...(commands.data || []).map(commandForm));
