@@ -44,7 +44,9 @@ from typing import Any
 from nonstop.admin.local import LocalCluster, spawn_node
 from nonstop.admin.log_events import read_events
 from nonstop.client import Client
+from nonstop.client.credentials import load_secret
 from nonstop.errors import Error
+from nonstop.net.auth import NodeKey
 from nonstop.net.connection import dial
 from nonstop.net.handshake import ROLE_CLIENT, Hello
 from nonstop.node.datadir import pid_alive
@@ -183,10 +185,13 @@ def failover(b: Bench, runs: int, kill_leader: bool) -> dict[str, list[float]]:
     return {"down": down_ms, "view": view_ms, "leader": leader_ms}
 
 
-async def throughput(address: str, entries: int, window: int, size: int) -> dict[str, Any]:
+async def throughput(
+    address: str, entries: int, window: int, size: int, key: NodeKey | None = None
+) -> dict[str, Any]:
     host, _, port = address.rpartition(":")
     hello = Hello(cluster="", name="bench", location=0, timestamp=0, role=ROLE_CLIENT)
-    conn = await dial(host, int(port), hello)
+    # `propose` is a node-only op: the benchmark proves the cluster secret, as a node would.
+    conn = await dial(host, int(port), hello, credential=key)
     value = "x" * size
     sent: dict[int, float] = {}
     latencies: list[float] = []
@@ -265,11 +270,12 @@ def main(argv: list[str] | None = None) -> None:
             leader, _ = b.leader()
             print(f"cluster up, leader {leader}; commit throughput ...", flush=True)
             address = b.nodes[leader].listen
-            asyncio.run(throughput(address, min(2000, args.entries), args.window, args.size))
+            key = NodeKey(load_secret(b.lc.secret_path))
+            asyncio.run(throughput(address, min(2000, args.entries), args.window, args.size, key))
             trials = []
             for _ in range(args.trials):
                 load = os.getloadavg()[0]
-                tp = asyncio.run(throughput(address, args.entries, args.window, args.size))
+                tp = asyncio.run(throughput(address, args.entries, args.window, args.size, key))
                 tp["load"] = load
                 trials.append(tp)
                 print(

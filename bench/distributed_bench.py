@@ -130,12 +130,64 @@ def arun(coro: Awaitable[Any]) -> Any:
 class NonstopSide:
     """The 3-node cluster with ``accounts`` accounts on A (0..n-1) and on B (n..2n-1)."""
 
-    def __init__(self, folder: Path, accounts: int) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        accounts: int,
+        ha_data: str = "nodes",
+        options: dict[str, Any] | None = None,
+    ) -> None:
         self.accounts = accounts
-        self.cluster = OwnedCluster(folder, 3, apps=["nonstop.demos.bank"])
+        options = dict(options or {})
+        if ha_data == "partitions":
+            # Routing by partition (ha.md section 9a): one copy per partition until
+            # sync replication is built.
+            options["ha"] = {"data": "partitions", "policies": {"default": {"replicas": 0}}}
+        self.cluster = OwnedCluster(folder, 3, apps=["nonstop.demos.bank"], options=options)
         self.cluster.start_all()
         self.errors = 0
+        self.on_a = list(range(accounts))
+        self.on_b = list(range(accounts, 2 * accounts))
+        if ha_data == "partitions":
+            self._wait_partitions()
         self._load()
+        if ha_data == "partitions":
+            self._homes()
+
+    def _wait_partitions(self) -> None:
+        """Until every partition is Active on a node that acts for it."""
+        from nonstop.client import Client
+
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with contextlib.suppress(Exception):
+                acting: set[str] = set()
+                parts: list[dict[str, Any]] = []
+                for name in self.cluster.names:
+                    with Client([self.cluster.address(name)], timeout=2, rounds=1) as one:
+                        status = one.status()
+                    acting |= set(status.get("acting", []))
+                    parts = status["partitions"]
+                if len(parts) == 16 and all(p["name"] in acting for p in parts):
+                    return
+            time.sleep(0.2)
+        raise RuntimeError("partitions not acted for within 60 s")
+
+    def _homes(self) -> None:
+        """Placed by the hash of their number: which accounts live on A and on B."""
+        from nonstop.client import Client
+
+        with Client([self.cluster.address("A")], timeout=2, rounds=1) as one:
+            parts = one.status()["partitions"]
+        active = {p["location"]: p["active"] for p in parts}
+        with nonstop.connect(self.cluster.addresses) as client:
+            homes: dict[str, list[int]] = {"A": [], "B": [], "C": []}
+            for start in range(0, 2 * self.accounts, 500):
+                with client.transaction() as tx:
+                    for number in range(start, min(2 * self.accounts, start + 500)):
+                        ref = tx.ref(tx.get(Account, number=number))
+                        homes[active[int.from_bytes(ref.raw[:8], "big")]].append(number)
+        self.on_a, self.on_b = homes["A"], homes["B"]
 
     def _load(self) -> None:
         n = self.accounts
@@ -148,9 +200,8 @@ class NonstopSide:
 
     def pick(self, rng: random.Random, span: int | None = None) -> tuple[int, int]:
         """One account of A and one of B (among the first ``span`` of each), random order."""
-        n = span or self.accounts
-        a = rng.randrange(n)  # on A
-        b = self.accounts + rng.randrange(n)  # on B
+        a = self.on_a[rng.randrange(min(span or len(self.on_a), len(self.on_a)))]
+        b = self.on_b[rng.randrange(min(span or len(self.on_b), len(self.on_b)))]
         return (a, b) if rng.random() < 0.5 else (b, a)
 
     def node_pids(self) -> list[int]:

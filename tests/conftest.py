@@ -18,6 +18,32 @@ if str(ROOT) not in sys.path:  # child processes and `import tests.bankmodel`
     sys.path.insert(0, str(ROOT))
 
 
+def _test_credentials() -> None:
+    """One admin credential for every local cluster the tests create (G5).
+
+    ``nonstop local up`` (``LocalCluster``) makes ``$NONSTOP_CREDENTIALS`` the admin
+    of a new cluster, and every client -- in this process, in the CLI and node
+    processes the tests start, in Spark's workers -- proves it by default: tests
+    connect as an operator would after ``export NONSTOP_CREDENTIALS=...``.
+    """
+    if os.environ.get("NONSTOP_CREDENTIALS"):
+        return
+    import atexit
+    import shutil
+    import tempfile
+
+    from nonstop.client.credentials import new_password, write_credentials
+
+    folder = tempfile.mkdtemp(prefix="nonstop-test-cred.")
+    path = Path(folder) / "credentials.json"
+    write_credentials(path, "admin", new_password())
+    os.environ["NONSTOP_CREDENTIALS"] = str(path)
+    atexit.register(shutil.rmtree, folder, True)
+
+
+_test_credentials()
+
+
 @pytest.fixture
 def store_dir(tmp_path: Path) -> Path:
     return tmp_path / "store"

@@ -32,6 +32,12 @@ class BranchRolledBack(Retryable):
     ``branch_idle``, or the coordinator looked down); the transaction was rolled back."""
 
 
+class NotActive(Retryable):
+    """The node asked does not act for the partition (at the epoch) the transaction touched
+    there: the partition failed over or moved (ha.md, routing by partition).  The
+    transaction was rolled back; run again, it is routed to the partition's active node."""
+
+
 class TooManyRetries(Error):
     """A transactional function was replayed ``max_retries`` times without committing."""
 
@@ -161,6 +167,16 @@ class NotLeader(ClusterError):
 
 class ProtocolError(ClusterError):
     """A peer spoke a protocol version or framing this node does not support (C7/E4)."""
+
+
+class AuthenticationFailed(ProtocolError):
+    """A node refused the connection: no credential, an unknown user, a wrong password or
+    a wrong cluster secret (the message says which, as far as the node tells)."""
+
+
+class NotAuthorized(ClusterError):
+    """The authenticated user's roles do not allow this operation (the message names the
+    user, the operation and the roles that would); nothing was done."""
 
 
 class NotRemote(Error):

@@ -102,6 +102,8 @@ class Procs:
             f'log_file = "{data / "node.log"}"\nmachine = "{MACHINE}"\n'
             f"keepalive_interval = {KEEPALIVE}\nnonresponse_timeout = {NONRESPONSE}\n"
             f"protocol = [{protocol[0]}, {protocol[1]}]\n"
+            f'[auth]\nsecret_file = "{self.lc.secret_path}"\n'
+            f'admin_file = "{self.lc.credentials_path}"\n'
         )
         pid = spawn_node(config, data)
         self.pids[name] = pid

@@ -123,6 +123,7 @@ def test_start_errors_are_one_line(folder: Path, tmp_path: Path) -> None:
     code, err = start(
         "--name", "A", "--data", str(tmp_path / "a2"), "--cluster", cluster_id,
         "--listen", f"127.0.0.1:{port}", "--join", a_addr,
+        "--secret-file", str(folder / "cluster.secret"),
     )  # fmt: skip
     assert code != 0 and "already" in err and "\n" not in err, err
     assert DataDir(tmp_path / "a2").running_pid() is None

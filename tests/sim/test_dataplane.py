@@ -31,13 +31,16 @@ from nonstop.sim.scenarios.dataplane import (
     Ledger,
     ScenarioConfig,
     check_final,
+    partitioned_config,
     run_seed,
 )
 from nonstop.sim.scenarios.dataplane_crashes import STEPS
-from nonstop.sim.scenarios.dataplane_mutants import MUTANTS
+from nonstop.sim.scenarios.dataplane_mutants import MUTANTS, PARTITION_MUTANTS
 from nonstop.sim.scenarios.dataplane_node import SimDataNode
 
 SEEDS = int(os.environ.get("NONSTOP_DATAPLANE_SEEDS", "300"))
+PARTITIONED_SEEDS = int(os.environ.get("NONSTOP_DATAPLANE_PARTITION_SEEDS", "40"))
+"""Seeds of the partitioned variant here (``make sim`` runs the campaign's 300+)."""
 
 
 @pytest.mark.timeout(300)
@@ -157,3 +160,51 @@ def test_cli_replays_one_seed(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--seed", "2"]) == 0
     assert "seed 2: ok" in capsys.readouterr().out
     assert main(["--seed", "0", "--mutant", "ack-before-decision"]) == 1
+
+
+# ------------------------------------------------------------ routing by partition
+@pytest.mark.timeout(300)
+def test_partitioned_seeds_keep_every_invariant() -> None:
+    """HA cluster nodes, two partitions per node with one copy (replicas = 0), the full
+    nemesis: the same checks, plus ack-acting (dataplane_partitions)."""
+    outcomes = run_campaign(range(PARTITIONED_SEEDS), jobs=2, partitions=True)
+    failures = [o for o in outcomes if not o.ok]
+    report = "\n".join(failure_text(o, None, True) for o in failures)[:4000]
+    assert not failures, f"{len(failures)} of {PARTITIONED_SEEDS} seeds failed:\n{report}"
+    sums = totals(outcomes)
+    assert sums["acked"] > PARTITIONED_SEEDS * 5 and sums["audits"] > 0
+
+
+def test_a_partitioned_seed_places_objects_in_partitions() -> None:
+    from nonstop.ha.partition_table import partition_location
+    from nonstop.sim.scenarios.dataplane_store import TRANSFER
+
+    result, sim = run_seed(3, partitioned_config())
+    assert result.ok, result.violations
+    assert result.stats["acked"] > 5
+    placed = 0
+    for name in result.nodes:
+        machine = sim.machine(name)
+        assert isinstance(machine, SimDataNode) and machine.dataplane.config.placement
+        held = {
+            partition_location(p)
+            for p, part in machine.node.cluster.partition_table.partitions.items()
+            if part.active == name
+        }
+        for ref, obj in machine.store.objects.items():
+            # Every object -- loaded accounts and created transfers -- is named by a
+            # partition this node holds, never by the node's own location.
+            assert int.from_bytes(ref[:8], "big") in held, (name, ref.hex())
+            placed += obj.type == TRANSFER
+    assert placed >= result.stats["acked"]
+
+
+@pytest.mark.parametrize("mutant", sorted(PARTITION_MUTANTS))
+def test_a_node_acknowledging_for_a_partition_it_does_not_act_for_is_caught(mutant: str) -> None:
+    config = replace(partitioned_config(), node_class=PARTITION_MUTANTS[mutant])
+    for seed in range(20):
+        result, _ = run_seed(seed, config)
+        if not result.ok:
+            assert any(v.invariant == "ack-acting" for v in result.violations)
+            return
+    pytest.fail(f"{mutant} was not caught in 20 seeds")

@@ -158,8 +158,13 @@ class Net:
                 up=frozenset(up | {n}),
                 quorum=quorum,
                 locations=locations,
+                partitions=self.partitions_seen_by(n),
             )
             self.feed(n, ev)
+
+    def partitions_seen_by(self, node: str) -> dict[str, Any]:
+        """The partition table in ``node``'s view (none here; routing by partition's tests)."""
+        return {}
 
     def feed(self, node: str, event: Any) -> None:
         work = [(node, event)]

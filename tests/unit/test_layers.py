@@ -43,6 +43,7 @@ Layers (lowest first)
     client                      sync/async clients
     nonstop (the facade)        the public surface
     bulk, dataplane             bulk operations, the data service
+    security                    roles, the op matrix, the users table of the cluster log
     commands                    the administrative commands, defined once (G2)
     adminapi                    the node's admin HTTP API and web console
     node                        the node process and its composition

@@ -319,6 +319,50 @@ def test_tls_round_trip(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
+def named_cert(folder: Path, tls: TLSConfig, name: str) -> TLSConfig:
+    """A certificate of the CA of ``tls`` that names node ``name`` (and 127.0.0.1)."""
+
+    def run(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=folder, check=True, capture_output=True)
+
+    (folder / f"{name}.cnf").write_text(f"subjectAltName=IP:127.0.0.1,DNS:{name}\n")
+    run("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}",
+        "-keyout", f"{name}.key", "-out", f"{name}.csr")  # fmt: skip
+    run("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+        "-CAcreateserial", "-days", "1", "-extfile", f"{name}.cnf",
+        "-out", f"{name}.pem")  # fmt: skip
+    return TLSConfig(
+        cert=str(folder / f"{name}.pem"),
+        key=str(folder / f"{name}.key"),
+        ca=tls.ca,
+        member_names=True,
+    )
+
+
+def test_tls_member_names(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """With ``member_names`` a node's certificate must name it: a node presenting another
+    member's certificate is refused, both ways."""
+    ca = make_certs(tmp_path)
+    cert_a, cert_b = named_cert(tmp_path, ca, "A"), named_cert(tmp_path, ca, "B")
+
+    async def main() -> None:
+        async with node(tmp_path, "A", tls=cert_a, members=("A", "B", "C")) as a:
+            async with node(tmp_path, "B", tls=cert_b, join=[a.config.listen]):
+                ma = a.machine
+                assert isinstance(ma, ProbeMachine)
+                await wait_for(lambda: ma.state.get("B") == "Up")
+            async with node(tmp_path, "C", tls=cert_b, join=[a.config.listen]) as c:
+                mc = c.machine
+                assert isinstance(mc, ProbeMachine)
+                await asyncio.sleep(1.5)
+                assert ma.state.get("C") != "Up" and mc.state.get("A") != "Up"
+
+    with caplog.at_level(logging.WARNING, logger="nonstop.runtime"):
+        asyncio.run(main())
+    assert any("WrongCertificate" in r.getMessage() for r in caplog.records)
+    assert any("presented a certificate for B" in r.getMessage() for r in caplog.records)
+
+
 def test_msgpack_payloads_only(tmp_path: Path) -> None:
     """What goes over a node link is exactly the msgpack of ``{"t": "m", "p": payload}``."""
     frame = encode({"t": "m", "p": {"k": "fd", "b": [1, b"x"]}})

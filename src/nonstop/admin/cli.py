@@ -4,7 +4,8 @@ One command group per module: ``node`` (:mod:`nonstop.admin.cmd_node`),
 ``cluster`` (:mod:`nonstop.admin.cmd_cluster`), ``partition``
 (:mod:`nonstop.admin.cmd_partition`), ``local``
 (:mod:`nonstop.admin.cmd_local`), ``pipeline`` (:mod:`nonstop.admin.pipeline`),
-``store`` (:mod:`nonstop.admin.scrub`), ``logs`` (:mod:`nonstop.admin.cmd_logs`).
+``store`` (:mod:`nonstop.admin.scrub`), ``logs`` (:mod:`nonstop.admin.cmd_logs`),
+``user`` (:mod:`nonstop.admin.cmd_user`).
 Every command prints either a human table or, with ``--json``, one JSON
 document on stdout; errors are one line on stderr (``nonstop: error: ...``,
 :mod:`nonstop.admin.output`), exit code 2 for a usage error and 1 for a
@@ -20,6 +21,7 @@ from nonstop.admin.cmd_local import local
 from nonstop.admin.cmd_logs import logs
 from nonstop.admin.cmd_node import node
 from nonstop.admin.cmd_partition import partition
+from nonstop.admin.cmd_user import user
 from nonstop.admin.output import emit_status, fail
 from nonstop.admin.pipeline import pipeline
 from nonstop.admin.registered import add_generated
@@ -39,6 +41,7 @@ cli.add_command(partition)  # the partition table (nonstop.admin.cmd_partition)
 cli.add_command(pipeline)  # the Spark jobs
 cli.add_command(store)  # nonstop store verify (nonstop.admin.scrub)
 cli.add_command(logs)  # the merged node logs
+cli.add_command(user)  # users and roles (nonstop.admin.cmd_user)
 # Registered commands with no hand-written CLI command (nonstop.commands): generated ones.
 add_generated(cli)
 

@@ -14,6 +14,7 @@ there is no ``--force``: its objects would turn into ``NotFound``.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +22,8 @@ import click
 
 from nonstop.admin.local import LocalCluster
 from nonstop.admin.output import USAGE, emit_status, fail
-from nonstop.errors import Error
+from nonstop.client.credentials import CREDENTIALS_ENV
+from nonstop.errors import AuthenticationFailed, Error
 from nonstop.net.tls import TLSConfig
 
 DIR_HELP = "Local cluster folder whose nodes to ask (default ./.nonstop/local)."
@@ -37,14 +39,21 @@ class Target:
     folder: str | None = None
     tls: TLSConfig | None = None
     """The local cluster's TLS files (its nodes use TLS), unless given on the command line."""
+    credentials: str | None = None
 
 
-def resolve_target(address: str | None, folder: str | None) -> Target:
-    """``--node`` wins; else the local cluster of ``--dir``; else a one-line refusal."""
+def resolve_target(
+    address: str | None, folder: str | None, credentials: str | None = None
+) -> Target:
+    """``--node`` wins; else the local cluster of ``--dir``; else a one-line refusal.
+
+    The credential: ``--credentials``, else ``$NONSTOP_CREDENTIALS``, else the local
+    cluster folder's (``nonstop.client.credentials``).
+    """
     from nonstop.admin.local import DEFAULT_DIR
 
     if address:
-        return Target(address, "", "--node")
+        return Target(address, "", "--node", credentials=credentials)
     lc = LocalCluster(folder or DEFAULT_DIR)
     layout = lc.load()
     if layout is None:
@@ -59,6 +68,7 @@ def resolve_target(address: str | None, folder: str | None) -> Target:
         str(lc.layout_path),
         str(lc.dir),
         lc.client_tls(layout),
+        credentials,
     )
 
 
@@ -69,7 +79,16 @@ def open_client(target: Target, timeout: float, tls: TLSConfig | None = None) ->
     if tls is None or not tls.enabled:
         tls = target.tls
     try:
-        return connect(target.addresses, cluster=target.cluster, timeout=timeout, tls=tls)
+        return connect(
+            target.addresses,
+            cluster=target.cluster,
+            timeout=timeout,
+            tls=tls,
+            credentials=target.credentials,
+            folder=target.folder,
+        )
+    except AuthenticationFailed as exc:
+        fail(f"{exc} (--credentials FILE, or NONSTOP_CREDENTIALS)")
     except (Error, ValueError) as exc:
         if target.folder is not None:
             fail(
@@ -89,7 +108,24 @@ def tls_options(f: Any) -> Any:
     return f
 
 
+def _use_credentials(_ctx: Any, _param: Any, value: str | None) -> None:
+    """``--credentials FILE``: what this command (and anything it starts, Spark's workers
+    included, which inherit the environment) proves to the nodes."""
+    if value:
+        os.environ[CREDENTIALS_ENV] = os.path.abspath(value)
+
+
+credentials_option = click.option(
+    "--credentials",
+    expose_value=False,
+    callback=_use_credentials,
+    help="Credentials file to connect with (default $NONSTOP_CREDENTIALS, else the "
+    "local cluster folder's).",
+)
+
+
 def target_options(f: Any) -> Any:
+    f = credentials_option(f)
     for option in (
         click.option("--timeout", default=3.0, show_default=True, help="Seconds per node."),
         click.option("--dir", "folder", help=DIR_HELP),
@@ -179,6 +215,7 @@ def cluster_remove(name: str, address: str | None, folder: str | None, timeout: 
 
 
 @cluster.command("leave")
+@credentials_option
 @click.option("--node", "address", required=True, help="Address of the node that leaves.")
 @click.option("--timeout", default=3.0, show_default=True, help="Seconds per node.")
 def cluster_leave(address: str, timeout: float) -> None:

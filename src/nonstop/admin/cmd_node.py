@@ -38,6 +38,11 @@ def node() -> None:
     multiple=True,
     help="Application module to import at start (managed types, methods); repeatable.",
 )
+@click.option(
+    "--secret-file",
+    type=click.Path(dir_okay=False),
+    help="The cluster secret (auth.secret_file); needed with --join.",
+)
 @click.option("--machine", hidden=True, help="module:factory of the protocol machine.")
 @click.option("--protocol", hidden=True, help="min,max wire protocol (upgrade tests).")
 def node_start(
@@ -52,6 +57,7 @@ def node_start(
     log_file: str | None,
     detach: bool,
     apps: tuple[str, ...],
+    secret_file: str | None,
     machine: str | None,
     protocol: str | None,
 ) -> None:
@@ -79,6 +85,8 @@ def node_start(
         overrides["members"] = parse_join(members)
     if apps:
         overrides["app"] = [*base.app, *(a for a in apps if a not in base.app)]
+    if secret_file is not None:
+        overrides["auth"] = {**base.auth.model_dump(exclude_none=True), "secret_file": secret_file}
     if protocol is not None:
         try:
             lo, hi = (int(x) for x in protocol.split(","))

@@ -6,8 +6,9 @@ their options and human tables.  A refusal of the table comes back as one line
 naming the culprit (an unknown node, a list that disagrees with the existing
 definition, the last copy, ...), exit code 2.
 
-Object counts per partition are ``n/a``: the data path does not place objects
-in partitions yet (issue 10, next step).
+Object counts per partition come from the node acting for it
+(``partition.objects``); ``n/a`` while the data path routes by node
+(``ha.data = "nodes"``, the default) or no node acts for it.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def partition_list(address: str | None, folder: str | None, timeout: float, as_j
                 ",".join(r["acting_on"]) or "-",
                 current or "-",
                 ",".join(r["copying"]) or "-",
-                "n/a",
+                "n/a" if r["objects"] is None else str(r["objects"]),
             )
         )
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
@@ -61,10 +62,10 @@ def partition_list(address: str | None, folder: str | None, timeout: float, as_j
     )
     if disabled:
         click.echo(f"disabled (LocalDisabled): {', '.join(disabled)}")
-    click.echo(
-        f"({len(rows)} partitions, table as applied on {data.get('node')}; "
-        "OBJECTS n/a: the data path does not place objects in partitions yet)"
-    )
+    note = ""
+    if any(r["objects"] is None for r in rows):
+        note = "; OBJECTS n/a: no node acts for it, or the data path routes by node (ha.data)"
+    click.echo(f"({len(rows)} partitions, table as applied on {data.get('node')}{note})")
 
 
 @partition.command("define")

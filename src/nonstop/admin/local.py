@@ -8,6 +8,14 @@ logs`` merges), ``DIR/<name>.toml`` as its configuration, which an operator can
 read to see how a node is started, and a port of its own for its Prometheus
 metrics (``metrics.listen``, on 127.0.0.1).
 
+Authentication: the folder holds the cluster secret (``DIR/cluster.secret``) and
+the bootstrap admin's credentials (``DIR/credentials.json``), both mode 0600 and
+named in every node's config; the CLI (``--dir``) and ``nonstop.connect()`` in
+the folder use the credentials file, so nobody has to type a password.  The
+admin credential is generated, unless ``$NONSTOP_CREDENTIALS`` names one: then
+that user and password become the new cluster's admin (one credential for
+every local cluster an operator -- or a test run -- creates).
+
 The layout keeps every node of the folder, also those added later
 (``local add``): ``members`` is the bootstrap membership the founding nodes
 were started with; a node added later starts without it and joins the
@@ -31,6 +39,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nonstop.client.credentials import (
+    CREDENTIALS_ENV,
+    CREDENTIALS_FILE,
+    SECRET_FILE,
+    load_credentials,
+    new_password,
+    remember_credential,
+    write_credentials,
+    write_secret,
+)
 from nonstop.net.tls import TLSConfig
 from nonstop.node.config import ConfigError, check_options, from_mapping, write
 from nonstop.node.datadir import DataDir, pid_alive
@@ -76,12 +94,35 @@ class LocalCluster:
     def __init__(self, folder: str | Path = DEFAULT_DIR) -> None:
         self.dir = Path(folder).resolve()
         self.layout_path = self.dir / "local.json"
+        self.secret_path = self.dir / SECRET_FILE
+        self.credentials_path = self.dir / CREDENTIALS_FILE
+
+    def ensure_auth_files(self) -> None:
+        """Write the cluster secret and the admin credentials if the folder has none."""
+        if not self.secret_path.exists():
+            write_secret(self.secret_path)
+        if not self.credentials_path.exists():
+            env = os.environ.get(CREDENTIALS_ENV)
+            if env:
+                given = load_credentials(env)
+                write_credentials(self.credentials_path, given.user, given.password)
+            else:
+                write_credentials(self.credentials_path, "admin", new_password())
 
     def load(self) -> dict[str, Any] | None:
         try:
-            return json.loads(self.layout_path.read_text())  # type: ignore[no-any-return]
+            layout: dict[str, Any] = json.loads(self.layout_path.read_text())
         except (OSError, ValueError):
             return None
+        self.remember(layout)
+        return layout
+
+    def remember(self, layout: dict[str, Any]) -> None:
+        """Clients of this process use the folder's admin credential for its nodes."""
+        if self.credentials_path.exists():
+            with contextlib.suppress(Exception):
+                credential = load_credentials(self.credentials_path)
+                remember_credential(self.addresses(layout), credential)
 
     def create(
         self, n: int, base_port: int | None, options: dict[str, Any] | None = None
@@ -107,6 +148,8 @@ class LocalCluster:
             "options": checked,
         }
         self.save(layout)
+        self.ensure_auth_files()
+        self.remember(layout)
         return layout
 
     def save(self, layout: dict[str, Any]) -> None:
@@ -128,6 +171,7 @@ class LocalCluster:
             {"name": name, "listen": f"127.0.0.1:{free_port()}", "metrics": _metrics_address()}
         )
         self.save(layout)
+        self.remember(layout)
         return self.node(layout, name)
 
     def forget(self, layout: dict[str, Any], name: str) -> None:
@@ -180,6 +224,10 @@ class LocalCluster:
             # A node added after the founding joins the running cluster instead.
             "members": founders if node.name in founders else [],
             "log_file": str(node.data / "node.log"),
+            "auth": {
+                "secret_file": str(self.secret_path),
+                "admin_file": str(self.credentials_path),
+            },
         }
         entry = next(e for e in layout["nodes"] if e["name"] == node.name)
         if "metrics" not in entry:
@@ -188,7 +236,11 @@ class LocalCluster:
             self.save(layout)
         if node.metrics is not None:
             values["metrics"] = {"listen": node.metrics}
-        values.update(layout.get("options", {}))
+        self.ensure_auth_files()
+        options = dict(layout.get("options", {}))
+        if isinstance(options.get("auth"), dict):  # e.g. --option auth='{"enabled": false}'
+            values["auth"] = {**values["auth"], **options.pop("auth")}
+        values.update(options)
         try:
             write(node.config, from_mapping(values))
         except ConfigError as exc:

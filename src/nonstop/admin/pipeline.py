@@ -17,6 +17,7 @@ from typing import Any
 
 import click
 
+from nonstop.admin.cmd_cluster import credentials_option
 from nonstop.errors import Error
 
 CLUSTER_HELP = "Node addresses host:port,... (any nodes of the cluster)."
@@ -84,6 +85,7 @@ def pipeline() -> None:
 
 
 def _common(fn: Callable[..., Any]) -> Callable[..., Any]:
+    fn = credentials_option(fn)
     fn = click.option("--master", default="local[*]", show_default=True, help="Spark master.")(fn)
     fn = click.option("--json", "as_json", is_flag=True, help="Machine-readable report.")(fn)
     return fn
@@ -173,11 +175,20 @@ def audit_cmd(
 @click.option("--listen", default="127.0.0.1:7201", show_default=True)
 @click.option("--app", multiple=True, help="Module(s) defining the managed types.")
 @click.option("--name", default="", help="Node name to announce.")
-def serve_cmd(data: str, listen: str, app: tuple[str, ...], name: str) -> None:
+@click.option(
+    "--credentials",
+    help="Credentials file of the one user who may connect (default $NONSTOP_CREDENTIALS, "
+    "else one written next to the store).",
+)
+def serve_cmd(
+    data: str, listen: str, app: tuple[str, ...], name: str, credentials: str | None
+) -> None:
     """Serve one embedded store to Spark jobs (the bulk ops of a node), until SIGTERM."""
     from nonstop.bulk.server import main
 
     argv = ["--data", data, "--listen", listen, "--name", name]
+    if credentials:
+        argv += ["--credentials", credentials]
     for module in app:
         argv += ["--app", module]
     main(argv)

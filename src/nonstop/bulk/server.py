@@ -9,6 +9,12 @@ runs the Spark pipeline against an embedded store; a cluster node serves the
 same ops from its data service, so a job does not know which it talks to.
 
 One thread per connection; handlers block on LMDB, which is what threads are for.
+
+Authentication: a client proves the password of the endpoint's one user
+(``--credentials FILE``, default ``$NONSTOP_CREDENTIALS``; with neither a new
+credentials file is written next to the store directory, 0600, and its path
+logged), in the same four-frame handshake as a node's (``net/challenge.py``).
+``--no-auth`` serves anyone who reaches the port.
 """
 
 from __future__ import annotations
@@ -28,8 +34,10 @@ import nonstop
 from nonstop.bulk.handlers import HANDLERS, BulkContext
 from nonstop.errors import BadArgument
 from nonstop.model import wire
+from nonstop.net.auth import make_verifier
+from nonstop.net.challenge import Challenge, Guard, ProofError
 from nonstop.net.frames import FrameDecoder, FrameError, encode
-from nonstop.net.handshake import ROLE_NODE, Hello, check
+from nonstop.net.handshake import AUTHENTICATION_FAILED, ROLE_NODE, Hello, Rejection, check
 
 MAX_FRAME = 256 * 1024 * 1024
 """Bulk replies carry whole ranges: allow frames far above the node default."""
@@ -51,7 +59,10 @@ class BulkServer(socketserver.ThreadingTCPServer):
         name: str = "",
         cluster: str = "",
         peers: list[tuple[str, str]] | None = None,
+        guard: Guard | None = None,
     ):
+        self.guard = guard
+        """Who may connect (None: anyone)."""
         host, _, port = listen.rpartition(":")
         super().__init__((host.strip("[]"), int(port)), _Handler)
         self.db = db
@@ -115,6 +126,9 @@ class _Handler(socketserver.BaseRequestHandler):
         decoder = FrameDecoder(MAX_FRAME)
         pending: list[Any] = []
         greeted = False
+        theirs: Hello | None = None
+        challenge: Challenge | None = None
+        guard = self.server.guard
         try:
             while True:
                 while not pending:
@@ -123,14 +137,34 @@ class _Handler(socketserver.BaseRequestHandler):
                         return
                     pending.extend(decoder.feed(data))
                 value = pending.pop(0)
-                if not greeted:
+                if not greeted and theirs is None:
                     theirs = Hello.from_wire(value)
+                    if guard is not None:
+                        made = guard.challenge(self.server.hello(None), theirs, value)
+                        if isinstance(made, Rejection):
+                            self._refuse(sock, made.code, made.reason, made.reason)
+                            return
+                        frame, challenge = made
+                        sock.sendall(encode(frame, MAX_FRAME))
+                        continue
+                if not greeted:
+                    assert theirs is not None
+                    if guard is not None and challenge is not None:
+                        try:
+                            guard.verify(challenge, theirs, value)
+                        except ProofError as exc:
+                            told = "unknown user or wrong password"
+                            self._refuse(sock, AUTHENTICATION_FAILED, str(exc), told)
+                            return
                     ours = self.server.hello(None)
                     version, rejection = check(ours, theirs)
                     if rejection is not None:
                         sock.sendall(encode(rejection.to_wire(ours), MAX_FRAME))
                         return
-                    sock.sendall(encode(self.server.hello(version).to_wire(), MAX_FRAME))
+                    answer = self.server.hello(version).to_wire()
+                    if guard is not None and challenge is not None:
+                        answer["proof"] = guard.sign(challenge, answer, "ok")
+                    sock.sendall(encode(answer, MAX_FRAME))
                     greeted = True
                     continue
                 if not (isinstance(value, dict) and value.get("t") == "req"):
@@ -139,6 +173,36 @@ class _Handler(socketserver.BaseRequestHandler):
                 sock.sendall(encode({"t": "rep", "id": value.get("id"), "p": reply}, MAX_FRAME))
         except (OSError, FrameError, ValueError) as exc:
             log.info("connection from %s closed: %s", self.client_address, exc)
+
+    def _refuse(self, sock: socket.socket, code: str, why: str, told: str) -> None:
+        """Log why (who claimed what), tell the client ``told``."""
+        log.warning("rejected connection from %s: %s: %s", self.client_address, code, why)
+        sock.sendall(encode(Rejection(code, told).to_wire(), MAX_FRAME))
+
+
+def endpoint_guard(data: str, credentials: str | None) -> Guard:
+    """The endpoint's one user: ``credentials``, else ``$NONSTOP_CREDENTIALS``, else a new
+    credentials file next to the store directory (logged)."""
+    from pathlib import Path
+
+    from nonstop.client.credentials import (
+        CREDENTIALS_ENV,
+        load_credentials,
+        new_password,
+        write_credentials,
+    )
+
+    path = credentials or os.environ.get(CREDENTIALS_ENV)
+    if not path:
+        store = Path(data).resolve()
+        generated = store.with_name(store.name + ".credentials.json")
+        if not generated.exists():
+            write_credentials(generated, "admin", new_password())
+        log.warning("bulk endpoint credentials: %s", generated)
+        path = str(generated)
+    user = load_credentials(path)
+    verifier = make_verifier(user.password)
+    return Guard(os.urandom(32), lambda name: verifier if name == user.user else None)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -150,13 +214,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--name", default="", help="node name announced in the hello")
     p.add_argument("--peer", action="append", default=[], help="name@host:port of another one")
     p.add_argument("--durability", default="fsync", choices=["fsync", "none"])
+    p.add_argument("--credentials", help="credentials file of the one user who may connect")
+    p.add_argument("--no-auth", action="store_true", help="serve anyone who reaches the port")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     for module in args.app:
         importlib.import_module(module)
     db = nonstop.open(args.data, durability=args.durability)
     peers = [tuple(p.split("@", 1)) for p in args.peer]
-    server = BulkServer(db, args.listen, name=args.name, peers=peers)
+    guard = None if args.no_auth else endpoint_guard(args.data, args.credentials)
+    server = BulkServer(db, args.listen, name=args.name, peers=peers, guard=guard)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: Any) -> None:

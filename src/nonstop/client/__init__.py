@@ -11,7 +11,7 @@ from collections.abc import Generator
 from typing import Any
 
 from nonstop.client.handle import AsyncClient, Client
-from nonstop.client.local_folder import local_cluster_addresses
+from nonstop.client.local_folder import LOCAL_CLUSTER_DIR, local_cluster_addresses
 from nonstop.client.remote import RemoteTransaction
 from nonstop.client.remote_async import AsyncRemoteTransaction
 
@@ -27,9 +27,15 @@ def connect(addresses: str | list[str] | None = None, **options: Any) -> Client:
     Connects to the first node that answers (:class:`nonstop.errors.Unavailable`
     when none does); later requests fail over across the addresses (see
     :class:`nonstop.client.handle.Client`).
+
+    Authentication: ``user=`` and ``password=``, or ``credentials=`` a credentials
+    file; else ``$NONSTOP_CREDENTIALS``; else, for the local cluster found here,
+    its folder's ``credentials.json`` (:mod:`nonstop.client.credentials`).
+    A refused credential raises :class:`~nonstop.errors.AuthenticationFailed`.
     """
     if addresses is None:
         addresses = local_cluster_addresses()
+        options.setdefault("folder", LOCAL_CLUSTER_DIR)
     client = Client(addresses, **options)
     try:
         client.ping()
@@ -73,6 +79,7 @@ def connect_async(addresses: str | list[str] | None = None, **options: Any) -> C
     """
     if addresses is None:
         addresses = local_cluster_addresses()
+        options.setdefault("folder", LOCAL_CLUSTER_DIR)
     return Connecting(addresses, options)
 
 

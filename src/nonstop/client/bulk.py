@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from nonstop.client.channel import SyncChannel, client_hello
+from nonstop.client.credentials import resolve_credential
 from nonstop.client.failures import NodeRefused, is_network_error
 from nonstop.client.handle import parse_addresses
 from nonstop.errors import Unavailable
@@ -34,10 +35,19 @@ READ_CHUNK = 1 << 20
 class BulkClient:
     """A blocking connection to one node for ``bulk.*`` requests (one at a time)."""
 
-    def __init__(self, address: str, *, cluster: str = "", timeout: float = DEFAULT_TIMEOUT):
+    def __init__(
+        self,
+        address: str,
+        *,
+        cluster: str = "",
+        timeout: float = DEFAULT_TIMEOUT,
+        credentials: Any = None,
+    ):
         self.address = parse_addresses(address)[0]
         self.cluster = cluster
         self.timeout = timeout
+        # A credentials file (or $NONSTOP_CREDENTIALS): what a Spark task proves.
+        self.credential = resolve_credential(credentials=credentials, addresses=[self.address])
         self._chan: SyncChannel | None = None
 
     @property
@@ -53,6 +63,7 @@ class BulkClient:
                 timeout=CONNECT_TIMEOUT,
                 max_frame=MAX_FRAME,
                 read_chunk=READ_CHUNK,
+                credential=self.credential,
             )
         except NodeRefused:
             raise  # another cluster or protocol: a configuration error (a ProtocolError)
@@ -86,13 +97,17 @@ class BulkClient:
         self.close()
 
 
-def cluster_nodes(addresses: str, *, cluster: str = "") -> list[dict[str, Any]]:
+def cluster_nodes(
+    addresses: str, *, cluster: str = "", credentials: Any = None
+) -> list[dict[str, Any]]:
     """The cluster's nodes (``{"name", "address", "location", "up"}``), from the first
     address that answers; :class:`~nonstop.errors.Unavailable` when none does."""
     last: Exception | None = None
     for address in parse_addresses(addresses):
         try:
-            with BulkClient(address, cluster=cluster, timeout=CONNECT_TIMEOUT * 2) as c:
+            with BulkClient(
+                address, cluster=cluster, timeout=CONNECT_TIMEOUT * 2, credentials=credentials
+            ) as c:
                 nodes = c.call("nodes")["nodes"]
         except Unavailable as exc:
             last = exc

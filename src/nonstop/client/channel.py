@@ -36,9 +36,17 @@ from typing import Any
 from nonstop.client.failures import NETWORK_ERRORS, refusal
 from nonstop.errors import TooLarge
 from nonstop.net.address import split_address
-from nonstop.net.connection import Connection, dial, hello_from_answer
+from nonstop.net.auth import Credential
+from nonstop.net.challenge import ProofError, Prover
+from nonstop.net.connection import Connection, HandshakeRejected, dial, hello_from_answer
 from nonstop.net.frames import DEFAULT_MAX_FRAME, FrameDecoder, FrameTooLarge, encode
-from nonstop.net.handshake import PROTOCOL_MAX, PROTOCOL_MIN, ROLE_CLIENT, Hello
+from nonstop.net.handshake import (
+    AUTHENTICATION_FAILED,
+    PROTOCOL_MAX,
+    PROTOCOL_MIN,
+    ROLE_CLIENT,
+    Hello,
+)
 
 READ_CHUNK = 256 * 1024
 
@@ -73,6 +81,7 @@ class SyncChannel:
         ssl_context: ssl.SSLContext | None = None,
         max_frame: int = DEFAULT_MAX_FRAME,
         read_chunk: int = READ_CHUNK,
+        credential: Credential | None = None,
     ) -> None:
         self.address = address
         self.max_frame = max_frame
@@ -88,8 +97,22 @@ class SyncChannel:
             if ssl_context is not None:
                 sock = ssl_context.wrap_socket(sock, server_hostname=host)
             self._sock = sock
-            sock.sendall(encode(hello.to_wire(), max_frame))
-            self.node: Hello | None = hello_from_answer(hello, self._recv(), address)
+            prover = Prover(hello, credential)
+            sock.sendall(encode(prover.first(), max_frame))
+            answer = self._recv()
+            try:
+                reply = prover.on_answer(answer)
+                if reply is None:
+                    prover.check_open(answer)
+                else:
+                    sock.sendall(encode(reply, max_frame))
+                    answer = self._recv()
+                    prover.on_final(answer)
+            except ProofError as exc:
+                raise HandshakeRejected(AUTHENTICATION_FAILED, str(exc)) from None
+            self.node: Hello | None = hello_from_answer(
+                prover.hello, answer, address, prover.trusted
+            )
         except BaseException as exc:
             with contextlib.suppress(OSError):
                 sock.close()
@@ -168,11 +191,18 @@ class AsyncChannel:
         timeout: float,
         ssl_context: ssl.SSLContext | None = None,
         max_frame: int = DEFAULT_MAX_FRAME,
+        credential: Credential | None = None,
     ) -> AsyncChannel:
         host, port = split_address(address)
         try:
             conn = await dial(
-                host, port, hello, ssl_context=ssl_context, timeout=timeout, max_frame=max_frame
+                host,
+                port,
+                hello,
+                ssl_context=ssl_context,
+                timeout=timeout,
+                max_frame=max_frame,
+                credential=credential,
             )
         except Exception as exc:
             refused = refusal(address, exc)

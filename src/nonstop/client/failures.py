@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import ssl
 
-from nonstop.errors import ProtocolError
+from nonstop.errors import AuthenticationFailed, ProtocolError
 from nonstop.net.connection import HandshakeRejected
 from nonstop.net.frames import FrameError
-from nonstop.net.handshake import Hello
+from nonstop.net.handshake import AUTHENTICATION_FAILED, Hello
 from nonstop.net.tls import TLS_NOT_ENABLED
 from nonstop.runtime.limits import TOO_MANY_CONNECTIONS
 
@@ -57,6 +57,11 @@ class NodeRefused(HandshakeRejected):
         self.args = (f"connection to node {address} refused: {code}: {reason}",)
 
 
+class AuthenticationRefused(NodeRefused, AuthenticationFailed):
+    """A node refused this client's credential (or its lack of one): the
+    :class:`~nonstop.errors.AuthenticationFailed` that callers catch."""
+
+
 def is_network_error(exc: BaseException) -> bool:
     """True for a failure worth trying another node for (not a :class:`NodeRefused`)."""
     return isinstance(exc, NETWORK_ERRORS) and not isinstance(exc, NodeRefused)
@@ -73,6 +78,8 @@ def refusal(address: str, exc: BaseException) -> NodeRefused | None:
     """
     if isinstance(exc, NodeRefused):
         return exc
+    if isinstance(exc, HandshakeRejected) and exc.code == AUTHENTICATION_FAILED:
+        return AuthenticationRefused(address, exc.code, exc.reason, exc.peer)
     if isinstance(exc, HandshakeRejected):
         if exc.code == TOO_MANY_CONNECTIONS:
             return None  # the node is busy, not misconfigured: another node may take us
@@ -93,4 +100,11 @@ def refusal(address: str, exc: BaseException) -> NodeRefused | None:
     return None
 
 
-__all__ = ["NETWORK_ERRORS", "TLS_REFUSED", "NodeRefused", "is_network_error", "refusal"]
+__all__ = [
+    "NETWORK_ERRORS",
+    "TLS_REFUSED",
+    "AuthenticationRefused",
+    "NodeRefused",
+    "is_network_error",
+    "refusal",
+]

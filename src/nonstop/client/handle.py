@@ -36,11 +36,13 @@ from nonstop.client.aio import AsyncDriver
 from nonstop.client.blocking import BlockingDriver
 from nonstop.client.channel import AsyncChannel, SyncChannel, client_hello
 from nonstop.client.core import ClientCore
+from nonstop.client.credentials import resolve_credential
 from nonstop.client.remote import RemoteTransaction
 from nonstop.client.remote_async import AsyncRemoteTransaction
-from nonstop.errors import ClusterError, NotLeader, QuorumLost, Unavailable
+from nonstop.errors import ClusterError, NotAuthorized, NotLeader, QuorumLost, TooLarge, Unavailable
 from nonstop.model.wire import raise_error
 from nonstop.net.address import split_address
+from nonstop.net.auth import Credential
 from nonstop.net.frames import DEFAULT_MAX_FRAME
 from nonstop.net.handshake import PROTOCOL_MAX, PROTOCOL_MIN, Hello
 from nonstop.net.tls import TLSConfig, client_context
@@ -73,12 +75,21 @@ def raise_for_error(reply: Any) -> Any:
             raise NotLeader(message, reply.get("leader"))
         if name == "Unavailable":
             raise Unavailable(message)
+        if name == "NotAuthorized":
+            raise NotAuthorized(message)
+        if name == "TooLarge":
+            raise TooLarge(message)
         raise ClusterError(f"{name}: {message}")
     return reply
 
 
 class ClientBase:
-    """The options and the core both handles hold (see the module docstring)."""
+    """The options and the core both handles hold (see the module docstring).
+
+    ``user``/``password``, or ``credentials`` (a credentials file), is what the
+    client proves when it connects; without them ``NONSTOP_CREDENTIALS`` and the
+    local cluster folder ``folder`` are looked at (:mod:`nonstop.client.credentials`).
+    """
 
     def __init__(
         self,
@@ -91,10 +102,16 @@ class ClientBase:
         max_frame: int = DEFAULT_MAX_FRAME,
         protocol: tuple[int, int] = (PROTOCOL_MIN, PROTOCOL_MAX),
         op_timeout: float = DEFAULT_OP_TIMEOUT,
+        user: str | None = None,
+        password: str | None = None,
+        credentials: Any = None,
+        folder: Any = None,
     ) -> None:
-        self.core = ClientCore(
-            parse_addresses(addresses), rounds=rounds, timeout=timeout, op_timeout=op_timeout
+        parsed = parse_addresses(addresses)
+        self.credential: Credential | None = resolve_credential(
+            user, password, credentials, folder, parsed
         )
+        self.core = ClientCore(parsed, rounds=rounds, timeout=timeout, op_timeout=op_timeout)
         self.cluster = cluster
         self.max_frame = max_frame
         self.protocol = protocol
@@ -155,6 +172,7 @@ class Client(ClientBase):
             timeout=self.timeout,
             ssl_context=self._ssl,
             max_frame=self.max_frame,
+            credential=self.credential,
         )
 
     def request(self, payload: Any) -> Any:
@@ -226,6 +244,7 @@ class AsyncClient(ClientBase):
             timeout=self.timeout,
             ssl_context=self._ssl,
             max_frame=self.max_frame,
+            credential=self.credential,
         )
 
     async def request(self, payload: Any) -> Any:

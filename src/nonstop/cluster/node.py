@@ -200,6 +200,9 @@ class ClusterConfig:
     raft: RaftConfig | Mapping[str, Any] = field(default_factory=RaftConfig)
     """Raft tunables, as a :class:`RaftConfig` or a dict of its fields (configuration files)."""
     snapshot_every: int = 256
+    max_log_entry_bytes: int = 1024 * 1024
+    """Largest value a ``propose`` (or a table's request) may put in the log, packed:
+    every node stores and applies every entry, so one large entry costs the cluster."""
 
     def identity(self) -> NodeIdentity:
         return NodeIdentity(
@@ -645,6 +648,13 @@ class ClusterNode:
         op = payload.get("op") if isinstance(payload, dict) else None
         if op == "status":
             return [Reply(event.request_id, self.status())]
+        for table in self.tables:
+            # A table may serve client ops of its own (the users table: ``user.*``).
+            on_client = getattr(table, "on_client", None)
+            if on_client is not None:
+                taken = on_client(self._now, event.request_id, payload)
+                if taken is not None:
+                    return list(taken)
         if op not in WORK_OPS:
             return [Reply(event.request_id, bad_request(f"unknown op {op!r}"))]
         return self._work(op, payload, ("client", event.request_id))
@@ -693,6 +703,9 @@ class ClusterNode:
         self._next_forward += 1
         command = {"id": [self.name, self._nonce, self._next_forward], "v": payload.get("value")}
         pending = _Pending("propose", reply_to, command=command)
+        size = len(msgpack.packb(command["v"], use_bin_type=True))
+        if size > self.config.max_log_entry_bytes:
+            return self._answer(pending, too_large(size, self.config.max_log_entry_bytes))
         if self.raft.role != ROLE_LEADER:
             return self._answer(pending, not_leader(self.raft.leader))
         try:
@@ -763,6 +776,10 @@ class ClusterNode:
         self._now = now
         if table not in self.tables:
             raise ValueError(f"no log table named {table!r}")
+        size = len(msgpack.packb(entry, use_bin_type=True))
+        if size > self.config.max_log_entry_bytes:
+            refusal = too_large(size, self.config.max_log_entry_bytes)["message"]
+            return [Log("warning", f"log table {table}: {refusal}")]
         entry[REQUESTER] = [self.name, self._nonce]
         return self._after(self._route_table_entry(table, entry))
 
@@ -873,6 +890,15 @@ def not_leader(leader: NodeId | None) -> dict[str, Any]:
 
 def timeout(message: str) -> dict[str, Any]:
     return {"error": "Timeout", "message": message}
+
+
+def too_large(size: int, limit: int) -> dict[str, Any]:
+    """The reply to a proposal over the entry size limit (``max_log_entry_bytes``)."""
+    return {
+        "error": "TooLarge",
+        "message": f"a cluster-log entry of {size:,} bytes exceeds the limit of {limit:,} "
+        "bytes (max_log_entry_bytes); nothing was proposed",
+    }
 
 
 def bad_request(message: str) -> dict[str, Any]:

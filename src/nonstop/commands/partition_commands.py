@@ -65,13 +65,40 @@ def acting_by_node(context: CommandContext, status: dict[str, Any]) -> dict[str,
     return out
 
 
+def objects_by_partition(
+    context: CommandContext, status: dict[str, Any], acting: dict[str, list[str]]
+) -> dict[str, int]:
+    """Each partition's object count, from a node acting for it (best effort; none while
+    the data path routes by node)."""
+    addresses = node_addresses(status)
+    out: dict[str, int] = {}
+    for node, parts in sorted(acting.items()):
+        if not parts or node not in addresses:
+            continue
+        try:
+            reply = context.ask_node(addresses[node], {"op": "partition.objects"})
+        except (Error, OSError):
+            continue
+        if not isinstance(reply, dict) or reply.get("routing") != "partitions":
+            continue
+        for name, count in (reply.get("counts") or {}).items():
+            if isinstance(count, int) and name not in out:
+                out[str(name)] = count
+    return out
+
+
 def natural_key(name: str) -> list[Any]:
     """``default.2`` before ``default.10``."""
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
 
 
-def partition_rows(status: dict[str, Any], acting: dict[str, list[str]]) -> list[dict[str, Any]]:
-    """The table as ``list`` answers it: one object per partition."""
+def partition_rows(
+    status: dict[str, Any],
+    acting: dict[str, list[str]],
+    objects: dict[str, int] | None = None,
+) -> list[dict[str, Any]]:
+    """The table as ``list`` answers it: one object per partition (``objects``: None = n/a)."""
+    objects = objects or {}
     rows = []
     for part in sorted(status["partitions"], key=lambda p: natural_key(p["name"])):
         rows.append(
@@ -87,7 +114,7 @@ def partition_rows(status: dict[str, Any], acting: dict[str, list[str]]) -> list
                 "current": part.get("current", []),
                 "copying": part.get("copying", []),
                 "status": part["status"],
-                "objects": None,  # n/a: the data path does not place objects in partitions yet
+                "objects": objects.get(part["name"]),
             }
         )
     return rows
@@ -97,7 +124,8 @@ def partition_rows(status: dict[str, Any], acting: dict[str, list[str]]) -> list
 def partition_list(context: CommandContext, _: NoArguments) -> dict[str, Any]:
     """Every partition: state, epoch, active node, current list, status per node."""
     status = table_status(context)
-    rows = partition_rows(status, acting_by_node(context, status))
+    acting = acting_by_node(context, status)
+    rows = partition_rows(status, acting, objects_by_partition(context, status, acting))
     return {"node": status.get("name"), "partitions": rows}
 
 

@@ -66,6 +66,7 @@ class _Served:
     bid: str
     op: str
     wrote: bool
+    fence: dict[str, int] | None
 
 
 class BranchRegistry:
@@ -117,6 +118,16 @@ class BranchRegistry:
         if w is not None and not isinstance(w, list):
             self._answer(sender, call_id, error_out(errors.BadArgument("w must be a list")))
             return
+        fence = _fence_of(msg.get("pe"))
+        if fence:
+            # Routing by partition: run only while acting for each (partition, epoch)
+            # the coordinator routed here (ha.md, fencing on the branch side).
+            refused = self.dp.not_active(fence)
+            if refused is not None:
+                self.dp.stats["fenced_ops"] += 1
+                self.end(bid)
+                self._answer(sender, call_id, error_out(refused))
+                return
         br = self.branches.get(bid)
         iso = None
         if br is None:
@@ -132,8 +143,10 @@ class BranchRegistry:
             br = self.branches[bid] = Branch(bid, False, self.dp.now)
         br.last = self.dp.now
         br.busy += 1
+        if fence:
+            br.fence.update(fence)
         corr = self.dp.next_corr()
-        self._served[corr] = _Served(sender, call_id, bid, op, w is not None)
+        self._served[corr] = _Served(sender, call_id, bid, op, w is not None, fence)
         self.dp.emit(Exec(corr, bid, op, msg, iso, w))
 
     def done(self, corr: int, reply: Any) -> None:
@@ -154,6 +167,12 @@ class BranchRegistry:
             if issubclass(cls, errors.Retryable | errors.TransactionClosed):
                 # Doomed: only rolling back is left; do it now, not at the idle timeout.
                 self.end(bid)
+        elif served.fence and (refused := self.dp.not_active(served.fence)) is not None:
+            # The answer is an acknowledgement: only while still acting (a lease
+            # lapses by time alone, seen at this event at the latest).
+            self.dp.stats["fenced_ops"] += 1
+            self.end(bid)
+            reply = error_out(refused)
         elif br is None:
             # Ended while the op ran (branch.end, its coordinator down): its
             # effects are rolled back, which the coordinator must hear.
@@ -195,6 +214,22 @@ class BranchRegistry:
             self.dp.log("info", f"branch {bid}: its coordinator {peer} is down; rolled back")
             self.dp.stats["orphan_rollbacks"] += 1
             self.end(bid)
+
+
+def _fence_of(raw: Any) -> dict[str, int] | None:
+    """A ``pe`` field ``[[partition, epoch], ...]`` → {partition: epoch} (malformed: None)."""
+    if not raw or not isinstance(raw, list):
+        return None
+    fence: dict[str, int] = {}
+    for item in raw:
+        if (
+            isinstance(item, list | tuple)
+            and len(item) == 2
+            and isinstance(item[0], str)
+            and isinstance(item[1], int)
+        ):
+            fence[item[0]] = item[1]
+    return fence or None
 
 
 __all__ = ["BRANCH_ISOLATION", "PEER_OPS", "WRITING_OPS", "BranchRegistry"]

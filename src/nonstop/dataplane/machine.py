@@ -48,6 +48,7 @@ from nonstop.dataplane.events import (
 )
 from nonstop.dataplane.holdings import HOLDINGS_OP, g_holdings
 from nonstop.dataplane.managed_types import check_type
+from nonstop.dataplane.placement import Placement
 from nonstop.dataplane.results import g_commit_retry, g_request_result, g_settle
 from nonstop.dataplane.routing import SESSION_OPS
 from nonstop.dataplane.session_ops import OPS, WRITE_NOW, take_writes
@@ -108,6 +109,13 @@ class DataPlaneConfig:
     check_type: Callable[[Any, Any], object] = check_type
     """``(type name, client's version)`` → raises UnknownType / TypeVersionMismatch.
     The coordinator checks before anything runs; the store checks again."""
+    placement: Placement | None = None
+    """Routing by partition (``ha.data = "partitions"``, ha.md "Routing by partition"):
+    where creates and unique keys go.  None: route by node (references name a node's
+    store, creates go to the coordinator's node, unique lookups ask every node)."""
+    acting: Callable[[float, str], bool] | None = None
+    """``(now, partition)`` → whether this node acts for it at that instant (the cluster
+    node's ``acting``: lease held, ha.md §8).  None: the acting flag of the latest view."""
 
 
 class DataPlane(Driver):
@@ -140,6 +148,8 @@ class DataPlane(Driver):
         """(type, packed unique key) → the node a cluster-scope get found it on last."""
         self.stats = collections.Counter[str]()
         self.deadlocks = DeadlockDetector(self)
+        self._fenced: dict[int, dict[str, int]] = {}
+        """Exec corr → the (partition, epoch) fence checked again when its answer comes."""
         self._now = 0.0
         self._handlers: dict[type, Callable[[Any], None]] = {
             ClientOp: self._on_client_op,
@@ -175,7 +185,17 @@ class DataPlane(Driver):
 
         True if it was held here: from then on the machine forgets it (no idle
         timeout, ``branch.end`` or session end touches it; its outcome ends it).
+        Routing by partition: False (the participant votes no, "branch gone",
+        retryable) unless this node acts now for every (partition, epoch) the
+        branch's ops touched -- the vote is fenced like the ops.
         """
+        branch = self.registry.branches.get(bid)
+        if branch is not None and branch.fence:
+            refused = self.not_active(branch.fence)
+            if refused is not None:
+                # Not ended here (called outside ``handle``): its session's end does it.
+                self.stats["fenced_votes"] += 1
+                return False
         return self.registry.take(bid)
 
     def log(self, level: str, message: str) -> None:
@@ -433,6 +453,40 @@ class DataPlane(Driver):
         while len(self.hints) > _MAX_HINTS:
             self.hints.popitem(last=False)
 
+    # ============================================================ partitions
+    def locate(self, s: Session, ref: bytes) -> str:
+        """The node serving ``ref`` now; under routing by partition the session's ops
+        on that node are fenced by the partition's epoch from here on."""
+        node, part = self.view.route(ref)
+        if part is not None:
+            s.fence.setdefault(node, {})[part.name] = part.epoch
+        return node
+
+    def place(self, s: Session, partition: str) -> str:
+        """The active node of ``partition`` (Unavailable if none), fenced as :meth:`locate`."""
+        part = self.view.partitions.get(partition)
+        if part is None:
+            raise errors.Unavailable(f"partition {partition} is not in the table here yet")
+        node = self.view.active_of(part)
+        s.fence.setdefault(node, {})[part.name] = part.epoch
+        return node
+
+    def not_active(self, fence: dict[str, int]) -> errors.NotActive | None:
+        """NotActive unless this node acts, now, for every (partition, epoch) of ``fence``."""
+        acting = self.config.acting
+        for name, epoch in fence.items():
+            part = self.view.partitions.get(name)
+            if part is None or part.epoch != epoch:
+                now = "unknown here" if part is None else f"at epoch {part.epoch}"
+                return errors.NotActive(
+                    f"{self.name} does not act for partition {name} at epoch {epoch} ({now})"
+                )
+            if not (acting(self._now, name) if acting is not None else part.acting):
+                return errors.NotActive(
+                    f"{self.name} does not act for partition {name} (epoch {epoch}) now"
+                )
+        return None
+
     def _call(self, task: Task, slot: int, call: Call) -> Immediate | None:
         """Run branch op ``call`` of the task's session, here or on a peer."""
         s = task.session
@@ -451,7 +505,12 @@ class DataPlane(Driver):
                 return None, exc
         pending = s.pending.pop(node, None)
         writes = list(pending.values()) if pending else None
+        fence = s.fence.get(node)
         if node == self.name:
+            if fence:
+                refused = self.not_active(fence)
+                if refused is not None:
+                    return None, refused
             iso = None
             if not s.local_open:
                 if s.state != ACTIVE and s.state != COMMITTING:
@@ -459,13 +518,24 @@ class DataPlane(Driver):
                 s.local_open = True
                 iso = s.iso
                 self.registry.branches[s.bid] = Branch(s.bid, True, self._now)
+            corr = self.next_corr()
+            if fence:
+                branch = self.registry.branches.get(s.bid)
+                if branch is not None:
+                    branch.fence.update(fence)
+                if call.op not in _COMMITTING_OPS:
+                    # Checked again at the answer -- except a commit's: once the store
+                    # committed, refusing would report a committed transaction as
+                    # rolled back (it was checked just above, before it ran).
+                    self._fenced[corr] = dict(fence)
             if writes:
                 s.dirty.add(node)
-            corr = self.next_corr()
             self._execs[corr] = (task, slot)
             self._out.append(Exec(corr, s.bid, call.op, call.fields, iso, writes))
             return None
         msg = {"t": "data.req", "op": call.op, "b": s.bid, **call.fields}
+        if fence:
+            msg["pe"] = [[name, epoch] for name, epoch in fence.items()]
         if node not in s.remote:
             msg["new"] = True
             msg["iso"] = s.iso
@@ -492,6 +562,13 @@ class DataPlane(Driver):
             self.registry.done(ev.corr, ev.reply)
             return
         reply = ev.reply
+        fence = self._fenced.pop(ev.corr, None) if self._fenced else None
+        if fence and isinstance(reply, dict) and "error" not in reply:
+            # Acknowledged only while acting (a lease lapses by time alone, ha.md §8).
+            refused = self.not_active(fence)
+            if refused is not None:
+                self.resolve(*waiting, None, refused)
+                return
         if not isinstance(reply, dict):
             self.resolve(*waiting, None, errors.ProtocolError(f"bad store reply {reply!r:.60}"))
         else:
@@ -544,7 +621,13 @@ class DataPlane(Driver):
     def _on_cluster(self, ev: ClusterChanged) -> None:
         before = self.view.up
         self.view = ClusterView(
-            self.name, ev.members, ev.up, ev.quorum, ev.locations, ev.partitions
+            self.name,
+            ev.members,
+            ev.up,
+            ev.quorum,
+            ev.locations,
+            ev.partitions,
+            route_partitions=self.config.placement is not None,
         )
         for peer in sorted(before - self.view.up):
             self._peer_down(peer)
@@ -568,6 +651,9 @@ class DataPlane(Driver):
         self.registry.coordinator_down(peer)
         self.deadlocks.node_down(peer)
 
+
+_COMMITTING_OPS = frozenset({"branch.commit"})
+"""Store ops whose success is a commit: fenced before they run, never after."""
 
 _DOOMING = (errors.Retryable, errors.Unavailable, errors.TransactionClosed)
 """Errors of a session op that end its session (other errors leave it usable)."""

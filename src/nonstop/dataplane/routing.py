@@ -30,6 +30,7 @@ CLIENT_OPS = SESSION_OPS | {
     "nodes",
     "types",
     "request.result",
+    "partition.objects",
     "member.holdings",
     # The membership change is the cluster's; the data service checks first that the
     # node leaving holds no objects (dataplane/holdings.py), then hands it on.

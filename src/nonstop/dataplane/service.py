@@ -242,6 +242,9 @@ class DataService:
             self.stats["client_ops"] += 1
             _send_reply(conn, client_id, self._directory(op))
             return
+        if op == "partition.objects":
+            _send_reply(conn, client_id, self.partition_objects())
+            return
         if op == "tx.more":
             self.stats["client_ops"] += 1
             _send_reply(conn, client_id, self._next_page(id(conn), payload.get("c")))
@@ -679,6 +682,33 @@ class DataService:
     def _cluster(self) -> Any:
         machine = self.runtime.machine
         return getattr(machine, "cluster", machine)
+
+    def partition_objects(self) -> dict[str, Any]:
+        """``partition.objects``: the committed number of objects of each partition this
+        node acts for (``nonstop partition list``), and how the data path routes."""
+        from nonstop.ha.partition_table import partition_location
+        from nonstop.model.managed import registered_types
+        from nonstop.model.ref import location_prefix
+
+        routing = "partitions" if self.machine.config.placement is not None else "nodes"
+        counts: dict[str, int] = {}
+        cluster = self._cluster()
+        acting: frozenset[str] = getattr(cluster, "acting_set", frozenset())
+        table = getattr(cluster, "partition_table", None)
+        names = sorted(registered_types())
+        for name in sorted(acting):
+            part = table.get(name) if table is not None else None
+            if part is None:
+                continue
+            loc = [location_prefix(partition_location(name))]
+            counts[name] = sum(self.db.engine.store.count(t, loc) for t in names)
+        return {"routing": routing, "counts": counts}
+
+    def acting(self, now: float, partition: str) -> bool:
+        """Whether this node acts for ``partition`` at ``now`` (the cluster node's answer,
+        ha.md §8: the data plane asks it at the moment it acknowledges)."""
+        acting = getattr(self._cluster(), "acting", None)
+        return bool(acting is not None and acting(now, partition))
 
     def is_up(self, name: str) -> bool:
         """Up per the failure detector (or, without one, connected)."""

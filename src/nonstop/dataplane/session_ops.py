@@ -22,11 +22,12 @@ from typing import TYPE_CHECKING, Any
 
 from nonstop import errors
 from nonstop.dataplane.args import ref_arg
+from nonstop.dataplane.placement import routing_key
 from nonstop.dataplane.sizes import MESSAGE_MARGIN
 from nonstop.dataplane.state import Session
 from nonstop.dataplane.steps import Call, Gather, OpCoroutine
 from nonstop.model.codec import pack, unpack
-from nonstop.model.wire import write_in
+from nonstop.model.wire import AUDITS, write_in
 
 if TYPE_CHECKING:
     from nonstop.dataplane.machine import DataPlane
@@ -44,7 +45,7 @@ def take_writes(dp: DataPlane, s: Session, writes: Any) -> None:
     for w in writes:
         ref, type_name, _, _ = write_in(w)
         dp.check_type(type_name, None)
-        masters.append(dp.view.master(ref))
+        masters.append(dp.locate(s, ref))
     for node, w in zip(masters, writes, strict=True):
         merge_write(s.pending.setdefault(node, {}), w)
 
@@ -90,6 +91,9 @@ def g_get(dp: DataPlane, s: Session, p: dict[str, Any]) -> OpCoroutine:
         raise errors.BadArgument("key must be packed bytes")
     fields = {"type": p["type"], "tv": p.get("tv"), "key": key, "lock": p.get("lock")}
     scope = p.get("scope", "cluster")
+    if dp.config.placement is not None and scope in ("cluster", None):
+        # Routing by partition: the key's partition's active node alone knows it.
+        return (yield from g_get_in_partition(dp, s, p["type"], key, fields))
     # The query audits apply (a node that is down is not asked: skip_down), and
     # fail_if_down refuses while any node of the scope is down.
     nodes = dp.view.audited(scope, p.get("audit", "skip_down"))
@@ -149,6 +153,23 @@ def g_get(dp: DataPlane, s: Session, p: dict[str, Any]) -> OpCoroutine:
     return not_found(skipped)
 
 
+def g_get_in_partition(
+    dp: DataPlane, s: Session, type_name: str, key: bytes, fields: dict[str, Any]
+) -> OpCoroutine:
+    """A unique lookup under routing by partition: one call, to the node acting for the
+    partition the key maps to (the mapper sends a key to one partition, so it is unique
+    cluster-wide there); Unavailable while that partition has no active node up."""
+    assert dp.config.placement is not None
+    value = unpack(key)
+    if not isinstance(value, dict) or len(value) != 1:
+        raise errors.BadArgument("key must be one unique key {field: value}")
+    (key_value,) = value.values()
+    partition = dp.config.placement.partition_for(type_name, routing_key(key_value))
+    node = dp.place(s, partition)
+    location = dp.view.partitions[partition].location
+    return (yield Call(node, "branch.get", {**fields, "parts": [location]}))
+
+
 def not_found(skipped: list[str]) -> dict[str, Any]:
     """The reply of a unique lookup that found nothing on every node it asked."""
     if skipped:
@@ -161,12 +182,12 @@ def not_found(skipped: list[str]) -> dict[str, Any]:
 def g_ref(dp: DataPlane, s: Session, p: dict[str, Any]) -> OpCoroutine:
     ref = ref_arg(p.get("ref"))
     fields = {"ref": ref, "lock": p.get("lock")}
-    return (yield Call(dp.view.master(ref), "branch.ref", fields))
+    return (yield Call(dp.locate(s, ref), "branch.ref", fields))
 
 
 def g_delete(dp: DataPlane, s: Session, p: dict[str, Any]) -> OpCoroutine:
     ref = ref_arg(p.get("ref"))
-    node = dp.view.master(ref)
+    node = dp.locate(s, ref)
     reply = yield Call(node, "branch.delete", {"ref": ref})
     s.dirty.add(node)
     return reply
@@ -174,6 +195,9 @@ def g_delete(dp: DataPlane, s: Session, p: dict[str, Any]) -> OpCoroutine:
 
 def g_create(dp: DataPlane, s: Session, p: dict[str, Any]) -> OpCoroutine:
     dp.check_type(p.get("type"), p.get("tv"))
+    if dp.config.placement is not None:
+        reply = yield from g_create_in_partition(dp, s, p)
+        return reply
     node = p.get("node") or dp.name
     if not isinstance(node, str) or node not in dp.view.known:
         raise errors.BadArgument(f"no node named {node!r:.40} in this cluster")
@@ -190,10 +214,38 @@ def g_create(dp: DataPlane, s: Session, p: dict[str, Any]) -> OpCoroutine:
     return reply
 
 
+def g_create_in_partition(dp: DataPlane, s: Session, p: dict[str, Any]) -> OpCoroutine:
+    """A create under routing by partition: the type's binding and mapper pick the partition
+    (by the unique key's value if the type has one), and the object is created there, on its
+    active node, named by the partition at its epoch (``tx.create_in``).  ``node`` is not
+    used: placement is the binding's."""
+    placement = dp.config.placement
+    assert placement is not None
+    type_name = p["type"]
+    packed = p.get("st")
+    state = unpack(packed) if isinstance(packed, bytes) else None
+    if not isinstance(state, dict):
+        raise errors.BadArgument("st must be a packed {field: value}")
+    field = placement.unique_field(type_name)
+    value = state.get(field) if field is not None else None
+    partition = placement.partition_for(type_name, None if value is None else routing_key(value))
+    node = dp.place(s, partition)
+    part = dp.view.partitions[partition]
+    fields = {
+        "type": type_name,
+        "tv": p.get("tv"),
+        "st": p.get("st"),
+        "pl": [part.location, part.epoch],
+    }
+    reply = yield Call(node, "branch.create", fields)
+    s.dirty.add(node)
+    return reply
+
+
 def g_method(dp: DataPlane, s: Session, p: dict[str, Any]) -> OpCoroutine:
     """``tx.call``: a method of an object runs on the object's master."""
     ref = ref_arg(p.get("ref"))
-    node = dp.view.master(ref)
+    node = dp.locate(s, ref)
     fields = {
         "ref": ref,
         "m": p.get("m"),
@@ -212,7 +264,7 @@ def g_query(dp: DataPlane, s: Session, p: dict[str, Any]) -> OpCoroutine:
     """A query on every node of its scope; ordered results merged by order key, deduped."""
     dp.check_type(p.get("type"), p.get("tv"))
     audit = p.get("audit", "skip_down")
-    nodes = dp.view.audited(p.get("scope", "cluster"), audit)
+    nodes, parts = query_targets(dp, s, p.get("scope", "cluster"), audit)
     limit = p.get("limit")
     if limit is not None and (not isinstance(limit, int) or limit < 0):
         raise errors.BadArgument("limit must be an int >= 0")
@@ -229,9 +281,9 @@ def g_query(dp: DataPlane, s: Session, p: dict[str, Any]) -> OpCoroutine:
     }
     page = p.get("page")
     if page is not None:
-        reply = yield from g_query_page(dp, s, nodes, fields, page, p.get("after"), audit)
+        reply = yield from g_query_page(dp, s, nodes, fields, page, p.get("after"), audit, parts)
         return reply
-    results = yield from g_fan_out(dp, s, nodes, "branch.query", fields, audit)
+    results = yield from g_fan_out(dp, s, nodes, "branch.query", fields, audit, parts)
     desc = False
     if order is not None:
         desc = bool(order[1]) if isinstance(order, list | tuple) and len(order) > 1 else False
@@ -246,6 +298,7 @@ def g_query_page(
     page: Any,
     after: Any,
     audit: Any,
+    parts: dict[str, list[int]] | None = None,
 ) -> OpCoroutine:
     """One page of a query (A5: constant memory however many objects match).
 
@@ -267,7 +320,7 @@ def g_query_page(
     fields["after"] = after
     # Each node's page fits in a frame whatever its objects' size (it is cut, then).
     fields["bytes"] = max(1, (dp.config.max_message - MESSAGE_MARGIN) // 2)
-    results = yield from g_fan_out(dp, s, nodes, "branch.query", fields, audit)
+    results = yield from g_fan_out(dp, s, nodes, "branch.query", fields, audit, parts)
     return merge_page(results, fields["limit"])
 
 
@@ -321,17 +374,60 @@ def merge_query(
 def g_count(dp: DataPlane, s: Session, p: dict[str, Any]) -> OpCoroutine:
     dp.check_type(p.get("type"), p.get("tv"))
     audit = p.get("audit", "skip_down")
-    nodes = dp.view.audited(p.get("scope", "cluster"), audit)
+    nodes, parts = query_targets(dp, s, p.get("scope", "cluster"), audit)
     fields = {"type": p["type"], "tv": p.get("tv")}
-    results = yield from g_fan_out(dp, s, nodes, "branch.count", fields, audit)
+    results = yield from g_fan_out(dp, s, nodes, "branch.count", fields, audit, parts)
     return {"n": sum(int(r.get("n", 0)) for r in results)}
 
 
+def query_targets(
+    dp: DataPlane, s: Session, scope: Any, audit: Any
+) -> tuple[list[str], dict[str, list[int]] | None]:
+    """The nodes a query or count asks, and (routing by partition) the partitions' location
+    codes each answers for: each partition once, on the node acting for it.
+
+    A partition no node serves now is skipped under ``skip_down`` and
+    ``at_least_one`` (as a node that is down), and makes ``fail_if_down`` Unavailable,
+    naming it.  Scopes other than the cluster keep their meaning (those nodes, all
+    they hold).
+    """
+    if dp.config.placement is None or scope not in ("cluster", None):
+        return dp.view.audited(scope, audit), None
+    if audit not in AUDITS:
+        dp.view.audited(scope, audit)  # the audit's name is wrong: its BadArgument
+    by_node, missing = dp.view.acting_nodes()
+    if missing and audit == "fail_if_down":
+        names = ", ".join(part.name for part in missing)
+        raise errors.Unavailable(f"partition(s) of the query scope have no active node up: {names}")
+    if not by_node:
+        raise errors.Unavailable("no partition of the cluster has an active node up")
+    parts: dict[str, list[int]] = {}
+    for node, served in by_node.items():
+        fence = s.fence.setdefault(node, {})
+        for part in served:
+            fence[part.name] = part.epoch
+        parts[node] = [part.location for part in served]
+    return sorted(by_node), parts
+
+
 def g_fan_out(
-    dp: DataPlane, s: Session, nodes: list[str], op: str, fields: dict[str, Any], audit: Any
+    dp: DataPlane,
+    s: Session,
+    nodes: list[str],
+    op: str,
+    fields: dict[str, Any],
+    audit: Any,
+    parts: dict[str, list[int]] | None = None,
 ) -> OpCoroutine:
-    """Run ``op`` on every node at once; a failed node is skipped only under at_least_one."""
-    replies = yield Gather([Call(n, op, fields) for n in nodes])
+    """Run ``op`` on every node at once; a failed node is skipped only under at_least_one.
+
+    ``parts``: node → the partitions (location codes) it answers for (routing by partition).
+    """
+    if parts is None:
+        calls = [Call(n, op, fields) for n in nodes]
+    else:
+        calls = [Call(n, op, {**fields, "parts": parts[n]}) for n in nodes]
+    replies = yield Gather(calls)
     raise_fatal(replies)
     results: list[dict[str, Any]] = []
     failure: BaseException | None = None

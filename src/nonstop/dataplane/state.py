@@ -35,6 +35,7 @@ class Session:
         "committed",
         "conn",
         "dirty",
+        "fence",
         "iso",
         "last",
         "local_open",
@@ -61,6 +62,10 @@ class Session:
         """Nodes whose branch holds changes (creates, deletes, flushed writes, calls)."""
         self.pending: dict[str, dict[bytes, list[Any]]] = {}
         """Writes not yet shipped: node → ref → write (C5)."""
+        self.fence: dict[str, dict[str, int]] = {}
+        """Routing by partition: node → {partition: epoch} the session touched there; every
+        branch op to that node carries it and the node refuses it (NotActive) unless it
+        acts for each at that epoch."""
         self.committed: set[str] = set()
         """Nodes whose branch two-phase commit committed (theirs to end, not ours)."""
         self.local_open = False
@@ -76,7 +81,7 @@ class Session:
 class Branch:
     """A branch this node holds (the store has its transaction)."""
 
-    __slots__ = ("bid", "busy", "last", "local")
+    __slots__ = ("bid", "busy", "fence", "last", "local")
 
     def __init__(self, bid: str, local: bool, now: float) -> None:
         self.bid = bid
@@ -86,6 +91,9 @@ class Branch:
         """When an op on it last started or ended (the idle sweep's clock)."""
         self.busy = 0
         """Ops running on it now (an idle sweep leaves it alone)."""
+        self.fence: dict[str, int] = {}
+        """Routing by partition: {partition: epoch} its ops touched; two-phase commit takes
+        it (votes) only while this node acts for each at that epoch."""
 
 
 __all__ = ["ACTIVE", "COMMITTING", "OVER", "UNDECIDED", "Branch", "Session"]

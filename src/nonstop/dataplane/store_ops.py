@@ -99,7 +99,25 @@ async def claim_and_record(
 
 
 async def execute(tx: AsyncTransaction, op: str, p: dict[str, Any]) -> dict[str, Any]:
-    """Run one branch op on ``tx`` (the coordinator's own branch or a participant's)."""
+    """Run one branch op on ``tx`` (the coordinator's own branch or a participant's).
+
+    ``parts`` (routing by partition): the location codes of the partitions this node
+    answers for in this op -- lookups, queries and counts see only their objects
+    (``tx.restrict_to``), so that each partition is counted once.
+    """
+    parts = p.get("parts")
+    if parts is None:
+        return await _execute(tx, op, p)
+    if not isinstance(parts, list):
+        raise errors.BadArgument("parts must be a list of location codes")
+    tx.restrict_to(parts)
+    try:
+        return await _execute(tx, op, p)
+    finally:
+        tx.restrict_to(None)
+
+
+async def _execute(tx: AsyncTransaction, op: str, p: dict[str, Any]) -> dict[str, Any]:
     if op == "branch.get":
         info = check_type(p.get("type"), p.get("tv"))
         key = unpacked(p.get("key"), "key")
@@ -125,7 +143,14 @@ async def execute(tx: AsyncTransaction, op: str, p: dict[str, Any]) -> dict[str,
         state = unpacked(p.get("st"), "st")
         if not isinstance(state, dict):
             raise errors.BadArgument("st must be a packed {field: value}")
-        obj = await tx.create(info.cls, **state)
+        placed = p.get("pl")
+        if placed is None:
+            obj = await tx.create(info.cls, **state)
+        else:
+            # Routing by partition: named by the partition at its epoch (store.md, format 3).
+            if not isinstance(placed, list) or len(placed) != 2:
+                raise errors.BadArgument("pl must be [location, epoch]")
+            obj = await tx.create_in(info.cls, placed[0], placed[1], **state)
         return {"o": obj_of(tx.entry_of(obj))}
     if op == "branch.delete":
         target = await tx.by_ref(Ref(ref_arg(p.get("ref"))), lock="write")

@@ -22,12 +22,14 @@ class ClusterView:
     """One snapshot of the cluster as this node sees it (replaced on every change)."""
 
     __slots__ = (
+        "by_location",
         "known",
         "locations",
         "members",
         "name",
         "partitions",
         "quorum",
+        "route_partitions",
         "up",
         "up_members",
     )
@@ -40,6 +42,7 @@ class ClusterView:
         quorum: str = "Active",
         locations: Mapping[int, str] | None = None,
         partitions: Mapping[str, PartitionView] | None = None,
+        route_partitions: bool = False,
     ) -> None:
         self.name = name
         others = sorted({m for m in members if isinstance(m, str) and m != name})
@@ -53,8 +56,14 @@ class ClusterView:
         self.up_members = [n for n in self.members if n in self.up]
         """The members that are up, in ``members`` order (do not change it)."""
         self.partitions: Mapping[str, PartitionView] = partitions or {}
-        """The partition table as applied here, with this node's acting flags (not used
-        for routing yet; shared with the event, do not change it)."""
+        """The partition table as applied here, with this node's acting flags (shared with
+        the event, do not change it)."""
+        self.route_partitions = route_partitions
+        """Routing by partition (``ha.data = "partitions"``): a reference whose location
+        names a partition goes to that partition's active node."""
+        self.by_location: dict[int, PartitionView] = (
+            {pv.location: pv for pv in self.partitions.values()} if route_partitions else {}
+        )
 
     def is_up(self, node: str) -> bool:
         """Up per the failure detector (this node always is)."""
@@ -62,12 +71,52 @@ class ClusterView:
 
     def master(self, ref: bytes) -> str:
         """The node that masters ``ref`` (its location code names it)."""
-        node = self.locations.get(location_of(ref))
+        return self.route(ref)[0]
+
+    def route(self, ref: bytes) -> tuple[str, PartitionView | None]:
+        """The node that serves ``ref`` now, and its partition when it names one.
+
+        Routing by partition: the partition's active node (Unavailable naming the
+        partition while it has none that is up -- never NotFound).  A location
+        that names a node's own store (objects created before the switch) routes to
+        that node, as without partitions.
+        """
+        location = location_of(ref)
+        part = self.by_location.get(location)
+        if part is not None:
+            return self.active_of(part), part
+        node = self.locations.get(location)
         if node is None:
             raise errors.BadArgument(
                 f"no node of this cluster has location {location_of(ref):016x}"
             )
+        return node, None
+
+    def active_of(self, part: PartitionView) -> str:
+        """The node acting for ``part`` as far as this view knows (module doc of
+        ``placement``); Unavailable (retryable by the client) naming the partition if none."""
+        node = part.active
+        if node is None or node not in self.up or (node == self.name and not part.acting):
+            why = "has no active node" if node is None else f"is not served: {node} is not up"
+            if node == self.name:
+                why = f"is not acted for by {node} yet"
+            raise errors.Unavailable(f"partition {part.name} (epoch {part.epoch}) {why}")
         return node
+
+    def acting_nodes(self) -> tuple[dict[str, list[PartitionView]], list[PartitionView]]:
+        """Each partition once: node → the partitions it serves now, and the partitions
+        no node serves (their active node is down or not acting yet)."""
+        by_node: dict[str, list[PartitionView]] = {}
+        missing: list[PartitionView] = []
+        for name in sorted(self.partitions):
+            part = self.partitions[name]
+            try:
+                node = self.active_of(part)
+            except errors.Unavailable:
+                missing.append(part)
+                continue
+            by_node.setdefault(node, []).append(part)
+        return by_node, missing
 
     def scope_nodes(self, scope: Any) -> list[str]:
         """The nodes a scope names: ``"local"``, ``"cluster"`` (default) or node names."""

@@ -398,6 +398,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  cluster up in {time.perf_counter() - t0:.1f} s: {cluster}")
 
         if no_spark is None:
+            # Spark's Python workers are other processes: they prove the cluster
+            # folder's admin credential through the environment they inherit.
+            os.environ.setdefault("NONSTOP_CREDENTIALS", str(oc.lc.credentials_path))
             t0 = time.perf_counter()
             spark = spark_session(folder)
             print(f"  Spark {spark.version} session in {time.perf_counter() - t0:.1f} s")

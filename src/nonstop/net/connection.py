@@ -19,12 +19,16 @@ from collections.abc import Callable
 from typing import Any
 
 from nonstop.errors import ProtocolError
+from nonstop.net.auth import OPEN, Credential, Principal
 from nonstop.net.budget import BufferBudget
+from nonstop.net.challenge import Guard, ProofError, Prover
 from nonstop.net.frames import DEFAULT_MAX_FRAME, FrameDecoder, FrameError, encode
 from nonstop.net.handshake import (
+    AUTHENTICATION_FAILED,
     BAD_HELLO,
     ROLE_NODE,
     UNSUPPORTED_PROTOCOL,
+    WRONG_CLUSTER,
     Hello,
     Rejection,
     check,
@@ -82,6 +86,8 @@ class Connection:
         self._out_bytes = 0
         self.peer: Hello | None = None
         self.version: int | None = None
+        self.principal: Principal = OPEN
+        """Who the other end proved to be in the handshake (``net.auth``)."""
         self.dropped = 0
         peer = writer.get_extra_info("peername")
         self.remote = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
@@ -191,19 +197,23 @@ class Connection:
             await asyncio.wait_for(self.writer.wait_closed(), 1.0)
 
 
-def hello_from_answer(ours: Hello, answer: Any, address: str) -> Hello:
-    """The dialing side's check of the accepting side's first frame (async and blocking).
+def hello_from_answer(ours: Hello, answer: Any, address: str, trusted: bool = True) -> Hello:
+    """The dialing side's check of the accepting side's last frame (async and blocking).
 
     Returns the peer's hello; raises :class:`HandshakeRejected` when the peer
     refused us (a ``reject`` frame), when we refuse it (:func:`check`), or when
     the version it chose is outside our range, and :class:`ProtocolError` when
-    the frame is not a hello at all.
+    the frame is not a hello at all.  A refusal's hello is attached to the
+    exception only when ``trusted`` (the peer proved membership, or nobody
+    proves anything): an unproven one must not classify a member (C3).
     """
     if isinstance(answer, dict) and answer.get("t") == "reject":
-        try:
-            rejecter: Hello | None = Hello.from_wire(answer.get("hello"))
-        except ValueError:
-            rejecter = None
+        rejecter: Hello | None = None
+        if trusted:
+            try:
+                rejecter = Hello.from_wire(answer.get("hello"))
+            except ValueError:
+                rejecter = None
         raise HandshakeRejected(str(answer.get("code")), str(answer.get("reason")), rejecter)
     try:
         theirs = Hello.from_wire(answer)
@@ -228,11 +238,13 @@ async def dial(
     server_hostname: str | None = None,
     timeout: float = 5.0,
     max_frame: int = DEFAULT_MAX_FRAME,
+    credential: Credential | None = None,
 ) -> Connection:
     """Connect and handshake; raises ``OSError``/``TimeoutError``/:class:`ProtocolError`.
 
     The accepting side chooses the version (the highest common one); we check
-    that its choice is inside our range rather than trusting it.
+    that its choice is inside our range rather than trusting it.  ``credential``
+    is what we prove when the node asks (:mod:`nonstop.net.challenge`).
     """
     kwargs: dict[str, Any] = {}
     if ssl_context is not None:
@@ -243,9 +255,20 @@ async def dial(
     )
     conn = Connection(reader, writer, max_frame)
     try:
-        conn.send(hello.to_wire())
+        prover = Prover(hello, credential)
+        conn.send(prover.first())
         answer = await asyncio.wait_for(conn.recv(), timeout)
-        theirs = hello_from_answer(hello, answer, f"{host}:{port}")
+        try:
+            reply = prover.on_answer(answer)
+            if reply is None:
+                prover.check_open(answer)
+            else:
+                conn.send(reply)
+                answer = await asyncio.wait_for(conn.recv(), timeout)
+                prover.on_final(answer)
+        except ProofError as exc:
+            raise HandshakeRejected(AUTHENTICATION_FAILED, str(exc)) from None
+        theirs = hello_from_answer(prover.hello, answer, f"{host}:{port}", prover.trusted)
         conn.peer = theirs
         conn.version = theirs.proto
         return conn
@@ -259,11 +282,16 @@ async def accept(
     ours: Hello,
     timeout: float = 5.0,
     extra_check: Callable[[Hello], Rejection | None] | None = None,
+    guard: Guard | None = None,
 ) -> Hello:
     """Server side of the handshake: read the peer's hello, answer, return it.
 
+    With a ``guard`` the peer must first prove membership or a user's password
+    (:mod:`nonstop.net.challenge`); :attr:`Connection.principal` says who it is.
     Raises :class:`HandshakeRejected` (after sending the reject frame) or
-    :class:`FrameError`/``EOFError``/``TimeoutError``; the caller closes.
+    :class:`FrameError`/``EOFError``/``TimeoutError``; the caller closes.  A
+    refusal before the proof carries no peer hello (``exc.peer`` is None): what
+    an unproven connection claims must not reach the failure detector.
     """
     first = await asyncio.wait_for(conn.recv(), timeout)
     try:
@@ -273,14 +301,32 @@ async def accept(
         conn.send(bad.to_wire())
         raise HandshakeRejected(bad.code, bad.reason) from exc
     version, checked = check(ours, theirs)
+    state = None
+    if guard is not None:
+        if checked is not None and checked.code == WRONG_CLUSTER:
+            await _refuse(conn, checked.to_wire())
+            raise HandshakeRejected(checked.code, checked.reason)
+        made = guard.challenge(ours, theirs, first)
+        if isinstance(made, Rejection):
+            await _refuse(conn, made.to_wire())
+            raise HandshakeRejected(made.code, f"{made.reason} ({_claims(theirs)})")
+        frame, state = made
+        conn.send(frame)
+        proof = await asyncio.wait_for(conn.recv(), timeout)
+        try:
+            conn.principal = guard.verify(state, theirs, proof)
+        except ProofError as exc:
+            told = "unknown user or wrong password" if theirs.user else "wrong cluster secret"
+            await _refuse(conn, Rejection(AUTHENTICATION_FAILED, told).to_wire())
+            raise HandshakeRejected(AUTHENTICATION_FAILED, f"{exc} ({_claims(theirs)})") from None
     rejection: Rejection | None = checked
     if rejection is None and extra_check is not None:
         rejection = extra_check(theirs)
     if rejection is not None:
-        conn.send(rejection.to_wire(ours if theirs.role == ROLE_NODE else None))
-        conn.flush()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(conn.writer.drain(), 1.0)
+        wire = rejection.to_wire(ours if theirs.role == ROLE_NODE else None)
+        if state is not None and guard is not None:
+            wire["proof"] = guard.sign(state, wire.get("hello") or {}, rejection.code)
+        await _refuse(conn, wire)
         raise HandshakeRejected(rejection.code, rejection.reason, theirs)
     answer = Hello(
         cluster=ours.cluster,
@@ -294,10 +340,29 @@ async def accept(
         pid=ours.pid,
         proto=version,
     )
-    conn.send(answer.to_wire())
+    wire = answer.to_wire()
+    if state is not None and guard is not None:
+        wire["proof"] = guard.sign(state, wire, "ok")
+    conn.send(wire)
     conn.peer = theirs
     conn.version = version
     return theirs
+
+
+async def _refuse(conn: Connection, frame: dict[str, Any]) -> None:
+    """Send a reject frame and give it a moment to leave before the caller closes."""
+    conn.send(frame)
+    conn.flush()
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(conn.writer.drain(), 1.0)
+
+
+def _claims(hello: Hello) -> str:
+    """Who a refused dialer claimed to be, for the log line."""
+    who = f"user {hello.user!r}" if hello.user else f"{hello.role} {hello.name!r}"
+    return (
+        f"{who} claimed, cluster {hello.cluster!r}, protocol {hello.proto_min}..{hello.proto_max}"
+    )
 
 
 __all__ = [

@@ -11,7 +11,8 @@ with a ``reject`` naming why.  Checks, in order:
 3. protocol versions overlap: the *highest common* version is used, so a
    newer node keeps talking to an older one during a rolling upgrade (E4);
    no overlap → ``UnsupportedProtocol``;
-4. for node↔node connections: the names differ from ours and the location code
+4. (after the proof when the accepting node authenticates, ``connection.accept``)
+   for node↔node connections: the names differ from ours and the location code
    and store timestamp are not ours (``DuplicateLocation``,
    ``DuplicateTimestamp``, C3) — a second process started with a copy of
    another node's data would otherwise be taken for that node.
@@ -39,6 +40,10 @@ DUPLICATE_NAME = "DuplicateName"
 DUPLICATE_LOCATION = "DuplicateLocation"
 DUPLICATE_TIMESTAMP = "DuplicateTimestamp"
 BAD_HELLO = "BadHello"
+AUTHENTICATION_FAILED = "AuthenticationFailed"
+"""The proof of membership or of a user's password is missing or wrong."""
+WRONG_CERTIFICATE = "WrongCertificate"
+"""With ``tls.member_names``: the node's certificate does not name it."""
 
 
 def location_code(name: str) -> int:
@@ -64,6 +69,12 @@ class Hello:
     pid: int = 0
     proto: int | None = None
     """Set only in the accepting side's answer: the version both will use."""
+    auth: str = ""
+    """The dialer's proof scheme (``node`` or ``user``, :mod:`nonstop.net.auth`); "" none."""
+    user: str = ""
+    """With ``auth = "user"``: the user name whose password the dialer will prove."""
+    nonce: bytes = b""
+    """The dialer's fresh random nonce (signed by both proofs)."""
 
     def to_wire(self) -> dict[str, Any]:
         """The msgpack-able frame value."""
@@ -88,12 +99,21 @@ class Hello:
                 address=str(value.get("address", "")),
                 pid=int(value.get("pid", 0)),
                 proto=None if value.get("proto") is None else int(value["proto"]),
+                auth=str(value.get("auth", "")),
+                user=str(value.get("user", "")),
+                nonce=_bytes(value.get("nonce", b"")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"malformed hello: {exc!r}") from exc
         if hello.role not in (ROLE_NODE, ROLE_CLIENT):
             raise ValueError(f"unknown role {hello.role!r}")
         return hello
+
+
+def _bytes(value: Any) -> bytes:
+    if not isinstance(value, bytes) or len(value) > 64:
+        raise ValueError("nonce must be at most 64 bytes")
+    return value
 
 
 def negotiate(lo_a: int, hi_a: int, lo_b: int, hi_b: int) -> int | None:

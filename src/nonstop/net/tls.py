@@ -3,8 +3,11 @@
 TLS is optional and off by default: on one machine or a private network plain
 TCP is simpler to run.  When a node's config names a certificate and key, its
 listener speaks TLS only; when it also names a CA file, peers must present a
-certificate signed by that CA (mutual TLS), which is how nodes of one cluster
-recognise each other without passwords.  Dialing nodes verify the server
+certificate signed by that CA (mutual TLS).  With ``member_names`` a node's
+certificate must also *name* the node (its common name or a DNS subject
+alternative name equal to the node name): a certificate of the CA then proves
+which member is at the other end, on top of the cluster secret's proof of
+membership (:mod:`nonstop.net.challenge`).  Dialing nodes verify the server
 certificate against the CA file (or the system store when none is given).
 
 A certificate without a CA file is a valid configuration only when the
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import ssl
 from dataclasses import dataclass
+from typing import Any
 
 TLS_REQUIRED = "TLSRequired"
 """Reject code: a plain-TCP client or node dialed a node that speaks TLS only."""
@@ -45,10 +49,27 @@ class TLSConfig:
     ca: str | None = None
     require_client_cert: bool = True
     check_hostname: bool = True
+    member_names: bool = False
+    """Node certificates must name the node they belong to (see the module doc)."""
 
     @property
     def enabled(self) -> bool:
         return self.cert is not None or self.ca is not None
+
+
+def certificate_names(peercert: Any) -> set[str]:
+    """The common names and DNS subject alternative names of a verified peer certificate."""
+    names: set[str] = set()
+    if not isinstance(peercert, dict):
+        return names
+    for rdn in peercert.get("subject", ()):
+        for key, value in rdn:
+            if key == "commonName":
+                names.add(str(value))
+    for kind, value in peercert.get("subjectAltName", ()):
+        if kind == "DNS":
+            names.add(str(value))
+    return names
 
 
 def server_context(cfg: TLSConfig) -> ssl.SSLContext:

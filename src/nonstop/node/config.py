@@ -35,7 +35,7 @@ from nonstop.runtime.limits import ConnectionLimits
 DEFAULT_CLUSTER = "nonstop"
 DEFAULT_MACHINE = "nonstop.node.machine:build_cluster_node"
 
-CLUSTER_KEYS = ("quorum", "raft", "snapshot_every")
+CLUSTER_KEYS = ("quorum", "raft", "snapshot_every", "max_log_entry_bytes")
 """Keys handed unchanged to :class:`nonstop.cluster.node.ClusterConfig` (via ``extra``)."""
 SERVICE_KEYS = (
     "lock_wait",
@@ -70,6 +70,10 @@ class TLSSection(Section):
     ca: str | None = Field(default=None, description="CA that peers and clients must be signed by")
     require_client_cert: bool = Field(default=True, description="with `ca`: mutual TLS")
     check_hostname: bool = Field(default=True, description="verify peers' host names")
+    member_names: bool = Field(
+        default=False,
+        description="with `ca`: a node's certificate must name it (CN or DNS SAN = node name)",
+    )
 
     @property
     def enabled(self) -> bool:
@@ -161,6 +165,27 @@ class DiscoverySection(Section):
 
     def runtime(self) -> DiscoveryConfig:
         return DiscoveryConfig(**self.model_dump())
+
+
+# -- authentication (sec-auth): a separate block to ease merges with other sections
+class AuthSection(Section):
+    """`[auth]`: who may connect (see Authentication; docs/security.md)."""
+
+    enabled: bool = Field(
+        default=True,
+        description="peers prove the cluster secret, clients a user's password; `false` "
+        "runs the node open to anyone who reaches its port (benchmarks only)",
+    )
+    secret_file: str | None = Field(
+        default=None,
+        description="file with the cluster secret (hex, mode 0600, the same on every node); "
+        "default `DATA/cluster.secret`, generated for a node that joins no one",
+    )
+    admin_file: str | None = Field(
+        default=None,
+        description="credentials file (JSON user/password, 0600) of the bootstrap admin; "
+        "default `DATA/admin.credentials.json`, generated on first start",
+    )
 
 
 class RaftSection(Section):
@@ -259,15 +284,27 @@ class HaSection(Section):
     retry: float = Field(
         default=0.5, gt=0, description="seconds before an unanswered table proposal is resent"
     )
+    data: Literal["nodes", "partitions"] = Field(
+        default="nodes",
+        description="how the data path routes: `nodes` (a reference names the node that "
+        "created it, unique lookups ask every node) or `partitions` (a reference names its "
+        'partition, served by the partition\'s active node; ha.md "Routing by partition"); '
+        "`partitions` needs every policy at `replicas = 0` until sync replication of data "
+        "is built",
+    )
 
     @_model_validator(mode="after")
     def _consistent(self) -> HaSection:
         from nonstop.ha.policies import DistributionError
 
         try:
-            self.distribution(resolve_mappers=False)
+            dist = self.distribution(resolve_mappers=False)
         except DistributionError as exc:
             raise ValueError(str(exc)) from None
+        if self.data == "partitions":
+            refusal = replicas_refusal(dist)
+            if refusal is not None:
+                raise ValueError(refusal)
         return self
 
     def distribution(
@@ -309,6 +346,34 @@ class AdminSection(Section):
     max_body: int = Field(
         default=65536, ge=1024, description="largest request body (bytes); larger is 413"
     )
+
+
+def replicas_refusal(distribution: Any) -> str | None:
+    """Why ``ha.data = "partitions"`` cannot run this distribution yet, or None.
+
+    Without sync replication of the data a failover would promote a node that has
+    none of the partition's objects: every policy must keep one copy (``replicas =
+    0``, static lists of one sync node) until replication is wired
+    (``dataplane/placement.SYNC_REPLICATION_OF_DATA``).
+    """
+    from nonstop.dataplane.placement import SYNC_REPLICATION_OF_DATA
+    from nonstop.ha.policies import STATIC
+
+    if SYNC_REPLICATION_OF_DATA:
+        return None
+    for name in sorted(distribution.policies):
+        policy = distribution.policies[name]
+        copies = (
+            max((len(part.nodes) for part in policy.static), default=1)
+            if policy.kind == STATIC
+            else 1 + policy.replicas + policy.async_replicas
+        )
+        if copies > 1:
+            return (
+                f"policy {name!r} keeps {copies} copies of a partition: sync replication "
+                "of data is not built yet; set replicas = 0 (ha.data = 'partitions')"
+            )
+    return None
 
 
 class MetricsSection(Section):
@@ -413,6 +478,7 @@ class NodeConfig(Section):
     admin: AdminSection = Field(
         default_factory=AdminSection, description="admin HTTP API and console, see below"
     )
+    auth: AuthSection = Field(default_factory=AuthSection, description="authentication, see below")
     discovery: DiscoverySection = Field(
         default_factory=DiscoverySection, description="UDP discovery, see below"
     )
@@ -427,6 +493,12 @@ class NodeConfig(Section):
     snapshot_every: int = Field(default=256, description="cluster-log entries between snapshots")
     ha: HaSection = Field(
         default_factory=HaSection, description="partitions and their policies, see below"
+    )
+    max_log_entry_bytes: int = Field(
+        default=1024 * 1024,
+        ge=1024,
+        description="largest cluster-log entry a proposal may add (packed bytes); "
+        "larger ones are refused with `TooLarge` naming the limit and the size",
     )
     # -- passed to the data service (ServiceConfig) when set
     lock_wait: float = Field(

@@ -84,11 +84,14 @@ def build_cluster_node(
     in the store's own commits, routed there through ``context.route_persists``
     (data-path.md section 5).
     """
+    from nonstop.security.users_table import UsersLogTable
+
     config = cluster_config(cfg, ident)
     make_cluster = ha_cluster_factory(cfg)
     if context is None or context.db is None:
-        node: Machine = make_cluster(config, rng, recovered)
-        return node
+        cluster = make_cluster(config, rng, recovered)
+        cluster.register_table(UsersLogTable(cluster))
+        return cluster
     from nonstop.dataplane.participant import (
         K_DTX,
         DtxPersister,
@@ -108,7 +111,9 @@ def build_cluster_node(
     context.route_persists(K_DTX, StoreWrites(DtxPersister(db)), label="dtx", distinct_keys=True)
     real = getattr(DtxConfig, "real", None)
     dtx_config = real() if real is not None else DtxConfig()
-    return DtxClusterNode(config, rm, rng, merged, dtx_config, cluster_factory=make_cluster)
+    machine = DtxClusterNode(config, rm, rng, merged, dtx_config, cluster_factory=make_cluster)
+    machine.cluster.register_table(UsersLogTable(machine.cluster))
+    return machine
 
 
 def ha_cluster_factory(cfg: NodeConfig) -> ClusterFactory:
@@ -146,6 +151,13 @@ def ha_cluster_factory(cfg: NodeConfig) -> ClusterFactory:
         HaClusterNode, layout=layout, promoter=promoter, lease=lease
     )
     return factory
+
+
+def users_table(machine: Any) -> Any:
+    """The machine's users table (``nonstop.security.users_table``), or None."""
+    cluster = getattr(machine, "cluster", machine)
+    tables = getattr(cluster, "tables", None)
+    return None if tables is None else tables.get("users")
 
 
 class StoreWrites:

@@ -30,14 +30,15 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from nonstop.errors import StoreError
+from nonstop.errors import SchemaError, StoreError
 from nonstop.net.handshake import ROLE_NODE, Hello
 from nonstop.net.tls import TLSSetupError
 from nonstop.node import log_format
+from nonstop.node.access import NodeAccess
 from nonstop.node.config import ConfigError, NodeConfig, split_join
 from nonstop.node.datadir import DataDir, Identity
-from nonstop.node.machine import NodeContext, resolve, takes_context
-from nonstop.node.router import NodeRouter
+from nonstop.node.machine import NodeContext, resolve, takes_context, users_table
+from nonstop.node.router import NodeRouter, OpPermissions
 from nonstop.runtime.real import (
     RealRuntime,
     RuntimeConfig,
@@ -354,6 +355,8 @@ async def auto_join(runtime: RealRuntime, cfg: NodeConfig) -> None:
                 rounds=1,
                 tls=cfg.tls.runtime(),
                 protocol=(cfg.protocol[0], cfg.protocol[1]),
+                # A joiner proves the cluster secret, like a member: `join` is not a user's.
+                credentials=runtime.transport.node_key,
             ) as client:
                 reply = await client.request(
                     {"op": "join", "name": cfg.name, "address": cfg.listen}
@@ -397,6 +400,7 @@ def make_runtime(
     )
     rng = new_rng()
     context = NodeContext(db=object_store)
+    access = NodeAccess.from_config(cfg)
 
     def machine_factory(recovered: dict[bytes, bytes]) -> Any:
         if not takes_context(factory):
@@ -416,8 +420,13 @@ def make_runtime(
             discovery=cfg.discovery.runtime(),
             connect_timeout=cfg.connect_timeout,
             limits=cfg.limits.runtime(),
+            guard=access.guard(lambda: users_table(runtime.machine)),
         ),
     )
+    if access.enabled:
+        runtime.permissions = OpPermissions(
+            runtime.name, access.roles_lookup(lambda: users_table(runtime.machine))
+        )
     context.route_persists = runtime.persists.route
     service = None
     if object_store is not None:
@@ -435,6 +444,8 @@ def attach_data_service(runtime: RealRuntime, db: Any, cfg: NodeConfig, context:
     names = {f.name for f in dataclasses.fields(ServiceConfig)}
     config = ServiceConfig(**{k: v for k, v in cfg.extra.items() if k in names})
     service = DataService(runtime, db, config)
+    if cfg.ha.data == "partitions":
+        route_by_partition(service, cfg)
 
     def feed(progress: list[Any]) -> None:
         # A message from the node to itself: delivered on the next loop turn,
@@ -444,6 +455,24 @@ def attach_data_service(runtime: RealRuntime, db: Any, cfg: NodeConfig, context:
     context.lookup_branch = service.lookup_branch
     context.feed = feed
     return service
+
+
+def route_by_partition(service: Any, cfg: NodeConfig) -> None:
+    """``ha.data = "partitions"``: the data plane routes by partition (ha.md "Routing by
+    partition").  Every managed type's binding is checked here, after the application
+    modules are loaded: one that could put one unique value in two partitions stops the
+    start with one line naming the type (``tx/unique_scope.py``)."""
+    from nonstop.dataplane.placement import BindingPlacement
+    from nonstop.ha.policies import DistributionError
+    from nonstop.model.managed import registered_types, type_info
+
+    try:
+        placement = BindingPlacement(cfg.ha.distribution(cfg.members or None))
+        placement.check_bindings(type_info(cls) for cls in registered_types().values())
+    except (DistributionError, SchemaError) as exc:
+        raise ConfigError(f"config key 'ha': {exc}") from None
+    service.machine.config.placement = placement
+    service.machine.config.acting = service.acting
 
 
 def run(cfg: NodeConfig) -> int:

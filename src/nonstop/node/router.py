@@ -10,6 +10,12 @@ messages whose ``t`` starts with ``data.`` go to the node's data service
 too); everything else goes on to the machine (the cluster layer and
 distributed commit).
 
+Before any of that, :class:`OpPermissions` checks every client request against
+the principal its connection proved (``runtime/clients.py``): ops only nodes
+send are refused to every user, the rest need a role that grants them
+(:mod:`nonstop.security.roles`); a refusal is logged with who, what and from
+where and answered ``NotAuthorized``.
+
 A node without an object store has no data service: its data ops are answered
 with ``Unavailable`` (a client fails over to a node that serves them) and its
 ``data.*`` messages are dropped with a log line, instead of reaching a machine
@@ -19,12 +25,15 @@ that does not know them.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from nonstop import errors
 from nonstop.dataplane.service import is_data_message, is_data_op
 from nonstop.model.wire import error_out
+from nonstop.net.auth import SCHEME_NODE, SCHEME_USER
 from nonstop.net.connection import Connection
+from nonstop.security.roles import NODE, allows, permission_of, roles_granting
 
 log = logging.getLogger("nonstop.node")
 
@@ -111,4 +120,47 @@ class NodeRouter:
         }
 
 
-__all__ = ["DataPlane", "NodeRouter"]
+class OpPermissions:
+    """Who may send which client op: the runtime's ``permissions`` (module doc).
+
+    ``roles_of(user)`` gives a user's roles as this node knows them now (the
+    bootstrap admin, then the users table): a role change or a removed user
+    takes effect on the next request, not only on the next connection.
+    """
+
+    def __init__(self, node: str, roles_of: Callable[[str], list[str] | None]) -> None:
+        self.node = node
+        self.roles_of = roles_of
+        self.refused = 0
+
+    def __call__(self, conn: Connection, payload: Any) -> dict[str, Any] | None:
+        principal = conn.principal
+        if principal.kind == SCHEME_NODE or principal.kind == "open":
+            return None  # a member (the cluster secret), or a node that authenticates no one
+        op = payload.get("op") if isinstance(payload, dict) else None
+        needed = permission_of(op)
+        roles = (self.roles_of(principal.name) or []) if principal.kind == SCHEME_USER else []
+        if needed != NODE and allows(roles, needed):
+            return None
+        self.refused += 1
+        if needed == NODE:
+            why = "only nodes of the cluster send it, whatever the user's roles"
+        else:
+            granting = ", ".join(roles_granting(needed))
+            why = f"it needs permission {needed!r}, granted by roles {granting}"
+        log.warning(
+            "refused %r from user %r (roles %s) at %s: %s",
+            op,
+            principal.name,
+            ",".join(roles) or "none",
+            conn.remote,
+            why,
+        )
+        error = errors.NotAuthorized(
+            f"user {principal.name!r} (roles {', '.join(roles) or 'none'}) may not run "
+            f"{op!r} on node {self.node}: {why}"
+        )
+        return error_out(error)
+
+
+__all__ = ["DataPlane", "NodeRouter", "OpPermissions"]

@@ -1,8 +1,11 @@
 """Client connections of the real runtime: who answers each request.
 
 A client connection (after its handshake, ``docs/design/wire.md``) carries
-``{"t": "req", "id": n, "p": payload}`` frames.  Each request goes to the
-first of these that takes it:
+``{"t": "req", "id": n, "p": payload}`` frames.  Every request is first checked
+against what the connection's principal (the user or node it proved to be,
+``Connection.principal``) may do: the host's ``authorize`` answers a refusal
+(``NotAuthorized``) that is sent instead.  Then it goes to the first of these
+that takes it:
 
 1. the runtime itself: ``ping`` and ``runtime_stats``, answered even when the
    machine is stuck;
@@ -55,6 +58,10 @@ class ClientHost(Protocol):
         """The ``runtime_stats`` reply."""
         ...
 
+    def authorize(self, conn: Connection, payload: Any) -> Any:
+        """None when ``conn``'s principal may send ``payload``, else the error reply."""
+        ...
+
 
 class ClientServer:
     """Serves client connections for a :class:`ClientHost` (module doc)."""
@@ -87,6 +94,10 @@ class ClientServer:
                         return
                     client_id = value.get("id")
                     payload = value.get("p")
+                    refused = host.authorize(conn, payload)
+                    if refused is not None:
+                        conn.send({"t": "rep", "id": client_id, "p": refused})
+                        continue
                     local = self._local_request(payload)
                     if local is not None:
                         conn.send({"t": "rep", "id": client_id, "p": local})

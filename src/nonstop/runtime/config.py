@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from nonstop.net.challenge import Guard
 from nonstop.net.discovery import DiscoveryConfig
 from nonstop.net.frames import DEFAULT_MAX_FRAME
 from nonstop.net.tls import TLSConfig
@@ -28,6 +29,10 @@ class RuntimeConfig:
     redial_max: float = 1.0
     startup_grace: float = 10.0
     """A DuplicateName/WrongCluster refusal this soon after start stops the node."""
+    guard: Guard | None = None
+    """Authentication (``net.challenge``): peers prove the cluster secret, clients a user's
+    password, before anything they say counts.  None: nobody proves anything (tests of
+    the transport alone, and ``[auth] enabled = false``)."""
 
     @property
     def handshake_timeout(self) -> float:

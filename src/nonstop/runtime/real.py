@@ -177,6 +177,9 @@ class RealRuntime:
             Log: self._do_log,
             Reconnect: self._do_reconnect,
         }
+        self.permissions: Callable[[Connection, Any], Any] | None = None
+        """Who may send which client request (the node's composition sets it,
+        ``nonstop.node.router``): returns None or the error reply; None: everyone may."""
         self.identity_error: HandshakeRejected | None = None
         self.on_identity_error: Callable[[HandshakeRejected], None] | None = None
 
@@ -345,6 +348,11 @@ class RealRuntime:
 
     def request_machine(self, request_id: int, payload: Any) -> None:
         self._dispatch(ClientRequest(now=self.now(), request_id=request_id, payload=payload))
+
+    def authorize(self, conn: Connection, payload: Any) -> Any:
+        """None when the connection may send ``payload``; else the error reply to send."""
+        check = self.permissions
+        return None if check is None else check(conn, payload)
 
     def runtime_stats(self) -> dict[str, Any]:
         """The ``runtime_stats`` reply: counters, connections, and the router's extras."""

@@ -9,9 +9,13 @@
   (static), a peer's hello, a dialed address's answer, peers' address books
   or UDP announcements; a higher source wins (C2: static beats dynamic).
   Every connected peer is told the addresses we know (peer-assisted discovery).
+* Authentication (``config.guard``, :mod:`nonstop.net.challenge`): a peer is a
+  member only once it proved the cluster secret, on both directions of a link;
+  a client connection carries the principal it proved (a user, or a node asking
+  to join).  A connection refused before its proof changes nothing here.
 * Identity checks: a second live process claiming a name we talk to is
-  refused; a refusal because of a peer's identity or protocol range is handed
-  to the host so the failure detector can classify the peer (C3).
+  refused; a refusal because of a proven peer's identity or protocol range is
+  handed to the host so the failure detector can classify the peer (C3).
 
 The transport knows nothing of machines: it tells its :class:`TransportHost`
 (the runtime) what it sees, and hands it the handshake'd client connections.
@@ -30,6 +34,7 @@ from typing import Any, Protocol
 from nonstop.errors import ProtocolError
 from nonstop.net import handshake
 from nonstop.net.address import split_address
+from nonstop.net.auth import NodeKey
 from nonstop.net.connection import Connection, HandshakeRejected, accept, dial
 from nonstop.net.discovery import Discovery
 from nonstop.net.frames import FrameError
@@ -37,6 +42,7 @@ from nonstop.net.handshake import Hello
 from nonstop.net.tls import (
     TLS_NOT_ENABLED,
     TLSSetupError,
+    certificate_names,
     client_context,
     looks_like_tls,
     server_context,
@@ -139,6 +145,7 @@ class PeerLink:
                     ssl_context=tr.client_ssl,
                     timeout=tr.config.connect_timeout,
                     max_frame=tr.config.max_frame,
+                    credential=tr.node_key,
                 )
             except HandshakeRejected as exc:
                 tr.on_rejected(self, exc)
@@ -162,6 +169,15 @@ class PeerLink:
                 continue
             assert conn.peer is not None
             self.first_attempt.set()
+            wrong = tr.certificate_mismatch(conn, conn.peer.name)
+            if wrong is not None:
+                if self.refused != "certificate":
+                    log.error("peer at %s refused: %s", self.address, wrong)
+                self.refused = "certificate"
+                conn.close()
+                await self._sleep(max(delay, 1.0))
+                delay = min(delay * 2, tr.config.redial_max)
+                continue
             if not tr.on_link_up(self, conn):
                 conn.close()
                 return
@@ -211,6 +227,9 @@ class Transport:
         if config.tls.enabled:
             self.server_ssl = server_context(config.tls)
             self.client_ssl = client_context(config.tls)
+        self.guard = config.guard
+        self.node_key = None if config.guard is None else NodeKey(config.guard.secret)
+        """What this node proves when it dials a peer (the cluster secret)."""
         self.peers: dict[str, Hello] = {}
         """The last hello seen from each peer name (address, pid, ...)."""
         self.addresses: dict[str, tuple[str, int]] = {}
@@ -457,10 +476,17 @@ class Transport:
         try:
             try:
                 peer = await accept(
-                    conn, self.hello, self.config.limits.handshake_timeout, self._check_accept
+                    conn,
+                    self.hello,
+                    self.config.limits.handshake_timeout,
+                    lambda hello: self._check_accept(hello) or self._check_certificate(conn, hello),
+                    guard=self.guard,
                 )
             except HandshakeRejected as exc:
                 log.warning("rejected connection from %s: %s", conn.remote, exc)
+                self.stats[f"refused_{exc.code}"] += 1
+                # exc.peer is None when the refusal came before the proof: only a
+                # proven member's identity or protocol range may classify it (C3).
                 refused_peer = exc.peer
                 if (
                     refused_peer is not None
@@ -484,6 +510,8 @@ class Transport:
             if peer.role == handshake.ROLE_CLIENT:
                 bounds.handshaken(conn, CLIENT)
                 await self.host.serve_client(conn)
+            elif self.guard is not None and conn.principal.kind != "node":
+                log.warning("closing %s: a node link from a non-member", conn.remote)
             else:
                 bounds.handshaken(conn, PEER)
                 await self._serve_peer(conn, peer)
@@ -545,6 +573,25 @@ class Transport:
                 f"{self.addresses.get(peer.name, ('?',))[0]}",
             )
         return None
+
+    def certificate_mismatch(self, conn: Connection, name: str) -> str | None:
+        """With ``tls.member_names``: why ``conn``'s certificate does not name node ``name``."""
+        if not (self.config.tls.member_names and self.config.tls.enabled):
+            return None
+        names = certificate_names(conn.writer.get_extra_info("peercert"))
+        if name in names:
+            return None
+        return (
+            f"node {name!r} presented a certificate for {', '.join(sorted(names)) or 'no name'}"
+            " (tls.member_names: a node's certificate must name it)"
+        )
+
+    def _check_certificate(self, conn: Connection, peer: Hello) -> handshake.Rejection | None:
+        """A node whose certificate names another node is refused (``tls.member_names``)."""
+        if peer.role != handshake.ROLE_NODE and peer.auth != "node":
+            return None
+        wrong = self.certificate_mismatch(conn, peer.name)
+        return None if wrong is None else handshake.Rejection(handshake.WRONG_CERTIFICATE, wrong)
 
     async def _serve_peer(self, conn: Connection, peer: Hello) -> None:
         self.peers[peer.name] = peer

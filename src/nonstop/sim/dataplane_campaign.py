@@ -4,6 +4,8 @@
     python -m nonstop.sim.dataplane_campaign --seeds 500 --start 7000 # seeds 7000..7499
     python -m nonstop.sim.dataplane_campaign --seed 1234 --verbose    # replay one seed, explain it
     python -m nonstop.sim.dataplane_campaign --seeds 50 --mutant ack-on-votes
+    python -m nonstop.sim.dataplane_campaign --seeds 300 --partitions   # routing by partition
+    python -m nonstop.sim.dataplane_campaign --seeds 50 --partitions --mutant ack-without-acting
 
 Every failing seed is printed with the one-line command that replays it; the
 exit status is 1 if any seed failed.  ``--mutant`` runs a deliberately broken
@@ -17,8 +19,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
 from nonstop.sim.runner import Campaign, SeedOutcome, campaign_main, raised, run_many
-from nonstop.sim.scenarios.dataplane import ScenarioConfig, run_seed
-from nonstop.sim.scenarios.dataplane_mutants import MUTANTS
+from nonstop.sim.scenarios.dataplane import ScenarioConfig, partitioned_config, run_seed
+from nonstop.sim.scenarios.dataplane_mutants import MUTANTS, PARTITION_MUTANTS
 
 MODULE = "nonstop.sim.dataplane_campaign"
 COUNTERS = ("transfers", "acked", "failed", "unknown", "audits", "cpu_us")
@@ -26,21 +28,28 @@ COUNTERS = ("transfers", "acked", "failed", "unknown", "audits", "cpu_us")
 the CPU it took (microseconds)."""
 
 
-def config_for(mutant: str | None) -> ScenarioConfig | None:
+def config_for(mutant: str | None, partitions: bool = False) -> ScenarioConfig | None:
+    """The scenario's configuration: routed by node (default) or by partition, maybe broken."""
+    if partitions:
+        base = partitioned_config()
+        if mutant is None:
+            return base
+        return replace(base, node_class={**MUTANTS, **PARTITION_MUTANTS}[mutant])
     if mutant is None:
         return None
     return replace(ScenarioConfig(), node_class=MUTANTS[mutant])
 
 
-def replay_command(seed: int, mutant: str | None = None) -> str:
+def replay_command(seed: int, mutant: str | None = None, partitions: bool = False) -> str:
     extra = f" --mutant {mutant}" if mutant else ""
+    extra += " --partitions" if partitions else ""
     return f"python -m {MODULE} --seed {seed}{extra} --verbose"
 
 
-def run_one(seed: int, mutant: str | None = None) -> SeedOutcome:
+def run_one(seed: int, mutant: str | None = None, partitions: bool = False) -> SeedOutcome:
     """One seed; an exception in the code under test is that seed's failure."""
     try:
-        result, _ = run_seed(seed, config_for(mutant))
+        result, _ = run_seed(seed, config_for(mutant, partitions))
     except Exception as exc:
         return raised(seed, exc)
     s = {**result.stats, "cpu_us": int(result.stats["cpu_time"] * 1e6)}
@@ -56,13 +65,14 @@ def run_one(seed: int, mutant: str | None = None) -> SeedOutcome:
     )
 
 
-def _run_args(args: tuple[int, str | None]) -> SeedOutcome:
+def _run_args(args: tuple[int, str | None, bool]) -> SeedOutcome:
     return run_one(*args)
 
 
-def failure_text(outcome: SeedOutcome, mutant: str | None = None) -> str:
+def failure_text(outcome: SeedOutcome, mutant: str | None = None, partitions: bool = False) -> str:
     first = outcome.violations[0] if outcome.violations else "?"
-    return f"FAIL seed {outcome.seed}: {first}\n  replay: {replay_command(outcome.seed, mutant)}"
+    replay = replay_command(outcome.seed, mutant, partitions)
+    return f"FAIL seed {outcome.seed}: {first}\n  replay: {replay}"
 
 
 def run_campaign(
@@ -71,12 +81,13 @@ def run_campaign(
     mutant: str | None = None,
     jobs: int | None = None,
     progress: bool = False,
+    partitions: bool = False,
 ) -> list[SeedOutcome]:
     """Run ``seeds`` on ``jobs`` processes (default: every core); outcomes sorted by seed."""
     return run_many(
         _run_args,
-        [(s, mutant) for s in seeds],
-        failure_text=lambda outcome: failure_text(outcome, mutant),
+        [(s, mutant, partitions) for s in seeds],
+        failure_text=lambda outcome: failure_text(outcome, mutant, partitions),
         jobs=jobs,
         progress=progress,
         chunksize=8,
@@ -105,9 +116,11 @@ def report(outcomes: list[SeedOutcome]) -> list[str]:
     return lines
 
 
-def explain(seed: int, mutant: str | None = None, *, full_trace: bool = False) -> bool:
+def explain(
+    seed: int, mutant: str | None = None, *, full_trace: bool = False, partitions: bool = False
+) -> bool:
     """Replay one seed and print its shape, faults, client requests, replies and verdict."""
-    result, sim = run_seed(seed, config_for(mutant), trace=True)
+    result, sim = run_seed(seed, config_for(mutant, partitions), trace=True)
     s = result.stats
     print(
         f"seed {seed}: nodes {', '.join(result.nodes)}; {s['clients']} clients; "
@@ -130,18 +143,28 @@ def explain(seed: int, mutant: str | None = None, *, full_trace: bool = False) -
 def main(argv: Sequence[str] | None = None) -> int:
     def options(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
-            "--mutant", choices=sorted(MUTANTS), help="run a deliberately broken node (must fail)"
+            "--mutant",
+            choices=sorted({*MUTANTS, *PARTITION_MUTANTS}),
+            help="run a deliberately broken node (must fail)",
+        )
+        parser.add_argument(
+            "--partitions",
+            action="store_true",
+            help="route by partition (HA cluster nodes, replicas = 0; dataplane_partitions)",
         )
 
     def configure(args: argparse.Namespace) -> Campaign:
         mutant: str | None = args.mutant
+        parts: bool = args.partitions
         return Campaign(
-            run_one=lambda seed: run_one(seed, mutant),
+            run_one=lambda seed: run_one(seed, mutant, parts),
             run_all=lambda seeds, jobs: run_campaign(
-                seeds, mutant=mutant, jobs=jobs, progress=True
+                seeds, mutant=mutant, jobs=jobs, progress=True, partitions=parts
             ),
-            explain=lambda seed, full_trace: explain(seed, mutant, full_trace=full_trace),
-            failure_text=lambda outcome: failure_text(outcome, mutant),
+            explain=lambda seed, full_trace: explain(
+                seed, mutant, full_trace=full_trace, partitions=parts
+            ),
+            failure_text=lambda outcome: failure_text(outcome, mutant, parts),
             report=report,
         )
 

@@ -86,6 +86,8 @@ class Options:
     stream: str | None = None
     cluster_id: str = ""
     nodes: list[str] = field(default_factory=list)
+    credentials: str | None = None
+    """A credentials file every Spark worker can read (default: ``$NONSTOP_CREDENTIALS``)."""
 
     @classmethod
     def parse(cls, options: Any) -> Options:
@@ -119,6 +121,7 @@ class Options:
             stream=opts.get("stream") or None,
             cluster_id=opts.get("clusterid", ""),
             nodes=_csv(opts.get("nodes")),
+            credentials=opts.get("credentials") or None,
         )
 
 

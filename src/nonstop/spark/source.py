@@ -94,7 +94,9 @@ def _up_nodes(opts: Options, only: list[str] | None = None) -> list[dict[str, An
     A read that skipped a down node would silently miss its objects, and a write
     must send each key to its home among *all* nodes, so both need every node.
     """
-    nodes = _members(opts, cluster_nodes(opts.cluster, cluster=opts.cluster_id))
+    nodes = _members(
+        opts, cluster_nodes(opts.cluster, cluster=opts.cluster_id, credentials=opts.credentials)
+    )
     if only:
         missing = set(only) - {n["name"] for n in nodes}
         if missing:
@@ -119,7 +121,9 @@ def _members(opts: Options, nodes: list[dict[str, Any]]) -> list[dict[str, Any]]
         if not node.get("up", True):
             continue
         try:
-            with BulkClient(node["address"], cluster=opts.cluster_id, timeout=10) as c:
+            with BulkClient(
+                node["address"], cluster=opts.cluster_id, credentials=opts.credentials, timeout=10
+            ) as c:
                 members = c.call("status").get("members")
         except Error:
             continue
@@ -130,12 +134,14 @@ def _members(opts: Options, nodes: list[dict[str, Any]]) -> list[dict[str, Any]]
 
 
 def _type_schema(opts: Options) -> dict[str, Any]:
-    nodes = _members(opts, cluster_nodes(opts.cluster, cluster=opts.cluster_id))
+    nodes = _members(
+        opts, cluster_nodes(opts.cluster, cluster=opts.cluster_id, credentials=opts.credentials)
+    )
     up = [n for n in nodes if n.get("up", True)]
     if not up:
         raise Unavailable(f"no node of the cluster at {opts.cluster} is up")
     node = up[0]
-    with BulkClient(node["address"], cluster=opts.cluster_id) as c:
+    with BulkClient(node["address"], cluster=opts.cluster_id, credentials=opts.credentials) as c:
         return c.call("bulk.schema", type=opts.type)  # type: ignore[no-any-return]
 
 
@@ -226,7 +232,9 @@ class NonstopReader(DataSourceReader):
         parts = []
         # Option `nodes`: read only what those nodes hold (an audit of one copy).
         for node in _up_nodes(self.opts, self.opts.nodes):
-            with BulkClient(node["address"], cluster=self.opts.cluster_id) as c:
+            with BulkClient(
+                node["address"], cluster=self.opts.cluster_id, credentials=self.opts.credentials
+            ) as c:
                 plan = c.call(
                     "bulk.plan", type=self.opts.type, tv=self.version, splits=self.opts.splits
                 )
@@ -236,7 +244,9 @@ class NonstopReader(DataSourceReader):
 
     def read(self, partition: NodeRange) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
         after = None
-        with BulkClient(partition.address, cluster=self.opts.cluster_id) as c:
+        with BulkClient(
+            partition.address, cluster=self.opts.cluster_id, credentials=self.opts.credentials
+        ) as c:
             while True:
                 reply = c.call(
                     "bulk.scan",
@@ -304,7 +314,7 @@ class _Router:
         c = self.clients.get(node["name"])
         if c is None:
             c = self.clients[node["name"]] = BulkClient(
-                node["address"], cluster=self.opts.cluster_id
+                node["address"], cluster=self.opts.cluster_id, credentials=self.opts.credentials
             )
         return c
 
@@ -362,7 +372,9 @@ class NonstopWriter(DataSourceArrowWriter):
         self.job = secrets.token_hex(8)
         if overwrite:
             for node in self.nodes:
-                with BulkClient(node["address"], cluster=opts.cluster_id) as c:
+                with BulkClient(
+                    node["address"], cluster=opts.cluster_id, credentials=opts.credentials
+                ) as c:
                     c.call("bulk.overwrite.begin", type=opts.type, tv=self.version, job=self.job)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteStats:
@@ -415,11 +427,15 @@ class NonstopWriter(DataSourceArrowWriter):
                 )
                 return
             for node in self.nodes:  # standalone bulk endpoints: one swap each
-                with BulkClient(node["address"], cluster=self.opts.cluster_id) as c:
+                with BulkClient(
+                    node["address"], cluster=self.opts.cluster_id, credentials=self.opts.credentials
+                ) as c:
                     c.call("bulk.overwrite.commit", type=self.opts.type, job=self.job, parts=parts)
             return
         for node in self.nodes:
-            with BulkClient(node["address"], cluster=self.opts.cluster_id) as c:
+            with BulkClient(
+                node["address"], cluster=self.opts.cluster_id, credentials=self.opts.credentials
+            ) as c:
                 c.call("bulk.forget", prefix=f"{self.job}/")
 
     def _swap_everywhere(self, parts: list[str], timeout: float) -> None:
@@ -434,7 +450,9 @@ class NonstopWriter(DataSourceArrowWriter):
         for attempt in range(COMMIT_RETRIES):
             req = [f"spark-overwrite-{self.job}", attempt]
             try:
-                with BulkClient(address, cluster=cid, timeout=timeout) as c:
+                with BulkClient(
+                    address, cluster=cid, timeout=timeout, credentials=self.opts.credentials
+                ) as c:
                     sid = c.call("tx.begin")["s"]
                     c.call("tx.overwrite", s=sid, **args)
                     try:  # (closing the connection rolls an unfinished session back)
@@ -443,7 +461,7 @@ class NonstopWriter(DataSourceArrowWriter):
                         # Undecided, or the reply was lost: the commit may still have
                         # happened; aborting the job then would be wrong.  Ask (H1).
                         wait = OUTCOME_WAIT + timeout - SWAP_TIMEOUT
-                        if commit_outcome(address, cid, req, wait):
+                        if commit_outcome(address, cid, req, wait, self.opts.credentials):
                             return
                         raise
                 return
@@ -464,7 +482,12 @@ class NonstopWriter(DataSourceArrowWriter):
     def _all_up(self) -> bool:
         try:
             nodes = _members(
-                self.opts, cluster_nodes(self.opts.cluster, cluster=self.opts.cluster_id)
+                self.opts,
+                cluster_nodes(
+                    self.opts.cluster,
+                    cluster=self.opts.cluster_id,
+                    credentials=self.opts.credentials,
+                ),
             )
         except Unavailable:
             return False
@@ -473,7 +496,9 @@ class NonstopWriter(DataSourceArrowWriter):
     def abort(self, messages: list[WriteStats | None]) -> None:  # type: ignore[override]
         for node in self.nodes:
             try:
-                with BulkClient(node["address"], cluster=self.opts.cluster_id) as c:
+                with BulkClient(
+                    node["address"], cluster=self.opts.cluster_id, credentials=self.opts.credentials
+                ) as c:
                     if self.overwrite:
                         c.call("bulk.overwrite.abort", job=self.job)
                     else:
@@ -483,7 +508,11 @@ class NonstopWriter(DataSourceArrowWriter):
 
 
 def commit_outcome(
-    address: str, cluster_id: str, req: list[Any], wait: float = OUTCOME_WAIT
+    address: str,
+    cluster_id: str,
+    req: list[Any],
+    wait: float = OUTCOME_WAIT,
+    credentials: str | None = None,
 ) -> bool:
     """Whether the commit of request ``req`` on the node at ``address`` committed
     (``request.result``); waits while it is undecided.  Unavailable when the node
@@ -492,7 +521,7 @@ def commit_outcome(
     last: Any = None
     while time.monotonic() < deadline:
         try:
-            with BulkClient(address, cluster=cluster_id, timeout=10) as c:
+            with BulkClient(address, cluster=cluster_id, timeout=10, credentials=credentials) as c:
                 last = c.call("request.result", req=req)
         except Unavailable as exc:
             last = exc
@@ -556,7 +585,9 @@ class NonstopStreamWriter(DataSourceStreamArrowWriter):
 
     def commit(self, messages: list[WriteStats | None], batchId: int) -> None:  # type: ignore[override]
         for node in self.nodes:
-            with BulkClient(node["address"], cluster=self.opts.cluster_id) as c:
+            with BulkClient(
+                node["address"], cluster=self.opts.cluster_id, credentials=self.opts.credentials
+            ) as c:
                 c.call("bulk.stream.commit", stream=self.stream, batch=batchId)
                 c.call("bulk.forget", prefix=f"s:{self.stream}/{batchId}/")
 

@@ -36,6 +36,7 @@ rebuilt from its disk equals its memory (durability).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import random
 import time
@@ -65,6 +66,7 @@ from nonstop.sim.scenario_base import (
 )
 from nonstop.sim.scenarios.dataplane_crashes import STEPS, CrashAtStep
 from nonstop.sim.scenarios.dataplane_node import CLOSE, SimDataNode
+from nonstop.sim.scenarios.dataplane_partitions import PartitionRouting
 from nonstop.sim.scenarios.dataplane_store import (
     ACCOUNT,
     K_OBJ,
@@ -76,9 +78,13 @@ from nonstop.sim.scenarios.dataplane_store import (
 INITIAL = 100
 TYPE_VERSION = 1
 
-DEFINITE_ABORTS = frozenset({"Aborted", "Conflict", "LockTimeout", "Deadlock", "BranchRolledBack"})
+DEFINITE_ABORTS = frozenset(
+    {"Aborted", "Conflict", "LockTimeout", "Deadlock", "BranchRolledBack", "NotActive"}
+)
 """Commit errors after which the transaction is known rolled back (data-path.md §5)."""
-RETRYABLE = frozenset({"Conflict", "LockTimeout", "Deadlock", "BranchRolledBack", "Unavailable"})
+RETRYABLE = frozenset(
+    {"Conflict", "LockTimeout", "Deadlock", "BranchRolledBack", "Unavailable", "NotActive"}
+)
 
 
 @dataclass(slots=True)
@@ -119,6 +125,24 @@ class ScenarioConfig(CommonConfig):
     """Tests plug broken variants in here (the mutation check)."""
     digest: bool = False
     """Keep the full trace digest (determinism tests); campaigns leave it off for speed."""
+    partitions: bool = False
+    """Route by partition (``ha.data = "partitions"``): every node runs the HA cluster
+    node, two partitions per node with one copy each (replicas = 0), accounts and
+    transfers placed by the hash of their unique key (:mod:`.dataplane_partitions`)."""
+
+
+def partitioned_config(**overrides: Any) -> ScenarioConfig:
+    """The partitioned variant (``partitions=True``): clients start once the partition table
+    is defined, enabled and acted for on every node (about 1 s: entries through the log,
+    then the leases), and the faults and the heal move by as much."""
+    settings: dict[str, Any] = {
+        "partitions": True,
+        "client_start": 1.2,
+        "fault_start": 1.4,
+        "heal_at": 3.6,
+        **overrides,
+    }
+    return ScenarioConfig(**settings)
 
 
 def sim_dataplane_config() -> DataPlaneConfig:
@@ -622,7 +646,14 @@ def run_seed(
     home = {number: names[number % n] for number in numbers}
     total = INITIAL * len(numbers)
     dp_config = cfg.dataplane if cfg.dataplane is not None else sim_dataplane_config()
-    _add_nodes(sim, rng, names, home, cfg, dp_config)
+    routing: PartitionRouting | None = None
+    if cfg.partitions:
+        routing = PartitionRouting(names)
+        home = {number: routing.node_of_account(number) for number in numbers}
+        dp_config = dataclasses.replace(dp_config, placement=routing.placement)
+    _add_nodes(sim, rng, names, home, cfg, dp_config, routing)
+    if routing is not None:
+        sim.observers.append(routing.ack_observer(lambda i, d: checker.fail(sim, i, d)))
     faults = install_faults(world, names, cfg)
     # The data path sends each RPC once (over TCP, a lost message is a broken
     # connection: Unavailable, and the client retries).  So after the heal the
@@ -842,6 +873,7 @@ def _add_nodes(
     home: dict[int, NodeId],
     cfg: ScenarioConfig,
     dp_config: Any,
+    routing: PartitionRouting | None = None,
 ) -> None:
     raft = RaftConfig(election_timeout=rng.choice([0.3, 0.5]), heartbeat_interval=0.05)
     detector = DetectorConfig(keepalive_interval=0.1, non_response_timeout=0.4)
@@ -862,6 +894,9 @@ def _add_nodes(
         def factory(
             node_rng: random.Random, recovered: Any, node_cfg: ClusterConfig = node_cfg
         ) -> SimDataNode:
+            extra: dict[str, Any] = {}
+            if routing is not None:
+                extra["cluster_factory"] = routing.cluster_factory
             return cfg.node_class(
                 node_cfg,
                 node_rng,
@@ -869,6 +904,7 @@ def _add_nodes(
                 dtx_config=cfg.dtx,
                 dataplane_config=dp_config,
                 store_config=cfg.store,
+                **extra,
             )
 
         node = sim.add_node(name, factory, start=False)
@@ -877,6 +913,8 @@ def _add_nodes(
         for number, where in sorted(home.items()):
             if where == name:
                 ref = Ref.make(location, timestamp, number).raw
+                if routing is not None:
+                    ref = routing.account_ref(number)
                 state = {"number": number, "balance": INITIAL, "log": []}
                 node.disk.durable[K_OBJ + ref] = codec.pack([ACCOUNT, 1, state])
         sim.start(name)
@@ -899,4 +937,4 @@ def _busy(sim: Simulation, names: list[NodeId]) -> str | None:
     return None
 
 
-__all__ = ["DataPlaneResult", "ScenarioConfig", "Violation", "run_seed"]
+__all__ = ["DataPlaneResult", "ScenarioConfig", "Violation", "partitioned_config", "run_seed"]

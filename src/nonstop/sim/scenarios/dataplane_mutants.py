@@ -12,6 +12,7 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
+from nonstop import errors
 from nonstop.cluster.node import ClusterConfig
 from nonstop.dataplane.branches import BranchRegistry
 from nonstop.dataplane.events import ClusterChanged, Decide, DecisionDone
@@ -139,6 +140,23 @@ class KeepOrphanBranches(_Swapped):
     dataplane_part = _KeepOrphansPlane
 
 
+class _UnfencedPlane(DataPlane):
+    def not_active(self, fence: dict[str, int]) -> errors.NotActive | None:
+        return None
+
+
+class AckWithoutActing(_Swapped):
+    """Routing by partition: a node runs and acknowledges branch ops (and votes) for a
+    partition whatever it acts for -- at a stale epoch, or after its lease ran out.  The
+    partitioned scenario's ack-acting check catches it
+    (:mod:`.dataplane_partitions`)."""
+
+    dataplane_part = _UnfencedPlane
+
+
+PARTITION_MUTANTS: dict[str, type[SimDataNode]] = {"ack-without-acting": AckWithoutActing}
+"""Mutants of routing by partition: run with ``dataplane.partitioned_config()``."""
+
 MUTANTS: dict[str, type[SimDataNode]] = {
     "ack-before-apply": AckBeforeApply,
     "ack-before-decision": AckBeforeDecision,
@@ -150,9 +168,11 @@ MUTANTS: dict[str, type[SimDataNode]] = {
 
 __all__ = [
     "MUTANTS",
+    "PARTITION_MUTANTS",
     "AckBeforeApply",
     "AckBeforeDecision",
     "AckOnVotes",
+    "AckWithoutActing",
     "CommitWithoutQuorum",
     "KeepOrphanBranches",
 ]

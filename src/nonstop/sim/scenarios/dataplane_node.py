@@ -42,6 +42,7 @@ Routing:
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -63,8 +64,10 @@ from nonstop.dataplane.events import (
     ReadWaits,
 )
 from nonstop.dataplane.machine import DataPlane
+from nonstop.dataplane.service import partition_views
 from nonstop.dtx.clustered import DtxClusterNode
 from nonstop.dtx.protocol import RM, DtxConfig, DtxNode
+from nonstop.ha.cluster_node import HaClusterNode
 from nonstop.runtime.interface import (
     Action,
     CancelTimer,
@@ -87,7 +90,7 @@ DECIDE_NOTE = "dp.decide"
 CLOSE = "conn.close"
 """A simulated client closing its connection: ``{"conn": c, "op": "conn.close"}``."""
 
-_CLUSTER_KINDS = frozenset({"node_state", "quorum", "view"})
+_CLUSTER_KINDS = frozenset({"node_state", "quorum", "view", "pt.changed", "pt.acting"})
 
 
 class SimDataNode:
@@ -104,6 +107,7 @@ class SimDataNode:
         store_config: StoreConfig | None = None,
         dataplane_class: Callable[..., DataPlane] = DataPlane,
         dtx_class: type[DtxNode] = DtxNode,
+        cluster_factory: Callable[..., Any] | None = None,
     ) -> None:
         self.name = cluster_config.name
         self.everyone = tuple(
@@ -117,9 +121,28 @@ class SimDataNode:
             recovered,
             store_config,
         )
-        self.node = DtxClusterNode(
-            cluster_config, self.store.rm, rng, recovered, dtx_config, dtx_class
-        )
+        if cluster_factory is None:
+            self.node = DtxClusterNode(
+                cluster_config, self.store.rm, rng, recovered, dtx_config, dtx_class
+            )
+        else:  # the HA cluster node (routing by partition): as the real node builds it
+            self.node = DtxClusterNode(
+                cluster_config,
+                self.store.rm,
+                rng,
+                recovered,
+                dtx_config,
+                dtx_class,
+                cluster_factory=cluster_factory,
+            )
+        ha = self.node.cluster
+        if (
+            isinstance(ha, HaClusterNode)
+            and dataplane_config is not None
+            and dataplane_config.placement is not None
+        ):
+            # This node's own answer of "do I act for P now" (ha.md §8).
+            dataplane_config = dataclasses.replace(dataplane_config, acting=ha.acting)
         self.dataplane = dataplane_class(
             self.name, random.Random(rng.getrandbits(64)), dataplane_config
         )
@@ -132,6 +155,9 @@ class SimDataNode:
         self._next_internal = 0
         self._cluster_dirty = False
         self._last_view: tuple[Any, ...] | None = None
+        self.acting_at_start: dict[str, tuple[bool, int]] = {}
+        """Routing by partition: ``acting(now, P)`` and P's epoch at the start of the step
+        being handled."""
         self.lost_peers: set[str] = set()
         """Peers the data plane was told went down since an observer last cleared this
         (the scenario checks their branches are gone: data-path.md §7)."""
@@ -141,6 +167,16 @@ class SimDataNode:
     def handle(self, event: Event) -> list[Action]:
         now = self.now = event.now
         self._out = []
+        # The store's answers in this step happen now (a commit's phase two reaching
+        # the store through the dtx machine releases locks and answers waiting ops).
+        self.store.now = now
+        ha = self.node.cluster
+        if isinstance(ha, HaClusterNode) and self.dataplane.config.placement is not None:
+            # What it acted for before this step changed anything (the ack-acting check).
+            self.acting_at_start = {
+                p: (ha.acting(now, p), part.epoch)
+                for p, part in ha.partition_table.partitions.items()
+            }
         if isinstance(event, Started):
             self._queue.append((False, event))
             self._queue.append((True, event))
@@ -271,13 +307,19 @@ class SimDataNode:
         up = frozenset(
             {self.name} | {n for n in self.everyone if n != self.name and _is_up(cluster, n)}
         )
-        view = (members, up, cluster.quorum_state)
+        ha = cluster if isinstance(cluster, HaClusterNode) else None
+        table = None if ha is None else ha.partition_table
+        parts_key = None if ha is None else (ha.table_version, ha.acting_set)
+        view = (members, up, cluster.quorum_state, parts_key)
         if view == self._last_view:
             return None
         if self._last_view is not None:
             self.lost_peers |= self._last_view[1] - up
         self._last_view = view
-        return ClusterChanged(now, members, up, cluster.quorum_state, dict(self.locations))
+        partitions = {} if ha is None else partition_views(table, ha.acting_set)
+        return ClusterChanged(
+            now, members, up, cluster.quorum_state, dict(self.locations), partitions
+        )
 
     # ------------------------------------------------------------ inspection
     def status(self) -> dict[str, Any]:

@@ -451,8 +451,11 @@ class SimDataStore:
         mode = self._mode(b, f.get("lock"))
         # A probe of a cluster-scope lookup: no lock on an absent key's slot.
         probe = bool(f.get("if_found")) and f.get("lock") != "none"
+        parts = _parts(f)
         for _ in range(8):  # the object may move under our feet while we wait: look again
             ref = self._find(b, t.name, fname, value)
+            if ref is not None and parts is not None and ref[:8] not in parts:
+                ref = None  # not a partition this node answers for here
             if ref is None:
                 if probe:
                     return {"o": None}
@@ -489,7 +492,11 @@ class SimDataStore:
             if self._find(b, t.name, fname, value) is not None:
                 raise errors.DuplicateKey(f"{t.name}.{fname} = {value!r:.40} exists")
         self._counter += 1
-        ref = Ref.make(self.location, self.timestamp, self._counter).raw
+        placed = f.get("pl")
+        if placed is not None:  # routing by partition: named by the partition at its epoch
+            ref = Ref.make(placed[0], placed[1], self._counter).raw
+        else:
+            ref = Ref.make(self.location, self.timestamp, self._counter).raw
         yield (("o", ref), WRITE)
         b.entries[ref] = Entry(t.name, 0, state, WRITE, CREATED)
         for fname in t.unique:
@@ -519,7 +526,7 @@ class SimDataStore:
             raise errors.BadArgument("range queries are not simulated")
         mode = self._mode(b, f.get("lock"))
         found: list[tuple[bytes, Entry]] = []
-        for ref in self._extent(b, t.name):
+        for ref in self._extent(b, t.name, _parts(f)):
             e = yield from self._g_load(b, ref, mode)
             if e is not None and all(e.state.get(k) == v for k, v in where.items()):
                 found.append((ref, e))
@@ -544,7 +551,7 @@ class SimDataStore:
 
     def _g_count(self, b: Branch, f: dict[str, Any]) -> Op:
         t = self._type(f)
-        return {"n": len(self._extent(b, t.name))}
+        return {"n": len(self._extent(b, t.name, _parts(f)))}
         yield  # a generator, like every op
 
     def _g_nothing(self, b: Branch, f: dict[str, Any]) -> Op:
@@ -657,7 +664,9 @@ class SimDataStore:
                 return None
         return ref
 
-    def _extent(self, b: Branch, type_name: str) -> list[bytes]:
+    def _extent(
+        self, b: Branch, type_name: str, parts: frozenset[bytes] | None = None
+    ) -> list[bytes]:
         refs = {r for r, o in self.objects.items() if o.type == type_name}
         for ref, e in b.entries.items():
             if e.type != type_name:
@@ -666,6 +675,8 @@ class SimDataStore:
                 refs.discard(ref)
             elif e.status == CREATED:
                 refs.add(ref)
+        if parts is not None:  # routing by partition: only those this node answers for
+            refs = {r for r in refs if r[:8] in parts}
         return sorted(refs)
 
     def _type(self, f: dict[str, Any]) -> SimType:
@@ -941,6 +952,14 @@ class SimStoreResourceManager:
 # ------------------------------------------------------------------ helpers
 def _error(exc: BaseException) -> dict[str, Any]:
     return error_out(exc)
+
+
+def _parts(f: dict[str, Any]) -> frozenset[bytes] | None:
+    """The ``parts`` of a branch op (location codes) as reference prefixes, or None."""
+    parts = f.get("parts")
+    if not isinstance(parts, list):
+        return None
+    return frozenset(int(p).to_bytes(8, "big") for p in parts)
 
 
 def _ref(value: Any) -> bytes:

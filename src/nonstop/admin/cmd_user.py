@@ -1,0 +1,170 @@
+"""``nonstop user add | list | remove | passwd | roles``: the users of a cluster (G5).
+
+Users live in the users table of the cluster log (``nonstop.security.users_table``):
+a change made through any node is replicated to every node.  The password is
+turned into a verifier here (``nonstop.net.auth.make_verifier``: scrypt, a fresh
+salt), so it never crosses the network.  Every command needs a user with the
+``admin`` role (a local cluster's folder credential is one).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from nonstop.admin.cmd_cluster import open_client, resolve_target
+from nonstop.admin.output import USAGE, fail
+from nonstop.client.credentials import new_password, write_credentials
+from nonstop.errors import Error
+from nonstop.net.auth import make_verifier
+from nonstop.security.roles import BUILTIN_ROLES
+
+
+def _options(f: Any) -> Any:
+    for option in (
+        click.option("--credentials", help="Credentials file of an admin user."),
+        click.option("--timeout", default=5.0, show_default=True, help="Seconds per request."),
+        click.option("--dir", "folder", help="Local cluster folder (default ./.nonstop/local)."),
+        click.option("--node", "address", help="Node address(es) to ask, comma-separated."),
+    ):
+        f = option(f)
+    return f
+
+
+def _ask(
+    address: str | None, folder: str | None, credentials: str | None, timeout: float, payload: Any
+) -> Any:
+    target = resolve_target(address, folder, credentials)
+    with open_client(target, timeout) as client:
+        try:
+            return client.call(payload)
+        except (Error, ValueError) as exc:
+            fail(str(exc))
+
+
+def _password(password: str | None, out: str | None) -> str:
+    if password is not None:
+        return password
+    if out is None:
+        fail("give --password, or --out FILE to write a generated one to", USAGE)
+    return new_password()
+
+
+@click.group()
+def user() -> None:
+    """Users and their roles: monitor, app, operator, admin, or an application role."""
+
+
+@user.command("add")
+@click.argument("name")
+@click.option(
+    "--role", "roles", multiple=True, required=True, help=f"{', '.join(BUILTIN_ROLES)}, ..."
+)
+@click.option("--password", help="The password (default: generated, see --out).")
+@click.option("--out", help="Write a credentials file (0600) for the new user here.")
+@_options
+def user_add(
+    name: str,
+    roles: tuple[str, ...],
+    password: str | None,
+    out: str | None,
+    address: str | None,
+    folder: str | None,
+    credentials: str | None,
+    timeout: float,
+) -> None:
+    """Add user NAME with the given roles."""
+    secret = _password(password, out)
+    payload = {
+        "op": "user.add",
+        "user": name,
+        "roles": list(roles),
+        "verifier": make_verifier(secret).to_wire(),
+    }
+    _ask(address, folder, credentials, timeout, payload)
+    if out is not None:
+        write_credentials(out, name, secret)
+    click.echo(f"user {name} added with roles {','.join(sorted(set(roles)))}")
+
+
+@user.command("passwd")
+@click.argument("name")
+@click.option("--password", help="The new password (default: generated, see --out).")
+@click.option("--out", help="Write a credentials file (0600) with the new password here.")
+@_options
+def user_passwd(
+    name: str,
+    password: str | None,
+    out: str | None,
+    address: str | None,
+    folder: str | None,
+    credentials: str | None,
+    timeout: float,
+) -> None:
+    """Set a new password for user NAME."""
+    secret = _password(password, out)
+    payload = {"op": "user.passwd", "user": name, "verifier": make_verifier(secret).to_wire()}
+    _ask(address, folder, credentials, timeout, payload)
+    if out is not None:
+        write_credentials(out, name, secret)
+    click.echo(f"password of {name} changed")
+
+
+@user.command("roles")
+@click.argument("name")
+@click.option("--role", "roles", multiple=True, required=True)
+@_options
+def user_roles(
+    name: str,
+    roles: tuple[str, ...],
+    address: str | None,
+    folder: str | None,
+    credentials: str | None,
+    timeout: float,
+) -> None:
+    """Replace the roles of user NAME."""
+    _ask(
+        address,
+        folder,
+        credentials,
+        timeout,
+        {"op": "user.roles", "user": name, "roles": list(roles)},
+    )
+    click.echo(f"user {name} now has roles {','.join(sorted(set(roles)))}")
+
+
+@user.command("remove")
+@click.argument("name")
+@_options
+def user_remove(
+    name: str, address: str | None, folder: str | None, credentials: str | None, timeout: float
+) -> None:
+    """Remove user NAME (its open connections are refused from their next request)."""
+    _ask(address, folder, credentials, timeout, {"op": "user.remove", "user": name})
+    click.echo(f"user {name} removed")
+
+
+@user.command("list")
+@click.option("--json", "as_json", is_flag=True)
+@_options
+def user_list(
+    as_json: bool,
+    address: str | None,
+    folder: str | None,
+    credentials: str | None,
+    timeout: float,
+) -> None:
+    """List the users of the cluster's users table and their roles."""
+    reply = _ask(address, folder, credentials, timeout, {"op": "user.list"})
+    users = reply.get("users", [])
+    if as_json:
+        click.echo(json.dumps(users))
+        return
+    for entry in users:
+        click.echo(f"{entry['user']}\t{','.join(entry['roles'])}")
+    if not users:
+        click.echo(
+            "(no users in the table; the bootstrap admin of the nodes' config is not listed)"
+        )

@@ -1,0 +1,246 @@
+"""Routing by partition in the data-plane machine (ha.md "Routing by partition (as built)").
+
+The machines of ``test_dataplane_machine`` (the in-memory :class:`Net`), with a
+partition table in their view and a placement: references, unique keys and
+creates go to the partition's active node, queries ask each partition once, and
+a node refuses (``NotActive``, retryable) an op or a vote for a partition it does
+not act for at that epoch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.unit.test_dataplane_machine import ACC, LOCATIONS, Net, get
+
+from nonstop import errors
+from nonstop.dataplane.events import PartitionView
+from nonstop.dataplane.placement import routing_key
+from nonstop.model.codec import pack, unpack
+from nonstop.model.ref import Ref
+
+P_LOC = {"P0": 100, "P1": 101}
+
+
+class KeyPlacement:
+    """Account numbers starting with "a" live in P0, the others in P1; no key: P0."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[str, bytes | None]] = []
+
+    def partition_for(self, type_name: str, key: bytes | None) -> str:
+        self.asked.append((type_name, key))
+        if key is None or str(unpack(key)).startswith("a"):
+            return "P0"
+        return "P1"
+
+    def unique_field(self, type_name: str) -> str | None:
+        return "number"
+
+
+class PNet(Net):
+    """Two nodes, P0 active on A, P1 active on B (epochs 3 and 5)."""
+
+    def __init__(self, names: str = "AB", **config: Any) -> None:
+        self.placement = KeyPlacement()
+        self.acting_now: dict[str, set[str]] = {}
+        self.table = {"P0": ("A", 3), "P1": ("B", 5)}
+        super().__init__(names, placement=self.placement, **config)
+        for n, m in self.machines.items():
+            m.config.acting = self._acting_of(n)
+
+    def _acting_of(self, node: str) -> Any:
+        def acting(now: float, partition: str) -> bool:
+            allowed = self.acting_now.get(node)
+            active = self.table[partition][0] == node
+            return active and (allowed is None or partition in allowed)
+
+        return acting
+
+    def partitions_seen_by(self, node: str) -> dict[str, Any]:
+        return {
+            name: PartitionView(
+                name, P_LOC[name], active, epoch, ((active, "sync"),), active == node
+            )
+            for name, (active, epoch) in self.table.items()
+        }
+
+
+def pref(partition: str, n: int) -> bytes:
+    return Ref.make(P_LOC[partition], 3, n).raw
+
+
+def pobj(partition: str, n: int, number: str) -> list[Any]:
+    return [pref(partition, n), ACC, 1, pack({"number": number})]
+
+
+def put(net: PNet, node: str, o: list[Any], number: str) -> None:
+    net.stores[node].add(o, pack({"number": number}))
+
+
+def test_unique_lookup_asks_only_the_keys_partition_active_node() -> None:
+    net = PNet()
+    b = pobj("P1", 1, "b")
+    put(net, "B", b, "b")
+    reply = net.ok("A", get("b", begin="serializable", lock="write"))
+    assert reply["o"] == b
+    # No probe on A, no fan-out: one data.req, to B, for P1 only, fenced at epoch 5.
+    assert net.stores["A"].execs == []
+    ((_, to, msg),) = net.data_reqs()
+    assert to == "B" and msg["op"] == "branch.get"
+    assert msg["parts"] == [P_LOC["P1"]] and msg["pe"] == [["P1", 5]]
+
+
+def test_lookup_of_a_partition_without_active_node_up_is_unavailable_never_not_found() -> None:
+    net = PNet()
+    net.cluster(up={"A"})  # B (P1's only holder) is down
+    reply = net.op("A", get("b", begin="serializable"))
+    assert reply is not None and reply["error"] == "Unavailable"
+    assert "partition P1" in reply["message"]
+    # A key of P0 (active here) still works.
+    put(net, "A", pobj("P0", 1, "a"), "a")
+    assert net.ok("A", get("a", begin="serializable"))["o"] is not None
+    # The holder returns: back.
+    net.cluster(up={"A", "B"})
+    put(net, "B", pobj("P1", 1, "b"), "b")
+    assert net.ok("A", get("b", begin="serializable"))["o"] is not None
+
+
+def test_ref_delete_and_call_route_by_the_partition_the_location_names() -> None:
+    net = PNet()
+    s = net.ok("A", {"op": "tx.begin"})["s"]
+    net.ok("A", {"op": "tx.ref", "s": s, "ref": pref("P1", 4)})
+    ((_, to, msg),) = net.data_reqs()
+    assert to == "B" and msg["op"] == "branch.ref" and msg["pe"] == [["P1", 5]]
+    net.cluster(up={"A"})
+    s = net.ok("A", {"op": "tx.begin"})["s"]
+    reply = net.op("A", {"op": "tx.delete", "s": s, "ref": pref("P1", 4)})
+    assert reply is not None and reply["error"] == "Unavailable" and "P1" in reply["message"]
+    # A legacy reference (a node's own store location) still routes to that node.
+    s = net.ok("A", {"op": "tx.begin"})["s"]
+    legacy = Ref.make(LOCATIONS["A"], 7, 1).raw
+    net.ok("A", {"op": "tx.ref", "s": s, "ref": legacy})
+    assert net.stores["A"].execs[-1].op == "branch.ref"
+
+
+def test_create_goes_to_the_mapped_partition_named_by_its_location_and_epoch() -> None:
+    net = PNet()
+    st = pack({"number": "b", "balance": 0})
+    net.ok("A", {"op": "tx.create", "type": ACC, "tv": 1, "st": st, "begin": "serializable"})
+    ((_, to, msg),) = net.data_reqs()
+    assert to == "B" and msg["op"] == "branch.create"
+    assert msg["pl"] == [P_LOC["P1"], 5] and msg["pe"] == [["P1", 5]]
+    assert net.placement.asked[-1] == (ACC, routing_key("b"))
+    # The key's partition decides, not the coordinator nor a "node" argument.
+    net.sent.clear()
+    st = pack({"number": "a", "balance": 0})
+    op = {"op": "tx.create", "type": ACC, "st": st, "node": "B", "begin": "serializable"}
+    net.ok("A", op)
+    assert net.data_reqs() == []
+    assert net.stores["A"].execs[-1].fields["pl"] == [P_LOC["P0"], 3]
+
+
+def test_count_and_query_ask_each_partition_once_on_its_active_node() -> None:
+    net = PNet()
+    count = {"op": "tx.count", "type": ACC, "begin": "serializable"}
+    net.ok("A", count)
+    here = net.stores["A"].execs[-1]
+    assert here.op == "branch.count" and here.fields["parts"] == [P_LOC["P0"]]
+    ((_, to, msg),) = net.data_reqs("branch.count")
+    assert to == "B" and msg["parts"] == [P_LOC["P1"]]
+    # P1's holder down: skip_down leaves it out, fail_if_down refuses naming it.
+    net.cluster(up={"A"})
+    net.sent.clear()
+    net.ok("A", count)
+    assert net.data_reqs() == []
+    reply = net.op("A", {**count, "audit": "fail_if_down"})
+    assert reply is not None and reply["error"] == "Unavailable" and "P1" in reply["message"]
+    query = {"op": "tx.query", "type": ACC, "begin": "serializable", "audit": "fail_if_down"}
+    assert net.op("A", query)["error"] == "Unavailable"
+
+
+def test_a_node_not_acting_for_the_partition_refuses_with_not_active() -> None:
+    net = PNet()
+    put(net, "B", pobj("P1", 1, "b"), "b")
+    # B lost its lease for P1 (by time alone: its view still says acting).
+    net.acting_now["B"] = set()
+    reply = net.op("A", get("b", begin="serializable", lock="write"))
+    assert reply is not None and reply["error"] == "NotActive"
+    assert issubclass(errors.NotActive, errors.Retryable)
+    assert net.machines["B"].stats["fenced_ops"] == 1
+    assert net.machines["B"].branches == {}  # nothing left held there
+
+
+def test_a_stale_epoch_is_refused_and_the_answer_is_checked_when_acknowledging() -> None:
+    net = PNet()
+    put(net, "B", pobj("P1", 1, "b"), "b")
+    # A still routes at epoch 5; B applied epoch 6 (a failover and back, say).
+    net.table["P1"] = ("B", 6)
+    net.cluster(up={"A", "B"}, at="B")
+    reply = net.op("A", get("b", begin="serializable"))
+    assert reply is not None and reply["error"] == "NotActive" and "epoch 5" in reply["message"]
+    # The lease lapses while the store op runs: the answer is refused, not sent as ok.
+    net.table["P1"] = ("B", 5)
+    net.cluster(up={"A", "B"})
+    net.hold = lambda ex: ex.op == "branch.get"
+    assert net.op("A", get("b", begin="serializable")) is None
+    net.acting_now["B"] = set()
+    net.hold = lambda ex: False
+    net.release_held()
+    assert net.replies[-1].payload["error"] == "NotActive"
+
+
+def test_the_vote_is_fenced_like_the_ops() -> None:
+    net = PNet()
+    b = pobj("P1", 1, "b")
+    put(net, "B", b, "b")
+    s = net.ok("A", get("b", begin="serializable", lock="write"))["s"]
+    bid = f"A.{s}"
+    assert net.machines["B"].branches[bid].fence == {"P1": 5}
+    net.acting_now["B"] = set()
+    assert not net.machines["B"].take_branch(bid)  # votes no: "branch gone", retryable
+    net.acting_now.pop("B")
+    assert net.machines["B"].take_branch(bid)
+
+
+def test_the_coordinators_own_partition_is_fenced_at_its_local_commit() -> None:
+    net = PNet()
+    a = pobj("P0", 1, "a")
+    put(net, "A", a, "a")
+    s = net.ok("A", get("a", begin="serializable", lock="write"))["s"]
+    net.acting_now["A"] = set()
+    w = [[a[0], a[1], a[2], pack({"balance": 1})]]
+    reply = net.op("A", {"op": "tx.commit", "s": s, "w": w})
+    assert reply is not None and reply["error"] == "NotActive"
+    assert all(ex.op != "branch.commit" for ex in net.stores["A"].execs)
+
+
+def test_a_local_commit_that_ran_is_never_refused_afterwards() -> None:
+    net = PNet()
+    a = pobj("P0", 1, "a")
+    put(net, "A", a, "a")
+    s = net.ok("A", get("a", begin="serializable", lock="write"))["s"]
+    net.hold = lambda ex: ex.op == "branch.commit"
+    w = [[a[0], a[1], a[2], pack({"balance": 1})]]
+    assert net.op("A", {"op": "tx.commit", "s": s, "w": w}) is None
+    # The lease lapses while the store commits: the commit happened, so it is ok.
+    net.acting_now["A"] = set()
+    net.hold = lambda ex: False
+    net.release_held()
+    assert net.replies[-1].payload == {"ok": True}
+
+
+def test_without_a_placement_the_table_in_the_view_changes_nothing() -> None:
+    net = PNet()
+    for m in net.machines.values():
+        m.config.placement = None  # ha.data = "nodes" (the default)
+    net.cluster(up={"A", "B"})  # the view still carries the table
+    assert net.machines["A"].view.partitions and not net.machines["A"].view.by_location
+    net.ok("A", get("b", begin="serializable"))
+    # Node routing: a probe here, then every other node; no parts, no fence.
+    assert net.stores["A"].execs[0].fields.get("if_found")
+    ((_, to, msg),) = net.data_reqs("branch.get")[:1]
+    assert to == "B" and "parts" not in msg and "pe" not in msg
+    s = net.ok("A", {"op": "tx.begin"})["s"]
+    reply = net.op("A", {"op": "tx.ref", "s": s, "ref": pref("P1", 4)})
+    assert reply is not None and reply["error"] == "BadArgument"
