@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from nonstop.client.credentials import load_credentials
 
+from nonstop.client.credentials import load_credentials
 from tests.cluster.conftest import REAL_CLUSTER, Procs, run_cli
 
 CHROMIUM = shutil.which("chromium")

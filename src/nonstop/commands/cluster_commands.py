@@ -8,8 +8,7 @@ from nonstop.commands.context import CommandContext
 from nonstop.commands.failure import CommandError
 from nonstop.commands.registry import NoArguments, command
 from nonstop.errors import Error
-
-STATUS = "status"
+from nonstop.security.roles import STATUS
 
 
 def status_rows(status: dict[str, Any]) -> list[dict[str, Any]]:

@@ -26,9 +26,9 @@ from nonstop.commands.context import CommandContext
 from nonstop.commands.failure import CommandError
 from nonstop.commands.registry import Arguments, NoArguments, command
 from nonstop.errors import Error
+from nonstop.security.roles import ADMIN_OPS as ADMIN
+from nonstop.security.roles import STATUS
 
-ADMIN = "admin"
-STATUS = "status"
 OPERATOR_WAIT = 6.0
 """Seconds the node may take to get an operator's entry applied (its own limit is 5 s)."""
 
