@@ -94,6 +94,12 @@ def build_app(
         openapi_url=f"{PREFIX}/openapi.json",
         docs_url=f"{PREFIX}/docs",
         redoc_url=None,
+        # Any route may answer these: an unreadable body, no or a bad credential, too large.
+        responses={
+            400: {"model": Refusal, "description": "Unreadable body or bad arguments"},
+            401: {"model": Refusal, "description": "No, or a bad, credential or token"},
+            413: {"model": Refusal, "description": "Body over the limit (admin.max_body)"},
+        },
     )
 
     def refuse(
@@ -154,7 +160,6 @@ def build_app(
     @app.post(
         f"{PREFIX}/login",
         response_model=Session,
-        responses={401: {"model": Refusal}},
         tags=["session"],
         summary="Log in: a session token for the console",
     )
@@ -270,8 +275,6 @@ def _add_command_route(
         + (" Changes the cluster." if cmd.changes else ""),
         tags=[cmd.words[0]],
         responses={
-            400: {"model": Refusal},
-            401: {"model": Refusal},
             403: {"model": Refusal},
             409: {"model": Refusal},
             413: {"model": Refusal},
