@@ -40,7 +40,7 @@ def browser() -> Iterator[object]:
 
     options = webdriver.ChromeOptions()
     options.binary_location = str(CHROMIUM)
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1200,1000"):
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1200,1700"):
         options.add_argument(arg)
     driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
     try:
@@ -50,6 +50,7 @@ def browser() -> Iterator[object]:
 
 
 def test_console_login_status_command_failure_and_refusal(browser: object, tmp_path: Path) -> None:
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.remote.webdriver import WebDriver
     from selenium.webdriver.support.ui import WebDriverWait
@@ -58,7 +59,10 @@ def test_console_login_status_command_failure_and_refusal(browser: object, tmp_p
     assert isinstance(driver, WebDriver)
     shots = Path(os.environ.get("NONSTOP_SCREENSHOTS", str(tmp_path)))
     shots.mkdir(parents=True, exist_ok=True)
-    wait = WebDriverWait(driver, 30, poll_frequency=0.2)
+    # The tables are redrawn every 2 s: read them in one script, and retry a stale element.
+    wait = WebDriverWait(
+        driver, 30, poll_frequency=0.2, ignored_exceptions=(StaleElementReferenceException,)
+    )
     procs = Procs(tmp_path / "cluster", 3)
     try:
         procs.start_all()
@@ -86,8 +90,11 @@ def test_console_login_status_command_failure_and_refusal(browser: object, tmp_p
             wait.until(lambda d: user in d.find_element(By.ID, "who").text)
 
         def states() -> dict[str, str]:
-            rows = driver.find_elements(By.CSS_SELECTOR, "#nodes tbody tr")
-            return {r.get_attribute("data-node"): r.get_attribute("data-state") for r in rows}
+            pairs = driver.execute_script(
+                "return Array.from(document.querySelectorAll('#nodes tbody tr'))"
+                ".map(r => [r.dataset.node, r.dataset.state]);"
+            )
+            return {str(n): str(s) for n, s in pairs}
 
         def run(form_id: str, **fields: str) -> str:
             form = driver.find_element(By.ID, form_id)
@@ -109,11 +116,11 @@ def test_console_login_status_command_failure_and_refusal(browser: object, tmp_p
         driver.save_screenshot(str(shots / "console-1-three-up.png"))
 
         # 2. Run a command: disable default.0 on its second node, then enable it again.
-        second = next(
-            r.find_elements(By.TAG_NAME, "td")[4].text.split(",")[1]
-            for r in driver.find_elements(By.CSS_SELECTOR, "#partitions tbody tr")
-            if r.get_attribute("data-partition") == "default.0"
+        nodes_of_default0 = driver.execute_script(
+            "return document.querySelector('#partitions tr[data-partition=\"default.0\"]')"
+            ".cells[4].textContent;"
         )
+        second = str(nodes_of_default0).split(",")[1]
         text = run("cmd-partition-disable", name="default.0", on=second)
         assert "partition.disable: ok" in text and f'"node": "{second}"' in text, text
         text = run("cmd-partition-enable", name="default.0", on=second)
@@ -124,6 +131,7 @@ def test_console_login_status_command_failure_and_refusal(browser: object, tmp_p
         procs.kill("C")
         wait.until(lambda d: states().get("C") == "Down")
         assert states()["B"] == "Up"
+        driver.execute_script("window.scrollTo(0, 0);")
         driver.save_screenshot(str(shots / "console-3-c-down.png"))
 
         # 4. A monitor is refused a changing command (403), shown as such.
