@@ -23,7 +23,7 @@ from pydantic import Field
 
 from nonstop.commands.cluster_commands import read_status
 from nonstop.commands.context import CommandContext
-from nonstop.commands.failure import CommandError
+from nonstop.commands.failure import CommandError, ErrorKind
 from nonstop.commands.registry import Arguments, NoArguments, command
 from nonstop.errors import Error
 from nonstop.security.roles import ADMIN_OPS as ADMIN
@@ -141,7 +141,9 @@ def operator_request(
             f"{what}: node {name} at {address} does not answer ({exc})", "unavailable"
         ) from None
     if isinstance(reply, dict) and "error" in reply:
-        kind = "refused" if reply.get("error") in ("Rejected", "PermissionDenied") else "failed"
+        kind: ErrorKind = (
+            "refused" if reply.get("error") in ("Rejected", "PermissionDenied") else "failed"
+        )
         raise CommandError(f"{what}: {reply.get('message')}", kind)
     return reply if isinstance(reply, dict) else {"reply": reply}
 
