@@ -17,10 +17,10 @@ from typing import Any
 
 import httpx
 import pytest
-from nonstop.client.credentials import load_credentials
 
 from nonstop.admin.cli import cli
 from nonstop.admin.registered import cli_path
+from nonstop.client.credentials import load_credentials
 from nonstop.commands.registry import load_all
 from tests.cluster.conftest import REAL_CLUSTER, Procs, run_cli, wait_until
 
@@ -190,8 +190,8 @@ def test_openapi_fuzz(cluster: Procs, tmp_path: Path) -> None:
     """schemathesis over every operation, bounded: 10 valid and 10 invalid examples
     each (about 30 s); every answer as documented (status, schema) and none a server error."""
     import schemathesis
-    from schemathesis.generation import GenerationMode
     from hypothesis import HealthCheck, given, settings
+    from schemathesis.generation import GenerationMode
 
     url = base(cluster)
     schema = schemathesis.openapi.from_url(f"{url}/api/v1/openapi.json")
