@@ -179,6 +179,10 @@ def test_every_command_is_reachable_from_cli_and_http_with_the_same_result(
     )
     code, out, err = run_cli("node", "status", "--json", *node)
     assert code == 0 and json.loads(out)["name"] == post(cluster, "node/status").json()["name"]
+    code, out, err = run_cli("user", "list", "--json", *node)
+    assert code == 0, err
+    users = post(cluster, "user/list").json()["users"]
+    assert json.loads(out) == users and {"user": MONITOR[0], "roles": ["monitor"]} in users
     # A changing command: the same refusal both ways (a partition that does not exist).
     code, out, err = run_cli("partition", "enable", "no-such", *node)
     r = post(cluster, "partition/enable", {"name": "no-such"})

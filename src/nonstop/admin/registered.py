@@ -26,19 +26,21 @@ from nonstop.commands.failure import CommandError
 from nonstop.commands.registry import REGISTRY, Command, load_all
 from nonstop.net.tls import TLSConfig
 
-EXIT_CODES = {"usage": USAGE, "refused": USAGE, "unavailable": FAILURE, "failed": FAILURE}
+EXIT_CODES = {
+    "usage": USAGE,
+    "refused": USAGE,
+    "forbidden": FAILURE,
+    "unavailable": FAILURE,
+    "failed": FAILURE,
+}
 
 
 def context_for(target: Target, timeout: float, tls: TLSConfig | None = None) -> CommandContext:
     """The context of the CLI's target: its addresses, cluster id, TLS and credentials."""
     if tls is None or not tls.enabled:
         tls = target.tls
-    options: dict[str, Any] = {"tls": tls}
-    for name in ("credentials",):  # the credential options of the target, when it has them
-        value = getattr(target, name, None)
-        if value is not None:
-            options[name] = value
-    if target.folder is not None and "credentials" in Target.__dataclass_fields__:
+    options: dict[str, Any] = {"tls": tls, "credentials": target.credentials}
+    if target.folder is not None:
         options["folder"] = target.folder
     return CommandContext(
         addresses=target.addresses.split(","),

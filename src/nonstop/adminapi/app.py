@@ -48,7 +48,13 @@ from nonstop.commands.registry import Command, NoArguments
 log = logging.getLogger("nonstop.adminapi")
 
 PREFIX = "/api/v1"
-STATUS_OF_KIND = {"usage": 400, "refused": 409, "unavailable": 503, "failed": 500}
+STATUS_OF_KIND = {
+    "usage": 400,
+    "refused": 409,
+    "forbidden": 403,
+    "unavailable": 503,
+    "failed": 500,
+}
 DEFAULT_BODY_LIMIT = 64 * 1024
 
 basic = HTTPBasic(auto_error=False, description="A user of the cluster (scripts).")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-ErrorKind = Literal["usage", "refused", "unavailable", "failed"]
+ErrorKind = Literal["usage", "refused", "forbidden", "unavailable", "failed"]
 
 
 class CommandError(Exception):
@@ -12,7 +12,8 @@ class CommandError(Exception):
 
     ``usage``: the arguments name something that does not exist or cannot be
     (CLI exit 2, HTTP 400); ``refused``: the cluster refused the change (exit 2,
-    HTTP 409); ``unavailable``: no node answered (exit 1, HTTP 503); ``failed``:
+    HTTP 409); ``forbidden``: the node refused the caller's role (exit 1, HTTP 403);
+    ``unavailable``: no node answered (exit 1, HTTP 503); ``failed``:
     anything else (exit 1, HTTP 500).
     """
 

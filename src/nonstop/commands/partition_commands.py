@@ -141,9 +141,8 @@ def operator_request(
             f"{what}: node {name} at {address} does not answer ({exc})", "unavailable"
         ) from None
     if isinstance(reply, dict) and "error" in reply:
-        kind: ErrorKind = (
-            "refused" if reply.get("error") in ("Rejected", "PermissionDenied") else "failed"
-        )
+        kinds: dict[str, ErrorKind] = {"Rejected": "refused", "NotAuthorized": "forbidden"}
+        kind = kinds.get(str(reply.get("error")), "failed")
         raise CommandError(f"{what}: {reply.get('message')}", kind)
     return reply if isinstance(reply, dict) else {"reply": reply}
 

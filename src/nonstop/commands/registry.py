@@ -121,7 +121,8 @@ def command(
 def load_all() -> dict[str, Command]:
     """Import every module that defines commands, then the registry (front ends call this)."""
     import nonstop.commands.cluster_commands
-    import nonstop.commands.partition_commands  # noqa: F401
+    import nonstop.commands.partition_commands
+    import nonstop.commands.user_commands  # noqa: F401
 
     return REGISTRY
 
