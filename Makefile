@@ -5,8 +5,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 SEEDS ?= 1000
+ROUNDS ?= 24
+JEPSEN ?=
 
-.PHONY: demo demo-embedded test lint fmt bench bench-dist bench-metrics bench-spark bench-failover sim clean venv
+.PHONY: demo demo-embedded test lint fmt bench bench-dist bench-metrics bench-spark bench-failover sim jepsen clean venv
 
 venv: $(STAMP)
 
@@ -72,6 +74,13 @@ sim: $(STAMP)
 	$(PY) -m nonstop.sim.dataplane_campaign --seeds $(SEEDS) --partitions
 	$(PY) -m nonstop.sim.partitions_campaign --seeds $(SEEDS)
 	$(PY) -m nonstop.sim.replication_campaign --seeds $(SEEDS)
+
+# Real network partitions: ROUNDS rounds of a fresh cluster in network namespaces
+# under the bank load, one fault scenario each (rotating), healed and checked;
+# appends to bench/results/jepsen.md.  Needs root, iproute2 and nftables.
+# More options: make jepsen JEPSEN="--nodes 5 --seed 42 --scenario mix".
+jepsen: $(STAMP)
+	$(PY) -m tests.jepsen --rounds $(ROUNDS) $(JEPSEN)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .nonstop build src/*.egg-info

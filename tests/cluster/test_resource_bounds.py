@@ -4,6 +4,12 @@ Each test plays an attack with raw sockets on 127.0.0.1 and checks that the
 node bounds it (closes or refuses, counts it in the ``status`` op's
 ``limits``) and keeps serving an ordinary client meanwhile.  Timeouts are
 configured short so every test takes a few seconds.
+
+The raw sockets speak the plain client hello, so these nodes run with
+authentication off (``OPEN``): the attacks are those of a connection past its
+handshake, which with authentication on means any user's credential; the
+bounds are the same code either way (before the handshake, a frame is limited
+to ``limits.handshake_frame_bytes`` whatever it claims).
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ from tests.cluster.conftest import Procs, run_cli, wait_until
 pytestmark = pytest.mark.timeout(90)
 
 MIB = 1024 * 1024
+OPEN = {"enabled": False}
+"""``[auth]`` of these nodes: the raw sockets do not prove a password."""
 
 
 def client_hello() -> bytes:
@@ -102,7 +110,7 @@ def test_announced_frames_attack_keeps_rss_bounded(procs: Callable[..., Procs]) 
     byte (the issue's attack took a node from 41 MB to 1.03 GB).  With the default
     limits the node's peak RSS stays under its RSS before + budget + slack, the
     connections past the budget are closed and counted, and a client is served."""
-    p = procs(1)
+    p = procs(1, auth=OPEN)
     pid = p.start("A")
     address = p.address("A")
     p.wait_quorum(["A"], "Active", timeout=20)
@@ -141,7 +149,7 @@ def test_announced_frames_attack_keeps_rss_bounded(procs: Callable[..., Procs]) 
 
 
 def test_big_frame_before_the_handshake_is_refused(procs: Callable[..., Procs]) -> None:
-    p = procs(1)
+    p = procs(1, auth=OPEN)
     p.start("A")
     address = p.address("A")
     p.wait_quorum(["A"], "Active", timeout=20)
@@ -167,7 +175,7 @@ SHORT = {
 
 @pytest.fixture
 def short(procs: Callable[..., Procs]) -> Iterator[Procs]:
-    p = procs(1, limits=SHORT)
+    p = procs(1, limits=SHORT, auth=OPEN)
     p.start("A")
     p.wait_quorum(["A"], "Active", timeout=20)
     yield p

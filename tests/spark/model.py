@@ -39,6 +39,15 @@ class Tagged(Managed, name="pipe.Tagged"):
     extra: dict[str, Any] | None = None
 
 
+class Plain(Managed, name="pipe.Plain"):
+    """Plain fields only (no reference, no trigger, one unique key): an overwrite swaps
+    it without a transaction entry per object (``bulk/fast_swap.py``)."""
+
+    sku: str = key(unique=True)
+    qty: int = 0
+    label: str | None = key(ordered=True, mutable=True, default=None)
+
+
 class Keyless(Managed, name="pipe.Keyless"):
     value: int = 0
 

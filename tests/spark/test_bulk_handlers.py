@@ -26,6 +26,10 @@ from nonstop.errors import (
 from tests.spark.model import Item, Keyless, Owner, Tagged
 
 T = "pipe.Item"
+SWAP_PATHS = pytest.mark.parametrize(
+    "T", ["pipe.Item", "pipe.Plain"], ids=["per-object-swap", "fast-swap"]
+)
+"""Overwrite tests run on both swaps: Item has a reference (per object), Plain does not."""
 
 
 @pytest.fixture
@@ -249,19 +253,20 @@ def test_scan_filters(ctx: BulkContext) -> None:
     assert skus([["label", "gt", "a"], ["qty", "le", 2]]) == ["s0", "s2"]
 
 
-def test_overwrite_swaps_atomically_and_abort_leaves_nothing(ctx: BulkContext) -> None:
+@SWAP_PATHS
+def test_overwrite_swaps_atomically_and_abort_leaves_nothing(ctx: BulkContext, T: str) -> None:
     op(ctx, "bulk.upsert", type=T, rows=encode_rows({"sku": ["old1", "old2"], "qty": [1, 1]}))
     job = op(ctx, "bulk.overwrite.begin", type=T)["job"]
     op(ctx, "bulk.overwrite.part", type=T, job=job, tag="p0", rows=encode_rows({"sku": ["n1"]}))
     op(ctx, "bulk.overwrite.part", type=T, job=job, tag="p1", rows=encode_rows({"sku": ["x"]}))
     # A retried part replaces itself instead of adding rows.
     op(ctx, "bulk.overwrite.part", type=T, job=job, tag="p1", rows=encode_rows({"sku": ["n2"]}))
-    assert sorted(read_all(ctx, fields=["sku"])["sku"]) == ["old1", "old2"]  # staged: invisible
+    assert sorted(read_all(ctx, T, fields=["sku"])["sku"]) == ["old1", "old2"]  # staged: invisible
     done = op(ctx, "bulk.overwrite.commit", type=T, job=job)
     assert (done["deleted"], done["inserted"], done["replayed"]) == (2, 2, False)
-    assert sorted(read_all(ctx, fields=["sku"])["sku"]) == ["n1", "n2"]
+    assert sorted(read_all(ctx, T, fields=["sku"])["sku"]) == ["n1", "n2"]
     assert op(ctx, "bulk.overwrite.commit", type=T, job=job)["replayed"]
-    assert sorted(read_all(ctx, fields=["sku"])["sku"]) == ["n1", "n2"]
+    assert sorted(read_all(ctx, T, fields=["sku"])["sku"]) == ["n1", "n2"]
 
     job2 = op(ctx, "bulk.overwrite.begin", type=T)["job"]
     op(ctx, "bulk.overwrite.part", type=T, job=job2, tag="p0", rows=encode_rows({"sku": ["z"]}))
@@ -270,22 +275,26 @@ def test_overwrite_swaps_atomically_and_abort_leaves_nothing(ctx: BulkContext) -
         op(ctx, "bulk.overwrite.commit", type=T, job=job2)
     with pytest.raises(BadArgument, match="aborted or committed"):
         op(ctx, "bulk.overwrite.part", type=T, job=job2, tag="p9", rows=encode_rows({"sku": ["q"]}))
-    assert sorted(read_all(ctx, fields=["sku"])["sku"]) == ["n1", "n2"]
+    assert sorted(read_all(ctx, T, fields=["sku"])["sku"]) == ["n1", "n2"]
 
 
-def test_overwrite_with_duplicate_keys_across_parts_changes_nothing(ctx: BulkContext) -> None:
+@SWAP_PATHS
+def test_overwrite_with_duplicate_keys_across_parts_changes_nothing(
+    ctx: BulkContext, T: str
+) -> None:
     op(ctx, "bulk.upsert", type=T, rows=encode_rows({"sku": ["keep"]}))
     job = op(ctx, "bulk.overwrite.begin", type=T)["job"]
     op(ctx, "bulk.overwrite.part", type=T, job=job, tag="a", rows=encode_rows({"sku": ["d"]}))
     op(ctx, "bulk.overwrite.part", type=T, job=job, tag="b", rows=encode_rows({"sku": ["d"]}))
     with pytest.raises(DuplicateKey, match="in two parts"):
         op(ctx, "bulk.overwrite.commit", type=T, job=job)
-    assert read_all(ctx, fields=["sku"])["sku"] == ["keep"]
+    assert read_all(ctx, T, fields=["sku"])["sku"] == ["keep"]
     with pytest.raises(FieldError, match="null in key"):
         op(ctx, "bulk.overwrite.part", type=T, job=job, tag="c", rows=encode_rows({"sku": [None]}))
 
 
-def test_overwrite_seen_by_concurrent_snapshot_readers_old_or_new(ctx: BulkContext) -> None:
+@SWAP_PATHS
+def test_overwrite_seen_by_concurrent_snapshot_readers_old_or_new(ctx: BulkContext, T: str) -> None:
     old = [f"o{i}" for i in range(500)]
     new = [f"n{i}" for i in range(700)]
     op(ctx, "bulk.upsert", type=T, rows=encode_rows({"sku": old}))
@@ -296,13 +305,13 @@ def test_overwrite_seen_by_concurrent_snapshot_readers_old_or_new(ctx: BulkConte
 
     def reader() -> None:
         while not stop.is_set():
-            seen.append(frozenset(read_all(ctx, fields=["sku"])["sku"]))
+            seen.append(frozenset(read_all(ctx, T, fields=["sku"])["sku"]))
 
     t = threading.Thread(target=reader)
     t.start()
     op(ctx, "bulk.overwrite.commit", type=T, job=job)
     for _ in range(3):
-        seen.append(frozenset(read_all(ctx, fields=["sku"])["sku"]))
+        seen.append(frozenset(read_all(ctx, T, fields=["sku"])["sku"]))
     stop.set()
     t.join(10)
     assert set(seen) <= {frozenset(old), frozenset(new)}
@@ -339,14 +348,15 @@ def test_schema_and_handler_table(ctx: BulkContext) -> None:
     assert {"bulk.plan", "bulk.scan", "bulk.upsert", "bulk.overwrite.commit"} <= set(HANDLERS)
 
 
-def test_overwrite_commit_takes_only_the_named_attempts(ctx: BulkContext) -> None:
+@SWAP_PATHS
+def test_overwrite_commit_takes_only_the_named_attempts(ctx: BulkContext, T: str) -> None:
     job = op(ctx, "bulk.overwrite.begin", type=T)["job"]
     # Partition 0 failed on attempt 0 after staging a part, then attempt 1 succeeded.
     for tag, sku in (("0/0/0", "stale"), ("0/1/0", "a"), ("0/1/1", "b"), ("1/0/0", "c")):
         op(ctx, "bulk.overwrite.part", type=T, job=job, tag=tag, rows=encode_rows({"sku": [sku]}))
     done = op(ctx, "bulk.overwrite.commit", type=T, job=job, parts=["0/1/", "1/0/"])
     assert done["inserted"] == 3
-    assert sorted(read_all(ctx, fields=["sku"])["sku"]) == ["a", "b", "c"]
+    assert sorted(read_all(ctx, T, fields=["sku"])["sku"]) == ["a", "b", "c"]
     assert op(ctx, "bulk.overwrite.abort", job=job)["dropped"] == 0  # nothing left staged
 
 

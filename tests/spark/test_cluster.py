@@ -21,6 +21,10 @@ from nonstop.spark.source import NonstopWriter, WriteStats, commit_outcome, home
 from tests.spark.conftest import ROOT, wait_until
 
 ITEM = "pipe.Item"
+PLAIN = "pipe.Plain"
+BOTH_SWAPS = pytest.mark.parametrize("kind", [ITEM, PLAIN], ids=["per-object-swap", "fast-swap"])
+"""Failure tests run on both swaps: Item has a reference (an entry per object swapped),
+Plain does not (bulk/fast_swap.py)."""
 
 
 @pytest.fixture
@@ -91,10 +95,10 @@ def test_spark_on_a_three_node_cluster(spark: Any, cluster: OwnedCluster) -> Non
     assert read(spark, addresses).count() == 900
 
 
-def skus_on(address: str) -> set[str]:
-    """The skus of the objects one node holds (its own snapshot)."""
+def skus_on(address: str, kind: str = ITEM) -> set[str]:
+    """The skus of the objects of type ``kind`` one node holds (its own snapshot)."""
     with BulkClient(address) as c:
-        reply = c.call("bulk.scan", type=ITEM, fields=["sku"], format="columns")
+        reply = c.call("bulk.scan", type=kind, fields=["sku"], format="columns")
     return set(decode_rows(reply["rows"], "columns")["sku"])
 
 
@@ -106,14 +110,14 @@ def arrow_rows(skus: list[str]) -> bytes:
     return sink.getvalue().to_pybytes()  # type: ignore[no-any-return]
 
 
-def held(nodes: list[dict[str, Any]]) -> dict[str, set[str]]:
-    return {n["name"]: skus_on(n["address"]) for n in nodes}
+def held(nodes: list[dict[str, Any]], kind: str = ITEM) -> dict[str, set[str]]:
+    return {n["name"]: skus_on(n["address"], kind) for n in nodes}
 
 
-def settles(nodes: list[dict[str, Any]], want: dict[str, set[str]]) -> bool:
+def settles(nodes: list[dict[str, Any]], want: dict[str, set[str]], kind: str = ITEM) -> bool:
     """Whether every node's snapshot shows ``want`` soon: phase two of a distributed
     commit lands on the nodes a few ms apart (lock-free snapshot reads may lag)."""
-    return wait_until(lambda: held(nodes) == want, 10)
+    return wait_until(lambda: held(nodes, kind) == want, 10)
 
 
 def locked_read(address: str, keys: list[str]) -> set[str]:
@@ -199,22 +203,23 @@ def test_overwrite_is_one_transaction_across_the_nodes(spark: Any, cluster: Owne
     assert settles(nodes, {name: set(by_node[name][1]) for name in names}), held(nodes)
 
 
+@BOTH_SWAPS
 def test_overwrite_failing_on_the_last_node_changes_no_node(
-    spark: Any, cluster: OwnedCluster
+    spark: Any, cluster: OwnedCluster, kind: str
 ) -> None:
     addresses = ",".join(cluster.addresses)
     nodes = cluster_nodes(addresses)
     frame = "sku string, qty long"
     spark.createDataFrame([(f"o{i}", 1) for i in range(90)], frame).write.format("nonstop").option(
         "cluster", addresses
-    ).option("type", ITEM).mode("append").save()
-    before = {n["name"]: skus_on(n["address"]) for n in nodes}
-    opts = Options.parse({"cluster": addresses, "type": ITEM})
+    ).option("type", kind).mode("append").save()
+    before = {n["name"]: skus_on(n["address"], kind) for n in nodes}
+    opts = Options.parse({"cluster": addresses, "type": kind})
     writer = NonstopWriter(opts, spark.createDataFrame([], frame).schema, True)
 
     def stage(node: dict[str, Any], tag: str, skus: list[str]) -> None:
         with BulkClient(node["address"]) as c:
-            common = {"type": ITEM, "tv": writer.version, "key": writer.key, "format": "arrow"}
+            common = {"type": kind, "tv": writer.version, "key": writer.key, "format": "arrow"}
             c.call("bulk.overwrite.part", job=writer.job, tag=tag, rows=arrow_rows(skus), **common)
 
     stage(nodes[0], "0/0/0/A", ["a1", "a2"])
@@ -225,36 +230,37 @@ def test_overwrite_failing_on_the_last_node_changes_no_node(
     done = [WriteStats(partition=0, attempt=0), WriteStats(partition=1, attempt=0)]
     with pytest.raises(Error, match=r"dup.*in two parts|in two parts.*dup"):
         writer.commit(done)
-    assert {n["name"]: skus_on(n["address"]) for n in nodes} == before
+    assert {n["name"]: skus_on(n["address"], kind) for n in nodes} == before
     # Only the first attempt's parts: the swap commits on every node; a replay of the
     # job commit (its reply lost, say) changes nothing.
     writer.commit(done[:1])
     want = {"A": {"a1", "a2"}, "B": {"b1"}, "C": {"dup"}}
-    assert settles(nodes, want), held(nodes)
+    assert settles(nodes, want, kind), held(nodes, kind)
     with BulkClient(nodes[1]["address"]) as c:
         sid = c.call("tx.begin")["s"]
-        again = c.call("tx.overwrite", s=sid, type=ITEM, job=writer.job, parts=["0/0/"])
+        again = c.call("tx.overwrite", s=sid, type=kind, job=writer.job, parts=["0/0/"])
         c.call("tx.commit", s=sid)
     assert again == {"deleted": 90, "inserted": 4, "replayed": True}  # the recorded result
     writer.commit(done[:1])
-    assert held(nodes) == want
+    assert held(nodes, kind) == want
     with BulkClient(nodes[0]["address"]) as c:  # a job that was never staged
         sid = c.call("tx.begin")["s"]
         with pytest.raises(Error, match="no staged overwrite"):
-            c.call("tx.overwrite", s=sid, type=ITEM, job="nosuchjob", parts=None)
+            c.call("tx.overwrite", s=sid, type=kind, job="nosuchjob", parts=None)
 
 
+@BOTH_SWAPS
 def test_a_node_killed_between_the_swap_and_the_commit_swaps_nothing(
-    spark: Any, cluster: OwnedCluster
+    spark: Any, cluster: OwnedCluster, kind: str
 ) -> None:
     addresses = ",".join(cluster.addresses)
     nodes = cluster_nodes(addresses)
     frame = "sku string, qty long"
     spark.createDataFrame([(f"o{i}", 1) for i in range(60)], frame).write.format("nonstop").option(
         "cluster", addresses
-    ).option("type", ITEM).mode("append").save()
-    before = held(nodes)
-    opts = Options.parse({"cluster": addresses, "type": ITEM})
+    ).option("type", kind).mode("append").save()
+    before = held(nodes, kind)
+    opts = Options.parse({"cluster": addresses, "type": kind})
     writer = NonstopWriter(opts, spark.createDataFrame([], frame).schema, True)
     for n in nodes:
         with BulkClient(n["address"]) as c:
@@ -263,11 +269,11 @@ def test_a_node_killed_between_the_swap_and_the_commit_swaps_nothing(
                 job=writer.job,
                 tag=f"0/0/0/{n['name']}",
                 rows=arrow_rows([f"new-{n['name']}"]),
-                type=ITEM,
+                type=kind,
                 key=writer.key,
                 format="arrow",
             )
-    args = {"type": ITEM, "job": writer.job, "parts": ["0/0/"]}
+    args = {"type": kind, "job": writer.job, "parts": ["0/0/"]}
     with BulkClient(cluster.address("A")) as c:
         sid = c.call("tx.begin")["s"]
         assert c.call("tx.overwrite", s=sid, **args)["inserted"] == 3  # swapped, uncommitted
@@ -279,12 +285,12 @@ def test_a_node_killed_between_the_swap_and_the_commit_swaps_nothing(
     assert commit_outcome(cluster.address("A"), "", ["t-kill", 1], wait=10) is False
     with pytest.raises(Unavailable, match="not decided"):  # a node that cannot answer
         commit_outcome(cluster.address("C"), "", ["t-kill", 1], wait=0.5)
-    assert held(nodes[:2]) == {n: before[n] for n in ("A", "B")}  # rolled back there
+    assert held(nodes[:2], kind) == {n: before[n] for n in ("A", "B")}  # rolled back there
     cluster.restart("C")
     assert wait_until(lambda: all(n["up"] for n in cluster_nodes(addresses)), 30)
-    assert held(nodes) == before  # C's swap was never prepared: gone with the process
+    assert held(nodes, kind) == before  # C's swap was never prepared: gone with the process
     # The staged parts are still there: the job commit now succeeds everywhere.
     writer.commit([WriteStats(partition=0, attempt=0)])
-    assert settles(nodes, {n["name"]: {f"new-{n['name']}"} for n in nodes}), held(nodes)
+    assert settles(nodes, {n["name"]: {f"new-{n['name']}"} for n in nodes}, kind), held(nodes, kind)
     req = [f"spark-overwrite-{writer.job}", 0]  # the writer's request id of that commit
     assert commit_outcome(cluster.address("A"), "", req, wait=10) is True

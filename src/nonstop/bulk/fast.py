@@ -28,6 +28,7 @@ from __future__ import annotations
 from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
+from nonstop.bulk.keys import encode_keys
 from nonstop.errors import Conflict, DuplicateKey, FieldError, ImmutableKey, TypeVersionMismatch
 from nonstop.model.codec import encode_key, pack, pack_each
 from nonstop.model.ref import location_prefix
@@ -112,7 +113,7 @@ def upsert(
     removals: list[Any] = []
     counts = None
     if created:
-        _creates(tx, info, names, cols, created, kbs, index, ops)
+        create_ops(tx, info, names, cols, created, kbs, index, ops)
         # (a bulk write creates in the store's own location, as create does)
         own = location_prefix(store.location)
         counts = {count_key(info.name.encode(), own): len(created)}
@@ -163,7 +164,7 @@ def upsert(
     return len(created), updated
 
 
-def _creates(
+def create_ops(
     tx: Transaction,
     info: TypeInfo,
     names: list[str],
@@ -218,7 +219,8 @@ def _creates(
         db = store.index_db(k.db_name, unique=False)
         col = fvalues[n]
         if col is not None:
-            ops.extend((True, db, encode_key(v), r) for v, r in zip(col, new_refs, strict=True))
+            kbs_n = encode_keys(col)
+            ops.extend(zip(repeat(True), repeat(db), kbs_n, new_refs, strict=False))
         else:  # a constant default
             kb = encode_key(fields[n].make_default())
             ops.extend((True, db, kb, r) for r in new_refs)

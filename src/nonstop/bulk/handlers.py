@@ -55,7 +55,9 @@ from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from nonstop.bulk import fast as bulk_fast
-from nonstop.bulk import gc_hold
+from nonstop.bulk import fast_swap, gc_hold
+from nonstop.bulk import records as bulk_records
+from nonstop.bulk.keys import encode_keys
 from nonstop.errors import (
     BadArgument,
     DuplicateKey,
@@ -400,20 +402,18 @@ def _scan_extent(
     plen = len(prefix)
     stop = prefix + hi if hi is not None else prefix[:-1] + b"\x01"
     refs: list[bytes] = []
-    add = refs.append
     more = False
     # One more than asked tells whether there is more; 'after' itself may come first.
-    cap = -1 if limit is None else limit + 1 + (after is not None)
+    cap = None if limit is None else limit + 1 + (after is not None)
     with store.read() as rtxn:
         snapshot = rtxn.id()
         cur = rtxn.cursor(db=store.extents)
         if cur.set_range(prefix + (start or b"")):
-            for key in cur.iternext(keys=True, values=False):
-                if key >= stop:
-                    break
-                if len(refs) == cap:
-                    break
-                add(key[plen:])
+            # The keys below 'stop', at most 'cap' of them, walked in C (no Python per key).
+            keys = itertools.takewhile(
+                stop.__gt__, itertools.islice(cur.iternext(keys=True, values=False), cap)
+            )
+            refs = [key[plen:] for key in keys]
         if after is not None and refs and refs[0] == after:
             del refs[0]  # 'after' is exclusive
         if limit is not None and len(refs) > limit:
@@ -424,21 +424,11 @@ def _scan_extent(
     if None in raws:  # (extent and objects change in one commit: cannot happen; be safe)
         refs = [r for r, raw in zip(refs, raws, strict=True) if raw is not None]
         raws = [raw for raw in raws if raw is not None]
-    payloads = list(map(store.record_payload, raws, refs))  # checksums verified
-    recs = unpack(_array_header(len(raws)) + b"".join(payloads)) if raws else []
+    recs = bulk_records.decode_all(store, raws, refs)  # checksums verified
     if any(rec[0] != type_name for rec in recs):  # (one extent: cannot happen; be safe)
         keep = [i for i, rec in enumerate(recs) if rec[0] == type_name]
         refs, recs = [refs[i] for i in keep], [recs[i] for i in keep]
     return snapshot, refs, list(map(itemgetter(3), recs)), more
-
-
-def _array_header(n: int) -> bytes:
-    """The msgpack header of an array of ``n`` items (what precedes the packed items)."""
-    if n < 16:
-        return bytes([0x90 | n])
-    if n < 1 << 16:
-        return b"\xdc" + n.to_bytes(2, "big")
-    return b"\xdd" + n.to_bytes(4, "big")
 
 
 def _scan_filtered(
@@ -541,7 +531,7 @@ def _columns_of(
     names = list(cols)
     out = [_checked(info, n, cols[n]) for n in names]
     kcol = out[names.index(key.field)]
-    kbs = [encode_key(v) for v in kcol]
+    kbs = encode_keys(kcol)
     if len(set(kbs)) != len(kbs):
         seen: set[bytes] = set()
         for value, kb in zip(kcol, kbs, strict=True):
@@ -574,12 +564,6 @@ def _checked(info: TypeInfo, name: str, col: list[Any]) -> list[Any]:
         if kinds <= exact:
             return col
     return list(map(_converter(info, name), col))
-
-
-def _rows_of(info: TypeInfo, key: KeyInfo, payload: dict[str, Any]) -> list[dict[str, Any]]:
-    """Validate a batch (see :func:`_columns_of`) and return it as rows."""
-    names, cols, _ = _columns_of(info, key, payload)
-    return [dict(zip(names, values, strict=True)) for values in zip(*cols, strict=True)]
 
 
 def _converter(info: TypeInfo, name: str) -> Callable[[Any], Any]:
@@ -647,6 +631,8 @@ def _run_steps(tx: Transaction, steps: Steps) -> Any:
         try:
             if name == _NEED:
                 value = tx.drive(tx.need(*args))
+            elif name == fast_swap.NEED_ALL:
+                value = tx.drive(tx.need_all(*args))
             else:
                 value = getattr(tx, name)(*args, **kwargs)
         except Exception as exc:
@@ -676,6 +662,8 @@ async def _arun_steps(tx: AsyncTransaction, steps: Steps) -> Any:
         try:
             if name == _NEED:
                 value = await tx.adrive(tx.need(*args))
+            elif name == fast_swap.NEED_ALL:
+                value = await tx.adrive(tx.need_all(*args))
             else:
                 value = await getattr(tx, name)(*args, **kwargs)
         except Exception as exc:
@@ -921,7 +909,7 @@ def overwrite_part(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any]:
     job = _job(payload)
     info = _type(ctx, payload)
     key = _key_of(info, payload)
-    rows = _rows_of(info, key, payload)  # bad rows fail now, before the swap
+    names, cols, _ = _columns_of(info, key, payload)  # bad rows fail now, before the swap
     tag = payload.get("tag")
     if not isinstance(tag, str) or not tag:
         raise BadArgument("'tag' must name this part (the same on a retry)")
@@ -932,10 +920,10 @@ def overwrite_part(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any]:
         raise BadArgument(f"no staged overwrite {job!r} on this node (aborted or committed?)")
     if unpack(meta)["type"] != info.name:
         raise BadArgument(f"overwrite {job!r} is of type {unpack(meta)['type']}, not {info.name}")
-    staged = pack({"key": key.field, "rows": rows})
+    staged = pack({"key": key.field, "names": names, "cols": cols})
     slot = f"o/{job}/{tag}".encode()
     db.engine.committer.commit(WriteSet([(True, bulk, slot, staged)]))
-    return {"rows": len(rows)}
+    return {"rows": len(cols[0]) if cols else 0}
 
 
 def overwrite_commit(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any]:
@@ -999,23 +987,37 @@ def _g_swap(tx: Transaction, info: TypeInfo, job: str, parts_arg: Any) -> Steps:
         raise BadArgument(f"no staged overwrite {job!r} on this node (aborted?)")
     staged = _keys_with(db, f"o/{job}/".encode())
     parts = _chosen(staged, f"o/{job}/".encode(), parts_arg)
+    fast_key = fast_swap.covered_key(info)
     deleted = 0
     for name in sorted(t.name for t in info.concrete_types()):
-        deleted += yield from _g_delete_extent(db, name)
+        for page in _extent_pages(db, name):
+            if fast_key is not None:
+                deleted += yield from fast_swap.g_delete_page(tx, info, page)
+            else:
+                deleted += yield from _g_delete_objects(page)
     inserted = 0
+    seen: set[bytes] = set()  # (the fast path's key values of earlier parts)
     for slot in parts:
         raw = db.engine.get_raw(bulk, slot)
         if raw is None:  # (the job's lock is held: its parts cannot go away)
             raise BadArgument(f"staged part {slot!r} of {job!r} is gone")
-        part = unpack(raw)
-        for row in part["rows"]:
-            if info.ref_fields:
-                row = yield from _g_refs(info, row)
-            try:
-                yield ("create", (info.cls,), row)
-            except DuplicateKey as exc:
-                raise DuplicateKey(f"overwrite {job!r}: {exc} (in two parts)") from None
-            inserted += 1
+        names, cols = _part_columns(unpack(raw))
+        for lo in range(0, len(cols[0]) if cols else 0, SWAP_PAGE):
+            chunk = [c[lo : lo + SWAP_PAGE] for c in cols]
+            if fast_key is not None:
+                inserted += yield from fast_swap.g_create_part(
+                    tx, info, fast_key, names, chunk, seen
+                )
+                continue
+            for values in zip(*chunk, strict=True):
+                row = dict(zip(names, values, strict=True))
+                if info.ref_fields:
+                    row = yield from _g_refs(info, row)
+                try:
+                    yield ("create", (info.cls,), row)
+                except DuplicateKey as exc:
+                    raise DuplicateKey(f"overwrite {job!r}: {exc} (in two parts)") from None
+                inserted += 1
     result = {"deleted": deleted, "inserted": inserted}
     ops: list[tuple[bool, Any, bytes, bytes | None]] = [(False, bulk, s, None) for s in staged]
     ops += [(False, bulk, jslot, None), (True, bulk, dslot, pack(result))]
@@ -1027,26 +1029,43 @@ SWAP_PAGE = 1000
 """References a swap reads from its node's extent at a time (memory bound per page)."""
 
 
-def _g_delete_extent(db: Database, type_name: str) -> Steps:
-    """Steps deleting every object of one concrete type under write locks, a page of
-    :data:`SWAP_PAGE` references at a time in reference order, each page read from
-    a fresh snapshot (so nothing holds the whole extent in memory).  Objects
-    created meanwhile with a later reference are deleted too; the query rule on
-    phantoms (data-path.md §6.2) covers the others, as for a locking scan."""
+def _extent_pages(db: Database, type_name: str) -> Iterator[list[bytes]]:
+    """Every reference of one concrete type's extent, a page of :data:`SWAP_PAGE` at
+    a time in reference order, each page read from a fresh snapshot (so nothing holds
+    the whole extent in memory).  Objects created meanwhile with a later reference
+    come in later pages; the query rule on phantoms (data-path.md §6.2) covers the
+    others, as for a locking scan."""
     store = db.engine.store
     lo: bytes | None = None
-    deleted = 0
     while True:
         with store.read() as rtxn:
             page = list(itertools.islice(_extent_refs(store, rtxn, type_name, lo), SWAP_PAGE))
         if not page:
-            return deleted
-        for raw in page:
-            obj = yield ("by_ref", (Ref(raw),), {"lock": "write"})
-            if obj is not None:  # (deleted by a transaction that committed meanwhile)
-                yield ("delete", (obj,), {})
-                deleted += 1
+            return
+        yield page
         lo = page[-1] + b"\x00"  # the next reference after the page's last
+
+
+def _g_delete_objects(page: list[bytes]) -> Steps:
+    """Steps deleting the objects of a page of references under write locks, one
+    transaction entry each (the per-object path); returns how many there were."""
+    deleted = 0
+    for raw in page:
+        obj = yield ("by_ref", (Ref(raw),), {"lock": "write"})
+        if obj is not None:  # (deleted by a transaction that committed meanwhile)
+            yield ("delete", (obj,), {})
+            deleted += 1
+    return deleted
+
+
+def _part_columns(part: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
+    """A staged part's column names and columns (parts staged as rows by an older
+    version are turned into columns)."""
+    if "cols" in part:
+        return part["names"], part["cols"]
+    rows: list[dict[str, Any]] = part["rows"]
+    names = list(rows[0]) if rows else []
+    return names, [[row[n] for row in rows] for n in names]
 
 
 def _chosen(staged: list[bytes], prefix: bytes, parts: Any) -> list[bytes]:

@@ -234,7 +234,7 @@ class StoreResourceManager:
         try:
             for ref, type_name, version, changes in writes:
                 await _apply_write(tx, ref, type_name, version, changes)
-            if len(tx.entry_map()) < LARGE_PREPARE:
+            if len(tx.entry_map()) + tx.raw_op_count() // 4 < LARGE_PREPARE:
                 record = tx.prepare_write_set(gtid.encode(), keep_read_only=True)
             else:  # an overwrite's swap: seconds of encoding, off the event loop
                 record = await asyncio.to_thread(_prepare_large, tx, gtid.encode())
@@ -263,10 +263,11 @@ class StoreResourceManager:
 
 
 LARGE_PREPARE = 2000
-"""Objects a branch touched from which its prepare (encoding its write set: about
-30 µs an object) runs on a worker thread rather than on the node's event loop.
-Nothing else uses the transaction meanwhile: its ops are over, and the lock
-table is only read (the locks it holds)."""
+"""Objects a branch touched (entries, or raw operations / 4: a bulk swap's) from
+which its prepare (encoding its write set: about 30 µs an object) runs on a
+worker thread rather than on the node's event loop.  Nothing else uses the
+transaction meanwhile: its ops are over, and the lock table is only read (the
+locks it holds)."""
 
 
 def _prepare_large(tx: AsyncTransaction, gtid: bytes) -> WriteSet | None:

@@ -56,6 +56,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
 from nonstop.bulk.handlers import ROWS_PER_RANGE
+from nonstop.bulk.keys import encode_keys
 from nonstop.client.bulk import BulkClient, cluster_nodes
 from nonstop.errors import BadArgument, Error, Retryable, Unavailable
 from nonstop.model.codec import encode_key
@@ -159,6 +160,20 @@ def home(key_value: Any, n_nodes: int) -> int:
         return zlib.crc32(encode_key(key_value)) % n_nodes
     except (TypeError, ValueError):
         return 0  # the node reports what is wrong with the value
+
+
+def homes_of(values: list[Any], n_nodes: int) -> list[int]:
+    """``[home(v, n_nodes) for v in values]``, the keys encoded a column at a time
+    (a Spark task computes one per row it writes)."""
+    if n_nodes == 1:
+        return [0] * len(values)
+    if None in values:  # (home() sends a null key to node 0, which reports it)
+        return [home(v, n_nodes) for v in values]
+    try:
+        kbs = encode_keys(values)
+    except (TypeError, ValueError):  # (a bad value: home() sends it to node 0)
+        return [home(v, n_nodes) for v in values]
+    return [c % n_nodes for c in map(zlib.crc32, kbs)]
 
 
 # -------------------------------------------------------------------- source
@@ -339,7 +354,7 @@ class _Router:
         if n == 1:
             groups = {0: table}
         else:
-            homes = pa.array([home(v, n) for v in table.column(self.key).to_pylist()])
+            homes = pa.array(homes_of(table.column(self.key).to_pylist(), n))
             groups = {}
             for i in range(n):
                 part = table.filter(pc.equal(homes, i))

@@ -811,6 +811,11 @@ class Transaction:
             for name, delta in counts.items():
                 raw_counts[name] = raw_counts.get(name, 0) + delta
 
+    def raw_op_count(self) -> int:
+        """How many raw store operations :meth:`write_raw` added so far (a bulk swap's
+        size, which has no entries)."""
+        return len(self._raw_ops)
+
     def queued_calls(self) -> Sequence[tuple[bytes, bytes]]:
         """The asynchronous calls queued so far: (queue key, record), in order."""
         return self._async_calls
