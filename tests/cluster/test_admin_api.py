@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -222,3 +223,24 @@ def test_openapi_fuzz(cluster: Procs, tmp_path: Path) -> None:
             run()
     print("fuzz statuses:", dict(sorted(seen.items())))
     assert {200, 403, 422} <= set(seen) and all(code < 500 for code in seen), seen
+
+
+def test_admin_port_is_https_when_the_node_has_tls(folder: Path, tmp_path: Path) -> None:
+    """With the node's TLS (mutual, as `local up --option tls=...` sets it) the admin port
+    speaks HTTPS with the node's certificate, and its commands reach the node over TLS."""
+    from tests.unit.test_transport import make_certs
+
+    tls = make_certs(tmp_path)
+    option = json.dumps({"cert": tls.cert, "key": tls.key, "ca": tls.ca})
+    code, _, err = run_cli(
+        "local", "up", "-n", "1", "--dir", str(folder), "--option", f"tls={option}"
+    )
+    assert code == 0, err
+    admin = json.loads((folder / "local.json").read_text())["nodes"][0]["admin"]
+    ssl_context = ssl.create_default_context(cafile=tls.ca)
+    r = httpx.post(
+        f"https://{admin}/api/v1/cluster/status", auth=admin_auth(), verify=ssl_context, timeout=30
+    )
+    assert r.status_code == 200 and r.json()["quorum"] == "Active", r.text
+    with pytest.raises(httpx.HTTPError):
+        httpx.post(f"http://{admin}/api/v1/cluster/status", auth=admin_auth(), timeout=5)
