@@ -124,6 +124,7 @@ def test_refusals_have_the_status_a_client_expects(
     text = caplog.text
     assert "refused POST /api/v1/thing/flip for mo@" in text
     assert "bad user or password (user 'nobody')" in text
+    assert "refused POST /api/v1/thing/nothing for anonymous@" in text
 
 
 def test_forged_expired_and_foreign_tokens_are_401(api: TestClient) -> None:
@@ -149,7 +150,7 @@ def test_forged_expired_and_foreign_tokens_are_401(api: TestClient) -> None:
         tokens.verify(tokens.issue("ann", now=100.0)[0], now=161.0)
 
 
-def test_static_files_and_traversal(api: TestClient) -> None:
+def test_static_files_and_traversal(api: TestClient, caplog: pytest.LogCaptureFixture) -> None:
     page = api.get("/console/")
     assert page.status_code == 200 and "<html" in page.text.lower()
     for path in (
@@ -162,6 +163,7 @@ def test_static_files_and_traversal(api: TestClient) -> None:
         r = api.get(path)
         assert r.status_code == 404, path
         assert "import" not in r.text and "root:" not in r.text
+    assert "refused GET /console/../../../etc/passwd for anonymous@" in caplog.text
 
 
 def test_openapi_describes_every_command(api: TestClient) -> None:

@@ -37,6 +37,7 @@ from fastapi.security import (
 )
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, Field, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from nonstop.adminapi.body_limit import BodyLimit
 from nonstop.adminapi.principal import Directory, Principal
@@ -149,6 +150,22 @@ def build_app(
             request,
             401,
             "authentication required (HTTP basic, or a Bearer token from /api/v1/login)",
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def not_found(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # 401/403 and the commands' refusals were logged where they were raised; log the
+        # routing's own refusals here (an unknown command, a file outside the console).
+        if exc.status_code in (404, 405):
+            log.warning(
+                "admin api: refused %s %s for %s: %s",
+                request.method,
+                request.url.path,
+                who(request),
+                exc.detail,
+            )
+        return JSONResponse(
+            status_code=exc.status_code, content={"detail": exc.detail}, headers=exc.headers
         )
 
     @app.exception_handler(RequestValidationError)
