@@ -12,6 +12,11 @@ The composition of :mod:`nonstop.adminapi` for one node:
   address, after the API checked the HTTP user's roles against the command's
   permission (docs/security.md "Admin HTTP API");
 * HTTPS with the node's certificate when the node's TLS is configured.
+
+The password check runs in the API's worker threads (scrypt must not stall the
+loop): it reads one user's record of the users table with dict lookups, and the
+loop changes a record by assigning its fields (each atomic under the GIL), so a
+check sees each field before or after a change, never half of one.
 """
 
 from __future__ import annotations
