@@ -45,6 +45,8 @@ Layers (lowest first)
     nonstop (the facade)        the public surface
     bulk, dataplane             bulk operations, the data service
     security                    roles, the op matrix, the users table of the cluster log
+    commands                    the administrative commands, defined once (G2)
+    adminapi                    the node's admin HTTP API and web console
     node                        the node process and its composition
     spark, sim, admin, demos    integrations, the simulator, tools, examples
 

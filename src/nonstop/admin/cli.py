@@ -25,6 +25,7 @@ from nonstop.admin.cmd_partition import partition
 from nonstop.admin.cmd_user import user
 from nonstop.admin.output import emit_status, fail
 from nonstop.admin.pipeline import pipeline
+from nonstop.admin.registered import add_generated
 from nonstop.admin.scrub import store
 
 
@@ -43,6 +44,8 @@ cli.add_command(pipeline)  # the Spark jobs
 cli.add_command(store)  # nonstop store verify (nonstop.admin.scrub)
 cli.add_command(logs)  # the merged node logs
 cli.add_command(user)  # users and roles (nonstop.admin.cmd_user)
+# Registered commands with no hand-written CLI command (nonstop.commands): generated ones.
+add_generated(cli)
 
 
 def main() -> None:

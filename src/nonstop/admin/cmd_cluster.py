@@ -154,14 +154,12 @@ def cluster_status(
     tls_key: str | None,
 ) -> None:
     """Show the cluster id, view, quorum, leader, and every node's state and membership."""
+    from nonstop.admin.registered import context_for, run_registered
+
     target = resolve_target(address, folder)
     tls = TLSConfig(cert=tls_cert, key=tls_key, ca=tls_ca)
-    with open_client(target, timeout, tls) as client:
-        try:
-            cluster_id = client.ping().get("cluster")
-            status = client.status()
-        except (Error, ValueError) as exc:
-            fail(str(exc))
+    status = run_registered("cluster.status", context_for(target, timeout, tls), {}, target)
+    cluster_id = status.pop("cluster")
     metrics = None
     if target.folder is not None:
         lc = LocalCluster(target.folder)

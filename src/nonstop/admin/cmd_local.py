@@ -84,6 +84,14 @@ def show_status(
         source=str(lc.layout_path),
         metrics=lc.metrics_addresses(layout),
     )
+    consoles = lc.admin_addresses(layout)
+    if consoles and not as_json:
+        scheme = "https" if lc.client_tls(layout) is not None else "http"
+        first = sorted(consoles)[0]
+        click.echo(
+            f"console: {scheme}://{consoles[first]}/console/ (node {first}; every node has one; "
+            f"log in with the user and password of {lc.credentials_path})"
+        )
 
 
 def load_layout(lc: LocalCluster) -> dict[str, Any]:

@@ -8,10 +8,9 @@ from typing import Any
 
 import click
 
-from nonstop.admin.cmd_cluster import open_client, resolve_target, target_options, tls_options
+from nonstop.admin.cmd_cluster import resolve_target, target_options, tls_options
 from nonstop.admin.local import LocalError, spawn_node, stop_pid
 from nonstop.admin.output import USAGE, fail
-from nonstop.errors import Error
 from nonstop.net.tls import TLSConfig
 from nonstop.node.config import ConfigError, NodeConfig, from_mapping, load, parse_join, write
 from nonstop.node.datadir import DataDir
@@ -152,17 +151,12 @@ def node_status(
 
     The node asked is the first of --node (or of the local cluster) that answers.
     """
+    from nonstop.admin.registered import context_for, run_registered
+
     target = resolve_target(address, folder)
     tls = TLSConfig(cert=tls_cert, key=tls_key, ca=tls_ca)
-    with open_client(target, timeout, tls) as client:
-        try:
-            name = client.ping().get("name")
-            stats = client.request({"op": "runtime_stats"})
-        except (Error, ValueError) as exc:
-            fail(str(exc))
-    if not isinstance(stats, dict):
-        fail(f"unexpected runtime_stats reply: {stats!r}")
-    stats = {"name": name, **stats}
+    stats = run_registered("node.status", context_for(target, timeout, tls), {}, target)
+    name = stats["name"]
     if as_json:
         click.echo(json.dumps(stats, indent=2, sort_keys=True, default=str))
         return

@@ -44,6 +44,21 @@ def _ask(
             fail(str(exc))
 
 
+def _run(
+    name: str,
+    address: str | None,
+    folder: str | None,
+    credentials: str | None,
+    timeout: float,
+    arguments: dict[str, Any],
+) -> Any:
+    """Run the registered command ``name`` (nonstop.commands.user_commands)."""
+    from nonstop.admin.registered import context_for, run_registered
+
+    target = resolve_target(address, folder, credentials)
+    return run_registered(name, context_for(target, timeout), arguments, target)
+
+
 def _password(password: str | None, out: str | None) -> str:
     if password is not None:
         return password
@@ -125,13 +140,7 @@ def user_roles(
     timeout: float,
 ) -> None:
     """Replace the roles of user NAME."""
-    _ask(
-        address,
-        folder,
-        credentials,
-        timeout,
-        {"op": "user.roles", "user": name, "roles": list(roles)},
-    )
+    _run("user.roles", address, folder, credentials, timeout, {"name": name, "roles": list(roles)})
     click.echo(f"user {name} now has roles {','.join(sorted(set(roles)))}")
 
 
@@ -142,7 +151,7 @@ def user_remove(
     name: str, address: str | None, folder: str | None, credentials: str | None, timeout: float
 ) -> None:
     """Remove user NAME (its open connections are refused from their next request)."""
-    _ask(address, folder, credentials, timeout, {"op": "user.remove", "user": name})
+    _run("user.remove", address, folder, credentials, timeout, {"name": name})
     click.echo(f"user {name} removed")
 
 
@@ -157,8 +166,7 @@ def user_list(
     timeout: float,
 ) -> None:
     """List the users of the cluster's users table and their roles."""
-    reply = _ask(address, folder, credentials, timeout, {"op": "user.list"})
-    users = reply.get("users", [])
+    users = _run("user.list", address, folder, credentials, timeout, {})["users"]
     if as_json:
         click.echo(json.dumps(users))
         return

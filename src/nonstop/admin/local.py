@@ -6,7 +6,8 @@ nodes again on their old data and ports.  Each node gets ``DIR/<name>/`` as its
 data directory (its log in ``DIR/<name>/node.log``, JSON lines that ``nonstop
 logs`` merges), ``DIR/<name>.toml`` as its configuration, which an operator can
 read to see how a node is started, and a port of its own for its Prometheus
-metrics (``metrics.listen``, on 127.0.0.1).
+metrics (``metrics.listen``, on 127.0.0.1), and its admin API and console
+(``admin.listen``, on 127.0.0.1).
 
 Authentication: the folder holds the cluster secret (``DIR/cluster.secret``) and
 the bootstrap admin's credentials (``DIR/credentials.json``), both mode 0600 and
@@ -68,6 +69,8 @@ class LocalNode:
     config: Path
     metrics: str | None = None
     """``host:port`` of its metrics endpoint (None in folders made before there was one)."""
+    admin: str | None = None
+    """``host:port`` of its admin API and console (None in folders made before there was one)."""
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -206,6 +209,7 @@ class LocalCluster:
                 data=self.dir / entry["name"],
                 config=self.dir / f"{entry['name']}.toml",
                 metrics=entry.get("metrics"),
+                admin=entry.get("admin"),
             )
             for entry in layout["nodes"]
         ]
@@ -236,6 +240,11 @@ class LocalCluster:
             self.save(layout)
         if node.metrics is not None:
             values["metrics"] = {"listen": node.metrics}
+        if "admin" not in entry:
+            # Every node serves the admin API and console on a port of its own (loopback).
+            entry["admin"] = node.admin = f"127.0.0.1:{free_port()}"
+            self.save(layout)
+        values["admin"] = {"listen": node.admin}
         self.ensure_auth_files()
         options = dict(layout.get("options", {}))
         if isinstance(options.get("auth"), dict):  # e.g. --option auth='{"enabled": false}'
@@ -269,6 +278,10 @@ class LocalCluster:
     def metrics_addresses(self, layout: dict[str, Any]) -> dict[str, str]:
         """``name → host:port`` of each node's metrics endpoint."""
         return {n.name: n.metrics for n in self.nodes(layout) if n.metrics is not None}
+
+    def admin_addresses(self, layout: dict[str, Any]) -> dict[str, str]:
+        """``name → host:port`` of each node's admin API and console."""
+        return {n.name: n.admin for n in self.nodes(layout) if n.admin is not None}
 
     def log_files(self, layout: dict[str, Any]) -> dict[str, Path]:
         """``name → DIR/<name>/node.log`` of each node of the layout."""

@@ -14,6 +14,8 @@ from typing import Any, NoReturn
 
 import click
 
+from nonstop.commands.cluster_commands import status_rows
+
 USAGE = 2
 FAILURE = 1
 
@@ -27,24 +29,6 @@ def fail(message: str, code: int = FAILURE) -> NoReturn:
 def note(message: str) -> None:
     """A one-line remark on stderr that does not change the outcome."""
     click.echo(f"note: {message}", err=True)
-
-
-def status_rows(status: dict[str, Any]) -> list[dict[str, Any]]:
-    """The status's nodes, with no pid for a node that is not up (it would be stale)."""
-    rows = []
-    for n in status.get("nodes", []):
-        state = n.get("state")
-        up = state in ("Self", "Up")
-        rows.append(
-            {
-                "name": n.get("name"),
-                "address": n.get("address"),
-                "state": state,
-                "pid": n.get("pid") if up else None,
-                **{k: v for k, v in n.items() if k not in ("name", "address", "state", "pid")},
-            }
-        )
-    return rows
 
 
 def emit_status(

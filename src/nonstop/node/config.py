@@ -331,6 +331,23 @@ class HaSection(Section):
         )
 
 
+# -- the admin HTTP API (admin-http): a separate block to ease merges with other sections
+class AdminSection(Section):
+    """`[admin]`: the admin HTTP API and web console (see Admin API); off unless `listen`."""
+
+    listen: str | None = Field(
+        default=None,
+        description="`host:port` of the admin API and console (`/api/v1/...`, `/console/`); "
+        "HTTPS when the node's TLS has a certificate",
+    )
+    session_ttl: float = Field(
+        default=3600.0, gt=0, description="seconds a console session token is valid"
+    )
+    max_body: int = Field(
+        default=65536, ge=1024, description="largest request body (bytes); larger is 413"
+    )
+
+
 def replicas_refusal(distribution: Any) -> str | None:
     """Why ``ha.data = "partitions"`` cannot run this distribution yet, or None.
 
@@ -457,6 +474,9 @@ class NodeConfig(Section):
     tls: TLSSection = Field(default_factory=TLSSection, description="TLS, see below")
     metrics: MetricsSection = Field(
         default_factory=MetricsSection, description="Prometheus endpoint, see below"
+    )
+    admin: AdminSection = Field(
+        default_factory=AdminSection, description="admin HTTP API and console, see below"
     )
     auth: AuthSection = Field(default_factory=AuthSection, description="authentication, see below")
     discovery: DiscoverySection = Field(

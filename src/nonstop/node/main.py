@@ -48,6 +48,7 @@ from nonstop.runtime.real import (
 from nonstop.store.records import on_corrupt
 
 if TYPE_CHECKING:
+    from nonstop.adminapi.server import AdminServer
     from nonstop.node.metrics_http import MetricsServer
 
 log = logging.getLogger("nonstop.node")
@@ -89,6 +90,23 @@ async def start_metrics(runtime: RealRuntime, cfg: NodeConfig) -> MetricsServer 
         reason = "port in use" if exc.errno == errno.EADDRINUSE else str(exc)
         where = cfg.metrics.listen
         raise NodeStartError(f"cannot listen for metrics on {where}: {reason}") from exc
+
+
+async def start_admin_api(
+    runtime: RealRuntime, cfg: NodeConfig, cluster: str
+) -> AdminServer | None:
+    """Serve the admin API and console on ``admin.listen`` (None: not configured)."""
+    if cfg.admin.listen is None:
+        return None
+    from nonstop.node.admin_http import start_admin
+
+    try:
+        return await start_admin(runtime, cfg, cluster)
+    except OSError as exc:
+        reason = "port in use" if exc.errno == errno.EADDRINUSE else str(exc)
+        raise NodeStartError(
+            f"cannot listen for the admin API on {cfg.admin.listen}: {reason}"
+        ) from exc
 
 
 def open_object_store(datadir: DataDir, ident: Identity | None = None) -> Any:
@@ -228,8 +246,17 @@ async def serve(cfg: NodeConfig, datadir: DataDir) -> None:
         except NodeStartError:
             await runtime.stop()
             raise
+        try:
+            admin = await start_admin_api(runtime, cfg, ident.cluster)
+        except NodeStartError:
+            if metrics is not None:
+                await metrics.stop()
+            await runtime.stop()
+            raise
         await runtime.first_contacts(cfg.connect_timeout + 0.5)
         if failure:
+            if admin is not None:
+                await admin.stop()
             if metrics is not None:
                 await metrics.stop()
             await runtime.stop()
@@ -285,6 +312,8 @@ async def serve(cfg: NodeConfig, datadir: DataDir) -> None:
         stop_listening()
         log.info("node %s stopping", ident.name)
         await stop_activated(components)
+        if admin is not None:
+            await admin.stop()
         if metrics is not None:
             await metrics.stop()
         await runtime.stop()

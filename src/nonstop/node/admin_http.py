@@ -1,0 +1,103 @@
+"""Start the node's admin HTTP API and console (``[admin] listen``): :func:`start_admin`.
+
+The composition of :mod:`nonstop.adminapi` for one node:
+
+* the users: the node's bootstrap admin and the users table of the cluster log
+  (``nonstop.node.access``, ``nonstop.security.users_table``), a password
+  checked against the stored scrypt verifier; with ``[auth] enabled = false``
+  the API is open like the node port (and says so in the log);
+* session tokens signed with a key derived from the cluster secret, so a token
+  from one node is good on every node of the cluster and on no other cluster;
+* the commands run as the node's bootstrap admin against the node's own
+  address, after the API checked the HTTP user's roles against the command's
+  permission (docs/security.md "Admin HTTP API");
+* HTTPS with the node's certificate when the node's TLS is configured.
+
+The password check runs in the API's worker threads (scrypt must not stall the
+loop): it reads one user's record of the users table with dict lookups, and the
+loop changes a record by assigning its fields (each atomic under the GIL), so a
+check sees each field before or after a change, never half of one.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import os
+from typing import Any
+
+from nonstop.adminapi.app import build_app
+from nonstop.adminapi.principal import Directory, verifier_matches
+from nonstop.adminapi.server import AdminServer, serve_admin
+from nonstop.adminapi.tokens import SessionTokens, session_key
+from nonstop.commands.context import CommandContext
+from nonstop.commands.registry import load_all
+from nonstop.net.auth import decoy_verifier
+from nonstop.net.tls import TLSConfig
+from nonstop.node.access import NodeAccess
+from nonstop.node.config import NodeConfig
+from nonstop.node.machine import users_table
+from nonstop.security.roles import ADMIN, allows
+
+log = logging.getLogger("nonstop.node")
+
+
+def node_directory(access: NodeAccess, machine: Any) -> Directory:
+    """The users of this node: its bootstrap admin, then the users table (module doc)."""
+    if not access.enabled:
+        return Directory(lambda _u, _p: [ADMIN], lambda _u: [ADMIN], enabled=False)
+    roles_of = access.roles_lookup(lambda: users_table(machine()))
+    decoy_key = os.urandom(32)
+
+    def check_password(user: str, password: str) -> list[str] | None:
+        admin = access.admin
+        if admin is not None and user == admin.user:
+            same = hmac.compare_digest(password.encode(), admin.password.encode())
+            return [ADMIN] if same else None
+        table = users_table(machine())
+        found = None if table is None else table.lookup(user)
+        # An unknown user costs the same scrypt as a known one (no user enumeration by time).
+        verifier, roles = found if found is not None else (decoy_verifier(decoy_key, user), None)
+        v = verifier
+        ok = verifier_matches(password, v.salt, v.n, v.r, v.p, v.stored_key)
+        return list(roles) if ok and roles is not None else None
+
+    return Directory(check_password, roles_of)
+
+
+async def start_admin(runtime: Any, cfg: NodeConfig, cluster_id: str) -> AdminServer | None:
+    """Serve the admin API on ``cfg.admin.listen`` (None: not configured); ``OSError``."""
+    if cfg.admin.listen is None:
+        return None
+    access = NodeAccess.from_config(cfg)
+    key = session_key(access.secret) if access.secret is not None else os.urandom(32)
+    if not access.enabled:
+        log.warning(
+            "admin API on %s is open ([auth] enabled = false): anyone who reaches it "
+            "may run any command",
+            cfg.admin.listen,
+        )
+    client_tls = TLSConfig(cert=cfg.tls.cert, key=cfg.tls.key, ca=cfg.tls.ca)
+    options: dict[str, Any] = {"tls": client_tls if client_tls.enabled else None}
+    if access.admin is not None:
+        options["credentials"] = access.admin
+
+    def context() -> CommandContext:
+        return CommandContext(
+            addresses=[cfg.listen], cluster=cluster_id, timeout=3.0, options=options
+        )
+
+    app = build_app(
+        load_all(),
+        node_directory(access, lambda: runtime.machine),
+        SessionTokens(key, cfg.admin.session_ttl),
+        context,
+        allows,
+        node=cfg.name,
+        body_limit=cfg.admin.max_body,
+    )
+    cert = (cfg.tls.cert, cfg.tls.key) if cfg.tls.cert and cfg.tls.key else None
+    return await serve_admin(app, cfg.admin.listen, cert)
+
+
+__all__ = ["node_directory", "start_admin"]

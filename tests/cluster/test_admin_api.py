@@ -1,0 +1,246 @@
+"""The admin HTTP API of real nodes (G2, G5): a 3-node loopback cluster, asked over HTTP.
+
+Status, partition list and a changing command (partition disable/enable) through
+``/api/v1``; the role matrix (a monitor refused a change with 403, a bad password
+401, a forged token 401); a huge body 413; a path traversal on the console 404;
+CLI/HTTP parity: every registered command reachable both ways with the same
+result; and a bounded schemathesis run over the OpenAPI description.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import ssl
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from nonstop.admin.cli import cli
+from nonstop.admin.registered import cli_path
+from nonstop.client.credentials import load_credentials
+from nonstop.commands.registry import load_all
+from tests.cluster.conftest import REAL_CLUSTER, Procs, run_cli, wait_until
+
+pytestmark = [
+    pytest.mark.timeout(240),
+    pytest.mark.skipif(not REAL_CLUSTER, reason="the partition table is the real cluster node's"),
+]
+
+MONITOR = ("mo", "monitor-password-1")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Procs]:
+    procs = Procs(tmp_path_factory.mktemp("admin-api"), 3)
+    try:
+        procs.start_all()
+        procs.wait_quorum(list(procs.nodes), "Active", 30)
+        code, _, err = run_cli(
+            "user",
+            "add",
+            MONITOR[0],
+            "--role",
+            "monitor",
+            "--password",
+            MONITOR[1],
+            "--node",
+            procs.address("A"),
+        )
+        assert code == 0, err
+        yield procs
+    finally:
+        procs.cleanup()
+
+
+def admin_auth() -> tuple[str, str]:
+    cred = load_credentials(os.environ["NONSTOP_CREDENTIALS"])
+    return cred.user, cred.password
+
+
+def base(cluster: Procs, name: str = "A") -> str:
+    address = cluster.nodes[name].admin
+    assert address is not None and address.startswith("127.0.0.1:")
+    return f"http://{address}"
+
+
+def post(cluster: Procs, path: str, body: Any = None, **kw: Any) -> httpx.Response:
+    kw.setdefault("auth", admin_auth())
+    return httpx.post(f"{base(cluster)}/api/v1/{path}", json=body, timeout=30, **kw)
+
+
+def test_status_and_partition_list_over_http(cluster: Procs) -> None:
+    r = post(cluster, "cluster/status")
+    assert r.status_code == 200, r.text
+    status = r.json()
+    assert status["quorum"] == "Active" and status["cluster"] == cluster.layout["cluster"]
+    assert {n["name"]: n["state"] for n in status["nodes"]} == {"A": "Self", "B": "Up", "C": "Up"}
+    r = post(cluster, "partition/list")
+    assert r.status_code == 200, r.text
+    assert [p["name"] for p in r.json()["partitions"]][:2] == ["default.0", "default.1"]
+    r = post(cluster, "node/status")
+    assert r.status_code == 200 and r.json()["name"] == "A", r.text
+
+
+def test_a_changing_command_over_http(cluster: Procs) -> None:
+    part = next(
+        p for p in post(cluster, "partition/list").json()["partitions"] if len(p["nodes"]) > 1
+    )
+    name, second = part["name"], part["nodes"][1][0]
+    r = post(cluster, "partition/disable", {"name": name, "on": [second]})
+    assert r.status_code == 200, r.text
+    assert r.json()["results"][0]["node"] == second
+
+    def status_on(node: str) -> str | None:
+        rows = post(cluster, "partition/list").json()["partitions"]
+        return next(p["status"][node] for p in rows if p["name"] == name)
+
+    wait_until(lambda: status_on(second) == "LocalDisabled", 10, f"{name} disabled on {second}")
+    r = post(cluster, "partition/enable", {"name": name, "on": [second]})
+    assert r.status_code == 200, r.text
+    wait_until(lambda: status_on(second) == "LocalEnabled", 10, f"{name} enabled on {second}")
+    r = post(cluster, "partition/enable", {"name": "no-such-partition"})
+    assert r.status_code == 400 and "not defined" in r.json()["detail"]
+
+
+def test_role_matrix_and_bad_input(cluster: Procs) -> None:
+    assert post(cluster, "cluster/status", auth=MONITOR).status_code == 200
+    refused = post(cluster, "partition/disable", {"name": "default.0"}, auth=MONITOR)
+    assert refused.status_code == 403 and "admin" in refused.json()["detail"]
+    assert post(cluster, "cluster/status", auth=(MONITOR[0], "wrong")).status_code == 401
+    assert post(cluster, "cluster/status", auth=("nobody", "x")).status_code == 401
+    assert post(cluster, "cluster/status", auth=None).status_code == 401
+    login = httpx.post(
+        f"{base(cluster, 'B')}/api/v1/login",
+        json={"user": MONITOR[0], "password": MONITOR[1]},
+        timeout=30,
+    )
+    assert login.status_code == 200, login.text
+    token = login.json()["token"]
+    # A token from B is good on C (one key per cluster), and its roles still apply.
+    on_c = f"{base(cluster, 'C')}/api/v1/"
+    bearer = {"Authorization": f"Bearer {token}"}
+    assert httpx.post(on_c + "cluster/status", headers=bearer, timeout=30).status_code == 200
+    r = httpx.post(on_c + "partition/enable", json={"name": "x"}, headers=bearer, timeout=30)
+    assert r.status_code == 403
+    forged = {"Authorization": f"Bearer {token[:-4]}AAAA"}
+    assert httpx.post(on_c + "cluster/status", headers=forged, timeout=30).status_code == 401
+    huge = httpx.post(
+        f"{base(cluster)}/api/v1/partition/enable",
+        content=b"{" + b" " * (1 << 20) + b"}",
+        headers={"Content-Type": "application/json"},
+        auth=admin_auth(),
+        timeout=30,
+    )
+    assert huge.status_code == 413
+    assert post(cluster, "partition/enable", {"nme": "x"}).status_code == 422
+    assert post(cluster, "no/such-command").status_code == 404
+    for path in ("/console/../../node.toml", "/console/%2e%2e/%2e%2e/A.toml"):
+        r = httpx.get(base(cluster) + path, timeout=30)
+        assert r.status_code == 404 and "listen" not in r.text
+    assert httpx.get(base(cluster) + "/console/", timeout=30).status_code == 200
+    # The node kept serving, and said who was refused what.
+    assert post(cluster, "cluster/status").status_code == 200
+    log = (cluster.nodes["A"].data / "node.log").read_text()
+    assert "refused POST /api/v1/partition/disable for mo@127.0.0.1" in log
+    assert "bad user or password (user 'nobody')" in log
+
+
+def test_every_command_is_reachable_from_cli_and_http_with_the_same_result(
+    cluster: Procs,
+) -> None:
+    commands = load_all()
+    assert {"cluster.status", "node.status", "partition.list", "partition.enable"} <= set(commands)
+    for cmd in commands.values():
+        on_cli = cli_path(cli, cmd)
+        assert on_cli is not None, f"{cmd.name} is not on the CLI"
+        params = {p.name for p in on_cli.params}
+        assert set(cmd.arguments.model_fields) <= params, (cmd.name, params)
+        spec = httpx.get(f"{base(cluster)}/api/v1/openapi.json", timeout=30).json()
+        assert f"/api/v1/{'/'.join(cmd.words)}" in spec["paths"], cmd.name
+    # Same result: the read commands compared on what does not change between two asks.
+    node = ["--node", cluster.address("A")]
+    code, out, err = run_cli("cluster", "status", "--json", *node)
+    assert code == 0, err
+    via_cli = json.loads(out)
+    via_http = post(cluster, "cluster/status").json()
+    for key in ("cluster", "view", "quorum", "members", "name"):
+        assert via_cli[key] == via_http[key], key
+    assert [(n["name"], n["address"], n["state"]) for n in via_cli["nodes"]] == [
+        (n["name"], n["address"], n["state"]) for n in via_http["nodes"]
+    ]
+    code, out, err = run_cli("partition", "list", "--json", *node)
+    assert code == 0, err
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "acting_on"} for r in rows]  # noqa: E731
+    assert strip(json.loads(out)["partitions"]) == strip(
+        post(cluster, "partition/list").json()["partitions"]
+    )
+    code, out, err = run_cli("node", "status", "--json", *node)
+    assert code == 0 and json.loads(out)["name"] == post(cluster, "node/status").json()["name"]
+    code, out, err = run_cli("user", "list", "--json", *node)
+    assert code == 0, err
+    users = post(cluster, "user/list").json()["users"]
+    assert json.loads(out) == users and {"user": MONITOR[0], "roles": ["monitor"]} in users
+    # A changing command: the same refusal both ways (a partition that does not exist).
+    code, out, err = run_cli("partition", "enable", "no-such", *node)
+    r = post(cluster, "partition/enable", {"name": "no-such"})
+    assert code == 2 and r.status_code == 400
+    assert r.json()["detail"] in err
+
+
+def test_openapi_fuzz(cluster: Procs, tmp_path: Path) -> None:
+    """schemathesis over every operation, bounded: 10 valid and 10 invalid examples
+    each (about 30 s); every answer as documented (status, schema) and none a server error."""
+    import schemathesis
+    from hypothesis import HealthCheck, given, settings
+    from schemathesis.generation import GenerationMode
+
+    url = base(cluster)
+    schema = schemathesis.openapi.from_url(f"{url}/api/v1/openapi.json")
+    login = httpx.post(
+        f"{url}/api/v1/login", json={"user": MONITOR[0], "password": MONITOR[1]}, timeout=30
+    ).json()
+    headers = {"Authorization": f"Bearer {login['token']}"}
+    seen: dict[int, int] = {}
+    for operation in schema.get_all_operations():
+        op = operation.ok()
+        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+
+            @settings(
+                max_examples=10,
+                deadline=None,
+                suppress_health_check=list(HealthCheck),
+                database=None,
+            )
+            @given(case=op.as_strategy(generation_mode=mode))
+            def run(case: Any) -> None:
+                response = case.call_and_validate(base_url=url, headers=headers, timeout=30)
+                seen[response.status_code] = seen.get(response.status_code, 0) + 1
+
+            run()
+    print("fuzz statuses:", dict(sorted(seen.items())))
+    assert {200, 403, 422} <= set(seen) and all(code < 500 for code in seen), seen
+
+
+def test_admin_port_is_https_when_the_node_has_tls(folder: Path, tmp_path: Path) -> None:
+    """With the node's TLS (mutual, as `local up --option tls=...` sets it) the admin port
+    speaks HTTPS with the node's certificate, and its commands reach the node over TLS."""
+    from tests.unit.test_transport import make_certs
+
+    tls = make_certs(tmp_path)
+    option = json.dumps({"cert": tls.cert, "key": tls.key, "ca": tls.ca})
+    code, _, err = run_cli(
+        "local", "up", "-n", "1", "--dir", str(folder), "--option", f"tls={option}"
+    )
+    assert code == 0, err
+    admin = json.loads((folder / "local.json").read_text())["nodes"][0]["admin"]
+    ssl_context = ssl.create_default_context(cafile=tls.ca)
+    r = httpx.post(
+        f"https://{admin}/api/v1/cluster/status", auth=admin_auth(), verify=ssl_context, timeout=30
+    )
+    assert r.status_code == 200 and r.json()["quorum"] == "Active", r.text
+    with pytest.raises(httpx.HTTPError):
+        httpx.post(f"http://{admin}/api/v1/cluster/status", auth=admin_auth(), timeout=5)

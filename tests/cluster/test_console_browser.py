@@ -1,0 +1,146 @@
+"""The web console in a real headless browser (G2): Debian's chromium driven by selenium.
+
+Log in as the admin, see three nodes Up, run a command (disable then enable a
+partition on one node), see a node Down after a SIGKILL, then log in as a
+monitor and be refused a command the role does not allow.  Screenshots go to
+``$NONSTOP_SCREENSHOTS`` (default: the test's temporary folder).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from nonstop.client.credentials import load_credentials
+from tests.cluster.conftest import REAL_CLUSTER, Procs, run_cli
+
+CHROMIUM = shutil.which("chromium")
+CHROMEDRIVER = shutil.which("chromedriver")
+
+pytestmark = [
+    pytest.mark.timeout(240),
+    pytest.mark.skipif(not REAL_CLUSTER, reason="the partition table is the real cluster node's"),
+    pytest.mark.skipif(
+        CHROMIUM is None or CHROMEDRIVER is None,
+        reason="needs Debian's chromium and chromium-driver (.ci/run installs them)",
+    ),
+]
+
+MONITOR = ("watcher", "watcher-password-1")
+
+
+@pytest.fixture
+def browser() -> Iterator[object]:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1200,1700"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def test_console_login_status_command_failure_and_refusal(browser: object, tmp_path: Path) -> None:
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.remote.webdriver import WebDriver
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver = browser
+    assert isinstance(driver, WebDriver)
+    shots = Path(os.environ.get("NONSTOP_SCREENSHOTS", str(tmp_path)))
+    shots.mkdir(parents=True, exist_ok=True)
+    # The tables are redrawn every 2 s: read them in one script, and retry a stale element.
+    wait = WebDriverWait(
+        driver, 30, poll_frequency=0.2, ignored_exceptions=(StaleElementReferenceException,)
+    )
+    procs = Procs(tmp_path / "cluster", 3)
+    try:
+        procs.start_all()
+        procs.wait_quorum(list(procs.nodes), "Active", 30)
+        code, _, err = run_cli(
+            "user",
+            "add",
+            MONITOR[0],
+            "--role",
+            "monitor",
+            "--password",
+            MONITOR[1],
+            "--node",
+            procs.address("A"),
+        )
+        assert code == 0, err
+        admin = load_credentials(os.environ["NONSTOP_CREDENTIALS"])
+
+        def log_in(user: str, password: str) -> None:
+            driver.get(f"http://{procs.nodes['A'].admin}/console/")
+            wait.until(lambda d: d.find_element(By.ID, "login-user").is_displayed())
+            driver.find_element(By.ID, "login-user").send_keys(user)
+            driver.find_element(By.ID, "login-password").send_keys(password)
+            driver.find_element(By.ID, "login-button").click()
+            wait.until(lambda d: user in d.find_element(By.ID, "who").text)
+
+        def states() -> dict[str, str]:
+            pairs = driver.execute_script(
+                "return Array.from(document.querySelectorAll('#nodes tbody tr'))"
+                ".map(r => [r.dataset.node, r.dataset.state]);"
+            )
+            return {str(n): str(s) for n, s in pairs}
+
+        def run(form_id: str, **fields: str) -> str:
+            form = driver.find_element(By.ID, form_id)
+            for name, value in fields.items():
+                box = form.find_element(By.NAME, name)
+                box.clear()
+                box.send_keys(value)
+            driver.execute_script("window.confirm = () => true;")
+            before = driver.find_element(By.ID, "result").text
+            form.find_element(By.TAG_NAME, "button").click()
+            wait.until(lambda d: d.find_element(By.ID, "result").text not in ("", before))
+            return str(driver.find_element(By.ID, "result").text)
+
+        # 1. Log in as the admin: three nodes Up (the one asked is Self).
+        log_in(admin.user, admin.password)
+        wait.until(lambda d: states() == {"A": "Self", "B": "Up", "C": "Up"})
+        assert "quorum Active" in driver.find_element(By.ID, "summary").text
+        wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#partitions tbody tr")) >= 16)
+        driver.save_screenshot(str(shots / "console-1-three-up.png"))
+
+        # 2. Run a command: disable default.0 on its second node, then enable it again.
+        nodes_of_default0 = driver.execute_script(
+            "return document.querySelector('#partitions tr[data-partition=\"default.0\"]')"
+            ".cells[4].textContent;"
+        )
+        second = str(nodes_of_default0).split(",")[1]
+        text = run("cmd-partition-disable", name="default.0", on=second)
+        assert "partition.disable: ok" in text and f'"node": "{second}"' in text, text
+        text = run("cmd-partition-enable", name="default.0", on=second)
+        assert "partition.enable: ok" in text, text
+        driver.save_screenshot(str(shots / "console-2-command.png"))
+
+        # 3. SIGKILL C: the console shows it Down.
+        procs.kill("C")
+        wait.until(lambda d: states().get("C") == "Down")
+        assert states()["B"] == "Up"
+        driver.execute_script("window.scrollTo(0, 0);")
+        driver.save_screenshot(str(shots / "console-3-c-down.png"))
+
+        # 4. A monitor is refused a changing command (403), shown as such.
+        driver.find_element(By.ID, "logout").click()
+        log_in(*MONITOR)
+        denied = driver.find_element(By.ID, "cmd-partition-enable")
+        assert "denied" in str(denied.get_attribute("class"))
+        text = run("cmd-partition-enable", name="default.0")
+        assert "refused (403)" in text and "admin" in text, text
+        driver.save_screenshot(str(shots / "console-4-monitor-refused.png"))
+    finally:
+        procs.cleanup()
