@@ -313,7 +313,7 @@ def g_query_whole(
     limit = fields.get("limit")
     budget = max(1, (dp.config.max_message - MESSAGE_MARGIN) // 2)
     paged = {**fields, "page": True, "after": None, "bytes": budget, "keep": True}
-    asks = {n: paged if parts is None else {**paged, "parts": parts[n]} for n in nodes}
+    asks = {n: paged if parts is None else {**paged, "locs": parts[n]} for n in nodes}
     replies = yield Gather([Call(n, "branch.query", asks[n]) for n in nodes])
     raise_fatal(replies)
     results: list[dict[str, Any]] = []
