@@ -25,6 +25,7 @@ from nonstop.commands.context import CommandContext
 from nonstop.commands.failure import CommandError, ErrorKind
 from nonstop.commands.registry import Arguments, NoArguments, register
 from nonstop.errors import Error
+from nonstop.net.frames import DEFAULT_MAX_FRAME
 from nonstop.security.roles import ADMIN_OPS as ADMIN
 from nonstop.security.roles import STATUS
 
@@ -60,8 +61,9 @@ def change(context: CommandContext, payload: dict[str, Any]) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------ arguments
-TEXT_LIMIT = 64 * 1024
-"""A file's text: the admin API's whole body is 64 KiB anyway."""
+TEXT_LIMIT = DEFAULT_MAX_FRAME
+"""A file's text: no more than a request frame to the node takes (over HTTP the body
+limit, ``admin.max_body``, is smaller still)."""
 
 
 class ConfigFile(BaseModel):
