@@ -1,7 +1,8 @@
 """The admin HTTP API of real nodes (G2, G5): a 3-node loopback cluster, asked over HTTP.
 
 Status, partition list and a changing command (partition disable/enable) through
-``/api/v1``; the role matrix (a monitor refused a change with 403, a bad password
+``/api/v1``; the configuration commands (load, activate, list; refusals as on the CLI);
+the role matrix (a monitor refused a change with 403, a bad password
 401, a forged token 401); a huge body 413; a path traversal on the console 404;
 CLI/HTTP parity: every registered command reachable both ways with the same
 result; and a bounded schemathesis run over the OpenAPI description.
@@ -23,7 +24,7 @@ from nonstop.admin.cli import cli
 from nonstop.admin.registered import cli_path
 from nonstop.client.credentials import load_credentials
 from nonstop.commands.registry import load_all
-from tests.cluster.conftest import REAL_CLUSTER, Procs, run_cli, wait_until
+from tests.cluster.conftest import REAL_CLUSTER, Procs, app_cluster, run_cli, wait_until
 
 pytestmark = [
     pytest.mark.timeout(240),
@@ -35,10 +36,9 @@ MONITOR = ("mo", "monitor-password-1")
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Procs]:
-    procs = Procs(tmp_path_factory.mktemp("admin-api"), 3)
-    try:
-        procs.start_all()
-        procs.wait_quorum(list(procs.nodes), "Active", 30)
+    """Three nodes that know the ``rates`` configuration type (``tests.configmodel``)."""
+    folder = tmp_path_factory.mktemp("admin-api")
+    with app_cluster(folder, 3, {"app": ["tests.configmodel"]}) as procs:
         code, _, err = run_cli(
             "user",
             "add",
@@ -52,8 +52,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Procs]:
         )
         assert code == 0, err
         yield procs
-    finally:
-        procs.cleanup()
 
 
 def admin_auth() -> tuple[str, str]:
@@ -154,6 +152,7 @@ def test_every_command_is_reachable_from_cli_and_http_with_the_same_result(
 ) -> None:
     commands = load_all()
     assert {"cluster.status", "node.status", "partition.list", "partition.enable"} <= set(commands)
+    assert {f"config.{verb}" for verb in CONFIG_VERBS} <= set(commands)
     for cmd in commands.values():
         on_cli = cli_path(cli, cmd)
         assert on_cli is not None, f"{cmd.name} is not on the CLI"
@@ -184,11 +183,64 @@ def test_every_command_is_reachable_from_cli_and_http_with_the_same_result(
     assert code == 0, err
     users = post(cluster, "user/list").json()["users"]
     assert json.loads(out) == users and {"user": MONITOR[0], "roles": ["monitor"]} in users
+    code, out, err = run_cli("config", "list", "--json", *node)
+    assert code == 0, err
+    assert json.loads(out) == post(cluster, "config/list").json()
     # A changing command: the same refusal both ways (a partition that does not exist).
     code, out, err = run_cli("partition", "enable", "no-such", *node)
     r = post(cluster, "partition/enable", {"name": "no-such"})
     assert code == 2 and r.status_code == 400
     assert r.json()["detail"] in err
+
+
+CONFIG_VERBS = ("list", "show", "load", "activate", "deactivate", "remove")
+
+
+def rates_text(version: str, eur: str) -> str:
+    return f'type = "rates"\nname = "http"\nversion = "{version}"\neur = {eur}\n'
+
+
+def test_configuration_over_http(cluster: Procs, tmp_path: Path) -> None:
+    """Load + activate + list over HTTP; a monitor may read but not activate (403); an
+    audit veto and a bad file refused (409) with the very line the CLI prints (exit 2)."""
+    loaded = post(
+        cluster, "config/load", {"files": [{"file": "fx1", "text": rates_text("1", "1.5")}]}
+    )
+    assert loaded.status_code == 200, loaded.text
+    assert [c["kind"] for c in loaded.json()["changes"]] == ["load"]
+    which = {"type": "rates", "name": "http", "version": "1"}
+    assert post(cluster, "config/activate", which, auth=MONITOR).status_code == 403
+    activated = post(cluster, "config/activate", which)
+    assert activated.status_code == 200, activated.text
+    assert [(c["kind"], c["version"]) for c in activated.json()["changes"]] == [("activate", "1")]
+    listed = post(cluster, "config/list", auth=MONITOR)
+    assert listed.status_code == 200, listed.text
+    rows = [(r["name"], r["version"], r["state"]) for r in listed.json()["configurations"]]
+    assert ("http", "1", "Active") in rows
+    shown = post(cluster, "config/show", {"type": "rates", "name": "http"}, auth=MONITOR)
+    assert shown.status_code == 200 and shown.json()["versions"][0]["data"]["eur"] == 1.5
+
+    veto, wrong = tmp_path / "fx-veto.toml", tmp_path / "fx-wrong.toml"
+    veto.write_text(rates_text("2", "-1.0"))
+    wrong.write_text(rates_text("3", '"high"'))
+    for path, message in [
+        (veto, "vetoed by the audit: eur must be positive, got -1.0"),
+        (wrong, f"{wrong}:4: key 'eur'"),
+    ]:
+        body = {"files": [{"file": str(path), "text": path.read_text()}], "activate": True}
+        refused = post(cluster, "config/load", body)
+        assert refused.status_code == 409, refused.text
+        detail = refused.json()["detail"]
+        assert message in detail
+        code, out, err = run_cli(
+            "config", "load", str(path), "--activate", "--node", cluster.address("A")
+        )
+        assert code == 2, (out, err)
+        assert err.strip() == f"nonstop: error: {' '.join(detail.split())}"
+    after = post(cluster, "config/list").json()["configurations"]
+    assert [(r["version"], r["state"]) for r in after if r["name"] == "http"] == [("1", "Active")]
+    log = (cluster.nodes["A"].data / "node.log").read_text()
+    assert "refused POST /api/v1/config/activate for mo@127.0.0.1" in log
 
 
 def test_openapi_fuzz(cluster: Procs, tmp_path: Path) -> None:

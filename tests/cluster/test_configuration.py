@@ -72,6 +72,9 @@ def test_configuration_life_cycle_on_three_nodes(tmp_path: Path) -> None:
         code, out, err = run_cli("config", "load", v1, "--activate", "--node", a)
         assert code == 0, err
         assert "activate rates/fx version 1" in out
+        # A change is checked on the node it is sent to: wait until B has applied the
+        # previous one (else B refuses it as "changed while the request was checked").
+        same_everywhere(p, [("1", "Active")])
         code, _, err = run_cli("config", "load", v2, "--node", b)
         assert code == 0, err
         same_everywhere(p, [("1", "Active"), ("2", "Inactive")])
@@ -98,10 +101,12 @@ def test_configuration_life_cycle_on_three_nodes(tmp_path: Path) -> None:
             assert message in err and len(err.strip().splitlines()) == 1, err
         code, _, err = run_cli("config", "remove", "rates", "fx", "1", "--node", a)
         assert code == 0, err
+        same_everywhere(p, [("2", "Active")])
         code, _, err = run_cli("config", "activate", "rates", "fx", "1", "--node", b)
         assert code == 2 and "version 1 was removed; load its file again" in err
         code, _, err = run_cli("config", "deactivate", "rates", "fx", "--node", b)
         assert code == 0, err
+        same_everywhere(p, [("2", "Inactive")])
         code, _, err = run_cli("config", "activate", "rates", "fx", "2", "--node", a)
         assert code == 0, err
         same_everywhere(p, [("2", "Active")])

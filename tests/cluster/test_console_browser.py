@@ -1,9 +1,10 @@
 """The web console in a real headless browser (G2): Debian's chromium driven by selenium.
 
 Log in as the admin, see three nodes Up, run a command (disable then enable a
-partition on one node), see a node Down after a SIGKILL, then log in as a
-monitor and be refused a command the role does not allow.  Screenshots go to
-``$NONSTOP_SCREENSHOTS`` (default: the test's temporary folder).
+partition on one node), load and activate a configuration file chosen in a form,
+see a node Down after a SIGKILL, then log in as a monitor and be refused a command
+the role does not allow.  Screenshots go to ``$NONSTOP_SCREENSHOTS`` (default: the
+test's temporary folder).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from nonstop.client.credentials import load_credentials
-from tests.cluster.conftest import REAL_CLUSTER, Procs, run_cli
+from tests.cluster.conftest import REAL_CLUSTER, app_cluster, run_cli
 
 CHROMIUM = shutil.which("chromium")
 CHROMEDRIVER = shutil.which("chromedriver")
@@ -63,10 +64,7 @@ def test_console_login_status_command_failure_and_refusal(browser: object, tmp_p
     wait = WebDriverWait(
         driver, 30, poll_frequency=0.2, ignored_exceptions=(StaleElementReferenceException,)
     )
-    procs = Procs(tmp_path / "cluster", 3)
-    try:
-        procs.start_all()
-        procs.wait_quorum(list(procs.nodes), "Active", 30)
+    with app_cluster(tmp_path / "cluster", 3, {"app": ["tests.configmodel"]}) as procs:
         code, _, err = run_cli(
             "user",
             "add",
@@ -127,6 +125,18 @@ def test_console_login_status_command_failure_and_refusal(browser: object, tmp_p
         assert "partition.enable: ok" in text, text
         driver.save_screenshot(str(shots / "console-2-command.png"))
 
+        # 2b. Load and activate a configuration file chosen in the form (config.load).
+        rates = tmp_path / "fx.toml"
+        rates.write_text('type = "rates"\nname = "console"\nversion = "1"\neur = 1.2\n')
+        form = driver.find_element(By.ID, "cmd-config-load")
+        form.find_element(By.NAME, "files").send_keys(str(rates))
+        form.find_element(By.NAME, "activate").click()
+        before = driver.find_element(By.ID, "result").text
+        form.find_element(By.TAG_NAME, "button").click()
+        wait.until(lambda d: d.find_element(By.ID, "result").text not in ("", before))
+        text = str(driver.find_element(By.ID, "result").text)
+        assert "config.load: ok" in text and '"kind": "activate"' in text, text
+
         # 3. SIGKILL C: the console shows it Down.
         procs.kill("C")
         wait.until(lambda d: states().get("C") == "Down")
@@ -142,5 +152,3 @@ def test_console_login_status_command_failure_and_refusal(browser: object, tmp_p
         text = run("cmd-partition-enable", name="default.0")
         assert "refused (403)" in text and "admin" in text, text
         driver.save_screenshot(str(shots / "console-4-monitor-refused.png"))
-    finally:
-        procs.cleanup()

@@ -6,10 +6,10 @@ to one node, which checks it (the file against its type, the life cycle, the
 audits), puts it in the log and answers once it is applied there -- or
 refuses it with one line naming the culprit (exit code 2), nothing applied.
 
-The commands are plain functions (:func:`load`, :func:`activate`, ...) taking
-typed arguments and returning JSON-able results, so that other front ends
-(an HTTP API) can register the same commands; :class:`CommandRefused` is their
-one-line refusal.  The ``click`` commands below only print them.
+The commands are those of :mod:`nonstop.commands.config_commands` (the command
+model, docs/design/admin.md: the same on HTTP); this module gives them their
+options and output.  ``load`` reads the files named on the command line and
+sends their contents, as an HTTP caller does.
 """
 
 from __future__ import annotations
@@ -20,110 +20,31 @@ from typing import Any
 
 import click
 
-from nonstop.admin.cmd_cluster import Target, open_client, resolve_target, target_options
+from nonstop.admin.cmd_cluster import resolve_target, target_options
 from nonstop.admin.output import USAGE, fail
-from nonstop.errors import Error
-
-CHANGE_WAIT = 6.0
-"""Seconds a node may take to get a change applied (its own limit is 5 s)."""
-
-
-class CommandRefused(Exception):
-    """A configuration command refused; ``usage`` when the request itself is at fault."""
-
-    def __init__(self, message: str, usage: bool = True) -> None:
-        super().__init__(message)
-        self.usage = usage
-
-
-def request(
-    target: Target, payload: dict[str, Any], timeout: float, op: str = "config"
-) -> dict[str, Any]:
-    """One configuration request (``op``: ``config``, ``config.list``, ``config.show``)
-    to a node of ``target``; its reply or a :class:`CommandRefused`."""
-    with open_client(target, timeout) as client:
-        try:
-            reply = client.request({"op": op, **payload})
-        except (Error, OSError) as exc:
-            raise CommandRefused(f"{op} {payload.get('do', '')}: {exc}", usage=False) from None
-    if not isinstance(reply, dict):
-        raise CommandRefused(f"{op}: odd reply {reply!r:.80}", usage=False)
-    if "error" in reply:
-        message = str(reply.get("message") or reply["error"])
-        if reply.get("error") == "BadRequest" and "unknown op" in message:
-            message = "the node does not serve configuration (an older node?)"
-        raise CommandRefused(message, usage=reply.get("error") == "Rejected")
-    return reply
+from nonstop.admin.registered import context_for, run_registered
 
 
 def read_files(paths: list[str]) -> list[dict[str, str]]:
-    """``[{file, text}]`` for the request; :class:`CommandRefused` naming an unreadable file."""
+    """``[{file, text}]`` for ``config.load``; a one-line failure naming an unreadable file."""
     files = []
     for path in paths:
         try:
             text = Path(path).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
-            raise CommandRefused(f"cannot read {path}: {reason}") from None
+            fail(f"cannot read {path}: {reason}", USAGE)
         files.append({"file": path, "text": text})
     return files
 
 
-# ------------------------------------------------------------ the commands
-def load(target: Target, paths: list[str], activate: bool, timeout: float) -> dict[str, Any]:
-    """Load configuration files (and activate them) in one change."""
-    payload = {"do": "load", "files": read_files(paths), "activate": activate}
-    return request(target, payload, timeout + CHANGE_WAIT)
-
-
-def activate(
-    target: Target, type_name: str, name: str, version: str, timeout: float
-) -> dict[str, Any]:
-    """Make ``version`` the active one (the active version, if any, goes Inactive)."""
-    payload = {"do": "activate", "type": type_name, "name": name, "version": version}
-    return request(target, payload, timeout + CHANGE_WAIT)
-
-
-def deactivate(
-    target: Target, type_name: str, name: str, version: str | None, timeout: float
-) -> dict[str, Any]:
-    """Deactivate the active version (no version is active after)."""
-    payload: dict[str, Any] = {"do": "deactivate", "type": type_name, "name": name}
-    if version:
-        payload["version"] = version
-    return request(target, payload, timeout + CHANGE_WAIT)
-
-
-def remove(
-    target: Target, type_name: str, name: str, version: str, timeout: float
-) -> dict[str, Any]:
-    """Remove an inactive version."""
-    payload = {"do": "remove", "type": type_name, "name": name, "version": version}
-    return request(target, payload, timeout + CHANGE_WAIT)
-
-
-def list_versions(target: Target, timeout: float) -> dict[str, Any]:
-    """Every loaded version, as applied on the node that answers."""
-    return request(target, {}, timeout, op="config.list")
-
-
-def show(
-    target: Target, type_name: str, name: str, version: str | None, timeout: float
-) -> dict[str, Any]:
-    """The versions of one configuration with their data."""
-    payload: dict[str, Any] = {"type": type_name, "name": name}
-    if version:
-        payload["version"] = version
-    return request(target, payload, timeout, op="config.show")
-
-
-# ------------------------------------------------------------ click
-def _run(fn: Any, *args: Any) -> dict[str, Any]:
-    try:
-        result: dict[str, Any] = fn(*args)
-    except CommandRefused as exc:
-        fail(str(exc), USAGE if exc.usage else 1)
-    return result
+def _run(
+    command: str, address: str | None, folder: str | None, timeout: float, /, **args: Any
+) -> Any:
+    """Run registered ``command`` with ``args`` (None: not given) against the CLI's target."""
+    target = resolve_target(address, folder)
+    given = {k: v for k, v in args.items() if v is not None}
+    return run_registered(command, context_for(target, timeout), given, target)
 
 
 def _echo_changes(reply: dict[str, Any]) -> None:
@@ -142,62 +63,51 @@ def config() -> None:
 
 @config.command("load")
 @click.argument("files", nargs=-1, required=True)
-@click.option("--activate", "then_activate", is_flag=True, help="Activate them too (one change).")
+@click.option("--activate", "activate", is_flag=True, help="Activate them too (one change).")
 @target_options
 def config_load(
     files: tuple[str, ...],
-    then_activate: bool,
+    activate: bool,
     address: str | None,
     folder: str | None,
     timeout: float,
 ) -> None:
     """Load configuration FILES (TOML: type, name, version, data) as one change."""
-    target = resolve_target(address, folder)
-    _echo_changes(_run(load, target, list(files), then_activate, timeout))
+    loaded = read_files(list(files))
+    _echo_changes(_run("config.load", address, folder, timeout, files=loaded, activate=activate))
 
 
-@config.command("activate")
-@click.argument("type_name", metavar="TYPE")
-@click.argument("name")
-@click.argument("version")
-@target_options
-def config_activate(
-    type_name: str, name: str, version: str, address: str | None, folder: str | None, timeout: float
-) -> None:
-    """Activate VERSION of configuration TYPE NAME (replacing the active one atomically)."""
-    target = resolve_target(address, folder)
-    _echo_changes(_run(activate, target, type_name, name, version, timeout))
+def _version_command(verb: str, doc: str, version_required: bool) -> None:
+    """``config VERB TYPE NAME VERSION`` (VERSION optional unless ``version_required``)."""
+
+    @config.command(verb, help=doc)
+    @click.argument("type", metavar="TYPE")
+    @click.argument("name")
+    @click.argument("version", required=version_required)
+    @target_options
+    def change(
+        type: str,
+        name: str,
+        version: str | None,
+        address: str | None,
+        folder: str | None,
+        timeout: float,
+    ) -> None:
+        reply = _run(
+            f"config.{verb}", address, folder, timeout, type=type, name=name, version=version
+        )
+        _echo_changes(reply)
 
 
-@config.command("deactivate")
-@click.argument("type_name", metavar="TYPE")
-@click.argument("name")
-@click.argument("version", required=False)
-@target_options
-def config_deactivate(
-    type_name: str,
-    name: str,
-    version: str | None,
-    address: str | None,
-    folder: str | None,
-    timeout: float,
-) -> None:
-    """Deactivate the active version of TYPE NAME (no version is active after)."""
-    target = resolve_target(address, folder)
-    _echo_changes(_run(deactivate, target, type_name, name, version, timeout))
-
-
-@config.command("remove")
-@click.argument("type_name", metavar="TYPE")
-@click.argument("name")
-@click.argument("version")
-@target_options
-def config_remove(
-    type_name: str, name: str, version: str, address: str | None, folder: str | None, timeout: float
-) -> None:
-    """Remove inactive VERSION of TYPE NAME."""
-    target = resolve_target(address, folder)
-    _echo_changes(_run(remove, target, type_name, name, version, timeout))
+_version_command(
+    "activate",
+    "Activate VERSION of configuration TYPE NAME (replacing the active one atomically).",
+    True,
+)
+_version_command(
+    "deactivate", "Deactivate the active version of TYPE NAME (no version is active after).", False
+)
+_version_command("remove", "Remove inactive VERSION of TYPE NAME.", True)
 
 
 @config.command("list")
@@ -205,8 +115,8 @@ def config_remove(
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def config_list(address: str | None, folder: str | None, timeout: float, as_json: bool) -> None:
     """Every loaded version and its state."""
-    reply = _run(list_versions, resolve_target(address, folder), timeout)
-    rows = reply.get("configurations", [])
+    reply = _run("config.list", address, folder, timeout)
+    rows = reply["configurations"]
     if as_json:
         click.echo(json.dumps({"node": reply.get("node"), "configurations": rows}, sort_keys=True))
         return
@@ -219,12 +129,12 @@ def config_list(address: str | None, folder: str | None, timeout: float, as_json
 
 
 @config.command("show")
-@click.argument("type_name", metavar="TYPE")
+@click.argument("type", metavar="TYPE")
 @click.argument("name")
 @click.argument("version", required=False)
 @target_options
 def config_show(
-    type_name: str,
+    type: str,
     name: str,
     version: str | None,
     address: str | None,
@@ -232,18 +142,8 @@ def config_show(
     timeout: float,
 ) -> None:
     """The versions of TYPE NAME (or one VERSION) with their data, as JSON."""
-    reply = _run(show, resolve_target(address, folder), type_name, name, version, timeout)
-    click.echo(json.dumps(reply.get("versions", []), indent=2, sort_keys=True))
+    reply = _run("config.show", address, folder, timeout, type=type, name=name, version=version)
+    click.echo(json.dumps(reply["versions"], indent=2, sort_keys=True))
 
 
-__all__ = [
-    "CommandRefused",
-    "activate",
-    "config",
-    "deactivate",
-    "list_versions",
-    "load",
-    "remove",
-    "request",
-    "show",
-]
+__all__ = ["config", "read_files"]

@@ -11,7 +11,7 @@ model and answers the same data.  A handler refuses with :class:`CommandError`,
 whose ``kind`` each front end maps to its own convention (exit code, HTTP status).
 
 Registering: :func:`command` as a decorator on a handler, or :func:`register`
-for a plain function written elsewhere (the configuration commands): both add
+for a plain function (the configuration commands, ``config_commands``): both add
 to :data:`REGISTRY`, which the CLI and the HTTP API read when they are built.
 """
 
@@ -121,6 +121,7 @@ def command(
 def load_all() -> dict[str, Command]:
     """Import every module that defines commands, then the registry (front ends call this)."""
     import nonstop.commands.cluster_commands
+    import nonstop.commands.config_commands
     import nonstop.commands.partition_commands
     import nonstop.commands.user_commands  # noqa: F401
 

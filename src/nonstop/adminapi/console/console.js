@@ -74,13 +74,27 @@ async function refresh() {
     el("td", {}, (p.nodes || []).map(x => Array.isArray(x) ? x[0] : x).join(",")))));
 }
 
+// How an argument is typed in: "files" (a list of {file, text}: config.load reads the
+// chosen files), "flag" (a boolean), "list" (a,b), or "text".
+function inputKind(arguments_, schema) {
+  if (schema.type === "boolean") return "flag";
+  if (schema.type !== "array") return "text";
+  const ref = (schema.items && schema.items.$ref) || "";
+  const item = ref ? ((arguments_.$defs || {})[ref.split("/").pop()] || {}) : (schema.items || {});
+  const fields = Object.keys(item.properties || {});
+  return fields.includes("file") && fields.includes("text") ? "files" : "list";
+}
+
 function commandForm(cmd) {
   const id = "cmd-" + cmd.name.replace(/\./g, "-");
   const form = el("form", { id, class: "command" + (cmd.allowed ? "" : " denied") });
   form.append(el("strong", {}, cmd.name.replace(/\./g, " ")), " ");
   const props = (cmd.arguments && cmd.arguments.properties) || {};
   for (const [name, schema] of Object.entries(props)) {
-    const input = el("input", { name, placeholder: schema.type === "array" ? "a,b (optional)" : name });
+    const kind = inputKind(cmd.arguments, schema);
+    const input = kind === "files" ? el("input", { name, type: "file", multiple: "" })
+      : kind === "flag" ? el("input", { name, type: "checkbox" })
+      : el("input", { name, placeholder: kind === "list" ? "a,b (optional)" : name });
     form.append(el("label", {}, name + " "));
     form.lastChild.append(input);
   }
@@ -91,9 +105,17 @@ function commandForm(cmd) {
     event.preventDefault();
     const body = {};
     for (const [name, schema] of Object.entries(props)) {
-      const value = form.elements[name].value.trim();
+      const input = form.elements[name];
+      const kind = inputKind(cmd.arguments, schema);
+      if (kind === "files") {
+        if (input.files.length === 0) continue;
+        body[name] = await Promise.all([...input.files].map(async f => ({ file: f.name, text: await f.text() })));
+        continue;
+      }
+      if (kind === "flag") { if (input.checked) body[name] = true; continue; }
+      const value = input.value.trim();
       if (value === "") continue;
-      body[name] = schema.type === "array" ? value.split(",").map(x => x.trim()).filter(Boolean) : value;
+      body[name] = kind === "list" ? value.split(",").map(x => x.trim()).filter(Boolean) : value;
     }
     if (cmd.changes && !confirm(`Run ${cmd.name}?`)) return;
     const r = await call(cmd.path.slice(API.length), body);
