@@ -54,6 +54,7 @@ from typing import Any
 
 from nonstop import errors
 from nonstop.dtx.decisions import DECIDED, LOOKUP, PROPOSE, UNKNOWN
+from nonstop.dtx.protocol import K_TOMB
 from nonstop.ha.cluster_node import HaClusterNode
 from nonstop.ha.partition_table import TABLE, partition_location
 from nonstop.model.ref import Ref
@@ -163,6 +164,12 @@ class ReplicatedDataNode(SimDataNode):
         self._groups: dict[int, _Group] = {}
         self._next_group = 0
         self._resolving: dict[str, str] = {}
+        self._unreplicated_outcomes: set[str] = set()
+        self._tomb_tokens: dict[int, str] = {}
+        """Persist token of the dtx participant's end of a prepared record -> its gtid."""
+        self._held_acks: dict[str, int] = {}
+        self._outcomes: dict[str, str] = {}
+        """gtid -> outcome this node's participant applied (bounded; a restart forgets)."""
         self._loaded: dict[str, int] = {}
         """Partition -> the stream id the store's copy was loaded for (promotion)."""
         self._locations: dict[int, str] = {}
@@ -172,7 +179,20 @@ class ReplicatedDataNode(SimDataNode):
     # ------------------------------------------------------------ the machine's events
     def handle(self, event: Event) -> list[Action]:
         self._rep_dirty = True  # on_table after every event (replication.md §3)
+        if isinstance(event, Persisted) and self._hold_ack(event):
+            return []
         return super().handle(event)
+
+    def _hold_ack(self, event: Persisted) -> bool:
+        """Hold the durable end of a prepared record back while its outcome record is not on
+        every sync replica: the participant acknowledges phase two on it, after which the
+        coordinator lets the decision log forget the outcome -- a replica promoted with the
+        prepared record and without the outcome could not resolve it any more."""
+        gtid = self._tomb_tokens.pop(event.token, None)
+        if gtid is None or gtid not in self._unreplicated_outcomes:
+            return False
+        self._held_acks[gtid] = event.token
+        return True
 
     def _side_event(self, event: Event) -> bool:
         if isinstance(event, TimerFired):
@@ -217,9 +237,14 @@ class ReplicatedDataNode(SimDataNode):
                 self._cluster(now, self.ha.submit(now, TABLE, dict(action.entry)))
             elif isinstance(action, Resolve):
                 self._resolving[action.txid] = action.partition
-                self._cluster(
-                    now, self.node.decisions.request(now, {"t": LOOKUP, "g": action.txid})
-                )
+                known = self._known_outcome(action.txid)
+                if known is not None:
+                    # This node was the participant and applied the outcome while it did not
+                    # act for the partition (a restart): the log may have forgotten it since.
+                    self._decision(now, {"t": DECIDED, "g": action.txid, "o": known})
+                    continue
+                lookup = {"t": LOOKUP, "g": action.txid}
+                self._cluster(now, self.node.decisions.request(now, lookup))
             else:
                 self._out.append(action)
 
@@ -231,6 +256,12 @@ class ReplicatedDataNode(SimDataNode):
         for action in actions:
             if isinstance(action, Notify) and action.kind == "dl.answer":
                 self._decision(now, action.data.get("payload"))
+            elif isinstance(action, Persist) and self._unreplicated_outcomes:
+                for key, _ in action.writes:
+                    if key.startswith(K_TOMB):
+                        gtid = key[len(K_TOMB) :].decode()
+                        if gtid in self._unreplicated_outcomes:
+                            self._tomb_tokens[TOKEN_OWNERS * action.token] = gtid
         super()._from_node(now, actions)
 
     # ------------------------------------------------------------ the store's replicator
@@ -243,10 +274,33 @@ class ReplicatedDataNode(SimDataNode):
     def outcome(self, gtid: str, commit: bool) -> None:
         rep, now = self.replication, self.now
         decision = OUTCOME_COMMIT if commit else OUTCOME_ABORT
-        for name in sorted(rep.streams):
-            if gtid in rep.data.prepared_of(name):
-                self._rep_dirty = True
-                self._rep_actions(now, rep.outcome(now, None, name, gtid, decision))
+        self._outcomes[gtid] = decision
+        if len(self._outcomes) > 4096:
+            self._outcomes.pop(next(iter(self._outcomes)))
+        names = [n for n in sorted(rep.streams) if gtid in rep.data.prepared_of(n)]
+        if not names:
+            return
+        # The participant's phase-two ack waits for these records (see _hold_ack).
+        self._next_group += 1
+        ref = self._next_group
+        self._groups[ref] = _Group(lambda _: self._outcome_replicated(gtid), len(names))
+        self._unreplicated_outcomes.add(gtid)
+        self._rep_dirty = True
+        for name in names:
+            self._rep_actions(now, rep.outcome(now, ref, name, gtid, decision))
+
+    def _outcome_replicated(self, gtid: str) -> None:
+        """Every sync replica holds ``gtid``'s outcome (or this node stopped acting): the
+        participant may acknowledge phase two now."""
+        self._unreplicated_outcomes.discard(gtid)
+        held = self._held_acks.pop(gtid, None)
+        if held is not None:
+            self._queue.append((False, Persisted(self.now, held // TOKEN_OWNERS)))
+
+    def _known_outcome(self, gtid: str) -> str | None:
+        """The outcome this node's own participant applied for ``gtid``, if it knows it."""
+        known = self._outcomes.get(gtid) or self.node.dtx.tombs.get(gtid)
+        return known if known in (OUTCOME_COMMIT, OUTCOME_ABORT) else None
 
     def _replicate(
         self, after: list[list[Any]], done: Done, gtid: str | None
@@ -326,10 +380,14 @@ class ReplicatedDataNode(SimDataNode):
         if kind == DECIDED:
             name = self._resolving.pop(txid)
             decision = answer.get("o")
+            writes = self.replication.data.prepared_of(name).get(txid)
             self._rep_dirty = True
             self._rep_actions(now, self.replication.outcome(now, None, name, txid, decision))
-            if txid not in self.store.rm_branches:  # the store's own phase two installs those
-                self.store.end_prepared(txid, decision == OUTCOME_COMMIT)
+            if txid in self.store.rm_branches:
+                return  # the store's own phase two installs it
+            if not self.store.end_prepared(txid, decision == OUTCOME_COMMIT):
+                if writes is not None and decision == OUTCOME_COMMIT and name in self._loaded:
+                    self.store.load(after_images(writes))
         elif kind == UNKNOWN:
             if answer.get("forgotten"):
                 self._out.append(

@@ -788,46 +788,42 @@ class SimDataStore:
     def _commit_local(self, b: Branch, job: _Job, deferred: _Deferred) -> None:
         """Persist the branch's writes; once durable, install them, release, answer.
 
-        With a :attr:`replicator` (sync replication of partitions), the writes also go
-        to the partitions' sync replicas, and the answer waits for both; a refusal
-        before anything was written answers the replicator's error, nothing persisted.
+        With a :attr:`replicator` (sync replication of partitions) the replication
+        machine's record is the commit: once it completed (durable here and on every
+        in-sync sync replica) the writes are installed and persisted here too (this
+        store's copy) and the commit answered.  A refusal before anything was written
+        answers the replicator's error; a failure after answers it too (outcome unknown)
+        and installs nothing here (the partition's active node has it or not).
         """
         after, writes = self._after_images(b)
-        waiting = [1]
-        failure: list[dict[str, Any]] = []
 
         def durable() -> None:
-            waiting[0] -= 1
-            if waiting[0] > 0:
-                return
             self.install(after)
-            self.branches.pop(b.bid, None)
-            self._reply(job, failure[0] if failure else deferred.reply)
-            self._abandon(b, errors.TransactionClosed(f"branch {b.bid} committed"))
-            self._release(b)
+            self._finish_local(b, job, deferred.reply)
 
         if self.replicator is not None and after:
 
             def replicated(error: dict[str, Any] | None) -> None:
-                if error is not None:
-                    failure.append(error)
-                durable()
+                if error is None:
+                    self.load(after)
+                self._finish_local(b, job, deferred.reply if error is None else error)
 
-            waiting[0] += 1
             refused = self.replicator.commit(after, replicated)
             if refused is not None:
-                # Not acting for a partition: nothing was written anywhere.
-                self.branches.pop(b.bid, None)
-                self._reply(job, refused)
-                self._abandon(b, errors.BranchRolledBack(f"branch {b.bid} refused"))
-                self._release(b)
-                return
+                self._finish_local(b, job, refused)
+            return
         if not writes:
             durable()
             return
         self._token += 1
         self._on_durable[self._token] = durable
         self._actions.append(Persist(self._token, tuple(writes)))
+
+    def _finish_local(self, b: Branch, job: _Job, reply: dict[str, Any]) -> None:
+        self.branches.pop(b.bid, None)
+        self._reply(job, reply)
+        self._abandon(b, errors.TransactionClosed(f"branch {b.bid} committed"))
+        self._release(b)
 
     # ------------------------------------------------------------ replication (promotion)
     def load(self, after: list[list[Any]]) -> None:
@@ -868,14 +864,16 @@ class SimDataStore:
                 # nothing here holds them (a failed grant is a bug the checks see).
                 self.locks.acquire(owner, ("o", image[0]), LockMode.WRITE)
 
-    def end_prepared(self, gtid: str, commit: bool) -> None:
-        """The outcome of a prepared record taken over at promotion: install or drop it."""
+    def end_prepared(self, gtid: str, commit: bool) -> bool:
+        """The outcome of a prepared record taken over at promotion: install or drop it
+        (False: no such record here)."""
         after = self.replicated_prepared.pop(gtid, None)
         if after is None:
-            return
+            return False
         if commit:
             self.load(after)
         self._granted(self.locks.release_all(_REPLICATED + gtid))
+        return True
 
     # ------------------------------------------------------------ inspection
     def balances(self) -> dict[int, int]:
