@@ -70,6 +70,7 @@ from nonstop.sim.scenarios.dataplane_node import CLOSE, SimDataNode
 from nonstop.sim.scenarios.dataplane_partitions import PartitionRouting
 from nonstop.sim.scenarios.dataplane_replication import (
     SIM_REPLICATION,
+    replicas_durable_observer,
     replicated_class,
     replicated_key,
 )
@@ -666,6 +667,8 @@ def run_seed(
     _add_nodes(sim, rng, names, home, cfg, dp_config, routing)
     if routing is not None:
         sim.observers.append(routing.ack_observer(lambda i, d: checker.fail(sim, i, d)))
+        if cfg.replicas > 0:
+            sim.observers.append(replicas_durable_observer(lambda i, d: checker.fail(sim, i, d)))
     faults = install_faults(world, names, cfg)
     # The data path sends each RPC once (over TCP, a lost message is a broken
     # connection: Unavailable, and the client retries).  So after the heal the

@@ -59,6 +59,7 @@ from nonstop.ha.cluster_node import HaClusterNode
 from nonstop.ha.partition_table import TABLE, partition_location
 from nonstop.model.ref import Ref
 from nonstop.model.wire import error_out
+from nonstop.net import plain
 from nonstop.replication import (
     Completed,
     Failed,
@@ -68,19 +69,21 @@ from nonstop.replication import (
     Resolve,
     Submit,
 )
-from nonstop.replication.data import K_DATA
+from nonstop.replication.data import K_DATA, K_HEAD
 from nonstop.replication.machine import PREFIX
 from nonstop.replication.records import OUTCOME_ABORT, OUTCOME_COMMIT, PREPARE
 from nonstop.replication.view import view_of
 from nonstop.runtime.interface import (
     Action,
     Event,
+    NodeId,
     Notify,
     Persist,
     Persisted,
     Received,
     TimerFired,
 )
+from nonstop.sim.core import Simulation
 from nonstop.sim.scenarios.dataplane_node import TOKEN_OWNERS, SimDataNode
 
 SIM_REPLICATION = ReplicationConfig(replica_timeout=0.3, resend=0.05, batch=4, resolve_after=1.0)
@@ -404,6 +407,35 @@ class ReplicatedDataNode(SimDataNode):
         return status
 
 
+def replicas_durable_observer(
+    fail: Callable[[str, str], None],
+) -> Callable[[Simulation, NodeId, Event, list[Action]], None]:
+    """**durable** (I3): when a node completes record ``seq`` of P (``rep.acked``: a commit
+    or a prepare may be acknowledged), every in-sync sync replica of P in that node's view
+    holds the stream up to ``seq`` on its simulated *disk* (synced state, not memory)."""
+
+    def observe(sim: Simulation, node: NodeId, event: Event, actions: list[Action]) -> None:
+        for action in actions:
+            if not isinstance(action, Notify) or action.kind != "rep.acked":
+                continue
+            data = action.data
+            machine = sim.machine(node)
+            if not isinstance(machine, ReplicatedDataNode):
+                continue
+            view = machine.replication.views.get(data["p"])
+            for replica in () if view is None else view.in_sync_replicas():
+                raw = sim.nodes[replica].disk.durable.get(K_HEAD + str(data["p"]).encode())
+                head = (0, 0) if raw is None else tuple(plain.unpack(raw))
+                if head[0] != data["s"] or head[1] < data["seq"]:
+                    fail(
+                        "durable-replica",
+                        f"{node} completed {data['p']} e{data['e']} seq {data['seq']}; "
+                        f"in-sync replica {replica}'s disk is at {head}",
+                    )
+
+    return observe
+
+
 def replicated_class(node_class: type[SimDataNode]) -> type[SimDataNode]:
     """``node_class`` (the plain node or a broken variant of it) with replication composed."""
     if issubclass(node_class, ReplicatedDataNode):
@@ -422,6 +454,7 @@ __all__ = [
     "SIM_REPLICATION",
     "ReplicatedDataNode",
     "after_images",
+    "replicas_durable_observer",
     "replicated_class",
     "replicated_key",
     "write_sets",
