@@ -382,15 +382,16 @@ class ReplicatedDataNode(SimDataNode):
             return
         if kind == DECIDED:
             name = self._resolving.pop(txid)
-            decision = answer.get("o")
+            decision = str(answer.get("o"))
             writes = self.replication.data.prepared_of(name).get(txid)
             self._rep_dirty = True
             self._rep_actions(now, self.replication.outcome(now, None, name, txid, decision))
             if txid in self.store.rm_branches:
                 return  # the store's own phase two installs it
-            if not self.store.end_prepared(txid, decision == OUTCOME_COMMIT):
-                if writes is not None and decision == OUTCOME_COMMIT and name in self._loaded:
-                    self.store.load(after_images(writes))
+            committed = decision == OUTCOME_COMMIT
+            taken_over = self.store.end_prepared(txid, committed)
+            if not taken_over and writes is not None and committed and name in self._loaded:
+                self.store.load(after_images(writes))
         elif kind == UNKNOWN:
             if answer.get("forgotten"):
                 self._out.append(
