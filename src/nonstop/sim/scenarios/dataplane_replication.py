@@ -173,7 +173,7 @@ class ReplicatedDataNode(SimDataNode):
         self._held_acks: dict[str, int] = {}
         self._outcomes: dict[str, str] = {}
         """gtid -> outcome this node's participant applied (bounded; a restart forgets)."""
-        self._loaded: dict[str, int] = {}
+        self.loaded: dict[str, int] = {}
         """Partition -> the stream id the store's copy was loaded for (promotion)."""
         self._locations: dict[int, str] = {}
         self._views: tuple[tuple[int, bytes], dict[str, PartitionView]] = ((-1, b""), {})
@@ -361,9 +361,9 @@ class ReplicatedDataNode(SimDataNode):
         """A partition this node just started acting for: the store takes the machine's copy."""
         rep, store = self.replication, self.store
         for name, stream in sorted(rep.streams.items()):
-            if self._loaded.get(name) == stream.stream_id:
+            if self.loaded.get(name) == stream.stream_id:
                 continue
-            self._loaded[name] = stream.stream_id
+            self.loaded[name] = stream.stream_id
             values = rep.data.values(name)
             after = after_images(values)
             present = {bytes.fromhex(k) for k in values if not k.startswith(RESULT_KEY)}
@@ -390,7 +390,7 @@ class ReplicatedDataNode(SimDataNode):
                 return  # the store's own phase two installs it
             committed = decision == OUTCOME_COMMIT
             taken_over = self.store.end_prepared(txid, committed)
-            if not taken_over and writes is not None and committed and name in self._loaded:
+            if not taken_over and writes is not None and committed and name in self.loaded:
                 self.store.load(after_images(writes))
         elif kind == UNKNOWN:
             if answer.get("forgotten"):
