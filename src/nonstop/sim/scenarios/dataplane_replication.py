@@ -166,11 +166,14 @@ class ReplicatedDataNode(SimDataNode):
         self.store.replicator = self
         self._groups: dict[int, _Group] = {}
         self._next_group = 0
-        self._resolving: dict[str, str] = {}
+        self._resolving: dict[str, set[str]] = {}
+        """gtid -> the partitions whose prepared record of it waits for its outcome."""
         self._unreplicated_outcomes: set[str] = set()
         self._tomb_tokens: dict[int, str] = {}
         """Persist token of the dtx participant's end of a prepared record -> its gtid."""
         self._held_acks: dict[str, int] = {}
+        self._unsure_outcomes: dict[str, dict[str, int]] = {}
+        """gtid -> {partition: this node's stream} of an outcome whose records failed."""
         self._outcomes: dict[str, str] = {}
         """gtid -> outcome this node's participant applied (bounded; a restart forgets)."""
         self.loaded: dict[str, int] = {}
@@ -220,6 +223,8 @@ class ReplicatedDataNode(SimDataNode):
         acting = [n for n in ha.partition_table.partitions if ha.acting(now, n)]
         self._rep_actions(now, self.replication.on_table(now, self._rep_views(), acting))
         self._load_new_streams(now)
+        if self._unsure_outcomes:
+            self._release_settled_outcomes()
         return bool(self._queue) or not self.store.idle() or self._rep_dirty
 
     def _rep_views(self) -> dict[str, PartitionView]:
@@ -239,7 +244,7 @@ class ReplicatedDataNode(SimDataNode):
             elif isinstance(action, Submit):
                 self._cluster(now, self.ha.submit(now, TABLE, dict(action.entry)))
             elif isinstance(action, Resolve):
-                self._resolving[action.txid] = action.partition
+                self._resolving.setdefault(action.txid, set()).add(action.partition)
                 known = self._known_outcome(action.txid)
                 if known is not None:
                     # This node was the participant and applied the outcome while it did not
@@ -286,15 +291,41 @@ class ReplicatedDataNode(SimDataNode):
         # The participant's phase-two ack waits for these records (see _hold_ack).
         self._next_group += 1
         ref = self._next_group
-        self._groups[ref] = _Group(lambda _: self._outcome_replicated(gtid), len(names))
+        streams = {n: rep.streams[n].stream_id for n in names}
+        self._groups[ref] = _Group(
+            lambda error: self._outcome_ended(gtid, streams, error), len(names)
+        )
         self._unreplicated_outcomes.add(gtid)
         self._rep_dirty = True
         for name in names:
             self._rep_actions(now, rep.outcome(now, ref, name, gtid, decision))
 
+    def _outcome_ended(
+        self, gtid: str, streams: dict[str, int], error: dict[str, Any] | None
+    ) -> None:
+        if error is None:
+            self._outcome_replicated(gtid)
+        else:
+            # This node stopped acting before every replica held the outcome: the node that
+            # acts now may hold the prepared record without it, and resolves it from the
+            # log -- which must not forget the gtid meanwhile (replication.md §10a).
+            self._unsure_outcomes[gtid] = streams
+
+    def _release_settled_outcomes(self) -> None:
+        """Release the acknowledgement of an outcome this node could not replicate once every
+        partition's copy here follows another stream and no longer holds it prepared."""
+        data = self.replication.data
+        for gtid, streams in list(self._unsure_outcomes.items()):
+            if all(
+                data.head(name)[0] != old and gtid not in data.prepared_of(name)
+                for name, old in streams.items()
+            ):
+                del self._unsure_outcomes[gtid]
+                self._outcome_replicated(gtid)
+
     def _outcome_replicated(self, gtid: str) -> None:
-        """Every sync replica holds ``gtid``'s outcome (or this node stopped acting): the
-        participant may acknowledge phase two now."""
+        """Every sync replica holds ``gtid``'s outcome (or its new active node resolved it):
+        the participant may acknowledge phase two now."""
         self._unreplicated_outcomes.discard(gtid)
         held = self._held_acks.pop(gtid, None)
         if held is not None:
@@ -372,7 +403,7 @@ class ReplicatedDataNode(SimDataNode):
             store.load(after)
             for txid, writes in sorted(rep.data.prepared_of(name).items()):
                 if txid not in store.rm_branches:
-                    store.take_prepared(txid, after_images(writes))
+                    store.take_prepared(_taken(name, txid), after_images(writes))
 
     def _decision(self, now: float, answer: Any) -> None:
         if not isinstance(answer, dict):
@@ -381,31 +412,40 @@ class ReplicatedDataNode(SimDataNode):
         if not isinstance(txid, str) or txid not in self._resolving:
             return
         if kind == DECIDED:
-            name = self._resolving.pop(txid)
             decision = str(answer.get("o"))
-            writes = self.replication.data.prepared_of(name).get(txid)
-            self._rep_dirty = True
-            self._rep_actions(now, self.replication.outcome(now, None, name, txid, decision))
-            if txid in self.store.rm_branches:
-                return  # the store's own phase two installs it
-            committed = decision == OUTCOME_COMMIT
-            taken_over = self.store.end_prepared(txid, committed)
-            if not taken_over and writes is not None and committed and name in self.loaded:
-                self.store.load(after_images(writes))
+            for name in sorted(self._resolving.pop(txid)):
+                self._resolved(now, name, txid, decision)
         elif kind == UNKNOWN:
             if answer.get("forgotten"):
                 self._out.append(
-                    Notify("rep.forgotten", {"g": txid, "p": self._resolving.get(txid)})
+                    Notify("rep.forgotten", {"g": txid, "p": sorted(self._resolving[txid])})
                 )
                 return
             # Nothing decided: propose abort; whatever the log holds first is the outcome.
             proposal = {"t": PROPOSE, "g": txid, "o": OUTCOME_ABORT, "n": []}
             self._cluster(now, self.node.decisions.request(now, proposal))
 
+    def _resolved(self, now: float, name: str, txid: str, decision: str) -> None:
+        """P's prepared record of ``txid`` gets its outcome: a record, and the store's copy."""
+        writes = self.replication.data.prepared_of(name).get(txid)
+        self._rep_dirty = True
+        self._rep_actions(now, self.replication.outcome(now, None, name, txid, decision))
+        if txid in self.store.rm_branches:
+            return  # the store's own phase two installs it
+        committed = decision == OUTCOME_COMMIT
+        taken_over = self.store.end_prepared(_taken(name, txid), committed)
+        if not taken_over and writes is not None and committed and name in self.loaded:
+            self.store.load(after_images(writes))
+
     def status(self) -> dict[str, Any]:
         status = super().status()
         status["replication"] = self.replication.status()
         return status
+
+
+def _taken(partition: str, gtid: str) -> str:
+    """The store's name of P's prepared record of ``gtid`` taken over at promotion."""
+    return f"{partition}/{gtid}"
 
 
 def replicas_durable_observer(
