@@ -417,9 +417,18 @@ class ReplicatedDataNode(SimDataNode):
                 self._resolved(now, name, txid, decision)
         elif kind == UNKNOWN:
             if answer.get("forgotten"):
+                # Finished everywhere and forgotten.  A commit is forgotten only after every
+                # participant acknowledged it, and a participant acknowledges only once its
+                # outcome record is on every in-sync copy or the new active settled it
+                # (_hold_ack): so a copy still prepared here missed an abort (the prepare
+                # never got its yes vote, the participant restarted without it).  Residual
+                # gap: a participant that crashes while holding that acknowledgement
+                # acknowledges from its tombstone after the restart (replication.md §10b).
                 self._out.append(
                     Notify("rep.forgotten", {"g": txid, "p": sorted(self._resolving[txid])})
                 )
+                for name in sorted(self._resolving.pop(txid)):
+                    self._resolved(now, name, txid, OUTCOME_ABORT)
                 return
             # Nothing decided: propose abort; whatever the log holds first is the outcome.
             proposal = {"t": PROPOSE, "g": txid, "o": OUTCOME_ABORT, "n": []}

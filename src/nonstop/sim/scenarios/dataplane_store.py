@@ -992,6 +992,10 @@ class SimStoreResourceManager:
 
         def replicated(error: dict[str, Any] | None) -> None:
             # Yes only once every sync replica holds the prepared record (ha.md §5 step 3).
+            if error is not None and store.replicator is not None:
+                # This participant votes no (or already did): the outcome is abort, known
+                # here -- a copy of the prepared record elsewhere resolves from it.
+                store.replicator.outcome(gtid, False)
             if store.rm_branches.get(gtid) is not b:
                 return  # ended meanwhile (its coordinator gave up)
             if error is not None:
