@@ -47,6 +47,7 @@ the same replica), but nothing makes them atomic on a replica otherwise.
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -88,6 +89,11 @@ from nonstop.sim.scenarios.dataplane_node import TOKEN_OWNERS, SimDataNode
 
 SIM_REPLICATION = ReplicationConfig(replica_timeout=0.3, resend=0.05, batch=4, resolve_after=1.0)
 """The machine's timings scaled to the simulator (replication.md §8)."""
+
+LOCAL_COORDINATOR = "~rep"
+"""Gtids ``<node>~rep.<n>`` name multi-partition one-node commits in the decision log: a
+coordinator of its own that announces no floor, so the log never forgets them (a promoted
+copy can always resolve one; the table grows by one decision per such commit)."""
 
 RESULT_KEY = "r:"
 """Write-set key prefix of a request result ``r:<client>\\0<seq>``."""
@@ -172,6 +178,10 @@ class ReplicatedDataNode(SimDataNode):
         self._tomb_tokens: dict[int, str] = {}
         """Persist token of the dtx participant's end of a prepared record -> its gtid."""
         self._held_acks: dict[str, int] = {}
+        self._local_txid = random.Random(rng.getrandbits(64)).getrandbits(48)
+        """Sequence of this node's multi-partition one-node commits (random start: a restart
+        does not reuse one)."""
+        self._deciding: dict[str, tuple[list[str], Done, dict[str, Any] | None]] = {}
         self._unsure_outcomes: dict[str, dict[str, int]] = {}
         """gtid -> {partition: this node's stream} of an outcome whose records failed."""
         self._outcomes: dict[str, str] = {}
@@ -352,6 +362,14 @@ class ReplicatedDataNode(SimDataNode):
                 return error_out(
                     errors.NotActive(f"{self.name} does not act for {name} (active: {active})")
                 )
+        if gtid is None and len(sets) > 1:
+            # A one-node commit over several partitions: one record per partition would not
+            # be atomic on the replicas (one can arrive, not the other, when this node dies).
+            # So: a prepared record in each, the decision in the log, then the outcomes.
+            self._local_txid += 1
+            gtid = f"{self.name}{LOCAL_COORDINATOR}.{self._local_txid}"
+            txid = gtid
+            done = functools.partial(self._local_prepared, txid, sorted(sets), done)
         self._next_group += 1
         ref = self._next_group
         group = self._groups[ref] = _Group(done, len(sets), partitions=sorted(sets))
@@ -364,6 +382,31 @@ class ReplicatedDataNode(SimDataNode):
                 actions = rep.replicate(now, ref, name, epoch, sets[name], PREPARE, gtid)
             self._rep_actions(now, actions)
         return None
+
+    def _local_prepared(
+        self, txid: str, names: list[str], done: Done, error: dict[str, Any] | None
+    ) -> None:
+        """Every partition's prepared record of a one-node commit completed (or one failed):
+        decide it in the log, first writer wins (a promoted copy proposes abort)."""
+        outcome = OUTCOME_ABORT if error is not None else OUTCOME_COMMIT
+        self._deciding[txid] = (names, done, error)
+        proposal = {"t": PROPOSE, "g": txid, "o": outcome, "n": []}
+        self._cluster(self.now, self.node.decisions.request(self.now, proposal))
+
+    def _local_decided(self, now: float, txid: str, decision: str) -> None:
+        names, done, error = self._deciding.pop(txid)
+        self._outcomes[txid] = decision
+        rep = self.replication
+        for name in names:
+            if txid in rep.data.prepared_of(name):
+                self._rep_dirty = True
+                self._rep_actions(now, rep.outcome(now, None, name, txid, decision))
+        if decision == OUTCOME_COMMIT:
+            done(None)
+        elif error is not None:
+            done(error)
+        else:
+            done(error_out(errors.Aborted(f"{txid}: a promoted copy decided abort first")))
 
     def _finished(self, action: Completed | Failed) -> None:
         group = self._groups.get(action.ref) if isinstance(action.ref, int) else None
@@ -409,6 +452,8 @@ class ReplicatedDataNode(SimDataNode):
         if not isinstance(answer, dict):
             return
         txid, kind = answer.get("g"), answer.get("t")
+        if isinstance(txid, str) and txid in self._deciding and kind == DECIDED:
+            self._local_decided(now, txid, str(answer.get("o")))
         if not isinstance(txid, str) or txid not in self._resolving:
             return
         if kind == DECIDED:
