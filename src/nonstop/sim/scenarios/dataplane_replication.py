@@ -341,6 +341,16 @@ class ReplicatedDataNode(SimDataNode):
         if held is not None:
             self._queue.append((False, Persisted(self.now, held // TOKEN_OWNERS)))
 
+    def lookup(self, client: str, seq: int) -> tuple[tuple[bool, Any] | None, bool]:
+        data = self.replication.data
+        key = f"{RESULT_KEY}{client}\0{seq}"
+        for values in data.objects.values():
+            value = values.get(key)
+            if value is not None:
+                return (bool(value[0]), value[1]), False
+        pending = bool(self._groups or self._deciding) or any(data.prepared.values())
+        return None, pending
+
     def _known_outcome(self, gtid: str) -> str | None:
         """The outcome this node's own participant applied for ``gtid``, if it knows it."""
         known = self._outcomes.get(gtid) or self.node.dtx.tombs.get(gtid)

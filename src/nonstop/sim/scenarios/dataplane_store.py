@@ -219,6 +219,11 @@ class Replicator(Protocol):
 
     def outcome(self, gtid: str, commit: bool) -> None: ...
 
+    def lookup(self, client: str, seq: int) -> tuple[tuple[bool, Any] | None, bool]:
+        """A request's result in the replicated copies here, and whether a commit that may
+        record it is still undecided here."""
+        ...
+
 
 # ------------------------------------------------------------------ the store
 class SimDataStore:
@@ -438,11 +443,18 @@ class SimDataStore:
         op = job.op
         try:
             if op == "request.lookup":
-                found = self.results.get(_req(job.fields.get("req")))
+                key = _req(job.fields.get("req"))
+                found = self.results.get(key)
+                in_doubt = self.in_doubt() > 0
+                if self.replicator is not None and found is None:
+                    # The replicated copies are the commit's record (this store's copy may
+                    # lag them after a restart): ask them, and what is still undecided.
+                    found, pending = self.replicator.lookup(*key)
+                    in_doubt = in_doubt or pending
                 if found is not None:
                     self._reply(job, {"found": list(found), "in_doubt": False})
                 else:
-                    self._reply(job, {"found": None, "in_doubt": self.in_doubt() > 0})
+                    self._reply(job, {"found": None, "in_doubt": in_doubt})
             elif op == "request.abort":
                 # The outcome of an aborted commit, in a transaction of its own.
                 self._internal += 1
