@@ -39,10 +39,10 @@ path needs it:
 The machine persists its own copy (``rep/``) besides the store's (``st/``): the
 simulator keeps both, the real node will keep one (replication.md §10).
 
-**Known gap** (replication.md §10): a one-node commit that writes two
-partitions replicates one record per partition; they travel in the same message
-to a replica node holding both (the layout here gives both partitions of a node
-the same replica), but nothing makes them atomic on a replica otherwise.
+A one-node commit that writes **several partitions** is prepared in each and
+decided in the decision log (gtid ``<node>~rep.<n>``), then given its outcome
+records, so it is atomic on the replicas.  Known failures left: replication.md
+§10b.
 """
 
 from __future__ import annotations
