@@ -72,6 +72,7 @@ sim: $(STAMP)
 	$(PY) -m nonstop.sim.dtx_campaign --seeds $(SEEDS)
 	$(PY) -m nonstop.sim.dataplane_campaign --seeds $(SEEDS)
 	$(PY) -m nonstop.sim.dataplane_campaign --seeds $(SEEDS) --partitions
+	$(PY) -m nonstop.sim.dataplane_campaign --seeds $(SEEDS) --partitions --replicas 1
 	$(PY) -m nonstop.sim.partitions_campaign --seeds $(SEEDS)
 	$(PY) -m nonstop.sim.replication_campaign --seeds $(SEEDS)
 

@@ -169,7 +169,10 @@ class ReplicationMachine:
         """Replicate ``txid``'s outcome: its prepared record is applied or dropped everywhere."""
         if outcome not in (OUTCOME_COMMIT, OUTCOME_ABORT) or not isinstance(txid, str):
             return [Failed(ref, partition, BAD_REQUEST)]
-        return self._record(now, ref, partition, None, OUTCOME, txid, {}, outcome)
+        # An outcome goes into the stream even while the lease is not held for a moment: the
+        # prepared record's locks end with it, and a later record writing the same objects
+        # must come after it (I4).  Only completion needs the node to act.
+        return self._record(now, ref, partition, None, OUTCOME, txid, {}, outcome, acting=False)
 
     def noop(self, now: float, ref: Any, partition: str) -> list[Any]:
         """Complete once every in-sync replica holds everything this node holds of P."""
@@ -253,6 +256,8 @@ class ReplicationMachine:
         txid: str | None,
         writes: dict[str, Any],
         extra: str | None,
+        *,
+        acting: bool = True,
     ) -> list[Any]:
         view = self.views.get(partition)
         if view is None:
@@ -260,7 +265,7 @@ class ReplicationMachine:
         if epoch is not None and epoch != view.epoch:
             return [Failed(ref, partition, STALE_EPOCH, view.active)]
         stream = self.streams.get(partition)
-        if partition not in self.acting or stream is None:
+        if (acting and partition not in self.acting) or stream is None:
             return [Failed(ref, partition, NOT_ACTIVE, view.active)]
         actions = self._append(stream, kind, txid=txid, writes=writes, extra=extra)
         stream.pending.append((stream.last, ref))

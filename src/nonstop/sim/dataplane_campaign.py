@@ -6,6 +6,9 @@
     python -m nonstop.sim.dataplane_campaign --seeds 50 --mutant ack-on-votes
     python -m nonstop.sim.dataplane_campaign --seeds 300 --partitions   # routing by partition
     python -m nonstop.sim.dataplane_campaign --seeds 50 --partitions --mutant ack-without-acting
+    python -m nonstop.sim.dataplane_campaign --seeds 300 --partitions --replicas 1  # sync replicas
+    python -m nonstop.sim.dataplane_campaign --seeds 20 --partitions --replicas 1 \
+        --mutant ack_before_replica
 
 Every failing seed is printed with the one-line command that replays it; the
 exit status is 1 if any seed failed.  ``--mutant`` runs a deliberately broken
@@ -18,6 +21,7 @@ import argparse
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
+from nonstop.replication.machine import MUTANTS as REPLICATION_MUTANTS
 from nonstop.sim.runner import Campaign, SeedOutcome, campaign_main, raised, run_many
 from nonstop.sim.scenarios.dataplane import ScenarioConfig, partitioned_config, run_seed
 from nonstop.sim.scenarios.dataplane_mutants import MUTANTS, PARTITION_MUTANTS
@@ -28,28 +32,37 @@ COUNTERS = ("transfers", "acked", "failed", "unknown", "audits", "cpu_us")
 the CPU it took (microseconds)."""
 
 
-def config_for(mutant: str | None, partitions: bool = False) -> ScenarioConfig | None:
+def config_for(
+    mutant: str | None, partitions: bool = False, replicas: int = 0
+) -> ScenarioConfig | None:
     """The scenario's configuration: routed by node (default) or by partition, maybe broken."""
     if partitions:
-        base = partitioned_config()
+        base = partitioned_config(replicas=replicas)
         if mutant is None:
             return base
+        if mutant in REPLICATION_MUTANTS:
+            return replace(base, replication_mutant=mutant)
         return replace(base, node_class={**MUTANTS, **PARTITION_MUTANTS}[mutant])
     if mutant is None:
         return None
     return replace(ScenarioConfig(), node_class=MUTANTS[mutant])
 
 
-def replay_command(seed: int, mutant: str | None = None, partitions: bool = False) -> str:
+def replay_command(
+    seed: int, mutant: str | None = None, partitions: bool = False, replicas: int = 0
+) -> str:
     extra = f" --mutant {mutant}" if mutant else ""
     extra += " --partitions" if partitions else ""
+    extra += f" --replicas {replicas}" if replicas else ""
     return f"python -m {MODULE} --seed {seed}{extra} --verbose"
 
 
-def run_one(seed: int, mutant: str | None = None, partitions: bool = False) -> SeedOutcome:
+def run_one(
+    seed: int, mutant: str | None = None, partitions: bool = False, replicas: int = 0
+) -> SeedOutcome:
     """One seed; an exception in the code under test is that seed's failure."""
     try:
-        result, _ = run_seed(seed, config_for(mutant, partitions))
+        result, _ = run_seed(seed, config_for(mutant, partitions, replicas))
     except Exception as exc:
         return raised(seed, exc)
     s = {**result.stats, "cpu_us": int(result.stats["cpu_time"] * 1e6)}
@@ -65,13 +78,15 @@ def run_one(seed: int, mutant: str | None = None, partitions: bool = False) -> S
     )
 
 
-def _run_args(args: tuple[int, str | None, bool]) -> SeedOutcome:
+def _run_args(args: tuple[int, str | None, bool, int]) -> SeedOutcome:
     return run_one(*args)
 
 
-def failure_text(outcome: SeedOutcome, mutant: str | None = None, partitions: bool = False) -> str:
+def failure_text(
+    outcome: SeedOutcome, mutant: str | None = None, partitions: bool = False, replicas: int = 0
+) -> str:
     first = outcome.violations[0] if outcome.violations else "?"
-    replay = replay_command(outcome.seed, mutant, partitions)
+    replay = replay_command(outcome.seed, mutant, partitions, replicas)
     return f"FAIL seed {outcome.seed}: {first}\n  replay: {replay}"
 
 
@@ -82,12 +97,13 @@ def run_campaign(
     jobs: int | None = None,
     progress: bool = False,
     partitions: bool = False,
+    replicas: int = 0,
 ) -> list[SeedOutcome]:
     """Run ``seeds`` on ``jobs`` processes (default: every core); outcomes sorted by seed."""
     return run_many(
         _run_args,
-        [(s, mutant, partitions) for s in seeds],
-        failure_text=lambda outcome: failure_text(outcome, mutant, partitions),
+        [(s, mutant, partitions, replicas) for s in seeds],
+        failure_text=lambda outcome: failure_text(outcome, mutant, partitions, replicas),
         jobs=jobs,
         progress=progress,
         chunksize=8,
@@ -117,10 +133,15 @@ def report(outcomes: list[SeedOutcome]) -> list[str]:
 
 
 def explain(
-    seed: int, mutant: str | None = None, *, full_trace: bool = False, partitions: bool = False
+    seed: int,
+    mutant: str | None = None,
+    *,
+    full_trace: bool = False,
+    partitions: bool = False,
+    replicas: int = 0,
 ) -> bool:
     """Replay one seed and print its shape, faults, client requests, replies and verdict."""
-    result, sim = run_seed(seed, config_for(mutant, partitions), trace=True)
+    result, sim = run_seed(seed, config_for(mutant, partitions, replicas), trace=True)
     s = result.stats
     print(
         f"seed {seed}: nodes {', '.join(result.nodes)}; {s['clients']} clients; "
@@ -144,27 +165,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     def options(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
             "--mutant",
-            choices=sorted({*MUTANTS, *PARTITION_MUTANTS}),
+            choices=sorted({*MUTANTS, *PARTITION_MUTANTS, *REPLICATION_MUTANTS}),
             help="run a deliberately broken node (must fail)",
         )
         parser.add_argument(
             "--partitions",
             action="store_true",
-            help="route by partition (HA cluster nodes, replicas = 0; dataplane_partitions)",
+            help="route by partition (HA cluster nodes; dataplane_partitions)",
+        )
+        parser.add_argument(
+            "--replicas",
+            type=int,
+            default=0,
+            help="with --partitions: sync replicas per partition (dataplane_replication)",
         )
 
     def configure(args: argparse.Namespace) -> Campaign:
         mutant: str | None = args.mutant
         parts: bool = args.partitions
+        replicas: int = args.replicas
         return Campaign(
-            run_one=lambda seed: run_one(seed, mutant, parts),
+            run_one=lambda seed: run_one(seed, mutant, parts, replicas),
             run_all=lambda seeds, jobs: run_campaign(
-                seeds, mutant=mutant, jobs=jobs, progress=True, partitions=parts
+                seeds, mutant=mutant, jobs=jobs, progress=True, partitions=parts, replicas=replicas
             ),
             explain=lambda seed, full_trace: explain(
-                seed, mutant, full_trace=full_trace, partitions=parts
+                seed, mutant, full_trace=full_trace, partitions=parts, replicas=replicas
             ),
-            failure_text=lambda outcome: failure_text(outcome, mutant, parts),
+            failure_text=lambda outcome: failure_text(outcome, mutant, parts, replicas),
             report=report,
         )
 

@@ -54,6 +54,7 @@ from nonstop.dtx.protocol import DtxConfig
 from nonstop.model import codec
 from nonstop.model.ref import Ref
 from nonstop.model.wire import write_out
+from nonstop.net import plain
 from nonstop.runtime.interface import Action, Event, NodeId, Reply
 from nonstop.sim import nemesis
 from nonstop.sim.core import Simulation, decode, encode
@@ -68,6 +69,12 @@ from nonstop.sim.scenario_base import (
 from nonstop.sim.scenarios.dataplane_crashes import STEPS, CrashAtStep
 from nonstop.sim.scenarios.dataplane_node import CLOSE, SimDataNode
 from nonstop.sim.scenarios.dataplane_partitions import PartitionRouting
+from nonstop.sim.scenarios.dataplane_replication import (
+    SIM_REPLICATION,
+    replicas_durable_observer,
+    replicated_class,
+    replicated_key,
+)
 from nonstop.sim.scenarios.dataplane_store import (
     ACCOUNT,
     K_OBJ,
@@ -132,6 +139,12 @@ class ScenarioConfig(CommonConfig):
     """Route by partition (``ha.data = "partitions"``): every node runs the HA cluster
     node, two partitions per node with one copy each (replicas = 0), accounts and
     transfers placed by the hash of their unique key (:mod:`.dataplane_partitions`)."""
+    replicas: int = 0
+    """With ``partitions``: sync replicas per partition.  Above 0 every node also runs the
+    replication machine (:mod:`.dataplane_replication`): a partition's writes reach its
+    replicas before they are acknowledged and a failover promotes one."""
+    replication_mutant: str | None = None
+    """One of ``nonstop.replication.machine.MUTANTS`` (the mutation check)."""
 
 
 def partitioned_config(**overrides: Any) -> ScenarioConfig:
@@ -654,12 +667,14 @@ def run_seed(
     dp_config = cfg.dataplane if cfg.dataplane is not None else sim_dataplane_config()
     routing: PartitionRouting | None = None
     if cfg.partitions:
-        routing = PartitionRouting(names)
+        routing = PartitionRouting(names, cfg.replicas)
         home = {number: routing.node_of_account(number) for number in numbers}
         dp_config = dataclasses.replace(dp_config, placement=routing.placement)
     _add_nodes(sim, rng, names, home, cfg, dp_config, routing)
     if routing is not None:
         sim.observers.append(routing.ack_observer(lambda i, d: checker.fail(sim, i, d)))
+        if cfg.replicas > 0:
+            sim.observers.append(replicas_durable_observer(lambda i, d: checker.fail(sim, i, d)))
     faults = install_faults(world, names, cfg)
     # The data path sends each RPC once (over TCP, a lost message is a broken
     # connection: Unavailable, and the client retries).  So after the heal the
@@ -914,9 +929,15 @@ def _add_nodes(
             node_rng: random.Random, recovered: Any, node_cfg: ClusterConfig = node_cfg
         ) -> SimDataNode:
             extra: dict[str, Any] = {}
+            node_class = cfg.node_class
             if routing is not None:
                 extra["cluster_factory"] = routing.cluster_factory
-            return cfg.node_class(
+            if routing is not None and cfg.replicas > 0:
+                node_class = replicated_class(cfg.node_class)
+                extra["replication"] = dataclasses.replace(
+                    SIM_REPLICATION, mutant=cfg.replication_mutant
+                )
+            return node_class(
                 node_cfg,
                 node_rng,
                 recovered,
@@ -936,6 +957,16 @@ def _add_nodes(
                     ref = routing.account_ref(number)
                 state = {"number": number, "balance": INITIAL, "log": []}
                 node.disk.durable[K_OBJ + ref] = codec.pack([ACCOUNT, 1, state])
+        if routing is not None and cfg.replicas > 0:
+            # Every copy of a partition holds its accounts from the start (the same history).
+            for number in sorted(home):
+                partition = routing.partition_of_account(number)
+                if name in routing.holders[partition]:
+                    state = {"number": number, "balance": INITIAL, "log": []}
+                    key = routing.account_ref(number).hex()
+                    node.disk.durable[replicated_key(partition, key)] = plain.pack(
+                        [ACCOUNT, 1, state]
+                    )
         sim.start(name)
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from nonstop.dtx.protocol import VOTE
 from nonstop.runtime.interface import Action, Event, NodeId, Notify, Persist, Reply, Send
 from nonstop.sim.core import Simulation
-from nonstop.sim.scenarios.dataplane_node import DECIDE_NOTE
+from nonstop.sim.scenarios.dataplane_node import DECIDE_NOTE, TOKEN_OWNERS
 from nonstop.sim.scenarios.dataplane_store import K_OBJ, K_RESULT
 
 STEPS = ("none", "decide", "local_commit", "commit_reply", "voted_yes")
@@ -61,7 +61,7 @@ class CrashAtStep:
             return (
                 isinstance(action, Persist)
                 and any(k.startswith((K_OBJ, K_RESULT)) for k, _ in action.writes)
-                and action.token % 3 == 1
+                and action.token % TOKEN_OWNERS == 1
             )
         if step == "commit_reply":
             return isinstance(action, Reply) and action.payload == {"ok": True}

@@ -33,9 +33,8 @@ Routing:
 * **ClusterChanged** is derived from the cluster layer (view members, the
   failure detector's Up set, quorum state, location codes) at start and
   whenever the cluster layer notifies a node state, quorum or view change.
-* **Persist tokens** (each component counts from 1): the DtxClusterNode's ``t``
-  is ``3t``, the store's ``3t + 1``, the data plane's ``3t + 2``.  Durable
-  keys do not collide: ``raft/``, ``dtx/``, the store's ``st/``.
+* **Persist tokens** (each component counts from 1): :data:`TOKEN_OWNERS`.  Durable
+  keys do not collide: ``raft/``, ``dtx/``, the store's ``st/``, replication's ``rep/``.
 * **Timers**: the store's start with ``st.``; the data plane's get ``dp:`` in
   front (stripped when they fire); the rest are the DtxClusterNode's.
 """
@@ -89,6 +88,10 @@ DECIDE_NOTE = "dp.decide"
 """``Notify`` the composition emits when the data plane asks for a decision (observers)."""
 CLOSE = "conn.close"
 """A simulated client closing its connection: ``{"conn": c, "op": "conn.close"}``."""
+
+TOKEN_OWNERS = 4
+"""``Persist`` tokens: ``4t`` the DtxClusterNode's, ``4t + 1`` the store's, ``4t + 2`` the data
+plane's, ``4t + 3`` a composed replication machine's (:mod:`.dataplane_replication`)."""
 
 _CLUSTER_KINDS = frozenset({"node_state", "quorum", "view", "pt.changed", "pt.acting"})
 
@@ -181,6 +184,8 @@ class SimDataNode:
             self._queue.append((False, event))
             self._queue.append((True, event))
             self._cluster_dirty = True
+        elif self._side_event(event):
+            pass  # the replication machine's (a subclass composes it)
         elif isinstance(event, TimerFired):
             name = event.name
             if name.startswith(TIMER_PREFIX):
@@ -195,13 +200,15 @@ class SimDataNode:
             to_dp = isinstance(kind, str) and kind.startswith("data.")
             self._queue.append((to_dp, event))
         elif isinstance(event, Persisted):
-            inner, owner = divmod(event.token, 3)
+            inner, owner = divmod(event.token, TOKEN_OWNERS)
             if owner == 0:
                 self._queue.append((False, Persisted(now, inner)))
             elif owner == 1:
                 self.store.persisted(now, inner)
-            else:
+            elif owner == 2:
                 self._queue.append((True, Persisted(now, inner)))
+            else:
+                self._side_persisted(Persisted(now, inner))
         elif isinstance(event, ClientRequest):
             self._client(event)
         self._drain(now)
@@ -239,7 +246,7 @@ class SimDataNode:
                 self._queue.append((True, done))
             for action in store.take_actions():
                 if isinstance(action, Persist):
-                    self._out.append(Persist(3 * action.token + 1, action.writes))
+                    self._out.append(Persist(TOKEN_OWNERS * action.token + 1, action.writes))
                 else:
                     self._out.append(action)
             if not self._queue and self._cluster_dirty:
@@ -247,13 +254,24 @@ class SimDataNode:
                 changed = self._cluster_changed(now)
                 if changed is not None:
                     self._queue.append((True, changed))
-            if not self._queue and store.idle():
+            if not self._queue and store.idle() and not self._settle(now):
                 return
+
+    def _side_event(self, event: Event) -> bool:
+        """Take an event of a component a subclass composes (True: taken)."""
+        return False
+
+    def _side_persisted(self, event: Persisted) -> None:
+        """A ``Persisted`` of a composed component's write (token owner 3)."""
+
+    def _settle(self, now: float) -> bool:
+        """Called when nothing is left to handle in this step; True if it queued more."""
+        return False
 
     def _from_node(self, now: float, actions: list[Action]) -> None:
         for action in actions:
             if isinstance(action, Persist):
-                self._out.append(Persist(3 * action.token, action.writes))
+                self._out.append(Persist(TOKEN_OWNERS * action.token, action.writes))
             elif isinstance(action, Reply) and action.request_id in self._decisions:
                 corr = self._decisions.pop(action.request_id)
                 self._decided(now, corr, action.payload)
@@ -280,7 +298,7 @@ class SimDataNode:
             elif isinstance(action, ClientReply):
                 self._out.append(Reply(action.corr, action.payload))
             elif isinstance(action, Persist):
-                self._out.append(Persist(3 * action.token + 2, action.writes))
+                self._out.append(Persist(TOKEN_OWNERS * action.token + 2, action.writes))
             elif isinstance(action, SetTimer):
                 self._out.append(SetTimer(DP_TIMER + action.name, action.delay))
             elif isinstance(action, CancelTimer):

@@ -58,10 +58,19 @@ class SimPlacement:
 class PartitionRouting:
     """The layout, placement and HA cluster node of a partitioned run (module doc)."""
 
-    def __init__(self, names: Sequence[NodeId]) -> None:
+    def __init__(self, names: Sequence[NodeId], replicas: int = 0) -> None:
         n = len(names)
         self.owner = {f"P{j}": names[j % n] for j in range(PARTITIONS_PER_NODE * n)}
-        self.layout = [PartitionDef(p, ((node, SYNC),), "static") for p, node in self.owner.items()]
+        # With replicas, P's copies are its owner's successors: both partitions of a node
+        # have the same replicas (a one-node commit's records travel together).
+        self.holders = {
+            p: tuple(names[(names.index(node) + k) % n] for k in range(min(replicas, n - 1) + 1))
+            for p, node in self.owner.items()
+        }
+        self.layout = [
+            PartitionDef(p, tuple((node, SYNC) for node in nodes), "static")
+            for p, nodes in self.holders.items()
+        ]
         self.placement = SimPlacement(list(self.owner))
         self.cluster_factory: Callable[..., HaClusterNode] = functools.partial(
             HaClusterNode,

@@ -51,7 +51,7 @@ import struct
 from collections import deque
 from collections.abc import Callable, Generator, Hashable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from nonstop import errors
 from nonstop.dataplane.events import BranchDone, Exec
@@ -86,6 +86,9 @@ CONFLICT = "conflict"
 LOCK_TIMEOUT = "lock timeout"
 DEADLOCK = "deadlock"
 BRANCH_GONE = "branch gone"
+NOT_REPLICATED = "not replicated"
+"""A no vote: the prepared record could not reach the partition's sync replicas (this node
+stopped acting for it)."""
 
 _REASONS = {
     "Conflict": CONFLICT,
@@ -96,6 +99,8 @@ _REASONS = {
 """An error that ended a prepare -> the reason its no vote gives."""
 
 _SEQ = struct.Struct(">Q")
+_REPLICATED = "rep:"
+"""Lock owner prefix of a prepared record taken over at promotion."""
 
 
 # ------------------------------------------------------------------ schema
@@ -196,6 +201,30 @@ class Branch:
     committing: bool = False
 
 
+class Replicator(Protocol):
+    """Where a store's commits and prepares go before they are acknowledged (the composition).
+
+    ``commit``/``prepare`` return an error reply at once when nothing was sent (this node
+    does not act for a partition written), else None and call ``done`` later with None
+    (every sync replica holds it) or an error reply (outcome unknown).
+    """
+
+    def commit(
+        self, after: list[list[Any]], done: Callable[[dict[str, Any] | None], None]
+    ) -> dict[str, Any] | None: ...
+
+    def prepare(
+        self, gtid: str, after: list[list[Any]], done: Callable[[dict[str, Any] | None], None]
+    ) -> dict[str, Any] | None: ...
+
+    def outcome(self, gtid: str, commit: bool) -> None: ...
+
+    def lookup(self, client: str, seq: int) -> tuple[tuple[bool, Any] | None, bool]:
+        """A request's result in the replicated copies here, and whether a commit that may
+        record it is still undecided here."""
+        ...
+
+
 # ------------------------------------------------------------------ the store
 class SimDataStore:
     """One node's simulated store (module doc)."""
@@ -232,6 +261,11 @@ class SimDataStore:
         self._progress: list[Progress] = []
         self._rm_call: list[Progress] | None = None
         self.stats: dict[str, int] = {"deadlocks": 0, "lock_timeouts": 0, "conflicts": 0}
+        self.replicator: Replicator | None = None
+        """Sync replication of partitions (:mod:`.dataplane_replication`); None: none."""
+        self.replicated_prepared: dict[str, list[list[Any]]] = {}
+        """gtid -> after-images of a prepared record this node took over at promotion
+        (its write locks held under ``rep:<gtid>`` until the outcome is applied)."""
         for key, raw in recovered.items():
             if key.startswith(K_OBJ):
                 type_name, version, state = codec.unpack(raw)
@@ -317,7 +351,8 @@ class SimDataStore:
 
     def in_doubt(self) -> int:
         """Branches prepared here whose outcome is not applied yet."""
-        return sum(1 for b in self.rm_branches.values() if b.prepared)
+        prepared = sum(1 for b in self.rm_branches.values() if b.prepared)
+        return prepared + len(self.replicated_prepared)
 
     # ------------------------------------------------------------ running ops
     def _run(self, b: Branch) -> None:
@@ -408,11 +443,18 @@ class SimDataStore:
         op = job.op
         try:
             if op == "request.lookup":
-                found = self.results.get(_req(job.fields.get("req")))
+                key = _req(job.fields.get("req"))
+                found = self.results.get(key)
+                in_doubt = self.in_doubt() > 0
+                if self.replicator is not None and found is None:
+                    # The replicated copies are the commit's record (this store's copy may
+                    # lag them after a restart): ask them, and what is still undecided.
+                    found, pending = self.replicator.lookup(*key)
+                    in_doubt = in_doubt or pending
                 if found is not None:
                     self._reply(job, {"found": list(found), "in_doubt": False})
                 else:
-                    self._reply(job, {"found": None, "in_doubt": self.in_doubt() > 0})
+                    self._reply(job, {"found": None, "in_doubt": in_doubt})
             elif op == "request.abort":
                 # The outcome of an aborted commit, in a transaction of its own.
                 self._internal += 1
@@ -756,22 +798,94 @@ class SimDataStore:
                 self.index.pop((obj.type, fname, obj.state.get(fname)), None)
 
     def _commit_local(self, b: Branch, job: _Job, deferred: _Deferred) -> None:
-        """Persist the branch's writes; once durable, install them, release, answer."""
+        """Persist the branch's writes; once durable, install them, release, answer.
+
+        With a :attr:`replicator` (sync replication of partitions) the replication
+        machine's record is the commit: once it completed (durable here and on every
+        in-sync sync replica) the writes are installed and persisted here too (this
+        store's copy) and the commit answered.  A refusal before anything was written
+        answers the replicator's error; a failure after answers it too (outcome unknown)
+        and installs nothing here (the partition's active node has it or not).
+        """
         after, writes = self._after_images(b)
 
         def durable() -> None:
             self.install(after)
-            self.branches.pop(b.bid, None)
-            self._reply(job, deferred.reply)
-            self._abandon(b, errors.TransactionClosed(f"branch {b.bid} committed"))
-            self._release(b)
+            self._finish_local(b, job, deferred.reply)
 
+        if self.replicator is not None and after:
+
+            def replicated(error: dict[str, Any] | None) -> None:
+                if error is None:
+                    self.load(after)
+                self._finish_local(b, job, deferred.reply if error is None else error)
+
+            refused = self.replicator.commit(after, replicated)
+            if refused is not None:
+                self._finish_local(b, job, refused)
+            return
         if not writes:
             durable()
             return
         self._token += 1
         self._on_durable[self._token] = durable
         self._actions.append(Persist(self._token, tuple(writes)))
+
+    def _finish_local(self, b: Branch, job: _Job, reply: dict[str, Any]) -> None:
+        self.branches.pop(b.bid, None)
+        self._reply(job, reply)
+        self._abandon(b, errors.TransactionClosed(f"branch {b.bid} committed"))
+        self._release(b)
+
+    # ------------------------------------------------------------ replication (promotion)
+    def load(self, after: list[list[Any]]) -> None:
+        """Install after-images that came from elsewhere (a partition's replicated copy, at
+        promotion), durable in this store's keys too; answered by nobody."""
+        changed = [image for image in after if not self._holds(image)]
+        if not changed:
+            return
+        self.install(changed)
+        self._token += 1
+        self._actions.append(Persist(self._token, tuple(self._durable(changed))))
+
+    def _holds(self, image: list[Any]) -> bool:
+        if isinstance(image[0], bytes):
+            ref, type_name, version, state = image
+            obj = self.objects.get(ref)
+            if state is None:
+                return obj is None
+            return obj is not None and (obj.type, obj.version, obj.state) == (
+                type_name,
+                version,
+                state,
+            )
+        client, seq, ok, value = image
+        return self.results.get((client, seq)) == (ok, value)
+
+    def take_prepared(self, gtid: str, after: list[list[Any]]) -> None:
+        """A replicated prepared record, taken over at promotion: its objects write-locked
+        (``rep:<gtid>``) until :meth:`end_prepared`."""
+        if gtid in self.replicated_prepared:
+            return
+        self.replicated_prepared[gtid] = after
+        owner = _REPLICATED + gtid
+        for image in after:
+            if isinstance(image[0], bytes):
+                self._counter = max(self._counter, Ref(image[0]).counter)
+                # The active node's own branches on these objects ended with its epoch:
+                # nothing here holds them (a failed grant is a bug the checks see).
+                self.locks.acquire(owner, ("o", image[0]), LockMode.WRITE)
+
+    def end_prepared(self, gtid: str, commit: bool) -> bool:
+        """The outcome of a prepared record taken over at promotion: install or drop it
+        (False: no such record here)."""
+        after = self.replicated_prepared.pop(gtid, None)
+        if after is None:
+            return False
+        if commit:
+            self.load(after)
+        self._granted(self.locks.release_all(_REPLICATED + gtid))
+        return True
 
     # ------------------------------------------------------------ inspection
     def balances(self) -> dict[int, int]:
@@ -877,13 +991,34 @@ class SimStoreResourceManager:
             return
         after, _ = store._after_images(b)
         b.after = after
-        b.prepared = True
         locks = [
             [_pack_resource(r), int(m)]
             for r, m in sorted(store.locks.held_by(b.bid).items(), key=lambda rm: repr(rm[0]))
         ]
         record = plain.pack({"b": b.bid, "a": after, "l": locks})
-        self._emit([Ready(b.gtid, record, {})])
+        gtid = b.gtid
+        if store.replicator is None or not after:
+            b.prepared = True
+            self._emit([Ready(gtid, record, {})])
+            return
+
+        def replicated(error: dict[str, Any] | None) -> None:
+            # Yes only once every sync replica holds the prepared record (ha.md §5 step 3).
+            if error is not None and store.replicator is not None:
+                # This participant votes no (or already did): the outcome is abort, known
+                # here -- a copy of the prepared record elsewhere resolves from it.
+                store.replicator.outcome(gtid, False)
+            if store.rm_branches.get(gtid) is not b:
+                return  # ended meanwhile (its coordinator gave up)
+            if error is not None:
+                self._emit(self._refuse_reason(b, NOT_REPLICATED))
+                return
+            b.prepared = True
+            self._emit([Ready(gtid, record, {})])
+
+        refused = store.replicator.prepare(gtid, after, replicated)
+        if refused is not None:
+            self._emit(self._refuse_reason(b, NOT_REPLICATED))
 
     def finish(
         self, gtid: str, commit: bool
@@ -893,6 +1028,8 @@ class SimStoreResourceManager:
         if b is None:
             return [], []
         writes: list[tuple[bytes, bytes | None]] = []
+        if store.replicator is not None and b.after:
+            store.replicator.outcome(gtid, commit)
         if commit:
             if not b.prepared:
                 raise AssertionError(f"{gtid}: commit of a branch that never prepared")

@@ -1,0 +1,67 @@
+"""The data path with sync replication of partitions in the simulator (replication.md §10).
+
+``partitioned_config(replicas=1)``: every partition has a sync replica, every node
+runs the replication machine composed into the data path's node
+(:mod:`nonstop.sim.scenarios.dataplane_replication`), under the full nemesis.
+``make sim`` / the campaign runs many more seeds
+(``python -m nonstop.sim.dataplane_campaign --partitions --replicas 1``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from nonstop.model.ref import Ref
+from nonstop.sim.scenarios.dataplane import partitioned_config, run_seed
+from nonstop.sim.scenarios.dataplane_partitions import PartitionRouting
+from nonstop.sim.scenarios.dataplane_replication import (
+    ReplicatedDataNode,
+    after_images,
+    write_sets,
+)
+
+CLEAN_SEEDS = range(0, 8)
+"""Seeds that must stay clean (campaign numbers: docs/design/replication.md §10)."""
+
+
+def test_write_sets_split_by_partition_and_carry_the_request_result_to_each() -> None:
+    a = Ref.make(11, 0, 1).raw
+    b = Ref.make(22, 0, 2).raw
+    outside = Ref.make(33, 0, 3).raw
+    after = [
+        [a, "T", 2, {"x": 1}],
+        [b, "T", 3, None],
+        [outside, "T", 1, {"x": 9}],
+        ["c1", 7, True, None],
+    ]
+    sets = write_sets(after, {a: "P0", b: "P1"}.get)
+    assert sorted(sets) == ["P0", "P1"]
+    assert sets["P0"] == {a.hex(): ["T", 2, {"x": 1}], "r:c1\x007": [True, None]}
+    assert sets["P1"] == {b.hex(): None, "r:c1\x007": [True, None]}
+    back = after_images(sets["P1"])
+    assert back == [[b, "", 0, None], ["c1", 7, True, None]]
+
+
+def test_replicated_partitions_keep_every_invariant_and_fail_over() -> None:
+    promoted = 0
+    completed = 0
+    for seed in CLEAN_SEEDS:
+        result, sim = run_seed(seed, partitioned_config(replicas=1))
+        assert result.ok, f"seed {seed}: {[str(v) for v in result.violations]}"
+        owner = PartitionRouting(result.nodes).owner
+        for name in result.nodes:
+            machine = sim.machine(name)
+            assert isinstance(machine, ReplicatedDataNode)
+            completed += machine.replication.stats["completed"]
+            promoted += sum(1 for p in machine.loaded if owner[p] != name)
+    assert completed > 100
+    assert promoted > 0, "no replica was promoted: the seeds do not exercise a failover"
+
+
+def test_acknowledging_before_the_replica_is_caught() -> None:
+    caught = 0
+    for seed in range(4):
+        config = replace(partitioned_config(replicas=1), replication_mutant="ack_before_replica")
+        result, _ = run_seed(seed, config)
+        caught += any(v.invariant == "durable-replica" for v in result.violations)
+    assert caught == 4
