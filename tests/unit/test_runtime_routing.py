@@ -253,7 +253,7 @@ def test_the_node_router_sends_the_data_path_to_the_data_service() -> None:
         ("stop", None),
     ]
     assert conn.sent == []  # the service answers itself
-    assert router.stats() == {"data": {"client_ops": 4}, "store": {"commits": 7}, "objects": 3}
+    assert router.stats() == {"data": {"client_ops": 4}, "store": {"commits": 7}, "objects": 3, "locks": {}}
 
 
 def test_a_node_without_a_data_service_answers_data_ops_with_a_clear_error(
@@ -275,4 +275,4 @@ def test_a_node_without_a_data_service_answers_data_ops_with_a_clear_error(
     lines = [r.getMessage() for r in caplog.records if "data.req" in r.getMessage()]
     assert len(lines) == 1 and "from B" in lines[0] and "no data service" in lines[0]
     assert not router.on_peer("B", {"k": "fd"})
-    assert router.stats() == {"data": {}, "store": {}, "objects": None}
+    assert router.stats() == {"data": {}, "store": {}, "objects": None, "locks": {}}
