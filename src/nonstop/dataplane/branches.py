@@ -8,7 +8,8 @@ when its coordinator looked down) is never silently reopened without its
 locks -- the coordinator hears ``BranchRolledBack`` (retryable) instead.
 Every op is one ``Exec`` on the branch; its answer goes back as ``data.rep``.
 
-A branch ends with ``branch.end``, a failure that dooms it (``Retryable``,
+A branch ends with ``branch.end``, ``branch.end_all`` (its coordinator came back
+and holds no open session with it: ``ends.py``), a failure that dooms it (``Retryable``,
 ``TransactionClosed``), its coordinator being seen down, ``branch_idle``
 seconds without an op (B8: participants that cannot be reached roll back on
 their own), or two-phase commit taking it over (:meth:`BranchRegistry.take`).

@@ -14,6 +14,9 @@ Without this a session that failed while a node was unreachable left that
 node's branch to ``branch_idle`` (90 s) as soon as its first op arrived late,
 and with it the write locks it took.
 
+``stats["ends_late"]`` counts the ends sent after the session's end (the node was
+not up then, or did not answer).
+
 Cost: one entry per (node, branch) from the session's end until the answer
 (one round trip); no timer of its own (retries ride on the ``dp.sweep`` tick).
 """
@@ -86,6 +89,7 @@ class OwedEnds:
         when it restarted too fast for the peer to see it down.
         """
         for key in [k for k in self._owed if k[0] == node]:
+            self.dp.stats["ends_late"] += 1
             self._send(key)
         self._send((node, END_ALL))
 
@@ -97,6 +101,7 @@ class OwedEnds:
         up = self.dp.view.up
         for key, sent in list(self._owed.items()):
             if key[0] in up and (sent is None or sent <= cutoff):
+                self.dp.stats["ends_late"] += 1
                 self._send(key)
 
     def _send(self, key: tuple[str, str]) -> None:

@@ -544,9 +544,9 @@ class DataPlane(Driver):
         if writes:
             msg["w"] = writes
             s.dirty.add(node)
-        s.remote.add(node)  # from here on it may hold locks: end it with the session
         if node not in self.view.up:
-            return None, errors.Unavailable(f"node {node} is not up")
+            return None, errors.Unavailable(f"node {node} is not up")  # nothing sent
+        s.remote.add(node)  # from here on it may hold locks: end it with the session
         self.calls.send(node, msg, task, slot)
         return None
 
