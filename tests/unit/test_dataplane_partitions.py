@@ -88,7 +88,7 @@ def test_unique_lookup_asks_only_the_keys_partition_active_node() -> None:
     assert net.stores["A"].execs == []
     ((_, to, msg),) = net.data_reqs()
     assert to == "B" and msg["op"] == "branch.get"
-    assert msg["parts"] == [P_LOC["P1"]] and msg["pe"] == [["P1", 5]]
+    assert msg["locs"] == [P_LOC["P1"]] and msg["pe"] == [["P1", 5]]
 
 
 def test_lookup_of_a_partition_without_active_node_up_is_unavailable_never_not_found() -> None:
@@ -145,9 +145,9 @@ def test_count_and_query_ask_each_partition_once_on_its_active_node() -> None:
     count = {"op": "tx.count", "type": ACC, "begin": "serializable"}
     net.ok("A", count)
     here = net.stores["A"].execs[-1]
-    assert here.op == "branch.count" and here.fields["parts"] == [P_LOC["P0"]]
+    assert here.op == "branch.count" and here.fields["locs"] == [P_LOC["P0"]]
     ((_, to, msg),) = net.data_reqs("branch.count")
-    assert to == "B" and msg["parts"] == [P_LOC["P1"]]
+    assert to == "B" and msg["locs"] == [P_LOC["P1"]]
     # P1's holder down: skip_down leaves it out, fail_if_down refuses naming it.
     net.cluster(up={"A"})
     net.sent.clear()
@@ -240,7 +240,7 @@ def test_without_a_placement_the_table_in_the_view_changes_nothing() -> None:
     # Node routing: a probe here, then every other node; no parts, no fence.
     assert net.stores["A"].execs[0].fields.get("if_found")
     ((_, to, msg),) = net.data_reqs("branch.get")[:1]
-    assert to == "B" and "parts" not in msg and "pe" not in msg
+    assert to == "B" and "locs" not in msg and "pe" not in msg
     s = net.ok("A", {"op": "tx.begin"})["s"]
     reply = net.op("A", {"op": "tx.ref", "s": s, "ref": pref("P1", 4)})
     assert reply is not None and reply["error"] == "BadArgument"

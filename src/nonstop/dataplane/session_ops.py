@@ -167,7 +167,7 @@ def g_get_in_partition(
     partition = dp.config.placement.partition_for(type_name, routing_key(key_value))
     node = dp.place(s, partition)
     location = dp.view.partitions[partition].location
-    return (yield Call(node, "branch.get", {**fields, "parts": [location]}))
+    return (yield Call(node, "branch.get", {**fields, "locs": [location]}))
 
 
 def not_found(skipped: list[str]) -> dict[str, Any]:
@@ -426,7 +426,7 @@ def g_fan_out(
     if parts is None:
         calls = [Call(n, op, fields) for n in nodes]
     else:
-        calls = [Call(n, op, {**fields, "parts": parts[n]}) for n in nodes]
+        calls = [Call(n, op, {**fields, "locs": parts[n]}) for n in nodes]
     replies = yield Gather(calls)
     raise_fatal(replies)
     results: list[dict[str, Any]] = []

@@ -101,15 +101,16 @@ async def claim_and_record(
 async def execute(tx: AsyncTransaction, op: str, p: dict[str, Any]) -> dict[str, Any]:
     """Run one branch op on ``tx`` (the coordinator's own branch or a participant's).
 
-    ``parts`` (routing by partition): the location codes of the partitions this node
+    ``locs`` (routing by partition): the location codes of the partitions this node
     answers for in this op -- lookups, queries and counts see only their objects
     (``tx.restrict_to``), so that each partition is counted once.
     """
-    parts = p.get("parts")
+    # (not "parts": an overwrite's swap names its staged parts so)
+    parts = p.get("locs")
     if parts is None:
         return await _execute(tx, op, p)
     if not isinstance(parts, list):
-        raise errors.BadArgument("parts must be a list of location codes")
+        raise errors.BadArgument("locs must be a list of location codes")
     tx.restrict_to(parts)
     try:
         return await _execute(tx, op, p)

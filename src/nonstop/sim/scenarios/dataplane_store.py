@@ -955,8 +955,8 @@ def _error(exc: BaseException) -> dict[str, Any]:
 
 
 def _parts(f: dict[str, Any]) -> frozenset[bytes] | None:
-    """The ``parts`` of a branch op (location codes) as reference prefixes, or None."""
-    parts = f.get("parts")
+    """The ``locs`` of a branch op (location codes) as reference prefixes, or None."""
+    parts = f.get("locs")
     if not isinstance(parts, list):
         return None
     return frozenset(int(p).to_bytes(8, "big") for p in parts)
