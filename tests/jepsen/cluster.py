@@ -60,6 +60,10 @@ class NetnsCluster:
             "options": check_options({**OPTIONS, **(options or {})}),
         }
         self.lc.save(self.layout)
+        # Nodes require the cluster secret, clients a user (auth): the folder's files,
+        # and this process's clients prove its admin credential.
+        self.lc.ensure_auth_files()
+        self.lc.remember(self.layout)
         self.nodes: dict[str, LocalNode] = {n.name: n for n in self.lc.nodes(self.layout)}
         self.pids: dict[str, int] = {}
         self._all: set[int] = set()

@@ -122,6 +122,20 @@ def test_a_broken_node_is_caught_within_a_few_seeds(mutant: str) -> None:
     pytest.fail(f"{mutant} was not caught in 60 seeds")
 
 
+@pytest.mark.parametrize("seed", [6, 18])
+def test_no_branch_outlives_its_session_after_the_heal(seed: int) -> None:
+    """Issue 14: seed 6 (a partition, an end that never reached its node) and seed 18
+    (a paused node: the first op it was sent reaches it on resume, after its coordinator
+    gave up) leave a branch open past its session on the data plane before the fix,
+    caught by ``branch-outlives-session``; every such branch is ended now."""
+    config = replace(ScenarioConfig(), node_class=MUTANTS["end-branches-once"])
+    before, _ = run_seed(seed, config)
+    assert "branch-outlives-session" in {v.invariant for v in before.violations}
+    result, sim = run_seed(seed)
+    assert result.ok, result.violations[:3]
+    assert sum(sim.machine(n).dataplane.stats["orphan_rollbacks"] for n in result.nodes) > 0
+
+
 def test_the_final_checks_flag_lost_duplicated_and_partial_transfers() -> None:
     """``check_final`` on hand-made audits: each kind of damage is named."""
     numbers = [1, 2]

@@ -147,6 +147,7 @@ class Net:
         for n in names:
             self.feed(n, Started(now=0.0))
         self.cluster(up=set(names))
+        self.sent.clear()  # each node's first view: branch.end_all to its peers (ends.py)
 
     def cluster(self, up: set[str], quorum: str = "Active", at: str | None = None) -> None:
         """What every node (or only ``at``) sees: ``up`` (and itself) up."""
@@ -352,8 +353,8 @@ def test_a_peer_that_does_not_answer_is_unavailable_and_the_session_ends() -> No
     net.fire("A", RPC_TIMER)
     reply = net.replies[-1].payload
     assert reply["error"] == "Unavailable" and "did not answer" in reply["message"]
-    # Every branch is released: A's own at once, C's by message (B is not asked
-    # again, it would not hear it either; it idles out on its own).
+    # Every branch is released: A's own at once, B's and C's by message (B is told
+    # until it answers: the op it did not answer may still reach it, ends.py).
     assert net.ended["A"] == [f"A.{s}"]
     ends = {to for _, to, _ in net.data_reqs("branch.end")}
     assert ends == {"B", "C"}

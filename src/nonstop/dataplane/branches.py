@@ -8,7 +8,8 @@ when its coordinator looked down) is never silently reopened without its
 locks -- the coordinator hears ``BranchRolledBack`` (retryable) instead.
 Every op is one ``Exec`` on the branch; its answer goes back as ``data.rep``.
 
-A branch ends with ``branch.end``, a failure that dooms it (``Retryable``,
+A branch ends with ``branch.end``, ``branch.end_all`` (its coordinator came back
+and holds no open session with it: ``ends.py``), a failure that dooms it (``Retryable``,
 ``TransactionClosed``), its coordinator being seen down, ``branch_idle``
 seconds without an op (B8: participants that cannot be reached roll back on
 their own), or two-phase commit taking it over (:meth:`BranchRegistry.take`).
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from nonstop import errors
 from nonstop.dataplane.calls import BUSY, LONG_OPS
+from nonstop.dataplane.ends import END_ALL
 from nonstop.dataplane.events import EndBranch, Exec
 from nonstop.dataplane.state import Branch
 from nonstop.model.wire import error_class, error_out
@@ -108,6 +110,10 @@ class BranchRegistry:
             return
         if op == "branch.end":
             self.end(bid)
+            self._answer(sender, call_id, {})
+            return
+        if op == END_ALL:
+            self._end_all(sender, msg.get("keep"))
             self._answer(sender, call_id, {})
             return
         if not isinstance(op, str) or op not in PEER_OPS:
@@ -205,6 +211,22 @@ class BranchRegistry:
         for served in self._served.values():
             if served.op in LONG_OPS:
                 self.dp.emit(Send(served.sender, {"t": BUSY, "id": served.call_id}))
+
+    def _end_all(self, coordinator: str, keep: Any) -> None:
+        """``ends.END_ALL`` from ``coordinator``: its branches here but ``keep``'s are orphans."""
+        kept = {f"{coordinator}.{sid}" for sid in keep} if isinstance(keep, list) else set()
+        prefix = coordinator + "."
+        orphans = [
+            b
+            for b, br in self.branches.items()
+            if not br.local and b.startswith(prefix) and b not in kept
+        ]
+        for bid in orphans:
+            self.dp.log(
+                "info", f"branch {bid}: its coordinator {coordinator} ended it; rolled back"
+            )
+            self.dp.stats["orphan_rollbacks"] += 1
+            self.end(bid)
 
     def coordinator_down(self, peer: str) -> None:
         """``peer`` is down: the branches it coordinates here roll back at once."""

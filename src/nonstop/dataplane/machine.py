@@ -34,6 +34,7 @@ from nonstop.dataplane.calls import BUSY, RPC_TIMER, PeerCalls
 from nonstop.dataplane.commit import g_commit
 from nonstop.dataplane.deadlocks import WAITS_TIMER, DeadlockDetector
 from nonstop.dataplane.driver import ALONE, COMMIT_TIMER, FIRST, Driver, Immediate
+from nonstop.dataplane.ends import OwedEnds
 from nonstop.dataplane.events import (
     BranchDone,
     ClientGone,
@@ -142,6 +143,8 @@ class DataPlane(Driver):
         """Sessions rolled back by the node (a node of theirs went down, idle, deadlock
         victim) → the error their next op hears (class, message)."""
         self.calls = PeerCalls(self, rng)
+        self.ends = OwedEnds(self)
+        """``branch.end`` owed to peers until they answer (ends.py, issue 14)."""
         self.recent: collections.OrderedDict[RequestId, dict[str, Any]] = collections.OrderedDict()
         """Outcomes of recent commit requests (phase two may not have reached the store yet)."""
         self.hints: collections.OrderedDict[tuple[str, bytes], str] = collections.OrderedDict()
@@ -412,10 +415,9 @@ class DataPlane(Driver):
         if self.registry.branches.pop(s.bid, None) is not None:
             self._out.append(EndBranch(s.bid))
         for node in sorted(s.remote - s.committed):
-            if node in self.view.up:
-                # No answer awaited: a participant that misses it rolls back on
-                # its own (branch_idle, or when it sees this node down).
-                self.calls.tell(node, {"t": "data.req", "op": "branch.end", "b": s.bid})
+            # An op may still be on its way there (sent, reply unknown): told until
+            # that node answers, also if it is not up now (ends.py).
+            self.ends.owe(node, s.bid)
         s.remote.clear()
 
     def finish_commit(
@@ -542,9 +544,9 @@ class DataPlane(Driver):
         if writes:
             msg["w"] = writes
             s.dirty.add(node)
-        s.remote.add(node)  # from here on it may hold locks: end it with the session
         if node not in self.view.up:
-            return None, errors.Unavailable(f"node {node} is not up")
+            return None, errors.Unavailable(f"node {node} is not up")  # nothing sent
+        s.remote.add(node)  # from here on it may hold locks: end it with the session
         self.calls.send(node, msg, task, slot)
         return None
 
@@ -578,7 +580,8 @@ class DataPlane(Driver):
         msg = ev.payload
         kind = msg.get("t") if isinstance(msg, dict) else None
         if kind == "data.rep":
-            self.calls.answered(ev.sender, msg)
+            if not self.ends.answered(ev.sender, msg):
+                self.calls.answered(ev.sender, msg)
         elif kind == "data.req":
             self.registry.serve(ev.sender, msg)
         elif kind == BUSY:
@@ -593,6 +596,7 @@ class DataPlane(Driver):
         if name == SWEEP_TIMER:
             self.registry.sweep(ev.now)
             self.registry.keep_alive()
+            self.ends.retry(ev.now)
             self._sweep_sessions(ev.now)
             self._out.append(SetTimer(SWEEP_TIMER, self.config.sweep_every))
         elif name == WAITS_TIMER:
@@ -631,6 +635,14 @@ class DataPlane(Driver):
         )
         for peer in sorted(before - self.view.up):
             self._peer_down(peer)
+        for peer in sorted(self.view.up - before):
+            self.ends.node_up(peer)
+
+    def sessions_on(self, peer: str) -> list[int]:
+        """The sessions still open (committing, undecided) that have a branch on ``peer``."""
+        sessions = list(self.sessions.values())
+        sessions += [t.session for t in self._deciding.values() if t.session is not None]
+        return sorted({s.sid for s in sessions if peer in s.remote})
 
     def _peer_down(self, peer: str) -> None:
         """A peer left Up: what depends on it ends now, not at a timeout (B8).

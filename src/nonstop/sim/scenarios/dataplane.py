@@ -68,6 +68,7 @@ from nonstop.sim.scenario_base import (
 )
 from nonstop.sim.scenarios.dataplane_crashes import STEPS, CrashAtStep
 from nonstop.sim.scenarios.dataplane_node import CLOSE, SimDataNode
+from nonstop.sim.scenarios.dataplane_orphans import BranchOutlivesSession
 from nonstop.sim.scenarios.dataplane_partitions import PartitionRouting
 from nonstop.sim.scenarios.dataplane_replication import (
     SIM_REPLICATION,
@@ -707,6 +708,8 @@ def run_seed(
                 fail("orphan-branch", f"{name} sees {peer} down but keeps its branches {kept}")
 
     sim.observers.append(orphans)
+    # Half of branch_idle: a branch left to idle out is caught, a prompt end is not.
+    BranchOutlivesSession(cfg.heal_at, dp_config.branch_idle / 2, fail).attach(sim)
     quorum_before: dict[NodeId, str] = {}
 
     def disabled_acks(sim: Simulation, name: NodeId, event: Event, actions: list[Action]) -> None:

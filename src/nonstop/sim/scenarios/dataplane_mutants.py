@@ -15,6 +15,7 @@ from typing import Any
 from nonstop import errors
 from nonstop.cluster.node import ClusterConfig
 from nonstop.dataplane.branches import BranchRegistry
+from nonstop.dataplane.ends import OwedEnds
 from nonstop.dataplane.events import ClusterChanged, Decide, DecisionDone
 from nonstop.dataplane.machine import DataPlane, DataPlaneConfig
 from nonstop.dtx.decisions import COMMIT
@@ -140,6 +141,41 @@ class KeepOrphanBranches(_Swapped):
     dataplane_part = _KeepOrphansPlane
 
 
+class _EndOnce(OwedEnds):
+    """The ends before issue 14: one ``branch.end``, only to a node up at the session's end."""
+
+    def owe(self, node: str, bid: str) -> None:
+        if node in self.dp.view.up:
+            self.dp.calls.tell(node, {"t": "data.req", "op": "branch.end", "b": bid})
+
+    def node_up(self, node: str) -> None:
+        pass
+
+    def retry(self, now: float) -> None:
+        pass
+
+
+class _EndOncePlane(DataPlane):
+    def __init__(
+        self, name: str, rng: random.Random, config: DataPlaneConfig | None = None
+    ) -> None:
+        super().__init__(name, rng, config)
+        self.ends = _EndOnce(self)
+
+
+class EndBranchesOnce(_Swapped):
+    """A coordinator ends its session's branches with one ``branch.end`` to the nodes
+    up at that moment, and never again (the data plane before issue 14).
+
+    A first op still on its way to a node cut off (or paused) when the session
+    failed opens its branch there later, and a lost end leaves one open: nobody
+    ends them until ``branch_idle``.  The ``branch-outlives-session`` check
+    (``dataplane_orphans.py``) catches it.
+    """
+
+    dataplane_part = _EndOncePlane
+
+
 class _UnfencedPlane(DataPlane):
     def not_active(self, fence: dict[str, int]) -> errors.NotActive | None:
         return None
@@ -162,6 +198,7 @@ MUTANTS: dict[str, type[SimDataNode]] = {
     "ack-before-decision": AckBeforeDecision,
     "ack-on-votes": AckOnVotes,
     "commit-without-quorum": CommitWithoutQuorum,
+    "end-branches-once": EndBranchesOnce,
     "keep-orphan-branches": KeepOrphanBranches,
 }
 """Name (``--mutant``) -> node class."""
@@ -174,5 +211,6 @@ __all__ = [
     "AckOnVotes",
     "AckWithoutActing",
     "CommitWithoutQuorum",
+    "EndBranchesOnce",
     "KeepOrphanBranches",
 ]
