@@ -253,7 +253,12 @@ def test_the_node_router_sends_the_data_path_to_the_data_service() -> None:
         ("stop", None),
     ]
     assert conn.sent == []  # the service answers itself
-    assert router.stats() == {"data": {"client_ops": 4}, "store": {"commits": 7}, "objects": 3, "locks": {}}
+    assert router.stats() == {
+        "data": {"client_ops": 4},
+        "store": {"commits": 7},
+        "objects": 3,
+        "locks": {},
+    }
 
 
 def test_a_node_without_a_data_service_answers_data_ops_with_a_clear_error(
