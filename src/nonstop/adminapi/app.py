@@ -40,8 +40,9 @@ from pydantic import BaseModel, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from nonstop.adminapi.body_limit import BodyLimit
-from nonstop.adminapi.principal import Directory, Principal
-from nonstop.adminapi.tokens import BadToken, SessionTokens
+from nonstop.adminapi.principal import Directory, NotAuthenticated, Principal
+from nonstop.adminapi.principal import authenticate as check_credentials
+from nonstop.adminapi.tokens import SessionTokens
 from nonstop.commands.context import CommandContext
 from nonstop.commands.failure import CommandError
 from nonstop.commands.registry import Command, NoArguments
@@ -127,30 +128,19 @@ def build_app(
         basic_credentials: Annotated[HTTPBasicCredentials | None, Depends(basic)],
         bearer_credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
     ) -> Principal:
-        """The one authentication dependency: basic or bearer → :class:`Principal`, else 401."""
-        if not directory.enabled:
-            return Principal("anonymous", ("admin",), "open")
-        if bearer_credentials is not None:
-            try:
-                user = tokens.verify(bearer_credentials.credentials)
-            except BadToken as exc:
-                raise refuse(request, 401, str(exc)) from None
-            roles = directory.roles_of(user)
-            if roles is None:
-                raise refuse(request, 401, f"user {user!r} of the token no longer exists")
-            return Principal(user, tuple(roles), "token")
-        if basic_credentials is not None:
-            roles = directory.check_password(basic_credentials.username, basic_credentials.password)
-            if roles is None:
-                raise refuse(
-                    request, 401, f"bad user or password (user {basic_credentials.username!r})"
-                )
-            return Principal(basic_credentials.username, tuple(roles), "basic")
-        raise refuse(
-            request,
-            401,
-            "authentication required (HTTP basic, or a Bearer token from /api/v1/login)",
-        )
+        """The one authentication dependency: basic or bearer → :class:`Principal`, else 401
+        (the check itself is :func:`nonstop.adminapi.principal.authenticate`)."""
+        try:
+            return check_credentials(
+                directory,
+                tokens,
+                None
+                if basic_credentials is None
+                else (basic_credentials.username, basic_credentials.password),
+                None if bearer_credentials is None else bearer_credentials.credentials,
+            )
+        except NotAuthenticated as exc:
+            raise refuse(request, 401, str(exc)) from None
 
     @app.exception_handler(StarletteHTTPException)
     async def not_found(request: Request, exc: StarletteHTTPException) -> JSONResponse:

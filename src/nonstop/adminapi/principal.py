@@ -1,17 +1,24 @@
-"""Who is asking: the one place the admin API turns credentials into a user and roles.
+"""Who is asking: the one place that turns HTTP credentials into a user and roles.
 
-:class:`Directory` is what the node gives the API (``nonstop.node.admin_http``):
-the users of the cluster (the users table and the node's bootstrap admin,
-``nonstop.node.access``).  A password is checked against the user's stored
-verifier (scrypt, :mod:`nonstop.net.auth`), never stored or cached here.
+:class:`Directory` is what the node gives the admin API (``nonstop.node.admin_http``)
+and the metrics endpoint (``nonstop.node.metrics_auth``): the users of the
+cluster (the users table and the node's bootstrap admin, ``nonstop.node.access``).
+A password is checked against the user's stored verifier (scrypt,
+:mod:`nonstop.net.auth`), never stored or cached here.  :func:`authenticate` is
+the framework-free check both use: HTTP basic or a session token → a
+:class:`Principal`, else :class:`NotAuthenticated`.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import hmac
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from nonstop.adminapi.tokens import BadToken, SessionTokens
 
 
 @dataclass(frozen=True)
@@ -37,6 +44,58 @@ class Directory:
     check_password: Callable[[str, str], list[str] | None]
     roles_of: Callable[[str], list[str] | None]
     enabled: bool = True
+    password_version: Callable[[str], object] = lambda _user: None
+    """Something that changes when the user's password changes (its stored key):
+    what lets a cache of a successful check (the metrics endpoint's) notice it."""
+
+
+class NotAuthenticated(Exception):
+    """No, or a bad, credential; the message says which (for the log, and the 401)."""
+
+
+def authenticate(
+    directory: Directory,
+    tokens: SessionTokens,
+    basic: tuple[str, str] | None,
+    bearer: str | None,
+) -> Principal:
+    """Basic ``(user, password)`` or a bearer token → :class:`Principal`; else
+    :class:`NotAuthenticated`.  The bearer token wins when both are given."""
+    if not directory.enabled:
+        return Principal("anonymous", ("admin",), "open")
+    if bearer is not None:
+        try:
+            user = tokens.verify(bearer)
+        except BadToken as exc:
+            raise NotAuthenticated(str(exc)) from None
+        roles = directory.roles_of(user)
+        if roles is None:
+            raise NotAuthenticated(f"user {user!r} of the token no longer exists")
+        return Principal(user, tuple(roles), "token")
+    if basic is not None:
+        roles = directory.check_password(*basic)
+        if roles is None:
+            raise NotAuthenticated(f"bad user or password (user {basic[0]!r})")
+        return Principal(basic[0], tuple(roles), "basic")
+    raise NotAuthenticated("authentication required (HTTP basic, or a Bearer token from login)")
+
+
+def parse_authorization(header: str | None) -> tuple[tuple[str, str] | None, str | None]:
+    """An ``Authorization`` header → ``(basic, bearer)``, each None when absent or
+    unreadable (then :func:`authenticate` answers "authentication required")."""
+    scheme, _, value = (header or "").strip().partition(" ")
+    value = value.strip()
+    if scheme.lower() == "bearer" and value:
+        return None, value
+    if scheme.lower() == "basic" and value:
+        try:
+            decoded = base64.b64decode(value, validate=True).decode("utf-8")
+        except (binascii.Error, UnicodeDecodeError):
+            return None, None
+        user, sep, password = decoded.partition(":")
+        if sep:
+            return (user, password), None
+    return None, None
 
 
 def verifier_matches(password: str, salt: bytes, n: int, r: int, p: int, stored_key: bytes) -> bool:
@@ -48,4 +107,11 @@ def verifier_matches(password: str, salt: bytes, n: int, r: int, p: int, stored_
     return hmac.compare_digest(hashlib.sha256(client_key).digest(), stored_key)
 
 
-__all__ = ["Directory", "Principal", "verifier_matches"]
+__all__ = [
+    "Directory",
+    "NotAuthenticated",
+    "Principal",
+    "authenticate",
+    "parse_authorization",
+    "verifier_matches",
+]

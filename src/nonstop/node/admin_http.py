@@ -21,6 +21,7 @@ check sees each field before or after a change, never half of one.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import logging
 import os
@@ -37,6 +38,7 @@ from nonstop.net.tls import TLSConfig
 from nonstop.node.access import NodeAccess
 from nonstop.node.config import NodeConfig
 from nonstop.node.machine import users_table
+from nonstop.node.metrics_auth import MetricsGate
 from nonstop.security.roles import ADMIN, allows
 
 log = logging.getLogger("nonstop.node")
@@ -62,7 +64,28 @@ def node_directory(access: NodeAccess, machine: Any) -> Directory:
         ok = verifier_matches(password, v.salt, v.n, v.r, v.p, v.stored_key)
         return list(roles) if ok and roles is not None else None
 
-    return Directory(check_password, roles_of)
+    def password_version(user: str) -> object:
+        admin = access.admin
+        if admin is not None and user == admin.user:
+            return hashlib.sha256(admin.password.encode()).digest()
+        table = users_table(machine())
+        found = None if table is None else table.lookup(user)
+        return None if found is None else found[0].stored_key
+
+    return Directory(check_password, roles_of, password_version=password_version)
+
+
+def node_sessions(cfg: NodeConfig, access: NodeAccess) -> SessionTokens:
+    """The session tokens of the cluster: signed with a key derived from its secret
+    (without one, a key of this process: its tokens are good on this node only)."""
+    key = session_key(access.secret) if access.secret is not None else os.urandom(32)
+    return SessionTokens(key, cfg.admin.session_ttl)
+
+
+def metrics_gate(runtime: Any, cfg: NodeConfig) -> MetricsGate:
+    """Who may scrape this node's metrics: its users, with ``status`` (``nonstop.node.metrics_auth``)."""
+    access = NodeAccess.from_config(cfg)
+    return MetricsGate(node_directory(access, lambda: runtime.machine), node_sessions(cfg, access))
 
 
 async def start_admin(runtime: Any, cfg: NodeConfig, cluster_id: str) -> AdminServer | None:
@@ -70,7 +93,6 @@ async def start_admin(runtime: Any, cfg: NodeConfig, cluster_id: str) -> AdminSe
     if cfg.admin.listen is None:
         return None
     access = NodeAccess.from_config(cfg)
-    key = session_key(access.secret) if access.secret is not None else os.urandom(32)
     if not access.enabled:
         log.warning(
             "admin API on %s is open ([auth] enabled = false): anyone who reaches it "
@@ -90,7 +112,7 @@ async def start_admin(runtime: Any, cfg: NodeConfig, cluster_id: str) -> AdminSe
     app = build_app(
         load_all(),
         node_directory(access, lambda: runtime.machine),
-        SessionTokens(key, cfg.admin.session_ttl),
+        node_sessions(cfg, access),
         context,
         allows,
         node=cfg.name,
@@ -100,4 +122,4 @@ async def start_admin(runtime: Any, cfg: NodeConfig, cluster_id: str) -> AdminSe
     return await serve_admin(app, cfg.admin.listen, cert)
 
 
-__all__ = ["node_directory", "start_admin"]
+__all__ = ["metrics_gate", "node_directory", "node_sessions", "start_admin"]

@@ -80,12 +80,14 @@ async def start_metrics(runtime: RealRuntime, cfg: NodeConfig) -> MetricsServer 
     """Serve the node's Prometheus metrics on ``metrics.listen`` (None: not configured)."""
     if cfg.metrics.listen is None:
         return None
+    from nonstop.node.admin_http import metrics_gate
     from nonstop.node.metrics import attach, node_registry
     from nonstop.node.metrics_http import serve_metrics
 
     observer = attach(runtime, cfg.metrics.latency_buckets)
+    gate = metrics_gate(runtime, cfg)
     try:
-        return await serve_metrics(node_registry(runtime, observer), cfg.metrics.listen)
+        return await serve_metrics(node_registry(runtime, observer), cfg.metrics.listen, gate)
     except OSError as exc:
         reason = "port in use" if exc.errno == errno.EADDRINUSE else str(exc)
         where = cfg.metrics.listen

@@ -1,8 +1,11 @@
 """The node's metrics endpoint: ``GET /metrics`` in Prometheus text, on the node's event loop.
 
-Served by :func:`serve_metrics` on the ``metrics.listen`` address
-(``127.0.0.1`` by default: the endpoint has no authentication yet, see
-docs/security.md "Metrics endpoint").  The body is the ``prometheus_client``
+Served by :func:`serve_metrics` on the ``metrics.listen`` address.  A scrape
+needs a user allowed ``status`` (HTTP basic or a session token, checked by
+:class:`nonstop.node.metrics_auth.MetricsGate`): 401 with
+``WWW-Authenticate: Basic realm="nonstop"`` without or with a bad credential,
+403 for a user without ``status``; open only with ``[auth] enabled = false``
+(docs/security.md "Metrics endpoint").  The body is the ``prometheus_client``
 library's own exposition (:func:`prometheus_client.exposition.choose_encoder`:
 the text format 0.0.4, or OpenMetrics when the scraper asks for it in
 ``Accept``) of the node's registry (:mod:`nonstop.node.metrics`).
@@ -29,6 +32,8 @@ import logging
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import CollectorRegistry
 
+from nonstop.node.metrics_auth import MetricsGate, Refused
+
 log = logging.getLogger("nonstop.metrics")
 
 HEAD_LIMIT = 8192
@@ -37,23 +42,30 @@ MAX_CONCURRENT = 8
 PATHS = frozenset({"/metrics", "/"})
 
 
-def _response(status: str, content_type: str, body: bytes, head_only: bool = False) -> bytes:
+REASONS = {401: "401 Unauthorized", 403: "403 Forbidden"}
+CHALLENGE = 'WWW-Authenticate: Basic realm="nonstop"\r\n'
+
+
+def _response(
+    status: str, content_type: str, body: bytes, head_only: bool = False, extra: str = ""
+) -> bytes:
     head = (
-        f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\n"
+        f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\n{extra}"
         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
     )
     return head.encode("ascii") + (b"" if head_only else body)
 
 
-def _plain(status: str, message: str) -> bytes:
-    return _response(status, "text/plain; charset=utf-8", (message + "\n").encode())
+def _plain(status: str, message: str, extra: str = "") -> bytes:
+    return _response(status, "text/plain; charset=utf-8", (message + "\n").encode(), extra=extra)
 
 
 class MetricsServer:
-    """Answers scrapes of ``registry`` (module doc)."""
+    """Answers scrapes of ``registry`` admitted by ``gate`` (module doc; None: open)."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, gate: MetricsGate | None = None) -> None:
         self.registry = registry
+        self.gate = gate
         self.scrapes = 0
         self._busy = 0
         self._server: asyncio.Server | None = None
@@ -78,8 +90,10 @@ class MetricsServer:
                 writer.write(_plain("503 Service Unavailable", "too many scrapes at once"))
                 return
             self._busy += 1
+            peer = writer.get_extra_info("peername")
+            where = str(peer[0]) if isinstance(peer, tuple) else "?"
             try:
-                answer = await asyncio.wait_for(self._answer(reader), READ_TIMEOUT)
+                answer = await asyncio.wait_for(self._answer(reader, where), READ_TIMEOUT)
             except (TimeoutError, ValueError, asyncio.LimitOverrunError, ConnectionError):
                 answer = _plain("400 Bad Request", "bad or slow request")
             except Exception:  # a collector failed: say so, keep serving
@@ -96,7 +110,7 @@ class MetricsServer:
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
 
-    async def _answer(self, reader: asyncio.StreamReader) -> bytes:
+    async def _answer(self, reader: asyncio.StreamReader, peer: str) -> bytes:
         request = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
         lines = request.split("\r\n")
         parts = lines[0].split()
@@ -112,18 +126,32 @@ class MetricsServer:
             return _plain("404 Not Found", "the metrics are at /metrics")
         if method not in ("GET", "HEAD"):
             return _plain("405 Method Not Allowed", "GET /metrics")
+        if self.gate is not None:
+            try:
+                await self.gate.admit(headers.get("authorization"), peer)
+            except Refused as exc:
+                extra = CHALLENGE if exc.status == 401 else ""
+                return _plain(REASONS[exc.status], str(exc), extra)
         encoder, content_type = choose_encoder(headers.get("accept", ""))
         self.scrapes += 1
         body = encoder(self.registry)
         return _response("200 OK", content_type, body, head_only=method == "HEAD")
 
 
-async def serve_metrics(registry: CollectorRegistry, address: str) -> MetricsServer:
-    """Listen on ``address`` (``host:port``; port 0: any free one) and answer scrapes."""
+async def serve_metrics(
+    registry: CollectorRegistry, address: str, gate: MetricsGate | None = None
+) -> MetricsServer:
+    """Listen on ``address`` (``host:port``; port 0: any free one) and answer scrapes
+    admitted by ``gate`` (None, or a gate of a node without authentication: anyone)."""
     host, _, port = address.rpartition(":")
-    server = MetricsServer(registry)
+    server = MetricsServer(registry, gate)
     await server.start(host, int(port))
     log.info("metrics at http://%s:%d/metrics", host, server.port)
+    if gate is None or gate.open:
+        log.warning(
+            "metrics on %s are open ([auth] enabled = false): anyone who reaches it may scrape",
+            address,
+        )
     return server
 
 
