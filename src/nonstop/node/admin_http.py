@@ -83,7 +83,7 @@ def node_sessions(cfg: NodeConfig, access: NodeAccess) -> SessionTokens:
 
 
 def metrics_gate(runtime: Any, cfg: NodeConfig) -> MetricsGate:
-    """Who may scrape this node's metrics: its users, with ``status`` (``nonstop.node.metrics_auth``)."""
+    """Who may scrape this node's metrics: its users allowed ``status`` (metrics_auth)."""
     access = NodeAccess.from_config(cfg)
     return MetricsGate(node_directory(access, lambda: runtime.machine), node_sessions(cfg, access))
 
