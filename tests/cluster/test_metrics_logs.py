@@ -7,10 +7,13 @@ checked exactly where the test alone drives them (commits through node A).
 
 from __future__ import annotations
 
+import base64
 import json
 import threading
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,8 +22,9 @@ from click.testing import CliRunner
 import nonstop
 import tests.distmodel  # noqa: F401  (the types the nodes load with --app)
 from nonstop.admin.cli import cli
+from nonstop.client.credentials import load_credentials
 from nonstop.node.log_format import REQUIRED_FIELDS
-from tests.cluster.conftest import Procs, app_cluster
+from tests.cluster.conftest import Procs, app_cluster, run_cli, wait_until
 from tests.distmodel import Account
 from tests.prometheus_samples import families, value
 
@@ -71,12 +75,55 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Procs]:
         yield procs
 
 
-def scrape(cluster: Procs, name: str) -> dict[str, Any]:
+def basic_auth(user: str, password: str) -> dict[str, str]:
+    raw = base64.b64encode(f"{user}:{password}".encode()).decode()
+    return {"Authorization": f"Basic {raw}"}
+
+
+def get_metrics(cluster: Procs, name: str, headers: dict[str, str]) -> tuple[int, bytes]:
+    """Status and body of a scrape of node ``name`` with ``headers``."""
     address = cluster.nodes[name].metrics
     assert address is not None and address.startswith("127.0.0.1:")
-    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as reply:
-        assert reply.status == 200
-        return families(reply.read().decode())
+    request = urllib.request.Request(f"http://{address}/metrics", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            return reply.status, reply.read()
+    except urllib.error.HTTPError as exc:
+        assert exc.code != 401 or exc.headers["WWW-Authenticate"] == 'Basic realm="nonstop"'
+        return exc.code, exc.read()
+
+
+def scrape(cluster: Procs, name: str) -> dict[str, Any]:
+    """A scrape with the cluster folder's admin credential (credentials.json)."""
+    admin = load_credentials(cluster.lc.credentials_path)
+    status, body = get_metrics(cluster, name, basic_auth(admin.user, admin.password))
+    assert status == 200
+    return families(body.decode())
+
+
+def test_a_scrape_needs_a_user_allowed_status(cluster: Procs, tmp_path: Path) -> None:
+    admin = load_credentials(cluster.lc.credentials_path)
+    assert get_metrics(cluster, "A", {})[0] == 401
+    assert get_metrics(cluster, "A", basic_auth(admin.user, "wrong"))[0] == 401
+    creds = tmp_path / "watch.json"
+    node = ["--node", cluster.address("A")]
+    code, _, err = run_cli("user", "add", "watch", "--role", "monitor", "--out", str(creds), *node)
+    assert code == 0, err
+    watch = load_credentials(creds)
+    wait_until(
+        lambda: get_metrics(cluster, "B", basic_auth(watch.user, watch.password))[0] == 200,
+        10,
+        "the monitor user scrapes B",
+    )
+    code, _, err = run_cli("user", "roles", "watch", "--role", "reports", *node)
+    assert code == 0, err
+    wait_until(
+        lambda: get_metrics(cluster, "B", basic_auth(watch.user, watch.password))[0] == 403,
+        10,
+        "a user without status is refused",
+    )
+    log = (cluster.nodes["B"].data / "node.log").read_text()
+    assert "refused a scrape for watch@127.0.0.1" in log
 
 
 def test_every_node_serves_the_named_families(cluster: Procs) -> None:
