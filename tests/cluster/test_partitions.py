@@ -134,6 +134,11 @@ def test_kill_fails_over_then_restart_hands_back(procs: Callable[..., Procs]) ->
     assert sorted(n for n, part in back.items() if part["active"] == victim) == lost
 
 
+def until(value: object) -> float:
+    """A status's ``acting_until`` (None: no lease held yet)."""
+    return float("-inf") if value is None else float(value)  # type: ignore[arg-type]
+
+
 class Sampler(threading.Thread):
     """Asks every node, round after round, what it acts for and until when (its clock)."""
 
@@ -162,7 +167,7 @@ class Sampler(threading.Thread):
                         client.close()
                     continue
                 self.samples.append(
-                    (n, float(s["now"]), float(s["acting_until"]), frozenset(s["acting"]))
+                    (n, float(s["now"]), until(s["acting_until"]), frozenset(s["acting"]))
                 )
             time.sleep(0.02)
         for client in clients.values():

@@ -200,3 +200,23 @@ def test_ha_defaults_equal_the_ha_layers_defaults() -> None:
         bound.mapper,
         DEFAULT_RING_SIZE,
     )
+
+
+def test_acting_view_is_json_before_the_first_lease() -> None:
+    """Before its first accepted lease renewal a node's lease ends at -inf: the status
+    (served as JSON by the admin API) says None, not a float JSON cannot carry."""
+    import json
+    import random
+
+    from nonstop.cluster.node import ClusterConfig
+    from nonstop.ha.cluster_node import HaClusterNode
+
+    node = HaClusterNode(
+        ClusterConfig(name="A", address="127.0.0.1:1", store_timestamp=1, members=["A"]),
+        random.Random(0),
+        {},
+        layout=[],
+    )
+    view = node.acting_view(0.0)
+    assert view["acting_until"] is None and view["acting"] == []
+    json.dumps(view, allow_nan=False)

@@ -30,6 +30,7 @@ and to ``pt.changed`` (``table_version`` counts the table's changes).
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -173,9 +174,15 @@ class HaClusterNode(ClusterNode):
         )
 
     def acting_view(self, now: float) -> dict[str, Any]:
-        """This node's acting partitions at ``now`` and until when its lease holds."""
+        """This node's acting partitions at ``now`` and until when its lease holds (None
+        before its first accepted renewal: the status is JSON, which has no -inf)."""
         acting = sorted(p for p in self.partition_table.partitions if self.acting(now, p))
-        return {"now": now, "acting": acting, "acting_until": self.leases.held_until}
+        until = self.leases.held_until
+        return {
+            "now": now,
+            "acting": acting,
+            "acting_until": until if math.isfinite(until) else None,
+        }
 
     # ------------------------------------------------------------ operators
     def _operator_request(
