@@ -76,6 +76,10 @@ def main(argv: list[str] | None = None) -> None:
     print(f"starting a 3-node cluster and PostgreSQL in {tmp}", file=sys.stderr)
     with OwnedCluster(tmp / "cluster", 3, apps=["nonstop.demos.bank"]) as oc:
         oc.start_all(timeout=90)
+        # The nodes require a user (docs/security.md): the data source, in this
+        # process and in Spark's Python workers, finds the folder's admin credential
+        # through the environment they inherit (as the demo does).
+        os.environ.setdefault("NONSTOP_CREDENTIALS", str(oc.lc.credentials_path))
         pg = PostgresPeer(accounts=0)  # its own dir: the server user must reach it
         try:
             import psycopg
