@@ -121,6 +121,8 @@ def build_app(
             detail,
         )
         headers = {"WWW-Authenticate": 'Basic realm="nonstop", Bearer'} if status == 401 else None
+        if status == 503:
+            headers = {"Retry-After": "1"}
         return HTTPException(status_code=status, detail=detail, headers=headers)
 
     def authenticate(
@@ -140,7 +142,7 @@ def build_app(
                 None if bearer_credentials is None else bearer_credentials.credentials,
             )
         except NotAuthenticated as exc:
-            raise refuse(request, 401, str(exc)) from None
+            raise refuse(request, exc.status, str(exc)) from None
 
     @app.exception_handler(StarletteHTTPException)
     async def not_found(request: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -77,8 +77,16 @@ class NodeAccess:
             raise ConfigError(str(exc)) from None
         return cls(secret, admin, make_verifier(admin.password))
 
-    def guard(self, table: Callable[[], Any]) -> Guard | None:
-        """The runtime's :class:`~nonstop.net.challenge.Guard`; users from ``table()``."""
+    def guard(
+        self, table: Callable[[], Any], caught_up: Callable[[], bool] = lambda: True
+    ) -> Guard | None:
+        """The runtime's :class:`~nonstop.net.challenge.Guard`; users from ``table()``.
+
+        ``caught_up()`` says whether the node applied the cluster log as far as a
+        leader has it since the node started: until then the table may still hold
+        a user removed (or a password changed) while the node was down, so only
+        the bootstrap admin of the node's own configuration is checked.
+        """
         if self.secret is None:
             return None
 
@@ -89,7 +97,10 @@ class NodeAccess:
             found = None if users is None else users.lookup(user)
             return None if found is None else found[0]
 
-        return Guard(self.secret, verifier_of)
+        def ready(user: str) -> bool:
+            return (self.admin is not None and user == self.admin.user) or caught_up()
+
+        return Guard(self.secret, verifier_of, ready)
 
     def roles_lookup(self, table: Callable[[], Any]) -> Callable[[str], list[str] | None]:
         def roles_of(user: str) -> list[str] | None:
@@ -100,6 +111,12 @@ class NodeAccess:
             return None if found is None else found[1]
 
         return roles_of
+
+
+def cluster_caught_up(machine: Any) -> bool:
+    """``ClusterNode.caught_up`` of a node's machine (True for one without a cluster log)."""
+    cluster = getattr(machine, "cluster", machine)
+    return bool(getattr(cluster, "caught_up", True))
 
 
 def _secret_path(cfg: NodeConfig, data: Path) -> Path:

@@ -35,7 +35,7 @@ from nonstop.commands.context import CommandContext
 from nonstop.commands.registry import load_all
 from nonstop.net.auth import decoy_verifier
 from nonstop.net.tls import TLSConfig
-from nonstop.node.access import NodeAccess
+from nonstop.node.access import NodeAccess, cluster_caught_up
 from nonstop.node.config import NodeConfig
 from nonstop.node.machine import users_table
 from nonstop.node.metrics_auth import MetricsGate
@@ -72,7 +72,11 @@ def node_directory(access: NodeAccess, machine: Any) -> Directory:
         found = None if table is None else table.lookup(user)
         return None if found is None else found[0].stored_key
 
-    return Directory(check_password, roles_of, password_version=password_version)
+    def ready(user: str) -> bool:
+        admin = access.admin
+        return (admin is not None and user == admin.user) or cluster_caught_up(machine())
+
+    return Directory(check_password, roles_of, password_version=password_version, ready=ready)
 
 
 def node_sessions(cfg: NodeConfig, access: NodeAccess) -> SessionTokens:

@@ -34,7 +34,7 @@ from nonstop.errors import SchemaError, StoreError
 from nonstop.net.handshake import ROLE_NODE, Hello
 from nonstop.net.tls import TLSSetupError
 from nonstop.node import log_format
-from nonstop.node.access import NodeAccess
+from nonstop.node.access import NodeAccess, cluster_caught_up
 from nonstop.node.config import ConfigError, NodeConfig, split_join
 from nonstop.node.datadir import DataDir, Identity
 from nonstop.node.machine import NodeContext, resolve, takes_context, users_table
@@ -506,7 +506,10 @@ def make_runtime(
             discovery=cfg.discovery.runtime(),
             connect_timeout=cfg.connect_timeout,
             limits=cfg.limits.runtime(),
-            guard=access.guard(lambda: users_table(runtime.machine)),
+            guard=access.guard(
+                lambda: users_table(runtime.machine),
+                lambda: cluster_caught_up(runtime.machine),
+            ),
         ),
     )
     if access.enabled:
