@@ -7,6 +7,8 @@ Routes (docs/operations.md "Admin API"):
   command's arguments model, answer = the command's JSON result;
 * ``POST /api/v1/login`` ``{"user", "password"}`` → a session token;
 * ``GET /api/v1/whoami``, ``GET /api/v1/commands`` (what the console shows);
+* ``GET /api/v1/samples``, ``GET /api/v1/logs``: the console's views of this
+  node's recent metrics and log (:mod:`.views`);
 * ``GET /api/v1/openapi.json`` (and the Swagger page at ``/api/v1/docs``);
 * ``GET /`` and ``/console/...``: the web console's static files.
 
@@ -43,6 +45,7 @@ from nonstop.adminapi.body_limit import BodyLimit
 from nonstop.adminapi.principal import Directory, NotAuthenticated, Principal
 from nonstop.adminapi.principal import authenticate as check_credentials
 from nonstop.adminapi.tokens import SessionTokens
+from nonstop.adminapi.views import NodeViews, add_view_routes
 from nonstop.commands.context import CommandContext
 from nonstop.commands.failure import CommandError
 from nonstop.commands.registry import Command, NoArguments
@@ -93,8 +96,10 @@ def build_app(
     *,
     node: str = "",
     body_limit: int = DEFAULT_BODY_LIMIT,
+    views: NodeViews | None = None,
 ) -> Any:
-    """The ASGI application (FastAPI wrapped in the body limit)."""
+    """The ASGI application (FastAPI wrapped in the body limit); ``views``: the node's
+    samples and logs for the console (:mod:`.views`; None: no such routes)."""
     app = FastAPI(
         title="nonstop admin API",
         version="1",
@@ -215,6 +220,8 @@ def build_app(
 
     for cmd in commands.values():
         _add_command_route(app, cmd, authenticate, refuse, context, allows)
+    if views is not None:
+        add_view_routes(app, views, PREFIX, authenticate, refuse, allows)
 
     console = resources.files("nonstop.adminapi") / "console"
     app.mount("/console", StaticFiles(directory=str(console), html=True), name="console")

@@ -45,6 +45,7 @@ function logout(message) {
   token = null;
   sessionStorage.removeItem("nonstop-token");
   if (poller) clearInterval(poller);
+  stopViews();
   $("main").hidden = true; $("logout").hidden = true; $("login").hidden = false;
   $("who").textContent = "";
   $("login-error").textContent = message || "";
@@ -72,6 +73,7 @@ async function refresh() {
   fill($("partitions").tBodies[0], (s.partitions || []).map(p => el("tr", { "data-partition": p.name },
     el("td", {}, p.name), el("td", {}, p.state), el("td", {}, p.epoch), el("td", {}, p.active || "-"),
     el("td", {}, (p.nodes || []).map(x => Array.isArray(x) ? x[0] : x).join(",")))));
+  showConfigurations(s.configurations);
 }
 
 // How an argument is typed in: "files" (a list of {file, text}: config.load reads the
@@ -135,6 +137,7 @@ async function start() {
   $("login").hidden = true; $("main").hidden = false; $("logout").hidden = false;
   const commands = await call("/commands", undefined, "GET");
   $("commands").replaceChildren(...(commands.data || []).map(commandForm));
+  startViews();
   await refresh();
   if (poller) clearInterval(poller);
   poller = setInterval(refresh, 2000);
