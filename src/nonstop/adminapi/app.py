@@ -251,7 +251,15 @@ def _add_command_route(
                 principal,
             )
         arguments = {} if body is None else body.model_dump(exclude_unset=True)
-        log.info("admin api: %s runs %s %s", who(request, principal), cmd.name, arguments)
+        # A change is logged as an event; a read at debug (the console asks for the
+        # cluster status every 2 s: at info, that would be most of a node's log).
+        log.log(
+            logging.INFO if cmd.changes else logging.DEBUG,
+            "admin api: %s runs %s %s",
+            who(request, principal),
+            cmd.name,
+            arguments,
+        )
         try:
             return cmd.run(context(), arguments)
         except ValidationError as exc:  # only if the model changed between checks

@@ -46,18 +46,24 @@ function drawChart(canvas, samples, series, windowSeconds) {
     ctx.fillText(formatValue(v), left - 4, py);
   }
   ctx.textAlign = "left"; ctx.textBaseline = "top";
-  ctx.fillText(`-${Math.round(windowSeconds / 60)} min`, left, top + plotH + 4);
+  ctx.fillText(windowSeconds >= 120 ? `-${Math.round(windowSeconds / 60)} min` : `-${Math.round(windowSeconds)} s`,
+    left, top + plotH + 4);
   ctx.textAlign = "right";
   ctx.fillText("now", width - right, top + plotH + 4);
   series.forEach(({ key }, i) => {
     ctx.strokeStyle = CHART_COLORS[i % CHART_COLORS.length]; ctx.lineWidth = 1.5;
+    ctx.fillStyle = ctx.strokeStyle;
     ctx.beginPath();
-    let drawing = false;
-    for (const s of samples) {
-      if (s.t < start || s[key] === null || s[key] === undefined) { drawing = false; continue; }
-      if (drawing) ctx.lineTo(x(s.t), y(s[key])); else ctx.moveTo(x(s.t), y(s[key]));
-      drawing = true;
-    }
+    const known = s => s.t >= start && s[key] !== null && s[key] !== undefined;
+    samples.forEach((s, j) => {
+      if (!known(s)) return;
+      const joined = j > 0 && known(samples[j - 1]);
+      if (joined) ctx.lineTo(x(s.t), y(s[key])); else ctx.moveTo(x(s.t), y(s[key]));
+      // A point with no neighbour would draw nothing: a dot shows it.
+      if (!joined && !(j + 1 < samples.length && known(samples[j + 1]))) {
+        ctx.fillRect(x(s.t) - 1.5, y(s[key]) - 1.5, 3, 3);
+      }
+    });
     ctx.stroke();
   });
 }

@@ -3,7 +3,8 @@
 // versions (from cluster status).  Uses call(), el() and $() of console.js.
 "use strict";
 
-const CHART_WINDOW = 300;          // seconds shown: the node keeps five minutes of samples
+const CHART_WINDOW = 300;          // seconds shown at most: the node keeps five minutes of samples
+const MIN_WINDOW = 60;             // seconds shown at least
 const SAMPLES_EVERY = 2000;        // ms between two asks for new samples
 const LOGS_EVERY = 5000;           // ms between two automatic log refreshes
 const CHARTS = [
@@ -29,10 +30,14 @@ function buildCharts() {
 }
 
 function drawCharts() {
-  const shown = samples.filter(s => s.t >= (samples.length ? samples[samples.length - 1].t : 0) - CHART_WINDOW);
+  const last = samples.length ? samples[samples.length - 1].t : 0;
+  const shown = samples.filter(s => s.t >= last - CHART_WINDOW);
+  // The time axis spans the samples there are, from one minute up to five.
+  const span = shown.length ? last - shown[0].t : 0;
+  const seconds = Math.min(CHART_WINDOW, Math.max(MIN_WINDOW, Math.ceil(span / 30) * 30));
   for (const c of CHARTS) {
     const canvas = $(c.id);
-    drawChart(canvas, shown, c.series, CHART_WINDOW);
+    drawChart(canvas, shown, c.series, seconds);
     // What the chart shows, for a test (or a curious user) to read without pixels.
     canvas.dataset.points = String(shown.length);
     canvas.dataset.nonzero = String(shown.filter(s => c.series.some(({ key }) => s[key] > 0)).length);
@@ -63,13 +68,14 @@ async function refreshLogs() {
   if (!r.ok) {
     $("logs-error").textContent = `logs: refused (${r.status}) ${r.data && r.data.detail}`;
     body.replaceChildren();
+    if (r.status === 403) $("logs-follow").checked = false;  // asking again is refused again
     return;
   }
   $("logs-error").textContent = r.data.available ? "" : `logs: ${r.data.reason}`;
   // Newest first: what an operator looks for is at the top.
   body.replaceChildren(...(r.data.events || []).slice().reverse().map(e =>
     el("tr", { class: "level-" + e.level, "data-level": e.level },
-      el("td", {}, e.time.replace("T", " ").replace("Z", "")), el("td", {}, e.level),
+      el("td", {}, e.time.replace("T", " ").replace(/(\.\d{3})\d*Z$/, "$1")), el("td", {}, e.level),
       el("td", {}, e.logger), el("td", { class: "message" }, e.message + (e.exc ? "\n" + e.exc : "")))));
 }
 
@@ -99,5 +105,8 @@ function stopViews() {
   samplesTimer = logsTimer = null;
 }
 
-$("logs-form").addEventListener("submit", event => { event.preventDefault(); refreshLogs(); });
-$("logs-level").addEventListener("change", refreshLogs);
+// console.js (loaded after this file) defines $(): wire the form once every script ran.
+document.addEventListener("DOMContentLoaded", () => {
+  $("logs-form").addEventListener("submit", event => { event.preventDefault(); refreshLogs(); });
+  $("logs-level").addEventListener("change", refreshLogs);
+});
