@@ -36,6 +36,10 @@ LOGS_PERMISSION = ADMIN_OPS
 MAX_LOG_LINES = 500
 MAX_FILTER = 200
 
+REFUSED: dict[int | str, dict[str, Any]] = {
+    403: {"description": "The user's roles do not grant the permission"}
+}
+
 Level = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 
 
@@ -74,6 +78,7 @@ def add_view_routes(
         tags=["console"],
         summary="This node's recent metric samples (commits/s, latency, group commits)",
         description=f"Permission: `{SAMPLES_PERMISSION}`.",
+        responses=REFUSED,
     )
     def samples(
         request: Request,
@@ -89,6 +94,7 @@ def add_view_routes(
         summary="The newest events of this node's log",
         description=f"Permission: `{LOGS_PERMISSION}` (logs name users, commands and "
         "their arguments).",
+        responses=REFUSED,
     )
     def logs(
         request: Request,
