@@ -82,7 +82,8 @@ def test_ring_turns_readings_into_rates_and_quantiles() -> None:
     )
     assert quiet is not None and quiet.commits_per_s == 0.0
     assert quiet.latency_p50_ms is None and quiet.group_size_mean is None  # a gap, not a zero
-    assert [s.at for s in ring.since(102.5)] == [103.0]
+    assert [row["t"] for row in ring.rows_after(102.5)] == [103.0]
+    assert ring.rows_after(103.0) == []
     row = quiet.as_json()
     assert row["t"] == 103.0 and row["latency_p99_ms"] is None
     json.dumps(row)  # what the API answers
@@ -93,6 +94,10 @@ def test_ring_is_bounded_and_ignores_a_clock_that_went_back() -> None:
     for i in range(20):
         ring.add(reading(float(i), commits=i))
     assert len(ring.samples) == 5 and ring.samples[-1].at == 19.0
+    # A client sends back the rounded t of the last row it got: that row is not sent again.
+    ring.add(reading(20.00049, commits=20))
+    last = ring.rows_after(0.0)[-1]["t"]
+    assert last == 20.0 and ring.rows_after(last) == []
     assert ring.add(reading(10.0, commits=30)) is None
     assert len(ring.samples) == 5
 

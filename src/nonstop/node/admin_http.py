@@ -112,13 +112,11 @@ def node_views(
     ring = SampleRing()
 
     def samples(since: float) -> dict[str, Any]:
-        # A worker thread reads the ring the loop appends to: copy it first (one C call).
-        taken = list(ring.samples)
         return {
             "node": cfg.name,
             "interval": INTERVAL,
             "capacity": ring.samples.maxlen,
-            "samples": [s.as_json() for s in taken if s.at > since],
+            "samples": ring.rows_after(since),
         }
 
     def logs(level: str | None, limit: int, contains: str) -> dict[str, Any]:

@@ -144,9 +144,15 @@ class SampleRing:
         self.samples.append(sample)
         return sample
 
-    def since(self, moment: float) -> list[Sample]:
-        """The samples taken after ``moment`` (epoch seconds), oldest first."""
-        return [s for s in self.samples if s.at > moment]
+    def rows_after(self, moment: float) -> list[dict[str, Any]]:
+        """The samples taken after ``moment`` (epoch seconds) as JSON rows, oldest first.
+
+        Safe from another thread than the one adding: the ring is copied in one C call
+        first (iterating a deque that grows meanwhile would raise).  Compared on the
+        rows' rounded ``t``, the value a client sends back as ``since``, so the last
+        sample it has is not answered again."""
+        rows = [s.as_json() for s in list(self.samples)]
+        return [row for row in rows if row["t"] > moment]
 
 
 def read(runtime: Any, observer: DataObserver, clock: Callable[[], float] = time.time) -> Reading:
