@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -255,3 +256,27 @@ def test_samples_need_status_and_logs_need_admin_and_both_are_bounded() -> None:
 def test_without_views_there_are_no_such_routes() -> None:
     api = make_api(None)
     assert api.get("/api/v1/samples", headers=basic("ann", "pw-ann")).status_code == 404
+
+
+def test_node_views_read_the_nodes_ring_and_log_file(tmp_path: Path) -> None:
+    from nonstop.node.admin_http import node_views
+    from nonstop.node.config import NodeConfig
+
+    service = SimpleNamespace(observer=None)
+    runtime = SimpleNamespace(router=SimpleNamespace(data=service), add_notifier=lambda *_: None)
+    log = tmp_path / "node.log"
+    log.write_text(event_line(1, "WARNING", "peer B is Down") + "\n" + event_line(2) + "\n")
+    cfg = NodeConfig(name="A", data=str(tmp_path / "data"), log_file=str(log))
+    views, ring, take = node_views(runtime, cfg)
+    assert isinstance(service.observer, DataObserver)  # hooked for the samples
+    ring.add(take())
+    service.observer.op(1, 7, "tx.commit")
+    service.observer.reply(1, 7, {"ok": True})
+    time.sleep(0.01)  # the reading's clock is the wall clock: let it move
+    ring.add(take())
+    answer = views.samples(0.0)
+    assert answer["node"] == "A" and answer["capacity"] == 300
+    assert [row["commits_per_s"] > 0 for row in answer["samples"]] == [True]
+    assert [e["message"] for e in views.logs("WARNING", 10, "")["events"]] == ["peer B is Down"]
+    no_file = node_views(runtime, NodeConfig(name="A", data=str(tmp_path)))[0]
+    assert no_file.logs(None, 10, "")["available"] is False

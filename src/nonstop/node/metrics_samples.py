@@ -24,13 +24,15 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from nonstop.node.metrics import DataObserver
+
+log = logging.getLogger("nonstop.metrics")
 
 RING = 300
 """Samples kept: five minutes at one a second."""
@@ -178,10 +180,16 @@ def read(runtime: Any, observer: DataObserver, clock: Callable[[], float] = time
 async def sample_forever(
     ring: SampleRing, take: Callable[[], Reading], interval: float = INTERVAL
 ) -> None:
-    """Feed ``ring`` a reading every ``interval`` seconds until cancelled."""
+    """Feed ``ring`` a reading every ``interval`` seconds until cancelled; a failed
+    reading is skipped (the first one logged), it never ends the sampling."""
+    failed = False
     while True:
-        with contextlib.suppress(Exception):  # a reading must never end the sampling
+        try:
             ring.add(take())
+        except Exception:
+            if not failed:
+                log.exception("metric sample failed (further failures are not logged)")
+            failed = True
         await asyncio.sleep(interval)
 
 
