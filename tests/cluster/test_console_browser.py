@@ -171,6 +171,7 @@ def test_console_login_status_command_failure_and_refusal(browser: object, tmp_p
         wait.until(lambda d: log_rows() and all("logged in" in row for row in log_rows()))
         driver.find_element(By.ID, "logs-contains").clear()
         driver.find_element(By.ID, "logs-refresh").click()
+        wait.until(lambda d: len(log_rows()) > 1)
         driver.execute_script("document.getElementById('logs-view').scrollIntoView();")
         driver.save_screenshot(str(shots / "console-1c-logs.png"))
 
