@@ -163,11 +163,12 @@ class DeadlockDetector:
         self.local = mine
         self.local_at = self.dp.now
         poll, self.polling = self.polling, False
-        if mine or had or poll:
+        ages = self._ages(mine)
+        if mine or had or poll or ages:
             msg: dict[str, Any] = {
                 "t": "data.waits",
                 "e": sorted([w, h] for w, h in mine),
-                "a": self._ages(mine),
+                "a": ages,
             }
             if poll:
                 msg["poll"] = True  # peers: read your edges now, do not wait for the tick
@@ -208,6 +209,8 @@ class DeadlockDetector:
         stale = now - _FRESH * self.period
         for node in [n for n, (_, at) in self.remote.items() if at < stale]:
             del self.remote[node]
+        if self.dp.config.deadlock_wound != "off":
+            self._wound(self.local.union(*(e for e, _ in self.remote.values())))
         if not self.remote:
             # Every cycle through this node's coordinated sessions spans nodes, and
             # a local one is the lock manager's: nothing to find without a peer's edges.
@@ -238,6 +241,38 @@ class DeadlockDetector:
             if not self._confirmed(self.suspects[victim]):
                 continue  # seen once: confirm on fresh edges (module doc)
             self._doom(victim, cycle)
+
+    def _wound(self, edges: frozenset[Edge]) -> None:
+        """Wound-wait: an older waiter dooms the younger holder it waits for, here if
+        this node coordinates the holder (its age is exact here; the waiter's is the
+        estimate its coordinator sent, unknown ranks as youngest: no wound).  With
+        ``"blocked"`` only a holder that is itself waiting: a running one will end soon."""
+        prefix = self.dp.name + "."
+        blocked = {w for w, _ in edges} if self.dp.config.deadlock_wound == "blocked" else None
+        wounded: set[str] = set()
+        for waiter, holder in sorted(edges):
+            if holder in wounded or not holder.startswith(prefix):
+                continue
+            if blocked is not None and holder not in blocked:
+                continue
+            if self._rank(waiter) >= self._rank(holder):
+                continue
+            s = self._session(holder)
+            if not self._woundable(s):
+                continue
+            wounded.add(holder)
+            self.suspects.pop(holder, None)
+            self.fallback.pop(holder, None)
+            self.dp.stats["deadlock_victims"] += 1
+            self.dp.stats["deadlock_wounds"] += 1
+            why = f"wounded: the older transaction {waiter} waits for {holder}"
+            self.dp.log("info", why)
+            self.dp.doom(s, errors.Deadlock, why)
+
+    def _woundable(self, s: Any) -> bool:
+        """Only an active session: one that is committing may have voted yes (its
+        outcome is the log's, not ours), and it releases its locks without waiting."""
+        return s is not None and s.state == ACTIVE
 
     def _ages(self, mine: frozenset[Edge]) -> dict[str, float]:
         """Age of each session coordinated here that is in a known wait-for edge."""
