@@ -988,7 +988,9 @@ def test_a_younger_holder_that_is_running_is_not_wounded() -> None:
     net = Net("AB")
     s_a, s_b = _crossed(net)
     bid_a, bid_b = f"A.{s_a}", f"B.{s_b}"
-    old, young = sorted((bid_a, bid_b), key=lambda b: net.machines[b[0]].sessions[int(b[2:])].started)
+    old, young = sorted(
+        (bid_a, bid_b), key=lambda b: net.machines[b[0]].sessions[int(b[2:])].started
+    )
     net.waits = {young[0]: [(old, young)]}  # the only edge: old waits for young
     _tick(net, 5)
     assert all(m.stats["deadlock_victims"] == 0 for m in net.machines.values())
@@ -996,7 +998,9 @@ def test_a_younger_holder_that_is_running_is_not_wounded() -> None:
     net2 = Net("AB", deadlock_wound="any")
     s_a, s_b = _crossed(net2)
     bid_a, bid_b = f"A.{s_a}", f"B.{s_b}"
-    old, young = sorted((bid_a, bid_b), key=lambda b: net2.machines[b[0]].sessions[int(b[2:])].started)
+    old, young = sorted(
+        (bid_a, bid_b), key=lambda b: net2.machines[b[0]].sessions[int(b[2:])].started
+    )
     net2.waits = {young[0]: [(old, young)]}
     _tick(net2, 2)
     assert net2.machines[young[0]].stats["deadlock_wounds"] == 1
