@@ -33,6 +33,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import itertools
+import json
 import os
 import platform
 import random
@@ -81,6 +82,8 @@ class Config:
     profile: bool = True
     ordered: bool = False
     """``--gaps-only``: also the ordered transfer, same accounts (contention without cycles)."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """``--gaps-only``: node config options (``--option deadlock_every=0.01``)."""
 
 
 @dataclass
@@ -661,7 +664,7 @@ def gaps_only(cfg: Config) -> None:
     base = Path(tempfile.mkdtemp(prefix="nonstop-dist-gaps-", dir=cfg.tmpdir))
     ns: NonstopSide | None = None
     try:
-        ns = NonstopSide(base / "cluster", cfg.accounts)
+        ns = NonstopSide(base / "cluster", cfg.accounts, options=cfg.options)
         print(f"load {os.getloadavg()[0]:.2f}; {cfg.command}")
         print("| clients | accounts | " + " | ".join(_GAP_COLS) + " |")
         print("| --- | --- | " + " | ".join("---" for _ in _GAP_COLS) + " |")
@@ -1056,6 +1059,13 @@ def main(argv: list[str] | None = None) -> None:
         help="with --gaps-only: each slice also with the benchmark's ordered transfer "
         "(the same accounts and contention, no deadlock)",
     )
+    p.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=JSON",
+        help="with --gaps-only: a node config option, e.g. deadlock_every=0.01",
+    )
     args = p.parse_args(argv)
     cfg = Config(
         clients=tuple(int(x) for x in args.clients.split(",") if x),
@@ -1067,6 +1077,7 @@ def main(argv: list[str] | None = None) -> None:
         out=args.out,
         profile=not args.no_profile,
         ordered=args.ordered,
+        options={k: json.loads(v) for k, v in (o.split("=", 1) for o in args.option)},
         command=(
             "make bench-dist"
             if not argv

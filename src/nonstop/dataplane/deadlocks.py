@@ -139,7 +139,11 @@ class DeadlockDetector:
         """A fresh read was asked for a new suspect: send its edges with ``poll``."""
         self.polled_at = float("-inf")
         self.born: dict[str, float] = {}
-        """Other nodes' branch id → when its session started (this node's clock, about)."""
+        """Other nodes' branch id → its stamp (``_stamp``), as its coordinator sent it."""
+        self.stamps: dict[str, float] = {}
+        """Branch id of a session coordinated here → its stamp, fixed once sent."""
+        self.latest = -math.inf
+        """The greatest stamp a peer sent: stamps given here are not older (``_stamp``)."""
         self.fallback: dict[str, float] = {}
         """Victims by the greatest-id rule (coordinated here) → when first seen."""
 
@@ -163,12 +167,12 @@ class DeadlockDetector:
         self.local = mine
         self.local_at = self.dp.now
         poll, self.polling = self.polling, False
-        ages = self._ages(mine)
-        if mine or had or poll or ages:
+        stamps = self._stamps_known(mine)
+        if mine or had or poll or stamps:
             msg: dict[str, Any] = {
                 "t": "data.waits",
                 "e": sorted([w, h] for w, h in mine),
-                "a": ages,
+                "ts": stamps,
             }
             if poll:
                 msg["poll"] = True  # peers: read your edges now, do not wait for the tick
@@ -188,12 +192,19 @@ class DeadlockDetector:
             for e in raw
             if isinstance(e, list) and len(e) == 2 and all(isinstance(x, str) for x in e)
         )
-        ages = msg.get("a")
-        if isinstance(ages, dict):
-            now = self.dp.now
-            for bid, age in ages.items():
-                if isinstance(bid, str) and isinstance(age, int | float) and age >= 0:
-                    self.born[bid] = now - age
+        stamps = msg.get("ts")
+        if isinstance(stamps, dict):
+            prefix = sender + "."
+            for bid, stamp in stamps.items():
+                # Only the sender stamps its own sessions; a stamp is a finite number.
+                if (
+                    isinstance(bid, str)
+                    and bid.startswith(prefix)
+                    and isinstance(stamp, int | float)
+                    and math.isfinite(stamp)
+                ):
+                    self.born[bid] = float(stamp)
+                    self.latest = max(self.latest, float(stamp))
         if edges:
             self.remote[sender] = (edges, self.dp.now)
             self.search()  # a cycle may be complete now: do not wait for the tick
@@ -222,6 +233,7 @@ class DeadlockDetector:
         prefix = self.dp.name + "."
         nodes = {b for edge in edges for b in edge}
         self.born = {b: t for b, t in self.born.items() if b in nodes}
+        self.stamps = {b: t for b, t in self.stamps.items() if self._session(b) is not None}
         seen = {v: c for v, c in victims_of(edges, self._rank).items() if v.startswith(prefix)}
         # Ages are estimates: nodes may disagree on the youngest and each leave the
         # cycle to another.  A cycle that outlives that is broken by the id rule.
@@ -274,31 +286,49 @@ class DeadlockDetector:
         outcome is the log's, not ours), and it releases its locks without waiting."""
         return s is not None and s.state == ACTIVE
 
-    def _ages(self, mine: frozenset[Edge]) -> dict[str, float]:
-        """Age of each session coordinated here that is in a known wait-for edge."""
+    def _stamps_known(self, mine: frozenset[Edge]) -> dict[str, float]:
+        """Stamps of the sessions coordinated here that are in a known wait-for edge."""
         known = {b for edge in mine for b in edge}
         for node_edges, _ in self.remote.values():
             known |= {b for edge in node_edges for b in edge}
         prefix = self.dp.name + "."
-        now = self.dp.now
         out: dict[str, float] = {}
         for bid in known:
             if bid.startswith(prefix):
-                s = self._session(bid)
-                if s is not None:
-                    out[bid] = max(0.0, now - s.started)
+                stamp = self._stamp(bid)
+                if stamp is not None:
+                    out[bid] = stamp
         return out
+
+    def _stamp(self, bid: str) -> float | None:
+        """The rank of a session coordinated here, the same number on every node.
+
+        Its start time on this node's clock, fixed the first time it is needed and
+        sent as it is: every node ranks by the same numbers, so all agree on who is
+        older (ages turned into start times on each receiver's clock differ by the
+        transit time, and two nodes each left a cycle to the other).  Not older than
+        the latest stamp a peer sent minus the session's age, so a node whose clock
+        lags does not rank its sessions as old as the cluster itself.
+        """
+        stamp = self.stamps.get(bid)
+        if stamp is None:
+            s = self._session(bid)
+            if s is None:
+                return None
+            now = self.dp.now
+            stamp = self.stamps[bid] = max(now, self.latest) - max(0.0, now - s.started)
+        return stamp
 
     def _session(self, bid: str) -> Any:
         sid_text = bid[len(self.dp.name) + 1 :]
         return self.dp.sessions.get(int(sid_text)) if sid_text.isdigit() else None
 
     def _rank(self, bid: str) -> tuple[float, str]:
-        """The youngest session is the victim (the oldest always gets on); unknown
-        ages rank as youngest; ties by id."""
+        """By stamp (``_stamp``): the greatest is the youngest, the victim (the oldest
+        always gets on); unknown stamps rank as youngest; ties by id."""
         if bid.startswith(self.dp.name + "."):
-            s = self._session(bid)
-            return (math.inf if s is None else s.started, bid)
+            stamp = self._stamp(bid)
+            return (math.inf if stamp is None else stamp, bid)
         return (self.born.get(bid, math.inf), bid)
 
     def _confirmed(self, first_seen: float) -> bool:
