@@ -10,18 +10,25 @@ edges *is* the global graph between transactions.
 
 Every ``deadlock_every`` seconds the machine asks its store for its local edges
 (:class:`ReadWaits` → :class:`LocalWaits`); while it has any (and once more when
-they are gone) it sends them to every up peer (``data.waits``).  Each node keeps
-the latest edges of every node (dropped when older than ``_FRESH`` periods or
-when the node leaves Up) and searches the union for cycles, at each tick and
-each time a peer's edges arrive.  The victim of a
-cycle is its greatest branch id: every node computes the same one, and only its
-coordinator acts.  It does so if the cycle is still there at least one period
-after it first saw it (mixing snapshots of different nodes taken at different
-times could show a cycle that never existed at one instant; a real one lasts),
-and the session is active with an op running: it dooms the session with the
-retryable :class:`~nonstop.errors.Deadlock` (``@transactional`` replays it) and
-rolls its branches back everywhere, which breaks the cycle.  ``lock_wait``
-stays as the backstop (a victim that is committing, a lost message).
+they are gone, or while a session it coordinates is in a known edge) it sends
+them to every up peer (``data.waits``), with the *stamps* of its own sessions
+(``_stamp``: a start time fixed once, so every node ranks by the same numbers).
+Each node keeps the latest edges of every node (dropped when older than
+``_FRESH`` periods or when the node leaves Up) and, at each tick and each time a
+peer's edges arrive:
+
+* **wounds** (``deadlock_wound``, wound-wait): for an edge ``W → H`` whose holder
+  it coordinates, if ``W`` is older than ``H`` and ``H`` waits itself, it dooms
+  ``H`` at once -- so the oldest transaction is never held up behind younger
+  ones that wait, and cycles end within a period;
+* **searches the union for cycles**: the victim of a cycle is its youngest
+  session, and its coordinator dooms it once the cycle is confirmed on fresh
+  edges (a round trip, ``poll``) or a period later -- mixing snapshots of
+  different nodes could show a cycle that never existed at one instant.
+
+A doomed session hears the retryable :class:`~nonstop.errors.Deadlock`
+(``@transactional`` replays it) and its branches are rolled back everywhere.
+``lock_wait`` stays as the backstop (a victim that is committing, a lost message).
 """
 
 from __future__ import annotations

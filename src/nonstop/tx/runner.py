@@ -75,8 +75,9 @@ DEADLOCK_BACKOFF = 0.005
 """First back-off bound after ``Deadlock``.  A deadlock victim (or a transaction wounded
 by an older one, docs/design/deadlocks.md) replays as the youngest transaction into the
 contention that killed it: replayed at once, it takes a first lock that older waiters
-need, waits for its second, and is wounded again.  Waiting about one lock hold first
-halved the victims' churn at 64 clients on 24 accounts (issue 14)."""
+need, waits for its second, and is wounded again.  At 64 clients on 24 accounts (README
+transfer, 3 real nodes, issue 14) 5 ms instead of 0.2 ms took transfers/s from 18-22 to
+37-38 and the longest commit gap from 0.18-0.22 s to 0.13 s."""
 
 
 def _backoff(attempt: int, exc: Retryable | None = None) -> float:
