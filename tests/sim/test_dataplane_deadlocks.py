@@ -92,7 +92,7 @@ def _contended(clients: int, node_class: type[SimDataNode] = SimDataNode) -> Sce
     )
 
 
-@pytest.mark.parametrize(("clients", "seed"), [(16, 0), (64, 0), (64, 1)])
+@pytest.mark.parametrize(("clients", "seed"), [(16, 0), (64, 0)])
 def test_no_commit_gap_over_200_ms_in_virtual_time(clients: int, seed: int) -> None:
     """In virtual time (no CPU noise) transfers never stop for more than 200 ms, at
     64 clients on 24 accounts too (0.12-0.27 s before wound-wait; the mutant below)."""

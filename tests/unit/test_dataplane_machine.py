@@ -10,6 +10,7 @@ machines emit.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import random
 from collections.abc import Callable
 from typing import Any
@@ -144,6 +145,8 @@ class Net:
         self.waits: dict[str, list[tuple[str, str]]] = {}
         """Each store's wait-for edges (what ``ReadWaits`` reads)."""
         self.hold: Callable[[Exec], bool] = lambda ex: False
+        self.skew: dict[str, float] = {}
+        """Node → how far its clock is ahead of the others' (its events' ``now``)."""
         for n in names:
             self.feed(n, Started(now=0.0))
         self.cluster(up=set(names))
@@ -171,6 +174,8 @@ class Net:
         work = [(node, event)]
         while work:
             at, ev = work.pop(0)
+            if self.skew.get(at):
+                ev = dataclasses.replace(ev, now=ev.now + self.skew[at])
             for action in self.machines[at].handle(ev):
                 work.extend(self._carry(at, action))
 
@@ -1004,6 +1009,24 @@ def test_a_younger_holder_that_is_running_is_not_wounded() -> None:
     net2.waits = {young[0]: [(old, young)]}
     _tick(net2, 2)
     assert net2.machines[young[0]].stats["deadlock_wounds"] == 1
+
+
+def test_stamps_agree_when_the_nodes_clocks_do_not() -> None:
+    # A's monotonic clock is 1,000 s ahead of B's (other machines, other boots).
+    # Started at the same instant, A's session ranked by raw start times would be
+    # the younger on B by 1,000 s; B counts A's lead (its ``now`` on the edges) so
+    # both stamps are on one clock: a tie, the greater id is the younger as with
+    # equal clocks, and B wounds its own session, not A's.
+    net = Net("AB")
+    net.skew = {"A": 1000.0}
+    s_a, s_b = _crossed(net)
+    bid_a, bid_b = f"A.{s_a}", f"B.{s_b}"
+    net.waits = {"B": [(bid_a, bid_b)], "A": [(bid_b, bid_a)]}
+    _tick(net, 1)
+    assert net.machines["B"].deadlocks.ahead["A"] == 1000.0
+    assert net.machines["B"].stats["deadlock_wounds"] == 1
+    assert net.machines["A"].stats["deadlock_victims"] == 0
+    assert bid_b in net.ended["B"] and bid_a not in net.ended["A"]
 
 
 def test_a_waiter_of_unknown_age_wounds_nobody() -> None:

@@ -149,8 +149,9 @@ class DeadlockDetector:
         """Other nodes' branch id → its stamp (``_stamp``), as its coordinator sent it."""
         self.stamps: dict[str, float] = {}
         """Branch id of a session coordinated here → its stamp, fixed once sent."""
-        self.latest = -math.inf
-        """The greatest stamp a peer sent: stamps given here are not older (``_stamp``)."""
+        self.ahead: dict[str, float] = {}
+        """Peer → how far its clock is ahead of this node's (its ``now`` when it sent its
+        latest edges minus ours when they arrived: less the transit time)."""
         self.fallback: dict[str, float] = {}
         """Victims by the greatest-id rule (coordinated here) → when first seen."""
 
@@ -180,6 +181,7 @@ class DeadlockDetector:
                 "t": "data.waits",
                 "e": sorted([w, h] for w, h in mine),
                 "ts": stamps,
+                "now": self.dp.now,
             }
             if poll:
                 msg["poll"] = True  # peers: read your edges now, do not wait for the tick
@@ -211,7 +213,9 @@ class DeadlockDetector:
                     and math.isfinite(stamp)
                 ):
                     self.born[bid] = float(stamp)
-                    self.latest = max(self.latest, float(stamp))
+        now = msg.get("now")
+        if isinstance(now, int | float) and math.isfinite(now):
+            self.ahead[sender] = float(now) - self.dp.now
         if edges:
             self.remote[sender] = (edges, self.dp.now)
             self.search()  # a cycle may be complete now: do not wait for the tick
@@ -220,6 +224,7 @@ class DeadlockDetector:
 
     def node_down(self, peer: str) -> None:
         self.remote.pop(peer, None)
+        self.ahead.pop(peer, None)
 
     def search(self) -> None:
         """Cycles in the gathered graph: doom the victims coordinated here (module doc)."""
@@ -310,20 +315,20 @@ class DeadlockDetector:
     def _stamp(self, bid: str) -> float | None:
         """The rank of a session coordinated here, the same number on every node.
 
-        Its start time on this node's clock, fixed the first time it is needed and
-        sent as it is: every node ranks by the same numbers, so all agree on who is
-        older (ages turned into start times on each receiver's clock differ by the
-        transit time, and two nodes each left a cycle to the other).  Not older than
-        the latest stamp a peer sent minus the session's age, so a node whose clock
-        lags does not rank its sessions as old as the cluster itself.
+        Its start time, fixed the first time it is needed and sent as it is: every
+        node ranks by the same numbers, so all agree on who is older (ages turned into
+        start times on each receiver's clock differ by the transit time, and two nodes
+        each left a cycle to the other).  On the clock of the node furthest ahead, as
+        far as this one knows (``ahead``): the nodes' monotonic clocks need not agree,
+        and a node whose clock lags would otherwise rank its sessions oldest for ever.
         """
         stamp = self.stamps.get(bid)
         if stamp is None:
             s = self._session(bid)
             if s is None:
                 return None
-            now = self.dp.now
-            stamp = self.stamps[bid] = max(now, self.latest) - max(0.0, now - s.started)
+            shift = max([0.0, *self.ahead.values()])
+            stamp = self.stamps[bid] = s.started + shift
         return stamp
 
     def _session(self, bid: str) -> Any:
