@@ -232,23 +232,22 @@ class DeadlockDetector:
         stale = now - _FRESH * self.period
         for node in [n for n, (_, at) in self.remote.items() if at < stale]:
             del self.remote[node]
+        edges = self.local.union(*(e for e, _ in self.remote.values()))
+        nodes = {b for edge in edges for b in edge}
+        self.born = {b: t for b, t in self.born.items() if b in nodes}
+        self.stamps = {b: t for b, t in self.stamps.items() if self._session(b) is not None}
         if self.dp.config.deadlock_wound != "off":
-            self._wound(self.local.union(*(e for e, _ in self.remote.values())))
+            self._wound(edges)
         if not self.remote:
             # Every cycle through this node's coordinated sessions spans nodes, and
             # a local one is the lock manager's: nothing to find without a peer's edges.
             self.suspects.clear()
             return
-        edges: set[Edge] = set(self.local)
-        for node_edges, _ in self.remote.values():
-            edges |= node_edges
         prefix = self.dp.name + "."
-        nodes = {b for edge in edges for b in edge}
-        self.born = {b: t for b, t in self.born.items() if b in nodes}
-        self.stamps = {b: t for b, t in self.stamps.items() if self._session(b) is not None}
         seen = {v: c for v, c in victims_of(edges, self._rank).items() if v.startswith(prefix)}
-        # Ages are estimates: nodes may disagree on the youngest and each leave the
-        # cycle to another.  A cycle that outlives that is broken by the id rule.
+        # Graphs differ between nodes (snapshots of other instants, a stamp not yet
+        # arrived): each may leave a cycle to another.  One that outlives that is
+        # broken by the id rule.
         by_id = {v: c for v, c in victims_of(edges).items() if v.startswith(prefix)}
         self.fallback = {v: self.fallback.get(v, now) for v in by_id}
         for victim, cycle in by_id.items():
@@ -268,9 +267,9 @@ class DeadlockDetector:
 
     def _wound(self, edges: frozenset[Edge]) -> None:
         """Wound-wait: an older waiter dooms the younger holder it waits for, here if
-        this node coordinates the holder (its age is exact here; the waiter's is the
-        estimate its coordinator sent, unknown ranks as youngest: no wound).  With
-        ``"blocked"`` only a holder that is itself waiting: a running one will end soon."""
+        this node coordinates the holder (one decider per holder); a waiter whose stamp
+        has not arrived ranks as youngest: no wound.  With ``"blocked"`` only a holder
+        that is itself waiting: a running one will end soon on its own."""
         prefix = self.dp.name + "."
         blocked = {w for w, _ in edges} if self.dp.config.deadlock_wound == "blocked" else None
         wounded: set[str] = set()
@@ -290,7 +289,7 @@ class DeadlockDetector:
             self.dp.stats["deadlock_victims"] += 1
             self.dp.stats["deadlock_wounds"] += 1
             why = f"wounded: the older transaction {waiter} waits for {holder}"
-            self.dp.log("info", why)
+            self.dp.log("debug", why)  # up to one per transfer under contention
             self.dp.doom(s, errors.Deadlock, why)
 
     def _woundable(self, s: Any) -> bool:
