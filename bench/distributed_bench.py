@@ -478,10 +478,12 @@ def readme_order(
     def per_k(key: str) -> float:
         return 1000 * sum(v.get(key, 0) for v in per.values()) / done
 
-    def per_s(key: str) -> float:
-        return sum(v.get(key, 0) for v in per.values()) / (end - start + 0.3)
-
     start, end = res.extra["window"]
+
+    def per_s(key: str) -> float:
+        # The nodes' counters cover the warm-up (0.3 s) too.
+        return float(sum(v.get(key, 0) for v in per.values())) / (end - start + 0.3)
+
     return {
         # Commits in the window (a transfer may span it: latency under contention).
         "transfers/s": sum(1 for t in ns.commits if start < t < end) / (end - start),
