@@ -476,13 +476,13 @@ def readme_order(
     done = res.extra.get("done", res.ops) or 1
 
     def per_k(key: str) -> float:
-        return 1000 * sum(v.get(key, 0) for v in per.values()) / done
+        return float(1000 * sum(v.get(key, 0) for v in per.values()) / done)
 
     start, end = res.extra["window"]
 
     def per_s(key: str) -> float:
         # The nodes' counters cover the warm-up (0.3 s) too.
-        return float(sum(v.get(key, 0) for v in per.values())) / (end - start + 0.3)
+        return float(sum(v.get(key, 0) for v in per.values()) / (end - start + 0.3))
 
     return {
         # Commits in the window (a transfer may span it: latency under contention).
