@@ -8,7 +8,7 @@ SEEDS ?= 1000
 ROUNDS ?= 24
 JEPSEN ?=
 
-.PHONY: demo demo-embedded test lint fmt bench bench-dist bench-metrics bench-spark bench-failover sim jepsen clean venv
+.PHONY: demo demo-embedded test lint fmt bench bench-dist bench-gaps bench-metrics bench-spark bench-failover sim jepsen clean venv
 
 venv: $(STAMP)
 
@@ -50,6 +50,10 @@ bench: $(STAMP)
 # Cross-node transfers on a local 3-node cluster vs PostgreSQL → bench/results/distributed.md
 bench-dist: $(STAMP)
 	$(PY) -m bench.distributed_bench
+
+# The README transfer on 24 accounts at 3, 16, 64 clients: commit gaps (issue 14: none over 200 ms)
+bench-gaps: $(STAMP)
+	$(PY) -m bench.distributed_bench --gaps-only --clients 3,16,64 --duration 4 --rounds 2
 
 # A scrape at 1,000 series, a node's scrape, the data path with metrics on/off → bench/results/metrics.md
 bench-metrics: $(STAMP)

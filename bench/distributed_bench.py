@@ -33,6 +33,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import itertools
+import json
 import os
 import platform
 import random
@@ -79,6 +80,10 @@ class Config:
     out: Path = RESULTS
     command: str = "make bench-dist"
     profile: bool = True
+    ordered: bool = False
+    """``--gaps-only``: also the ordered transfer, same accounts (contention without cycles)."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """``--gaps-only``: node config options (``--option deadlock_every=0.01``)."""
 
 
 @dataclass
@@ -456,24 +461,35 @@ def steps_under_load(ns: NonstopSide, clients: int, seconds: float) -> dict[str,
     return {k: statistics.median(v) for k, v in steps.items() if v}
 
 
-def readme_order(ns: NonstopSide, clients: int, seconds: float, span: int) -> dict[str, float]:
+def readme_order(
+    ns: NonstopSide, clients: int, seconds: float, span: int, readme: bool = True
+) -> dict[str, float]:
     """One unmeasured slice of the README's transfer (shared handles, the first ``span``
-    accounts of A and B): transfers/s, the longest commit gap, victims per 1,000."""
+    accounts of A and B): transfers/s, the longest commit gap, victims per 1,000.
+    ``readme=False``: the benchmark's ordered transfer instead (the same contention,
+    no cycle)."""
     before = arun(ns.runtime_stats())
     ns.commits.clear()
-    res = arun(run_clients(clients, ns.make_op(True, span, readme=True), seconds, 0.3))
+    res = arun(run_clients(clients, ns.make_op(True, span, readme=readme), seconds, 0.3))
     gap = commit_gap(ns.commits, *res.extra["window"])
     per = _diff_stats(before, arun(ns.runtime_stats()))
     done = res.extra.get("done", res.ops) or 1
 
     def per_k(key: str) -> float:
-        return 1000 * sum(v.get(key, 0) for v in per.values()) / done
+        return float(1000 * sum(v.get(key, 0) for v in per.values()) / done)
 
     start, end = res.extra["window"]
+
+    def per_s(key: str) -> float:
+        # The nodes' counters cover the warm-up (0.3 s) too.
+        return float(sum(v.get(key, 0) for v in per.values()) / (end - start + 0.3))
+
     return {
         # Commits in the window (a transfer may span it: latency under contention).
         "transfers/s": sum(1 for t in ns.commits if start < t < end) / (end - start),
         "gap ms": gap * 1000,
+        "p99 gap ms": gap_quantile(ns.commits, start, end, 0.99) * 1000,
+        "victims/s": per_s("deadlock_victims") + per_s("deadlocks"),
         "distributed victims / 1,000": per_k("deadlock_victims"),
         "local victims / 1,000": per_k("deadlocks"),
         "lock timeouts / 1,000": per_k("timeouts"),
@@ -635,6 +651,49 @@ def commit_gap(commits: list[float], start: float, end: float) -> float:
     """The longest interval of ``[start, end]`` in which no commit finished (seconds)."""
     times = [start, *sorted(t for t in commits if start < t < end), end]
     return max(b - a for a, b in itertools.pairwise(times))
+
+
+def gap_quantile(commits: list[float], start: float, end: float, q: float) -> float:
+    """The ``q`` quantile of the intervals between commits of ``[start, end]`` (seconds)."""
+    times = [start, *sorted(t for t in commits if start < t < end), end]
+    gaps = sorted(b - a for a, b in itertools.pairwise(times))
+    return gaps[min(len(gaps) - 1, int(q * len(gaps)))]
+
+
+def gaps_only(cfg: Config) -> None:
+    """``--gaps-only``: the README-order slices alone (no PostgreSQL, no profile), over
+    the ``cfg.accounts`` accounts of A and of B; prints one line per client count."""
+    base = Path(tempfile.mkdtemp(prefix="nonstop-dist-gaps-", dir=cfg.tmpdir))
+    ns: NonstopSide | None = None
+    try:
+        ns = NonstopSide(base / "cluster", cfg.accounts, options=cfg.options)
+        print(f"load {os.getloadavg()[0]:.2f}; {cfg.command}")
+        print("| clients | accounts | " + " | ".join(_GAP_COLS) + " |")
+        print("| --- | --- | " + " | ".join("---" for _ in _GAP_COLS) + " |")
+        for clients in cfg.clients:
+            for _ in range(cfg.rounds):
+                for readme in (True, False) if cfg.ordered else (True,):
+                    row = readme_order(ns, clients, cfg.duration, cfg.accounts, readme)
+                    cells = " | ".join(f"{row[c]:,.1f}" for c in _GAP_COLS)
+                    what = "" if readme else " (ordered)"
+                    print(f"| {clients}{what} | {2 * cfg.accounts} | {cells} |", flush=True)
+        total, _ = ns.check()
+        print("total conserved:", total == 2 * cfg.accounts * START_BALANCE)
+    finally:
+        if ns is not None:
+            ns.close()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+_GAP_COLS = (
+    "transfers/s",
+    "gap ms",
+    "p99 gap ms",
+    "victims/s",
+    "distributed victims / 1,000",
+    "local victims / 1,000",
+    "lock timeouts / 1,000",
+)
 
 
 def _diff_stats(
@@ -989,6 +1048,26 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--quick", action="store_true", help="1 s cells, one slice (smoke test)")
     p.add_argument("--no-profile", action="store_true", help="skip the py-spy profile slice")
+    p.add_argument(
+        "--gaps-only",
+        action="store_true",
+        help="only the README transfer's commit gaps (max, p99), transfers/s and deadlock "
+        "victims, per client count, over --accounts of A and of B (default 12: 24 in all), "
+        "--duration s x --rounds slices each; prints a table, writes nothing",
+    )
+    p.add_argument(
+        "--ordered",
+        action="store_true",
+        help="with --gaps-only: each slice also with the benchmark's ordered transfer "
+        "(the same accounts and contention, no deadlock)",
+    )
+    p.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=JSON",
+        help="with --gaps-only: a node config option, e.g. deadlock_every=0.01",
+    )
     args = p.parse_args(argv)
     cfg = Config(
         clients=tuple(int(x) for x in args.clients.split(",") if x),
@@ -999,12 +1078,19 @@ def main(argv: list[str] | None = None) -> None:
         tmpdir=args.tmpdir,
         out=args.out,
         profile=not args.no_profile,
+        ordered=args.ordered,
+        options={k: json.loads(v) for k, v in (o.split("=", 1) for o in args.option)},
         command=(
             "make bench-dist"
             if not argv
             else "python -m bench.distributed_bench " + shlex.join(argv)
         ),
     )
+    if args.gaps_only:
+        if "--accounts" not in argv:
+            cfg.accounts = README_SPAN
+        gaps_only(cfg)
+        return
     run(cfg)
 
 
