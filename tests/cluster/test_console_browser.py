@@ -119,6 +119,13 @@ def test_console_login_status_command_failure_and_refusal(browser: object, tmp_p
         wait.until(lambda d: states() == {"A": "Self", "B": "Up", "C": "Up"})
         assert "quorum Active" in driver.find_element(By.ID, "summary").text
         wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#partitions tbody tr")) >= 16)
+        # In their natural order: default.2 before default.10 (by index, not as text).
+        shown = driver.execute_script(
+            "return Array.from(document.querySelectorAll('#partitions tbody tr'))"
+            ".map(r => r.dataset.partition);"
+        )
+        indexes = [int(str(n).rsplit(".", 1)[1]) for n in shown if str(n).startswith("default.")]
+        assert len(indexes) > 10 and indexes == sorted(indexes), shown
         driver.save_screenshot(str(shots / "console-1-three-up.png"))
 
         # 1b. Transactions commit through A for a few seconds: every chart of A gets points

@@ -23,7 +23,7 @@ from dataclasses import replace
 import pytest
 
 from nonstop.dataplane.machine import DataPlane
-from nonstop.sim.dataplane_campaign import failure_text, main, run_campaign, totals
+from nonstop.sim.dataplane_campaign import CAMPAIGN, DataPlaneOptions, main
 from nonstop.sim.history import Recorder
 from nonstop.sim.scenarios.dataplane import (
     INITIAL,
@@ -44,16 +44,12 @@ PARTITIONED_SEEDS = int(os.environ.get("NONSTOP_DATAPLANE_PARTITION_SEEDS", "40"
 
 
 @pytest.mark.timeout(300)
-def test_seeds_of_transfers_through_the_data_plane_keep_every_invariant() -> None:
+def test_seeds_of_transfers_through_the_data_plane_keep_every_invariant(run_clean) -> None:
     started = time.perf_counter()
-    outcomes = run_campaign(range(SEEDS), jobs=2)
+    outcomes = run_clean(CAMPAIGN, range(SEEDS), DataPlaneOptions())
     elapsed = time.perf_counter() - started
-    failures = [o for o in outcomes if not o.ok]
-    report = "\n".join(failure_text(o) for o in failures)[:4000]
-    assert [o.seed for o in outcomes] == list(range(SEEDS))
-    assert not failures, f"{len(failures)} of {SEEDS} seeds failed:\n{report}"
     # The runs did real work, and the hard paths happened.
-    sums = totals(outcomes)
+    sums = CAMPAIGN.totals(outcomes)
     assert sums["acked"] > SEEDS * 5 and sums["failed"] > 0 and sums["audits"] > 0
     assert sum(o.events for o in outcomes) > SEEDS * 1000
     assert sums["cpu_us"] < SEEDS * 300_000  # the budget: 0.3 s of CPU per seed
@@ -178,14 +174,11 @@ def test_cli_replays_one_seed(capsys: pytest.CaptureFixture[str]) -> None:
 
 # ------------------------------------------------------------ routing by partition
 @pytest.mark.timeout(300)
-def test_partitioned_seeds_keep_every_invariant() -> None:
+def test_partitioned_seeds_keep_every_invariant(run_clean) -> None:
     """HA cluster nodes, two partitions per node with one copy (replicas = 0), the full
     nemesis: the same checks, plus ack-acting (dataplane_partitions)."""
-    outcomes = run_campaign(range(PARTITIONED_SEEDS), jobs=2, partitions=True)
-    failures = [o for o in outcomes if not o.ok]
-    report = "\n".join(failure_text(o, None, True) for o in failures)[:4000]
-    assert not failures, f"{len(failures)} of {PARTITIONED_SEEDS} seeds failed:\n{report}"
-    sums = totals(outcomes)
+    outcomes = run_clean(CAMPAIGN, range(PARTITIONED_SEEDS), DataPlaneOptions(partitions=True))
+    sums = CAMPAIGN.totals(outcomes)
     assert sums["acked"] > PARTITIONED_SEEDS * 5 and sums["audits"] > 0
 
 

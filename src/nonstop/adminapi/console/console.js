@@ -70,7 +70,7 @@ async function refresh() {
     row.append(el("td", {}, n.member === undefined ? "-" : (n.member ? "yes" : "no")), el("td", {}, n.pid || "-"));
     return row;
   }));
-  fill($("partitions").tBodies[0], (s.partitions || []).map(p => el("tr", { "data-partition": p.name },
+  fill($("partitions").tBodies[0], byPartitionName(s.partitions || []).map(p => el("tr", { "data-partition": p.name },
     el("td", {}, p.name), el("td", {}, p.state), el("td", {}, p.epoch), el("td", {}, p.active || "-"),
     el("td", {}, (p.nodes || []).map(x => Array.isArray(x) ? x[0] : x).join(",")))));
   showConfigurations(s.configurations);
