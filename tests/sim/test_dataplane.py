@@ -118,18 +118,27 @@ def test_a_broken_node_is_caught_within_a_few_seeds(mutant: str) -> None:
     pytest.fail(f"{mutant} was not caught in 60 seeds")
 
 
-@pytest.mark.parametrize("seed", [6, 18])
-def test_no_branch_outlives_its_session_after_the_heal(seed: int) -> None:
-    """Issue 14: seed 6 (a partition, an end that never reached its node) and seed 18
-    (a paused node: the first op it was sent reaches it on resume, after its coordinator
-    gave up) leave a branch open past its session on the data plane before the fix,
-    caught by ``branch-outlives-session``; every such branch is ended now."""
+def test_no_branch_outlives_its_session_after_the_heal() -> None:
+    """Issue 14: a partition (an end that never reached its node) or a paused node (the
+    first op it was sent reaches it on resume, after its coordinator gave up) left a
+    branch open past its session on the data plane before the fix, caught by
+    ``branch-outlives-session`` (the mutant ``end-branches-once`` is that code).  The
+    first two seeds where the mutant leaves such a branch are clean with the fix, and
+    the fix's orphan rollbacks ran there.  (Seeds are searched, not fixed: a change of
+    the schedule elsewhere, e.g. wound-wait, moves where the fault lands.)"""
     config = replace(ScenarioConfig(), node_class=MUTANTS["end-branches-once"])
-    before, _ = run_seed(seed, config)
-    assert "branch-outlives-session" in {v.invariant for v in before.violations}
-    result, sim = run_seed(seed)
-    assert result.ok, result.violations[:3]
-    assert sum(sim.machine(n).dataplane.stats["orphan_rollbacks"] for n in result.nodes) > 0
+    caught: list[int] = []
+    for seed in range(80):
+        before, _ = run_seed(seed, config)
+        if "branch-outlives-session" in {v.invariant for v in before.violations}:
+            caught.append(seed)
+            if len(caught) == 2:
+                break
+    assert len(caught) == 2, f"the mutant left a branch open on {caught} only, in 80 seeds"
+    for seed in caught:
+        result, sim = run_seed(seed)
+        assert result.ok, (seed, result.violations[:3])
+        assert sum(sim.machine(n).dataplane.stats["orphan_rollbacks"] for n in result.nodes) > 0
 
 
 def test_the_final_checks_flag_lost_duplicated_and_partial_transfers() -> None:
