@@ -211,6 +211,9 @@ class SwapGate:
         self._mutex = threading.Lock()
         self._thread: threading.Thread | None = None
         self._done = threading.Event()
+        """Set once the swap landed or was dropped: the type is open."""
+        self._ended = threading.Event()
+        """Set once nothing runs any more: open, or the applier failed (:attr:`error`)."""
 
     def closed(self) -> bool:
         if self._done.is_set():
@@ -239,14 +242,15 @@ class SwapGate:
                 self._open()
 
     def wait(self, timeout: float) -> bool:
-        """Block until the swap landed or was dropped (at most ``timeout`` s)."""
-        return self._done.wait(timeout)
+        """Block until the swap landed, was dropped or failed (at most ``timeout`` s)."""
+        return self._ended.wait(timeout)
 
     def _open(self) -> None:
         gates = self.db.engine.gates
         if gates.get(self.type_name) is self:
             del gates[self.type_name]
         self._done.set()
+        self._ended.set()
 
     def _run(self) -> None:
         try:
@@ -254,6 +258,7 @@ class SwapGate:
         except BaseException as exc:  # the type stays closed; a restart resumes
             self.error = exc
             log.exception("overwrite %s of %s: applying the swap failed", self.job, self.type_name)
+            self._ended.set()
             return
         with self._mutex:
             self._open()
@@ -323,6 +328,11 @@ def wait_open(db: Database, info: TypeInfo, timeout: float = 600.0) -> None:
             engine.locks.release_all(owner)
             if free and not gate.closed():
                 break
+            if isinstance(gate, SwapGate) and gate.error is not None:
+                raise LockTimeout(
+                    f"{t.name}: applying overwrite {gate.job} failed ({gate.error}); "
+                    "the node resumes it when it restarts"
+                )
             left = deadline - time.monotonic()
             if left <= 0:
                 raise LockTimeout(f"{t.name} is being overwritten (a bulk swap); retry")
