@@ -57,7 +57,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-PAGE = 1000
+PAGE = 5000
 """Objects deleted or created per store commit when a swap applies (the memory bound)."""
 SCRATCH_PAGE = 10_000
 """Key values checked (and scratch entries dropped) per store commit."""
