@@ -117,8 +117,10 @@ def test_memory_stays_bounded_per_page_whatever_the_row_count(
     """4x the rows, the same peak: what the swap holds is a page, a part, a chunk of
     scratch keys — not a lock, an entry or prepared bytes per object (the fast swap
     held ~1.4 KB per object swapped: 56 MB for this test's larger run).  The scratch
-    chunk is cut to a part's size so that both runs are past every bound."""
+    chunk and the page are cut to a part's size so that both runs are past every
+    bound (several pages each)."""
     monkeypatch.setattr(swap_apply, "SCRATCH_PAGE", PART)
+    monkeypatch.setattr(swap_apply, "PAGE", PART)
     small = _peak_of_a_swap(tmp_path / "a", 5_000)
     large = _peak_of_a_swap(tmp_path / "b", 20_000)
     assert large < small * 1.3 + 300_000, (small, large)

@@ -286,6 +286,7 @@ def apply(db: Database, job: str) -> None:
             removal = fast_swap.delete_ops(store, info, page)
             if removal is not None:
                 commit(WriteSet(removal[0], removal[1]))
+            del removal, page  # (one page alive at a time: the bound)
         at = [0, 0]
     index = store.index_db(key.db_name, unique=True)
     own = count_key(info.name.encode(), location_prefix(store.location))
@@ -303,6 +304,7 @@ def apply(db: Database, job: str) -> None:
             bulk_fast.create_ops(store, info, names, chunk, rows, kbs, index, ops)
             ops.append((True, bulk, pslot, pack({**rec, "at": [i, lo + len(kbs)]})))
             commit(WriteSet(ops, {own: len(kbs)}))
+            del ops, chunk, kbs  # (one page alive at a time: the bound)
         del cols
     staged = keys_with(store, b"o/" + job.encode() + b"/")
     done: list[tuple[bool, Any, bytes, bytes | None]] = [(False, bulk, s, None) for s in staged]
