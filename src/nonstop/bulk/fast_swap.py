@@ -20,15 +20,16 @@ two-phase commit), so what a reader sees is unchanged:
   not delete (a phantom created meanwhile, or another type's object sharing
   the index) is a :class:`~nonstop.errors.DuplicateKey`: nothing is swapped.
 
-It covers (:func:`covers`) a type with one concrete type, no delete trigger,
+It covers (:func:`covered_key`) a type with one concrete type, no delete trigger,
 no reference fields (a reference needs a read lock on the object it names),
 and exactly one unique key (the one the rows were staged by).  Other types
-take the per-object path.
+take the per-object path; those whose unique key's index is their own take the
+bounded swap (:mod:`nonstop.bulk.swap_apply`), which builds its pages with
+:func:`delete_ops` and ``bulk.fast.create_ops`` too.
 
-What is still per object until the commit ends (and so O(old + new), see
-data-path.md §6.3 for the bounded design): the raw operations and the prepared
-record that holds them, the locks, and the new key values seen (for the
-duplicate check across parts).
+What is still per object until the commit ends here (and so O(old + new), see
+data-path.md §6.3): the raw operations and the prepared record that holds them,
+the locks, and the new key values seen (for the duplicate check across parts).
 """
 
 from __future__ import annotations

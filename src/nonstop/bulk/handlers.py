@@ -36,6 +36,8 @@ key                    value
 ``j/<job>``            a staged overwrite: its type
 ``o/<job>/<tag>``      one staged part of an overwrite (packed columns)
 ``d/<job>``            a committed overwrite's result (commit is idempotent)
+``p/<job>``            a committed bounded swap not fully applied yet, and how far
+``k/<job>/<key>``      a bounded swap's scratch: the key values checked so far
 =====================  =============================================
 """
 
