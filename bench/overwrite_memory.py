@@ -120,8 +120,10 @@ def run(n: int, tmp: Path) -> dict[str, Any]:
             committed = time.monotonic() - started
             for name in names:  # (a bulk read waits until the node's swap landed)
                 with BulkClient(address[name], timeout=3600) as c:
-                    count = c.call("bulk.plan", type=TYPE)["count"]
-                    assert count == len(mine[name]), (name, count, len(mine[name]))
+                    deadline = time.monotonic() + 60  # (or phase two lands ms later)
+                    while (count := c.call("bulk.plan", type=TYPE)["count"]) != len(mine[name]):
+                        assert time.monotonic() < deadline, (name, count, len(mine[name]))
+                        time.sleep(0.05)
             took = time.monotonic() - started
         finally:
             stop.set()

@@ -148,6 +148,10 @@ def test_the_prepared_record_is_small_and_holds_the_gate(ctx: BulkContext) -> No
         other.find(Plain, sku="o1")
     with db.transaction() as other:  # another type: not held up
         other.create(Owner, name="meanwhile")
+    gate = db.engine.gates[T]  # undecided while its transaction holds the type
+    assert gate.closed() and db.engine.gates[T] is gate
+    with pytest.raises(LockTimeout):
+        swap_apply.wait_open(db, info, timeout=0.2)
     tx.commit_prepared()
     swap_apply.wait_applied(db, T)
     assert state(ctx) == {f"n{i}": 2 for i in range(3_000)}

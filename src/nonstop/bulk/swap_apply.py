@@ -139,7 +139,7 @@ def g_swap(tx: Transaction, info: TypeInfo, key: KeyInfo, job: str, parts: list[
         raise LockTimeout(f"an earlier overwrite of {name} is still being applied; retry")
     inserted = yield from _g_check_keys(store, info, key, job, parts)
     deleted = store.count(name)  # (the gate is held: nothing changes the extent)
-    gate = SwapGate(tx.db, name, job)
+    gate = SwapGate(tx.db, name, job, tx.id)
     engine.gates[name] = gate
     tx.on_commit(gate.start)
     tx.on_rollback(gate.drop)
@@ -198,15 +198,17 @@ def _get(store: Any, db: Any, key: bytes) -> bytes | None:
 class SwapGate:
     """Keeps a swapped type closed until its swap landed (``nonstop.tx.type_gate.Gate``).
 
-    *Undecided* (no applier yet): the swap's transaction has not ended, or was
-    recovered in doubt.  :meth:`closed` is asked only once the gate's lock is free,
-    so the transaction has ended: ``p/<job>`` committed means apply, else dropped.
+    *Undecided* (no applier yet): the swap's transaction ``owner`` (its id in the
+    lock table; a transaction recovered in doubt: the :class:`InDoubt`'s) has not
+    ended.  Once it no longer holds the gate's lock it has ended: ``p/<job>``
+    committed means apply, else the gate is dropped.
     """
 
-    def __init__(self, db: Database, type_name: str, job: str) -> None:
+    def __init__(self, db: Database, type_name: str, job: str, owner: object = None) -> None:
         self.db = db
         self.type_name = type_name
         self.job = job
+        self.owner = owner
         self.error: BaseException | None = None
         self._mutex = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -219,7 +221,10 @@ class SwapGate:
         if self._done.is_set():
             return False
         if self._thread is None:
-            store = self.db.engine.store
+            engine = self.db.engine
+            if engine.locks.mode_held(self.owner, gate_resource(self.type_name)) is not None:
+                return True  # undecided: its transaction still holds the type
+            store = engine.store
             if _get(store, bulk_db(store), _pending_slot(self.job)) is None:
                 self.drop()
                 return False
@@ -377,11 +382,13 @@ def resume(db: Database) -> None:
             engine.gates[name] = gate
             gate.start()
     for gtid in engine.prepared.gtids():
-        ws = getattr(engine.prepared.get(gtid), "ws", None)
+        doubt = engine.prepared.get(gtid)
+        ws = getattr(doubt, "ws", None)
         for is_put, target, k, value in ws.ops if ws is not None else ():
             if is_put and target is bulk and k.startswith(b"p/") and value is not None:
                 name = unpack(value)["type"]
-                engine.gates.setdefault(name, SwapGate(db, name, k[2:].decode()))
+                owner = getattr(doubt, "id", None)
+                engine.gates.setdefault(name, SwapGate(db, name, k[2:].decode(), owner))
 
 
 __all__ = [
