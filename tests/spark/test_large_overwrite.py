@@ -10,7 +10,8 @@ coordinator while it works (data-path.md §6.2); a type the bounded swap covers
 applied a page per store commit on each node, in a thread of its own
 (data-path.md §6.3).  From the swap's start until every node holds the new set
 a second client commits small transactions (their latency stays low) and a
-watcher asks every node for the cluster's state (no node is ever seen Down).
+watcher asks every node for the cluster's state (no node is ever seen Down,
+and no node's failure detector logs a peer Down).
 """
 
 from __future__ import annotations
@@ -145,6 +146,8 @@ def test_a_large_swap_keeps_every_node_answering(
         return out
 
     want = {name: len(new[name]) for name in names}
+    logs = {name: cluster.log_path(name) for name in names}
+    log_start = {name: path.stat().st_size for name, path in logs.items()}
     threads = [threading.Thread(target=other_client), threading.Thread(target=watcher)]
     for t in threads:
         t.start()
@@ -172,6 +175,14 @@ def test_a_large_swap_keeps_every_node_answering(
     assert took > 2.0, f"the swap took {took:.1f} s: not longer than rpc_timeout, proves nothing"
     assert not failures, failures
     assert not down_seen, (marks, down_seen[:5])
+    # The failure detector logs every peer it marks Down ("node B is Down: silent
+    # for ..."): none did, from the swap's start until the new set landed.
+    downs = []
+    for name, path in logs.items():
+        with path.open("rb") as f:
+            f.seek(log_start[name])
+            downs += [f"{name}: {line!r}" for line in f if b" is Down" in line]
+    assert not downs, downs[:5]
     assert len(latencies) > 10, latencies
     latencies.sort()
     assert latencies[len(latencies) // 2] < 0.25, latencies  # median
