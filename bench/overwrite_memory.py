@@ -13,6 +13,11 @@ the swap's start until then it samples each node's resident memory every 20 ms
 store's memory-mapped file pages) and reports the peak over the node's
 resident memory just before the swap, with the nodes' CPU time per row.  No
 Spark: what is measured is the nodes' side of an overwrite.
+
+``--phases N`` instead: one store in this process (no fsync), N rows overwritten by
+N, and the CPU per row of each phase (staging the Arrow parts, the swap's
+transaction, applying it: building the delete operations, building the new
+records, the rest — the LMDB writes and page reads).
 """
 
 from __future__ import annotations
@@ -52,7 +57,7 @@ def _columns(numbers: list[int], balance: int) -> bytes:
     from nonstop.model.codec import pack
 
     owners = [f"owner-{i % 1000}" for i in numbers]
-    return pack({"number": numbers, "owner": owners, "balance": [balance] * len(numbers)})  # type: ignore[no-any-return]
+    return pack({"number": numbers, "owner": owners, "balance": [balance] * len(numbers)})
 
 
 def run(n: int, tmp: Path) -> dict[str, Any]:
@@ -140,19 +145,116 @@ def run(n: int, tmp: Path) -> dict[str, Any]:
         }
 
 
+def _arrow(numbers: list[int], balance: int) -> bytes:
+    import pyarrow as pa
+
+    owners = [f"owner-{i % 1000}" for i in numbers]
+    batch = pa.RecordBatch.from_pydict(
+        {
+            "number": pa.array(numbers, pa.int64()),
+            "owner": owners,
+            "balance": pa.array([balance] * len(numbers), pa.int64()),
+        }
+    )
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as out:
+        out.write_batch(batch)
+    return bytes(sink.getvalue().to_pybytes())
+
+
+def phases(n: int, tmp: Path) -> str:
+    """CPU µs per row of each phase of an overwrite of ``n`` rows by ``n`` in one store."""
+    import nonstop
+    from nonstop.bulk import fast as bulk_fast
+    from nonstop.bulk import fast_swap, swap_apply
+    from nonstop.bulk.handlers import BulkContext, handle
+
+    db = nonstop.open(tmp / f"p{n}", durability="none")
+    ctx = BulkContext(db, "n")
+    base = {"type": TYPE, "format": "arrow"}
+    for lo in range(0, n, BATCH):
+        handle(
+            ctx,
+            {"op": "bulk.upsert", **base, "rows": _arrow(list(range(lo, min(n, lo + BATCH))), 1)},
+        )
+    handle(ctx, {"op": "bulk.overwrite.begin", "type": TYPE, "job": "j"})
+    parts = [_arrow(list(range(lo, min(n, lo + BATCH))), 2) for lo in range(0, n, BATCH)]
+    spent = {"delete": 0.0, "create": 0.0}
+    real: dict[str, Any] = {"delete": fast_swap.delete_ops, "create": bulk_fast.create_ops}
+
+    def timed(name: str) -> Any:
+        def run(*args: Any) -> Any:
+            started = time.process_time()
+            try:
+                return real[name](*args)
+            finally:
+                spent[name] += time.process_time() - started
+
+        return run
+
+    marks: dict[str, float] = {}
+    real_apply = swap_apply.apply
+
+    def apply(db: Any, job: str) -> None:
+        marks["committed"] = time.process_time()
+        real_apply(db, job)
+        marks["applied"] = time.process_time()
+
+    fast_swap.delete_ops, bulk_fast.create_ops = timed("delete"), timed("create")
+    swap_apply.apply = apply
+    try:
+        started = time.process_time()
+        for i, rows in enumerate(parts):
+            part = {
+                "op": "bulk.overwrite.part",
+                **base,
+                "job": "j",
+                "tag": f"0/0/{i}",
+                "key": "number",
+            }
+            handle(ctx, {**part, "rows": rows})
+        staged = time.process_time()
+        handle(ctx, {"op": "bulk.overwrite.commit", "type": TYPE, "job": "j"})
+        ended = time.process_time()
+    finally:
+        fast_swap.delete_ops, bulk_fast.create_ops = real["delete"], real["create"]
+        swap_apply.apply = real_apply
+        db.close()
+
+    def us(seconds: float) -> str:
+        return f"{seconds / n * 1e6:.1f}"
+
+    applying = marks["applied"] - marks["committed"]
+    rest = applying - spent["delete"] - spent["create"]
+    return (
+        f"| {n:,} | {us(staged - started)} | {us(marks['committed'] - staged)} | {us(applying)} "
+        f"| {us(spent['delete'])} | {us(spent['create'])} | {us(rest)} | {us(ended - started)} |"
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rows", type=int, nargs="+", default=[200_000, 1_000_000])
+    p.add_argument("--phases", type=int, default=None, metavar="N")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
-    tmp = Path(tempfile.mkdtemp(prefix="nonstop-overwrite-memory-"))
+    if args.phases:
+        with tempfile.TemporaryDirectory(prefix="nonstop-overwrite-phases-") as tmp_dir:
+            row = phases(args.phases, Path(tmp_dir))
+        print(
+            "| rows (old = new) | staging | swap transaction | applying | of which: delete ops "
+            "| new records | LMDB writes, page reads | total (CPU µs per row) |\n"
+            "|---:|---:|---:|---:|---:|---:|---:|---:|\n" + row
+        )
+        return
     lines = [
         "| rows (old = new) | swap committed (s) | landed (s) | node CPU µs per row "
         "| per node: VmRSS before → peak (MB) | per node: RssAnon before → peak (MB) |",
         "|---:|---:|---:|---:|---|---|",
     ]
     for n in args.rows:
-        r = run(n, tmp)
+        with tempfile.TemporaryDirectory(prefix="nonstop-overwrite-memory-") as tmp_dir:
+            r = run(n, Path(tmp_dir))
         names = sorted(r["peak"])
         rss = ", ".join(
             f"{r['before'][x]['VmRSS'] // 1024} → {r['peak'][x]['VmRSS'] // 1024}" for x in names
