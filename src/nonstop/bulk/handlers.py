@@ -44,6 +44,7 @@ key                    value
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import datetime as _dt
 import difflib
 import heapq
@@ -672,23 +673,16 @@ async def _arun_steps(tx: AsyncTransaction, steps: Steps) -> Any:
 
 async def _acommit(tx: AsyncTransaction, ws: WriteSet) -> None:
     """Commit ``ws`` (a swap's scratch, not the transaction's) without blocking the loop."""
-    loop = asyncio.get_running_loop()
-    done: asyncio.Future[None] = loop.create_future()
+    done: concurrent.futures.Future[None] = concurrent.futures.Future()
 
-    def landed(exc: BaseException | None) -> None:
-        loop.call_soon_threadsafe(_settle, done, exc)
+    def landed(exc: BaseException | None) -> None:  # (the committer's thread)
+        if exc is None:
+            done.set_result(None)
+        else:
+            done.set_exception(exc)
 
     tx.engine.committer.submit(ws, landed)
-    await done
-
-
-def _settle(done: asyncio.Future[None], exc: BaseException | None) -> None:
-    if done.done():
-        return
-    if exc is None:
-        done.set_result(None)
-    else:
-        done.set_exception(exc)
+    await asyncio.wrap_future(done)
 
 
 def _g_refs(info: TypeInfo, row: dict[str, Any]) -> Steps:
