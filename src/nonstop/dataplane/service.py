@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 
 from nonstop import errors
+from nonstop.bulk import swap_apply
 from nonstop.dataplane.commit import RETRYABLE_REASONS, map_run_reply
 from nonstop.dataplane.events import (
     BranchDone,
@@ -140,6 +141,7 @@ class DataService:
     ) -> None:
         self.runtime = runtime
         self.db = db
+        swap_apply.resume(db)  # overwrites a restart interrupted land, or wait for their outcome
         self.name: str = runtime.name
         self.config = config or ServiceConfig()
         # A fresh random start per incarnation for session and call ids (the machine says why).

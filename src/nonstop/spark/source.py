@@ -437,9 +437,9 @@ class NonstopWriter(DataSourceArrowWriter):
             parts = [f"{m.partition}/{m.attempt}/" for m in messages if m is not None]
             rows = sum(m.rows for m in messages if m is not None)
             if all(n.get("transactions", True) for n in self.nodes):
-                self._swap_everywhere(
-                    parts, SWAP_TIMEOUT + SWAP_SECONDS_PER_ROW * (self.old_count + rows)
-                )
+                timeout = SWAP_TIMEOUT + SWAP_SECONDS_PER_ROW * (self.old_count + rows)
+                self._swap_everywhere(parts, timeout)
+                self._wait_landed(timeout)
                 return
             for node in self.nodes:  # standalone bulk endpoints: one swap each
                 with BulkClient(
@@ -493,6 +493,19 @@ class NonstopWriter(DataSourceArrowWriter):
                 time.sleep(1.0)
                 if attempt == COMMIT_RETRIES - 1 or not self._all_up():
                     raise
+
+    def _wait_landed(self, timeout: float) -> None:
+        """Return once every node holds the new set: a swap is applied on each node
+        after its commit, a page per store commit, its type closed to transactions
+        meanwhile (data-path.md §6.3); a bulk read of the type waits for that."""
+        for node in self.nodes:
+            with BulkClient(
+                node["address"],
+                cluster=self.opts.cluster_id,
+                timeout=timeout,
+                credentials=self.opts.credentials,
+            ) as c:
+                c.call("bulk.schema", type=self.opts.type)
 
     def _all_up(self) -> bool:
         try:
