@@ -76,9 +76,10 @@ CONFLICT = "conflict"
 LOCK_TIMEOUT = "lock timeout"
 DEADLOCK = "deadlock"
 BRANCH_GONE = "branch gone"
-NOT_REPLICATED = "not replicated"
+NOT_ACTIVE = "not active"
 """The prepared write set could not reach the partition's sync replicas (this node does not
-act for it now): a no vote worth replaying (``NotActive``)."""
+act for it now): a no vote worth replaying (``NotActive``).  (The simulator's store votes
+``"not replicated"``, which stays a plain ``Aborted`` there.)"""
 
 RECORD = pack({"store": 1})
 """The machine's record of a prepared branch: the write set itself is the store's
@@ -260,7 +261,7 @@ class StoreResourceManager:
                 try:  # on every in-sync copy of each partition before the yes vote
                     await self.replicator.prepare(gtid, write_set_records(tx))
                 except (NotActive, Unavailable) as exc:
-                    reason = NOT_REPLICATED
+                    reason = NOT_ACTIVE
                     log.info("dtx %s refused: %s", gtid, exc)
         except asyncio.CancelledError:
             return  # finish() ended the branch (and rolls the transaction back)
