@@ -10,8 +10,9 @@ dynamic partitions, one sync replica each) and the experimental switch on
 * the killed node, restarted, is restored (a copy from the active node) and is
   a replica again: a second kill, of another node, loses nothing either;
 * transfers from clients continue through a SIGKILL with only retryable errors
-  during the takeover and the total conserved; the takeover time (SIGKILL to the
-  first commit on a partition that moved) is printed.
+  during the takeover (``Unavailable`` only for attempts begun before it settled),
+  through the node's restart and restore, and the total is conserved; the takeover
+  time (SIGKILL to the first commit on a partition that moved) is printed.
 """
 
 from __future__ import annotations
@@ -273,13 +274,20 @@ def test_transfers_continue_through_a_kill_and_the_total_is_conserved(tmp_path: 
                 )
                 settled_at = time.monotonic()
                 time.sleep(3.0)
+                # Restore under load: the node comes back, is copied to while transfers run,
+                # and takes its partitions back by priority.
+                done_restart = load.done
+                p.start(victim)
+                wait_until(lambda: restored(p, victim, "ABC"), 90, f"{victim} restored")
+                time.sleep(2.0)
             print(
                 f"\ntakeover with data: {took * 1000:.0f} ms from SIGKILL of {victim} to the "
                 f"first commit on a partition it acted for ({len(moved)} partitions moved); "
-                f"transfers {done_before} before, {load.done} in all; errors "
+                f"transfers {done_before} before, {load.done} in all (restore under load); errors "
                 f"{dict(Counter(kind for _, kind, _ in load.errors))}"
             )
             assert load.done > done_before, "no transfer after the kill"
+            assert load.done > done_restart, "no transfer after the restart"
             late = [
                 (kind, why)
                 for at, kind, why in load.errors
