@@ -160,7 +160,7 @@ def replicated_node(
         store=context.replicator,
         load=load,
         install=put,
-        replication=ReplicationConfig(),
+        replication=ReplicationConfig(silence_from_write=True),
     )
 
 
