@@ -264,7 +264,7 @@ def test_transfers_continue_through_a_kill_and_the_total_is_conserved(tmp_path: 
                     n for n in numbers if tx.ref(tx.get(Account, number=n)).location in locations
                 )
             with Load(p, numbers, threads=4) as load:
-                time.sleep(2.0)
+                time.sleep(1.5)
                 done_before = load.done
                 killed_at = time.monotonic()
                 p.kill(victim)
@@ -273,13 +273,13 @@ def test_transfers_continue_through_a_kill_and_the_total_is_conserved(tmp_path: 
                     lambda: served(p, "AC", replicas=False), 60, "A and C serving every partition"
                 )
                 settled_at = time.monotonic()
-                time.sleep(3.0)
+                time.sleep(2.0)
                 # Restore under load: the node comes back, is copied to while transfers run,
                 # and takes its partitions back by priority.
                 done_restart = load.done
                 p.start(victim)
                 wait_until(lambda: restored(p, victim, "ABC"), 90, f"{victim} restored")
-                time.sleep(2.0)
+                time.sleep(1.5)
             print(
                 f"\ntakeover with data: {took * 1000:.0f} ms from SIGKILL of {victim} to the "
                 f"first commit on a partition it acted for ({len(moved)} partitions moved); "
