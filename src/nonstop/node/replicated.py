@@ -420,6 +420,22 @@ class ReplicatedClusterNode(DtxClusterNode):
         if len(self._outcomes) > 4096:
             self._outcomes.pop(next(iter(self._outcomes)))
         names = [n for n in sorted(rep.streams) if gtid in rep.data.prepared_of(n)]
+        # A copy here holds the prepared record but this node no longer acts for it (a
+        # handover or failover between the prepare and phase two): the new active node
+        # holds it too and resolves it from the decision log -- which must not forget the
+        # gtid before, so the acknowledgement waits until this copy follows the new stream
+        # without the prepared record (its outcome, or a reset without it, arrived; this
+        # copy does not apply an outcome of its own without a stream, so any stream will
+        # do: -1 is no stream's id).
+        orphans = {
+            name: -1
+            for name, prepared in sorted(rep.data.prepared.items())
+            if gtid in prepared and name not in rep.streams
+        }
+        if orphans:
+            self._unsure_outcomes.setdefault(gtid, {}).update(orphans)
+            self._unreplicated_outcomes.add(gtid)
+            self._dirty = True
         if not names:
             return
         self._next_group += 1
@@ -427,10 +443,10 @@ class ReplicatedClusterNode(DtxClusterNode):
         streams = {n: rep.streams[n].stream_id for n in names}
 
         def ended(error: BaseException | None) -> None:
-            if error is None:
+            if error is not None:
+                self._unsure_outcomes.setdefault(gtid, {}).update(streams)
+            elif gtid not in self._unsure_outcomes:
                 self._outcome_replicated(gtid)
-            else:
-                self._unsure_outcomes[gtid] = streams
 
         self._groups[ref] = _Group(ended, len(names))
         self._unreplicated_outcomes.add(gtid)
