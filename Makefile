@@ -8,7 +8,7 @@ SEEDS ?= 1000
 ROUNDS ?= 24
 JEPSEN ?=
 
-.PHONY: demo demo-embedded test lint fmt bench bench-dist bench-metrics bench-spark bench-failover sim jepsen clean venv
+.PHONY: demo demo-replicated demo-embedded test lint fmt bench bench-dist bench-metrics bench-spark bench-failover sim jepsen clean venv
 
 venv: $(STAMP)
 
@@ -22,6 +22,11 @@ $(STAMP): pyproject.toml
 # while a node is killed and restarted, a Spark audit and a Parquet export.
 demo: $(STAMP)
 	$(PY) -m nonstop.demos.cluster
+
+# The cluster demo with sync replication of partitions (experimental, replication.md
+# §10c): 16 partitions with one sync replica; load and audit through the Python client.
+demo-replicated: $(STAMP)
+	NONSTOP_EXPERIMENTAL_REPLICATION=1 $(PY) -m nonstop.demos.cluster --accounts 20000
 
 # The same bank on one embedded store, no cluster and no Spark (seconds).
 demo-embedded: $(STAMP)
