@@ -8,7 +8,7 @@ SEEDS ?= 1000
 ROUNDS ?= 24
 JEPSEN ?=
 
-.PHONY: demo demo-replicated demo-embedded test lint fmt bench bench-dist bench-metrics bench-spark bench-failover sim jepsen clean venv
+.PHONY: demo demo-embedded test lint fmt bench bench-dist bench-metrics bench-spark bench-failover sim jepsen clean venv
 
 venv: $(STAMP)
 
