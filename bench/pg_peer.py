@@ -351,6 +351,11 @@ class PostgresPeer:
                 level = await cur.fetchone()
                 if level is None or level[0] != synchronous_commit:
                     raise RuntimeError(f"synchronous_commit is {level}, not {synchronous_commit}")
+                # SHOW opened a transaction: ended, or each transfer would be a savepoint
+                # inside it, never committed.
+                await con.rollback()
+            # Each transfer must be a transaction of its own (COMMIT waits for the standby).
+            assert con.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
 
             async def op(rng: random.Random) -> None:
                 src, dst = pick(rng)
