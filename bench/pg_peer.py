@@ -423,6 +423,10 @@ class PostgresSyncPeer(PostgresPeer):
         return primary_settings(self.port, self.dir)
 
     def _after_load(self) -> None:
+        if not (self.bin / "pg_basebackup").exists():
+            raise RuntimeError(
+                f"pg_basebackup not found in {self.bin} (Debian: apt-get install postgresql)"
+            )
         # Loaded first, then copied: the rows reach the standby in the base backup.
         backup = subprocess.run(
             self._cmd(*basebackup_command(self.bin, self.port, self.standby_data)),
