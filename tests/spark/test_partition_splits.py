@@ -1,8 +1,8 @@
 """J1: under partition routing a Spark read plans one split per partition (issue 10).
 
 A real 3-node cluster with ``[ha] data = "partitions"`` (one copy per partition):
-objects created by clients live in partitions, objects loaded by Spark in the
-loading node's own location.  The plan has one split per partition of the
+objects created by clients live in partitions, objects loaded by Spark (``bulk.upsert``)
+in the receiving node's own location.  The plan has one split per partition of the
 current table, each on the partition's active node, plus splits over the own
 locations of the nodes that hold loaded rows; the read returns every object
 once.  With a node killed, its partitions have no active node: the read fails
@@ -21,6 +21,7 @@ import pytest
 
 import nonstop
 from nonstop.admin.owned import OwnedCluster
+from nonstop.bulk.handlers import encode_rows
 from nonstop.client.bulk import BulkClient
 from nonstop.errors import Unavailable
 from nonstop.spark.read_plan import location_range, plan_reads
@@ -113,15 +114,17 @@ def test_one_split_per_partition_on_its_active_node(spark: Any, partitioned: Own
         assert (s.lo, s.hi) == location_range(part["location"])
     assert {s.node for s in splits} == {"A", "B", "C"}
 
-    # Rows loaded by Spark (bulk.upsert: the node's own location) come in extra splits.
+    # Rows a Spark load writes (bulk.upsert: in the node's own location, here B's)
+    # come in extra splits on that node only.
     loaded = [(f"s{i:03}", 1000 + i) for i in range(90)]
-    spark.createDataFrame(loaded, "sku string, qty long").repartition(2).write.format(
-        "nonstop"
-    ).option("cluster", ",".join(oc.addresses)).option("type", ITEM).mode("append").save()
+    rows = encode_rows({"sku": [k for k, _ in loaded], "qty": [q for _, q in loaded]})
+    with BulkClient(oc.address("B"), timeout=60) as c:
+        c.call("bulk.upsert", type=ITEM, rows=rows, format="columns", key="sku", tag="load/1")
     splits = plan_reads(_options(oc), ITEM, _version())
     own = [s for s in splits if s.partition is None]
     assert len(splits) - len(own) == PARTITIONS
-    assert own and all(s.lo is not None and s.lo[:8] not in by_location for s in own)
+    assert own and {s.node for s in own} == {"B"}
+    assert all(s.lo is not None and int.from_bytes(s.lo[:8]) not in by_location for s in own)
     assert _read(spark, oc) == sorted(created + loaded)
 
     # A node killed: its partitions have no active node; the plan says which.
