@@ -8,7 +8,7 @@ SEEDS ?= 1000
 ROUNDS ?= 24
 JEPSEN ?=
 
-.PHONY: demo demo-embedded test lint fmt bench bench-dist bench-metrics bench-spark bench-failover sim jepsen clean venv
+.PHONY: demo demo-embedded test test-long lint fmt bench bench-dist bench-metrics bench-spark bench-failover sim jepsen clean venv
 
 venv: $(STAMP)
 
@@ -34,6 +34,16 @@ test: $(STAMP)
 	$(PY) -m ruff format --check src tests bench
 	$(PY) -m mypy
 	$(PY) -m pytest -q tests
+
+# What `make test` leaves out, so that it stays well under CI's 15 minutes
+# (docs/testing.md, "What runs where"): the tests marked `long` (the second swap of
+# the Spark failure tests, the Spark standalone cluster, ...) and the simulator
+# campaigns of tests/sim at 1,000 seeds (300 in `make test`).
+test-long: $(STAMP)
+	$(PY) -m pytest -q -m long tests
+	NONSTOP_SIM_SEEDS=1000 NONSTOP_DTX_SEEDS=1000 $(PY) -m pytest -q \
+		tests/sim/test_campaign.py::test_campaign_of_many_seeds_finds_no_violation \
+		tests/sim/test_dtx.py::test_seeds_of_transfers_under_faults_keep_every_invariant
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests bench

@@ -61,7 +61,12 @@ def _by_home(keys: list[str], names: list[str]) -> dict[str, list[str]]:
 
 
 @pytest.mark.parametrize(
-    ("kind", "scale"), [(ITEM, 1), (PLAIN, 3)], ids=["per-object-swap", "fast-swap"]
+    ("kind", "scale"),
+    [
+        pytest.param(ITEM, 1, id="per-object-swap"),
+        # 180,000 objects and a cluster of its own: in make test-long only.
+        pytest.param(PLAIN, 3, id="fast-swap", marks=pytest.mark.long),
+    ],
 )
 def test_a_large_swap_keeps_every_node_answering(
     cluster: OwnedCluster, kind: str, scale: int
