@@ -38,12 +38,13 @@ test: $(STAMP)
 # What `make test` leaves out, so that it stays well under CI's 15 minutes
 # (docs/testing.md, "What runs where"): the tests marked `long` (the second swap of
 # the Spark failure tests, the Spark standalone cluster, ...) and the simulator
-# campaigns of tests/sim at 1,000 seeds (300 in `make test`).
+# campaigns of tests/sim on more seeds (cluster log and commit 1,000, data path 300).
 test-long: $(STAMP)
 	$(PY) -m pytest -q -m long tests
-	NONSTOP_SIM_SEEDS=1000 NONSTOP_DTX_SEEDS=1000 $(PY) -m pytest -q \
+	NONSTOP_SIM_SEEDS=1000 NONSTOP_DTX_SEEDS=1000 NONSTOP_DATAPLANE_SEEDS=300 $(PY) -m pytest -q \
 		tests/sim/test_campaign.py::test_campaign_of_many_seeds_finds_no_violation \
-		tests/sim/test_dtx.py::test_seeds_of_transfers_under_faults_keep_every_invariant
+		tests/sim/test_dtx.py::test_seeds_of_transfers_under_faults_keep_every_invariant \
+		tests/sim/test_dataplane.py::test_seeds_of_transfers_through_the_data_plane_keep_every_invariant
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests bench
