@@ -39,15 +39,16 @@ test: $(STAMP)
 # (docs/testing.md, "What runs where"): the tests marked `long` (the second swap of
 # the Spark failure tests, the Spark standalone cluster, ...) and the simulator
 # campaigns of tests/sim on more seeds (cluster log and commit 1,000, commit over the
-# Raft log and data path 300).
+# Raft log, data path and partition table 300).
 test-long: $(STAMP)
 	$(PY) -m pytest -q -m long tests
 	NONSTOP_SIM_SEEDS=1000 NONSTOP_DTX_SEEDS=1000 NONSTOP_DATAPLANE_SEEDS=300 \
-	NONSTOP_DTX_CLUSTERED_SEEDS=300 $(PY) -m pytest -q \
+	NONSTOP_DTX_CLUSTERED_SEEDS=300 NONSTOP_PARTITION_SEEDS=300 $(PY) -m pytest -q \
 		tests/sim/test_campaign.py::test_campaign_of_many_seeds_finds_no_violation \
 		tests/sim/test_dtx.py::test_seeds_of_transfers_under_faults_keep_every_invariant \
 		tests/sim/test_dtx_clustered.py::test_seeds_of_transfers_over_the_raft_decision_log_keep_every_invariant \
-		tests/sim/test_dataplane.py::test_seeds_of_transfers_through_the_data_plane_keep_every_invariant
+		tests/sim/test_dataplane.py::test_seeds_of_transfers_through_the_data_plane_keep_every_invariant \
+		tests/sim/test_partitions.py::test_partition_campaign_finds_no_violation
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests bench
