@@ -39,7 +39,8 @@ test: $(STAMP)
 # (docs/testing.md, "What runs where"): the tests marked `long` (the second swap of
 # the Spark failure tests, the Spark standalone cluster, ...) and the simulator
 # campaigns of tests/sim on more seeds (cluster log and commit 1,000, commit over the
-# Raft log, data path and partition table 300).
+# Raft log, data path and partition table 300), and the admin API's fuzz on 10 examples
+# per operation and mode (5 in `make test`).
 test-long: $(STAMP)
 	$(PY) -m pytest -q -m long tests
 	NONSTOP_SIM_SEEDS=1000 NONSTOP_DTX_SEEDS=1000 NONSTOP_DATAPLANE_SEEDS=300 \
@@ -49,6 +50,7 @@ test-long: $(STAMP)
 		tests/sim/test_dtx_clustered.py::test_seeds_of_transfers_over_the_raft_decision_log_keep_every_invariant \
 		tests/sim/test_dataplane.py::test_seeds_of_transfers_through_the_data_plane_keep_every_invariant \
 		tests/sim/test_partitions.py::test_partition_campaign_finds_no_violation
+	NONSTOP_FUZZ_EXAMPLES=10 $(PY) -m pytest -q tests/cluster/test_admin_api.py::test_openapi_fuzz
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests bench
