@@ -8,7 +8,7 @@ SEEDS ?= 1000
 ROUNDS ?= 24
 JEPSEN ?=
 
-.PHONY: demo demo-embedded test lint fmt bench bench-dist bench-gaps bench-metrics bench-spark bench-failover sim jepsen clean venv
+.PHONY: demo demo-embedded demo-replicated test test-long lint fmt bench bench-dist bench-gaps bench-metrics bench-spark bench-failover sim jepsen clean venv
 
 venv: $(STAMP)
 
@@ -39,6 +39,23 @@ test: $(STAMP)
 	$(PY) -m ruff format --check src tests bench
 	$(PY) -m mypy
 	$(PY) -m pytest -q tests
+
+# What `make test` leaves out, so that it stays well under CI's 15 minutes
+# (docs/testing.md, "What runs where"): the tests marked `long` (the second swap of
+# the Spark failure tests, the Spark standalone cluster, ...) and the simulator
+# campaigns of tests/sim on more seeds (cluster log and commit 1,000, commit over the
+# Raft log, data path and partition table 300), and the admin API's fuzz on 10 examples
+# per operation and mode (5 in `make test`).
+test-long: $(STAMP)
+	$(PY) -m pytest -q -m long tests
+	NONSTOP_SIM_SEEDS=1000 NONSTOP_DTX_SEEDS=1000 NONSTOP_DATAPLANE_SEEDS=300 \
+	NONSTOP_DTX_CLUSTERED_SEEDS=300 NONSTOP_PARTITION_SEEDS=300 $(PY) -m pytest -q \
+		tests/sim/test_campaign.py::test_campaign_of_many_seeds_finds_no_violation \
+		tests/sim/test_dtx.py::test_seeds_of_transfers_under_faults_keep_every_invariant \
+		tests/sim/test_dtx_clustered.py::test_seeds_of_transfers_over_the_raft_decision_log_keep_every_invariant \
+		tests/sim/test_dataplane.py::test_seeds_of_transfers_through_the_data_plane_keep_every_invariant \
+		tests/sim/test_partitions.py::test_partition_campaign_finds_no_violation
+	NONSTOP_FUZZ_EXAMPLES=10 $(PY) -m pytest -q tests/cluster/test_admin_api.py::test_openapi_fuzz
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests bench
@@ -79,6 +96,7 @@ bench-failover: $(STAMP)
 sim: $(STAMP)
 	$(PY) -m nonstop.sim.campaign --seeds $(SEEDS)
 	$(PY) -m nonstop.sim.dtx_campaign --seeds $(SEEDS)
+	$(PY) -m nonstop.sim.dtx_campaign --seeds $(SEEDS) --clustered
 	$(PY) -m nonstop.sim.dataplane_campaign --seeds $(SEEDS)
 	$(PY) -m nonstop.sim.dataplane_campaign --seeds $(SEEDS) --partitions
 	$(PY) -m nonstop.sim.dataplane_campaign --seeds $(SEEDS) --partitions --replicas 1

@@ -1,4 +1,4 @@
-"""Fixtures shared by the foundation tests (unit and e2e)."""
+"""Fixtures shared by every folder of tests (the store, the bank, the one Spark session)."""
 
 from __future__ import annotations
 
@@ -42,6 +42,39 @@ def _test_credentials() -> None:
 
 
 _test_credentials()
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """ONE Spark session for the whole run (each costs a JVM and seconds to start):
+    every test that asks for ``spark``, in any folder, gets this one.
+
+    ``local[2,3]``: two cores and up to three attempts per task, so a test can make a
+    task fail on its first attempt and watch Spark retry it.  Spark starts only if a
+    test asks for it.  Tests of how a user's session is made start their own, in a
+    process of their own (tests/spark/test_session_setup.py).
+    """
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[2,3]")
+        .appName("nonstop-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.python.filterPushdown.enabled", "true")
+        .config("spark.python.worker.reuse", "true")
+        .config("spark.driver.memory", "1g")
+        .config("spark.sql.session.timeZone", "UTC")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    import nonstop.spark
+
+    nonstop.spark.register(session)
+    yield session
+    session.stop()
 
 
 @pytest.fixture

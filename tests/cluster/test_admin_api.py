@@ -32,6 +32,8 @@ pytestmark = [
 ]
 
 MONITOR = ("mo", "monitor-password-1")
+FUZZ_EXAMPLES = int(os.environ.get("NONSTOP_FUZZ_EXAMPLES", "5"))
+"""Valid and invalid examples per operation: 5 in ``make test``, 10 in ``make test-long``."""
 
 
 @pytest.fixture(scope="module")
@@ -251,8 +253,9 @@ def test_configuration_over_http(cluster: Procs, tmp_path: Path) -> None:
 
 
 def test_openapi_fuzz(cluster: Procs, tmp_path: Path) -> None:
-    """schemathesis over every operation, bounded: 10 valid and 10 invalid examples
-    each (about 30 s); every answer as documented (status, schema) and none a server error."""
+    """schemathesis over every operation, bounded: ``FUZZ_EXAMPLES`` valid and as many
+    invalid examples each (10 of each: about 30 s); every answer as documented (status,
+    schema) and none a server error."""
     import schemathesis
     from hypothesis import HealthCheck, given, settings
     from schemathesis.generation import GenerationMode
@@ -269,7 +272,7 @@ def test_openapi_fuzz(cluster: Procs, tmp_path: Path) -> None:
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
 
             @settings(
-                max_examples=10,
+                max_examples=FUZZ_EXAMPLES,
                 deadline=None,
                 suppress_health_check=list(HealthCheck),
                 database=None,

@@ -1,8 +1,7 @@
-"""Fixtures of the pipeline tests: ONE Spark session for the whole run, bulk endpoints.
+"""Fixtures of the pipeline tests: bulk endpoints.
 
-The session is ``local[2,3]``: two cores and up to three attempts per task, so a
-test can make a task fail on its first attempt and watch Spark retry it.  Spark
-starts only if a test asks for it (the bulk handler tests never do).
+Their Spark session is ``spark`` of tests/conftest.py: ONE for the whole run,
+whichever folder a test that asks for it is in.
 """
 
 from __future__ import annotations
@@ -19,31 +18,6 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
-
-    session = (
-        SparkSession.builder.master("local[2,3]")
-        .appName("nonstop-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.python.filterPushdown.enabled", "true")
-        .config("spark.python.worker.reuse", "true")
-        .config("spark.driver.memory", "1g")
-        .config("spark.sql.session.timeZone", "UTC")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    import nonstop.spark
-
-    nonstop.spark.register(session)
-    yield session
-    session.stop()
 
 
 def free_port() -> int:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -22,20 +21,52 @@ from tests.spark.conftest import ROOT, wait_until
 
 ITEM = "pipe.Item"
 PLAIN = "pipe.Plain"
-BOTH_SWAPS = pytest.mark.parametrize("kind", [ITEM, PLAIN], ids=["per-object-swap", "bounded-swap"])
-"""Failure tests run on both swaps: Item has a reference (an entry per object swapped),
-Plain does not (bulk/swap_apply.py: memory bounded per page)."""
+MODEL = "tests.spark.model"
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[OwnedCluster]:
+def both_swaps(default: str) -> pytest.MarkDecorator:
+    """Failure tests run on both swaps: Item has a reference (an entry per object swapped),
+    Plain does not (bulk/swap_apply.py: memory bounded per page).  The ``default`` one
+    runs in ``make test``, the other in ``make test-long`` (marked ``long``): each
+    failure test takes one swap in the
+    default suite, and the two tests take different ones, so both swaps meet a failure
+    there at half the cost."""
+    params = [
+        pytest.param(kind, id=name, marks=() if kind == default else pytest.mark.long)
+        for kind, name in ((ITEM, "per-object-swap"), (PLAIN, "bounded-swap"))
+    ]
+    return pytest.mark.parametrize("kind", params)
+
+
+@pytest.fixture(scope="module")
+def three_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OwnedCluster]:
+    """One cluster for the module's tests (starting one costs seconds): ``cluster``
+    hands it to each test as a fresh one."""
     env = {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    oc = OwnedCluster(tmp_path / "c", 3, apps=["tests.spark.model"], env=env)
+    oc = OwnedCluster(tmp_path_factory.mktemp("spark-cluster") / "c", 3, apps=[MODEL], env=env)
     try:
         oc.start_all(timeout=60)
         yield oc
     finally:
         oc.close()
+
+
+@pytest.fixture
+def cluster(three_nodes: OwnedCluster, spark: Any) -> OwnedCluster:
+    """The module's cluster as a new one would be: every node up and Active, and no
+    Item or Plain object on any node (an overwrite with nothing empties a type; the
+    tests kill nodes and restart them, and one that failed may have left one down)."""
+    for name in three_nodes.names:
+        if name not in three_nodes.alive():
+            three_nodes.start(name)
+    three_nodes.wait_active()
+    addresses = ",".join(three_nodes.addresses)
+    for kind in (ITEM, PLAIN):
+        spark.createDataFrame([], "sku string, qty long").write.format("nonstop").option(
+            "cluster", addresses
+        ).option("type", kind).mode("overwrite").save()
+        assert all(not skus_on(a, kind) for a in three_nodes.addresses), kind
+    return three_nodes
 
 
 def read(spark: Any, addresses: str, **options: str) -> Any:
@@ -203,7 +234,7 @@ def test_overwrite_is_one_transaction_across_the_nodes(spark: Any, cluster: Owne
     assert settles(nodes, {name: set(by_node[name][1]) for name in names}), held(nodes)
 
 
-@BOTH_SWAPS
+@both_swaps(default=PLAIN)
 def test_overwrite_failing_on_the_last_node_changes_no_node(
     spark: Any, cluster: OwnedCluster, kind: str
 ) -> None:
@@ -249,7 +280,7 @@ def test_overwrite_failing_on_the_last_node_changes_no_node(
             c.call("tx.overwrite", s=sid, type=kind, job="nosuchjob", parts=None)
 
 
-@BOTH_SWAPS
+@both_swaps(default=ITEM)
 def test_a_node_killed_between_the_swap_and_the_commit_swaps_nothing(
     spark: Any, cluster: OwnedCluster, kind: str
 ) -> None:
@@ -274,17 +305,20 @@ def test_a_node_killed_between_the_swap_and_the_commit_swaps_nothing(
                 format="arrow",
             )
     args = {"type": kind, "job": writer.job, "parts": ["0/0/"]}
+    # Its own request id per swap: the variants share the module's cluster, whose nodes
+    # answer a request id they have seen with the outcome they recorded for it.
+    kill_req = [f"t-kill-{kind}", 1]
     with BulkClient(cluster.address("A")) as c:
         sid = c.call("tx.begin")["s"]
         assert c.call("tx.overwrite", s=sid, **args)["inserted"] == 3  # swapped, uncommitted
         cluster.kill("C")
         assert wait_until(lambda: not {n["name"]: n["up"] for n in cluster_nodes(c.address)}["C"])
         with pytest.raises(Unavailable, match=r"\bC\b"):
-            c.call("tx.commit", s=sid, req=["t-kill", 1])
+            c.call("tx.commit", s=sid, req=kill_req)
     # What the writer asks after a commit error: this one did not commit.
-    assert commit_outcome(cluster.address("A"), "", ["t-kill", 1], wait=10) is False
+    assert commit_outcome(cluster.address("A"), "", kill_req, wait=10) is False
     with pytest.raises(Unavailable, match="not decided"):  # a node that cannot answer
-        commit_outcome(cluster.address("C"), "", ["t-kill", 1], wait=0.5)
+        commit_outcome(cluster.address("C"), "", kill_req, wait=0.5)
     assert held(nodes[:2], kind) == {n: before[n] for n in ("A", "B")}  # rolled back there
     cluster.restart("C")
     assert wait_until(lambda: all(n["up"] for n in cluster_nodes(addresses)), 30)

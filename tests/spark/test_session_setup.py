@@ -2,7 +2,10 @@
 
 Each test runs ``session_job.py`` in a process of its own (its own Spark
 session: the shared one of the other tests has the source registered already)
-against one ``nonstop pipeline serve`` endpoint.
+against one ``nonstop pipeline serve`` endpoint.  Each costs a JVM and a session
+(about 20 s): ``make test`` runs the session made first with nothing imported and
+the one that fails at once; ``make test-long`` also runs the script started by the
+virtualenv's Python without the virtualenv on PATH.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from tests.spark.conftest import ROOT
 
@@ -56,6 +61,7 @@ def test_a_session_made_first_with_nothing_imported_reads_and_writes(endpoints: 
     assert "BatchScan nonstop" in out["plan"] and ">= 10" not in out["plan"], out["plan"]
 
 
+@pytest.mark.long  # a Spark session of its own (about 20 s): in make test-long
 def test_a_script_run_by_the_venv_python_without_the_venv_on_path(endpoints: Any) -> None:
     (ep,) = endpoints(1)
     out = run_job("import-first", ep.address, venv_on_path=False)

@@ -6,6 +6,10 @@ a job in a process of its own (``session_job.py``) creates its session on
 ``spark://...`` with nothing of nonstop imported, writes, reads and reads with
 pushdown against a ``nonstop pipeline serve`` endpoint: the executors run the
 source in their own Python workers.
+
+It runs in ``make test-long`` (marked ``long``: a master and two workers cost
+about 35 s); ``make test`` runs the same job on ``local[1]``
+(test_session_setup.py).
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ import pytest
 
 from tests.spark.conftest import ROOT, free_port
 from tests.spark.test_session_setup import run_job
+
+pytestmark = pytest.mark.long
 
 MASTER = "org.apache.spark.deploy.master.Master"
 WORKER = "org.apache.spark.deploy.worker.Worker"

@@ -46,20 +46,27 @@ def _mypy(target: Path, cache: Path) -> tuple[int, str]:
     return done.returncode, done.stdout + done.stderr
 
 
-def test_user_script_passes_mypy_strict(tmp_path: Path) -> None:
-    code, out = _mypy(TYPING / "user_app.py", tmp_path / "cache")
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One mypy cache for the module's runs, new each test run: the second run reuses
+    what the first learned of nonstop's own modules instead of checking them again."""
+    return tmp_path_factory.mktemp("mypy") / "cache"
+
+
+def test_user_script_passes_mypy_strict(cache: Path) -> None:
+    code, out = _mypy(TYPING / "user_app.py", cache)
     assert code == 0, f"mypy --strict found errors in the user script:\n{out}"
     assert "error" not in out
 
 
-def test_wrong_calls_are_reported_on_their_lines(tmp_path: Path) -> None:
+def test_wrong_calls_are_reported_on_their_lines(cache: Path) -> None:
     source = TYPING / "wrong_calls.py"
     expected = {
         n
         for n, line in enumerate(source.read_text().splitlines(), start=1)
         if line.rstrip().endswith("# expect-error")
     }
-    code, out = _mypy(source, tmp_path / "cache")
+    code, out = _mypy(source, cache)
     assert code == 1, out
     reported = {
         int(line.split(":")[1])
