@@ -265,12 +265,18 @@ class NonstopSide:
 
     def _load(self) -> None:
         n = self.accounts
+
+        @nonstop.transactional
+        def create_batch(tx: Any, node: str, numbers: range) -> None:
+            # Replayed on a retryable refusal: with partitions, a partition's epoch may
+            # still move right after the start (NotActive).
+            for number in numbers:
+                tx.create(Account, node=node, number=number, balance=START_BALANCE)
+
         with nonstop.connect(self.cluster.addresses) as client:
             for node, base in (("A", 0), ("B", n)):
                 for start in range(0, n, 500):
-                    with client.transaction() as tx:
-                        for i in range(start, min(n, start + 500)):
-                            tx.create(Account, node=node, number=base + i, balance=START_BALANCE)
+                    create_batch(client, node, range(base + start, base + min(n, start + 500)))
 
     def pick(self, rng: random.Random, span: int | None = None) -> tuple[int, int]:
         """One account of A and one of B (among the first ``span`` of each), random order."""
