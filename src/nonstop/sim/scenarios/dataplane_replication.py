@@ -55,7 +55,6 @@ from typing import Any
 
 from nonstop import errors
 from nonstop.dtx.decisions import DECIDED, LOOKUP, PROPOSE, UNKNOWN
-from nonstop.dtx.protocol import K_TOMB
 from nonstop.ha.cluster_node import HaClusterNode
 from nonstop.ha.partition_table import TABLE, partition_location
 from nonstop.model.ref import Ref
@@ -71,7 +70,7 @@ from nonstop.replication import (
     Submit,
 )
 from nonstop.replication.data import K_DATA, K_HEAD
-from nonstop.replication.machine import PREFIX
+from nonstop.replication.machine import PREFIX, RELEASED
 from nonstop.replication.records import OUTCOME_ABORT, OUTCOME_COMMIT, PREPARE
 from nonstop.replication.view import view_of
 from nonstop.runtime.interface import (
@@ -174,16 +173,12 @@ class ReplicatedDataNode(SimDataNode):
         self._next_group = 0
         self._resolving: dict[str, set[str]] = {}
         """gtid -> the partitions whose prepared record of it waits for its outcome."""
-        self._unreplicated_outcomes: set[str] = set()
-        self._tomb_tokens: dict[int, str] = {}
-        """Persist token of the dtx participant's end of a prepared record -> its gtid."""
-        self._held_acks: dict[str, int] = {}
+        # The participant acknowledges phase two only once the machine released its hold.
+        self.node.dtx.hold_ack = self.replication.held
         self._local_txid = random.Random(rng.getrandbits(64)).getrandbits(48)
         """Sequence of this node's multi-partition one-node commits (random start: a restart
         does not reuse one)."""
         self._deciding: dict[str, tuple[list[str], Done, dict[str, Any] | None]] = {}
-        self._unsure_outcomes: dict[str, dict[str, int]] = {}
-        """gtid -> {partition: this node's stream} of an outcome whose records failed."""
         self._outcomes: dict[str, str] = {}
         """gtid -> outcome this node's participant applied (bounded; a restart forgets)."""
         self.loaded: dict[str, int] = {}
@@ -195,20 +190,7 @@ class ReplicatedDataNode(SimDataNode):
     # ------------------------------------------------------------ the machine's events
     def handle(self, event: Event) -> list[Action]:
         self._rep_dirty = True  # on_table after every event (replication.md §3)
-        if isinstance(event, Persisted) and self._hold_ack(event):
-            return []
         return super().handle(event)
-
-    def _hold_ack(self, event: Persisted) -> bool:
-        """Hold the durable end of a prepared record back while its outcome record is not on
-        every sync replica: the participant acknowledges phase two on it, after which the
-        coordinator lets the decision log forget the outcome -- a replica promoted with the
-        prepared record and without the outcome could not resolve it any more."""
-        gtid = self._tomb_tokens.pop(event.token, None)
-        if gtid is None or gtid not in self._unreplicated_outcomes:
-            return False
-        self._held_acks[gtid] = event.token
-        return True
 
     def _side_event(self, event: Event) -> bool:
         if isinstance(event, TimerFired):
@@ -233,8 +215,6 @@ class ReplicatedDataNode(SimDataNode):
         acting = [n for n in ha.partition_table.partitions if ha.acting(now, n)]
         self._rep_actions(now, self.replication.on_table(now, self._rep_views(), acting))
         self._load_new_streams(now)
-        if self._unsure_outcomes:
-            self._release_settled_outcomes()
         return bool(self._queue) or not self.store.idle() or self._rep_dirty
 
     def _rep_views(self) -> dict[str, PartitionView]:
@@ -251,6 +231,9 @@ class ReplicatedDataNode(SimDataNode):
                 self._out.append(Persist(TOKEN_OWNERS * action.token + 3, action.writes))
             elif isinstance(action, Completed | Failed):
                 self._finished(action)
+            elif isinstance(action, Notify) and action.kind == RELEASED:
+                self._out.append(action)
+                self._from_node(now, self.node.released(now, str(action.data["g"])))
             elif isinstance(action, Submit):
                 self._cluster(now, self.ha.submit(now, TABLE, dict(action.entry)))
             elif isinstance(action, Resolve):
@@ -274,12 +257,6 @@ class ReplicatedDataNode(SimDataNode):
         for action in actions:
             if isinstance(action, Notify) and action.kind == "dl.answer":
                 self._decision(now, action.data.get("payload"))
-            elif isinstance(action, Persist) and self._unreplicated_outcomes:
-                for key, _ in action.writes:
-                    if key.startswith(K_TOMB):
-                        gtid = key[len(K_TOMB) :].decode()
-                        if gtid in self._unreplicated_outcomes:
-                            self._tomb_tokens[TOKEN_OWNERS * action.token] = gtid
         super()._from_node(now, actions)
 
     # ------------------------------------------------------------ the store's replicator
@@ -289,57 +266,20 @@ class ReplicatedDataNode(SimDataNode):
     def prepare(self, gtid: str, after: list[list[Any]], done: Done) -> dict[str, Any] | None:
         return self._replicate(after, done, gtid)
 
-    def outcome(self, gtid: str, commit: bool) -> None:
+    def outcome(self, gtid: str, commit: bool, after: list[list[Any]]) -> None:
         rep, now = self.replication, self.now
         decision = OUTCOME_COMMIT if commit else OUTCOME_ABORT
         self._outcomes[gtid] = decision
         if len(self._outcomes) > 4096:
             self._outcomes.pop(next(iter(self._outcomes)))
-        names = [n for n in sorted(rep.streams) if gtid in rep.data.prepared_of(n)]
-        if not names:
-            return
-        # The participant's phase-two ack waits for these records (see _hold_ack).
-        self._next_group += 1
-        ref = self._next_group
-        streams = {n: rep.streams[n].stream_id for n in names}
-        self._groups[ref] = _Group(
-            lambda error: self._outcome_ended(gtid, streams, error), len(names)
-        )
-        self._unreplicated_outcomes.add(gtid)
+        # The participant acknowledges phase two only once every copy of the partitions it
+        # prepared in that may be promoted holds the outcome (replication/holds.py): else the
+        # log may forget the gtid while a copy still needs it.  The hold is persisted before
+        # the participant's tombstone (same disk, in order), so it survives a restart.
+        self._rep_actions(now, rep.hold(gtid, sorted(write_sets(after, self._partition_of))))
         self._rep_dirty = True
-        for name in names:
-            self._rep_actions(now, rep.outcome(now, ref, name, gtid, decision))
-
-    def _outcome_ended(
-        self, gtid: str, streams: dict[str, int], error: dict[str, Any] | None
-    ) -> None:
-        if error is None:
-            self._outcome_replicated(gtid)
-        else:
-            # This node stopped acting before every replica held the outcome: the node that
-            # acts now may hold the prepared record without it, and resolves it from the
-            # log -- which must not forget the gtid meanwhile (replication.md §10a).
-            self._unsure_outcomes[gtid] = streams
-
-    def _release_settled_outcomes(self) -> None:
-        """Release the acknowledgement of an outcome this node could not replicate once every
-        partition's copy here follows another stream and no longer holds it prepared."""
-        data = self.replication.data
-        for gtid, streams in list(self._unsure_outcomes.items()):
-            if all(
-                data.head(name)[0] != old and gtid not in data.prepared_of(name)
-                for name, old in streams.items()
-            ):
-                del self._unsure_outcomes[gtid]
-                self._outcome_replicated(gtid)
-
-    def _outcome_replicated(self, gtid: str) -> None:
-        """Every sync replica holds ``gtid``'s outcome (or its new active node resolved it):
-        the participant may acknowledge phase two now."""
-        self._unreplicated_outcomes.discard(gtid)
-        held = self._held_acks.pop(gtid, None)
-        if held is not None:
-            self._queue.append((False, Persisted(self.now, held // TOKEN_OWNERS)))
+        for name in [n for n in sorted(rep.streams) if gtid in rep.data.prepared_of(n)]:
+            self._rep_actions(now, rep.outcome(now, None, name, gtid, decision))
 
     def lookup(self, client: str, seq: int) -> tuple[tuple[bool, Any] | None, bool]:
         data = self.replication.data
@@ -473,12 +413,10 @@ class ReplicatedDataNode(SimDataNode):
         elif kind == UNKNOWN:
             if answer.get("forgotten"):
                 # Finished everywhere and forgotten.  A commit is forgotten only after every
-                # participant acknowledged it, and a participant acknowledges only once its
-                # outcome record is on every in-sync copy or the new active settled it
-                # (_hold_ack): so a copy still prepared here missed an abort (the prepare
-                # never got its yes vote, the participant restarted without it).  Residual
-                # gap: a participant that crashes while holding that acknowledgement
-                # acknowledges from its tombstone after the restart (replication.md §10b).
+                # participant acknowledged it, and a participant acknowledges only once every
+                # copy that may be promoted holds the outcome (the machine's durable holds):
+                # so a copy still prepared here missed an abort (the prepare never got its
+                # yes vote, the participant restarted without it).
                 self._out.append(
                     Notify("rep.forgotten", {"g": txid, "p": sorted(self._resolving[txid])})
                 )

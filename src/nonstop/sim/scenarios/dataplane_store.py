@@ -217,7 +217,9 @@ class Replicator(Protocol):
         self, gtid: str, after: list[list[Any]], done: Callable[[dict[str, Any] | None], None]
     ) -> dict[str, Any] | None: ...
 
-    def outcome(self, gtid: str, commit: bool) -> None: ...
+    def outcome(self, gtid: str, commit: bool, after: list[list[Any]]) -> None:
+        """The participant applies ``gtid``'s outcome; ``after``: its prepared after-images."""
+        ...
 
     def lookup(self, client: str, seq: int) -> tuple[tuple[bool, Any] | None, bool]:
         """A request's result in the replicated copies here, and whether a commit that may
@@ -1007,7 +1009,7 @@ class SimStoreResourceManager:
             if error is not None and store.replicator is not None:
                 # This participant votes no (or already did): the outcome is abort, known
                 # here -- a copy of the prepared record elsewhere resolves from it.
-                store.replicator.outcome(gtid, False)
+                store.replicator.outcome(gtid, False, after)
             if store.rm_branches.get(gtid) is not b:
                 return  # ended meanwhile (its coordinator gave up)
             if error is not None:
@@ -1029,7 +1031,7 @@ class SimStoreResourceManager:
             return [], []
         writes: list[tuple[bytes, bytes | None]] = []
         if store.replicator is not None and b.after:
-            store.replicator.outcome(gtid, commit)
+            store.replicator.outcome(gtid, commit, b.after)
         if commit:
             if not b.prepared:
                 raise AssertionError(f"{gtid}: commit of a branch that never prepared")
