@@ -284,12 +284,21 @@ class ReplicatedDataNode(SimDataNode):
     def lookup(self, client: str, seq: int) -> tuple[tuple[bool, Any] | None, bool]:
         data = self.replication.data
         key = f"{RESULT_KEY}{client}\0{seq}"
-        for values in data.objects.values():
+        # A copy whose last record is this node's own, without a stream of it that completed
+        # a record, may hold records its replicas never got -- or lack some a replica holds
+        # (lost in a crash): what it says about a request is in doubt until the active node's
+        # stream reaches it.
+        unsure = {name for name in data.heads if data.last_is_own(name) and not self._sure(name)}
+        for name, values in data.objects.items():
             value = values.get(key)
-            if value is not None:
+            if value is not None and name not in unsure:
                 return (bool(value[0]), value[1]), False
-        pending = bool(self._groups or self._deciding) or any(data.prepared.values())
+        pending = bool(unsure or self._groups or self._deciding) or any(data.prepared.values())
         return None, pending
+
+    def _sure(self, name: str) -> bool:
+        stream = self.replication.streams.get(name)
+        return stream is not None and stream.completed >= 1
 
     def _known_outcome(self, gtid: str) -> str | None:
         """The outcome this node's own participant applied for ``gtid``, if it knows it."""
@@ -354,7 +363,7 @@ class ReplicatedDataNode(SimDataNode):
         if decision == OUTCOME_COMMIT:
             done(None)
         elif error is not None:
-            done(error)
+            done({k: v for k, v in error.items() if k != "unknown"})  # decided: an abort
         else:
             done(error_out(errors.Aborted(f"{txid}: a promoted copy decided abort first")))
 
@@ -369,6 +378,7 @@ class ReplicatedDataNode(SimDataNode):
                     "sync replica held the commit: outcome unknown, ask request.result"
                 )
             )
+            group.failed["unknown"] = True
         group.remaining -= 1
         if group.remaining == 0:
             del self._groups[action.ref]

@@ -206,7 +206,8 @@ class Replicator(Protocol):
 
     ``commit``/``prepare`` return an error reply at once when nothing was sent (this node
     does not act for a partition written), else None and call ``done`` later with None
-    (every sync replica holds it) or an error reply (outcome unknown).
+    (every sync replica holds it) or an error reply: with ``"unknown": True`` when the
+    outcome is not known here (it may be on a promoted copy), else a definite abort.
     """
 
     def commit(
@@ -820,7 +821,13 @@ class SimDataStore:
             def replicated(error: dict[str, Any] | None) -> None:
                 if error is None:
                     self.load(after)
-                self._finish_local(b, job, deferred.reply if error is None else error)
+                    reply = deferred.reply
+                elif error.get("unknown"):
+                    # Outcome unknown: the data plane records no abort (OutcomeUnknown).
+                    reply = {"unknown": {k: v for k, v in error.items() if k != "unknown"}}
+                else:
+                    reply = error
+                self._finish_local(b, job, reply)
 
             refused = self.replicator.commit(after, replicated)
             if refused is not None:
