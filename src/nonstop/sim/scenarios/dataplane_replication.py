@@ -179,6 +179,9 @@ class ReplicatedDataNode(SimDataNode):
         """Sequence of this node's multi-partition one-node commits (random start: a restart
         does not reuse one)."""
         self._deciding: dict[str, tuple[list[str], Done, dict[str, Any] | None]] = {}
+        self._proposed: dict[str, tuple[float, dict[str, Any]]] = {}
+        """txid of ``_deciding`` -> (when, the proposal): resent every dtx ``retry`` until
+        decided (the log drops a request without quorum or leader)."""
         self._outcomes: dict[str, str] = {}
         """gtid -> outcome this node's participant applied (bounded; a restart forgets)."""
         self.loaded: dict[str, int] = {}
@@ -215,6 +218,8 @@ class ReplicatedDataNode(SimDataNode):
         acting = [n for n in ha.partition_table.partitions if ha.acting(now, n)]
         self._rep_actions(now, self.replication.on_table(now, self._rep_views(), acting))
         self._load_new_streams(now)
+        if self._proposed:
+            self._propose_again(now)
         return bool(self._queue) or not self.store.idle() or self._rep_dirty
 
     def _rep_views(self) -> dict[str, PartitionView]:
@@ -350,10 +355,21 @@ class ReplicatedDataNode(SimDataNode):
         outcome = OUTCOME_ABORT if error is not None else OUTCOME_COMMIT
         self._deciding[txid] = (names, done, error)
         proposal = {"t": PROPOSE, "g": txid, "o": outcome, "n": []}
+        self._proposed[txid] = (self.now, proposal)
         self._cluster(self.now, self.node.decisions.request(self.now, proposal))
+
+    def _propose_again(self, now: float) -> None:
+        """Resend the proposals of one-node commits still undecided (seed 738: one was lost
+        and the commit waited for ever, its locks held)."""
+        retry = self.node.dtx.config.retry
+        for txid, (at, proposal) in list(self._proposed.items()):
+            if now - at >= retry:
+                self._proposed[txid] = (now, proposal)
+                self._cluster(now, self.node.decisions.request(now, proposal))
 
     def _local_decided(self, now: float, txid: str, decision: str) -> None:
         names, done, error = self._deciding.pop(txid)
+        self._proposed.pop(txid, None)
         self._outcomes[txid] = decision
         rep = self.replication
         for name in names:
