@@ -660,11 +660,26 @@ class SimDataStore:
             return e
         if mode:
             yield (("o", ref), mode)
+        elif self._taken_over(ref):
+            # A prepared record this node took over at promotion holds it: its commit may have
+            # been acknowledged already (the participant that applied it is the one the reply
+            # names as not applied, not this node), so the state before it must not be read
+            # without a lock (read your writes, seed 135).  Until its outcome: retry.
+            raise errors.Unavailable(
+                f"{Ref(ref)} is in doubt here (a prepared record taken over at promotion is "
+                "being resolved): retry"
+            )
         obj = self.objects.get(ref)
         if obj is None:
             return None
         e = b.entries[ref] = Entry(obj.type, obj.version, dict(obj.state), mode, CLEAN)
         return e
+
+    def _taken_over(self, ref: bytes) -> bool:
+        """Is ``ref`` written by a prepared record taken over at promotion (outcome pending)?"""
+        return any(
+            image[0] == ref for after in self.replicated_prepared.values() for image in after
+        )
 
     def _g_writes(self, b: Branch, writes: Any) -> Op:
         """Apply a write set (data-path.md §2): lock, version check, set the changed fields."""
