@@ -20,8 +20,10 @@ path needs it:
   retryable, rolled back); a record that failed after it was sent answers
   ``Unavailable`` (outcome unknown: it may be on the promoted replica; the
   client asks ``request.result``).
-* **Outcomes**: the store's phase two (``finish``) calls :meth:`outcome`, a
-  record of each partition that holds the prepared record.
+* **Outcomes**: the store's phase two (``finish``) calls :meth:`outcome`: the
+  machine holds the gtid's acknowledgement (``hold``; the dtx machine's
+  ``hold_ack`` is the machine's ``held``, ``rep.released`` acknowledges at
+  once), then a record of each partition that holds the prepared record.
 * **Promotion**: when this node starts acting for P (the machine starts a
   stream), the store's copy of P is replaced by the machine's (objects and
   request results, made durable in the store's own keys too) and P's prepared
@@ -41,8 +43,8 @@ simulator keeps both, the real node will keep one (replication.md §10).
 
 A one-node commit that writes **several partitions** is prepared in each and
 decided in the decision log (gtid ``<node>~rep.<n>``), then given its outcome
-records, so it is atomic on the replicas.  Known failures left: replication.md
-§10b.
+records, so it is atomic on the replicas; its decision proposal is resent until
+the log answers.  Root causes found and what is left: replication.md §10b.
 """
 
 from __future__ import annotations
