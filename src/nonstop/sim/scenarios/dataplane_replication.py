@@ -220,6 +220,8 @@ class ReplicatedDataNode(SimDataNode):
         acting = [n for n in ha.partition_table.partitions if ha.acting(now, n)]
         self._rep_actions(now, self.replication.on_table(now, self._rep_views(), acting))
         self._load_new_streams(now)
+        if self.store.replicated_prepared:
+            self._drop_settled_taken_over()
         if self._proposed:
             self._propose_again(now)
         return bool(self._queue) or not self.store.idle() or self._rep_dirty
@@ -425,6 +427,24 @@ class ReplicatedDataNode(SimDataNode):
             for txid, writes in sorted(rep.data.prepared_of(name).items()):
                 if txid not in store.rm_branches:
                     store.take_prepared(_taken(name, txid), after_images(writes))
+
+    def _drop_settled_taken_over(self) -> None:
+        """A prepared record taken over at promotion, of a partition this node no longer has
+        a stream for, that its copy here no longer holds (the new active node resolved it):
+        its locks go (seed 1294: the lookup's answer never came, the locks stayed for ever).
+        The store's objects of P are not served here now, and are replaced by the machine's
+        copy when this node acts for P again."""
+        rep = self.replication
+        for taken in list(self.store.replicated_prepared):
+            name, _, gtid = taken.partition("/")
+            if name in rep.streams or gtid in rep.data.prepared_of(name):
+                continue
+            self.store.end_prepared(taken, False)
+            waiting = self._resolving.get(gtid)
+            if waiting is not None:
+                waiting.discard(name)
+                if not waiting:
+                    del self._resolving[gtid]
 
     def _decision(self, now: float, answer: Any) -> None:
         if not isinstance(answer, dict):
