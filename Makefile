@@ -8,7 +8,7 @@ SEEDS ?= 1000
 ROUNDS ?= 24
 JEPSEN ?=
 
-.PHONY: demo demo-embedded test lint fmt bench bench-dist bench-metrics bench-spark bench-failover sim jepsen clean venv
+.PHONY: demo demo-embedded test lint fmt bench bench-dist bench-gaps bench-metrics bench-spark bench-failover sim jepsen clean venv
 
 venv: $(STAMP)
 
@@ -22,6 +22,11 @@ $(STAMP): pyproject.toml
 # while a node is killed and restarted, a Spark audit and a Parquet export.
 demo: $(STAMP)
 	$(PY) -m nonstop.demos.cluster
+
+# The cluster demo with sync replication of partitions (experimental, replication.md
+# §10c): 16 partitions with one sync replica; load and audit through the Python client.
+demo-replicated: $(STAMP)
+	NONSTOP_EXPERIMENTAL_REPLICATION=1 $(PY) -m nonstop.demos.cluster --accounts 10000
 
 # The same bank on one embedded store, no cluster and no Spark (seconds).
 demo-embedded: $(STAMP)
@@ -50,6 +55,10 @@ bench: $(STAMP)
 # Cross-node transfers on a local 3-node cluster vs PostgreSQL → bench/results/distributed.md
 bench-dist: $(STAMP)
 	$(PY) -m bench.distributed_bench
+
+# The README transfer on 24 accounts at 3, 16, 64 clients: commit gaps (issue 14: none over 200 ms)
+bench-gaps: $(STAMP)
+	$(PY) -m bench.distributed_bench --gaps-only --clients 3,16,64 --duration 4 --rounds 2
 
 # A scrape at 1,000 series, a node's scrape, the data path with metrics on/off → bench/results/metrics.md
 bench-metrics: $(STAMP)

@@ -42,7 +42,6 @@ from pathlib import Path
 from typing import Any
 
 from nonstop.admin.local import LocalCluster, spawn_node
-from nonstop.admin.log_events import read_events
 from nonstop.client import Client
 from nonstop.client.credentials import load_secret
 from nonstop.errors import Error
@@ -50,6 +49,7 @@ from nonstop.net.auth import NodeKey
 from nonstop.net.connection import dial
 from nonstop.net.handshake import ROLE_CLIENT, Hello
 from nonstop.node.datadir import pid_alive
+from nonstop.node.log_events import read_events
 
 RESULTS = Path(__file__).parent / "results" / "cluster.md"
 

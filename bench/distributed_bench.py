@@ -19,6 +19,16 @@
   loopback (``bench.pg_peer``: ``fsync=on``, ``synchronous_commit=on``), the same
   transfer as one single-node transaction (two UPDATEs in id order, one INSERT),
   one psycopg async connection per client task.
+* **PostgreSQL with a synchronous standby** (``--peers``, both by default): a second
+  server started the same way, with a streaming standby on its own port
+  (``bench.pg_peer.PostgresSyncPeer``: ``pg_basebackup -R``,
+  ``synchronous_standby_names='*'``); the same transfer at ``synchronous_commit=on``
+  (COMMIT waits for the standby's flush) and ``remote_apply`` (and its replay).
+
+``--nonstop-option KEY=VALUE`` (repeatable, dotted keys for tables, as
+``nonstop local up --option``) configures the nodes, e.g. the replicated data path
+once it is built: ``--nonstop-option ha.data=partitions --nonstop-option
+ha.policies.default.replicas=1``.
 
 Both run in this same process on the same event loop type (uvloop), in
 interleaved slices (``--rounds``), with the fsync cost measured right before
@@ -33,6 +43,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import itertools
+import json
 import os
 import platform
 import random
@@ -52,8 +63,9 @@ from pathlib import Path
 from typing import Any
 
 import nonstop
+from bench.nonstop_options import describe, parse_nonstop_options
 from bench.peers import Result, fsync_cost, run_clients
-from bench.pg_peer import PostgresPeer, proc_cpu
+from bench.pg_peer import PostgresPeer, PostgresSyncPeer, proc_cpu
 from nonstop.admin.owned import OwnedCluster
 from nonstop.demos.bank import START_BALANCE, Account, Transfer, transfer_async
 
@@ -63,6 +75,13 @@ SYSTEMS = ("postgresql", "nonstop", OWN)
 """``nonstop``: the clients attached to a node multiplex one async handle (what
 ``connect_async`` is built for); ``OWN``: one handle, one connection, per client task,
 like PostgreSQL's one connection per client."""
+PG = "postgresql"
+PG_SYNC = "postgresql, sync standby"
+PG_APPLY = "postgresql, sync standby, remote_apply"
+PEERS = {"pg": PG, "pg-sync": PG_SYNC, "pg-sync-apply": PG_APPLY}
+"""``--peers`` names → the system (row) each measures."""
+SYNC_LEVEL = {PG_SYNC: "on", PG_APPLY: "remote_apply"}
+"""The ``synchronous_commit`` of each sync-standby row's sessions."""
 CLIENTS = (1, 16, 64)
 README_SPAN = 12
 """Accounts of A and of B the README-order slices also run over (24 in all: hot)."""
@@ -79,6 +98,25 @@ class Config:
     out: Path = RESULTS
     command: str = "make bench-dist"
     profile: bool = True
+    ordered: bool = False
+    """``--gaps-only``: also the ordered transfer, same accounts (contention without cycles)."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """``--gaps-only``: node config options (``--option deadlock_every=0.01``)."""
+    peers: tuple[str, ...] = tuple(PEERS)
+    """``--peers`` names, ``pg`` first (the report's bounds compare with it)."""
+    nonstop_options: tuple[str, ...] = ()
+    """``--nonstop-option`` words as given (the report quotes them)."""
+
+
+def parse_peers(text: str) -> tuple[str, ...]:
+    """``--peers pg,pg-sync``: known names, each once, in the order of :data:`PEERS`."""
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    unknown = [x for x in names if x not in PEERS]
+    if unknown:
+        raise ValueError(f"--peers: unknown {', '.join(unknown)} (known: {', '.join(PEERS)})")
+    if "pg" not in names:
+        raise ValueError("--peers must include pg (the single-node peer every ratio uses)")
+    return tuple(x for x in PEERS if x in names)
 
 
 @dataclass
@@ -95,6 +133,8 @@ class Cell:
     gaps_ms: list[float] = field(default_factory=list)
     """Per slice: the longest interval of the measured window without a commit."""
     errors: int = 0
+    server_cpu_by_role: list[dict[str, float]] = field(default_factory=list)
+    """PostgreSQL, per slice: server CPU µs per transfer of ``primary`` and ``standby``."""
 
     def ops_per_s(self) -> float:
         ops = sum(r.ops for r in self.results)
@@ -145,6 +185,24 @@ async def readme_transfer_async(
     await tx.create(Transfer, tid=tid, src=src, dst=dst, amount=amount)
 
 
+def cluster_options(
+    ha_data: str, options: dict[str, Any] | None
+) -> tuple[dict[str, Any], str, int]:
+    """(node options, data routing, partitions of the default policy) of a cluster.
+
+    ``ha_data="partitions"`` without an ``ha`` option routes by partition with one copy
+    of each (ha.md section 9a); a caller's own ``ha`` table (``--nonstop-option
+    ha.data=partitions ...``) decides both routing and replicas.
+    """
+    options = dict(options or {})
+    if ha_data == "partitions" and "ha" not in options:
+        options["ha"] = {"data": "partitions", "policies": {"default": {"replicas": 0}}}
+    ha = options.get("ha")
+    ha = ha if isinstance(ha, dict) else {}
+    default_policy = ha.get("policies", {}).get("default", {})
+    return options, str(ha.get("data", ha_data)), int(default_policy.get("partitions", 16))
+
+
 class NonstopSide:
     """The 3-node cluster with ``accounts`` accounts on A (0..n-1) and on B (n..2n-1)."""
 
@@ -156,11 +214,7 @@ class NonstopSide:
         options: dict[str, Any] | None = None,
     ) -> None:
         self.accounts = accounts
-        options = dict(options or {})
-        if ha_data == "partitions":
-            # Routing by partition (ha.md section 9a): one copy per partition until
-            # sync replication is built.
-            options["ha"] = {"data": "partitions", "policies": {"default": {"replicas": 0}}}
+        options, ha_data, self.partitions = cluster_options(ha_data, options)
         self.cluster = OwnedCluster(folder, 3, apps=["nonstop.demos.bank"], options=options)
         self.cluster.start_all()
         self.errors = 0
@@ -188,7 +242,7 @@ class NonstopSide:
                         status = one.status()
                     acting |= set(status.get("acting", []))
                     parts = status["partitions"]
-                if len(parts) == 16 and all(p["name"] in acting for p in parts):
+                if len(parts) == self.partitions and all(p["name"] in acting for p in parts):
                     return
             time.sleep(0.2)
         raise RuntimeError("partitions not acted for within 60 s")
@@ -456,24 +510,35 @@ def steps_under_load(ns: NonstopSide, clients: int, seconds: float) -> dict[str,
     return {k: statistics.median(v) for k, v in steps.items() if v}
 
 
-def readme_order(ns: NonstopSide, clients: int, seconds: float, span: int) -> dict[str, float]:
+def readme_order(
+    ns: NonstopSide, clients: int, seconds: float, span: int, readme: bool = True
+) -> dict[str, float]:
     """One unmeasured slice of the README's transfer (shared handles, the first ``span``
-    accounts of A and B): transfers/s, the longest commit gap, victims per 1,000."""
+    accounts of A and B): transfers/s, the longest commit gap, victims per 1,000.
+    ``readme=False``: the benchmark's ordered transfer instead (the same contention,
+    no cycle)."""
     before = arun(ns.runtime_stats())
     ns.commits.clear()
-    res = arun(run_clients(clients, ns.make_op(True, span, readme=True), seconds, 0.3))
+    res = arun(run_clients(clients, ns.make_op(True, span, readme=readme), seconds, 0.3))
     gap = commit_gap(ns.commits, *res.extra["window"])
     per = _diff_stats(before, arun(ns.runtime_stats()))
     done = res.extra.get("done", res.ops) or 1
 
     def per_k(key: str) -> float:
-        return 1000 * sum(v.get(key, 0) for v in per.values()) / done
+        return float(1000 * sum(v.get(key, 0) for v in per.values()) / done)
 
     start, end = res.extra["window"]
+
+    def per_s(key: str) -> float:
+        # The nodes' counters cover the warm-up (0.3 s) too.
+        return float(sum(v.get(key, 0) for v in per.values()) / (end - start + 0.3))
+
     return {
         # Commits in the window (a transfer may span it: latency under contention).
         "transfers/s": sum(1 for t in ns.commits if start < t < end) / (end - start),
         "gap ms": gap * 1000,
+        "p99 gap ms": gap_quantile(ns.commits, start, end, 0.99) * 1000,
+        "victims/s": per_s("deadlock_victims") + per_s("deadlocks"),
         "distributed victims / 1,000": per_k("deadlock_victims"),
         "local victims / 1,000": per_k("deadlocks"),
         "lock timeouts / 1,000": per_k("timeouts"),
@@ -523,15 +588,23 @@ def run(cfg: Config) -> Path:
     load_before = os.getloadavg()
     started = time.time()
     pg: PostgresPeer | None = None
+    pg_sync: PostgresSyncPeer | None = None
     ns: NonstopSide | None = None
     cells: dict[tuple[str, int], Cell] = {}
     stats: dict[int, dict[str, Any]] = {}
     try:
         t0 = time.perf_counter()
-        ns = NonstopSide(base / "cluster", cfg.accounts)
+        options = parse_nonstop_options(cfg.nonstop_options)
+        ns = NonstopSide(base / "cluster", cfg.accounts, options=options)
         print(f"cluster up, {2 * cfg.accounts} accounts in {time.perf_counter() - t0:.1f} s")
         pg = PostgresPeer(2 * cfg.accounts, tmpdir=cfg.tmpdir)  # its own dir: the server user's
         print(f"PostgreSQL {pg.version} up on 127.0.0.1:{pg.port}")
+        if {"pg-sync", "pg-sync-apply"} & set(cfg.peers):
+            pg_sync = PostgresSyncPeer(2 * cfg.accounts, tmpdir=cfg.tmpdir)
+            print(
+                f"PostgreSQL {pg_sync.version} with a sync standby up on 127.0.0.1:"
+                f"{pg_sync.port} (standby :{pg_sync.standby_port}): {pg_sync.replication()}"
+            )
         rtt = arun(ping_rtt(ns.cluster.addresses))
         steps = anatomy(ns)
         steps["lone durable store commit (this disk)"] = lone_store_commit_ms(base)
@@ -540,7 +613,8 @@ def run(cfg: Config) -> Path:
         slice_s = cfg.duration / cfg.rounds
         for clients in cfg.clients:
             # With one client both nonstop variants are the same thing: measured once.
-            systems = SYSTEMS if clients > 1 else ("postgresql", "nonstop")
+            pg_systems = tuple(PEERS[name] for name in cfg.peers)
+            systems = (*pg_systems, *(("nonstop", OWN) if clients > 1 else ("nonstop",)))
             for system in systems:
                 cells[(system, clients)] = Cell(system, clients)
             before = arun(ns.runtime_stats())
@@ -550,7 +624,13 @@ def run(cfg: Config) -> Path:
                     cell = cells[(system, clients)]
                     cell.fsync_ms.append(fsync_cost(str(base))[0])
                     cell.load.append(os.getloadavg()[0])
-                    if system == "postgresql":
+                    if system in SYNC_LEVEL:
+                        assert pg_sync is not None
+                        level = SYNC_LEVEL[system]
+                        res = arun(pg_sync.run(clients, slice_s, cfg.warmup, ns.pick, level))
+                        cell.server_cpu_us.append(res.extra["server_cpu_us"])
+                        cell.server_cpu_by_role.append(res.extra["server_cpu_us_by_role"])
+                    elif system == PG:
                         res = arun(pg.run(clients, slice_s, cfg.warmup, ns.pick))
                         cell.server_cpu_us.append(res.extra["server_cpu_us"])
                     else:
@@ -588,17 +668,25 @@ def run(cfg: Config) -> Path:
         )
         total, transfers = ns.check()
         pg_total, pg_transfers = pg.total()
-        checks = {
+        checks: dict[str, Any] = {
             "nonstop_total_ok": total == 2 * cfg.accounts * START_BALANCE,
             "nonstop_transfers": transfers,
             "pg_total_ok": pg_total == 2 * cfg.accounts * START_BALANCE,
             "pg_transfers": pg_transfers,
         }
+        if pg_sync is not None:
+            checks["pg_sync_replication"] = pg_sync.replication()
+            sync_total, sync_transfers = pg_sync.total()
+            checks["pg_sync_total_ok"] = sync_total == 2 * cfg.accounts * START_BALANCE
+            checks["pg_sync_transfers"] = sync_transfers
+            checks["pg_standby_same"] = pg_sync.standby_total() == (sync_total, sync_transfers)
     finally:
         if ns is not None:
             ns.close()
         if pg is not None:
             pg.stop()
+        if pg_sync is not None:
+            pg_sync.stop()
         shutil.rmtree(base, ignore_errors=True)
     steps.update({f"{k}, at {max(cfg.clients)} clients": v for k, v in loaded.items()})
     steps.update({f"contention {k}": v for k, v in contention.items()})
@@ -635,6 +723,49 @@ def commit_gap(commits: list[float], start: float, end: float) -> float:
     """The longest interval of ``[start, end]`` in which no commit finished (seconds)."""
     times = [start, *sorted(t for t in commits if start < t < end), end]
     return max(b - a for a, b in itertools.pairwise(times))
+
+
+def gap_quantile(commits: list[float], start: float, end: float, q: float) -> float:
+    """The ``q`` quantile of the intervals between commits of ``[start, end]`` (seconds)."""
+    times = [start, *sorted(t for t in commits if start < t < end), end]
+    gaps = sorted(b - a for a, b in itertools.pairwise(times))
+    return gaps[min(len(gaps) - 1, int(q * len(gaps)))]
+
+
+def gaps_only(cfg: Config) -> None:
+    """``--gaps-only``: the README-order slices alone (no PostgreSQL, no profile), over
+    the ``cfg.accounts`` accounts of A and of B; prints one line per client count."""
+    base = Path(tempfile.mkdtemp(prefix="nonstop-dist-gaps-", dir=cfg.tmpdir))
+    ns: NonstopSide | None = None
+    try:
+        ns = NonstopSide(base / "cluster", cfg.accounts, options=cfg.options)
+        print(f"load {os.getloadavg()[0]:.2f}; {cfg.command}")
+        print("| clients | accounts | " + " | ".join(_GAP_COLS) + " |")
+        print("| --- | --- | " + " | ".join("---" for _ in _GAP_COLS) + " |")
+        for clients in cfg.clients:
+            for _ in range(cfg.rounds):
+                for readme in (True, False) if cfg.ordered else (True,):
+                    row = readme_order(ns, clients, cfg.duration, cfg.accounts, readme)
+                    cells = " | ".join(f"{row[c]:,.1f}" for c in _GAP_COLS)
+                    what = "" if readme else " (ordered)"
+                    print(f"| {clients}{what} | {2 * cfg.accounts} | {cells} |", flush=True)
+        total, _ = ns.check()
+        print("total conserved:", total == 2 * cfg.accounts * START_BALANCE)
+    finally:
+        if ns is not None:
+            ns.close()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+_GAP_COLS = (
+    "transfers/s",
+    "gap ms",
+    "p99 gap ms",
+    "victims/s",
+    "distributed victims / 1,000",
+    "local victims / 1,000",
+    "lock timeouts / 1,000",
+)
 
 
 def _diff_stats(
@@ -678,6 +809,8 @@ def render(
         f"| Python | {platform.python_version()} |",
         f"| client request round trip (ping, p50) | {rtt_ms:.3f} ms |",
         "",
+        f"nonstop configuration: {describe(cfg.nonstop_options)}.",
+        "",
         f"Accounts: {cfg.accounts} on node A, {cfg.accounts} on node B (PostgreSQL: the same "
         f"{2 * cfg.accounts} rows in one table).  Each cell: {cfg.rounds} interleaved slices of "
         f"{cfg.duration / cfg.rounds:.1f} s measured after {cfg.warmup} s warm-up.",
@@ -687,7 +820,7 @@ def render(
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for clients in cfg.clients:
-        for system in ("nonstop", OWN, "postgresql"):
+        for system in ("nonstop", OWN, PG, PG_SYNC, PG_APPLY):
             c = cells.get((system, clients))
             if c is None:
                 continue
@@ -713,9 +846,19 @@ def render(
         )
     lines += [
         "",
+        *sync_standby_table(cfg, cells),
         f"Checks after the run: nonstop total conserved: {checks['nonstop_total_ok']} "
         f"({checks['nonstop_transfers']} transfers recorded); PostgreSQL total conserved: "
-        f"{checks['pg_total_ok']} ({checks['pg_transfers']} transfers recorded).",
+        f"{checks['pg_total_ok']} ({checks['pg_transfers']} transfers recorded)"
+        + (
+            f"; PostgreSQL with a sync standby total conserved: {checks['pg_sync_total_ok']} "
+            f"({checks['pg_sync_transfers']} transfers recorded), the standby holds the same: "
+            f"{checks['pg_standby_same']}, `pg_stat_replication` (application, state, "
+            f"sync_state): {checks['pg_sync_replication']}"
+            if "pg_sync_total_ok" in checks
+            else ""
+        )
+        + ".",
         "",
         *gaps_and_victims(cfg, cells, stats),
         "## One transfer, step by step (median ms)",
@@ -773,6 +916,57 @@ def render(
         lines.append(f"* {clients} clients: " + "; ".join(f"{n}: {v}" for n, v in per_node.items()))
     lines.append("")
     return "\n".join(lines)
+
+
+def sync_standby_table(cfg: Config, cells: dict[tuple[str, int], Cell]) -> list[str]:
+    """nonstop against PostgreSQL with a sync standby: rates, and where the server CPU goes."""
+    rows = [s for s in (PG_SYNC, PG_APPLY) if (s, min(cfg.clients)) in cells]
+    if not rows:
+        return []
+    lines = [
+        "PostgreSQL with a synchronous standby (issue 10's peer: the goal is nonstop ≥ 1× "
+        "it at 64 clients, `synchronous_commit=on`).  `on`: COMMIT returns once the standby "
+        "has flushed the WAL; `remote_apply`: once it has also replayed it.  A nonstop sync "
+        "replica acknowledges a record once it has applied it durably "
+        "(its `rep.ack` leaves after the persist of what it applied: "
+        "docs/design/replication.md section 5), so `remote_apply` is the like-for-like "
+        "peer for a read on a replica seeing every acknowledged commit, and `on` the peer "
+        "for durability on two machines (reads on the primary, as nonstop's active node, "
+        "see their own writes either way).  Server CPU is split between the primary "
+        "(postmaster, backends, WAL sender) and the standby (startup process, WAL "
+        "receiver).  Unless the configuration above selects sync replicas, nonstop keeps "
+        "one copy of each object: these ratios then compare it with a replicated peer.",
+        "",
+        "| clients | nonstop ÷ "
+        + " | nonstop ÷ ".join(r.removeprefix("postgresql, ") for r in rows)
+        + " | "
+        + " | ".join(f"server CPU µs/op, primary + standby ({r.split(', ')[-1]})" for r in rows)
+        + " | goal (64 clients) |",
+        "|" + " --- |" * (2 + 2 * len(rows)),
+    ]
+    for clients in cfg.clients:
+        ns = cells[("nonstop", clients)]
+        ratios, cpus = [], []
+        for system in rows:
+            peer = cells[(system, clients)]
+            rate = peer.ops_per_s()
+            ratios.append(ns.ops_per_s() / rate if rate else float("nan"))
+            split = {
+                role: _mean([d.get(role, float("nan")) for d in peer.server_cpu_by_role])
+                for role in ("primary", "standby")
+            }
+            cpus.append(f"{split['primary']:.0f} + {split['standby']:.0f}")
+        goal = ""
+        if clients == 64 and rows[0] == PG_SYNC:
+            goal = "≥ 1× on: " + ("**met**" if ratios[0] >= 1 else "**below**")
+        lines.append(
+            f"| {clients} | "
+            + " | ".join(f"{r:.2f}" for r in ratios)
+            + " | "
+            + " | ".join(cpus)
+            + f" | {goal} |"
+        )
+    return [*lines, ""]
 
 
 def readme_table(cfg: Config, readme: dict[tuple[int, int], dict[str, float]]) -> list[str]:
@@ -989,7 +1183,47 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--quick", action="store_true", help="1 s cells, one slice (smoke test)")
     p.add_argument("--no-profile", action="store_true", help="skip the py-spy profile slice")
+    p.add_argument(
+        "--gaps-only",
+        action="store_true",
+        help="only the README transfer's commit gaps (max, p99), transfers/s and deadlock "
+        "victims, per client count, over --accounts of A and of B (default 12: 24 in all), "
+        "--duration s x --rounds slices each; prints a table, writes nothing",
+    )
+    p.add_argument(
+        "--ordered",
+        action="store_true",
+        help="with --gaps-only: each slice also with the benchmark's ordered transfer "
+        "(the same accounts and contention, no deadlock)",
+    )
+    p.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=JSON",
+        help="with --gaps-only: a node config option, e.g. deadlock_every=0.01",
+    )
+    p.add_argument(
+        "--peers",
+        default=",".join(PEERS),
+        help="PostgreSQL peers: pg (single server), pg-sync (a sync standby, "
+        "synchronous_commit=on), pg-sync-apply (the same standby, remote_apply); "
+        "pg is always included",
+    )
+    p.add_argument(
+        "--nonstop-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="node configuration (JSON value, dotted keys for tables; repeatable), "
+        "e.g. ha.data=partitions",
+    )
     args = p.parse_args(argv)
+    try:  # checked before anything starts
+        peers = parse_peers(args.peers)
+        parse_nonstop_options(args.nonstop_option)
+    except ValueError as exc:
+        p.error(str(exc))
     cfg = Config(
         clients=tuple(int(x) for x in args.clients.split(",") if x),
         duration=1.0 if args.quick else args.duration,
@@ -999,12 +1233,21 @@ def main(argv: list[str] | None = None) -> None:
         tmpdir=args.tmpdir,
         out=args.out,
         profile=not args.no_profile,
+        ordered=args.ordered,
+        options={k: json.loads(v) for k, v in (o.split("=", 1) for o in args.option)},
+        peers=peers,
+        nonstop_options=tuple(args.nonstop_option),
         command=(
             "make bench-dist"
             if not argv
             else "python -m bench.distributed_bench " + shlex.join(argv)
         ),
     )
+    if args.gaps_only:
+        if "--accounts" not in argv:
+            cfg.accounts = README_SPAN
+        gaps_only(cfg)
+        return
     run(cfg)
 
 

@@ -21,10 +21,10 @@ from typing import Any
 import pytest
 
 from nonstop.admin.local import LocalCluster, spawn_node
-from nonstop.admin.log_events import read_events
 from nonstop.client import Client
 from nonstop.errors import Error
 from nonstop.node.datadir import DataDir, pid_alive
+from nonstop.node.log_events import read_events
 
 KEEPALIVE = 0.1
 NONRESPONSE = 0.5

@@ -135,6 +135,13 @@ def test_role_matrix_and_bad_input(cluster: Procs) -> None:
     )
     assert huge.status_code == 413
     assert post(cluster, "partition/enable", {"nme": "x"}).status_code == 422
+    # Membership over HTTP: a monitor may not; bad input and a non-member are refused.
+    r = post(cluster, "cluster/remove", {"name": "C"}, auth=MONITOR)
+    assert r.status_code == 403 and "membership" in r.json()["detail"]
+    r = post(cluster, "cluster/join", {"name": "D", "node_address": "no port"})
+    assert r.status_code == 422
+    r = post(cluster, "cluster/remove", {"name": "nobody"})
+    assert r.status_code == 400 and "nobody is not a member" in r.json()["detail"]
     assert post(cluster, "no/such-command").status_code == 404
     for path in ("/console/../../node.toml", "/console/%2e%2e/%2e%2e/A.toml"):
         r = httpx.get(base(cluster) + path, timeout=30)

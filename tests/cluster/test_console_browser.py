@@ -1,21 +1,26 @@
 """The web console in a real headless browser (G2): Debian's chromium driven by selenium.
 
-Log in as the admin, see three nodes Up, run a command (disable then enable a
-partition on one node), load and activate a configuration file chosen in a form,
-see a node Down after a SIGKILL, then log in as a monitor and be refused a command
-the role does not allow.  Screenshots go to ``$NONSTOP_SCREENSHOTS`` (default: the
-test's temporary folder).
+Log in as the admin, see three nodes Up, see the live charts of node A get data
+points while transactions commit through it and its log view show the login, run
+a command (disable then enable a partition on one node), load and activate a
+configuration file chosen in a form and see it Active among the configuration
+versions, see a node Down after a SIGKILL, then log in as a monitor and be
+refused a command the role does not allow, and the log view (permission admin).
+Screenshots go to ``$NONSTOP_SCREENSHOTS`` (default: the test's temporary folder).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+import nonstop
 from nonstop.client.credentials import load_credentials
 from tests.cluster.conftest import REAL_CLUSTER, app_cluster, run_cli
 
@@ -32,6 +37,7 @@ pytestmark = [
 ]
 
 MONITOR = ("watcher", "watcher-password-1")
+CHARTS = ("chart-commits", "chart-latency", "chart-groups", "chart-group-size")
 
 
 @pytest.fixture
@@ -64,7 +70,9 @@ def test_console_login_status_command_failure_and_refusal(browser: object, tmp_p
     wait = WebDriverWait(
         driver, 30, poll_frequency=0.2, ignored_exceptions=(StaleElementReferenceException,)
     )
-    with app_cluster(tmp_path / "cluster", 3, {"app": ["tests.configmodel"]}) as procs:
+    with app_cluster(
+        tmp_path / "cluster", 3, {"app": ["tests.configmodel", "tests.distmodel"]}
+    ) as procs:
         code, _, err = run_cli(
             "user",
             "add",
@@ -111,7 +119,68 @@ def test_console_login_status_command_failure_and_refusal(browser: object, tmp_p
         wait.until(lambda d: states() == {"A": "Self", "B": "Up", "C": "Up"})
         assert "quorum Active" in driver.find_element(By.ID, "summary").text
         wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#partitions tbody tr")) >= 16)
+        # In their natural order: default.2 before default.10 (by index, not as text).
+        shown = driver.execute_script(
+            "return Array.from(document.querySelectorAll('#partitions tbody tr'))"
+            ".map(r => r.dataset.partition);"
+        )
+        indexes = [int(str(n).rsplit(".", 1)[1]) for n in shown if str(n).startswith("default.")]
+        assert len(indexes) > 10 and indexes == sorted(indexes), shown
         driver.save_screenshot(str(shots / "console-1-three-up.png"))
+
+        # 1b. Transactions commit through A for a few seconds: every chart of A gets points
+        #     above zero (commits/s, latency, group commits/s, group size).
+        def nonzero() -> dict[str, int]:
+            counts = driver.execute_script(
+                "return Object.fromEntries(arguments[0].map(id => "
+                "[id, Number(document.getElementById(id).dataset.nonzero)]));",
+                list(CHARTS),
+            )
+            return {str(k): int(v) for k, v in counts.items()}
+
+        from tests.distmodel import Account
+
+        stop = threading.Event()
+
+        def commit_for_a_while() -> None:
+            with nonstop.connect(procs.address("A")) as db:
+                i = 0
+                while not stop.is_set():
+                    with db.transaction() as tx:
+                        tx.create(Account, number=f"console-{i}", owner="c", balance=i)
+                    i += 1
+                    time.sleep(0.02)
+
+        committer = threading.Thread(target=commit_for_a_while, daemon=True)
+        committer.start()
+        try:
+            wait.until(lambda d: all(count >= 2 for count in nonzero().values()))
+        finally:
+            stop.set()
+            committer.join(10)
+        assert "A" in driver.find_element(By.ID, "charts-node").text
+        legend = driver.find_element(By.ID, "chart-commits-legend").text
+        assert "commits" in legend and "aborts" in legend, legend
+        driver.execute_script("document.getElementById('metrics').scrollIntoView();")
+        driver.save_screenshot(str(shots / "console-1b-charts.png"))
+
+        # 1c. The log view shows A's log, newest first: the admin's login is in it.
+        def log_rows() -> list[str]:
+            rows = driver.execute_script(
+                "return Array.from(document.querySelectorAll('#logs tbody tr'))"
+                ".map(r => r.textContent);"
+            )
+            return [str(r) for r in rows]
+
+        wait.until(lambda d: any("logged in" in row for row in log_rows()))
+        driver.find_element(By.ID, "logs-contains").send_keys("logged in")
+        driver.find_element(By.ID, "logs-refresh").click()
+        wait.until(lambda d: log_rows() and all("logged in" in row for row in log_rows()))
+        driver.find_element(By.ID, "logs-contains").clear()
+        driver.find_element(By.ID, "logs-refresh").click()
+        wait.until(lambda d: len(log_rows()) > 1)
+        driver.execute_script("document.getElementById('logs-view').scrollIntoView();")
+        driver.save_screenshot(str(shots / "console-1c-logs.png"))
 
         # 2. Run a command: disable default.0 on its second node, then enable it again.
         nodes_of_default0 = driver.execute_script(
@@ -136,6 +205,12 @@ def test_console_login_status_command_failure_and_refusal(browser: object, tmp_p
         wait.until(lambda d: d.find_element(By.ID, "result").text not in ("", before))
         text = str(driver.find_element(By.ID, "result").text)
         assert "config.load: ok" in text and '"kind": "activate"' in text, text
+        version = "#configurations tr[data-config='rates/console/1']"
+        wait.until(
+            lambda d: (
+                d.find_element(By.CSS_SELECTOR, version).get_attribute("data-state") == "Active"
+            )
+        )
 
         # 3. SIGKILL C: the console shows it Down.
         procs.kill("C")
@@ -147,8 +222,15 @@ def test_console_login_status_command_failure_and_refusal(browser: object, tmp_p
         # 4. A monitor is refused a changing command (403), shown as such.
         driver.find_element(By.ID, "logout").click()
         log_in(*MONITOR)
-        denied = driver.find_element(By.ID, "cmd-partition-enable")
+        denied = wait.until(lambda d: d.find_element(By.ID, "cmd-partition-enable"))
         assert "denied" in str(denied.get_attribute("class"))
         text = run("cmd-partition-enable", name="default.0")
         assert "refused (403)" in text and "admin" in text, text
+        wait.until(lambda d: "refused (403)" in d.find_element(By.ID, "logs-error").text)
+        assert driver.find_elements(By.CSS_SELECTOR, "#logs tbody tr") == []
+        assert not driver.find_element(By.ID, "charts-error").text  # status: charts allowed
+        driver.execute_script("document.getElementById('logs-view').scrollIntoView();")
+        driver.save_screenshot(str(shots / "console-5-monitor-no-logs.png"))
+        script_errors = [e for e in driver.get_log("browser") if e.get("source") == "javascript"]
+        assert script_errors == [], script_errors
         driver.save_screenshot(str(shots / "console-4-monitor-refused.png"))

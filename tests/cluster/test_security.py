@@ -21,7 +21,7 @@ import pytest
 import tests.distmodel  # noqa: F401  (the types the nodes load with --app)
 from nonstop.client import Client
 from nonstop.client.credentials import load_secret
-from nonstop.errors import AuthenticationFailed, NotAuthorized
+from nonstop.errors import AuthenticationFailed, NotAuthorized, Unavailable
 from nonstop.net.auth import NodeKey, Password, make_verifier
 from nonstop.net.frames import FrameDecoder, encode
 from nonstop.net.handshake import ROLE_CLIENT, ROLE_NODE, Hello, location_code
@@ -323,6 +323,13 @@ def test_users_are_replicated_and_removal_takes_effect(cluster: Procs) -> None:
             assert admin.request({"op": "user.remove", "user": "temp"})["ok"]
         # The open connection's next request is refused: roles are looked up per request.
         wait_until(lambda: c.request({"op": "status"}).get("error") == "NotAuthorized", 10, "x")
+    # B may lag A by a heartbeat: its handshake may still know temp (with pw-2) and its
+    # next request not (NotAuthorized); once B applied the removal, the handshake fails.
+    with pytest.raises((AuthenticationFailed, NotAuthorized)):
+        ping_as(cluster.address("B"), Password("temp", "pw-2"))
+    wait_until(
+        lambda: all(u["user"] != "temp" for u in user_list(cluster, "B")), 10, "temp gone on B"
+    )
     with pytest.raises(AuthenticationFailed):
         ping_as(cluster.address("B"), Password("temp", "pw-2"))
 
@@ -355,12 +362,47 @@ def test_user_commands_of_the_cli(cluster: Procs, tmp_path: Path) -> None:
     assert code == 0, err
 
 
+def current_user_list(cluster: Procs, node: str, within: float) -> dict[str, list[str]]:
+    """The users as ``node`` lists them once it answers (a node that just restarted
+    answers ``Unavailable`` until it caught up with the cluster log)."""
+    found: dict[str, list[str]] = {}
+
+    def listed() -> bool:
+        try:
+            found.update({u["user"]: u["roles"] for u in user_list(cluster, node)})
+        except Unavailable:
+            return False
+        return True
+
+    wait_until(listed, within, f"the users as {node} lists them")
+    return found
+
+
 def test_users_survive_a_restart(cluster: Procs) -> None:
-    """The users table is rebuilt from the node's snapshot and log (runs last: it restarts C)."""
-    before = {u["user"]: u["roles"] for u in user_list(cluster, "C")}
+    """The users table is rebuilt from the node's snapshot and log (runs last: it restarts C).
+
+    A user removed while C is down is never accepted by C after its restart, not even
+    in the moment before C hears from the leader (its table is then its snapshot's).
+    """
+    before = current_user_list(cluster, "A", 10)
     assert {"carol", "watcher", "shop"} <= set(before)
     cluster.kill("C")
+    with Client([cluster.address("A")], timeout=10, rounds=1) as c:
+        assert c.call({"op": "user.remove", "user": "watcher"})["ok"]
+    del before["watcher"]
     cluster.start("C")
+    deadline = time.monotonic() + 30
+    refused = None
+    while refused is None and time.monotonic() < deadline:
+        try:
+            ping_as(cluster.address("C"), Password("watcher", "pw-monitor"))
+        except AuthenticationFailed as exc:
+            refused = exc  # C caught up and no longer knows the user
+        except Unavailable:
+            time.sleep(0.05)  # C is not listening yet, or is catching up
+        else:
+            pytest.fail("node C accepted a user removed while it was down")
+    assert refused is not None and "unknown user or wrong password" in str(refused)
     cluster.wait_quorum(NAMES, "Active", 30)
-    assert {u["user"]: u["roles"] for u in user_list(cluster, "C")} == before
+    assert current_user_list(cluster, "C", 10) == before
     assert ping_as(cluster.address("C"), Password("carol", "right-password"))["name"] == "C"

@@ -11,39 +11,26 @@ from typing import Any
 
 import pytest
 
-from nonstop.cluster.failure import DetectorConfig, location_code
-from nonstop.cluster.node import ClusterConfig, ClusterNode
-from nonstop.cluster.raft import RaftConfig
+from nonstop.cluster.failure import location_code
+from nonstop.cluster.node import ClusterNode
 from nonstop.runtime.interface import ClientRequest, Log, Persist, Received, Reply, Started
 from nonstop.sim.checker import ClusterChecker
 from nonstop.sim.core import Simulation
 
 pytestmark = pytest.mark.timeout(60)
 
-RAFT = RaftConfig(election_timeout=0.5, heartbeat_interval=0.05)
 
-
-def config(name: str, members: list[str], peers: dict[str, str], **kw: Any) -> ClusterConfig:
-    return ClusterConfig(
-        name=name,
-        address=f"sim://{name}",
-        store_timestamp=1000 + int(name[1:]),
-        members=tuple(members),
-        static_peers={k: v for k, v in peers.items() if k != name},
-        detector=DetectorConfig(),
-        raft=RAFT,
-        **kw,
-    )
-
-
-def build(names: list[str], seed: int = 1, *, members: list[str] | None = None, **kw: Any):
+def build(
+    sim_cluster: Any,
+    names: list[str],
+    seed: int = 1,
+    *,
+    members: list[str] | None = None,
+    **kw: Any,
+) -> tuple[Simulation, ClusterChecker]:
     sim = Simulation(seed)
     checker = ClusterChecker().attach(sim)
-    members = names if members is None else members
-    peers = {n: f"sim://{n}" for n in names}
-    for name in names:
-        cfg = config(name, members if name in members else [], peers, **kw)
-        sim.add_node(name, lambda rng, rec, cfg=cfg: ClusterNode(cfg, rng, rec))
+    sim_cluster.add(sim, names, ClusterNode, members=members, **kw)
     return sim, checker
 
 
@@ -71,9 +58,9 @@ def states(status: dict[str, Any]) -> dict[str, str]:
     return {n["name"]: n["state"] for n in status["nodes"]}
 
 
-def test_three_nodes_elect_a_leader_and_report_status():
+def test_three_nodes_elect_a_leader_and_report_status(sim_cluster):
     names = ["n1", "n2", "n3"]
-    sim, checker = build(names)
+    sim, checker = build(sim_cluster, names)
     sim.run_until(3.0)
     lead = leader(sim, names)
     for name in names:
@@ -98,9 +85,9 @@ def test_three_nodes_elect_a_leader_and_report_status():
     assert checker.violations == []
 
 
-def test_minority_side_is_disabled_refuses_work_and_is_seen_down():
+def test_minority_side_is_disabled_refuses_work_and_is_seen_down(sim_cluster):
     names = ["n1", "n2", "n3"]
-    sim, checker = build(names, seed=2)
+    sim, checker = build(sim_cluster, names, seed=2)
     sim.run_until(2.0)
     sim.partition(["n3"])
     sim.run_until(4.0)
@@ -122,10 +109,10 @@ def test_minority_side_is_disabled_refuses_work_and_is_seen_down():
     assert checker.refused_while_disabled == 2
 
 
-def test_node_that_cannot_hear_the_others_is_disabled_and_seen_down():
+def test_node_that_cannot_hear_the_others_is_disabled_and_seen_down(sim_cluster):
     """One-way partition: n3's messages go out, nothing comes in."""
     names = ["n1", "n2", "n3"]
-    sim, checker = build(names, seed=3)
+    sim, checker = build(sim_cluster, names, seed=3)
     sim.run_until(2.0)
     sim.block("n1", "n3")
     sim.block("n2", "n3")
@@ -141,12 +128,12 @@ def test_node_that_cannot_hear_the_others_is_disabled_and_seen_down():
     assert checker.violations == []
 
 
-def test_join_through_a_follower_is_forwarded_to_the_leader_and_leave_works():
+def test_join_through_a_follower_is_forwarded_to_the_leader_and_leave_works(sim_cluster):
     names = ["n1", "n2", "n3"]
-    sim, checker = build([*names, "n4"], seed=4, members=names)
+    sim, checker = build(sim_cluster, [*names, "n4"], seed=4, members=names)
     # n4 knows nobody's address by configuration in this test: it waits to be added
     sim.crash("n4")
-    bare = config("n4", [], {})
+    bare = sim_cluster.config("n4", [])
     sim.nodes["n4"].factory = lambda rng, rec: ClusterNode(bare, rng, rec)
     sim.restart("n4")
     sim.run_until(2.0)
@@ -171,9 +158,9 @@ def test_join_through_a_follower_is_forwarded_to_the_leader_and_leave_works():
     assert checker.violations == []
 
 
-def test_discovery_announcements_add_peers_but_static_addresses_win():
+def test_discovery_announcements_add_peers_but_static_addresses_win(sim_cluster):
     names = ["n1", "n2"]
-    sim, _ = build(names, seed=5)
+    sim, _ = build(sim_cluster, names, seed=5)
     sim.run_until(0.5)
     n1 = node(sim, "n1")
     n1.handle(Received(sim.now, "n7", {"k": "disc", "name": "n7", "address": "10.0.0.7:1"}))
@@ -187,13 +174,12 @@ def test_discovery_announcements_add_peers_but_static_addresses_win():
     assert by_name["n2"]["address"] == "sim://n2"
 
 
-def test_duplicate_location_shows_up_in_status_warnings():
+def test_duplicate_location_shows_up_in_status_warnings(sim_cluster):
     names = ["n1", "n2", "n3"]
     sim = Simulation(6)
-    peers = {n: f"sim://{n}" for n in names}
     for name in names:
         extra = {"location": location_code("n1")} if name == "n3" else {}
-        cfg = config(name, names, peers, **extra)
+        cfg = sim_cluster.config(name, names, names, **extra)
         sim.add_node(name, lambda rng, rec, cfg=cfg: ClusterNode(cfg, rng, rec))
     sim.run_until(2.0)
     status = ask(sim, "n1", {"op": "status"})
@@ -213,17 +199,17 @@ def test_duplicate_location_shows_up_in_status_warnings():
     assert not [(n, to) for n, to in raft_traffic if n == "n3" and to == "n1"]
 
 
-def test_unknown_and_malformed_requests_get_bad_request():
-    sim, _ = build(["n1"], seed=7)
+def test_unknown_and_malformed_requests_get_bad_request(sim_cluster):
+    sim, _ = build(sim_cluster, ["n1"], seed=7)
     sim.run_until(1.0)
     assert ask(sim, "n1", {"op": "dance"})["error"] == "BadRequest"
     assert ask(sim, "n1", "not a dict")["error"] == "BadRequest"
     assert ask(sim, "n1", {"op": "propose", "value": 1})["ok"] is True  # a cluster of one
 
 
-def test_committed_entries_survive_a_full_cluster_restart():
+def test_committed_entries_survive_a_full_cluster_restart(sim_cluster):
     names = ["n1", "n2", "n3"]
-    sim, checker = build(names, seed=8)
+    sim, checker = build(sim_cluster, names, seed=8)
     sim.run_until(2.0)
     lead = leader(sim, names)
     acked = [ask(sim, lead, {"op": "propose", "value": f"v{i}"})["index"] for i in range(5)]
@@ -243,9 +229,9 @@ def test_committed_entries_survive_a_full_cluster_restart():
     assert checker.violations == []
 
 
-def test_quorum_off_never_disables_and_warns():
+def test_quorum_off_never_disables_and_warns(sim_cluster):
     names = ["n1", "n2", "n3"]
-    sim, _ = build(names, seed=9, quorum={"mode": "off"})
+    sim, _ = build(sim_cluster, names, seed=9, quorum={"mode": "off"})
     sim.run_until(2.0)
     sim.partition(["n3"])
     sim.run_until(4.0)
@@ -254,7 +240,7 @@ def test_quorum_off_never_disables_and_warns():
     assert any("split brain" in w for w in status["warnings"])
 
 
-def test_quorum_state_follows_the_policy_in_the_log_not_the_config_file():
+def test_quorum_state_follows_the_policy_in_the_log_not_the_config_file(sim_cluster):
     """The D16 policy is cluster state: a node configured "majority" whose log says "off"
     evaluates "off" (a lone node stays enabled), and vice versa."""
     import msgpack
@@ -263,21 +249,22 @@ def test_quorum_state_follows_the_policy_in_the_log_not_the_config_file():
     from nonstop.cluster.raft import log_key
     from nonstop.runtime.interface import Started
 
-    peers = {n: f"sim://{n}" for n in ["n1", "n2", "n3"]}
     entry = {"voters": ["n1", "n2", "n3"], "old": None, "policy": QuorumPolicy.off().to_config()}
     rec = {log_key(1): msgpack.packb([0, "m", entry], use_bin_type=True)}
-    lone = ClusterNode(config("n1", ["n1", "n2", "n3"], peers), random.Random(1), rec)
+    lone = ClusterNode(
+        sim_cluster.config("n1", ["n1", "n2", "n3"], ["n2", "n3"]), random.Random(1), rec
+    )
     lone.handle(Started(0.0))
     assert lone.raft.policy.mode == "off"
     assert lone.quorum_state != "Disabled"  # majority (the file) would say Disabled
     assert any("split brain" in w for w in lone.status()["warnings"])
 
 
-def test_snapshot_reset_to_the_initial_state_is_applied():
+def test_snapshot_reset_to_the_initial_state_is_applied(sim_cluster):
     """A snapshot entry with state None (quorum-off reset to index 0) resets the applied state."""
     from nonstop.cluster.raft import Entry
 
-    sim, _ = build(["n1", "n2", "n3"])
+    sim, _ = build(sim_cluster, ["n1", "n2", "n3"])
     sim.run_until(2.0)
     n1 = node(sim, "n1")
     assert n1.applied_index > 0
@@ -332,13 +319,12 @@ class TallyNode(ClusterNode):
         return super().handle(event)
 
 
-def test_a_registered_table_is_applied_everywhere_kept_in_snapshots_and_restored():
+def test_a_registered_table_is_applied_everywhere_kept_in_snapshots_and_restored(sim_cluster):
     names = ["n1", "n2", "n3"]
     sim = Simulation(21)
     checker = ClusterChecker().attach(sim)
-    peers = {n: f"sim://{n}" for n in names}
     for name in names:
-        cfg = config(name, names, peers, snapshot_every=4)
+        cfg = sim_cluster.config(name, names, names, snapshot_every=4)
         sim.add_node(name, lambda rng, rec, cfg=cfg: TallyNode(cfg, rng, rec))
     sim.run_until(2.0)
     lead = leader(sim, names)
@@ -359,9 +345,8 @@ def test_a_registered_table_is_applied_everywhere_kept_in_snapshots_and_restored
     assert checker.violations == []
 
 
-def test_tables_are_registered_before_the_first_event_with_a_name_of_their_own():
-    peers = {"n1": "sim://n1"}
-    plain = ClusterNode(config("n1", ["n1"], peers), random.Random(1), {})
+def test_tables_are_registered_before_the_first_event_with_a_name_of_their_own(sim_cluster):
+    plain = ClusterNode(sim_cluster.config("n1", ["n1"]), random.Random(1), {})
     with pytest.raises(ValueError):
         plain.register_table(type("Raft", (Tally,), {"name": "raft"})())
     plain.register_table(Tally())
@@ -372,9 +357,9 @@ def test_tables_are_registered_before_the_first_event_with_a_name_of_their_own()
         plain.register_table(type("Late", (Tally,), {"name": "late"})())
 
 
-def test_a_forwarded_table_entry_is_accepted_only_in_its_senders_name():
+def test_a_forwarded_table_entry_is_accepted_only_in_its_senders_name(sim_cluster):
     sim = Simulation(22)
-    sim.add_node("n1", lambda rng, rec: TallyNode(config("n1", ["n1"], {}), rng, rec))
+    sim.add_node("n1", lambda rng, rec: TallyNode(sim_cluster.config("n1", ["n1"]), rng, rec))
     sim.run_until(2.0)
     n1 = node(sim, "n1")
     assert n1.raft.role == "leader"
@@ -386,19 +371,21 @@ def test_a_forwarded_table_entry_is_accepted_only_in_its_senders_name():
     assert any(isinstance(a, Persist) for a in n1.handle(Received(sim.now, "n2", honest)))
 
 
-def test_a_node_without_the_table_treats_its_entries_as_commands_and_ignores_its_snapshot():
+def test_a_node_without_the_table_treats_its_entries_as_commands_and_ignores_its_snapshot(
+    sim_cluster,
+):
     """Snapshots written with a table load on a node without it, and the other way round."""
     import msgpack
 
     from nonstop.cluster.raft import Entry
 
-    plain = ClusterNode(config("n1", ["n1"], {}), random.Random(1), {})
+    plain = ClusterNode(sim_cluster.config("n1", ["n1"]), random.Random(1), {})
     plain.handle(Started(0.0))
     state = {"digest": b"x" * 16, "views": [], "dl": {"d": {"n1.1": "commit"}, "f": {}}}
     snap = {"state": msgpack.packb(state), "members": ["n1"], "view_id": 1}
     actions = plain._apply([Entry(5, 1, "snapshot", snap)])
     assert plain.applied_index == 5 and not any(isinstance(a, Log) for a in actions)
-    tallied = TallyNode(config("n1", ["n1"], {}), random.Random(1), {})
+    tallied = TallyNode(sim_cluster.config("n1", ["n1"]), random.Random(1), {})
     tallied.handle(Started(0.0))
     actions = tallied._apply([Entry(5, 1, "snapshot", snap)])
     assert tallied.tally.values == []

@@ -17,9 +17,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ConfigDict
 
-from nonstop.cluster.failure import DetectorConfig
 from nonstop.cluster.node import ClusterConfig
-from nonstop.cluster.raft import RaftConfig
 from nonstop.configuration.cluster_node import ConfiguredClusterNode
 from nonstop.configuration.types import Change, ConfigTypes, Veto
 from nonstop.ha.failover import PromoterConfig
@@ -35,9 +33,8 @@ class Limits(BaseModel):
     max: int
 
 
-def build(heard: dict[str, list[tuple[str, str]]]) -> Simulation:
+def build(sim_cluster: Any, heard: dict[str, list[tuple[str, str]]]) -> Simulation:
     sim = Simulation(7)
-    peers = {n: f"sim://{n}" for n in NAMES}
     for name in NAMES:
         types = ConfigTypes()
         limits = types.declare("limits", Limits)
@@ -51,16 +48,7 @@ def build(heard: dict[str, list[tuple[str, str]]]) -> Simulation:
         def hear(change: Change, name: str = name) -> None:
             heard.setdefault(name, []).append((change.kind, change.version))
 
-        cfg = ClusterConfig(
-            name=name,
-            address=peers[name],
-            store_timestamp=1000 + int(name[1:]),
-            members=tuple(NAMES),
-            static_peers={k: v for k, v in peers.items() if k != name},
-            detector=DetectorConfig(),
-            raft=RaftConfig(election_timeout=0.5, heartbeat_interval=0.05),
-            snapshot_every=4,
-        )
+        cfg = sim_cluster.config(name, NAMES, NAMES, snapshot_every=4)
         sim.add_node(name, functools.partial(make_node, cfg, types))
     return sim
 
@@ -88,9 +76,9 @@ def limits_file(version: str, value: int) -> dict[str, str]:
     return {"file": f"orders-{version}.toml", "text": text}
 
 
-def test_every_node_applies_the_same_table_and_a_restart_keeps_it() -> None:
+def test_every_node_applies_the_same_table_and_a_restart_keeps_it(sim_cluster: Any) -> None:
     heard: dict[str, list[tuple[str, str]]] = {}
-    sim = build(heard)
+    sim = build(sim_cluster, heard)
     sim.run_until(3.0)
     follower = next(n for n in NAMES if node(sim, n).raft.role != "leader")
     for version, value in (("1", 10), ("2", 20), ("3", 30)):

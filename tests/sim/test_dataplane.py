@@ -23,7 +23,7 @@ from dataclasses import replace
 import pytest
 
 from nonstop.dataplane.machine import DataPlane
-from nonstop.sim.dataplane_campaign import failure_text, main, run_campaign, totals
+from nonstop.sim.dataplane_campaign import CAMPAIGN, DataPlaneOptions, main
 from nonstop.sim.history import Recorder
 from nonstop.sim.scenarios.dataplane import (
     INITIAL,
@@ -44,16 +44,12 @@ PARTITIONED_SEEDS = int(os.environ.get("NONSTOP_DATAPLANE_PARTITION_SEEDS", "40"
 
 
 @pytest.mark.timeout(300)
-def test_seeds_of_transfers_through_the_data_plane_keep_every_invariant() -> None:
+def test_seeds_of_transfers_through_the_data_plane_keep_every_invariant(run_clean) -> None:
     started = time.perf_counter()
-    outcomes = run_campaign(range(SEEDS), jobs=2)
+    outcomes = run_clean(CAMPAIGN, range(SEEDS), DataPlaneOptions())
     elapsed = time.perf_counter() - started
-    failures = [o for o in outcomes if not o.ok]
-    report = "\n".join(failure_text(o) for o in failures)[:4000]
-    assert [o.seed for o in outcomes] == list(range(SEEDS))
-    assert not failures, f"{len(failures)} of {SEEDS} seeds failed:\n{report}"
     # The runs did real work, and the hard paths happened.
-    sums = totals(outcomes)
+    sums = CAMPAIGN.totals(outcomes)
     assert sums["acked"] > SEEDS * 5 and sums["failed"] > 0 and sums["audits"] > 0
     assert sum(o.events for o in outcomes) > SEEDS * 1000
     assert sums["cpu_us"] < SEEDS * 300_000  # the budget: 0.3 s of CPU per seed
@@ -122,18 +118,27 @@ def test_a_broken_node_is_caught_within_a_few_seeds(mutant: str) -> None:
     pytest.fail(f"{mutant} was not caught in 60 seeds")
 
 
-@pytest.mark.parametrize("seed", [6, 18])
-def test_no_branch_outlives_its_session_after_the_heal(seed: int) -> None:
-    """Issue 14: seed 6 (a partition, an end that never reached its node) and seed 18
-    (a paused node: the first op it was sent reaches it on resume, after its coordinator
-    gave up) leave a branch open past its session on the data plane before the fix,
-    caught by ``branch-outlives-session``; every such branch is ended now."""
+def test_no_branch_outlives_its_session_after_the_heal() -> None:
+    """Issue 14: a partition (an end that never reached its node) or a paused node (the
+    first op it was sent reaches it on resume, after its coordinator gave up) left a
+    branch open past its session on the data plane before the fix, caught by
+    ``branch-outlives-session`` (the mutant ``end-branches-once`` is that code).  The
+    first two seeds where the mutant leaves such a branch are clean with the fix, and
+    the fix's orphan rollbacks ran there.  (Seeds are searched, not fixed: a change of
+    the schedule elsewhere, e.g. wound-wait, moves where the fault lands.)"""
     config = replace(ScenarioConfig(), node_class=MUTANTS["end-branches-once"])
-    before, _ = run_seed(seed, config)
-    assert "branch-outlives-session" in {v.invariant for v in before.violations}
-    result, sim = run_seed(seed)
-    assert result.ok, result.violations[:3]
-    assert sum(sim.machine(n).dataplane.stats["orphan_rollbacks"] for n in result.nodes) > 0
+    caught: list[int] = []
+    for seed in range(80):
+        before, _ = run_seed(seed, config)
+        if "branch-outlives-session" in {v.invariant for v in before.violations}:
+            caught.append(seed)
+            if len(caught) == 2:
+                break
+    assert len(caught) == 2, f"the mutant left a branch open on {caught} only, in 80 seeds"
+    for seed in caught:
+        result, sim = run_seed(seed)
+        assert result.ok, (seed, result.violations[:3])
+        assert sum(sim.machine(n).dataplane.stats["orphan_rollbacks"] for n in result.nodes) > 0
 
 
 def test_the_final_checks_flag_lost_duplicated_and_partial_transfers() -> None:
@@ -178,14 +183,11 @@ def test_cli_replays_one_seed(capsys: pytest.CaptureFixture[str]) -> None:
 
 # ------------------------------------------------------------ routing by partition
 @pytest.mark.timeout(300)
-def test_partitioned_seeds_keep_every_invariant() -> None:
+def test_partitioned_seeds_keep_every_invariant(run_clean) -> None:
     """HA cluster nodes, two partitions per node with one copy (replicas = 0), the full
     nemesis: the same checks, plus ack-acting (dataplane_partitions)."""
-    outcomes = run_campaign(range(PARTITIONED_SEEDS), jobs=2, partitions=True)
-    failures = [o for o in outcomes if not o.ok]
-    report = "\n".join(failure_text(o, None, True) for o in failures)[:4000]
-    assert not failures, f"{len(failures)} of {PARTITIONED_SEEDS} seeds failed:\n{report}"
-    sums = totals(outcomes)
+    outcomes = run_clean(CAMPAIGN, range(PARTITIONED_SEEDS), DataPlaneOptions(partitions=True))
+    sums = CAMPAIGN.totals(outcomes)
     assert sums["acked"] > PARTITIONED_SEEDS * 5 and sums["audits"] > 0
 
 

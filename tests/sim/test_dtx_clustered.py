@@ -48,7 +48,7 @@ from nonstop.runtime.interface import (
     Started,
     TimerFired,
 )
-from nonstop.sim.dtx_campaign import failure_text, run_campaign, totals
+from nonstop.sim.dtx_campaign import CAMPAIGN, DtxOptions
 from nonstop.sim.scenarios.dtx import STEPS, ScenarioConfig, run_seed
 from nonstop.sim.scenarios.dtx_resource import SimResourceManager
 
@@ -57,19 +57,16 @@ CLUSTERED = ScenarioConfig(clustered=True)
 
 
 @pytest.mark.timeout(240)
-def test_seeds_of_transfers_over_the_raft_decision_log_keep_every_invariant():
+def test_seeds_of_transfers_over_the_raft_decision_log_keep_every_invariant(run_clean):
     started = time.perf_counter()
-    outcomes = run_campaign(range(SEEDS), config=CLUSTERED, jobs=2)
+    outcomes = run_clean(CAMPAIGN, range(SEEDS), DtxOptions(clustered=True))
     elapsed = time.perf_counter() - started
-    failures = [o for o in outcomes if not o.ok]
-    report = "\n".join(failure_text(o, None, True) for o in failures)[:4000]
-    assert not failures, f"{len(failures)} of {SEEDS} seeds failed:\n{report}"
     assert {o.step for o in outcomes} == set(STEPS)
     paths = {k: sum(dict(o.counters)[k] for o in outcomes) for k in dict(outcomes[0].counters)}
     assert paths["committed"] > SEEDS * 5 and paths["audits"] > 0
     assert paths["unavailable"] > 0
     assert paths["asked_then_commit"] > 0 and paths["asked_then_abort"] > 0
-    print(f"\n{SEEDS} clustered seeds in {elapsed:.1f}s; paths: {totals(outcomes)}")
+    print(f"\n{SEEDS} clustered seeds in {elapsed:.1f}s; paths: {CAMPAIGN.paths(outcomes)}")
 
 
 @pytest.mark.timeout(120)

@@ -10,13 +10,13 @@
 
 from __future__ import annotations
 
+import random
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
 
-from nonstop.cluster.failure import DetectorConfig
 from nonstop.cluster.node import ClusterConfig
-from nonstop.cluster.raft import RaftConfig
 from nonstop.ha.cluster_node import HaClusterNode
 from nonstop.ha.failover import PromoterConfig
 from nonstop.ha.lease import LeaseConfig
@@ -33,9 +33,10 @@ LAYOUT = [
 ]
 
 
-def build(seed: int = 3) -> tuple[Simulation, list[tuple[str, float, frozenset[str]]]]:
+def build(
+    sim_cluster: Any, seed: int = 3
+) -> tuple[Simulation, list[tuple[str, float, frozenset[str]]]]:
     sim = Simulation(seed)
-    peers = {n: f"sim://{n}" for n in NAMES}
     announced: list[tuple[str, float, frozenset[str]]] = []
     mismatches: list[Any] = []
 
@@ -53,23 +54,12 @@ def build(seed: int = 3) -> tuple[Simulation, list[tuple[str, float, frozenset[s
 
     sim.observers.append(watch)
     sim.mismatches = mismatches  # type: ignore[attr-defined]
-    for name in NAMES:
-        cfg = ClusterConfig(
-            name=name,
-            address=peers[name],
-            store_timestamp=1000 + int(name[1:]),
-            members=tuple(NAMES),
-            static_peers={k: v for k, v in peers.items() if k != name},
-            detector=DetectorConfig(),
-            raft=RaftConfig(election_timeout=0.5, heartbeat_interval=0.05),
-        )
-        sim.add_node(
-            name,
-            lambda rng, rec, cfg=cfg: HaClusterNode(
-                cfg, rng, rec, LAYOUT, PromoterConfig(retry=0.3), LeaseConfig(0.6, 0.0)
-            ),
-        )
+    sim_cluster.add(sim, NAMES, make_node)
     return sim, announced
+
+
+def make_node(cfg: ClusterConfig, rng: random.Random, rec: Mapping[bytes, bytes]) -> HaClusterNode:
+    return HaClusterNode(cfg, rng, rec, LAYOUT, PromoterConfig(retry=0.3), LeaseConfig(0.6, 0.0))
 
 
 def ha(sim: Simulation, name: str) -> HaClusterNode:
@@ -84,8 +74,8 @@ def ask(sim: Simulation, node: str, payload: dict[str, Any], within: float = 3.0
     return sim.requests[rid].reply
 
 
-def test_acting_announcements_follow_the_leases_through_a_crash() -> None:
-    sim, announced = build()
+def test_acting_announcements_follow_the_leases_through_a_crash(sim_cluster: Any) -> None:
+    sim, announced = build(sim_cluster)
     sim.run_until(3.0)
     assert {n: ha(sim, n).acting_set for n in NAMES} == {
         "n1": {"P0"},
@@ -106,8 +96,8 @@ def test_acting_announcements_follow_the_leases_through_a_crash() -> None:
     assert took_over > 3.0 + 0.6  # not before the lease n1 may have held
 
 
-def test_operator_define_enable_disable_and_rejections() -> None:
-    sim, _ = build()
+def test_operator_define_enable_disable_and_rejections(sim_cluster: Any) -> None:
+    sim, _ = build(sim_cluster)
     sim.run_until(3.0)
     bad = ask(sim, "n2", {"op": "partition", "do": "define", "p": "X", "nodes": [["n9", SYNC]]})
     assert bad["error"] == "Rejected" and "'n9'" in bad["message"], bad
@@ -153,8 +143,8 @@ def test_operator_define_enable_disable_and_rejections() -> None:
     assert p1 is not None and p1.active == "n2" and p1.current == ["n2", "n3"]
 
 
-def test_status_reports_acting_at_the_request_time() -> None:
-    sim, _ = build()
+def test_status_reports_acting_at_the_request_time(sim_cluster: Any) -> None:
+    sim, _ = build(sim_cluster)
     sim.run_until(3.0)
     status = ask(sim, "n3", {"op": "status"})
     assert status["acting"] == ["P2"]
@@ -164,8 +154,10 @@ def test_status_reports_acting_at_the_request_time() -> None:
     assert all(isinstance(p["location"], int) for p in status["partitions"])
 
 
-def test_a_node_without_quorum_shows_its_partitions_unavailable_and_acts_for_none() -> None:
-    sim, _ = build()
+def test_a_node_without_quorum_shows_its_partitions_unavailable_and_acts_for_none(
+    sim_cluster: Any,
+) -> None:
+    sim, _ = build(sim_cluster)
     sim.run_until(3.0)
     sim.crash("n1")
     sim.crash("n2")

@@ -15,21 +15,15 @@ import os
 
 import pytest
 
-from nonstop.sim.partitions_campaign import main, replay_command, run_campaign
+from nonstop.sim.partitions_campaign import CAMPAIGN, main
+from nonstop.sim.runner import MutantOptions
 
 SEEDS = int(os.environ.get("NONSTOP_PARTITION_SEEDS", "300"))
 
 
 @pytest.mark.timeout(300)
-def test_partition_campaign_finds_no_violation() -> None:
-    outcomes = run_campaign(range(SEEDS), jobs=2)
-    failures = [o for o in outcomes if not o.ok]
-    report = "\n".join(
-        f"seed {o.seed}: {o.violations[0] if o.violations else '?'} -> {replay_command(o.seed)}"
-        for o in failures[:20]
-    )
-    assert [o.seed for o in outcomes] == list(range(SEEDS))
-    assert not failures, f"{len(failures)} of {SEEDS} seeds failed:\n{report}"
+def test_partition_campaign_finds_no_violation(run_clean) -> None:
+    outcomes = run_clean(CAMPAIGN, range(SEEDS), MutantOptions())
     failovers = sum(dict(o.counters)["failovers"] for o in outcomes)
     restores = sum(dict(o.counters)["restores"] for o in outcomes)
     # The runs exercised what they check: failovers and restores, many of them.
@@ -46,7 +40,7 @@ def test_partition_campaign_finds_no_violation() -> None:
     ],
 )
 def test_broken_variants_are_caught(mutant: str, invariant: str) -> None:
-    outcomes = run_campaign(range(20), mutant=mutant, jobs=1)
+    outcomes = CAMPAIGN.run(range(20), MutantOptions(mutant), jobs=1)
     caught = [o for o in outcomes if not o.ok]
     assert len(caught) >= 3, f"mutant {mutant} caught in only {len(caught)} of 20 seeds"
     assert any(invariant in v for o in caught for v in o.violations)

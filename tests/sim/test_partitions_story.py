@@ -10,13 +10,13 @@ active again by priority.
 
 from __future__ import annotations
 
+import random
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
 
-from nonstop.cluster.failure import DetectorConfig
 from nonstop.cluster.node import ClusterConfig
-from nonstop.cluster.raft import RaftConfig
 from nonstop.ha.cluster_node import HaClusterNode
 from nonstop.ha.failover import PromoterConfig
 from nonstop.ha.lease import LeaseConfig
@@ -31,9 +31,8 @@ P = PartitionDef("P", (("n1", SYNC), ("n2", SYNC), ("n3", SYNC)), "static")
 LEASE = LeaseConfig(lease=0.6, drift=0.0)
 
 
-def build() -> tuple[Simulation, list[tuple[float, str, dict[str, Any]]]]:
+def build(sim_cluster: Any) -> tuple[Simulation, list[tuple[float, str, dict[str, Any]]]]:
     sim = Simulation(7)
-    peers = {n: f"sim://{n}" for n in NAMES}
     changes: list[tuple[float, str, dict[str, Any]]] = []
 
     def watch(sim: Simulation, node: str, event: Event, actions: list[Action]) -> None:
@@ -42,23 +41,12 @@ def build() -> tuple[Simulation, list[tuple[float, str, dict[str, Any]]]]:
                 changes.append((sim.now, a.data["kind"], dict(a.data)))
 
     sim.observers.append(watch)
-    for name in NAMES:
-        cfg = ClusterConfig(
-            name=name,
-            address=peers[name],
-            store_timestamp=1000 + int(name[1:]),
-            members=tuple(NAMES),
-            static_peers={k: v for k, v in peers.items() if k != name},
-            detector=DetectorConfig(),
-            raft=RaftConfig(election_timeout=0.5, heartbeat_interval=0.05),
-        )
-        sim.add_node(
-            name,
-            lambda rng, rec, cfg=cfg: HaClusterNode(
-                cfg, rng, rec, [P], PromoterConfig(retry=0.3), LEASE
-            ),
-        )
+    sim_cluster.add(sim, NAMES, make_node)
     return sim, changes
+
+
+def make_node(cfg: ClusterConfig, rng: random.Random, rec: Mapping[bytes, bytes]) -> HaClusterNode:
+    return HaClusterNode(cfg, rng, rec, [P], PromoterConfig(retry=0.3), LEASE)
 
 
 def ha(sim: Simulation, name: str) -> HaClusterNode:
@@ -71,8 +59,8 @@ def acting(sim: Simulation) -> list[str]:
     return [n for n in NAMES if sim.nodes[n].up and ha(sim, n).acting(sim.now, "P")]
 
 
-def test_failover_then_restore_by_priority() -> None:
-    sim, changes = build()
+def test_failover_then_restore_by_priority(sim_cluster: Any) -> None:
+    sim, changes = build(sim_cluster)
     sim.run_until(3.0)
     part = ha(sim, "n3").partition_table.get("P")
     assert part is not None

@@ -22,9 +22,9 @@ from tests.spark.conftest import ROOT, wait_until
 
 ITEM = "pipe.Item"
 PLAIN = "pipe.Plain"
-BOTH_SWAPS = pytest.mark.parametrize("kind", [ITEM, PLAIN], ids=["per-object-swap", "fast-swap"])
+BOTH_SWAPS = pytest.mark.parametrize("kind", [ITEM, PLAIN], ids=["per-object-swap", "bounded-swap"])
 """Failure tests run on both swaps: Item has a reference (an entry per object swapped),
-Plain does not (bulk/fast_swap.py)."""
+Plain does not (bulk/swap_apply.py: memory bounded per page)."""
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from nonstop.client.credentials import (
 from nonstop.errors import AuthenticationFailed
 from nonstop.net import auth
 from nonstop.net.challenge import Guard, ProofError, Prover
-from nonstop.net.handshake import ROLE_CLIENT, ROLE_NODE, Hello, Rejection
+from nonstop.net.handshake import CATCHING_UP, ROLE_CLIENT, ROLE_NODE, Hello, Rejection
 from nonstop.security.roles import (
     DATA,
     MEMBERSHIP,
@@ -128,6 +128,22 @@ def test_user_password_scram_with_scrypt() -> None:
         exchange(guard, Prover(dialer(ROLE_CLIENT), auth.Password("alice", "nope")))
     with pytest.raises(ProofError, match="unknown user 'bob'"):
         exchange(guard, Prover(dialer(ROLE_CLIENT), auth.Password("bob", "pw")))
+
+
+def test_no_user_is_checked_while_the_node_catches_up() -> None:
+    """A restarted node's users are its snapshot's until it caught up: it refuses (retryable
+    ``CatchingUp``) rather than accept a user removed, or a password changed, meanwhile."""
+    verifier = auth.make_verifier("pw", **FAST)
+    caught_up = False
+    guard = Guard(SECRET, users={"alice": verifier}.get, ready=lambda _u: caught_up)
+    hello = Hello.from_wire(Prover(dialer(ROLE_CLIENT), auth.Password("alice", "pw")).first())
+    refusal = guard.challenge(ACCEPTOR, hello, hello.to_wire())
+    assert isinstance(refusal, Rejection) and refusal.code == CATCHING_UP
+    member = Prover(dialer(), auth.NodeKey(SECRET))  # members are not users: never gated
+    assert exchange(guard, member)[0] == auth.Principal("node", "B")
+    caught_up = True
+    prover = Prover(dialer(ROLE_CLIENT, "client-1"), auth.Password("alice", "pw"))
+    assert exchange(guard, prover)[0] == auth.Principal("user", "alice")
 
 
 def test_unknown_users_get_a_stable_decoy_salt() -> None:

@@ -10,6 +10,7 @@ machines emit.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import random
 from collections.abc import Callable
 from typing import Any
@@ -144,6 +145,8 @@ class Net:
         self.waits: dict[str, list[tuple[str, str]]] = {}
         """Each store's wait-for edges (what ``ReadWaits`` reads)."""
         self.hold: Callable[[Exec], bool] = lambda ex: False
+        self.skew: dict[str, float] = {}
+        """Node → how far its clock is ahead of the others' (its events' ``now``)."""
         for n in names:
             self.feed(n, Started(now=0.0))
         self.cluster(up=set(names))
@@ -171,6 +174,8 @@ class Net:
         work = [(node, event)]
         while work:
             at, ev = work.pop(0)
+            if self.skew.get(at):
+                ev = dataclasses.replace(ev, now=ev.now + self.skew[at])
             for action in self.machines[at].handle(ev):
                 work.extend(self._carry(at, action))
 
@@ -933,7 +938,7 @@ def _tick(net: Net, rounds: int) -> None:
 
 
 def test_a_cycle_across_two_nodes_dooms_one_victim_with_deadlock() -> None:
-    net = Net("AB")
+    net = Net("AB", deadlock_wound="off")  # detection alone (wounds: tests below)
     s_a, s_b = _crossed(net)
     bid_a, bid_b = f"A.{s_a}", f"B.{s_b}"
     net.waits = {"B": [(bid_a, bid_b)], "A": [(bid_b, bid_a)]}
@@ -953,7 +958,7 @@ def test_a_cycle_across_two_nodes_dooms_one_victim_with_deadlock() -> None:
 
 
 def test_waits_without_a_cycle_doom_nobody() -> None:
-    net = Net("AB")
+    net = Net("AB", deadlock_wound="off")
     s_a, s_b = _crossed(net)
     # B.s waits for A.s on A; A.s waits for a third transaction on B: a chain.
     net.waits = {"A": [(f"B.{s_b}", f"A.{s_a}")], "B": [(f"A.{s_a}", "C.77")]}
@@ -963,6 +968,74 @@ def test_waits_without_a_cycle_doom_nobody() -> None:
     # Waits are shared with peers only while there are some.
     shared = [p for _, _, p in net.sent if p.get("t") == "data.waits"]
     assert shared and all(p["e"] for p in shared)
+
+
+def test_an_older_waiter_wounds_the_younger_blocked_holder_at_once() -> None:
+    # Wound-wait: no cycle search, no confirmation round; the younger of the two
+    # (started later; equal start: the greater id) is doomed at the first tick.
+    net = Net("AB")
+    s_a, s_b = _crossed(net)
+    bid_a, bid_b = f"A.{s_a}", f"B.{s_b}"
+    started = {b: net.machines[b[0]].sessions[int(b[2:])].started for b in (bid_a, bid_b)}
+    net.waits = {"B": [(bid_a, bid_b)], "A": [(bid_b, bid_a)]}
+    _tick(net, 1)
+    young = max((bid_a, bid_b), key=lambda b: (started[b], b))
+    old = bid_a if young == bid_b else bid_b
+    assert net.machines[young[0]].stats["deadlock_wounds"] == 1
+    assert net.machines[old[0]].stats["deadlock_wounds"] == 0
+    assert [r.payload.get("error") for r in net.replies if "error" in r.payload] == ["Deadlock"]
+    assert young in net.ended[young[0]]
+    assert old not in net.ended[old[0]]
+
+
+def test_a_younger_holder_that_is_running_is_not_wounded() -> None:
+    # ``"blocked"``: the holder is not waiting for anything, so it will end soon.
+    net = Net("AB")
+    s_a, s_b = _crossed(net)
+    bid_a, bid_b = f"A.{s_a}", f"B.{s_b}"
+    old, young = sorted(
+        (bid_a, bid_b), key=lambda b: net.machines[b[0]].sessions[int(b[2:])].started
+    )
+    net.waits = {young[0]: [(old, young)]}  # the only edge: old waits for young
+    _tick(net, 5)
+    assert all(m.stats["deadlock_victims"] == 0 for m in net.machines.values())
+    # With "any" the same edge wounds the younger holder.
+    net2 = Net("AB", deadlock_wound="any")
+    s_a, s_b = _crossed(net2)
+    bid_a, bid_b = f"A.{s_a}", f"B.{s_b}"
+    old, young = sorted(
+        (bid_a, bid_b), key=lambda b: net2.machines[b[0]].sessions[int(b[2:])].started
+    )
+    net2.waits = {young[0]: [(old, young)]}
+    _tick(net2, 2)
+    assert net2.machines[young[0]].stats["deadlock_wounds"] == 1
+
+
+def test_stamps_agree_when_the_nodes_clocks_do_not() -> None:
+    # A's monotonic clock is 1,000 s ahead of B's (other machines, other boots).
+    # Started at the same instant, A's session ranked by raw start times would be
+    # the younger on B by 1,000 s; B counts A's lead (its ``now`` on the edges) so
+    # both stamps are on one clock: a tie, the greater id is the younger as with
+    # equal clocks, and B wounds its own session, not A's.
+    net = Net("AB")
+    net.skew = {"A": 1000.0}
+    s_a, s_b = _crossed(net)
+    bid_a, bid_b = f"A.{s_a}", f"B.{s_b}"
+    net.waits = {"B": [(bid_a, bid_b)], "A": [(bid_b, bid_a)]}
+    _tick(net, 1)
+    assert net.machines["B"].deadlocks.ahead["A"] == 1000.0
+    assert net.machines["B"].stats["deadlock_wounds"] == 1
+    assert net.machines["A"].stats["deadlock_victims"] == 0
+    assert bid_b in net.ended["B"] and bid_a not in net.ended["A"]
+
+
+def test_a_waiter_of_unknown_age_wounds_nobody() -> None:
+    # C.77 coordinates elsewhere and never sent its age: it ranks as youngest.
+    net = Net("AB")
+    s_a, _ = _crossed(net)
+    net.waits = {"A": [("C.77", f"A.{s_a}"), (f"A.{s_a}", "C.78")]}
+    _tick(net, 2)
+    assert all(m.stats["deadlock_wounds"] == 0 for m in net.machines.values())
 
 
 # ------------------------------------------------------------------- sizes

@@ -6,7 +6,7 @@ import io
 import json
 import logging
 
-from nonstop.admin.log_events import parse_line
+from nonstop.node.log_events import parse_line
 from nonstop.node.log_format import REQUIRED_FIELDS, JsonLineFormatter, formatter
 
 

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from nonstop.admin.cli import cli
 from nonstop.admin.cmd_logs import Follower
 from nonstop.admin.local import LocalCluster
-from nonstop.admin.log_events import LogFilter, merged_logs, parse_when, read_events
+from nonstop.node.log_events import LogFilter, merged_logs, parse_when, read_events
 
 
 def line(node: str, second: float, level: str = "INFO", message: str = "m", **extra: object) -> str:

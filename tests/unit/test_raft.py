@@ -550,6 +550,34 @@ def test_restart_reapplies_from_local_snapshot() -> None:
     c.run_until(lambda: c.cmds("n2") == [*range(10), "x"])
 
 
+def test_a_restarted_follower_knows_when_it_caught_up_with_the_leader() -> None:
+    """``catch_up_target``: the end of the log as the leader first told it (None before).
+
+    A node whose applied state (users, decisions) matters for a decision waits until
+    it applied that far (ClusterNode.caught_up): right after a restart it only has
+    its snapshot, not what was committed while it was down.
+    """
+    c = Cluster(NAMES3, seed=12)
+    c.wait_leader()
+    for i in range(5):
+        c.propose(i)
+    c.run_until(lambda: all(len(c.cmds(n)) == 5 for n in NAMES3))
+    c.snapshot("n2")
+    c.run(0.1)
+    c.crash("n2")
+    for i in range(5, 9):
+        c.propose(i)  # committed by n0 and n1 while n2 is down
+    c.run_until(lambda: len(c.cmds("n1")) == 9)
+    node = c.restart("n2")
+    assert node.catch_up_target is None and len(c.cmds("n2")) == 5
+    c.run_until(lambda: node.catch_up_target is not None)
+    assert node.catch_up_target >= c.nodes[node.leader or ""].commit_index - 1 >= 9
+    c.run_until(lambda: node.last_applied >= (node.catch_up_target or 0))
+    assert c.cmds("n2") == list(range(9))  # caught up: everything committed before it
+    leader = c.nodes[node.leader or ""]
+    assert leader.catch_up_target is not None  # a leader's own target: its no-op
+
+
 # ============================================================= membership
 def test_membership_join_and_remove_with_monotonic_identical_views() -> None:
     c = Cluster(NAMES3, seed=11)

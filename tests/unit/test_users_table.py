@@ -12,10 +12,12 @@ VERIFIER = make_verifier("pw", n=2**10).to_wire()
 
 
 class FakeCluster:
-    """What the table needs of the cluster node: its name, incarnation and ``submit``."""
+    """What the table needs of the cluster node: its name, incarnation, ``caught_up``
+    and ``submit``."""
 
     name = "A"
     incarnation = 7
+    caught_up = True
 
     def __init__(self) -> None:
         self.submitted: list[dict[str, Any]] = []
@@ -64,6 +66,10 @@ def test_refusals_and_snapshots() -> None:
     assert table.on_client(0.0, 3, {"op": "status"}) is None  # not ours
     listing = table.on_client(0.0, 4, {"op": "user.list"})
     assert listing == [Reply(4, {"users": [{"user": "bob", "roles": ["monitor"]}]})]
+    cluster.caught_up = False  # a restarted node, before a leader told it what followed
+    stale = table.on_client(0.0, 5, {"op": "user.list"})
+    assert stale is not None and stale[0].payload["error"] == "Unavailable"  # type: ignore[attr-defined]
+    cluster.caught_up = True
     table.apply(2, {TABLE: "roles", "u": "bob", "roles": ["operator"]})
     restored = UsersLogTable(cluster)  # type: ignore[arg-type]
     restored.restore(table.snapshot())

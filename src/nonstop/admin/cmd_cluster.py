@@ -195,12 +195,8 @@ def cluster_join_cmd(
 
     The node itself must be running without bootstrap members (it waits to be added).
     """
-    target = resolve_target(address, folder)
-    with open_client(target, timeout) as client:
-        try:
-            reply = client.join(name, node_address)
-        except (Error, ValueError) as exc:
-            fail(f"cannot add {name}: {exc}")
+    arguments = {"name": name, "node_address": node_address}
+    reply = membership("cluster.join", resolve_target(address, folder), timeout, arguments)
     click.echo(f"{name} is a member: view {reply.get('view')}, members {_names(reply)}")
 
 
@@ -209,9 +205,7 @@ def cluster_join_cmd(
 @target_options
 def cluster_remove(name: str, address: str | None, folder: str | None, timeout: float) -> None:
     """Remove node NAME from the membership (refused while its store holds objects)."""
-    target = resolve_target(address, folder)
-    with open_client(target, timeout) as client:
-        remove_member(client, name)
+    remove_member(resolve_target(address, folder), timeout, name)
 
 
 @cluster.command("leave")
@@ -226,23 +220,20 @@ def cluster_leave(address: str, timeout: float) -> None:
             name = client.ping()["name"]
         except (Error, ValueError) as exc:
             fail(str(exc))
-        remove_member(client, name)
+    remove_member(target, timeout, name)
 
 
-def remove_member(client: Any, name: str) -> None:
+def remove_member(target: Target, timeout: float, name: str) -> None:
     """Remove member ``name``; the node asked refuses if it holds objects (one line)."""
-    try:
-        status = client.status()
-    except (Error, ValueError) as exc:
-        fail(str(exc))
-    members = status.get("members") or []
-    if name not in members:
-        fail(f"{name} is not a member (members: {', '.join(members) or '-'})", USAGE)
-    try:
-        reply = client.leave(name)
-    except (Error, ValueError) as exc:
-        fail(f"cannot remove {name}: {exc}")
+    reply = membership("cluster.remove", target, timeout, {"name": name})
     click.echo(f"{name} removed: view {reply.get('view')}, members {_names(reply)}")
+
+
+def membership(command: str, target: Target, timeout: float, arguments: dict[str, Any]) -> Any:
+    """Run a registered membership command (nonstop.commands.membership_commands)."""
+    from nonstop.admin.registered import context_for, run_registered
+
+    return run_registered(command, context_for(target, timeout), arguments, target)
 
 
 def _names(reply: dict[str, Any]) -> str:

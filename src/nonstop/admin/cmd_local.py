@@ -328,8 +328,9 @@ def local_remove(name: str, folder: str, timeout: float) -> None:
         lc.client_tls(layout),
     )
     with open_client(target, timeout) as client:
-        if _is_member(client, name):  # an added node that never joined is not
-            remove_member(client, name)
+        member = _is_member(client, name)  # an added node that never joined is not
+    if member:
+        remove_member(target, timeout, name)
     if pid is not None:
         stop_pid(pid)
     lc.forget(layout, name)

@@ -6,7 +6,7 @@ line: ``--json`` prints the events as JSON lines (text lines converted),
 ``--node``, ``--level``, ``--since`` and ``--until`` filter, ``-f`` keeps
 reading what the nodes append (polling the files; events arriving in the same
 poll are printed in time order).  The reading and merging is
-:mod:`nonstop.admin.log_events`.
+:mod:`nonstop.node.log_events`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from typing import TextIO
 import click
 
 from nonstop.admin.local import DEFAULT_DIR, LocalCluster
-from nonstop.admin.log_events import (
+from nonstop.admin.output import USAGE, fail
+from nonstop.node.log_events import (
     LEVELS,
     LogEvent,
     LogFilter,
@@ -29,7 +30,6 @@ from nonstop.admin.log_events import (
     parse_when,
     read_events,
 )
-from nonstop.admin.output import USAGE, fail
 
 POLL_SECONDS = 0.25
 

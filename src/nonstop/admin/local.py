@@ -36,6 +36,7 @@ import string
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -288,22 +289,34 @@ class LocalCluster:
         return {n.name: n.data / "node.log" for n in self.nodes(layout)}
 
 
-def spawn_node(config: Path, data: Path, timeout: float = 15.0) -> int:
+def spawn_node(
+    config: Path,
+    data: Path,
+    timeout: float = 15.0,
+    *,
+    prefix: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+) -> int:
     """Start a detached node process; return its pid once it listens.
 
     The child runs in its own session (so a terminal's Ctrl-C or a test
     runner's process group kill does not take it down by accident); we wait
     until it wrote its pid file, or report its own one-line error if it exits.
+    ``prefix`` runs the command through another one that execs it (``ip netns
+    exec NS``: the pid stays the node's); ``env`` replaces this process's
+    environment for the child.
     """
     data.mkdir(parents=True, exist_ok=True)
     err_path = data / "start.err"
+    command = [sys.executable, "-m", "nonstop.admin.cli", "node", "start", "--config", str(config)]
     with open(err_path, "wb") as err:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "nonstop.admin.cli", "node", "start", "--config", str(config)],
+            [*prefix, *command],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=err,
             start_new_session=True,
+            env=None if env is None else dict(env),
         )
     datadir = DataDir(data)
     deadline = time.monotonic() + timeout

@@ -24,7 +24,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -48,31 +48,27 @@ DEFAULT_OPTIONS: dict[str, Any] = {
 }
 
 
-class OwnedCluster:
-    """``n`` node processes in ``folder`` (names A, B, C…), owned by this process."""
+class NodeProcesses:
+    """The node processes of one cluster layout, each in its own process group: started,
+    SIGKILLed, asked for their status, stopped.
+
+    :class:`OwnedCluster` (on 127.0.0.1) and the partition harness's cluster (one
+    network namespace per node, tests/jepsen/cluster.py) are this with their own layout;
+    the harness also starts each node through ``ip netns exec`` (:meth:`command_prefix`).
+    """
+
+    status_timeout = 2.0
+    """How long :meth:`status` waits for a node's answer."""
 
     def __init__(
-        self,
-        folder: str | Path,
-        n: int = 3,
-        *,
-        apps: list[str] | None = None,
-        options: dict[str, Any] | None = None,
-        env: dict[str, str] | None = None,
+        self, lc: LocalCluster, layout: dict[str, Any], env: Mapping[str, str] | None = None
     ) -> None:
-        opts = {**DEFAULT_OPTIONS, **(options or {})}
-        if apps:
-            opts["app"] = list(apps)
-        self.lc = LocalCluster(folder)
-        self.layout = self.lc.create(n, None, opts)
-        self.nodes: dict[str, LocalNode] = {node.name: node for node in self.lc.nodes(self.layout)}
+        self.lc = lc
+        self.layout = layout
+        self.nodes: dict[str, LocalNode] = {node.name: node for node in lc.nodes(layout)}
         self.pids: dict[str, int] = {}
         self._all_pids: set[int] = set()
         self._env = env
-        self._closed = False
-        self._old_handlers: dict[int, Any] = {}
-        atexit.register(self.close)
-        self._install_signal_handlers()
 
     # ------------------------------------------------------------------ nodes
     @property
@@ -89,12 +85,18 @@ class OwnedCluster:
     def log_path(self, name: str) -> Path:
         return self.nodes[name].data / "node.log"
 
+    def command_prefix(self, name: str) -> list[str]:
+        """What node ``name``'s command runs through (nothing: it runs here)."""
+        return []
+
     def start(self, name: str, timeout: float = 30.0) -> int:
         """Start node ``name`` (on its old data if any); returns once it listens."""
         node = self.nodes[name]
         self.lc.write_config(self.layout, node)
-        with _environ(self._env):
-            pid = spawn_node(node.config, node.data, timeout=timeout)
+        env = None if not self._env else {**os.environ, **self._env}
+        pid = spawn_node(
+            node.config, node.data, timeout=timeout, prefix=self.command_prefix(name), env=env
+        )
         self.pids[name] = pid
         self._all_pids.add(pid)
         return pid
@@ -112,29 +114,26 @@ class OwnedCluster:
             os.killpg(pid, signal.SIGKILL)
         _wait(lambda: not pid_alive(pid), 10, f"{name} to die")
 
-    def restart(self, name: str, timeout: float = 60.0) -> None:
-        """Start a killed node again on its data; returns once the cluster is Active."""
-        self.start(name)
-        self.wait_active(timeout=timeout)
-
     def status(self, name: str) -> dict[str, Any]:
-        with Client([self.address(name)], timeout=2.0, rounds=1) as c:
+        with Client([self.address(name)], timeout=self.status_timeout, rounds=1) as c:
             return c.status()
 
-    def wait_active(self, names: list[str] | None = None, timeout: float = 60.0) -> None:
-        """Until every node in ``names`` (default: all running) reports quorum Active
+    def active(self, names: list[str] | None = None) -> bool:
+        """Whether every node in ``names`` (default: all running) reports quorum Active
         with every member live."""
+        for n in names or list(self.pids):
+            st = self.status(n)
+            if st.get("quorum") != "Active" or sorted(st.get("live", [])) != sorted(
+                st.get("members", [])
+            ):
+                return False
+        return True
 
-        def ok() -> bool:
-            for n in names or list(self.pids):
-                st = self.status(n)
-                if st.get("quorum") != "Active" or sorted(st.get("live", [])) != sorted(
-                    st.get("members", [])
-                ):
-                    return False
-            return True
-
-        _wait(ok, timeout, "quorum Active on every node")
+    def wait_active(self, names: list[str] | None = None, timeout: float = 60.0) -> float:
+        """Until :meth:`active`; returns the seconds it took."""
+        started = time.monotonic()
+        _wait(lambda: self.active(names), timeout, "quorum Active on every node")
+        return time.monotonic() - started
 
     def alive(self) -> list[str]:
         return [n for n, pid in self.pids.items() if pid_alive(pid)]
@@ -157,6 +156,34 @@ class OwnedCluster:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGCONT)
                 os.killpg(pid, signal.SIGKILL)
+
+
+class OwnedCluster(NodeProcesses):
+    """``n`` node processes in ``folder`` (names A, B, C…), owned by this process."""
+
+    def __init__(
+        self,
+        folder: str | Path,
+        n: int = 3,
+        *,
+        apps: list[str] | None = None,
+        options: dict[str, Any] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        opts = {**DEFAULT_OPTIONS, **(options or {})}
+        if apps:
+            opts["app"] = list(apps)
+        lc = LocalCluster(folder)
+        super().__init__(lc, lc.create(n, None, opts), env)
+        self._closed = False
+        self._old_handlers: dict[int, Any] = {}
+        atexit.register(self.close)
+        self._install_signal_handlers()
+
+    def restart(self, name: str, timeout: float = 60.0) -> None:
+        """Start a killed node again on its data; returns once the cluster is Active."""
+        self.start(name)
+        self.wait_active(timeout=timeout)
 
     def close(self) -> None:
         """Stop everything this object started.  Idempotent; also runs at exit."""
@@ -233,21 +260,3 @@ def _wait(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
             return value
         time.sleep(0.05)
     raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last_error})")
-
-
-@contextlib.contextmanager
-def _environ(extra: dict[str, str] | None) -> Any:
-    """Temporarily extend os.environ (spawn_node passes it to the child)."""
-    if not extra:
-        yield
-        return
-    old = {k: os.environ.get(k) for k in extra}
-    os.environ.update(extra)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v

@@ -7,6 +7,8 @@ Routes (docs/operations.md "Admin API"):
   command's arguments model, answer = the command's JSON result;
 * ``POST /api/v1/login`` ``{"user", "password"}`` → a session token;
 * ``GET /api/v1/whoami``, ``GET /api/v1/commands`` (what the console shows);
+* ``GET /api/v1/samples``, ``GET /api/v1/logs``: the console's views of this
+  node's recent metrics and log (:mod:`.views`);
 * ``GET /api/v1/openapi.json`` (and the Swagger page at ``/api/v1/docs``);
 * ``GET /`` and ``/console/...``: the web console's static files.
 
@@ -43,6 +45,7 @@ from nonstop.adminapi.body_limit import BodyLimit
 from nonstop.adminapi.principal import Directory, NotAuthenticated, Principal
 from nonstop.adminapi.principal import authenticate as check_credentials
 from nonstop.adminapi.tokens import SessionTokens
+from nonstop.adminapi.views import NodeViews, add_view_routes
 from nonstop.commands.context import CommandContext
 from nonstop.commands.failure import CommandError
 from nonstop.commands.registry import Command, NoArguments
@@ -93,8 +96,10 @@ def build_app(
     *,
     node: str = "",
     body_limit: int = DEFAULT_BODY_LIMIT,
+    views: NodeViews | None = None,
 ) -> Any:
-    """The ASGI application (FastAPI wrapped in the body limit)."""
+    """The ASGI application (FastAPI wrapped in the body limit); ``views``: the node's
+    samples and logs for the console (:mod:`.views`; None: no such routes)."""
     app = FastAPI(
         title="nonstop admin API",
         version="1",
@@ -121,6 +126,8 @@ def build_app(
             detail,
         )
         headers = {"WWW-Authenticate": 'Basic realm="nonstop", Bearer'} if status == 401 else None
+        if status == 503:
+            headers = {"Retry-After": "1"}
         return HTTPException(status_code=status, detail=detail, headers=headers)
 
     def authenticate(
@@ -140,7 +147,7 @@ def build_app(
                 None if bearer_credentials is None else bearer_credentials.credentials,
             )
         except NotAuthenticated as exc:
-            raise refuse(request, 401, str(exc)) from None
+            raise refuse(request, exc.status, str(exc)) from None
 
     @app.exception_handler(StarletteHTTPException)
     async def not_found(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -213,6 +220,8 @@ def build_app(
 
     for cmd in commands.values():
         _add_command_route(app, cmd, authenticate, refuse, context, allows)
+    if views is not None:
+        add_view_routes(app, views, PREFIX, authenticate, refuse, allows)
 
     console = resources.files("nonstop.adminapi") / "console"
     app.mount("/console", StaticFiles(directory=str(console), html=True), name="console")
@@ -242,7 +251,15 @@ def _add_command_route(
                 principal,
             )
         arguments = {} if body is None else body.model_dump(exclude_unset=True)
-        log.info("admin api: %s runs %s %s", who(request, principal), cmd.name, arguments)
+        # A change is logged as an event; a read at debug (the console asks for the
+        # cluster status every 2 s: at info, that would be most of a node's log).
+        log.log(
+            logging.INFO if cmd.changes else logging.DEBUG,
+            "admin api: %s runs %s %s",
+            who(request, principal),
+            cmd.name,
+            arguments,
+        )
         try:
             return cmd.run(context(), arguments)
         except ValidationError as exc:  # only if the model changed between checks

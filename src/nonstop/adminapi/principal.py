@@ -47,10 +47,29 @@ class Directory:
     password_version: Callable[[str], object] = lambda _user: None
     """Something that changes when the user's password changes (its stored key):
     what lets a cache of a successful check (the metrics endpoint's) notice it."""
+    ready: Callable[[str], bool] = lambda _user: True
+    """Whether this user's entry can be trusted yet: False on a node that restarted
+    and has not caught up with the cluster log (``ClusterNode.caught_up``)."""
 
 
 class NotAuthenticated(Exception):
     """No, or a bad, credential; the message says which (for the log, and the 401)."""
+
+    status = 401
+
+
+class CatchingUp(NotAuthenticated):
+    """The node cannot check this user yet (it is catching up with the cluster log): 503."""
+
+    status = 503
+
+
+def _ready(directory: Directory, user: str) -> None:
+    if not directory.ready(user):
+        raise CatchingUp(
+            "this node is catching up with the cluster log since its start and checks "
+            f"no user yet (user {user!r}): retry in a moment, or ask another node"
+        )
 
 
 def authenticate(
@@ -68,11 +87,13 @@ def authenticate(
             user = tokens.verify(bearer)
         except BadToken as exc:
             raise NotAuthenticated(str(exc)) from None
+        _ready(directory, user)
         roles = directory.roles_of(user)
         if roles is None:
             raise NotAuthenticated(f"user {user!r} of the token no longer exists")
         return Principal(user, tuple(roles), "token")
     if basic is not None:
+        _ready(directory, basic[0])
         roles = directory.check_password(*basic)
         if roles is None:
             raise NotAuthenticated(f"bad user or password (user {basic[0]!r})")

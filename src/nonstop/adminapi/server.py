@@ -39,12 +39,19 @@ class AdminServer:
     def __init__(self, server: EmbeddedServer, task: asyncio.Task[None]) -> None:
         self._server = server
         self._task = task
+        self._companions: list[asyncio.Future[Any]] = []
+
+    def companion(self, task: asyncio.Future[Any]) -> None:
+        """A task that lives as long as the API (the console's sampler): cancelled by stop."""
+        self._companions.append(task)
 
     @property
     def port(self) -> int:
         return int(self._server.servers[0].sockets[0].getsockname()[1])
 
     async def stop(self) -> None:
+        for task in self._companions:
+            task.cancel()
         self._server.should_exit = True
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self._task, 5.0)

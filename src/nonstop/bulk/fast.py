@@ -113,7 +113,7 @@ def upsert(
     removals: list[Any] = []
     counts = None
     if created:
-        create_ops(tx, info, names, cols, created, kbs, index, ops)
+        create_ops(tx.engine.store, info, names, cols, created, kbs, index, ops)
         # (a bulk write creates in the store's own location, as create does)
         own = location_prefix(store.location)
         counts = {count_key(info.name.encode(), own): len(created)}
@@ -165,7 +165,7 @@ def upsert(
 
 
 def create_ops(
-    tx: Transaction,
+    store: Any,
     info: TypeInfo,
     names: list[str],
     cols: list[list[Any]],
@@ -174,8 +174,7 @@ def create_ops(
     index: Any,
     ops: list[Any],
 ) -> None:
-    """Records, extent entries and index entries of the batch's new objects."""
-    store = tx.engine.store
+    """Records, extent entries and index entries of the batch's new objects (in ``store``)."""
     fields = info.fields
     given = dict(zip(names, cols, strict=True))
     missing = [f.name for f in info.required if f.name not in given]

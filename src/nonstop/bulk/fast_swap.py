@@ -20,15 +20,16 @@ two-phase commit), so what a reader sees is unchanged:
   not delete (a phantom created meanwhile, or another type's object sharing
   the index) is a :class:`~nonstop.errors.DuplicateKey`: nothing is swapped.
 
-It covers (:func:`covers`) a type with one concrete type, no delete trigger,
+It covers (:func:`covered_key`) a type with one concrete type, no delete trigger,
 no reference fields (a reference needs a read lock on the object it names),
 and exactly one unique key (the one the rows were staged by).  Other types
-take the per-object path.
+take the per-object path; those whose unique key's index is their own take the
+bounded swap (:mod:`nonstop.bulk.swap_apply`), which builds its pages with
+:func:`delete_ops` and ``bulk.fast.create_ops`` too.
 
-What is still per object until the commit ends (and so O(old + new), see
-data-path.md §6.3 for the bounded design): the raw operations and the prepared
-record that holds them, the locks, and the new key values seen (for the
-duplicate check across parts).
+What is still per object until the commit ends here (and so O(old + new), see
+data-path.md §6.3): the raw operations and the prepared record that holds them,
+the locks, and the new key values seen (for the duplicate check across parts).
 """
 
 from __future__ import annotations
@@ -74,13 +75,30 @@ def g_delete_page(tx: Transaction, info: TypeInfo, refs: list[bytes]) -> Steps:
     many were there to delete (one deleted meanwhile is skipped)."""
     yield (NEED_ALL, (refs, _WRITE), {})
     store = tx.engine.store
+    # (the records are read after the locks: nothing in them can change any more)
+    removal = delete_ops(store, info, refs)
+    if removal is None:  # (all deleted by transactions that committed meanwhile)
+        return 0
+    ops, counts, slots = removal
+    if slots:
+        yield (NEED_ALL, (slots, _WRITE), {})  # given up: a creator waits for us
+    tx.write_raw(ops, counts=counts)
+    return -sum(counts.values())
+
+
+def delete_ops(
+    store: Any, info: TypeInfo, refs: list[bytes]
+) -> tuple[list[Any], dict[bytes, int], list[Any]] | None:
+    """The store operations deleting the objects ``refs`` of ``info`` that exist (their
+    records, extent entries, every index entry), the count changes, and the unique
+    ``(index, key bytes)`` slots they give up; None if none of them exists."""
     objects = store.objects
-    with store.read() as rtxn:  # (after the locks: nothing in it can change any more)
+    with store.read() as rtxn:
         get = rtxn.get
         raws = [get(r, db=objects) for r in refs]
     present = [(r, raw) for r, raw in zip(refs, raws, strict=True) if raw is not None]
-    if not present:  # (all deleted by transactions that committed meanwhile)
-        return 0
+    if not present:
+        return None
     refs = [r for r, _ in present]
     recs = bulk_records.decode_all(store, [raw for _, raw in present], refs)
     newest = max(rec[1] for rec in recs)
@@ -100,19 +118,17 @@ def g_delete_page(tx: Transaction, info: TypeInfo, refs: list[bytes]) -> Steps:
         if key.options.unique:
             kbs = encode_keys([v for v in col if v is not None])  # (None is not indexed)
             removals.extend(zip(repeat(False), repeat(db), kbs, repeat(None)))
-            slots.extend(zip(repeat(key.db_name), kbs))  # given up: a creator waits for us
+            slots.extend(zip(repeat(key.db_name), kbs))
         else:
             removals.extend(zip(repeat(False), repeat(db), encode_keys(col), refs))
     prefix = info.name.encode() + b"\x00"
-    ops = list(zip(repeat(False), repeat(store.objects), refs, repeat(None)))
-    ops.extend(zip(repeat(False), repeat(store.extents), [prefix + r for r in refs], repeat(None)))
-    deleted = len(refs)
-    if slots:
-        yield (NEED_ALL, (slots, _WRITE), {})
+    removals.extend(zip(repeat(False), repeat(objects), refs, repeat(None)))
+    removals.extend(
+        zip(repeat(False), repeat(store.extents), [prefix + r for r in refs], repeat(None))
+    )
     # Counts are kept per (type, location): the old objects may sit in several.
     per_location = Counter(count_key(info.name.encode(), r) for r in refs)
-    tx.write_raw(removals + ops, counts={k: -n for k, n in per_location.items()})
-    return deleted
+    return removals, {k: -n for k, n in per_location.items()}, slots
 
 
 def g_create_part(
@@ -149,7 +165,7 @@ def g_create_part(
         shown = _shown(kcol, kbs, set(taken))
         raise DuplicateKey(f"{info.name}.{key.field} = {shown} is already taken")
     ops: list[Any] = []
-    bulk_fast.create_ops(tx, info, names, cols, list(range(len(kbs))), kbs, index, ops)
+    bulk_fast.create_ops(tx.engine.store, info, names, cols, list(range(len(kbs))), kbs, index, ops)
     # (a bulk write creates in the store's own location, as create does)
     own = location_prefix(store.location)
     tx.write_raw(ops, counts={count_key(info.name.encode(), own): len(kbs)})

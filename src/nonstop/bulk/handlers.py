@@ -36,12 +36,15 @@ key                    value
 ``j/<job>``            a staged overwrite: its type
 ``o/<job>/<tag>``      one staged part of an overwrite (packed columns)
 ``d/<job>``            a committed overwrite's result (commit is idempotent)
+``p/<job>``            a committed bounded swap not fully applied yet, and how far
+``k/<job>/<key>``      a bounded swap's scratch: the key values checked so far
 =====================  =============================================
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import datetime as _dt
 import difflib
 import heapq
@@ -55,7 +58,7 @@ from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from nonstop.bulk import fast as bulk_fast
-from nonstop.bulk import fast_swap, gc_hold
+from nonstop.bulk import fast_swap, gc_hold, swap_apply
 from nonstop.bulk import records as bulk_records
 from nonstop.bulk.keys import encode_keys
 from nonstop.errors import (
@@ -104,15 +107,14 @@ class BulkContext:
 
 # ------------------------------------------------------------------ helpers
 def _bulk_db(db: Database) -> Any:
-    # A plain (non-dupsort) named database, created on first use and registered
-    # with the store so that prepared records can name it.
-    return db.engine.store.index_db(b"bulk", unique=True)
+    return swap_apply.bulk_db(db.engine.store)
 
 
 def _type(ctx: BulkContext, payload: dict[str, Any]) -> TypeInfo:
     name = payload.get("type")
     if not isinstance(name, str) or not name:
         raise BadArgument("a bulk operation needs 'type': the managed type's name")
+    swap_apply.resume(ctx.db)  # (once per store: swaps a restart interrupted)
     try:
         info = ctx.db.engine.type_by_name(name)
     except UnknownType:
@@ -250,6 +252,7 @@ def plan(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any]:
     last ends at None, so objects created after planning are still covered.
     """
     info = _type(ctx, payload)
+    swap_apply.wait_open(ctx.db, info)  # (not while a swap of it is applied)
     splits = payload.get("splits", 1)
     max_rows = payload.get("max_rows") or ROWS_PER_RANGE
     if not isinstance(splits, int) or splits < 1 or not isinstance(max_rows, int):
@@ -272,16 +275,7 @@ def plan(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------- scan
-def _extent_refs(store: Any, rtxn: Any, type_name: str, lo: bytes | None) -> Iterator[bytes]:
-    prefix = type_name.encode() + b"\x00"
-    cur = rtxn.cursor(db=store.extents)
-    if not cur.set_range(prefix + (lo or b"")):
-        return
-    plen = len(prefix)
-    for key in cur.iternext(keys=True, values=False):
-        if not key.startswith(prefix):
-            return
-        yield key[plen:]
+_extent_refs = swap_apply.extent_refs
 
 
 def _compile_filters(info: TypeInfo, filters: Any) -> list[tuple[str, str, Any]]:
@@ -347,6 +341,7 @@ def scan(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any]:
     through its index instead of scanning.
     """
     info = _type(ctx, payload)
+    swap_apply.wait_open(ctx.db, info)  # (not while a swap of it is applied)
     fmt = _format(payload)
     names = _fields(info, payload.get("fields"), fmt)
     lo = _ref_arg(payload.get("lo"), "lo")
@@ -633,6 +628,9 @@ def _run_steps(tx: Transaction, steps: Steps) -> Any:
                 value = tx.drive(tx.need(*args))
             elif name == fast_swap.NEED_ALL:
                 value = tx.drive(tx.need_all(*args))
+            elif name == swap_apply.COMMIT:
+                tx.engine.committer.commit(*args)
+                value = None
             else:
                 value = getattr(tx, name)(*args, **kwargs)
         except Exception as exc:
@@ -664,10 +662,27 @@ async def _arun_steps(tx: AsyncTransaction, steps: Steps) -> Any:
                 value = await tx.adrive(tx.need(*args))
             elif name == fast_swap.NEED_ALL:
                 value = await tx.adrive(tx.need_all(*args))
+            elif name == swap_apply.COMMIT:
+                await _acommit(tx, *args)
+                value = None
             else:
                 value = await getattr(tx, name)(*args, **kwargs)
         except Exception as exc:
             failure = exc
+
+
+async def _acommit(tx: AsyncTransaction, ws: WriteSet) -> None:
+    """Commit ``ws`` (a swap's scratch, not the transaction's) without blocking the loop."""
+    done: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+    def landed(exc: BaseException | None) -> None:  # (the committer's thread)
+        if exc is None:
+            done.set_result(None)
+        else:
+            done.set_exception(exc)
+
+    tx.engine.committer.submit(ws, landed)
+    await asyncio.wrap_future(done)
 
 
 def _g_refs(info: TypeInfo, row: dict[str, Any]) -> Steps:
@@ -784,6 +799,7 @@ def upsert(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any]:
     path (:mod:`nonstop.bulk.fast`) applies (comparisons, tests).
     """
     info = _type(ctx, payload)
+    swap_apply.wait_open(ctx.db, info)  # (not while a swap of it is applied)
     key = _key_of(info, payload)
     names, cols, kbs = _columns_of(info, key, payload)
     fast = bulk_fast.covers(info, key) and not payload.get("per_row")
@@ -831,17 +847,7 @@ def forget(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any]:
 
 
 def _keys_with(db: Database, prefix: bytes) -> list[bytes]:
-    bulk = _bulk_db(db)
-    out = []
-    with db.engine.store.read() as rtxn:
-        cur = rtxn.cursor(db=bulk)
-        if cur.set_range(prefix):
-            for k in cur.iternext(keys=True, values=False):
-                key = bytes(k)
-                if not key.startswith(prefix):
-                    break
-                out.append(key)
-    return out
+    return swap_apply.keys_with(db.engine.store, prefix)
 
 
 # ----------------------------------------------------------------- streams
@@ -947,7 +953,9 @@ def overwrite_commit(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any
         with db.transaction() as tx:
             return _run_steps(tx, _g_swap(tx, info, job, parts))  # type: ignore[no-any-return]
 
-    return _retrying(run)  # type: ignore[no-any-return]
+    result = _retrying(run)
+    swap_apply.wait_applied(db, info.name)  # (a bounded swap lands after its commit)
+    return result  # type: ignore[no-any-return]
 
 
 async def overwrite_branch(
@@ -987,6 +995,12 @@ def _g_swap(tx: Transaction, info: TypeInfo, job: str, parts_arg: Any) -> Steps:
         raise BadArgument(f"no staged overwrite {job!r} on this node (aborted?)")
     staged = _keys_with(db, f"o/{job}/".encode())
     parts = _chosen(staged, f"o/{job}/".encode(), parts_arg)
+    bounded_key = swap_apply.covered_key(info)
+    if bounded_key is not None:  # memory bounded per page, applied after the commit
+        deleted, inserted = yield from swap_apply.g_swap(tx, info, bounded_key, job, parts)
+        result = {"deleted": deleted, "inserted": inserted}
+        tx.write_raw([(True, bulk, dslot, pack(result))])
+        return {**result, "replayed": False}
     fast_key = fast_swap.covered_key(info)
     deleted = 0
     for name in sorted(t.name for t in info.concrete_types()):
@@ -1058,14 +1072,7 @@ def _g_delete_objects(page: list[bytes]) -> Steps:
     return deleted
 
 
-def _part_columns(part: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
-    """A staged part's column names and columns (parts staged as rows by an older
-    version are turned into columns)."""
-    if "cols" in part:
-        return part["names"], part["cols"]
-    rows: list[dict[str, Any]] = part["rows"]
-    names = list(rows[0]) if rows else []
-    return names, [[row[n] for row in rows] for n in names]
+_part_columns = swap_apply.part_columns
 
 
 def _chosen(staged: list[bytes], prefix: bytes, parts: Any) -> list[bytes]:
@@ -1084,7 +1091,9 @@ def overwrite_abort(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any]
     job = _job(payload)
     db = ctx.db
     bulk = _bulk_db(db)
-    keys = _keys_with(db, f"o/{job}/".encode())
+    if db.engine.get_raw(bulk, b"p/" + job.encode()) is not None:
+        return {"dropped": 0}  # committed: its swap is being applied and needs its parts
+    keys = _keys_with(db, f"o/{job}/".encode()) + _keys_with(db, f"k/{job}/".encode())
     if db.engine.get_raw(bulk, b"j/" + job.encode()) is not None:
         keys.append(b"j/" + job.encode())
     if keys:
@@ -1096,6 +1105,7 @@ def overwrite_abort(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any]
 def schema(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any]:
     """The type's schema as stored (``TypeInfo.schema()``) plus its unique keys."""
     info = _type(ctx, payload)
+    swap_apply.wait_open(ctx.db, info)  # (not while a swap of it is applied)
     out = info.schema()
     out["unique"] = [k.field for k in info.keys.values() if k.options.unique]
     out["count"] = sum(ctx.db.engine.store.count(t.name) for t in info.concrete_types())

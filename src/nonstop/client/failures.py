@@ -24,7 +24,7 @@ import ssl
 from nonstop.errors import AuthenticationFailed, ProtocolError
 from nonstop.net.connection import HandshakeRejected
 from nonstop.net.frames import FrameError
-from nonstop.net.handshake import AUTHENTICATION_FAILED, Hello
+from nonstop.net.handshake import AUTHENTICATION_FAILED, CATCHING_UP, Hello
 from nonstop.net.tls import TLS_NOT_ENABLED
 from nonstop.runtime.limits import TOO_MANY_CONNECTIONS
 
@@ -81,8 +81,10 @@ def refusal(address: str, exc: BaseException) -> NodeRefused | None:
     if isinstance(exc, HandshakeRejected) and exc.code == AUTHENTICATION_FAILED:
         return AuthenticationRefused(address, exc.code, exc.reason, exc.peer)
     if isinstance(exc, HandshakeRejected):
-        if exc.code == TOO_MANY_CONNECTIONS:
-            return None  # the node is busy, not misconfigured: another node may take us
+        if exc.code in (TOO_MANY_CONNECTIONS, CATCHING_UP):
+            # The node is busy or just restarted, not misconfigured: another node (or
+            # this one on the next round) may take us.
+            return None
         return NodeRefused(address, exc.code, exc.reason, exc.peer)
     if isinstance(exc, ssl.SSLError) and exc.reason in NOT_TLS_REASONS:
         # The node answered our TLS handshake with bytes that are not TLS.

@@ -39,6 +39,7 @@ flavours.  A transaction is used by one thread or task at a time.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Generator, Iterator
 from typing import Any, Generic, TypeVar
 
@@ -797,6 +798,44 @@ class RemoteTransactionBase:
         if req is not None:
             self.sessions.request_id_done(req)
 
+    def _committed_without_session(self) -> bool:
+        """True when no session was ever opened: nothing to commit, the transaction is
+        committed at once (and its link, if it took one, released)."""
+        if self._s is not None:
+            return False
+        self._ended(TxState.COMMITTED)
+        if self._link is not None:
+            self.sessions.release(self._link)
+        return True
+
+    @contextlib.contextmanager
+    def _commit_outcome(self, link: Link, req: list[Any] | None) -> Iterator[None]:
+        """Around the wait for the commit's reply: committed if it returns, rolled back if
+        it raises (``Unavailable``: the outcome is unknown); then :meth:`_commit_over`."""
+        try:
+            yield
+        except BaseException:
+            self._ended(TxState.ROLLED_BACK)
+            raise
+        else:
+            self._ended(TxState.COMMITTED)
+        finally:
+            self._commit_over(link, req)
+
+    def _end_for_rollback(self) -> tuple[Link, int] | None:
+        """Mark the transaction rolled back; the session the node must still roll back
+        (None: nothing to send -- already over, or no session begun)."""
+        if self._state not in (TxState.ACTIVE, TxState.COMMITTING):
+            return None
+        link, s = self._link, self._s
+        self._ended(TxState.ROLLED_BACK)
+        if link is None:
+            return None
+        if s is None:
+            self.sessions.release(link)
+            return None
+        return link, s
+
     # ------------------------------------------------------------- endings
     def _ended(self, outcome: TxState) -> None:
         self._state = outcome
@@ -963,21 +1002,11 @@ class RemoteTransaction(RemoteTransactionBase):
             except BaseException:
                 self.rollback()
                 raise
-        if self._s is None:
-            self._ended(TxState.COMMITTED)  # no session was opened: nothing to commit
-            if self._link is not None:
-                self.sessions.release(self._link)
+        if self._committed_without_session():
             return
         link, payload, req = self._start_commit()
-        try:
+        with self._commit_outcome(link, req):
             self.sessions.commit(link, payload, req)
-        except BaseException:
-            self._ended(TxState.ROLLED_BACK)
-            raise
-        else:
-            self._ended(TxState.COMMITTED)
-        finally:
-            self._commit_over(link, req)
 
     def _check_usable_or_rollback(self) -> None:
         try:
@@ -990,16 +1019,9 @@ class RemoteTransaction(RemoteTransactionBase):
 
     def rollback(self) -> None:
         """Drop every change; the node releases every lock (B5).  Safe to call twice."""
-        if self._state not in (TxState.ACTIVE, TxState.COMMITTING):
-            return
-        link, s = self._link, self._s
-        self._ended(TxState.ROLLED_BACK)
-        if link is None:
-            return
-        if s is None:
-            self.sessions.release(link)
-            return
-        self.sessions.rollback(link, s)
+        session = self._end_for_rollback()
+        if session is not None:
+            self.sessions.rollback(*session)
 
     # ---------------------------------------------------------- context
     def __enter__(self) -> RemoteTransaction:

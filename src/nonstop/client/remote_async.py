@@ -201,35 +201,17 @@ class AsyncRemoteTransaction(RemoteTransactionBase):
         except BaseException:
             await self.rollback()
             raise
-        if self._s is None:
-            self._ended(TxState.COMMITTED)  # no session was opened: nothing to commit
-            if self._link is not None:
-                self.sessions.release(self._link)
+        if self._committed_without_session():
             return
         link, payload, req = self._start_commit()
-        try:
+        with self._commit_outcome(link, req):  # a cancelled task: the outcome is unknown
             await self.sessions.commit(link, payload, req)
-        except BaseException:
-            # (A cancelled task: the outcome is unknown, the task is gone.)
-            self._ended(TxState.ROLLED_BACK)
-            raise
-        else:
-            self._ended(TxState.COMMITTED)
-        finally:
-            self._commit_over(link, req)
 
     async def rollback(self) -> None:
         """Drop every change; the node releases every lock.  Safe to call twice."""
-        if self._state not in (TxState.ACTIVE, TxState.COMMITTING):
-            return
-        link, s = self._link, self._s
-        self._ended(TxState.ROLLED_BACK)
-        if link is None:
-            return
-        if s is None:
-            self.sessions.release(link)
-            return
-        await self.sessions.rollback(link, s)
+        session = self._end_for_rollback()
+        if session is not None:
+            await self.sessions.rollback(*session)
 
     async def __aenter__(self) -> AsyncRemoteTransaction:
         return self

@@ -322,6 +322,7 @@ class ClusterNode:
         self.tables = TableRegistry()
         self._table_inflight: dict[tuple[Any, ...], tuple[int, int]] = {}  # -> (index, term)
         self._handled_any = False
+        self._caught_up = False
 
     def _next_token(self) -> int:
         self._token += 1
@@ -332,6 +333,21 @@ class ClusterNode:
     def enabled(self) -> bool:
         """False while Disabled (no quorum): the node refuses work (D16)."""
         return self.quorum_state != QUORUM_DISABLED
+
+    @property
+    def caught_up(self) -> bool:
+        """True once this node, since it started, applied the log as far as a leader had it.
+
+        The applied state (users, decisions, partitions) of a node that just
+        restarted is its snapshot's until a leader tells it what followed:
+        what reads that state for a decision that matters -- the users table
+        for authentication -- waits for this.  Sticky: it stays True when the
+        node later lags (the state is then at most the replication lag old).
+        """
+        if not self._caught_up:
+            target = self.raft.catch_up_target
+            self._caught_up = target is not None and self.applied_index >= target
+        return self._caught_up
 
     @property
     def incarnation(self) -> int:

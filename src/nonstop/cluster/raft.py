@@ -349,6 +349,11 @@ class Raft:
         self._votes: set[NodeId] = set()
         self._peers: dict[NodeId, _Peer] = {}
         self._term_start = 0  # index of this leader's no-op
+        # Where this node's applied state is known to be current (``caught_up``): the log's
+        # end as the current leader first told it, or this leader's no-op.  None until a
+        # leader is heard from; reset when the leader changes (a deposed leader's end may
+        # never commit).
+        self.catch_up_target: int | None = None
         self._quorums: tuple[Quorum | None, Quorum | None] = (None, None)
 
         # Durability bookkeeping.
@@ -875,6 +880,7 @@ class Raft:
     def _set_leader(self, leader: NodeId | None, out: list[Action]) -> None:
         if leader != self.leader:
             self.leader = leader
+            self.catch_up_target = None
             out.append(Notify("leader", {"term": self.term, "leader": leader}))
         if leader is not None:
             self._leader_hint = leader
@@ -1008,6 +1014,7 @@ class Raft:
         # The no-op commits everything before it (entries of past terms are never committed by
         # counting replicas, Raft §5.4.2).
         self._term_start = self._append_local(self.term, K_NOOP, None)
+        self.catch_up_target = self._term_start
         self._view_inflight = 0
         latest = self._configs[-1]
         if latest.old is not None and latest.index <= self.commit_index:
@@ -1270,6 +1277,8 @@ class Raft:
             return
         if _is_int(p.get("last")):
             self._leader_last = max(self._leader_last, p["last"])
+            if self.catch_up_target is None:
+                self.catch_up_target = p["last"]
         base = {"t": "raft.append_r", "term": self.term, "e": 1 if ents else 0}
         if prev < self._snap_index:
             # The append starts inside our snapshot.  Committed entries are identical to the

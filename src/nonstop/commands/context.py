@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from nonstop.commands.failure import CommandError
+from nonstop.commands.failure import CommandError, ErrorKind
 from nonstop.errors import Error
 
 
@@ -54,4 +54,19 @@ class CommandContext:
             return client.request(payload)
 
 
-__all__ = ["CommandContext"]
+def ask(context: CommandContext, payload: dict[str, Any]) -> Any:
+    """One request through :meth:`CommandContext.client`; the node's refusal as a
+    :class:`CommandError` (BadArgument: usage, NotAuthorized: forbidden, else failed)."""
+    from nonstop.errors import BadArgument, NotAuthorized
+
+    with context.client() as client:
+        try:
+            return client.call(payload)
+        except (Error, ValueError) as exc:
+            kind: ErrorKind = "usage" if isinstance(exc, BadArgument) else "failed"
+            if isinstance(exc, NotAuthorized):
+                kind = "forbidden"
+            raise CommandError(str(exc), kind) from None
+
+
+__all__ = ["CommandContext", "ask"]

@@ -122,6 +122,7 @@ def load_all() -> dict[str, Command]:
     """Import every module that defines commands, then the registry (front ends call this)."""
     import nonstop.commands.cluster_commands
     import nonstop.commands.config_commands
+    import nonstop.commands.membership_commands
     import nonstop.commands.partition_commands
     import nonstop.commands.user_commands  # noqa: F401
 

@@ -11,25 +11,12 @@ from typing import Any
 
 from pydantic import Field
 
-from nonstop.commands.context import CommandContext
-from nonstop.commands.failure import CommandError, ErrorKind
+from nonstop.commands.context import CommandContext, ask
 from nonstop.commands.registry import Arguments, NoArguments, command
-from nonstop.errors import BadArgument, Error, NotAuthorized
 from nonstop.security.roles import USERS
 
 USER_NAME = r"^[A-Za-z0-9_.@-]{1,64}$"
 ROLE_NAME = r"^[a-z][a-z0-9_.-]{0,31}$"
-
-
-def ask(context: CommandContext, payload: dict[str, Any]) -> Any:
-    with context.client() as client:
-        try:
-            return client.call(payload)
-        except (Error, ValueError) as exc:
-            kind: ErrorKind = "usage" if isinstance(exc, BadArgument) else "failed"
-            if isinstance(exc, NotAuthorized):
-                kind = "forbidden"
-            raise CommandError(str(exc), kind) from None
 
 
 @command("user.list", permission=USERS)

@@ -50,6 +50,8 @@ RETRYABLE_REASONS = {
     # The participant had no branch to prepare any more (it restarted, rolled it
     # back when this coordinator looked down, or idled it out): as for an op.
     "branch gone": "BranchRolledBack",
+    # Sync replication on a real node: the participant does not act for the partition now.
+    "not active": "NotActive",
 }
 """A participant's no vote (``dataplane.participant`` reasons, the machine's own branch timeout)
 that makes an aborted commit worth replaying → the retryable error the client gets."""

@@ -10,18 +10,25 @@ edges *is* the global graph between transactions.
 
 Every ``deadlock_every`` seconds the machine asks its store for its local edges
 (:class:`ReadWaits` → :class:`LocalWaits`); while it has any (and once more when
-they are gone) it sends them to every up peer (``data.waits``).  Each node keeps
-the latest edges of every node (dropped when older than ``_FRESH`` periods or
-when the node leaves Up) and searches the union for cycles, at each tick and
-each time a peer's edges arrive.  The victim of a
-cycle is its greatest branch id: every node computes the same one, and only its
-coordinator acts.  It does so if the cycle is still there at least one period
-after it first saw it (mixing snapshots of different nodes taken at different
-times could show a cycle that never existed at one instant; a real one lasts),
-and the session is active with an op running: it dooms the session with the
-retryable :class:`~nonstop.errors.Deadlock` (``@transactional`` replays it) and
-rolls its branches back everywhere, which breaks the cycle.  ``lock_wait``
-stays as the backstop (a victim that is committing, a lost message).
+they are gone, or while a session it coordinates is in a known edge) it sends
+them to every up peer (``data.waits``), with the *stamps* of its own sessions
+(``_stamp``: a start time fixed once, so every node ranks by the same numbers).
+Each node keeps the latest edges of every node (dropped when older than
+``_FRESH`` periods or when the node leaves Up) and, at each tick and each time a
+peer's edges arrive:
+
+* **wounds** (``deadlock_wound``, wound-wait): for an edge ``W → H`` whose holder
+  it coordinates, if ``W`` is older than ``H`` and ``H`` waits itself, it dooms
+  ``H`` at once -- so the oldest transaction is never held up behind younger
+  ones that wait, and cycles end within a period;
+* **searches the union for cycles**: the victim of a cycle is its youngest
+  session, and its coordinator dooms it once the cycle is confirmed on fresh
+  edges (a round trip, ``poll``) or a period later -- mixing snapshots of
+  different nodes could show a cycle that never existed at one instant.
+
+A doomed session hears the retryable :class:`~nonstop.errors.Deadlock`
+(``@transactional`` replays it) and its branches are rolled back everywhere.
+``lock_wait`` stays as the backstop (a victim that is committing, a lost message).
 """
 
 from __future__ import annotations
@@ -139,7 +146,12 @@ class DeadlockDetector:
         """A fresh read was asked for a new suspect: send its edges with ``poll``."""
         self.polled_at = float("-inf")
         self.born: dict[str, float] = {}
-        """Other nodes' branch id → when its session started (this node's clock, about)."""
+        """Other nodes' branch id → its stamp (``_stamp``), as its coordinator sent it."""
+        self.stamps: dict[str, float] = {}
+        """Branch id of a session coordinated here → its stamp, fixed once sent."""
+        self.ahead: dict[str, float] = {}
+        """Peer → how far its clock is ahead of this node's (its ``now`` when it sent its
+        latest edges minus ours when they arrived: less the transit time)."""
         self.fallback: dict[str, float] = {}
         """Victims by the greatest-id rule (coordinated here) → when first seen."""
 
@@ -163,11 +175,13 @@ class DeadlockDetector:
         self.local = mine
         self.local_at = self.dp.now
         poll, self.polling = self.polling, False
-        if mine or had or poll:
+        stamps = self._stamps_known(mine)
+        if mine or had or poll or stamps:
             msg: dict[str, Any] = {
                 "t": "data.waits",
                 "e": sorted([w, h] for w, h in mine),
-                "a": self._ages(mine),
+                "ts": stamps,
+                "now": self.dp.now,
             }
             if poll:
                 msg["poll"] = True  # peers: read your edges now, do not wait for the tick
@@ -187,12 +201,21 @@ class DeadlockDetector:
             for e in raw
             if isinstance(e, list) and len(e) == 2 and all(isinstance(x, str) for x in e)
         )
-        ages = msg.get("a")
-        if isinstance(ages, dict):
-            now = self.dp.now
-            for bid, age in ages.items():
-                if isinstance(bid, str) and isinstance(age, int | float) and age >= 0:
-                    self.born[bid] = now - age
+        stamps = msg.get("ts")
+        if isinstance(stamps, dict):
+            prefix = sender + "."
+            for bid, stamp in stamps.items():
+                # Only the sender stamps its own sessions; a stamp is a finite number.
+                if (
+                    isinstance(bid, str)
+                    and bid.startswith(prefix)
+                    and isinstance(stamp, int | float)
+                    and math.isfinite(stamp)
+                ):
+                    self.born[bid] = float(stamp)
+        now = msg.get("now")
+        if isinstance(now, int | float) and math.isfinite(now):
+            self.ahead[sender] = float(now) - self.dp.now
         if edges:
             self.remote[sender] = (edges, self.dp.now)
             self.search()  # a cycle may be complete now: do not wait for the tick
@@ -201,6 +224,7 @@ class DeadlockDetector:
 
     def node_down(self, peer: str) -> None:
         self.remote.pop(peer, None)
+        self.ahead.pop(peer, None)
 
     def search(self) -> None:
         """Cycles in the gathered graph: doom the victims coordinated here (module doc)."""
@@ -208,20 +232,22 @@ class DeadlockDetector:
         stale = now - _FRESH * self.period
         for node in [n for n, (_, at) in self.remote.items() if at < stale]:
             del self.remote[node]
+        edges = self.local.union(*(e for e, _ in self.remote.values()))
+        nodes = {b for edge in edges for b in edge}
+        self.born = {b: t for b, t in self.born.items() if b in nodes}
+        self.stamps = {b: t for b, t in self.stamps.items() if self._session(b) is not None}
+        if self.dp.config.deadlock_wound != "off":
+            self._wound(edges)
         if not self.remote:
             # Every cycle through this node's coordinated sessions spans nodes, and
             # a local one is the lock manager's: nothing to find without a peer's edges.
             self.suspects.clear()
             return
-        edges: set[Edge] = set(self.local)
-        for node_edges, _ in self.remote.values():
-            edges |= node_edges
         prefix = self.dp.name + "."
-        nodes = {b for edge in edges for b in edge}
-        self.born = {b: t for b, t in self.born.items() if b in nodes}
         seen = {v: c for v, c in victims_of(edges, self._rank).items() if v.startswith(prefix)}
-        # Ages are estimates: nodes may disagree on the youngest and each leave the
-        # cycle to another.  A cycle that outlives that is broken by the id rule.
+        # Graphs differ between nodes (snapshots of other instants, a stamp not yet
+        # arrived): each may leave a cycle to another.  One that outlives that is
+        # broken by the id rule.
         by_id = {v: c for v, c in victims_of(edges).items() if v.startswith(prefix)}
         self.fallback = {v: self.fallback.get(v, now) for v in by_id}
         for victim, cycle in by_id.items():
@@ -239,31 +265,81 @@ class DeadlockDetector:
                 continue  # seen once: confirm on fresh edges (module doc)
             self._doom(victim, cycle)
 
-    def _ages(self, mine: frozenset[Edge]) -> dict[str, float]:
-        """Age of each session coordinated here that is in a known wait-for edge."""
+    def _wound(self, edges: frozenset[Edge]) -> None:
+        """Wound-wait: an older waiter dooms the younger holder it waits for, here if
+        this node coordinates the holder (one decider per holder); a waiter whose stamp
+        has not arrived ranks as youngest: no wound.  With ``"blocked"`` only a holder
+        that is itself waiting: a running one will end soon on its own."""
+        prefix = self.dp.name + "."
+        blocked = {w for w, _ in edges} if self.dp.config.deadlock_wound == "blocked" else None
+        wounded: set[str] = set()
+        for waiter, holder in sorted(edges):
+            if holder in wounded or not holder.startswith(prefix):
+                continue
+            if blocked is not None and holder not in blocked:
+                continue
+            if self._rank(waiter) >= self._rank(holder):
+                continue
+            s = self._session(holder)
+            if not self._woundable(s):
+                continue
+            wounded.add(holder)
+            self.suspects.pop(holder, None)
+            self.fallback.pop(holder, None)
+            self.dp.stats["deadlock_victims"] += 1
+            self.dp.stats["deadlock_wounds"] += 1
+            why = f"wounded: the older transaction {waiter} waits for {holder}"
+            self.dp.log("debug", why)  # up to one per transfer under contention
+            self.dp.doom(s, errors.Deadlock, why)
+
+    def _woundable(self, s: Any) -> bool:
+        """Only an active session: one that is committing may have voted yes (its
+        outcome is the log's, not ours), and it releases its locks without waiting."""
+        return s is not None and s.state == ACTIVE
+
+    def _stamps_known(self, mine: frozenset[Edge]) -> dict[str, float]:
+        """Stamps of the sessions coordinated here that are in a known wait-for edge."""
         known = {b for edge in mine for b in edge}
         for node_edges, _ in self.remote.values():
             known |= {b for edge in node_edges for b in edge}
         prefix = self.dp.name + "."
-        now = self.dp.now
         out: dict[str, float] = {}
         for bid in known:
             if bid.startswith(prefix):
-                s = self._session(bid)
-                if s is not None:
-                    out[bid] = max(0.0, now - s.started)
+                stamp = self._stamp(bid)
+                if stamp is not None:
+                    out[bid] = stamp
         return out
+
+    def _stamp(self, bid: str) -> float | None:
+        """The rank of a session coordinated here, the same number on every node.
+
+        Its start time, fixed the first time it is needed and sent as it is: every
+        node ranks by the same numbers, so all agree on who is older (ages turned into
+        start times on each receiver's clock differ by the transit time, and two nodes
+        each left a cycle to the other).  On the clock of the node furthest ahead, as
+        far as this one knows (``ahead``): the nodes' monotonic clocks need not agree,
+        and a node whose clock lags would otherwise rank its sessions oldest for ever.
+        """
+        stamp = self.stamps.get(bid)
+        if stamp is None:
+            s = self._session(bid)
+            if s is None:
+                return None
+            shift = max([0.0, *self.ahead.values()])
+            stamp = self.stamps[bid] = s.started + shift
+        return stamp
 
     def _session(self, bid: str) -> Any:
         sid_text = bid[len(self.dp.name) + 1 :]
         return self.dp.sessions.get(int(sid_text)) if sid_text.isdigit() else None
 
     def _rank(self, bid: str) -> tuple[float, str]:
-        """The youngest session is the victim (the oldest always gets on); unknown
-        ages rank as youngest; ties by id."""
+        """By stamp (``_stamp``): the greatest is the youngest, the victim (the oldest
+        always gets on); unknown stamps rank as youngest; ties by id."""
         if bid.startswith(self.dp.name + "."):
-            s = self._session(bid)
-            return (math.inf if s is None else s.started, bid)
+            stamp = self._stamp(bid)
+            return (math.inf if stamp is None else stamp, bid)
         return (self.born.get(bid, math.inf), bid)
 
     def _confirmed(self, first_seen: float) -> bool:

@@ -107,6 +107,10 @@ class DataPlaneConfig:
     deadlock_every: float = 0.025
     """How often the wait-for edges are read, shared and searched for cycles that
     span nodes (docs/design/deadlocks.md); 0 turns distributed detection off."""
+    deadlock_wound: str = "blocked"
+    """Wound-wait on the gathered wait-for edges (docs/design/deadlocks.md): an older
+    transaction waiting for a younger one that is itself waiting wounds it
+    (``"blocked"``), or for any younger one (``"any"``); ``"off"``: cycles only."""
     check_type: Callable[[Any, Any], object] = check_type
     """``(type name, client's version)`` → raises UnknownType / TypeVersionMismatch.
     The coordinator checks before anything runs; the store checks again."""

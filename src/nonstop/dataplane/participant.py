@@ -42,7 +42,15 @@ from typing import Any
 
 from nonstop.dtx.decisions import COMMIT
 from nonstop.dtx.protocol import K_PREPARED, K_TOMB, Progress, Ready, Refused
-from nonstop.errors import Conflict, Deadlock, FieldError, LockTimeout, StoreError
+from nonstop.errors import (
+    Conflict,
+    Deadlock,
+    FieldError,
+    LockTimeout,
+    NotActive,
+    StoreError,
+    Unavailable,
+)
 from nonstop.model.codec import pack, unpack
 from nonstop.model.ref import Ref
 from nonstop.store.group_commit import Op, WriteSet
@@ -50,6 +58,7 @@ from nonstop.tx.async_transaction import AsyncTransaction
 from nonstop.tx.database import Database
 from nonstop.tx.prepared import PreparedTransaction
 from nonstop.tx.query import gc_paused
+from nonstop.tx.replica import write_set_records
 from nonstop.tx.transaction import Transaction
 
 log = logging.getLogger("nonstop.dataplane.participant")
@@ -67,6 +76,10 @@ CONFLICT = "conflict"
 LOCK_TIMEOUT = "lock timeout"
 DEADLOCK = "deadlock"
 BRANCH_GONE = "branch gone"
+NOT_ACTIVE = "not active"
+"""The prepared write set could not reach the partition's sync replicas (this node does not
+act for it now): a no vote worth replaying (``NotActive``).  (The simulator's store votes
+``"not replicated"``, which stays a plain ``Aborted`` there.)"""
 
 RECORD = pack({"store": 1})
 """The machine's record of a prepared branch: the write set itself is the store's
@@ -109,6 +122,10 @@ class StoreResourceManager:
         self.lookup_branch = lookup_branch
         self.feed = feed
         self._branches: dict[str, _Branch] = {}
+        self.replicator: Any = None
+        """Sync replication of partitions (``nonstop.node.replicated.StoreSide``), or None:
+        ``await prepare(gtid, records)`` before the yes vote, ``outcome(gtid, commit)`` at
+        phase two (replication.md §10c)."""
         # Branches finished here whose phase two the persister may still be writing:
         # branch id -> gtid (for holds(); pruned as they leave the in-doubt set).
         self._ending: dict[str, bytes] = {}
@@ -170,6 +187,8 @@ class StoreResourceManager:
         transaction rolls back now, releasing its locks.  Lock waiters resume on
         their own (they are asyncio tasks), so there is no progress to report.
         """
+        if self.replicator is not None:
+            self.replicator.outcome(gtid, commit)
         b = self._branches.pop(gtid, None)
         if b is None or b.tx is None:
             return [], []
@@ -238,6 +257,12 @@ class StoreResourceManager:
                 record = tx.prepare_write_set(gtid.encode(), keep_read_only=True)
             else:  # an overwrite's swap: seconds of encoding, off the event loop
                 record = await asyncio.to_thread(_prepare_large, tx, gtid.encode())
+            if self.replicator is not None and record is not None:
+                try:  # on every in-sync copy of each partition before the yes vote
+                    await self.replicator.prepare(gtid, write_set_records(tx))
+                except (NotActive, Unavailable) as exc:
+                    reason = NOT_ACTIVE
+                    log.info("dtx %s refused: %s", gtid, exc)
         except asyncio.CancelledError:
             return  # finish() ended the branch (and rolls the transaction back)
         except LockTimeout:

@@ -26,9 +26,25 @@ from nonstop.model.managed import TypeInfo, registered_type, type_info
 from nonstop.tx.unique_scope import check_unique_scope, unique_key_names
 
 SYNC_REPLICATION_OF_DATA = False
-"""Whether a partition's writes reach its replicas (ha.md §5): not yet.  Until then a
-node with ``ha.data = "partitions"`` refuses a policy with replicas
-(``node/config.replicas_refusal``): a failover would promote a node without the data."""
+"""Whether a partition's writes reach its replicas by default (ha.md §5): not yet.  Until
+then a node with ``ha.data = "partitions"`` refuses a policy with replicas
+(``node/config.replicas_refusal``): a failover would promote a node without the data.
+
+The real node's replication (``nonstop.node.replicated``, replication.md §10c) can be
+tried before the switch is lifted: ``[ha] replicate_data = true``, which a node accepts
+only when the environment has :data:`EXPERIMENTAL_REPLICATION_ENV` = ``1`` (tests,
+``make demo-replicated``)."""
+
+EXPERIMENTAL_REPLICATION_ENV = "NONSTOP_EXPERIMENTAL_REPLICATION"
+"""Environment variable that lets a node accept ``[ha] replicate_data = true`` while
+:data:`SYNC_REPLICATION_OF_DATA` is off (an experiment, not a supported setting)."""
+
+
+def experimental_replication_allowed() -> bool:
+    """Does this process accept ``[ha] replicate_data = true`` (module constants)?"""
+    import os
+
+    return SYNC_REPLICATION_OF_DATA or os.environ.get(EXPERIMENTAL_REPLICATION_ENV) == "1"
 
 
 class Placement(Protocol):
@@ -99,4 +115,11 @@ class BindingPlacement:
             check_unique_scope(info, binding.mapper, count)
 
 
-__all__ = ["SYNC_REPLICATION_OF_DATA", "BindingPlacement", "Placement", "routing_key"]
+__all__ = [
+    "EXPERIMENTAL_REPLICATION_ENV",
+    "SYNC_REPLICATION_OF_DATA",
+    "BindingPlacement",
+    "Placement",
+    "experimental_replication_allowed",
+    "routing_key",
+]

@@ -33,13 +33,14 @@ import itertools
 import logging
 import os
 import random
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import msgpack
 
 from nonstop import errors
+from nonstop.bulk import swap_apply
 from nonstop.dataplane.commit import RETRYABLE_REASONS, map_run_reply
 from nonstop.dataplane.events import (
     BranchDone,
@@ -140,6 +141,7 @@ class DataService:
     ) -> None:
         self.runtime = runtime
         self.db = db
+        swap_apply.resume(db)  # overwrites a restart interrupted land, or wait for their outcome
         self.name: str = runtime.name
         self.config = config or ServiceConfig()
         # A fresh random start per incarnation for session and call ids (the machine says why).
@@ -168,6 +170,9 @@ class DataService:
         self._partitions: Mapping[str, PartitionView] = {}
         self._stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.commit: Callable[[AsyncTransaction], Awaitable[None]] | None = None
+        """How a branch commits (``store_ops.run_branch_op``); the node sets it when its
+        partitions replicate (``nonstop.node.replica_store.replicated_commit``)."""
         self.observer: Any = None
         """The node's metrics (``nonstop.node.metrics.DataObserver``): told of each session
         op and its reply; None when the node serves no metrics."""
@@ -602,7 +607,9 @@ class DataService:
             tx = slot.tx
             if tx is None:
                 raise errors.BranchRolledBack(f"branch {bid} is over on {self.name}")
-            reply = await run_branch_op(tx, ex.op, ex.fields, ex.writes, self.config.result_window)
+            reply = await run_branch_op(
+                tx, ex.op, ex.fields, ex.writes, self.config.result_window, self.commit
+            )
             if tx.state is not TxState.ACTIVE:
                 slot.tx = None  # committed (or failed and rolled back): nothing left to end
             return reply

@@ -30,6 +30,7 @@ Every op first applies the write set riding on it (``Exec.writes``).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from nonstop import errors
@@ -63,8 +64,13 @@ async def run_branch_op(
     fields: dict[str, Any],
     writes: Any,
     window: int = DEFAULT_WINDOW,
+    commit: Callable[[AsyncTransaction], Awaitable[None]] | None = None,
 ) -> dict[str, Any]:
-    """One ``Exec`` on a branch: its write set, then its op (module doc)."""
+    """One ``Exec`` on a branch: its write set, then its op (module doc).
+
+    ``commit``: how ``branch.commit`` commits (sync replication of partitions: the
+    write set reaches the replicas first, ``nonstop.node.replica_store``); default
+    ``tx.commit()``."""
     if writes:
         await apply_writes(tx, writes)
     if op.startswith("branch.") and op != "branch.commit":
@@ -75,7 +81,10 @@ async def run_branch_op(
             found = await claim_and_record(tx, req, window)
             if found is not None:
                 return {"done": list(found)}
-        await tx.commit()
+        if commit is None:
+            await tx.commit()
+        else:
+            await commit(tx)
         return {}
     if op == "request.record":
         req = parse_req(fields.get("req"))

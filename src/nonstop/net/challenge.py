@@ -27,7 +27,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from nonstop.net import auth
-from nonstop.net.handshake import AUTHENTICATION_FAILED, ROLE_NODE, Hello, Rejection
+from nonstop.net.handshake import (
+    AUTHENTICATION_FAILED,
+    CATCHING_UP,
+    ROLE_NODE,
+    Hello,
+    Rejection,
+)
 
 
 class ProofError(Exception):
@@ -51,6 +57,8 @@ class Guard:
 
     secret: bytes
     users: Callable[[str], auth.Verifier | None] = field(default=lambda _user: None)
+    ready: Callable[[str], bool] = field(default=lambda _user: True)
+    """Whether ``users`` is current enough to check this user's proof (``CATCHING_UP``)."""
     decoy_key: bytes = field(default_factory=lambda: os.urandom(32))
 
     def __repr__(self) -> str:
@@ -70,6 +78,12 @@ class Guard:
             )
         if scheme == auth.SCHEME_USER and not theirs.user:
             return Rejection(AUTHENTICATION_FAILED, "a user proof needs a user name")
+        if scheme == auth.SCHEME_USER and not self.ready(theirs.user):
+            return Rejection(
+                CATCHING_UP,
+                f"node {ours.name} is catching up with the cluster log since its start "
+                "and checks no user yet: retry (or ask another node)",
+            )
         nonce = auth.new_nonce()
         text = auth.transcript(first, ours.cluster, ours.name, theirs.nonce, nonce)
         frame: dict[str, Any] = {

@@ -42,6 +42,10 @@ DUPLICATE_TIMESTAMP = "DuplicateTimestamp"
 BAD_HELLO = "BadHello"
 AUTHENTICATION_FAILED = "AuthenticationFailed"
 """The proof of membership or of a user's password is missing or wrong."""
+CATCHING_UP = "CatchingUp"
+"""The node restarted and has not yet applied the cluster log as far as a leader has it:
+its users table may still hold a removed user or an old password, so it checks no
+user's proof yet.  Retryable: another node, or this one a moment later, will."""
 WRONG_CERTIFICATE = "WrongCertificate"
 """With ``tls.member_names``: the node's certificate does not name it."""
 

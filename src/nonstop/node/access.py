@@ -13,7 +13,7 @@ Read from the ``[auth]`` keys of the configuration when the node starts
   administered (and a forgotten table cannot lock the operator out).  Written
   (0600) when the default file is missing: a copy of ``$NONSTOP_CREDENTIALS`` when
   the node's environment names one, else a generated password.  Its verifier is
-  computed once here.
+  computed once here, with a salt derived from the cluster secret (:func:`admin_salt`).
 
 Every other user comes from the users table of the cluster log
 (:mod:`nonstop.security.users_table`), looked up at each handshake and request.
@@ -21,6 +21,7 @@ Every other user comes from the users table of the cluster log
 
 from __future__ import annotations
 
+import hmac
 import logging
 import os
 from collections.abc import Callable
@@ -37,7 +38,7 @@ from nonstop.client.credentials import (
     write_secret,
 )
 from nonstop.errors import AuthenticationFailed
-from nonstop.net.auth import Password, Verifier, make_verifier
+from nonstop.net.auth import SALT_BYTES, Password, Verifier, make_verifier
 from nonstop.net.challenge import Guard
 from nonstop.node.config import ConfigError, NodeConfig
 from nonstop.security.roles import ADMIN
@@ -75,10 +76,18 @@ class NodeAccess:
             admin = load_credentials(_admin_path(cfg, data))
         except AuthenticationFailed as exc:
             raise ConfigError(str(exc)) from None
-        return cls(secret, admin, make_verifier(admin.password))
+        return cls(secret, admin, make_verifier(admin.password, salt=admin_salt(secret, admin)))
 
-    def guard(self, table: Callable[[], Any]) -> Guard | None:
-        """The runtime's :class:`~nonstop.net.challenge.Guard`; users from ``table()``."""
+    def guard(
+        self, table: Callable[[], Any], caught_up: Callable[[], bool] = lambda: True
+    ) -> Guard | None:
+        """The runtime's :class:`~nonstop.net.challenge.Guard`; users from ``table()``.
+
+        ``caught_up()`` says whether the node applied the cluster log as far as a
+        leader has it since the node started: until then the table may still hold
+        a user removed (or a password changed) while the node was down, so only
+        the bootstrap admin of the node's own configuration is checked.
+        """
         if self.secret is None:
             return None
 
@@ -89,7 +98,10 @@ class NodeAccess:
             found = None if users is None else users.lookup(user)
             return None if found is None else found[0]
 
-        return Guard(self.secret, verifier_of)
+        def ready(user: str) -> bool:
+            return (self.admin is not None and user == self.admin.user) or caught_up()
+
+        return Guard(self.secret, verifier_of, ready)
 
     def roles_lookup(self, table: Callable[[], Any]) -> Callable[[str], list[str] | None]:
         def roles_of(user: str) -> list[str] | None:
@@ -100,6 +112,21 @@ class NodeAccess:
             return None if found is None else found[1]
 
         return roles_of
+
+
+def cluster_caught_up(machine: Any) -> bool:
+    """``ClusterNode.caught_up`` of a node's machine (True for one without a cluster log)."""
+    cluster = getattr(machine, "cluster", machine)
+    return bool(getattr(cluster, "caught_up", True))
+
+
+def admin_salt(secret: bytes, admin: Password) -> bytes:
+    """The bootstrap admin verifier's salt: the same on every node of a cluster and across
+    restarts (derived from the cluster secret).  A random salt per node start made every
+    client process run scrypt (~0.1 s of CPU) once per node it reaches -- each Spark
+    Python worker, for every node -- where one per process and password suffices."""
+    mac = hmac.new(secret, b"nonstop/bootstrap-admin-salt/" + admin.user.encode(), "sha256")
+    return mac.digest()[:SALT_BYTES]
 
 
 def _secret_path(cfg: NodeConfig, data: Path) -> Path:

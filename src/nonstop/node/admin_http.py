@@ -11,7 +11,12 @@ The composition of :mod:`nonstop.adminapi` for one node:
 * the commands run as the node's bootstrap admin against the node's own
   address, after the API checked the HTTP user's roles against the command's
   permission (docs/security.md "Admin HTTP API");
-* HTTPS with the node's certificate when the node's TLS is configured.
+* HTTPS with the node's certificate when the node's TLS is configured;
+* the console's views of this node (:func:`node_views`): a sampler task on the
+  node's loop that keeps the last five minutes of metric samples
+  (``metrics_samples``, from the same ``DataObserver`` as the metrics endpoint:
+  one is attached if ``[metrics]`` did not), and the tail of ``log_file``
+  (``log_tail``).
 
 The password check runs in the API's worker threads (scrypt must not stall the
 loop): it reads one user's record of the users table with dict lookups, and the
@@ -21,24 +26,30 @@ check sees each field before or after a change, never half of one.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 from nonstop.adminapi.app import build_app
 from nonstop.adminapi.principal import Directory, verifier_matches
 from nonstop.adminapi.server import AdminServer, serve_admin
 from nonstop.adminapi.tokens import SessionTokens, session_key
+from nonstop.adminapi.views import NodeViews
 from nonstop.commands.context import CommandContext
 from nonstop.commands.registry import load_all
 from nonstop.net.auth import decoy_verifier
 from nonstop.net.tls import TLSConfig
-from nonstop.node.access import NodeAccess
+from nonstop.node.access import NodeAccess, cluster_caught_up
 from nonstop.node.config import NodeConfig
+from nonstop.node.log_tail import tail_events
 from nonstop.node.machine import users_table
+from nonstop.node.metrics import attach
 from nonstop.node.metrics_auth import MetricsGate
+from nonstop.node.metrics_samples import INTERVAL, Reading, SampleRing, read, sample_forever
 from nonstop.security.roles import ADMIN, allows
 
 log = logging.getLogger("nonstop.node")
@@ -72,7 +83,11 @@ def node_directory(access: NodeAccess, machine: Any) -> Directory:
         found = None if table is None else table.lookup(user)
         return None if found is None else found[0].stored_key
 
-    return Directory(check_password, roles_of, password_version=password_version)
+    def ready(user: str) -> bool:
+        admin = access.admin
+        return (admin is not None and user == admin.user) or cluster_caught_up(machine())
+
+    return Directory(check_password, roles_of, password_version=password_version, ready=ready)
 
 
 def node_sessions(cfg: NodeConfig, access: NodeAccess) -> SessionTokens:
@@ -86,6 +101,28 @@ def metrics_gate(runtime: Any, cfg: NodeConfig) -> MetricsGate:
     """Who may scrape this node's metrics: its users allowed ``status`` (metrics_auth)."""
     access = NodeAccess.from_config(cfg)
     return MetricsGate(node_directory(access, lambda: runtime.machine), node_sessions(cfg, access))
+
+
+def node_views(
+    runtime: Any, cfg: NodeConfig
+) -> tuple[NodeViews, SampleRing, Callable[[], Reading]]:
+    """The console's samples and logs of this node, the ring its sampler must feed and
+    the reading that feeds it."""
+    observer = attach(runtime, cfg.metrics.latency_buckets)
+    ring = SampleRing()
+
+    def samples(since: float) -> dict[str, Any]:
+        return {
+            "node": cfg.name,
+            "interval": INTERVAL,
+            "capacity": ring.samples.maxlen,
+            "samples": ring.rows_after(since),
+        }
+
+    def logs(level: str | None, limit: int, contains: str) -> dict[str, Any]:
+        return tail_events(cfg.log_file, cfg.name, level, limit, contains)
+
+    return NodeViews(samples=samples, logs=logs), ring, lambda: read(runtime, observer)
 
 
 async def start_admin(runtime: Any, cfg: NodeConfig, cluster_id: str) -> AdminServer | None:
@@ -109,6 +146,7 @@ async def start_admin(runtime: Any, cfg: NodeConfig, cluster_id: str) -> AdminSe
             addresses=[cfg.listen], cluster=cluster_id, timeout=3.0, options=options
         )
 
+    views, ring, take = node_views(runtime, cfg)
     app = build_app(
         load_all(),
         node_directory(access, lambda: runtime.machine),
@@ -117,9 +155,12 @@ async def start_admin(runtime: Any, cfg: NodeConfig, cluster_id: str) -> AdminSe
         allows,
         node=cfg.name,
         body_limit=cfg.admin.max_body,
+        views=views,
     )
     cert = (cfg.tls.cert, cfg.tls.key) if cfg.tls.cert and cfg.tls.key else None
-    return await serve_admin(app, cfg.admin.listen, cert)
+    admin = await serve_admin(app, cfg.admin.listen, cert)
+    admin.companion(asyncio.ensure_future(sample_forever(ring, take)))
+    return admin
 
 
-__all__ = ["metrics_gate", "node_directory", "node_sessions", "start_admin"]
+__all__ = ["metrics_gate", "node_directory", "node_sessions", "node_views", "start_admin"]

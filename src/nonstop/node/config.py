@@ -292,6 +292,12 @@ class HaSection(Section):
         "`partitions` needs every policy at `replicas = 0` until sync replication of data "
         "is built",
     )
+    replicate_data: bool = Field(
+        default=False,
+        description="experimental: replicate each partition's writes to its sync replicas "
+        '(needs `data = "partitions"`; replication.md section 10c); accepted only when the '
+        "environment has NONSTOP_EXPERIMENTAL_REPLICATION=1",
+    )
 
     @_model_validator(mode="after")
     def _consistent(self) -> HaSection:
@@ -301,11 +307,32 @@ class HaSection(Section):
             dist = self.distribution(resolve_mappers=False)
         except DistributionError as exc:
             raise ValueError(str(exc)) from None
-        if self.data == "partitions":
+        if self.replicate_data:
+            from nonstop.dataplane.placement import (
+                EXPERIMENTAL_REPLICATION_ENV,
+                experimental_replication_allowed,
+            )
+
+            if not experimental_replication_allowed():
+                raise ValueError(
+                    "replicate_data is experimental: set the environment variable "
+                    f"{EXPERIMENTAL_REPLICATION_ENV}=1 to try it"
+                )
+            if self.data != "partitions":
+                raise ValueError('replicate_data needs data = "partitions"')
+        elif self.data == "partitions":
             refusal = replicas_refusal(dist)
             if refusal is not None:
                 raise ValueError(refusal)
         return self
+
+    @property
+    def replicating(self) -> bool:
+        """Do this node's partitions replicate their writes (routing by partition, and the
+        switch lifted or the experimental key set)?"""
+        from nonstop.dataplane.placement import SYNC_REPLICATION_OF_DATA
+
+        return self.data == "partitions" and (SYNC_REPLICATION_OF_DATA or self.replicate_data)
 
     def distribution(
         self, known_nodes: list[str] | None = None, *, resolve_mappers: bool = True

@@ -44,6 +44,9 @@ class NodeContext:
     """The data service's branch registry (``DataService.lookup_branch``)."""
     feed: Callable[[list[Any]], None] | None = None
     """Hands the resource manager's late progress to the machine (on the loop)."""
+    replicator: Any = None
+    """Sync replication of partitions (``nonstop.node.replicated.StoreSide``): the store's
+    side of the replication machine, or None when the node does not replicate."""
     route_persists: Callable[..., None] | None = None
     """``route_persists(prefix, persister, label=..., distinct_keys=...)``: send the
     machine's ``Persist`` writes under ``prefix`` to ``persister`` instead of the cluster
@@ -111,9 +114,54 @@ def build_cluster_node(
     context.route_persists(K_DTX, StoreWrites(DtxPersister(db)), label="dtx", distinct_keys=True)
     real = getattr(DtxConfig, "real", None)
     dtx_config = real() if real is not None else DtxConfig()
-    machine = DtxClusterNode(config, rm, rng, merged, dtx_config, cluster_factory=make_cluster)
+    machine: DtxClusterNode
+    if context.replicator is not None and cfg.ha.replicating:
+        machine = replicated_node(cfg, config, rm, rng, merged, dtx_config, make_cluster, context)
+    else:
+        machine = DtxClusterNode(config, rm, rng, merged, dtx_config, cluster_factory=make_cluster)
     machine.cluster.register_table(UsersLogTable(machine.cluster))
     return machine
+
+
+def replicated_node(
+    cfg: NodeConfig,
+    config: Any,
+    rm: Any,
+    rng: random.Random,
+    recovered: dict[bytes, bytes],
+    dtx_config: Any,
+    make_cluster: ClusterFactory,
+    context: NodeContext,
+) -> Any:
+    """The cluster node with sync replication of partitions (``nonstop.node.replicated``):
+    its ``rep/`` keys go to the cluster store (the runtime's default persister); the object
+    store takes a partition's copy when the node starts acting for it."""
+    from nonstop.ha.partition_table import partition_location
+    from nonstop.node.replica_store import install, load_copy
+    from nonstop.node.replicated import ReplicatedClusterNode
+    from nonstop.replication import ReplicationConfig
+
+    db = context.db
+
+    async def load(name: str, values: Any) -> int:
+        return await load_copy(db, partition_location(name), values)
+
+    async def put(name: str, writes: Any) -> None:
+        await install(db, writes)
+
+    rm.replicator = context.replicator
+    return ReplicatedClusterNode(
+        config,
+        rm,
+        rng,
+        recovered,
+        dtx_config,
+        cluster_factory=make_cluster,
+        store=context.replicator,
+        load=load,
+        install=put,
+        replication=ReplicationConfig(silence_from_write=True),
+    )
 
 
 def ha_cluster_factory(cfg: NodeConfig) -> ClusterFactory:

@@ -34,7 +34,7 @@ from nonstop.errors import SchemaError, StoreError
 from nonstop.net.handshake import ROLE_NODE, Hello
 from nonstop.net.tls import TLSSetupError
 from nonstop.node import log_format
-from nonstop.node.access import NodeAccess
+from nonstop.node.access import NodeAccess, cluster_caught_up
 from nonstop.node.config import ConfigError, NodeConfig, split_join
 from nonstop.node.datadir import DataDir, Identity
 from nonstop.node.machine import NodeContext, resolve, takes_context, users_table
@@ -506,7 +506,10 @@ def make_runtime(
             discovery=cfg.discovery.runtime(),
             connect_timeout=cfg.connect_timeout,
             limits=cfg.limits.runtime(),
-            guard=access.guard(lambda: users_table(runtime.machine)),
+            guard=access.guard(
+                lambda: users_table(runtime.machine),
+                lambda: cluster_caught_up(runtime.machine),
+            ),
         ),
     )
     if access.enabled:
@@ -532,6 +535,8 @@ def attach_data_service(runtime: RealRuntime, db: Any, cfg: NodeConfig, context:
     service = DataService(runtime, db, config)
     if cfg.ha.data == "partitions":
         route_by_partition(service, cfg)
+    if cfg.ha.replicating:
+        replicate_partitions(runtime, service, context)
 
     def feed(progress: list[Any]) -> None:
         # A message from the node to itself: delivered on the next loop turn,
@@ -541,6 +546,31 @@ def attach_data_service(runtime: RealRuntime, db: Any, cfg: NodeConfig, context:
     context.lookup_branch = service.lookup_branch
     context.feed = feed
     return service
+
+
+def replicate_partitions(runtime: RealRuntime, service: Any, context: Any) -> None:
+    """Sync replication of partitions (replication.md §10c): commits wait for the replicas
+    (``replica_store.replicated_commit``), the machine is woken when the store queued a
+    call for it, and the data plane acts for a partition only once the store took its copy
+    (``ReplicatedClusterNode.ready``)."""
+    from nonstop.node.replica_store import replicated_commit
+    from nonstop.node.replicated import WAKE, StoreSide
+
+    side = StoreSide()
+    side.wake = lambda: runtime.send(runtime.name, {"t": WAKE})
+    context.replicator = side
+
+    async def commit(tx: Any) -> None:
+        await replicated_commit(tx, side.commit)
+
+    service.commit = commit
+    cluster_acting = service.acting
+
+    def acting(now: float, partition: str) -> bool:
+        ready = getattr(runtime.machine, "ready", None)
+        return bool(cluster_acting(now, partition) and (ready is None or ready(partition)))
+
+    service.machine.config.acting = acting
 
 
 def route_by_partition(service: Any, cfg: NodeConfig) -> None:

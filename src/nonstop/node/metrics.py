@@ -519,9 +519,13 @@ def node_registry(runtime: Any, observer: DataObserver, process: bool = True) ->
 
 
 def attach(runtime: Any, latency_bounds: Sequence[float]) -> DataObserver:
-    """Make the observer of ``runtime``'s node and hook it to the data service and notifiers."""
-    observer = DataObserver(latency_bounds)
+    """Make the observer of ``runtime``'s node and hook it to the data service and notifiers;
+    the one already hooked, if any (the metrics endpoint and the console share it)."""
     service = getattr(getattr(runtime, "router", None), "data", None)
+    existing = getattr(service, "observer", None)
+    if isinstance(existing, DataObserver):
+        return existing
+    observer = DataObserver(latency_bounds)
     if service is not None:
         service.observer = observer
     add = getattr(runtime, "add_notifier", None)

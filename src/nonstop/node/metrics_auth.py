@@ -92,7 +92,7 @@ class MetricsGate:
                 principal = await self._check(basic, bearer)
         except NotAuthenticated as exc:
             self._log(peer, None, str(exc))
-            raise Refused(401, str(exc)) from None
+            raise Refused(exc.status, str(exc)) from None
         if not allows(principal.roles, STATUS):
             detail = f"roles {','.join(principal.roles)} do not grant {STATUS}"
             self._log(peer, principal, detail)

@@ -121,6 +121,11 @@ class ReplicationConfig:
     """A prepared record on the acting node without outcome this long is resolved again."""
     max_records: int = 256
     """Records of one partition per message (a long backlog goes over several flushes)."""
+    silence_from_write: bool = False
+    """D12 measures a replica's silence from the first record it has not acknowledged, not
+    from its last acknowledgement: without it, a partition idle for ``replica_timeout``
+    drops its caught-up replicas at its next write (found on real nodes, which set it;
+    replication.md §10c).  Off by default until the simulator's seeds are checked with it."""
     mutant: str | None = None
     """Simulator only: one of :data:`MUTANTS`."""
 
@@ -290,6 +295,12 @@ class ReplicationMachine:
         stream = self.streams.get(partition)
         if (acting and partition not in self.acting) or stream is None:
             return [Failed(ref, partition, NOT_ACTIVE, view.active)]
+        if self.config.silence_from_write:
+            for peer in stream.peers.values():
+                if peer.acked >= stream.last:
+                    # Caught up until now: its silence (D12) starts with this record, not with
+                    # its last acknowledgement.
+                    peer.progress_at = now
         actions = self._append(stream, kind, txid=txid, writes=writes, extra=extra)
         stream.pending.append((stream.last, ref))
         return actions

@@ -15,7 +15,10 @@ the role check already happened in the node's router):
 * ``{"op": "user.passwd", "user", "verifier"}`` -- a new password;
 * ``{"op": "user.roles", "user", "roles"}`` -- new roles;
 * ``{"op": "user.remove", "user"}``;
-* ``{"op": "user.list"}`` -- answered from this node's applied table at once.
+* ``{"op": "user.list"}`` -- answered from this node's applied table at once, once
+  the node caught up with the log since its start (``ClusterNode.caught_up``;
+  before, ``Unavailable``: a restarted node's table is its snapshot's until a
+  leader tells it what followed).
 
 A change is answered ``{"ok": True, "user", "index"}`` once its entry is applied on
 the node that was asked; a change the table refuses when applied (the user
@@ -44,6 +47,14 @@ _KINDS = (ADD, PASSWD, ROLES, REMOVE)
 
 def bad(message: str) -> dict[str, Any]:
     return {"error": "BadArgument", "message": message}
+
+
+def catching_up(name: str) -> dict[str, Any]:
+    return {
+        "error": "Unavailable",
+        "message": f"node {name} is catching up with the cluster log since its start: "
+        "its users table may be behind; retry in a moment, or ask another node",
+    }
 
 
 def entry_for(payload: Any) -> dict[str, Any]:
@@ -105,6 +116,8 @@ class UsersLogTable:
         if not (isinstance(op, str) and op.startswith("user.")):
             return None
         if op == "user.list":
+            if not self.cluster.caught_up:
+                return [Reply(request_id, catching_up(self.cluster.name))]
             return [Reply(request_id, {"users": self.listing()})]
         try:
             entry = entry_for(payload)

@@ -27,7 +27,7 @@ the machines directly.  Safety properties, checked online:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 from nonstop.runtime.interface import (
     Action,
@@ -56,10 +56,34 @@ class Violation:
 
 
 @dataclass(slots=True)
-class ClusterChecker:
-    """Attach with :meth:`attach`; read :attr:`violations` during and after the run."""
+class OnlineChecker:
+    """A checker that watches every event of a run (the cluster's, the partition table's,
+    replication's): attach with :meth:`attach`; read :attr:`violations` during and after."""
 
     violations: list[Violation] = field(default_factory=list)
+    max_violations: int = 20
+
+    def attach(self, sim: Simulation) -> Self:
+        sim.observers.append(self.observe)
+        sim.fault_observers.append(self.on_fault)
+        return self
+
+    def fail(self, sim: Simulation, invariant: str, detail: str) -> None:
+        if len(self.violations) < self.max_violations:
+            self.violations.append(Violation(sim.now, invariant, detail))
+
+    def on_fault(self, sim: Simulation, what: str, details: dict[str, Any]) -> None:
+        """A fault the nemesis injected (crash, start, partition...)."""
+
+    def observe(self, sim: Simulation, node: NodeId, event: Event, actions: list[Action]) -> None:
+        """``node`` handled ``event`` and answered ``actions``."""
+        raise NotImplementedError
+
+
+@dataclass(slots=True)
+class ClusterChecker(OnlineChecker):
+    """The cluster log's invariants (module doc)."""
+
     quorum: dict[NodeId, str] = field(default_factory=dict)
     leaders: dict[int, NodeId] = field(default_factory=dict)
     digests: dict[int, str] = field(default_factory=dict)
@@ -71,16 +95,6 @@ class ClusterChecker:
     acked: dict[int, tuple[int, Any]] = field(default_factory=dict)  # rid -> (index, value)
     acked_at: dict[int, list[int]] = field(default_factory=dict)  # index -> rids
     refused_while_disabled: int = 0
-    max_violations: int = 20
-
-    def attach(self, sim: Simulation) -> ClusterChecker:
-        sim.observers.append(self.observe)
-        sim.fault_observers.append(self.on_fault)
-        return self
-
-    def fail(self, sim: Simulation, invariant: str, detail: str) -> None:
-        if len(self.violations) < self.max_violations:
-            self.violations.append(Violation(sim.now, invariant, detail))
 
     # ---------------------------------------------------------------- faults
     def on_fault(self, sim: Simulation, what: str, details: dict[str, Any]) -> None:

@@ -1,8 +1,9 @@
 """The ``nonstop`` PySpark data source: batch reads, append/overwrite writes, a streaming sink.
 
 Reads: one Spark partition per (node, reference range) from ``bulk.plan`` on
-every up node; each partition is one ``bulk.scan`` — one read snapshot on its
-node — returned as an Arrow record batch that goes to Spark untouched.
+every up node, or per partition of the table under partition routing
+(:mod:`nonstop.spark.read_plan`); each is read by ``bulk.scan`` — one read
+snapshot on its node — as Arrow record batches that go to Spark untouched.
 
 Writes: rows are cut into batches of ``batch`` rows per Spark partition and
 each batch goes to the *home node* of its keys (a stable hash of the unique
@@ -35,7 +36,6 @@ from functools import partial
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark import TaskContext
 from pyspark.sql.datasource import (
     DataSource,
@@ -47,7 +47,6 @@ from pyspark.sql.datasource import (
     GreaterThan,
     GreaterThanOrEqual,
     In,
-    InputPartition,
     LessThan,
     LessThanOrEqual,
     WriterCommitMessage,
@@ -57,10 +56,11 @@ from pyspark.sql.types import StructType
 
 from nonstop.bulk.handlers import ROWS_PER_RANGE
 from nonstop.bulk.keys import encode_keys
-from nonstop.client.bulk import BulkClient, cluster_nodes
-from nonstop.errors import BadArgument, Error, Retryable, Unavailable
+from nonstop.client.bulk import BulkClient
+from nonstop.errors import Retryable, Unavailable
 from nonstop.model.codec import encode_key
 from nonstop.spark.one_line import one_line
+from nonstop.spark.read_plan import NodeRange, all_nodes, check_acting, plan_reads, up_nodes
 from nonstop.spark.schema import Options, check_writable, columns, spark_schema, write_key
 from nonstop.spark.sender import NodeSenders
 
@@ -88,57 +88,8 @@ slices and report progress to the coordinator), so this only bounds a client who
 node vanished without closing the connection (data-path.md §6.2)."""
 
 
-def _up_nodes(opts: Options, only: list[str] | None = None) -> list[dict[str, Any]]:
-    """Every node of the cluster (or the ones named in ``only``), in name order;
-    Unavailable if one is down.
-
-    A read that skipped a down node would silently miss its objects, and a write
-    must send each key to its home among *all* nodes, so both need every node.
-    """
-    nodes = _members(
-        opts, cluster_nodes(opts.cluster, cluster=opts.cluster_id, credentials=opts.credentials)
-    )
-    if only:
-        missing = set(only) - {n["name"] for n in nodes}
-        if missing:
-            raise BadArgument(f"no node(s) {', '.join(sorted(missing))} in the cluster")
-        nodes = [n for n in nodes if n["name"] in only]
-    down = [str(n["name"]) for n in nodes if not n.get("up", True)]
-    if down:
-        raise Unavailable(
-            f"node(s) {', '.join(down)} of the cluster at {opts.cluster} are down: the "
-            "objects they master cannot be read or written now"
-        )
-    if not nodes:
-        raise Unavailable(f"no node of the cluster at {opts.cluster} is up")
-    return nodes
-
-
-def _members(opts: Options, nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``nodes`` less those that are not members of the cluster any more (a node that
-    left: its peers still know it, as down).  The membership is the cluster log's
-    (``status``); a standalone endpoint (no ``status``) keeps every node."""
-    for node in nodes:
-        if not node.get("up", True):
-            continue
-        try:
-            with BulkClient(
-                node["address"], cluster=opts.cluster_id, credentials=opts.credentials, timeout=10
-            ) as c:
-                members = c.call("status").get("members")
-        except Error:
-            continue
-        if isinstance(members, list) and members:
-            return [n for n in nodes if n["name"] in members]
-        return nodes
-    return nodes
-
-
 def _type_schema(opts: Options) -> dict[str, Any]:
-    nodes = _members(
-        opts, cluster_nodes(opts.cluster, cluster=opts.cluster_id, credentials=opts.credentials)
-    )
-    up = [n for n in nodes if n.get("up", True)]
+    up = [n for n in all_nodes(opts) if n.get("up", True)]
     if not up:
         raise Unavailable(f"no node of the cluster at {opts.cluster} is up")
     node = up[0]
@@ -219,20 +170,6 @@ class NonstopFilteringDataSource(NonstopDataSource):
 
 
 # -------------------------------------------------------------------- reads
-@dataclass
-class NodeRange(InputPartition):
-    """One Spark partition: a reference range ``[lo, hi)`` of one node's extent."""
-
-    address: str
-    node: str
-    lo: bytes | None
-    hi: bytes | None
-    snapshot: int
-
-    def __post_init__(self) -> None:
-        super().__init__(None)
-
-
 class NonstopReader(DataSourceReader):
     def __init__(self, opts: Options, type_schema: dict[str, Any], schema: StructType) -> None:
         self.opts = opts
@@ -244,18 +181,7 @@ class NonstopReader(DataSourceReader):
         self.filters: list[list[Any]] = []
 
     def partitions(self) -> list[NodeRange]:
-        parts = []
-        # Option `nodes`: read only what those nodes hold (an audit of one copy).
-        for node in _up_nodes(self.opts, self.opts.nodes):
-            with BulkClient(
-                node["address"], cluster=self.opts.cluster_id, credentials=self.opts.credentials
-            ) as c:
-                plan = c.call(
-                    "bulk.plan", type=self.opts.type, tv=self.version, splits=self.opts.splits
-                )
-            for lo, hi in plan["ranges"]:
-                parts.append(NodeRange(node["address"], node["name"], lo, hi, plan["snapshot"]))
-        return parts
+        return plan_reads(self.opts, self.opts.type, self.version)
 
     def read(self, partition: NodeRange) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
         after = None
@@ -280,7 +206,8 @@ class NonstopReader(DataSourceReader):
                         yield pa.RecordBatch.from_arrays(b.columns, schema=self.arrow_schema)
                 after = reply["next"]
                 if after is None:
-                    return
+                    break
+        check_acting(self.opts, partition)
 
 
 class NonstopFilteringReader(NonstopReader):
@@ -350,6 +277,8 @@ class _Router:
 
     def split(self, table: pa.Table) -> Iterator[tuple[dict[str, Any], bytes]]:
         """(node, Arrow IPC rows) for every node that is home to some of the rows."""
+        import pyarrow.compute as pc  # (here: ~0.1 s of CPU a read's workers need not pay)
+
         n = len(self.nodes)
         if n == 1:
             groups = {0: table}
@@ -383,7 +312,7 @@ class NonstopWriter(DataSourceArrowWriter):
         self.old_count = int(ts.get("count") or 0)
         self.key = write_key(opts, ts)
         check_writable(ts, schema, self.key)
-        self.nodes = _up_nodes(opts)
+        self.nodes = up_nodes(opts)
         self.job = secrets.token_hex(8)
         if overwrite:
             for node in self.nodes:
@@ -437,9 +366,9 @@ class NonstopWriter(DataSourceArrowWriter):
             parts = [f"{m.partition}/{m.attempt}/" for m in messages if m is not None]
             rows = sum(m.rows for m in messages if m is not None)
             if all(n.get("transactions", True) for n in self.nodes):
-                self._swap_everywhere(
-                    parts, SWAP_TIMEOUT + SWAP_SECONDS_PER_ROW * (self.old_count + rows)
-                )
+                timeout = SWAP_TIMEOUT + SWAP_SECONDS_PER_ROW * (self.old_count + rows)
+                self._swap_everywhere(parts, timeout)
+                self._wait_landed(timeout)
                 return
             for node in self.nodes:  # standalone bulk endpoints: one swap each
                 with BulkClient(
@@ -494,16 +423,22 @@ class NonstopWriter(DataSourceArrowWriter):
                 if attempt == COMMIT_RETRIES - 1 or not self._all_up():
                     raise
 
+    def _wait_landed(self, timeout: float) -> None:
+        """Return once every node holds the new set: a swap is applied on each node
+        after its commit, a page per store commit, its type closed to transactions
+        meanwhile (data-path.md §6.3); a bulk read of the type waits for that."""
+        for node in self.nodes:
+            with BulkClient(
+                node["address"],
+                cluster=self.opts.cluster_id,
+                timeout=timeout,
+                credentials=self.opts.credentials,
+            ) as c:
+                c.call("bulk.schema", type=self.opts.type)
+
     def _all_up(self) -> bool:
         try:
-            nodes = _members(
-                self.opts,
-                cluster_nodes(
-                    self.opts.cluster,
-                    cluster=self.opts.cluster_id,
-                    credentials=self.opts.credentials,
-                ),
-            )
+            nodes = all_nodes(self.opts)
         except Unavailable:
             return False
         return all(n.get("up", True) for n in nodes)
@@ -562,7 +497,7 @@ class NonstopStreamWriter(DataSourceStreamArrowWriter):
         self.old_count = int(ts.get("count") or 0)
         self.key = write_key(opts, ts)
         check_writable(ts, schema, self.key)
-        self.nodes = _up_nodes(opts)
+        self.nodes = up_nodes(opts)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteStats:
         ctx = TaskContext.get()

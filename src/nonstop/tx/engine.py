@@ -33,6 +33,7 @@ from nonstop.model.managed import KeyInfo, Managed, TypeInfo, lookup_type, type_
 from nonstop.store.group_commit import GroupCommitter
 from nonstop.store.lmdb_store import Store
 from nonstop.tx.prepared import PreparedTable
+from nonstop.tx.type_gate import Gate
 from nonstop.tx.waiting import LockTable
 
 if TYPE_CHECKING:
@@ -57,6 +58,8 @@ class Engine:
         self.locks = LockTable()
         self.committer = GroupCommitter(self.store)
         self.prepared = PreparedTable()
+        self.gates: dict[str, Gate] = {}
+        """Types a bulk swap keeps closed while it applies (:mod:`nonstop.tx.type_gate`)."""
         self.closed = False
         """Set by :meth:`close`; transactions stop once the committer is closing too."""
         self._types: dict[str, TypeInfo] = {}

@@ -116,7 +116,9 @@ def prepared_write_set(
     names = store.names()
     op_names = [names[id(db)] for _, db, _, _ in ws.ops]
     ops = [[op[0], name, op[2], op[3]] for op, name in zip(ws.ops, op_names, strict=True)]
-    index_names = {n for n in op_names if n.startswith(b"ix:")}
+    # Databases made on first use (indexes, the bulk operations' ``bulk``) must be
+    # opened again before a restart can recover the record.
+    index_names = {n for n in op_names if n.startswith(b"ix:") or n == b"bulk"}
     uniques = {n: not store.is_dupsort(n) for n in index_names}
     held = [_lock_out(r) for r, mode in locks.items() if mode is LockMode.WRITE]
     record: dict[str, Any] = {

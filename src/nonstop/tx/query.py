@@ -95,6 +95,7 @@ class Query(Generic[M]):
     """A query builder; each method returns the query, ``all()`` / ``count()`` run it."""
 
     def __init__(self, tx: Transaction, info: TypeInfo) -> None:
+        tx.enter_types(info)  # (a bulk swap's type gate, data-path.md §6.3)
         self._tx = tx
         self._info = info
         self._eq: dict[str, Any] = {}

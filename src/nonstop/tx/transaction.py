@@ -76,6 +76,7 @@ from nonstop.tx.entries import (
 )
 from nonstop.tx.locks import LockMode
 from nonstop.tx.prepared import phase_two_write_set, prepared_write_set
+from nonstop.tx.type_gate import enter as enter_gate
 
 if TYPE_CHECKING:
     from nonstop.tx.database import Database
@@ -116,6 +117,8 @@ class Transaction:
         self._on_commit: list[Callable[[], Any]] = []
         self._on_rollback: list[Callable[[], Any]] = []
         self._prepared: tuple[bytes, WriteSet] = (b"", WriteSet())
+        self._entered: set[str] = set()
+        """Types whose gate this transaction holds in READ (:mod:`nonstop.tx.type_gate`)."""
         self.scope: frozenset[bytes] | None = None
         """The 8-byte location prefixes counts, queries and lookups see (None: all; see
         :meth:`restrict_to`)."""
@@ -163,6 +166,21 @@ class Transaction:
             yield resource, mode
 
     # --------------------------------------------------------------- checks
+    def enter_type(self, type_name: str) -> None:
+        """Take ``type_name``'s gate in READ (once per transaction and type), or raise
+        LockTimeout (retryable) while a bulk swap holds the type (data-path.md §6.3)."""
+        if type_name not in self._entered:
+            enter_gate(self.engine, self.id, type_name)
+            self._entered.add(type_name)
+
+    def enter_types(self, info: TypeInfo) -> None:
+        """:meth:`enter_type` for every concrete type of ``info`` (what a query or count of
+        ``info`` reads)."""
+        entered = self._entered
+        for t in info.concrete_types():
+            if t.name not in entered:
+                self.enter_type(t.name)
+
     def check_usable(self) -> None:
         """Raise unless the transaction can go on: TransactionClosed, DatabaseClosed, or
         the error that doomed it (a lost deadlock or conflict: only rollback is left)."""
@@ -291,6 +309,8 @@ class Transaction:
         """This transaction's entry for a committed record ``rec`` of ``ref``, held in ``lock``
         (the caller took it); the object's type changes transparently (E3)."""
         type_name, type_version, version, state = rec
+        if type_name not in self._entered:
+            self.enter_type(type_name)
         info = self.engine.type_by_name(type_name)
         if type_version > info.version:
             raise TypeVersionMismatch(
@@ -475,6 +495,8 @@ class Transaction:
         is new in ``location`` (a partition's location code; this store's own when
         None) at ``epoch`` (:meth:`~nonstop.store.lmdb_store.Store.new_ref`).
         """
+        if info.name not in self._entered:
+            self.enter_type(info.name)
         ref = self.engine.store.new_ref(location, epoch)
         claims = self._claimed
         skip = None
@@ -600,6 +622,7 @@ class Transaction:
         self.check_usable()
         total = 0
         scope = self.scope
+        self.enter_types(self.engine.ensure_type(cls))
         for info in self.engine.ensure_type(cls).concrete_types():
             total += self.engine.store.count(info.name, scope)
         for e in self._entries.values():
@@ -851,6 +874,7 @@ class Transaction:
         self, cls: type[Managed], key: dict[str, Any], lock: str | None
     ) -> tuple[TypeInfo, KeyInfo, Any, int]:
         info = self.engine.ensure_type(cls)
+        self.enter_types(info)
         k, value = unique_lookup(info, key)
         if isinstance(value, Managed):
             value = Ref(value._e.ref)

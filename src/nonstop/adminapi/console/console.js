@@ -45,6 +45,7 @@ function logout(message) {
   token = null;
   sessionStorage.removeItem("nonstop-token");
   if (poller) clearInterval(poller);
+  stopViews();
   $("main").hidden = true; $("logout").hidden = true; $("login").hidden = false;
   $("who").textContent = "";
   $("login-error").textContent = message || "";
@@ -69,9 +70,10 @@ async function refresh() {
     row.append(el("td", {}, n.member === undefined ? "-" : (n.member ? "yes" : "no")), el("td", {}, n.pid || "-"));
     return row;
   }));
-  fill($("partitions").tBodies[0], (s.partitions || []).map(p => el("tr", { "data-partition": p.name },
+  fill($("partitions").tBodies[0], byPartitionName(s.partitions || []).map(p => el("tr", { "data-partition": p.name },
     el("td", {}, p.name), el("td", {}, p.state), el("td", {}, p.epoch), el("td", {}, p.active || "-"),
     el("td", {}, (p.nodes || []).map(x => Array.isArray(x) ? x[0] : x).join(",")))));
+  showConfigurations(s.configurations);
 }
 
 // How an argument is typed in: "files" (a list of {file, text}: config.load reads the
@@ -135,6 +137,7 @@ async function start() {
   $("login").hidden = true; $("main").hidden = false; $("logout").hidden = false;
   const commands = await call("/commands", undefined, "GET");
   $("commands").replaceChildren(...(commands.data || []).map(commandForm));
+  startViews();
   await refresh();
   if (poller) clearInterval(poller);
   poller = setInterval(refresh, 2000);

@@ -15,6 +15,7 @@ from typing import Any
 from nonstop import errors
 from nonstop.cluster.node import ClusterConfig
 from nonstop.dataplane.branches import BranchRegistry
+from nonstop.dataplane.deadlocks import DeadlockDetector
 from nonstop.dataplane.ends import OwedEnds
 from nonstop.dataplane.events import ClusterChanged, Decide, DecisionDone
 from nonstop.dataplane.machine import DataPlane, DataPlaneConfig
@@ -190,6 +191,31 @@ class AckWithoutActing(_Swapped):
     dataplane_part = _UnfencedPlane
 
 
+class _NoWoundDetector(DeadlockDetector):
+    def _wound(self, edges: frozenset[tuple[str, str]]) -> None:
+        pass  # cycles only, found and confirmed as before wound-wait
+
+
+class _NoWoundPlane(DataPlane):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.deadlocks = _NoWoundDetector(self)
+
+
+class NoWound(_Swapped):
+    """Deadlock handling without wound-wait: only cycles are broken, a period and a
+    confirmation after they form, while an old transaction queues behind younger ones
+    that wait themselves.  Safe, but at 64 clients on 24 accounts the commits stop for
+    over 200 ms (a liveness mutant, caught by ``tests/sim/test_dataplane_deadlocks.py``,
+    not by the safety checks)."""
+
+    dataplane_part = _NoWoundPlane
+
+
+LIVENESS_MUTANTS: dict[str, type[SimDataNode]] = {"no-wound": NoWound}
+"""Mutants of deadlock handling: they break the commit-gap bound, not safety."""
+
+
 PARTITION_MUTANTS: dict[str, type[SimDataNode]] = {"ack-without-acting": AckWithoutActing}
 """Mutants of routing by partition: run with ``dataplane.partitioned_config()``."""
 
@@ -204,6 +230,7 @@ MUTANTS: dict[str, type[SimDataNode]] = {
 """Name (``--mutant``) -> node class."""
 
 __all__ = [
+    "LIVENESS_MUTANTS",
     "MUTANTS",
     "PARTITION_MUTANTS",
     "AckBeforeApply",

@@ -45,7 +45,7 @@ from nonstop.ha.lease import LeaseConfig, LeaseKeeper
 from nonstop.ha.partition_table import ACTIVE, Partition, PartitionTable
 from nonstop.ha.policies import ASYNC, SYNC, Distribution, PartitionDef, Policy
 from nonstop.runtime.interface import Action, Event, Machine, NodeId
-from nonstop.sim.checker import Violation
+from nonstop.sim.checker import OnlineChecker, Violation
 from nonstop.sim.core import Simulation
 from nonstop.sim.scenarios import cluster_log
 
@@ -128,10 +128,9 @@ _NODE_CLASSES: dict[str | None, type[HaClusterNode]] = {
 
 # ---------------------------------------------------------------- checker
 @dataclass(slots=True)
-class PartitionChecker:
+class PartitionChecker(OnlineChecker):
     """The partition invariants, checked after every event (module doc)."""
 
-    violations: list[Violation] = field(default_factory=list)
     at_index: dict[int, tuple[bytes, NodeId]] = field(default_factory=dict)
     epochs: dict[tuple[str, int], tuple[Any, ...]] = field(default_factory=dict)
     last: dict[NodeId, tuple[int, int]] = field(default_factory=dict)  # id(machine), index
@@ -145,12 +144,6 @@ class PartitionChecker:
     """Virtual seconds from the crash of a partition's acting node to a new node acting."""
     failovers: int = 0
     restores: int = 0
-    max_violations: int = 20
-
-    def attach(self, sim: Simulation) -> PartitionChecker:
-        sim.observers.append(self.observe)
-        sim.fault_observers.append(self.on_fault)
-        return self
 
     def on_fault(self, sim: Simulation, what: str, details: dict[str, Any]) -> None:
         """A crash of an acting node starts a takeover clock for its partitions."""
@@ -161,10 +154,6 @@ class PartitionChecker:
             record = holders.pop(node, None) if isinstance(node, str) else None
             if record is not None and record[1] > sim.now and name not in self.orphaned:
                 self.orphaned[name] = sim.now
-
-    def fail(self, sim: Simulation, invariant: str, detail: str) -> None:
-        if len(self.violations) < self.max_violations:
-            self.violations.append(Violation(sim.now, invariant, detail))
 
     def observe(self, sim: Simulation, node: NodeId, event: Event, actions: list[Action]) -> None:
         for action in actions:
@@ -250,7 +239,9 @@ def settled(sim: Simulation, names: list[NodeId], layout: list[PartitionDef]) ->
 
 
 @dataclass(slots=True)
-class PartitionsResult:
+class HaResult:
+    """One seed of an HA scenario (this one, replication's): verdict, summary line, counts."""
+
     seed: int
     ok: bool
     violations: list[Violation]
@@ -261,29 +252,74 @@ class PartitionsResult:
         return self.summary_line
 
 
+class Layouts:
+    """The partition layout of each cluster a run builds (by its sorted names), made once:
+    every node of a cluster gets the same list."""
+
+    def __init__(self, partitions: int) -> None:
+        self.partitions = partitions
+        self.by_names: dict[tuple[NodeId, ...], list[PartitionDef]] = {}
+
+    def of(self, config: ClusterConfig) -> list[PartitionDef]:
+        names = tuple(sorted({config.name, *config.static_peers}))
+        if names not in self.by_names:
+            self.by_names[names] = layout_for(list(names), self.partitions)
+        return self.by_names[names]
+
+    def first(self) -> list[PartitionDef]:
+        """The run's layout (one cluster per run); empty before any node was built."""
+        return next(iter(self.by_names.values()), [])
+
+
+NodeMaker = Callable[[ClusterConfig, random.Random, Mapping[bytes, bytes]], Machine]
+
+
+def run_cluster(
+    seed: int,
+    cluster: cluster_log.ScenarioConfig,
+    factory: NodeMaker,
+    *,
+    trace: bool,
+    on_start: Callable[[Simulation], None],
+) -> tuple[cluster_log.RunResult, Simulation]:
+    """The cluster scenario on a copy of ``cluster`` whose nodes ``factory`` builds."""
+    cluster_cfg = cluster_log.ScenarioConfig(
+        **{k: getattr(cluster, k) for k in cluster_log.ScenarioConfig.__dataclass_fields__}
+    )
+    cluster_cfg.node_factory = factory
+    return cluster_log.run_seed(seed, cluster_cfg, trace=trace, digest=trace, on_start=on_start)
+
+
+def run_until_settled(
+    sim: Simulation, within: float, unsettled: Callable[[], str | None]
+) -> str | None:
+    """Run on in 50 ms steps until ``unsettled()`` is None or ``within`` seconds passed;
+    returns its last answer (None: settled)."""
+    deadline = sim.now + within
+    why = unsettled()
+    while why is not None and sim.now < deadline:
+        sim.run_for(0.05)
+        why = unsettled()
+    return why
+
+
 def run_seed(
     seed: int,
     config: PartitionsConfig | None = None,
     *,
     trace: bool = False,
     on_start: Callable[[Simulation], None] | None = None,
-) -> tuple[PartitionsResult, Simulation]:
+) -> tuple[HaResult, Simulation]:
     """Run one seed: the cluster scenario with HA nodes, then the partition checks."""
     cfg = config or PartitionsConfig()
     node_class = _NODE_CLASSES[cfg.mutant]
     promoter = PromoterConfig(retry=cfg.retry)
-    layouts: dict[tuple[NodeId, ...], list[PartitionDef]] = {}
-
-    def layout_of(config: ClusterConfig) -> list[PartitionDef]:
-        names = tuple(sorted({config.name, *config.static_peers}))
-        if names not in layouts:
-            layouts[names] = layout_for(list(names), cfg.partitions)
-        return layouts[names]
+    layouts = Layouts(cfg.partitions)
 
     def factory(
         config: ClusterConfig, rng: random.Random, recovered: Mapping[bytes, bytes]
     ) -> Machine:
-        return node_class(config, rng, recovered, layout_of(config), promoter, cfg.lease)
+        return node_class(config, rng, recovered, layouts.of(config), promoter, cfg.lease)
 
     checker = PartitionChecker()
 
@@ -292,20 +328,12 @@ def run_seed(
         if on_start is not None:
             on_start(sim)
 
-    cluster_cfg = cluster_log.ScenarioConfig(
-        **{k: getattr(cfg.cluster, k) for k in cluster_log.ScenarioConfig.__dataclass_fields__}
-    )
-    cluster_cfg.node_factory = factory
-    result, sim = cluster_log.run_seed(seed, cluster_cfg, trace=trace, digest=trace, on_start=start)
+    result, sim = run_cluster(seed, cfg.cluster, factory, trace=trace, on_start=start)
     names = result.nodes
-    layout = next(iter(layouts.values()), [])
+    layout = layouts.first()
     healed_after: float | None = None
     if result.ok:
-        deadline = sim.now + cfg.partitions_within
-        why = settled(sim, names, layout)
-        while why is not None and sim.now < deadline:
-            sim.run_for(0.05)
-            why = settled(sim, names, layout)
+        why = run_until_settled(sim, cfg.partitions_within, lambda: settled(sim, names, layout))
         if why is not None:
             checker.fail(sim, "heal", f"partitions not settled: {why}")
         else:
@@ -327,7 +355,18 @@ def run_seed(
         f"restores={checker.restores} events={stats['events']} "
         f"wall={stats['wall_time']:.2f}s"
     )
-    return PartitionsResult(seed, not violations, violations, line, stats), sim
+    return HaResult(seed, not violations, violations, line, stats), sim
 
 
-__all__ = ["MUTANTS", "PartitionChecker", "PartitionsConfig", "layout_for", "run_seed"]
+__all__ = [
+    "MUTANTS",
+    "HaResult",
+    "Layouts",
+    "PartitionChecker",
+    "PartitionsConfig",
+    "layout_for",
+    "run_cluster",
+    "run_seed",
+    "run_until_settled",
+    "settled",
+]

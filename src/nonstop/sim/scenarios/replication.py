@@ -54,18 +54,24 @@ from typing import Any
 from nonstop.cluster.node import ClusterConfig
 from nonstop.ha.failover import PromoterConfig
 from nonstop.ha.lease import LeaseConfig
-from nonstop.ha.policies import PartitionDef
 from nonstop.net import plain
 from nonstop.replication import ReplicationConfig
 from nonstop.replication.data import K_HEAD
 from nonstop.replication.machine import MUTANTS as MACHINE_MUTANTS
 from nonstop.replication.machine import REP
 from nonstop.runtime.interface import Action, Event, Machine, NodeId, Notify, Received
-from nonstop.sim.checker import Violation
+from nonstop.sim.checker import OnlineChecker, Violation
 from nonstop.sim.core import Simulation
 from nonstop.sim.history import OK, Txn, check_list_append
 from nonstop.sim.scenarios import cluster_log
-from nonstop.sim.scenarios.partitions import PartitionChecker, layout_for, settled
+from nonstop.sim.scenarios.partitions import (
+    HaResult,
+    Layouts,
+    PartitionChecker,
+    run_cluster,
+    run_until_settled,
+    settled,
+)
 from nonstop.sim.scenarios.replication_node import (
     LocalPromotionNode,
     ReplicatedNode,
@@ -105,10 +111,9 @@ class ReplicationScenarioConfig:
 
 # ---------------------------------------------------------------- checker
 @dataclass(slots=True)
-class ReplicationChecker:
+class ReplicationChecker(OnlineChecker):
     """The replication invariants checked during the run (module doc)."""
 
-    violations: list[Violation] = field(default_factory=list)
     acknowledgers: dict[tuple[str, int], NodeId] = field(default_factory=dict)
     heads: dict[NodeId, tuple[int, dict[str, tuple[int, int]]]] = field(default_factory=dict)
     last_acker: dict[str, tuple[NodeId, float]] = field(default_factory=dict)
@@ -118,16 +123,6 @@ class ReplicationChecker:
     acks: int = 0
     drops: set[tuple[str, int]] = field(default_factory=set)
     stale_refused: int = 0
-    max_violations: int = 20
-
-    def attach(self, sim: Simulation) -> ReplicationChecker:
-        sim.observers.append(self.observe)
-        sim.fault_observers.append(self.on_fault)
-        return self
-
-    def fail(self, sim: Simulation, invariant: str, detail: str) -> None:
-        if len(self.violations) < self.max_violations:
-            self.violations.append(Violation(sim.now, invariant, detail))
 
     def on_fault(self, sim: Simulation, what: str, details: dict[str, Any]) -> None:
         if what != "crash":
@@ -288,25 +283,13 @@ def _data_settled(sim: Simulation, names: list[NodeId], clients: list[Client]) -
 
 
 # ---------------------------------------------------------------- one seed
-@dataclass(slots=True)
-class ReplicationResult:
-    seed: int
-    ok: bool
-    violations: list[Violation]
-    summary_line: str
-    stats: dict[str, Any]
-
-    def summary(self) -> str:
-        return self.summary_line
-
-
 def run_seed(
     seed: int,
     config: ReplicationScenarioConfig | None = None,
     *,
     trace: bool = False,
     on_start: Callable[[Simulation], None] | None = None,
-) -> tuple[ReplicationResult, Simulation]:
+) -> tuple[HaResult, Simulation]:
     """Run one seed: the cluster scenario with replicated nodes and clients, then the checks."""
     cfg = config or ReplicationScenarioConfig()
     if cfg.mutant is not None and cfg.mutant not in MUTANTS:
@@ -315,19 +298,13 @@ def run_seed(
     machine_mutant = cfg.mutant if cfg.mutant in MACHINE_MUTANTS else None
     rep_config = replace(cfg.replication, mutant=machine_mutant)
     promoter = PromoterConfig(retry=cfg.retry)
-    layouts: dict[tuple[NodeId, ...], list[PartitionDef]] = {}
-
-    def layout_of(config: ClusterConfig) -> list[PartitionDef]:
-        names = tuple(sorted({config.name, *config.static_peers}))
-        if names not in layouts:
-            layouts[names] = layout_for(list(names), cfg.partitions)
-        return layouts[names]
+    layouts = Layouts(cfg.partitions)
 
     def factory(
         config: ClusterConfig, rng: random.Random, recovered: Mapping[bytes, bytes]
     ) -> Machine:
         return node_class(
-            config, rng, recovered, layout_of(config), promoter, cfg.lease, rep_config
+            config, rng, recovered, layouts.of(config), promoter, cfg.lease, rep_config
         )
 
     checker = ReplicationChecker()
@@ -337,7 +314,7 @@ def run_seed(
 
     def start_clients(sim: Simulation) -> None:
         names = sorted(sim.nodes)
-        partitions = sorted(p.name for p in next(iter(layouts.values())))
+        partitions = sorted(p.name for p in layouts.first())
         for number in range(1, cfg.workload.clients + 1):
             rng = random.Random(client_rng.getrandbits(64))
             client = Client(number, sim, rng, names, partitions, cfg.workload, cfg.cluster.heal_at)
@@ -351,13 +328,9 @@ def run_seed(
         if on_start is not None:
             on_start(sim)
 
-    cluster_cfg = cluster_log.ScenarioConfig(
-        **{k: getattr(cfg.cluster, k) for k in cluster_log.ScenarioConfig.__dataclass_fields__}
-    )
-    cluster_cfg.node_factory = factory
-    result, sim = cluster_log.run_seed(seed, cluster_cfg, trace=trace, digest=trace, on_start=start)
+    result, sim = run_cluster(seed, cfg.cluster, factory, trace=trace, on_start=start)
     names = result.nodes
-    layout = next(iter(layouts.values()), [])
+    layout = layouts.first()
     partitions = sorted(p.name for p in layout)
     healed_after: float | None = None
     fails: list[Violation] = []
@@ -367,11 +340,11 @@ def run_seed(
             fails.append(Violation(sim.now, invariant, detail))
 
     if result.ok:
-        deadline = sim.now + cfg.settle_within
-        why = settled(sim, names, layout) or _data_settled(sim, names, clients)
-        while why is not None and sim.now < deadline:
-            sim.run_for(0.05)
-            why = settled(sim, names, layout) or _data_settled(sim, names, clients)
+        why = run_until_settled(
+            sim,
+            cfg.settle_within,
+            lambda: settled(sim, names, layout) or _data_settled(sim, names, clients),
+        )
         if why is not None:
             fail("heal", f"not settled {cfg.settle_within}s after the cluster agreed: {why}")
         else:
@@ -402,13 +375,12 @@ def run_seed(
         f"txns={stats['txns']} failovers={stats['failovers']} drops={stats['drops']} "
         f"events={stats['events']} wall={stats['wall_time']:.2f}s"
     )
-    return ReplicationResult(seed, not violations, violations, line, stats), sim
+    return HaResult(seed, not violations, violations, line, stats), sim
 
 
 __all__ = [
     "MUTANTS",
     "ReplicationChecker",
-    "ReplicationResult",
     "ReplicationScenarioConfig",
     "check_final",
     "run_seed",

@@ -1,0 +1,134 @@
+"""The object store behind the replication machine on a real node (replication.md §10c).
+
+The replication machine (:mod:`nonstop.replication`) keeps its own copy of each
+partition (``rep/`` keys) and speaks in **write sets**: ``<ref hex>`` ->
+``[type name, version, packed state]`` (``None``: deleted).  The node's object
+store (LMDB, :mod:`nonstop.tx`) is the copy clients read.  This module moves
+data between the two:
+
+* :func:`partition_write_sets` -- what a transaction writes, split by partition,
+  from :func:`~nonstop.tx.replica.write_set_records` (whole states, so a write
+  set needs no earlier one to be applied);
+* :func:`replicated_commit` -- a one-node commit that waits for its write sets
+  to be on every in-sync sync replica (``replicate``) before the store commit,
+  holding the transaction's locks throughout; a refusal rolls it back;
+* :func:`load_copy` -- when the node starts acting for a partition (promotion,
+  handover after a restore) the store takes the machine's copy of it: every
+  object of the copy as a ``c`` record (applied only over an older version),
+  every object of the partition's location the copy lacks deleted, in one store
+  transaction (:func:`~nonstop.tx.replica.apply_write_set_async`);
+* :func:`install` -- a prepared record resolved as committed at promotion: its
+  after-images into the store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from nonstop.model.ref import Ref
+from nonstop.tx.async_transaction import AsyncTransaction
+from nonstop.tx.database import Database
+from nonstop.tx.entries import TxState
+from nonstop.tx.replica import apply_write_set_async, copy_batch, write_set_records
+
+WriteSets = dict[str, dict[str, Any]]
+"""Partition -> its write set (module doc)."""
+
+LOAD_LOCK_TIMEOUT = 30.0
+"""Seconds a copy load waits for a lock (an in-doubt branch of this node's participant)."""
+
+
+def partition_write_sets(
+    records: list[list[Any]], partition_of: Callable[[bytes], str | None]
+) -> WriteSets:
+    """``write_set_records`` output -> one write set per partition; objects outside every
+    partition (a node's own location) are not replicated."""
+    sets: WriteSets = {}
+    for record in records:
+        kind, ref, type_name = record[0], record[1], record[2]
+        partition = partition_of(ref)
+        if partition is None:
+            continue
+        value = None if kind == "d" else [type_name, record[3], record[4]]
+        sets.setdefault(partition, {})[ref.hex()] = value
+    return sets
+
+
+async def replicated_commit(
+    tx: AsyncTransaction, replicate: Callable[[list[list[Any]]], Awaitable[None]]
+) -> None:
+    """Commit ``tx`` once ``replicate(records)`` returned (module doc).
+
+    ``replicate`` raises (``NotActive``: nothing replicated, retry; ``Unavailable``:
+    outcome unknown) and the transaction is rolled back, locks released.
+    """
+    ws = tx._prepare_commit()  # triggers and prepare notifiers: the write set is final
+    if ws is None:
+        tx._finish(TxState.COMMITTED)
+        return
+    try:
+        await replicate(write_set_records(tx))
+    except BaseException:
+        tx._finish(TxState.ROLLED_BACK)
+        raise
+    await tx._durable(ws, TxState.COMMITTED)
+
+
+def _copy_records(db: Database, values: Mapping[str, Any]) -> list[list[Any]]:
+    """``c`` records of a write set's objects; ``d`` records of its deletes that the store
+    holds (a delete carries no type: it is read from the store)."""
+    store = db.engine.store
+    out: list[list[Any]] = []
+    gone: list[bytes] = []
+    for key, value in sorted(values.items()):
+        if value is None:
+            gone.append(bytes.fromhex(key))
+        else:
+            type_name, version, packed = value
+            out.append(["c", bytes.fromhex(key), type_name, version, packed])
+    if gone:
+        with store.read() as rtxn:
+            for ref in gone:
+                raw = rtxn.get(ref, db=store.objects)
+                if raw is not None:
+                    out.append(["d", ref, store.record(raw, ref)[0]])
+    return out
+
+
+async def load_copy(db: Database, location: int, values: Mapping[str, Any]) -> int:
+    """The store's objects of ``location`` become the machine's copy ``values`` (module
+    doc); the number of records applied."""
+    records = _copy_records(db, values)
+    after: bytes | None = None
+    while True:
+        batch, after = copy_batch(db.engine, location, after, 1000)
+        for record in batch:
+            if record[1].hex() not in values:
+                records.append(["d", record[1], record[2]])
+        if after is None:
+            break
+    if records:
+        await apply_write_set_async(db, records, lock_timeout=LOAD_LOCK_TIMEOUT)
+    return len(records)
+
+
+async def install(db: Database, writes: Mapping[str, Any]) -> None:
+    """A committed prepared record's after-images into the store (module doc)."""
+    records = _copy_records(db, writes)
+    if records:
+        await apply_write_set_async(db, records, lock_timeout=LOAD_LOCK_TIMEOUT)
+
+
+def location_of(ref: bytes) -> int:
+    return Ref(ref).location
+
+
+__all__ = [
+    "WriteSets",
+    "install",
+    "load_copy",
+    "location_of",
+    "partition_write_sets",
+    "replicated_commit",
+]

@@ -1,0 +1,110 @@
+"""The object store behind the real node's replication machine (node/replica_store.py).
+
+A one-node commit reaches the store only after its records were replicated (a
+refusal rolls it back, locks released); write sets are split by partition (a
+reference's location); at promotion the store takes the machine's copy of a
+partition -- newer versions applied, older ones left, objects the copy lacks
+deleted, other partitions untouched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.bankmodel import Account
+
+import nonstop
+from nonstop import errors
+from nonstop.model.codec import pack
+from nonstop.node.replica_store import (
+    install,
+    load_copy,
+    partition_write_sets,
+    replicated_commit,
+)
+from nonstop.tx.async_transaction import AsyncTransaction
+from nonstop.tx.entries import Isolation
+from nonstop.tx.replica import copy_batch
+
+P0, P1 = 0x1111_0000_0000_0001, 0x2222_0000_0000_0002
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Iterator[nonstop.Database]:
+    with nonstop.open(tmp_path / "store") as d:
+        yield d
+
+
+def balances(db: nonstop.Database) -> dict[str, int]:
+    with db.transaction() as tx:
+        return {a.number: a.balance for a in tx.query(Account)}
+
+
+def create(db: nonstop.Database, location: int, number: str, balance: int) -> bytes:
+    with db.transaction() as tx:
+        obj = tx.create_in(Account, location, 1, number=number, balance=balance)
+        return tx.ref(obj).raw
+
+
+def test_a_commit_reaches_the_store_only_after_its_records_were_replicated(
+    db: nonstop.Database,
+) -> None:
+    create(db, P0, "a", 10)
+    seen: list[list[Any]] = []
+
+    async def run(replicate: Any) -> None:
+        tx = AsyncTransaction(db, Isolation.SERIALIZABLE, 5.0)
+        account = await tx.get(Account, number="a", lock="write")
+        account.balance = 11
+        await replicated_commit(tx, replicate)
+
+    async def accepted(records: list[list[Any]]) -> None:
+        (stored,) = copy_batch(db.engine, P0)[0]  # committed state, read without locks
+        assert stored[3] == 1, "not in the store before the replicas have it"
+        seen.extend(records)
+
+    async def refused(records: list[list[Any]]) -> None:
+        raise errors.NotActive("not acting")
+
+    with pytest.raises(errors.NotActive):
+        asyncio.run(run(refused))
+    assert balances(db) == {"a": 10}
+    asyncio.run(run(accepted))  # the refused one released its locks
+    assert balances(db) == {"a": 11}
+    (record,) = seen
+    assert record[0] == "u" and record[3] == 2
+
+
+def test_write_sets_are_split_by_partition_and_skip_node_objects() -> None:
+    a, b, c = b"\x01" * 20, b"\x02" * 20, b"\x03" * 20
+    where = {a: "p0", b: "p1"}
+    records = [["c", a, "T", 1, b"s"], ["d", b, "T"], ["u", c, "T", 2, b"t"]]
+    sets = partition_write_sets(records, where.get)
+    assert sets == {"p0": {a.hex(): ["T", 1, b"s"]}, "p1": {b.hex(): None}}
+
+
+def test_the_store_takes_the_machine_copy_of_one_partition(db: nonstop.Database) -> None:
+    kept = create(db, P0, "kept", 1)
+    stale = create(db, P0, "stale", 2)
+    gone = create(db, P0, "gone", 3)
+    other = create(db, P1, "other", 4)
+    new_ref = bytes.fromhex(kept.hex()[:-2] + "ff")
+    with db.transaction() as tx:
+        type_name = tx.entry_of(tx.get(Account, number="kept")).info.name
+    copy = {
+        kept.hex(): [type_name, 1, pack({"number": "kept", "balance": 100})],  # same version
+        stale.hex(): [type_name, 5, pack({"number": "stale", "balance": 20})],  # newer
+        new_ref.hex(): [type_name, 1, pack({"number": "new", "balance": 7})],
+    }
+    applied = asyncio.run(load_copy(db, P0, copy))
+    assert applied == 4  # three objects of the copy, one delete
+    # "gone" deleted, "stale" replaced, "kept" left (same version), another partition untouched
+    assert balances(db) == {"kept": 1, "stale": 20, "new": 7, "other": 4}
+    assert gone not in {bytes(r[1]) for r in copy_batch(db.engine, P0)[0]}
+    asyncio.run(install(db, {stale.hex(): None}))  # a resolved commit that deleted it
+    assert balances(db) == {"kept": 1, "new": 7, "other": 4}
+    assert other in {bytes(r[1]) for r in copy_batch(db.engine, P1)[0]}

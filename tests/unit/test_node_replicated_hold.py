@@ -1,0 +1,84 @@
+"""The real node's composition holds a participant's phase-two acknowledgement while a
+copy of the partition may hold the prepared record without its outcome (replication.md §10c).
+
+The case the demo found: the participant prepared a gtid as the partition's active node,
+then lost its stream (a handover) before phase two.  Its copy still holds the prepared
+record; so does the new active node, which resolves it from the decision log.  The
+acknowledgement (the durable end of the participant's tombstone) must wait -- else the
+coordinator lets the log forget the gtid and the new active resolves it as abort.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+from typing import Any
+
+from nonstop.cluster.node import ClusterConfig
+from nonstop.dtx.protocol import K_TOMB
+from nonstop.ha.cluster_node import HaClusterNode
+from nonstop.net import plain
+from nonstop.node.replicated import ReplicatedClusterNode, StoreSide
+from nonstop.replication.data import K_PREPARED
+from nonstop.runtime.interface import Persist, Persisted
+
+P = "default.7"
+GTID = "A.186"
+
+
+class _NoStore:
+    """A resource manager that holds nothing (the test drives ``outcome`` directly)."""
+
+    def check_ops(self, ops: Any) -> str | None:
+        return None
+
+    def open(self, gtid: str, ops: list[Any]) -> list[Any]:
+        return []
+
+    def finish(self, gtid: str, commit: bool) -> tuple[list[Any], list[Any]]:
+        return [], []
+
+    def recover(self, gtid: str, record: bytes) -> None:
+        return None
+
+
+async def _nothing(name: str, values: Any) -> None:
+    return None
+
+
+def _node() -> ReplicatedClusterNode:
+    prepared = {K_PREPARED + P.encode() + b"\0" + GTID.encode(): plain.pack({"ab": None})}
+    config = ClusterConfig(name="C", address="127.0.0.1:1", store_timestamp=1, members=("C",))
+    return ReplicatedClusterNode(
+        config,
+        _NoStore(),  # type: ignore[arg-type]
+        random.Random(1),
+        prepared,
+        cluster_factory=functools.partial(HaClusterNode, layout=[]),
+        store=StoreSide(),
+        load=_nothing,
+        install=_nothing,
+    )
+
+
+def test_phase_two_without_a_stream_holds_the_ack_until_the_copy_settles() -> None:
+    node = _node()
+    assert P not in node.replication.streams  # not active: no stream
+    node.outcome(GTID, True)
+    # The dtx machine's tombstone write, then its durable end: held.
+    node._inner(0.0, [Persist(5, ((K_TOMB + GTID.encode(), b"commit"),))])
+    held = Persisted(0.0, 10)
+    assert node._hold_ack(held), "acknowledged while a copy may hold it without its outcome"
+    node._release_settled_outcomes()
+    assert GTID in node._held_acks, "the copy still holds it prepared"
+    # The new active's outcome record (or a reset without it) arrives here.
+    node.replication.data.prepared[P].pop(GTID)
+    node._release_settled_outcomes()
+    assert GTID not in node._held_acks and GTID not in node._unreplicated_outcomes
+
+
+def test_a_gtid_this_copy_does_not_hold_is_not_held() -> None:
+    node = _node()
+    node.outcome("B.9", True)
+    node._inner(0.0, [Persist(6, ((K_TOMB + b"B.9", b"commit"),))])
+    assert not node._hold_ack(Persisted(0.0, 12))
