@@ -285,7 +285,12 @@ class ReplicatedDataNode(SimDataNode):
         # prepared in that may be promoted holds the outcome (replication/holds.py): else the
         # log may forget the gtid while a copy still needs it.  The hold is persisted before
         # the participant's tombstone (same disk, in order), so it survives a restart.
-        self._rep_actions(now, rep.hold(gtid, sorted(write_sets(after, self._partition_of))))
+        # The partitions its after-images name, and every partition whose copy here holds
+        # the gtid prepared: right after a restart the table is not applied yet and names
+        # nothing (seed 2440), while the copies are recovered from the disk.
+        parts = set(write_sets(after, self._partition_of))
+        parts |= {name for name, held in rep.data.prepared.items() if gtid in held}
+        self._rep_actions(now, rep.hold(gtid, sorted(parts)))
         self._rep_dirty = True
         for name in [n for n in sorted(rep.streams) if gtid in rep.data.prepared_of(n)]:
             self._rep_actions(now, rep.outcome(now, None, name, gtid, decision))
