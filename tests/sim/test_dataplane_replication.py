@@ -23,6 +23,18 @@ from nonstop.sim.scenarios.dataplane_replication import (
 CLEAN_SEEDS = range(0, 8)
 """Seeds that must stay clean (campaign numbers: docs/design/replication.md §10)."""
 
+REGRESSION_SEEDS = (25, 135, 140, 285, 738, 965, 1294, 2440)
+"""Seeds that failed once, one per root cause (replication.md §10b): 285 a participant
+without a stream acknowledged phase two at once, the decision log forgot the commit and the
+promoted copy resolved it as abort; 25 and 140 the durability check read a disk still
+buffering the store's writes; 738 a lost proposal of a multi-partition one-node commit was
+never resent (its locks held for ever); 965 a one-node commit of unknown outcome was
+recorded as aborted; 135 a lock-free read on a node that took a prepared record over at
+promotion saw the state before a commit already acknowledged; 1294 a prepared record
+taken over at promotion kept its locks after the partition moved on and was resolved
+elsewhere; 2440 a participant restarted before its table was applied held its
+acknowledgement on no partition."""
+
 
 def test_write_sets_split_by_partition_and_carry_the_request_result_to_each() -> None:
     a = Ref.make(11, 0, 1).raw
@@ -56,6 +68,12 @@ def test_replicated_partitions_keep_every_invariant_and_fail_over() -> None:
             promoted += sum(1 for p in machine.loaded if owner[p] != name)
     assert completed > 100
     assert promoted > 0, "no replica was promoted: the seeds do not exercise a failover"
+
+
+def test_seeds_that_once_failed_stay_clean() -> None:
+    for seed in REGRESSION_SEEDS:
+        result, _ = run_seed(seed, partitioned_config(replicas=1))
+        assert result.ok, f"seed {seed}: {[str(v) for v in result.violations]}"
 
 
 def test_acknowledging_before_the_replica_is_caught() -> None:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from nonstop import errors
 from nonstop.dataplane.args import RequestId, parse_req
-from nonstop.dataplane.results import AlreadyDone, g_first_outcome, outcome_of
+from nonstop.dataplane.results import AlreadyDone, OutcomeUnknown, g_first_outcome, outcome_of
 from nonstop.dataplane.session_ops import WRITE_NOW, take_writes
 from nonstop.dataplane.sizes import check_writes
 from nonstop.dataplane.state import COMMITTING, UNDECIDED, Session
@@ -102,6 +102,10 @@ def g_commit(dp: DataPlane, s: Session, p: dict[str, Any]) -> OpCoroutine:
         # roll this attempt back, answer the first outcome, record nothing.
         dp.finish_commit(s, req, None)
         return done.outcome
+    except OutcomeUnknown as unknown:
+        # Recording an abort would be a lie (the commit may be on a promoted copy).
+        dp.finish_commit(s, req, None)
+        return raise_error(unknown.reply)
     except Exception as exc:
         dp.finish_commit(s, req, error_out(exc))
         raise
@@ -140,6 +144,9 @@ def g_decide(dp: DataPlane, s: Session, req: RequestId | None) -> OpCoroutine:
         reply = yield Call(dp.name, "branch.commit", {"req": None if req is None else list(req)})
         if "done" in reply:
             raise AlreadyDone(outcome_of(reply["done"]))
+        if "unknown" in reply:
+            # A replicated store (replication.md §10a): the error the client gets.
+            raise OutcomeUnknown(reply["unknown"])
         dp.forget_branch(s.bid)  # committed: nothing left to end
         return dict(OK)
     return (yield from g_two_phase(dp, s, writers, req))

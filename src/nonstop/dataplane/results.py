@@ -36,6 +36,16 @@ def outcome_of(found: Any) -> dict[str, Any]:
     return {"error": name or "Aborted", "message": message or "aborted"}
 
 
+class OutcomeUnknown(Exception):
+    """A local commit's outcome is not known here (replicated partitions: the commit's record
+    left for the replicas, then this node stopped acting before they acknowledged it; it may
+    be on the promoted copy).  Not an abort: nothing is recorded, ``request.result`` asks."""
+
+    def __init__(self, reply: dict[str, Any]) -> None:
+        super().__init__("outcome unknown")
+        self.reply = reply
+
+
 class AlreadyDone(errors.Error):
     """The commit's request id already has a recorded outcome (H1)."""
 
@@ -112,6 +122,7 @@ def g_settle(dp: DataPlane, req: RequestId, outcome: dict[str, Any]) -> OpCorout
 
 __all__ = [
     "AlreadyDone",
+    "OutcomeUnknown",
     "g_commit_retry",
     "g_first_outcome",
     "g_request_result",

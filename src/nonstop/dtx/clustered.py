@@ -129,6 +129,10 @@ class DtxClusterNode:
             return self._from_cluster(now, self.cluster.handle(event))
         return self._from_cluster(now, self.cluster.handle(event))
 
+    def released(self, now: float, gtid: str) -> list[Action]:
+        """The composition's hold on ``gtid``'s acknowledgement ended (``DtxNode.released``)."""
+        return self._from_dtx(now, self.dtx.released(now, gtid))
+
     # ------------------------------------------------------------ plumbing
     def _from_cluster(self, now: float, actions: list[Action]) -> list[Action]:
         """Rename the cluster's tokens; feed the decision log's answers to the DtxNode."""

@@ -40,7 +40,7 @@ SimResourceManager` in the simulator, an adapter over ``Database`` /
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
@@ -271,6 +271,13 @@ class DtxNode:
         self._on_persisted: dict[int, tuple[str, str]] = {}
         self._out: list[Action] = []
         self._loop: list[Any] = []
+        self.hold_ack: Callable[[str], bool] = _never
+        """Participant: is the acknowledgement of this gtid's phase two held back?  Set by a
+        composition whose prepared records have copies elsewhere (replicated partitions):
+        the coordinator lets the log forget a gtid once every participant acknowledged it,
+        so a participant acknowledges only once every copy that may be promoted holds the
+        outcome (replication.md, holds).  A held acknowledgement goes when the coordinator
+        resends the outcome, or at once through :meth:`released`."""
         self._recover(recovered)
 
     # ------------------------------------------------------------- recovery
@@ -315,6 +322,19 @@ class DtxNode:
         elif isinstance(event, ClientRequest):
             self._client(event.request_id, event.payload)
         while self._loop:  # messages this node sent itself
+            self._received(self.name, self._loop.pop(0))
+        out, self._out = self._out, []
+        return out
+
+    def released(self, now: float, gtid: str) -> list[Action]:
+        """The composition released its hold on ``gtid`` (:attr:`hold_ack`): acknowledge the
+        applied outcome now rather than at the coordinator's next resend."""
+        self.now = now
+        self._out = []
+        parsed = parse_gtid(gtid)
+        if parsed is not None and gtid not in self.branches and gtid in self.tombs:
+            self._ack(parsed[0], gtid)
+        while self._loop:
             self._received(self.name, self._loop.pop(0))
         out, self._out = self._out, []
         return out
@@ -758,7 +778,7 @@ class DtxNode:
                 return
             if tomb is None and outcome == ABORT:
                 self.tombs[gtid] = ABORT  # so a prepare still in flight is refused
-            self._send(coordinator, {"t": ACK, "g": gtid})
+            self._ack(coordinator, gtid)
             return
         if b.state == "locking":
             if outcome == COMMIT:
@@ -768,7 +788,7 @@ class DtxNode:
             del self.branches[gtid]
             self.tombs[gtid] = ABORT
             _, progress = self.rm.finish(gtid, False)
-            self._send(coordinator, {"t": ACK, "g": gtid})
+            self._ack(coordinator, gtid)
             self._progress(progress)
         elif b.state == "persisting":
             b.pending_outcome = outcome
@@ -797,7 +817,12 @@ class DtxNode:
         self.tombs[b.gtid] = b.resolving
         self.durable_tombs.add(b.gtid)
         self._out.append(Notify("dtx.resolved", {"g": b.gtid, "o": b.resolving, "node": self.name}))
-        self._send(b.coordinator, {"t": ACK, "g": b.gtid})
+        self._ack(b.coordinator, b.gtid)
+
+    def _ack(self, coordinator: NodeId, gtid: str) -> None:
+        """Acknowledge phase two of ``gtid``, unless the composition holds it (hold_ack)."""
+        if not self.hold_ack(gtid):
+            self._send(coordinator, {"t": ACK, "g": gtid})
 
     def _learn_floor(self, coordinator: NodeId, floor: int) -> None:
         """The coordinator finished every gtid below ``floor``: refuse their prepares from now.
@@ -860,6 +885,10 @@ class DtxNode:
             "tombstones": len(self.tombs),
             "floor": self.floor(),
         }
+
+
+def _never(gtid: str) -> bool:
+    return False
 
 
 def payload_op(payload: Any) -> Any:

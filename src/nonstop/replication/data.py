@@ -5,7 +5,10 @@ This is the state replication changes and the durable layout it persists
 
 * ``rep/d/<P>\\0<key>`` -> msgpack value: an object of partition P;
 * ``rep/p/<P>\\0<txid>`` -> msgpack write set: a prepared record, until its outcome;
-* ``rep/h/<P>`` -> msgpack ``[stream, seq]``: the last record applied.
+* ``rep/h/<P>`` -> msgpack ``[stream, seq]``: the last record applied;
+* ``rep/o/<P>`` -> msgpack stream id: the last stream this node started for P
+  (written with that stream's first record): whether the last record applied
+  here is this node's own (``holds.py``).
 
 Applying a record changes memory and returns the durable writes of that one
 step, head included, so that a record and the place it moves the partition to
@@ -36,6 +39,7 @@ from nonstop.replication.records import (
 K_DATA = b"rep/d/"
 K_PREPARED = b"rep/p/"
 K_HEAD = b"rep/h/"
+K_OWN = b"rep/o/"
 
 Write = tuple[bytes, bytes | None]
 
@@ -51,6 +55,8 @@ class PartitionData:
     objects: dict[str, dict[str, Any]] = field(default_factory=dict)
     prepared: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
     heads: dict[str, Head] = field(default_factory=dict)
+    own: dict[str, int] = field(default_factory=dict)
+    """Partition -> the last stream this node started for it."""
 
     @classmethod
     def recover(cls, recovered: Mapping[bytes, bytes]) -> PartitionData:
@@ -59,6 +65,8 @@ class PartitionData:
             if key.startswith(K_HEAD):
                 stream, seq = plain.unpack(raw)
                 data.heads[key[len(K_HEAD) :].decode()] = (int(stream), int(seq))
+            elif key.startswith(K_OWN):
+                data.own[key[len(K_OWN) :].decode()] = int(plain.unpack(raw))
             elif key.startswith(K_DATA):
                 part, _, name = key[len(K_DATA) :].partition(b"\0")
                 data.objects.setdefault(part.decode(), {})[name.decode()] = plain.unpack(raw)
@@ -69,6 +77,16 @@ class PartitionData:
 
     def head(self, partition: str) -> Head:
         return self.heads.get(partition, EMPTY)
+
+    def last_is_own(self, partition: str) -> bool:
+        """Was the last record applied here of a stream this node made (not a replica's)?"""
+        return self.head(partition)[0] == self.own.get(partition)
+
+    def start_own(self, partition: str, stream: int) -> Write:
+        """This node starts ``stream`` for ``partition``: the durable write (with its first
+        record)."""
+        self.own[partition] = stream
+        return (K_OWN + partition.encode(), plain.pack(stream))
 
     def values(self, partition: str) -> dict[str, Any]:
         return self.objects.get(partition, {})
@@ -127,4 +145,4 @@ class PartitionData:
         return out
 
 
-__all__ = ["K_DATA", "K_HEAD", "K_PREPARED", "PartitionData", "Write"]
+__all__ = ["K_DATA", "K_HEAD", "K_OWN", "K_PREPARED", "PartitionData", "Write"]

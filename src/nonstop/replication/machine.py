@@ -32,6 +32,12 @@ Active side, per partition P this node acts for (a :class:`Stream`):
   records flow to it too; :meth:`copy_done` tells the restorer when to
   propose ``restored``.
 
+Holds (:mod:`nonstop.replication.holds`): a two-phase-commit participant
+calls :meth:`~ReplicationMachine.hold` before it applies a txid's outcome and
+acknowledges phase two only while :meth:`~ReplicationMachine.held` is false;
+the machine releases a hold once every copy that may be promoted holds the
+outcome, and says so with ``Notify("rep.released", {"g": txid})``.
+
 Replica side: :mod:`nonstop.replication.replica` (fencing, order, buffering);
 the answer to a ``rep`` goes out after ``Persisted``.
 
@@ -59,6 +65,7 @@ from nonstop.replication.actions import (
     Submit,
 )
 from nonstop.replication.data import PartitionData, Write
+from nonstop.replication.holds import Holds
 from nonstop.replication.records import (
     COMMIT,
     COPY,
@@ -94,6 +101,8 @@ REP = "rep.rep"
 ACK = "rep.ack"
 TICK = "rep.tick"
 PREFIX = "rep."
+RELEASED = "rep.released"
+"""``Notify`` kind: a held txid may be acknowledged now (``{"g": txid}``)."""
 """Message types and timer names of the machine all start with this."""
 
 MUTANTS = ("ack_before_replica", "stale_epoch", "ignore_prepared")
@@ -144,6 +153,9 @@ class ReplicationMachine:
         self.views: dict[str, PartitionView] = {}
         self.acting: frozenset[str] = frozenset()
         self.durable: dict[str, Head] = dict(self.data.heads)
+        self.holds = Holds.recover(recovered)
+        self._covers: dict[tuple[str, str], tuple[int, int]] = {}
+        """(txid, P) -> (stream, seq): the hold on P is released once that record completed."""
         """Per partition, the place durable on this node's disk."""
         self._token = 0
         self._tokens: dict[int, tuple[int, Any]] = {}
@@ -182,6 +194,16 @@ class ReplicationMachine:
     def noop(self, now: float, ref: Any, partition: str) -> list[Any]:
         """Complete once every in-sync replica holds everything this node holds of P."""
         return self._record(now, ref, partition, None, NOOP, None, {}, None)
+
+    def hold(self, txid: str, partitions: Iterable[str]) -> list[Any]:
+        """Hold ``txid``'s acknowledgement until every copy of ``partitions`` that may be
+        promoted holds its outcome (module doc); call it before the outcome is applied."""
+        writes = self.holds.add(txid, partitions)
+        return [self._persist(writes, (_LOCAL, None))] if writes else []
+
+    def held(self, txid: str) -> bool:
+        """May ``txid``'s phase two not be acknowledged yet?"""
+        return self.holds.is_held(txid)
 
     def copy_done(self, partition: str, node: NodeId) -> bool:
         """Has the restore copy of ``partition`` to ``node`` finished (for ``restored``)?"""
@@ -223,7 +245,8 @@ class ReplicationMachine:
                 actions += self._start_stream(now, view)
         for name, stream in self.streams.items():
             actions += self._sync_peers(now, stream, self.views[name])
-        return actions + self._progress(now, complete=True)
+        actions += self._progress(now, complete=True)
+        return actions + self._settle_holds() if self.holds.held else actions
 
     # ------------------------------------------------------------ runtime events
     def handle(self, event: Event) -> list[Any]:
@@ -282,10 +305,12 @@ class ReplicationMachine:
         stream.pending.append((stream.last, ref))
         return actions
 
-    def _append(self, stream: Stream, kind: str, **fields: Any) -> list[Any]:
-        """Add a record to the stream, apply and persist it here."""
+    def _append(
+        self, stream: Stream, kind: str, also: tuple[Write, ...] = (), **fields: Any
+    ) -> list[Any]:
+        """Add a record to the stream, apply and persist it here (with ``also``)."""
         record = stream.add(kind, **fields)
-        writes = self.data.apply(stream.partition, stream.stream_id, record, self.me)
+        writes = [*also, *self.data.apply(stream.partition, stream.stream_id, record, self.me)]
         return [self._persist(writes, (_LOCAL, (stream.partition, stream.stream_id, record.seq)))]
 
     def _persist(self, writes: list[Write], what: tuple[int, Any]) -> Persist:
@@ -310,7 +335,9 @@ class ReplicationMachine:
                 actions.append(Resolve(name, txid))
         actions += self._sync_peers(now, stream, view)
         # A first record at once: replicas confirm the base, so divergence is found now.
-        return actions + self._append(stream, NOOP)
+        # It marks the stream as this node's own, durably (holds.py).
+        own = self.data.start_own(name, stream.stream_id)
+        return actions + self._append(stream, NOOP, also=(own,))
 
     def _end_stream(self, name: str, view: PartitionView | None) -> list[Any]:
         stream = self.streams.pop(name)
@@ -376,12 +403,11 @@ class ReplicationMachine:
         needed += [p for p in stream.peers.values() if p.copy_finished()]
         if self.config.mutant == "ack_before_replica":
             needed = []
+        through = min([stream.local_durable] + [0 if p is None else p.acked for p in needed])
+        stream.completed = max(stream.completed, through)
         out: list[Any] = []
-        while stream.pending:
-            seq, ref = stream.pending[0]
-            if seq > stream.local_durable or any(p is None or p.acked < seq for p in needed):
-                break
-            stream.pending.popleft()
+        while stream.pending and stream.pending[0][0] <= through:
+            seq, ref = stream.pending.popleft()
             self.stats["completed"] += 1
             out.append(Completed(ref, stream.partition, view.epoch, seq))
             out.append(
@@ -391,6 +417,41 @@ class ReplicationMachine:
                 )
             )
         return out
+
+    def _settle_holds(self) -> list[Any]:
+        """Release the holds whose partitions' promotable copies all hold the outcome."""
+        writes: list[Write] = []
+        out: list[Any] = []
+        for txid, parts in list(self.holds.held.items()):
+            for name in sorted(parts):
+                if self._hold_settled(txid, name):
+                    writes += self.holds.release(txid, name)
+            if txid not in self.holds.held:
+                out.append(Notify(RELEASED, {"g": txid}))
+        if writes:
+            out.insert(0, self._persist(writes, (_LOCAL, None)))
+        return out
+
+    def _hold_settled(self, txid: str, name: str) -> bool:
+        key = (txid, name)
+        if txid in self.data.prepared_of(name):
+            self._covers.pop(key, None)
+            return False  # this copy still waits for the outcome
+        stream = self.streams.get(name)
+        if stream is None:
+            self._covers.pop(key, None)
+            # Another node's record came last: that node is active and resolved txid too.
+            # This node's own last record may not be on the replicas: wait for the active's.
+            return not self.data.last_is_own(name)
+        cover = self._covers.get(key)
+        if cover is None or cover[0] != stream.stream_id:
+            # The outcome is at or before this stream's last record (or in its base, which
+            # every replica it counts holds): once that record completes, so does the outcome.
+            cover = self._covers[key] = (stream.stream_id, stream.last)
+        if stream.completed < cover[1]:
+            return False
+        del self._covers[key]
+        return True
 
     def _re_resolve(self, now: float, name: str) -> list[Any]:
         if self.config.mutant == "ignore_prepared":
@@ -561,4 +622,13 @@ def _parse_part(raw: Any) -> tuple[str, int, int, Head, list[Record]] | None:
     return name, epoch, stream_id, base, [r for r in records if r is not None]
 
 
-__all__ = ["ACK", "MUTANTS", "PREFIX", "REP", "TICK", "ReplicationConfig", "ReplicationMachine"]
+__all__ = [
+    "ACK",
+    "MUTANTS",
+    "PREFIX",
+    "RELEASED",
+    "REP",
+    "TICK",
+    "ReplicationConfig",
+    "ReplicationMachine",
+]

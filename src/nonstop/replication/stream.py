@@ -63,6 +63,8 @@ class Stream:
     """(seq, caller's ref) waiting for completion, in seq order."""
     local_durable: int = 0
     """The highest seq durable on this node's own disk."""
+    completed: int = 0
+    """The highest seq completed (durable here and on every in-sync sync replica, I3)."""
 
     @property
     def last(self) -> int:

@@ -79,6 +79,7 @@ from nonstop.sim.scenarios.dataplane_replication import (
 from nonstop.sim.scenarios.dataplane_store import (
     ACCOUNT,
     K_OBJ,
+    K_RESULT,
     TRANSFER,
     SimDataStore,
     StoreConfig,
@@ -782,6 +783,11 @@ def run_seed(
             stop = sim.now + 3.0
             while sim.now < stop and _busy(sim, names) is not None:
                 sim.run_for(0.05)
+            # The store's own writes still in the disks' buffers land: a replicated store
+            # installs a commit (or a promoted copy) in memory once it is durable in the
+            # replication copy (rep/), and persists its own keys (st/) after.
+            while sim.now < stop + 1.0 and _store_writes_in_flight(sim, names):
+                sim.run_for(0.01)
 
     history = ledger.la.history()
     check_histories(ledger, history, numbers, total, fail)
@@ -971,6 +977,16 @@ def _add_nodes(
                         [ACCOUNT, 1, state]
                     )
         sim.start(name)
+
+
+def _store_writes_in_flight(sim: Simulation, names: list[NodeId]) -> bool:
+    """Does a node's disk still buffer a write of its store (``st/``)?"""
+    return any(
+        key.startswith((K_OBJ, K_RESULT))
+        for name in names
+        for persist in sim.nodes[name].disk.pending
+        for key, _ in persist.writes
+    )
 
 
 def _busy(sim: Simulation, names: list[NodeId]) -> str | None:

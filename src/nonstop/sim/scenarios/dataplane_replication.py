@@ -20,8 +20,10 @@ path needs it:
   retryable, rolled back); a record that failed after it was sent answers
   ``Unavailable`` (outcome unknown: it may be on the promoted replica; the
   client asks ``request.result``).
-* **Outcomes**: the store's phase two (``finish``) calls :meth:`outcome`, a
-  record of each partition that holds the prepared record.
+* **Outcomes**: the store's phase two (``finish``) calls :meth:`outcome`: the
+  machine holds the gtid's acknowledgement (``hold``; the dtx machine's
+  ``hold_ack`` is the machine's ``held``, ``rep.released`` acknowledges at
+  once), then a record of each partition that holds the prepared record.
 * **Promotion**: when this node starts acting for P (the machine starts a
   stream), the store's copy of P is replaced by the machine's (objects and
   request results, made durable in the store's own keys too) and P's prepared
@@ -41,8 +43,8 @@ simulator keeps both, the real node will keep one (replication.md §10).
 
 A one-node commit that writes **several partitions** is prepared in each and
 decided in the decision log (gtid ``<node>~rep.<n>``), then given its outcome
-records, so it is atomic on the replicas.  Known failures left: replication.md
-§10b.
+records, so it is atomic on the replicas; its decision proposal is resent until
+the log answers.  Root causes found and what is left: replication.md §10b.
 """
 
 from __future__ import annotations
@@ -55,7 +57,6 @@ from typing import Any
 
 from nonstop import errors
 from nonstop.dtx.decisions import DECIDED, LOOKUP, PROPOSE, UNKNOWN
-from nonstop.dtx.protocol import K_TOMB
 from nonstop.ha.cluster_node import HaClusterNode
 from nonstop.ha.partition_table import TABLE, partition_location
 from nonstop.model.ref import Ref
@@ -71,7 +72,7 @@ from nonstop.replication import (
     Submit,
 )
 from nonstop.replication.data import K_DATA, K_HEAD
-from nonstop.replication.machine import PREFIX
+from nonstop.replication.machine import PREFIX, RELEASED
 from nonstop.replication.records import OUTCOME_ABORT, OUTCOME_COMMIT, PREPARE
 from nonstop.replication.view import view_of
 from nonstop.runtime.interface import (
@@ -174,16 +175,15 @@ class ReplicatedDataNode(SimDataNode):
         self._next_group = 0
         self._resolving: dict[str, set[str]] = {}
         """gtid -> the partitions whose prepared record of it waits for its outcome."""
-        self._unreplicated_outcomes: set[str] = set()
-        self._tomb_tokens: dict[int, str] = {}
-        """Persist token of the dtx participant's end of a prepared record -> its gtid."""
-        self._held_acks: dict[str, int] = {}
+        # The participant acknowledges phase two only once the machine released its hold.
+        self.node.dtx.hold_ack = self.replication.held
         self._local_txid = random.Random(rng.getrandbits(64)).getrandbits(48)
         """Sequence of this node's multi-partition one-node commits (random start: a restart
         does not reuse one)."""
         self._deciding: dict[str, tuple[list[str], Done, dict[str, Any] | None]] = {}
-        self._unsure_outcomes: dict[str, dict[str, int]] = {}
-        """gtid -> {partition: this node's stream} of an outcome whose records failed."""
+        self._proposed: dict[str, tuple[float, dict[str, Any]]] = {}
+        """txid of ``_deciding`` -> (when, the proposal): resent every dtx ``retry`` until
+        decided (the log drops a request without quorum or leader)."""
         self._outcomes: dict[str, str] = {}
         """gtid -> outcome this node's participant applied (bounded; a restart forgets)."""
         self.loaded: dict[str, int] = {}
@@ -195,20 +195,7 @@ class ReplicatedDataNode(SimDataNode):
     # ------------------------------------------------------------ the machine's events
     def handle(self, event: Event) -> list[Action]:
         self._rep_dirty = True  # on_table after every event (replication.md §3)
-        if isinstance(event, Persisted) and self._hold_ack(event):
-            return []
         return super().handle(event)
-
-    def _hold_ack(self, event: Persisted) -> bool:
-        """Hold the durable end of a prepared record back while its outcome record is not on
-        every sync replica: the participant acknowledges phase two on it, after which the
-        coordinator lets the decision log forget the outcome -- a replica promoted with the
-        prepared record and without the outcome could not resolve it any more."""
-        gtid = self._tomb_tokens.pop(event.token, None)
-        if gtid is None or gtid not in self._unreplicated_outcomes:
-            return False
-        self._held_acks[gtid] = event.token
-        return True
 
     def _side_event(self, event: Event) -> bool:
         if isinstance(event, TimerFired):
@@ -233,8 +220,10 @@ class ReplicatedDataNode(SimDataNode):
         acting = [n for n in ha.partition_table.partitions if ha.acting(now, n)]
         self._rep_actions(now, self.replication.on_table(now, self._rep_views(), acting))
         self._load_new_streams(now)
-        if self._unsure_outcomes:
-            self._release_settled_outcomes()
+        if self.store.replicated_prepared:
+            self._drop_settled_taken_over()
+        if self._proposed:
+            self._propose_again(now)
         return bool(self._queue) or not self.store.idle() or self._rep_dirty
 
     def _rep_views(self) -> dict[str, PartitionView]:
@@ -251,6 +240,9 @@ class ReplicatedDataNode(SimDataNode):
                 self._out.append(Persist(TOKEN_OWNERS * action.token + 3, action.writes))
             elif isinstance(action, Completed | Failed):
                 self._finished(action)
+            elif isinstance(action, Notify) and action.kind == RELEASED:
+                self._out.append(action)
+                self._from_node(now, self.node.released(now, str(action.data["g"])))
             elif isinstance(action, Submit):
                 self._cluster(now, self.ha.submit(now, TABLE, dict(action.entry)))
             elif isinstance(action, Resolve):
@@ -274,12 +266,6 @@ class ReplicatedDataNode(SimDataNode):
         for action in actions:
             if isinstance(action, Notify) and action.kind == "dl.answer":
                 self._decision(now, action.data.get("payload"))
-            elif isinstance(action, Persist) and self._unreplicated_outcomes:
-                for key, _ in action.writes:
-                    if key.startswith(K_TOMB):
-                        gtid = key[len(K_TOMB) :].decode()
-                        if gtid in self._unreplicated_outcomes:
-                            self._tomb_tokens[TOKEN_OWNERS * action.token] = gtid
         super()._from_node(now, actions)
 
     # ------------------------------------------------------------ the store's replicator
@@ -289,67 +275,44 @@ class ReplicatedDataNode(SimDataNode):
     def prepare(self, gtid: str, after: list[list[Any]], done: Done) -> dict[str, Any] | None:
         return self._replicate(after, done, gtid)
 
-    def outcome(self, gtid: str, commit: bool) -> None:
+    def outcome(self, gtid: str, commit: bool, after: list[list[Any]]) -> None:
         rep, now = self.replication, self.now
         decision = OUTCOME_COMMIT if commit else OUTCOME_ABORT
         self._outcomes[gtid] = decision
         if len(self._outcomes) > 4096:
             self._outcomes.pop(next(iter(self._outcomes)))
-        names = [n for n in sorted(rep.streams) if gtid in rep.data.prepared_of(n)]
-        if not names:
-            return
-        # The participant's phase-two ack waits for these records (see _hold_ack).
-        self._next_group += 1
-        ref = self._next_group
-        streams = {n: rep.streams[n].stream_id for n in names}
-        self._groups[ref] = _Group(
-            lambda error: self._outcome_ended(gtid, streams, error), len(names)
-        )
-        self._unreplicated_outcomes.add(gtid)
+        # The participant acknowledges phase two only once every copy of the partitions it
+        # prepared in that may be promoted holds the outcome (replication/holds.py): else the
+        # log may forget the gtid while a copy still needs it.  The hold is persisted before
+        # the participant's tombstone (same disk, in order), so it survives a restart.
+        # The partitions its after-images name, and every partition whose copy here holds
+        # the gtid prepared: right after a restart the table is not applied yet and names
+        # nothing (seed 2440), while the copies are recovered from the disk.
+        parts = set(write_sets(after, self._partition_of))
+        parts |= {name for name, held in rep.data.prepared.items() if gtid in held}
+        self._rep_actions(now, rep.hold(gtid, sorted(parts)))
         self._rep_dirty = True
-        for name in names:
-            self._rep_actions(now, rep.outcome(now, ref, name, gtid, decision))
-
-    def _outcome_ended(
-        self, gtid: str, streams: dict[str, int], error: dict[str, Any] | None
-    ) -> None:
-        if error is None:
-            self._outcome_replicated(gtid)
-        else:
-            # This node stopped acting before every replica held the outcome: the node that
-            # acts now may hold the prepared record without it, and resolves it from the
-            # log -- which must not forget the gtid meanwhile (replication.md §10a).
-            self._unsure_outcomes[gtid] = streams
-
-    def _release_settled_outcomes(self) -> None:
-        """Release the acknowledgement of an outcome this node could not replicate once every
-        partition's copy here follows another stream and no longer holds it prepared."""
-        data = self.replication.data
-        for gtid, streams in list(self._unsure_outcomes.items()):
-            if all(
-                data.head(name)[0] != old and gtid not in data.prepared_of(name)
-                for name, old in streams.items()
-            ):
-                del self._unsure_outcomes[gtid]
-                self._outcome_replicated(gtid)
-
-    def _outcome_replicated(self, gtid: str) -> None:
-        """Every sync replica holds ``gtid``'s outcome (or its new active node resolved it):
-        the participant may acknowledge phase two now."""
-        self._unreplicated_outcomes.discard(gtid)
-        held = self._held_acks.pop(gtid, None)
-        if held is not None:
-            self._queue.append((False, Persisted(self.now, held // TOKEN_OWNERS)))
+        for name in [n for n in sorted(rep.streams) if gtid in rep.data.prepared_of(n)]:
+            self._rep_actions(now, rep.outcome(now, None, name, gtid, decision))
 
     def lookup(self, client: str, seq: int) -> tuple[tuple[bool, Any] | None, bool]:
         data = self.replication.data
         key = f"{RESULT_KEY}{client}\0{seq}"
-        for values in data.objects.values():
+        # A copy whose last record is this node's own, without a stream of it that completed
+        # a record, may hold records its replicas never got -- or lack some a replica holds
+        # (lost in a crash): what it says about a request is in doubt until the active node's
+        # stream reaches it.
+        unsure = {name for name in data.heads if data.last_is_own(name) and not self._sure(name)}
+        for name, values in data.objects.items():
             value = values.get(key)
-            if value is not None:
+            if value is not None and name not in unsure:
                 return (bool(value[0]), value[1]), False
-        pending = bool(self._groups or self._deciding) or any(data.prepared.values())
+        pending = bool(unsure or self._groups or self._deciding) or any(data.prepared.values())
         return None, pending
+
+    def _sure(self, name: str) -> bool:
+        stream = self.replication.streams.get(name)
+        return stream is not None and stream.completed >= 1
 
     def _known_outcome(self, gtid: str) -> str | None:
         """The outcome this node's own participant applied for ``gtid``, if it knows it."""
@@ -401,10 +364,21 @@ class ReplicatedDataNode(SimDataNode):
         outcome = OUTCOME_ABORT if error is not None else OUTCOME_COMMIT
         self._deciding[txid] = (names, done, error)
         proposal = {"t": PROPOSE, "g": txid, "o": outcome, "n": []}
+        self._proposed[txid] = (self.now, proposal)
         self._cluster(self.now, self.node.decisions.request(self.now, proposal))
+
+    def _propose_again(self, now: float) -> None:
+        """Resend the proposals of one-node commits still undecided (seed 738: one was lost
+        and the commit waited for ever, its locks held)."""
+        retry = self.node.dtx.config.retry
+        for txid, (at, proposal) in list(self._proposed.items()):
+            if now - at >= retry:
+                self._proposed[txid] = (now, proposal)
+                self._cluster(now, self.node.decisions.request(now, proposal))
 
     def _local_decided(self, now: float, txid: str, decision: str) -> None:
         names, done, error = self._deciding.pop(txid)
+        self._proposed.pop(txid, None)
         self._outcomes[txid] = decision
         rep = self.replication
         for name in names:
@@ -414,7 +388,7 @@ class ReplicatedDataNode(SimDataNode):
         if decision == OUTCOME_COMMIT:
             done(None)
         elif error is not None:
-            done(error)
+            done({k: v for k, v in error.items() if k != "unknown"})  # decided: an abort
         else:
             done(error_out(errors.Aborted(f"{txid}: a promoted copy decided abort first")))
 
@@ -429,6 +403,7 @@ class ReplicatedDataNode(SimDataNode):
                     "sync replica held the commit: outcome unknown, ask request.result"
                 )
             )
+            group.failed["unknown"] = True
         group.remaining -= 1
         if group.remaining == 0:
             del self._groups[action.ref]
@@ -458,6 +433,24 @@ class ReplicatedDataNode(SimDataNode):
                 if txid not in store.rm_branches:
                     store.take_prepared(_taken(name, txid), after_images(writes))
 
+    def _drop_settled_taken_over(self) -> None:
+        """A prepared record taken over at promotion, of a partition this node no longer has
+        a stream for, that its copy here no longer holds (the new active node resolved it):
+        its locks go (seed 1294: the lookup's answer never came, the locks stayed for ever).
+        The store's objects of P are not served here now, and are replaced by the machine's
+        copy when this node acts for P again."""
+        rep = self.replication
+        for taken in list(self.store.replicated_prepared):
+            name, _, gtid = taken.partition("/")
+            if name in rep.streams or gtid in rep.data.prepared_of(name):
+                continue
+            self.store.end_prepared(taken, False)
+            waiting = self._resolving.get(gtid)
+            if waiting is not None:
+                waiting.discard(name)
+                if not waiting:
+                    del self._resolving[gtid]
+
     def _decision(self, now: float, answer: Any) -> None:
         if not isinstance(answer, dict):
             return
@@ -473,12 +466,10 @@ class ReplicatedDataNode(SimDataNode):
         elif kind == UNKNOWN:
             if answer.get("forgotten"):
                 # Finished everywhere and forgotten.  A commit is forgotten only after every
-                # participant acknowledged it, and a participant acknowledges only once its
-                # outcome record is on every in-sync copy or the new active settled it
-                # (_hold_ack): so a copy still prepared here missed an abort (the prepare
-                # never got its yes vote, the participant restarted without it).  Residual
-                # gap: a participant that crashes while holding that acknowledgement
-                # acknowledges from its tombstone after the restart (replication.md §10b).
+                # participant acknowledged it, and a participant acknowledges only once every
+                # copy that may be promoted holds the outcome (the machine's durable holds):
+                # so a copy still prepared here missed an abort (the prepare never got its
+                # yes vote, the participant restarted without it).
                 self._out.append(
                     Notify("rep.forgotten", {"g": txid, "p": sorted(self._resolving[txid])})
                 )

@@ -206,7 +206,8 @@ class Replicator(Protocol):
 
     ``commit``/``prepare`` return an error reply at once when nothing was sent (this node
     does not act for a partition written), else None and call ``done`` later with None
-    (every sync replica holds it) or an error reply (outcome unknown).
+    (every sync replica holds it) or an error reply: with ``"unknown": True`` when the
+    outcome is not known here (it may be on a promoted copy), else a definite abort.
     """
 
     def commit(
@@ -217,7 +218,9 @@ class Replicator(Protocol):
         self, gtid: str, after: list[list[Any]], done: Callable[[dict[str, Any] | None], None]
     ) -> dict[str, Any] | None: ...
 
-    def outcome(self, gtid: str, commit: bool) -> None: ...
+    def outcome(self, gtid: str, commit: bool, after: list[list[Any]]) -> None:
+        """The participant applies ``gtid``'s outcome; ``after``: its prepared after-images."""
+        ...
 
     def lookup(self, client: str, seq: int) -> tuple[tuple[bool, Any] | None, bool]:
         """A request's result in the replicated copies here, and whether a commit that may
@@ -657,11 +660,26 @@ class SimDataStore:
             return e
         if mode:
             yield (("o", ref), mode)
+        elif self._taken_over(ref):
+            # A prepared record this node took over at promotion holds it: its commit may have
+            # been acknowledged already (the participant that applied it is the one the reply
+            # names as not applied, not this node), so the state before it must not be read
+            # without a lock (read your writes, seed 135).  Until its outcome: retry.
+            raise errors.Unavailable(
+                f"{Ref(ref)} is in doubt here (a prepared record taken over at promotion is "
+                "being resolved): retry"
+            )
         obj = self.objects.get(ref)
         if obj is None:
             return None
         e = b.entries[ref] = Entry(obj.type, obj.version, dict(obj.state), mode, CLEAN)
         return e
+
+    def _taken_over(self, ref: bytes) -> bool:
+        """Is ``ref`` written by a prepared record taken over at promotion (outcome pending)?"""
+        return any(
+            image[0] == ref for after in self.replicated_prepared.values() for image in after
+        )
 
     def _g_writes(self, b: Branch, writes: Any) -> Op:
         """Apply a write set (data-path.md §2): lock, version check, set the changed fields."""
@@ -818,7 +836,13 @@ class SimDataStore:
             def replicated(error: dict[str, Any] | None) -> None:
                 if error is None:
                     self.load(after)
-                self._finish_local(b, job, deferred.reply if error is None else error)
+                    reply = deferred.reply
+                elif error.get("unknown"):
+                    # Outcome unknown: the data plane records no abort (OutcomeUnknown).
+                    reply = {"unknown": {k: v for k, v in error.items() if k != "unknown"}}
+                else:
+                    reply = error
+                self._finish_local(b, job, reply)
 
             refused = self.replicator.commit(after, replicated)
             if refused is not None:
@@ -1007,7 +1031,7 @@ class SimStoreResourceManager:
             if error is not None and store.replicator is not None:
                 # This participant votes no (or already did): the outcome is abort, known
                 # here -- a copy of the prepared record elsewhere resolves from it.
-                store.replicator.outcome(gtid, False)
+                store.replicator.outcome(gtid, False, after)
             if store.rm_branches.get(gtid) is not b:
                 return  # ended meanwhile (its coordinator gave up)
             if error is not None:
@@ -1029,7 +1053,7 @@ class SimStoreResourceManager:
             return [], []
         writes: list[tuple[bytes, bytes | None]] = []
         if store.replicator is not None and b.after:
-            store.replicator.outcome(gtid, commit)
+            store.replicator.outcome(gtid, commit, b.after)
         if commit:
             if not b.prepared:
                 raise AssertionError(f"{gtid}: commit of a branch that never prepared")
