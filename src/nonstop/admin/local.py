@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import secrets
 import shutil
 import signal
@@ -74,9 +75,40 @@ class LocalNode:
     """``host:port`` of its admin API and console (None in folders made before there was one)."""
 
 
+_PORTS_GIVEN: set[int] = set()
+"""Ports this process handed out already (never twice: the node may not listen yet)."""
+
+
+def _ephemeral_low() -> int:
+    """The lowest port of the kernel's range for outgoing connections (Linux; 32768 else)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nobody listens on right now (the kernel's choice)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    """A TCP port nobody listens on right now, below the kernel's ephemeral range.
+
+    The kernel's own choice (``bind(0)``) is an ephemeral port, which any outgoing
+    connection on the machine may take between now and the node's ``listen``: ``make
+    demo`` once failed so ("cannot listen for metrics ...: port in use").  A random free
+    port below that range is one no outgoing connection is given.
+    """
+    low = _ephemeral_low()
+    rng = random.SystemRandom()
+    for _ in range(100):
+        port = rng.randrange(max(1024, low - 12000), low)
+        if port in _PORTS_GIVEN:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+        _PORTS_GIVEN.add(port)
+        return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # a crowded range
         s.bind((host, 0))
         return int(s.getsockname()[1])
 
