@@ -32,27 +32,24 @@ pytestmark = [
 ]
 
 MONITOR = ("mo", "monitor-password-1")
+CLERK = ("clerk", "clerk-password-1")
 FUZZ_EXAMPLES = int(os.environ.get("NONSTOP_FUZZ_EXAMPLES", "5"))
 """Valid and invalid examples per operation: 5 in ``make test``, 10 in ``make test-long``."""
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Procs]:
-    """Three nodes that know the ``rates`` configuration type (``tests.configmodel``)."""
+    """Three nodes that know the ``rates`` configuration type (``tests.configmodel``) and the
+    ``ledger`` application commands (``tests.appcommands``)."""
     folder = tmp_path_factory.mktemp("admin-api")
-    with app_cluster(folder, 3, {"app": ["tests.configmodel"]}) as procs:
-        code, _, err = run_cli(
-            "user",
-            "add",
-            MONITOR[0],
-            "--role",
-            "monitor",
-            "--password",
-            MONITOR[1],
-            "--node",
-            procs.address("A"),
-        )
-        assert code == 0, err
+    apps = ["tests.configmodel", "tests.appcommands"]
+    with app_cluster(folder, 3, {"app": apps}) as procs:
+        for (user, password), role in ((MONITOR, "monitor"), (CLERK, "ledger.clerk")):
+            code, _, err = run_cli(
+                "user", "add", user, "--role", role, "--password", password,
+                "--node", procs.address("A"),
+            )  # fmt: skip
+            assert code == 0, err
         yield procs
 
 
@@ -306,3 +303,118 @@ def test_admin_port_is_https_when_the_node_has_tls(folder: Path, tmp_path: Path)
     assert r.status_code == 200 and r.json()["quorum"] == "Active", r.text
     with pytest.raises(httpx.HTTPError):
         httpx.post(f"http://{admin}/api/v1/cluster/status", auth=admin_auth(), timeout=5)
+
+
+# ------------------------------------------------------------ application commands (G4)
+def credentials_file(tmp_path: Path, user: tuple[str, str]) -> str:
+    from nonstop.client.credentials import write_credentials
+
+    path = tmp_path / f"{user[0]}.json"
+    write_credentials(path, *user)
+    return str(path)
+
+
+def test_application_commands_over_http_and_cli(cluster: Procs, tmp_path: Path) -> None:
+    """An application module's commands (``tests.appcommands``): in the OpenAPI
+    description and the console's list, run on the node in a transaction (HTTP, CLI),
+    refused to a role without the command's, bad arguments a clear error, a failure
+    rolled back, an ``Abort`` refused."""
+    spec = httpx.get(f"{base(cluster)}/api/v1/openapi.json", timeout=30).json()
+    assert (
+        "Permission: `role:ledger.clerk`"
+        in spec["paths"]["/api/v1/app/ledger/open"]["post"]["description"]
+    )
+    listing = httpx.get(f"{base(cluster)}/api/v1/commands", auth=CLERK, timeout=30).json()
+    allowed = {c["name"]: c["allowed"] for c in listing}
+    assert allowed["app.ledger.open"] and allowed["app.ledger.balances"] is False
+    pids = {n["name"]: n["pid"] for n in post(cluster, "cluster/status").json()["nodes"]}
+
+    opened = post(cluster, "app/ledger/open", {"number": "h-1", "balance": 5}, auth=CLERK)
+    assert opened.status_code == 200, opened.text
+    answer = opened.json()
+    assert answer["node"] == "A" and answer["columns"] == ["number", "balance", "pid"]
+    assert answer["rows"] == [["h-1", 5, pids["A"]]]  # it ran in node A's process
+    # Refused: a monitor lacks the role (403); the clerk lacks `status` for balances.
+    refused = post(cluster, "app/ledger/open", {"number": "h-2", "balance": 1}, auth=MONITOR)
+    assert refused.status_code == 403 and "ledger.clerk" in refused.json()["detail"]
+    assert post(cluster, "app/ledger/balances", {}, auth=CLERK).status_code == 403
+    bad = post(cluster, "app/ledger/open", {"number": "h-3", "balance": -1}, auth=CLERK)
+    assert bad.status_code == 422 and bad.json()["detail"][0]["loc"][-1] == "balance"
+    failed = post(cluster, "app/ledger/fail", {"number": "h-4", "balance": 1}, auth=CLERK)
+    assert failed.status_code == 500 and "failed after the create" in failed.json()["detail"]
+    no = post(cluster, "app/ledger/refuse", None, auth=CLERK)
+    assert no.status_code == 409 and no.json()["detail"] == "the ledger is closed today"
+    rows = post(cluster, "app/ledger/balances", {"prefix": "h-"}, auth=MONITOR).json()
+    assert rows["columns"] == ["number", "balance"] and rows["rows"] == [["h-1", 5]]  # h-4 undone
+
+    # The CLI: same command, same checks, on the node asked.
+    clerk = ["--credentials", credentials_file(tmp_path, CLERK), "--node", cluster.address("B")]
+    code, out, err = run_cli(
+        "app", "run", "ledger.open", "number=c-1", "balance=7", "--json", *clerk
+    )
+    assert code == 0, err
+    assert json.loads(out)["node"] == "B" and json.loads(out)["rows"] == [["c-1", 7, pids["B"]]]
+    code, out, err = run_cli("app", "run", "ledger.open", "number=c-2", "balance=x", *clerk)
+    assert code == 2 and "balance: Input should be a valid integer" in err, err
+    monitor = ["--credentials", credentials_file(tmp_path, MONITOR), "--node", cluster.address("C")]
+    code, out, err = run_cli("app", "run", "ledger.open", "number=c-3", "balance=1", *monitor)
+    assert code == 1 and "may not run ledger.open" in err, err
+    code, out, err = run_cli("app", "run", "ledger.balances", "prefix=c-", *monitor)
+    assert code == 0 and out.split() == ["number", "balance", "c-1", "7"], (out, err)
+    code, out, err = run_cli("app", "list", "--json", *monitor)
+    assert code == 0, err
+    assert [c["name"] for c in json.loads(out)["commands"]] == [
+        "ledger.balances", "ledger.fail", "ledger.open", "ledger.refuse",
+    ]  # fmt: skip
+    log = (cluster.nodes["C"].data / "node.log").read_text()
+    assert "refused application command ledger.open to mo (roles monitor)" in log
+
+
+# ------------------------------------------------------------ groups of nodes (G3)
+def group_text(name: str, nodes: list[str]) -> str:
+    return f'type = "nonstop.group"\nname = "{name}"\nversion = "1"\nnodes = {json.dumps(nodes)}\n'
+
+
+def test_a_command_on_every_node_of_a_group(cluster: Procs, tmp_path: Path) -> None:
+    """Groups are configuration (``nonstop.group``); a per-node command runs on each node of
+    one, over HTTP (``?group=``) and the CLI (``group run``, ``app run --group``), one
+    result per node; a node that is no member is a failed result, not a failure of all."""
+    files = [{"file": "east", "text": group_text("east", ["A", "B"])}]
+    files.append({"file": "odd", "text": group_text("odd", ["C", "Z"])})
+    loaded = post(cluster, "config/load", {"files": files, "activate": True})
+    assert loaded.status_code == 200, loaded.text
+    vetoed = post(
+        cluster, "config/load", {"files": [{"file": "all", "text": group_text("all", ["A"])}]}
+    )
+    assert vetoed.status_code == 409 and "reserved" in vetoed.json()["detail"]
+
+    r = httpx.post(
+        f"{base(cluster)}/api/v1/node/status", params={"group": "east"}, auth=MONITOR, timeout=30
+    )
+    assert r.status_code == 200, r.text
+    answer = r.json()
+    assert answer["group"] == "east" and answer["nodes"] == ["A", "B"]
+    assert [(x["node"], x["ok"], x["result"]["name"]) for x in answer["results"]] == [
+        ("A", True, "A"),
+        ("B", True, "B"),
+    ]
+    odd = post(cluster, "node/status?group=odd").json()["results"]
+    assert [(x["node"], x["ok"]) for x in odd] == [("C", True), ("Z", False)]
+    assert "Z is no member" in odd[1]["error"]
+    assert post(cluster, "node/status?group=west").status_code == 400
+    once = post(cluster, "partition/enable?group=east", {"name": "default.0"})
+    assert once.status_code == 400 and "once, not per node" in once.json()["detail"]
+    assert post(cluster, "node/status?group=east", auth=CLERK).status_code == 403
+
+    node = ["--node", cluster.address("C")]
+    code, out, err = run_cli("group", "run", "all", "node.status", *node)
+    assert code == 0, err
+    assert [x["result"]["name"] for x in json.loads(out)["results"]] == ["A", "B", "C"]
+    code, out, err = run_cli("group", "nodes", "east", *node)
+    assert code == 0 and out.split() == ["A", "B"], err
+    code, out, err = run_cli("group", "run", "east", "partition.enable", "name=x", *node)
+    assert code == 2 and "once, not per node" in err
+    code, out, err = run_cli("app", "run", "ledger.balances", "--group", "east", *node)
+    assert code == 0, err
+    results = json.loads(out)["results"]
+    assert [(x["node"], x["result"]["node"]) for x in results] == [("A", "A"), ("B", "B")]

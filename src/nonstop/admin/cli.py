@@ -5,7 +5,8 @@ One command group per module: ``node`` (:mod:`nonstop.admin.cmd_node`),
 (:mod:`nonstop.admin.cmd_partition`), ``config`` (:mod:`nonstop.admin.cmd_config`), ``local``
 (:mod:`nonstop.admin.cmd_local`), ``pipeline`` (:mod:`nonstop.admin.pipeline`),
 ``store`` (:mod:`nonstop.admin.scrub`), ``logs`` (:mod:`nonstop.admin.cmd_logs`),
-``user`` (:mod:`nonstop.admin.cmd_user`).
+``user`` (:mod:`nonstop.admin.cmd_user`), ``app`` (:mod:`nonstop.admin.cmd_app`),
+``group`` (:mod:`nonstop.admin.cmd_group`).
 Every command prints either a human table or, with ``--json``, one JSON
 document on stdout; errors are one line on stderr (``nonstop: error: ...``,
 :mod:`nonstop.admin.output`), exit code 2 for a usage error and 1 for a
@@ -16,8 +17,10 @@ from __future__ import annotations
 
 import click
 
+from nonstop.admin.cmd_app import app
 from nonstop.admin.cmd_cluster import cluster
 from nonstop.admin.cmd_config import config
+from nonstop.admin.cmd_group import group
 from nonstop.admin.cmd_local import local
 from nonstop.admin.cmd_logs import logs
 from nonstop.admin.cmd_node import node
@@ -44,6 +47,8 @@ cli.add_command(pipeline)  # the Spark jobs
 cli.add_command(store)  # nonstop store verify (nonstop.admin.scrub)
 cli.add_command(logs)  # the merged node logs
 cli.add_command(user)  # users and roles (nonstop.admin.cmd_user)
+cli.add_command(app)  # application commands (nonstop.admin.cmd_app)
+cli.add_command(group)  # one command on every node of a group (nonstop.admin.cmd_group)
 # Registered commands with no hand-written CLI command (nonstop.commands): generated ones.
 add_generated(cli)
 

@@ -4,7 +4,10 @@ Routes (docs/operations.md "Admin API"):
 
 * ``POST /api/v1/<group>/<command>`` for every registered command
   (``partition.enable`` → ``/api/v1/partition/enable``), JSON body = the
-  command's arguments model, answer = the command's JSON result;
+  command's arguments model, answer = the command's JSON result; the
+  application commands of the node's modules among them (``/api/v1/app/...``);
+  a command that answers per node takes ``?group=NAME``: it runs on every node
+  of that group of nodes, one result each (``nonstop.commands.groups``);
 * ``POST /api/v1/login`` ``{"user", "password"}`` → a session token;
 * ``GET /api/v1/whoami``, ``GET /api/v1/commands`` (what the console shows);
 * ``GET /api/v1/samples``, ``GET /api/v1/logs``: the console's views of this
@@ -28,7 +31,7 @@ from collections.abc import Callable
 from importlib import resources
 from typing import Annotated, Any
 
-from fastapi import Body, Depends, FastAPI, HTTPException, Request
+from fastapi import Body, Depends, FastAPI, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, RedirectResponse
 from fastapi.security import (
@@ -48,6 +51,7 @@ from nonstop.adminapi.tokens import SessionTokens
 from nonstop.adminapi.views import NodeViews, add_view_routes
 from nonstop.commands.context import CommandContext
 from nonstop.commands.failure import CommandError
+from nonstop.commands.groups import GROUP_NAME, run_on_group
 from nonstop.commands.registry import Command, NoArguments
 
 log = logging.getLogger("nonstop.adminapi")
@@ -212,6 +216,7 @@ def build_app(
                 "summary": cmd.summary,
                 "permission": cmd.permission,
                 "changes": cmd.changes,
+                "per_node": cmd.per_node,
                 "allowed": allows(list(principal.roles), cmd.permission),
                 "arguments": cmd.arguments.model_json_schema(),
             }
@@ -241,7 +246,7 @@ def _add_command_route(
     context: Callable[[], CommandContext],
     allows: Callable[[list[str], str], bool],
 ) -> None:
-    def run(request: Request, principal: Principal, body: Any) -> Any:
+    def run(request: Request, principal: Principal, body: Any, group: str | None = None) -> Any:
         if not allows(list(principal.roles), cmd.permission):
             raise refuse(
                 request,
@@ -250,17 +255,30 @@ def _add_command_route(
                 f"roles {','.join(principal.roles)} do not grant it",
                 principal,
             )
+        if not cmd.per_node and "group" in request.query_params:
+            raise refuse(
+                request,
+                400,
+                f"{cmd.name} changes the cluster once, not per node: run it without a group",
+                principal,
+            )
         arguments = {} if body is None else body.model_dump(exclude_unset=True)
         # A change is logged as an event; a read at debug (the console asks for the
         # cluster status every 2 s: at info, that would be most of a node's log).
         log.log(
             logging.INFO if cmd.changes else logging.DEBUG,
-            "admin api: %s runs %s %s",
+            "admin api: %s runs %s %s%s",
             who(request, principal),
             cmd.name,
             arguments,
+            f" on group {group}" if group else "",
         )
         try:
+            if group is not None:
+                parsed = cmd.arguments.model_validate(arguments)
+                return run_on_group(
+                    context(), group, lambda ctx: cmd.handler(ctx, parsed), cmd.name
+                )
             return cmd.run(context(), arguments)
         except ValidationError as exc:  # only if the model changed between checks
             raise refuse(request, 422, str(exc), principal) from None
@@ -273,9 +291,27 @@ def _add_command_route(
     body_default = Body(default=None) if optional else Body()
     body_type: Any = cmd.arguments | None if optional else cmd.arguments
 
-    def endpoint(request: Request, principal: Principal, body: Any) -> Any:
-        return run(request, principal, body)
+    def endpoint(request: Request, principal: Principal, body: Any, group: Any = None) -> Any:
+        return run(request, principal, body, group)
 
+    # A command whose answer depends on the node asked may run on every node of a group.
+    grouping = (
+        [
+            inspect.Parameter(
+                "group",
+                inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                annotation=str | None,
+                default=Query(
+                    default=None,
+                    pattern=GROUP_NAME,
+                    description="Run it on every node of this group (`all`: every member); "
+                    "one result per node (docs/operations.md).",
+                ),
+            )
+        ]
+        if cmd.per_node
+        else []
+    )
     endpoint.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
         [
             inspect.Parameter(
@@ -292,6 +328,7 @@ def _add_command_route(
                 annotation=body_type,
                 default=body_default,
             ),
+            *grouping,
         ]
     )
     app.add_api_route(

@@ -30,11 +30,16 @@ class CommandContext:
     """Front-end facts a handler may add to its result (e.g. metrics addresses of a local
     cluster folder)."""
 
-    def client(self) -> Any:
-        """A connected client with failover across :attr:`addresses`."""
-        from nonstop.client import connect
+    def client(self, ping: bool = True) -> Any:
+        """A connected client with failover across :attr:`addresses`; ``ping=False``: not
+        asked anything yet (a user whose roles do not grant ``status`` cannot ping)."""
+        from nonstop.client import Client, connect
 
         try:
+            if not ping:
+                return Client(
+                    self.addresses, cluster=self.cluster, timeout=self.timeout, **self.options
+                )
             return connect(
                 self.addresses, cluster=self.cluster, timeout=self.timeout, **self.options
             )

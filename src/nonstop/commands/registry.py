@@ -51,6 +51,9 @@ class Command:
     """True for a command that changes the cluster (the console asks before running it)."""
     positional: tuple[str, ...] = ()
     """Argument fields the CLI takes as positional arguments (in this order)."""
+    per_node: bool = False
+    """Whether its answer depends on the node asked, so that it may run on every node of
+    a group (``nonstop.commands.groups``): the reads, and the application commands."""
 
     @property
     def words(self) -> list[str]:
@@ -74,8 +77,10 @@ def register(
     summary: str = "",
     changes: bool = False,
     positional: tuple[str, ...] = (),
+    per_node: bool | None = None,
 ) -> Command:
-    """Add a command (a second one with the same name is a programming error)."""
+    """Add a command (a second one with the same name is a programming error);
+    ``per_node`` defaults to ``not changes``."""
     if name in REGISTRY:
         raise ValueError(f"command {name!r} is registered twice")
     for field in positional:
@@ -89,6 +94,7 @@ def register(
         summary=summary or (handler.__doc__ or name).strip().splitlines()[0],
         changes=changes,
         positional=positional,
+        per_node=(not changes) if per_node is None else per_node,
     )
     REGISTRY[name] = cmd
     return cmd

@@ -7,6 +7,8 @@ is one entry of the cluster log, so every node holds the same versions
 (:mod:`nonstop.configuration.table`).  See docs/design/configuration.md.
 """
 
+# The built-in type every node knows: groups of nodes (G3).
+from nonstop.configuration import groups as _groups  # noqa: F401  (declares it)
 from nonstop.configuration.types import TYPES, Change, ConfigType, ConfigTypes, Veto, config_type
 
 __all__ = ["TYPES", "Change", "ConfigType", "ConfigTypes", "Veto", "config_type"]

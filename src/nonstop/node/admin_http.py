@@ -10,7 +10,8 @@ The composition of :mod:`nonstop.adminapi` for one node:
   from one node is good on every node of the cluster and on no other cluster;
 * the commands run as the node's bootstrap admin against the node's own
   address, after the API checked the HTTP user's roles against the command's
-  permission (docs/security.md "Admin HTTP API");
+  permission (docs/security.md "Admin HTTP API"); the application commands of
+  the node's modules (``nonstop.commands.application``) are among them;
 * HTTPS with the node's certificate when the node's TLS is configured;
 * the console's views of this node (:func:`node_views`): a sampler task on the
   node's loop that keeps the last five minutes of metric samples
@@ -39,6 +40,7 @@ from nonstop.adminapi.principal import Directory, verifier_matches
 from nonstop.adminapi.server import AdminServer, serve_admin
 from nonstop.adminapi.tokens import SessionTokens, session_key
 from nonstop.adminapi.views import NodeViews
+from nonstop.commands.application import application_commands
 from nonstop.commands.context import CommandContext
 from nonstop.commands.registry import load_all
 from nonstop.net.auth import decoy_verifier
@@ -90,6 +92,16 @@ def node_directory(access: NodeAccess, machine: Any) -> Directory:
     return Directory(check_password, roles_of, password_version=password_version, ready=ready)
 
 
+def self_client_options(cfg: NodeConfig, access: NodeAccess) -> dict[str, Any]:
+    """Client options for this node's own tools to reach it (the admin API's commands, the
+    application commands): its TLS, its bootstrap admin credential."""
+    client_tls = TLSConfig(cert=cfg.tls.cert, key=cfg.tls.key, ca=cfg.tls.ca)
+    options: dict[str, Any] = {"tls": client_tls if client_tls.enabled else None}
+    if access.admin is not None:
+        options["credentials"] = access.admin
+    return options
+
+
 def node_sessions(cfg: NodeConfig, access: NodeAccess) -> SessionTokens:
     """The session tokens of the cluster: signed with a key derived from its secret
     (without one, a key of this process: its tokens are good on this node only)."""
@@ -136,10 +148,7 @@ async def start_admin(runtime: Any, cfg: NodeConfig, cluster_id: str) -> AdminSe
             "may run any command",
             cfg.admin.listen,
         )
-    client_tls = TLSConfig(cert=cfg.tls.cert, key=cfg.tls.key, ca=cfg.tls.ca)
-    options: dict[str, Any] = {"tls": client_tls if client_tls.enabled else None}
-    if access.admin is not None:
-        options["credentials"] = access.admin
+    options = self_client_options(cfg, access)
 
     def context() -> CommandContext:
         return CommandContext(
@@ -148,7 +157,7 @@ async def start_admin(runtime: Any, cfg: NodeConfig, cluster_id: str) -> AdminSe
 
     views, ring, take = node_views(runtime, cfg)
     app = build_app(
-        load_all(),
+        {**load_all(), **application_commands()},
         node_directory(access, lambda: runtime.machine),
         node_sessions(cfg, access),
         context,
@@ -163,4 +172,11 @@ async def start_admin(runtime: Any, cfg: NodeConfig, cluster_id: str) -> AdminSe
     return admin
 
 
-__all__ = ["metrics_gate", "node_directory", "node_sessions", "node_views", "start_admin"]
+__all__ = [
+    "metrics_gate",
+    "node_directory",
+    "node_sessions",
+    "node_views",
+    "self_client_options",
+    "start_admin",
+]

@@ -222,6 +222,7 @@ async def serve(cfg: NodeConfig, datadir: DataDir) -> None:
     try:
         object_store = open_object_store(datadir, ident)
         runtime = make_runtime(cfg, store, ident, object_store)
+        attach_app_commands(runtime, cfg, ident.cluster)
         install_node_notifiers(runtime)
         failure: list[str] = []
         stop = asyncio.Event()
@@ -522,6 +523,25 @@ def make_runtime(
         service = attach_data_service(runtime, object_store, cfg, context)
     runtime.router = NodeRouter(runtime.name, service, object_store)
     return runtime
+
+
+def attach_app_commands(runtime: RealRuntime, cfg: NodeConfig, cluster: str) -> None:
+    """Serve the application commands of the node's modules (``nonstop.node.app_commands``):
+    each runs in a transaction opened through the node's own address."""
+    from nonstop.client import Client
+    from nonstop.node.admin_http import self_client_options
+    from nonstop.node.app_commands import AppCommandService
+
+    access = NodeAccess.from_config(cfg)
+    options = self_client_options(cfg, access)
+
+    def opener() -> Client:
+        return Client([cfg.listen], cluster=cluster, timeout=10.0, **options)
+
+    roles_of = access.roles_lookup(lambda: users_table(runtime.machine)) if access.enabled else None
+    router = runtime.router
+    assert isinstance(router, NodeRouter), router
+    router.applications = AppCommandService(runtime.name, opener, roles_of)
 
 
 def attach_data_service(runtime: RealRuntime, db: Any, cfg: NodeConfig, context: Any) -> Any:

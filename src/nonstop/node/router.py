@@ -7,8 +7,9 @@ client ops of the data path (``tx.*``, ``bulk.*``, ``nodes``, ``types``,
 ``request.result``; ``docs/design/data-path.md`` section 3) and the peer
 messages whose ``t`` starts with ``data.`` go to the node's data service
 (``nonstop.dataplane.service.DataService``, which serves the bulk operations
-too); everything else goes on to the machine (the cluster layer and
-distributed commit).
+too); the application commands' ops (``app.run``, ``app.commands``) to
+``nonstop.node.app_commands``; everything else goes on to the machine (the
+cluster layer and distributed commit).
 
 Before any of that, :class:`OpPermissions` checks every client request against
 the principal its connection proved (``runtime/clients.py``): ops only nodes
@@ -33,7 +34,13 @@ from nonstop.dataplane.service import is_data_message, is_data_op
 from nonstop.model.wire import error_out
 from nonstop.net.auth import SCHEME_NODE, SCHEME_USER
 from nonstop.net.connection import Connection
-from nonstop.security.roles import NODE, allows, permission_of, roles_granting
+from nonstop.security.roles import (
+    APPLICATION_OPS,
+    NODE,
+    allows,
+    permission_of,
+    roles_granting,
+)
 
 log = logging.getLogger("nonstop.node")
 
@@ -66,6 +73,8 @@ class NodeRouter:
         self.data = data
         self.db = db
         self._dropped_kinds: set[str] = set()
+        self.applications: Any = None
+        """The application commands (``nonstop.node.app_commands``): ops ``app.*``."""
 
     def start(self) -> None:
         if self.data is not None:
@@ -77,6 +86,9 @@ class NodeRouter:
 
     def on_client(self, conn: Connection, client_id: Any, payload: Any) -> bool:
         op = payload.get("op") if isinstance(payload, dict) else None
+        if op in APPLICATION_OPS and self.applications is not None:
+            self.applications.on_client(conn, client_id, payload)
+            return True
         if not is_data_op(op):
             return False
         if self.data is None:

@@ -13,11 +13,17 @@ Every client request is checked before anything else sees it (``runtime/clients.
 * ``admin``: any op not listed here (deny by default);
 * ``node``: ops only nodes send (``propose``, ``run``, and on a cluster node the
   single-store bulk swap ``bulk.overwrite.commit``): no role grants it, whatever
-  the user; only a connection that proved the cluster secret has it.
+  the user; only a connection that proved the cluster secret has it;
+* ``application``: the ops of application commands (``app.run``, ``app.commands``):
+  any user with a role may send them, because each application command checks
+  its own permission when it runs (``nonstop.node.app_commands``);
+* ``role:NAME`` (:func:`role_permission`): what an application command requires
+  when it names an application role: granted by the role ``NAME``, and by ``admin``.
 
 Built-in roles: ``monitor`` (status), ``app`` (status, data), ``operator`` (status,
 data, membership), ``admin`` (everything but ``node``).  Any other role name is an
-application role: it grants nothing built in (application commands will check it).
+application role: it grants nothing built in, only the application commands that
+name it (``role:NAME``; docs/design/admin.md "Application commands").
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ MEMBERSHIP = "membership"
 USERS = "users"
 ADMIN_OPS = "admin"
 NODE = "node"
+APPLICATION = "application"
+ROLE_PREFIX = "role:"
 
 GRANTS: dict[str, frozenset[str]] = {
     MONITOR: frozenset({STATUS}),
@@ -51,6 +59,7 @@ STATUS_OPS = frozenset(
     {"ping", "status", "runtime_stats", "nodes", "types", "config.list", "config.show"}
 )
 MEMBERSHIP_OPS = frozenset({"join", "leave"})
+APPLICATION_OPS = frozenset({"app.run", "app.commands"})
 NODE_OPS = frozenset({"propose", "run", "bulk.overwrite.commit"})
 """Never reachable by a user: a proposal goes into every node's log as it is; ``run``
 writes branches outside the data service; the single-store swap deletes a type's
@@ -70,6 +79,8 @@ def permission_of(op: object) -> str:
         return STATUS
     if op in MEMBERSHIP_OPS:
         return MEMBERSHIP
+    if op in APPLICATION_OPS:
+        return APPLICATION
     if op.startswith("user."):
         return USERS
     if is_data_op(op):
@@ -77,11 +88,26 @@ def permission_of(op: object) -> str:
     return ADMIN_OPS
 
 
+def role_permission(role: str) -> str:
+    """The permission an application command needs when it names an application role."""
+    return ROLE_PREFIX + check_roles([role])[0]
+
+
 def allows(roles: Iterable[str], permission: str) -> bool:
+    """Whether any of ``roles`` grants ``permission`` (module doc)."""
+    roles = list(roles)
+    if permission == APPLICATION:
+        return bool(roles)
+    if permission.startswith(ROLE_PREFIX):
+        return permission[len(ROLE_PREFIX) :] in roles or ADMIN in roles
     return any(permission in GRANTS.get(role, ()) for role in roles)
 
 
 def roles_granting(permission: str) -> list[str]:
+    if permission.startswith(ROLE_PREFIX):
+        return [permission[len(ROLE_PREFIX) :], ADMIN]
+    if permission == APPLICATION:
+        return ["any"]
     return [role for role in BUILTIN_ROLES if permission in GRANTS[role]]
 
 
@@ -106,6 +132,8 @@ def check_user_name(name: object) -> str:
 __all__ = [
     "ADMIN",
     "APP",
+    "APPLICATION",
+    "APPLICATION_OPS",
     "BUILTIN_ROLES",
     "GRANTS",
     "MONITOR",
@@ -115,5 +143,6 @@ __all__ = [
     "check_roles",
     "check_user_name",
     "permission_of",
+    "role_permission",
     "roles_granting",
 ]
