@@ -286,7 +286,8 @@ def test_openapi_fuzz(cluster: Procs, tmp_path: Path) -> None:
 
 def test_admin_port_is_https_when_the_node_has_tls(folder: Path, tmp_path: Path) -> None:
     """With the node's TLS (mutual, as `local up --option tls=...` sets it) the admin port
-    speaks HTTPS with the node's certificate, and its commands reach the node over TLS."""
+    speaks HTTPS with the node's certificate, and its commands reach the node over TLS;
+    so does the metrics port (a scrape over HTTPS, none over plain HTTP)."""
     from tests.unit.test_transport import make_certs
 
     tls = make_certs(tmp_path)
@@ -295,7 +296,8 @@ def test_admin_port_is_https_when_the_node_has_tls(folder: Path, tmp_path: Path)
         "local", "up", "-n", "1", "--dir", str(folder), "--option", f"tls={option}"
     )
     assert code == 0, err
-    admin = json.loads((folder / "local.json").read_text())["nodes"][0]["admin"]
+    entry = json.loads((folder / "local.json").read_text())["nodes"][0]
+    admin, metrics = entry["admin"], entry["metrics"]
     ssl_context = ssl.create_default_context(cafile=tls.ca)
     r = httpx.post(
         f"https://{admin}/api/v1/cluster/status", auth=admin_auth(), verify=ssl_context, timeout=30
@@ -303,6 +305,15 @@ def test_admin_port_is_https_when_the_node_has_tls(folder: Path, tmp_path: Path)
     assert r.status_code == 200 and r.json()["quorum"] == "Active", r.text
     with pytest.raises(httpx.HTTPError):
         httpx.post(f"http://{admin}/api/v1/cluster/status", auth=admin_auth(), timeout=5)
+    scrape = httpx.get(
+        f"https://{metrics}/metrics", auth=admin_auth(), verify=ssl_context, timeout=30
+    )
+    assert scrape.status_code == 200 and b"nonstop_" in scrape.content, scrape.text
+    assert (
+        httpx.get(f"https://{metrics}/metrics", verify=ssl_context, timeout=30).status_code == 401
+    )
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"http://{metrics}/metrics", auth=admin_auth(), timeout=5)
 
 
 # ------------------------------------------------------------ application commands (G4)
@@ -401,7 +412,7 @@ def test_a_command_on_every_node_of_a_group(cluster: Procs, tmp_path: Path) -> N
     odd = post(cluster, "node/status?group=odd").json()["results"]
     assert [(x["node"], x["ok"]) for x in odd] == [("C", True), ("Z", False)]
     assert "Z is no member" in odd[1]["error"]
-    assert post(cluster, "node/status?group=west").status_code == 400
+    assert post(cluster, "node/status?group=west").status_code == 404
     once = post(cluster, "partition/enable?group=east", {"name": "default.0"})
     assert once.status_code == 400 and "once, not per node" in once.json()["detail"]
     assert post(cluster, "node/status?group=east", auth=CLERK).status_code == 403

@@ -1,7 +1,8 @@
 """The web console in a real headless browser (G2): Debian's chromium driven by selenium.
 
 Log in as the admin, see three nodes Up, see the live charts of node A get data
-points while transactions commit through it and its log view show the login, run
+points while transactions commit through it (and B's and C's charts, fetched through
+A, get samples) and its log view show the login, run
 a command (disable then enable a partition on one node), load and activate a
 configuration file chosen in a form and see it Active among the configuration
 versions, see a node Down after a SIGKILL, then log in as a monitor and be
@@ -159,10 +160,18 @@ def test_console_login_status_command_failure_and_refusal(browser: object, tmp_p
             stop.set()
             committer.join(10)
         assert "A" in driver.find_element(By.ID, "charts-node").text
+        # Every other member's charts too, their samples fetched through A.
+        member_points = (
+            "return ['B', 'C'].map(n => Number((document.getElementById("
+            "'chart-commits-node-' + n) || {dataset: {}}).dataset.points || 0));"
+        )
+        wait.until(lambda d: all(int(p) > 0 for p in d.execute_script(member_points)))
         legend = driver.find_element(By.ID, "chart-commits-legend").text
         assert "commits" in legend and "aborts" in legend, legend
         driver.execute_script("document.getElementById('metrics').scrollIntoView();")
         driver.save_screenshot(str(shots / "console-1b-charts.png"))
+        driver.execute_script("document.getElementById('charts-of-B').scrollIntoView();")
+        driver.save_screenshot(str(shots / "console-1b-other-nodes.png"))
 
         # 1c. The log view shows A's log, newest first: the admin's login is in it.
         def log_rows() -> list[str]:

@@ -51,7 +51,7 @@ from nonstop.adminapi.tokens import SessionTokens
 from nonstop.adminapi.views import NodeViews, add_view_routes
 from nonstop.commands.context import CommandContext
 from nonstop.commands.failure import CommandError
-from nonstop.commands.groups import GROUP_NAME, run_on_group
+from nonstop.commands.groups import GROUP_NAME, UnknownGroup, run_on_group
 from nonstop.commands.registry import Command, NoArguments
 
 log = logging.getLogger("nonstop.adminapi")
@@ -282,6 +282,8 @@ def _add_command_route(
             return cmd.run(context(), arguments)
         except ValidationError as exc:  # only if the model changed between checks
             raise refuse(request, 422, str(exc), principal) from None
+        except UnknownGroup as exc:
+            raise refuse(request, 404, exc.message, principal) from None
         except CommandError as exc:
             raise refuse(request, STATUS_OF_KIND[exc.kind], exc.message, principal) from None
 
@@ -346,6 +348,7 @@ def _add_command_route(
             409: {"model": Refusal},
             413: {"model": Refusal},
             503: {"model": Refusal},
+            **({404: {"model": Refusal, "description": "No such group"}} if cmd.per_node else {}),
         },
     )
 

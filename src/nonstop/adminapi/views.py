@@ -6,7 +6,9 @@ files):
 
 * ``GET /api/v1/samples?since=T`` (permission ``status``): the node's samples
   taken after ``T`` (epoch seconds), one a second for the last five minutes at
-  most (``nonstop.node.metrics_samples``);
+  most (``nonstop.node.metrics_samples``); ``&node=B``: member B's samples,
+  which this node asks B for over the node port (op ``samples``), so that one
+  console charts every node through the node that serves it;
 * ``GET /api/v1/logs?level=L&limit=N&contains=S`` (permission ``admin``): the
   newest ``N`` (at most 500) events of the node's log file at level ``L`` or
   above containing ``S`` (``nonstop.node.log_tail``).
@@ -29,15 +31,19 @@ from typing import Annotated, Any, Literal
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
 
 from nonstop.adminapi.principal import Principal
+from nonstop.commands.failure import CommandError
 from nonstop.security.roles import ADMIN_OPS, STATUS
 
+NODE_NAME = r"^[A-Za-z0-9_.@-]{1,64}$"
 SAMPLES_PERMISSION = STATUS
 LOGS_PERMISSION = ADMIN_OPS
 MAX_LOG_LINES = 500
 MAX_FILTER = 200
 
 REFUSED: dict[int | str, dict[str, Any]] = {
-    403: {"description": "The user's roles do not grant the permission"}
+    403: {"description": "The user's roles do not grant the permission"},
+    404: {"description": "No such member (samples of another node)"},
+    503: {"description": "The member does not answer, or keeps no samples"},
 }
 
 Level = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
@@ -51,6 +57,9 @@ class NodeViews:
     """``since`` → ``{"node", "interval", "capacity", "samples": [...]}``."""
     logs: Callable[[str | None, int, str], dict[str, Any]]
     """``(level, limit, contains)`` → ``{"available", "file", "events": [...]}``."""
+    samples_of: Callable[[str, float], dict[str, Any]] | None = None
+    """``(node, since)`` → another member's samples, fetched by this node (None: only its
+    own); raises :class:`~nonstop.commands.failure.CommandError` when it cannot."""
 
 
 def add_view_routes(
@@ -84,9 +93,19 @@ def add_view_routes(
         request: Request,
         principal: Annotated[Principal, Depends(authenticate)],
         since: Annotated[float, Query(ge=0, le=1e11, description="epoch seconds")] = 0.0,
+        node: Annotated[
+            str | None,
+            Query(pattern=NODE_NAME, description="another member: its samples, through this node"),
+        ] = None,
     ) -> dict[str, Any]:
         check(request, principal, SAMPLES_PERMISSION, "samples")
-        return views.samples(since)
+        if node is None or views.samples_of is None:
+            return views.samples(since)
+        try:
+            return views.samples_of(node, since)
+        except CommandError as exc:
+            status = 404 if exc.kind == "usage" else 503
+            raise refuse(request, status, exc.message, principal) from None
 
     @app.get(
         f"{prefix}/logs",

@@ -41,6 +41,13 @@ PARALLEL = 8
 """Nodes asked at once (a node that does not answer costs its timeout, not the sum)."""
 
 
+class UnknownGroup(CommandError):
+    """The group named does not exist (HTTP 404, CLI exit 2)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, "usage")
+
+
 def group_nodes(context: CommandContext, group: str) -> list[str]:
     """The nodes of ``group``: the active version's list, or every member for ``all``."""
     if group == ALL:
@@ -50,10 +57,9 @@ def group_nodes(context: CommandContext, group: str) -> list[str]:
         reply = ask(context, "config.show", {"type": GROUP_TYPE, "name": group})
     except CommandError as exc:
         if exc.kind == "refused":  # "no configuration ... is loaded"
-            raise CommandError(
+            raise UnknownGroup(
                 f"no group {group!r}: load a {GROUP_TYPE} configuration named so "
-                f"(`nonstop config load FILE --activate`), or use {ALL!r}",
-                "usage",
+                f"(`nonstop config load FILE --activate`), or use {ALL!r}"
             ) from None
         raise
     active = [v for v in reply.get("versions", []) if v.get("state") == "Active"]
@@ -92,4 +98,4 @@ def run_on_group(
     return {"group": group, "command": command, "nodes": nodes, "results": results}
 
 
-__all__ = ["GROUP_NAME", "group_nodes", "run_on_group"]
+__all__ = ["GROUP_NAME", "UnknownGroup", "group_nodes", "run_on_group"]

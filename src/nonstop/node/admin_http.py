@@ -33,6 +33,7 @@ import hmac
 import logging
 import os
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from nonstop.adminapi.app import build_app
@@ -41,8 +42,11 @@ from nonstop.adminapi.server import AdminServer, serve_admin
 from nonstop.adminapi.tokens import SessionTokens, session_key
 from nonstop.adminapi.views import NodeViews
 from nonstop.commands.application import application_commands
+from nonstop.commands.cluster_commands import read_status
 from nonstop.commands.context import CommandContext
+from nonstop.commands.failure import CommandError
 from nonstop.commands.registry import load_all
+from nonstop.errors import Error
 from nonstop.net.auth import decoy_verifier
 from nonstop.net.tls import TLSConfig
 from nonstop.node.access import NodeAccess, cluster_caught_up
@@ -137,6 +141,25 @@ def node_views(
     return NodeViews(samples=samples, logs=logs), ring, lambda: read(runtime, observer)
 
 
+def member_samples(context: CommandContext, node: str, since: float) -> dict[str, Any]:
+    """Member ``node``'s samples after ``since``, asked over its node port (op ``samples``)
+    with this node's bootstrap admin credential; :class:`CommandError` when it cannot."""
+    _, status = read_status(context)
+    address = next((n.get("address") for n in status.get("nodes", []) if n["name"] == node), None)
+    if not address:
+        raise CommandError(f"{node} is no node of this cluster", "usage")
+    try:
+        reply = context.ask_node(str(address), {"op": "samples", "since": since})
+    except (Error, OSError) as exc:
+        raise CommandError(
+            f"node {node} at {address} does not answer: {exc}", "unavailable"
+        ) from None
+    if not isinstance(reply, dict) or "error" in reply:
+        detail = reply.get("message") if isinstance(reply, dict) else repr(reply)
+        raise CommandError(f"node {node}: {detail}", "unavailable")
+    return reply
+
+
 async def start_admin(runtime: Any, cfg: NodeConfig, cluster_id: str) -> AdminServer | None:
     """Serve the admin API on ``cfg.admin.listen`` (None: not configured); ``OSError``."""
     if cfg.admin.listen is None:
@@ -156,6 +179,10 @@ async def start_admin(runtime: Any, cfg: NodeConfig, cluster_id: str) -> AdminSe
         )
 
     views, ring, take = node_views(runtime, cfg)
+    views = replace(views, samples_of=lambda node, since: member_samples(context(), node, since))
+    router = getattr(runtime, "router", None)
+    if router is not None and hasattr(router, "samples"):
+        router.samples = views.samples  # op `samples`: other nodes' consoles chart this one
     app = build_app(
         {**load_all(), **application_commands()},
         node_directory(access, lambda: runtime.machine),

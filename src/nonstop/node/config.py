@@ -408,8 +408,8 @@ class MetricsSection(Section):
 
     listen: str | None = Field(
         default=None,
-        description="`host:port` of the metrics endpoint (`GET /metrics`); keep it on "
-        "127.0.0.1: it has no authentication yet (docs/security.md)",
+        description="`host:port` of the metrics endpoint (`GET /metrics`, a user allowed "
+        "`status`); HTTPS when the node's TLS has a certificate",
     )
     latency_buckets: list[float] = Field(
         default_factory=lambda: [

@@ -87,7 +87,9 @@ async def start_metrics(runtime: RealRuntime, cfg: NodeConfig) -> MetricsServer 
     observer = attach(runtime, cfg.metrics.latency_buckets)
     gate = metrics_gate(runtime, cfg)
     try:
-        return await serve_metrics(node_registry(runtime, observer), cfg.metrics.listen, gate)
+        cert = (cfg.tls.cert, cfg.tls.key) if cfg.tls.cert and cfg.tls.key else None
+        registry = node_registry(runtime, observer)
+        return await serve_metrics(registry, cfg.metrics.listen, gate, cert)
     except OSError as exc:
         reason = "port in use" if exc.errno == errno.EADDRINUSE else str(exc)
         where = cfg.metrics.listen

@@ -19,8 +19,13 @@ collected on the loop thread, between two events, so every scrape sees a
 consistent node; a scrape of the ~100 series of a node costs well under a
 millisecond of loop time (bench/results/metrics.md).
 
-Bounds: requests of at most 8 KiB of head, read within 5 s, at most 8 scrapes
-at once (more are answered 503), connections closed after each answer.
+HTTPS when the node's TLS has a certificate (``[tls] cert``, ``key``), as on the
+admin port: the same certificate, TLS 1.2 at least, no client certificate asked
+(the scraper proves a user, as above); a plain HTTP request then gets nothing.
+
+Bounds: requests of at most 8 KiB of head, read within 5 s (a TLS handshake
+within 5 s too), at most 8 scrapes at once (more are answered 503), connections
+closed after each answer.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import CollectorRegistry
@@ -70,8 +76,15 @@ class MetricsServer:
         self._busy = 0
         self._server: asyncio.Server | None = None
 
-    async def start(self, host: str, port: int) -> None:
-        self._server = await asyncio.start_server(self._serve, host, port, limit=HEAD_LIMIT)
+    async def start(self, host: str, port: int, tls: ssl.SSLContext | None = None) -> None:
+        self._server = await asyncio.start_server(
+            self._serve,
+            host,
+            port,
+            limit=HEAD_LIMIT,
+            ssl=tls,
+            ssl_handshake_timeout=READ_TIMEOUT if tls is not None else None,
+        )
 
     @property
     def port(self) -> int:
@@ -138,15 +151,28 @@ class MetricsServer:
         return _response("200 OK", content_type, body, head_only=method == "HEAD")
 
 
+def server_tls(cert: tuple[str, str]) -> ssl.SSLContext:
+    """HTTPS with the node's certificate, as the admin port has it: the scraper checks
+    the node; the node checks the scraper's credential, not a client certificate."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(cert[0], cert[1])
+    return context
+
+
 async def serve_metrics(
-    registry: CollectorRegistry, address: str, gate: MetricsGate | None = None
+    registry: CollectorRegistry,
+    address: str,
+    gate: MetricsGate | None = None,
+    cert: tuple[str, str] | None = None,
 ) -> MetricsServer:
     """Listen on ``address`` (``host:port``; port 0: any free one) and answer scrapes
-    admitted by ``gate`` (None, or a gate of a node without authentication: anyone)."""
+    admitted by ``gate`` (None, or a gate of a node without authentication: anyone);
+    HTTPS with ``cert`` = (certfile, keyfile)."""
     host, _, port = address.rpartition(":")
     server = MetricsServer(registry, gate)
-    await server.start(host, int(port))
-    log.info("metrics at http://%s:%d/metrics", host, server.port)
+    await server.start(host, int(port), server_tls(cert) if cert else None)
+    log.info("metrics at %s://%s:%d/metrics", "https" if cert else "http", host, server.port)
     if gate is None or gate.open:
         log.warning(
             "metrics on %s are open ([auth] enabled = false): anyone who reaches it may scrape",
@@ -155,4 +181,4 @@ async def serve_metrics(
     return server
 
 
-__all__ = ["MetricsServer", "serve_metrics"]
+__all__ = ["MetricsServer", "serve_metrics", "server_tls"]

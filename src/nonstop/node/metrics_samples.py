@@ -10,6 +10,11 @@ and p99 size.  A Prometheus server computes the same with ``rate()`` and
 ``histogram_quantile()``; the console has no Prometheus, so the node does it
 for the last :data:`RING` seconds only.
 
+With replication of partitions a sample also carries the replication lag of
+each partition the node is active for: the records committed there and not yet
+completed (durable here and acknowledged by every in-sync sync replica), read
+from the replication machine's status, a gauge taken at the sample's moment.
+
 Quantiles are estimated from the buckets as ``histogram_quantile`` does: the
 bucket holding the rank, linearly interpolated inside it (the +Inf bucket
 answers its lower bound).  A second without commits has no latency (``None``,
@@ -52,6 +57,10 @@ class Reading:
     write_sets: int
     size_bounds: tuple[float, ...]
     size_counts: tuple[int, ...]
+    pending: dict[str, int] | None = None
+    """Replication: per partition this node is active for, the records waiting to be
+    completed (durable here and acknowledged by every in-sync sync replica); None
+    without replication.  A gauge, not a counter."""
 
 
 @dataclass(frozen=True)
@@ -66,9 +75,16 @@ class Sample:
     group_commits_per_s: float
     group_size_mean: float | None
     group_size_p99: float | None
+    replication_pending: dict[str, int] | None = None
 
     def as_json(self) -> dict[str, Any]:
+        extra = (
+            {}
+            if self.replication_pending is None
+            else {"replication_pending": dict(self.replication_pending)}
+        )
         return {
+            **extra,
             "t": round(self.at, 3),
             "commits_per_s": round(self.commits_per_s, 3),
             "aborts_per_s": round(self.aborts_per_s, 3),
@@ -142,6 +158,7 @@ class SampleRing:
             group_commits_per_s=groups / seconds,
             group_size_mean=write_sets / groups if groups else None,
             group_size_p99=quantile(0.99, reading.size_bounds, sizes, lowest=1.0),
+            replication_pending=reading.pending,
         )
         self.samples.append(sample)
         return sample
@@ -174,7 +191,18 @@ def read(runtime: Any, observer: DataObserver, clock: Callable[[], float] = time
         write_sets=int(getattr(stats, "commits", 0)),
         size_bounds=tuple(float(b) for b in GROUP_SIZE_BUCKETS),
         size_counts=tuple(getattr(stats, "group_sizes", ()) or ()),
+        pending=replication_pending(getattr(runtime, "machine", None)),
     )
+
+
+def replication_pending(machine: Any) -> dict[str, int] | None:
+    """Per partition this node is active for, the records not yet completed, read from
+    the replicating machine's status (``streams[p].pending``); None without replication."""
+    status_of = getattr(machine, "replication_status", None)
+    if not callable(status_of):
+        return None
+    streams = (status_of().get("replication") or {}).get("streams") or {}
+    return {str(p): int(s.get("pending", 0)) for p, s in sorted(streams.items())}
 
 
 async def sample_forever(
@@ -193,4 +221,13 @@ async def sample_forever(
         await asyncio.sleep(interval)
 
 
-__all__ = ["RING", "Reading", "Sample", "SampleRing", "quantile", "read", "sample_forever"]
+__all__ = [
+    "RING",
+    "Reading",
+    "Sample",
+    "SampleRing",
+    "quantile",
+    "read",
+    "replication_pending",
+    "sample_forever",
+]

@@ -75,6 +75,9 @@ class NodeRouter:
         self._dropped_kinds: set[str] = set()
         self.applications: Any = None
         """The application commands (``nonstop.node.app_commands``): ops ``app.*``."""
+        self.samples: Callable[[float], dict[str, Any]] | None = None
+        """The node's recent metric samples (op ``samples``; set with the admin API, whose
+        sampler keeps them): how a console served by another node charts this one."""
 
     def start(self) -> None:
         if self.data is not None:
@@ -89,6 +92,9 @@ class NodeRouter:
         if op in APPLICATION_OPS and self.applications is not None:
             self.applications.on_client(conn, client_id, payload)
             return True
+        if op == "samples":
+            conn.send({"t": "rep", "id": client_id, "p": self._samples(payload)})
+            return True
         if not is_data_op(op):
             return False
         if self.data is None:
@@ -99,6 +105,16 @@ class NodeRouter:
             return True
         self.data.on_client(conn, client_id, payload)
         return True
+
+    def _samples(self, payload: dict[str, Any]) -> dict[str, Any]:
+        since = payload.get("since", 0.0)
+        if isinstance(since, bool) or not isinstance(since, int | float) or not since >= 0:
+            return error_out(errors.BadArgument("samples: since is epoch seconds (>= 0)"))
+        if self.samples is None:
+            return error_out(
+                errors.Unavailable(f"node {self.name} keeps no samples (it serves no admin API)")
+            )
+        return self.samples(float(since))
 
     def connection_closed(self, conn: Connection) -> None:
         if self.data is not None:

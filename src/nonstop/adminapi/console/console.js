@@ -74,6 +74,7 @@ async function refresh() {
     el("td", {}, p.name), el("td", {}, p.state), el("td", {}, p.epoch), el("td", {}, p.active || "-"),
     el("td", {}, (p.nodes || []).map(x => Array.isArray(x) ? x[0] : x).join(",")))));
   showConfigurations(s.configurations);
+  setMembers(s.nodes, s.name);
 }
 
 // How an argument is typed in: "files" (a list of {file, text}: config.load reads the
@@ -100,6 +101,11 @@ function commandForm(cmd) {
     form.append(el("label", {}, name + " "));
     form.lastChild.append(input);
   }
+  // A command that answers per node may run on every node of a group (G3): ?group=NAME.
+  if (cmd.per_node) {
+    form.append(el("label", { class: "group" }, "on group "));
+    form.lastChild.append(el("input", { name: "on-group", placeholder: "this node (or: all, a group)" }));
+  }
   const button = el("button", { type: "submit" }, "Run");
   form.append(button, " ", el("span", { class: "hint" },
     cmd.summary + (cmd.allowed ? "" : ` (needs ${cmd.permission}: not granted to you)`)));
@@ -120,7 +126,9 @@ function commandForm(cmd) {
       body[name] = kind === "list" ? value.split(",").map(x => x.trim()).filter(Boolean) : value;
     }
     if (cmd.changes && !confirm(`Run ${cmd.name}?`)) return;
-    const r = await call(cmd.path.slice(API.length), body);
+    const group = cmd.per_node ? form.elements["on-group"].value.trim() : "";
+    const path = cmd.path.slice(API.length) + (group ? "?group=" + encodeURIComponent(group) : "");
+    const r = await call(path, body);
     const result = $("result");
     result.className = r.ok ? "" : "refused";
     result.textContent = (r.ok ? `${cmd.name}: ok\n` : `${cmd.name}: refused (${r.status})\n`) +

@@ -1,6 +1,8 @@
-// The console's views of the node that serves it: live metric charts (GET /api/v1/samples,
-// permission status), its log (GET /api/v1/logs, permission admin) and the configuration
-// versions (from cluster status).  Uses call(), el() and $() of console.js.
+// The console's views: live metric charts of the node that serves it and of every other
+// member through it (GET /api/v1/samples[?node=B], permission status), with a replication
+// lag chart for a node that replicates; its log (GET /api/v1/logs, permission admin) and the
+// configuration versions (from cluster status).  Uses call(), el() and $() of console.js,
+// byPartitionName() of order.js.
 "use strict";
 
 const CHART_WINDOW = 300;          // seconds shown at most: the node keeps five minutes of samples
@@ -18,31 +20,103 @@ const CHARTS = [
     series: [{ key: "group_size_mean", label: "mean" }, { key: "group_size_p99", label: "p99" }] },
 ];
 
-let samples = [];
+// The replication lag chart: one series per partition the node is active for (records
+// committed there and not yet acknowledged by every in-sync sync replica); shown only
+// for a node whose samples carry replication_pending (a node that replicates).
+const LAG = { id: "chart-replication", title: "Replication lag (records not yet acknowledged)" };
+
+let samples = [];                  // the serving node's samples
+let others = {};                   // name -> { samples, error }: every other member's
+let members = [];                  // [{name, state}] of the cluster status, the serving node first
+let servingNode = "";
 let samplesTimer = null;
 let logsTimer = null;
 
-function buildCharts() {
-  $("charts").replaceChildren(...CHARTS.map(c => el("figure", { class: "chart" },
-    el("figcaption", {}, c.title),
-    el("canvas", { id: c.id, width: "520", height: "160", "data-points": "0" }),
-    el("div", { id: c.id + "-legend", class: "legends" }))));
+// The partitions in a node's samples, and the samples flattened so that drawChart reads
+// each partition's lag as a plain key ("lag:default.0").
+function lagSeries(rows) {
+  const names = new Set();
+  for (const s of rows) { for (const p of Object.keys(s.replication_pending || {})) names.add(p); }
+  return byPartitionName([...names].map(name => ({ name }))).map(p => ({ key: "lag:" + p.name, label: p.name }));
 }
 
-function drawCharts() {
-  const last = samples.length ? samples[samples.length - 1].t : 0;
-  const shown = samples.filter(s => s.t >= last - CHART_WINDOW);
+function flattenLag(rows) {
+  return rows.map(s => {
+    const flat = Object.assign({}, s);
+    for (const [p, n] of Object.entries(s.replication_pending || {})) flat["lag:" + p] = n;
+    return flat;
+  });
+}
+
+// One node's charts: the four of CHARTS, and the lag chart when it replicates.  `suffix`
+// names its canvases: "" for the serving node (chart-commits), "-node-B" for member B.
+function chartFigures(suffix, replicating) {
+  const charts = replicating ? CHARTS.concat([LAG]) : CHARTS;
+  return charts.map(c => el("figure", { class: "chart" },
+    el("figcaption", {}, c.title),
+    el("canvas", { id: c.id + suffix, width: "520", height: "160", "data-points": "0" }),
+    el("div", { id: c.id + suffix + "-legend", class: "legends" })));
+}
+
+function buildCharts() {
+  $("charts").replaceChildren(...chartFigures("", false));
+  $("charts-others").replaceChildren();
+}
+
+function drawNode(rows, suffix, container) {
+  const last = rows.length ? rows[rows.length - 1].t : 0;
+  const shown = flattenLag(rows.filter(s => s.t >= last - CHART_WINDOW));
   // The time axis spans the samples there are, from one minute up to five.
   const span = shown.length ? last - shown[0].t : 0;
   const seconds = Math.min(CHART_WINDOW, Math.max(MIN_WINDOW, Math.ceil(span / 30) * 30));
-  for (const c of CHARTS) {
-    const canvas = $(c.id);
+  const lag = lagSeries(shown);
+  if (lag.length && !$(LAG.id + suffix)) container.replaceChildren(...chartFigures(suffix, true));
+  const charts = lag.length ? CHARTS.concat([Object.assign({ series: lag }, LAG)]) : CHARTS;
+  for (const c of charts) {
+    const canvas = $(c.id + suffix);
+    if (!canvas) continue;
     drawChart(canvas, shown, c.series, seconds);
     // What the chart shows, for a test (or a curious user) to read without pixels.
     canvas.dataset.points = String(shown.length);
     canvas.dataset.nonzero = String(shown.filter(s => c.series.some(({ key }) => s[key] > 0)).length);
-    $(c.id + "-legend").replaceChildren(...chartLegend(shown, c.series));
+    $(c.id + suffix + "-legend").replaceChildren(...chartLegend(shown, c.series));
   }
+}
+
+function drawCharts() {
+  drawNode(samples, "", $("charts"));
+  for (const m of members) {
+    const box = $("charts-of-" + m.name);
+    if (!box) continue;
+    const other = others[m.name] || { samples: [], error: "" };
+    box.querySelector(".error").textContent = other.error || "";
+    drawNode(other.samples, "-node-" + m.name, box.querySelector(".charts"));
+  }
+}
+
+// Called by console.js with every cluster status: the members whose charts are shown.
+function setMembers(nodes, asked) {
+  servingNode = asked || servingNode;
+  members = (nodes || []).filter(n => n.name !== servingNode).map(n => ({ name: n.name, state: n.state }));
+  const container = $("charts-others");
+  for (const m of members) {
+    if ($("charts-of-" + m.name)) continue;
+    container.append(el("div", { id: "charts-of-" + m.name, class: "node-charts", "data-node": m.name },
+      el("h3", {}, "Node " + m.name), el("p", { class: "error" }), el("div", { class: "charts" })));
+    $("charts-of-" + m.name).querySelector(".charts").replaceChildren(...chartFigures("-node-" + m.name, false));
+  }
+}
+
+// Every member's samples come through the node serving the console (GET /samples?node=B:
+// it asks B over the node port), so the browser needs no other address nor credential.
+async function pollMember(m) {
+  const other = others[m.name] || (others[m.name] = { samples: [], error: "" });
+  if (m.state === "Down") { other.error = `node ${m.name} is Down: no new samples`; return; }
+  const since = other.samples.length ? other.samples[other.samples.length - 1].t : 0;
+  const r = await call(`/samples?node=${encodeURIComponent(m.name)}&since=${since}`, undefined, "GET");
+  if (!r.ok) { other.error = `metrics of ${m.name}: ${r.status} ${r.data && r.data.detail}`; return; }
+  other.error = "";
+  other.samples = other.samples.concat(r.data.samples || []).slice(-(r.data.capacity || CHART_WINDOW));
 }
 
 async function pollSamples() {
@@ -54,7 +128,9 @@ async function pollSamples() {
   }
   $("charts-error").textContent = "";
   $("charts-node").textContent = r.data.node || "";
+  servingNode = r.data.node || servingNode;
   samples = samples.concat(r.data.samples || []).slice(-(r.data.capacity || CHART_WINDOW));
+  await Promise.all(members.map(pollMember));
   drawCharts();
 }
 
@@ -91,6 +167,8 @@ function showConfigurations(rows) {
 function startViews() {
   stopViews();
   samples = [];
+  others = {};
+  members = [];
   buildCharts();
   drawCharts();
   pollSamples();
