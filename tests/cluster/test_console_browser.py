@@ -5,8 +5,10 @@ points while transactions commit through it (and B's and C's charts, fetched thr
 A, get samples) and its log view show the login, run
 a command (disable then enable a partition on one node), load and activate a
 configuration file chosen in a form and see it Active among the configuration
-versions, see a node Down after a SIGKILL, then log in as a monitor and be
-refused a command the role does not allow, and the log view (permission admin).
+versions, run an application command's form and a command on the group of all
+nodes, see a node Down after a SIGKILL, then log in as a monitor and be refused
+a command the role does not allow (a built-in one, an application one), and the
+log view (permission admin).
 Screenshots go to ``$NONSTOP_SCREENSHOTS`` (default: the test's temporary folder).
 """
 
@@ -72,7 +74,9 @@ def test_console_login_status_command_failure_and_refusal(browser: object, tmp_p
         driver, 30, poll_frequency=0.2, ignored_exceptions=(StaleElementReferenceException,)
     )
     with app_cluster(
-        tmp_path / "cluster", 3, {"app": ["tests.configmodel", "tests.distmodel"]}
+        tmp_path / "cluster",
+        3,
+        {"app": ["tests.configmodel", "tests.distmodel", "tests.appcommands"]},
     ) as procs:
         code, _, err = run_cli(
             "user",
@@ -221,6 +225,13 @@ def test_console_login_status_command_failure_and_refusal(browser: object, tmp_p
             )
         )
 
+        # 2c. An application command's form (G4): it ran on A, in a transaction; a read
+        #     command on every node of the group "all" (G3): one result per node.
+        text = run("cmd-app-ledger-open", number="console-1", balance="4")
+        assert "app.ledger.open: ok" in text and '"console-1"' in text, text
+        text = run("cmd-node-status", **{"on-group": "all"})
+        assert "node.status: ok" in text and text.count('"ok": true') == 3, text
+
         # 3. SIGKILL C: the console shows it Down.
         procs.kill("C")
         wait.until(lambda d: states().get("C") == "Down")
@@ -235,6 +246,8 @@ def test_console_login_status_command_failure_and_refusal(browser: object, tmp_p
         assert "denied" in str(denied.get_attribute("class"))
         text = run("cmd-partition-enable", name="default.0")
         assert "refused (403)" in text and "admin" in text, text
+        text = run("cmd-app-ledger-open", number="console-2", balance="1")
+        assert "refused (403)" in text and "role:ledger.clerk" in text, text
         wait.until(lambda d: "refused (403)" in d.find_element(By.ID, "logs-error").text)
         assert driver.find_elements(By.CSS_SELECTOR, "#logs tbody tr") == []
         assert not driver.find_element(By.ID, "charts-error").text  # status: charts allowed

@@ -37,7 +37,7 @@ def group() -> None:
 @click.argument("name")
 @target_options
 def group_nodes_command(name: str, address: str | None, folder: str | None, timeout: float) -> None:
-    """The nodes of group NAME (``all``: every member), one a line."""
+    """The nodes of group NAME (all: every member), one a line."""
     target = resolve_target(address, folder)
     try:
         for node in group_nodes(context_for(target, timeout), name):
@@ -59,8 +59,8 @@ def group_run(
     folder: str | None,
     timeout: float,
 ) -> None:
-    """Run COMMAND (``node.status``, ``app.TARGET.COMMAND``, ...) with KEY=VALUE arguments
-    on every node of group NAME; JSON, one result per node."""
+    """Run COMMAND (node.status, app.TARGET.COMMAND, ...) with KEY=VALUE arguments on
+    every node of group NAME; JSON, one result per node."""
     target = resolve_target(address, folder)
     arguments = parse_pairs(pairs)
     run = runner(command, arguments)
