@@ -10,6 +10,9 @@ README's transfer followed by a ``snapshot`` sum showed a torn total in 9 of
 
 from __future__ import annotations
 
+import random
+import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -66,3 +69,49 @@ def test_the_readme_transfer_then_a_snapshot_sum_is_never_torn(nodes: dict[str, 
             if a + b != 2_000:
                 torn.append((i, a, b))
         assert torn == [], f"{len(torn)} of {TRANSFERS} snapshot sums torn: {torn[:5]}"
+
+
+def test_snapshot_sums_while_transfers_commit_on_many_threads(nodes: dict[str, str]) -> None:
+    """A snapshot is a snapshot (issue 10): while 6 threads run cross-node transfers, a
+    ``snapshot`` transaction sums the accounts of all three nodes in a loop -- by a query
+    over the owner and by lookups -- and every sum is the conserved total."""
+    numbers = [f"ss-{n}{i}" for n in "ABC" for i in range(3)]
+    with nonstop.connect(nodes["A"]) as c, c.transaction() as tx:
+        for number in numbers:
+            tx.create(Account, number=number, owner="ss", balance=1_000, node=number[3])
+    total = 1_000 * len(numbers)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    transfers = [0] * 6
+
+    def mover(w: int) -> None:
+        rng = random.Random(w)
+        try:
+            with nonstop.connect(nodes["ABC"[w % 3]]) as c:
+                while not stop.is_set():
+                    src, dst = rng.sample(numbers, 2)
+                    transfer(c, src, dst, rng.randint(1, 20))
+                    transfers[w] += 1
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=mover, args=(w,), daemon=True) for w in range(6)]
+    for t in threads:
+        t.start()
+    sums: list[tuple[int, int]] = []
+    deadline = time.monotonic() + 20
+    try:
+        with nonstop.connect(nodes["C"]) as c:
+            while len(sums) < 200 and time.monotonic() < deadline and not errors:
+                with c.transaction(isolation="snapshot") as tx:
+                    by_query = sum(a.balance for a in tx.query(Account).where(owner="ss"))
+                    by_key = sum(tx.get(Account, number=n).balance for n in numbers)
+                sums.append((by_query, by_key))
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+    assert errors == []
+    assert len(sums) >= 20 and sum(transfers) >= 50, (len(sums), transfers)
+    torn = [s for s in sums if s != (total, total)]
+    assert torn == [], f"{len(torn)} of {len(sums)} snapshot sums torn: {torn[:5]}"

@@ -131,6 +131,8 @@ class Transaction:
         self._view: Any = None
         """Snapshot isolation: the LMDB read view every lock-free read of this transaction
         uses, opened at its first such read and closed when it ends (:meth:`committed`)."""
+        self.view_marks: tuple[int, int] | None = None
+        """The commit journal's counter just before and after the view opened (:meth:`pin_view`)."""
 
     # ------------------------------------------------------------- drivers
     def drive(self, op: Op) -> Any:
@@ -330,6 +332,26 @@ class Transaction:
         if self._view is None:
             self._view = self.engine.store.read()
         return nullcontext(self._view)
+
+    def pin_view(self, journal_counter: Callable[[], int] | None = None) -> None:
+        """Open this snapshot transaction's view now (a cluster snapshot opens its views on
+        every node in one round); with ``journal_counter``, remember its values just
+        before and after the view opened (``view_marks``, nonstop.dataplane.snapshot_cut)."""
+        if self._serializable:
+            raise BadArgument("only a snapshot transaction has a read view")
+        before = None if journal_counter is None else journal_counter()
+        with self.committed(NONE):
+            pass
+        if journal_counter is not None and before is not None:
+            self.view_marks = (before, journal_counter())
+
+    def reset_view(self) -> None:
+        """Drop the view so that the next read opens a new one: only before anything was
+        read through it (a cluster snapshot whose views did not form a consistent cut)."""
+        if any(e.status == CLEAN for e in self._entries.values()):
+            raise BadArgument("a snapshot's view cannot move once it was read")
+        self._close_view()
+        self.view_marks = None
 
     def _close_view(self) -> None:
         view, self._view = self._view, None
