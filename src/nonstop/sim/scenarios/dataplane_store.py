@@ -22,6 +22,12 @@ of the LMDB store runs them; in the simulator this module does, sans-I/O:
 * **Local commit** (``branch.commit``): the after-images go out in one
   ``Persist``; the branch keeps its locks, and the new state becomes visible,
   only once it is durable (LMDB's group commit: visible at the durable commit).
+* **Snapshot branches** read (lock-free) from a view of the committed objects
+  and unique index copied at their first such read, as the real transaction
+  pins an LMDB read view; a locked read of an object changed since is a
+  ``Conflict``.  The cut of a cluster snapshot (``branch.cut_*``,
+  :mod:`nonstop.dataplane.snapshot_cut`) is answered from counters of the
+  prepares and commits made visible here (``prepared_at``, ``applied_at``).
 * **Request results (H1)** -- ``(client, seq) → (ok, value)``, written with
   the branch that records them (``st/r/...``).
 * **The participant of two-phase commit** (:class:`SimStoreResourceManager`,
