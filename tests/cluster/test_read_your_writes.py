@@ -99,18 +99,26 @@ def test_snapshot_sums_while_transfers_commit_on_many_threads(nodes: dict[str, s
     for t in threads:
         t.start()
     sums: list[tuple[int, int]] = []
+    took: list[float] = []
     deadline = time.monotonic() + 20
     try:
         with nonstop.connect(nodes["C"]) as c:
             while len(sums) < 200 and time.monotonic() < deadline and not errors:
+                began = time.monotonic()
                 with c.transaction(isolation="snapshot") as tx:
                     by_query = sum(a.balance for a in tx.query(Account).where(owner="ss"))
                     by_key = sum(tx.get(Account, number=n).balance for n in numbers)
                 sums.append((by_query, by_key))
+                took.append(time.monotonic() - began)
     finally:
         stop.set()
         for t in threads:
             t.join(30)
+    took.sort()
+    print(
+        f"\n{len(sums)} snapshot sums, {sum(transfers)} transfers; a snapshot took "
+        f"p50 {took[len(took) // 2] * 1e3:.1f} ms, max {took[-1] * 1e3:.1f} ms"
+    )
     assert errors == []
     assert len(sums) >= 20 and sum(transfers) >= 50, (len(sums), transfers)
     torn = [s for s in sums if s != (total, total)]
