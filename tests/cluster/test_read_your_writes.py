@@ -18,8 +18,12 @@ from collections.abc import Iterator
 import pytest
 
 import nonstop
+from nonstop.client.credentials import load_credentials
+from tests.cluster.conftest import Procs
+from tests.cluster.test_metrics_logs import basic_auth, get_metrics
 from tests.cluster.test_remote_client import start, transfer
 from tests.distmodel import Account
+from tests.prometheus_samples import families, value
 
 ROUNDS = 3
 PER_ROUND = 1_000
@@ -27,12 +31,17 @@ TRANSFERS = 50
 
 
 @pytest.fixture(scope="module")
-def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    procs = start(tmp_path_factory.mktemp("ryw"), nonresponse_timeout=2.0)
+def procs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Procs]:
+    started = start(tmp_path_factory.mktemp("ryw"), nonresponse_timeout=2.0)
     try:
-        yield {n: procs.address(n) for n in "ABC"}
+        yield started
     finally:
-        procs.cleanup()
+        started.cleanup()
+
+
+@pytest.fixture(scope="module")
+def nodes(procs: Procs) -> dict[str, str]:
+    return {n: procs.address(n) for n in "ABC"}
 
 
 def test_the_next_query_sees_every_object_the_acknowledged_commit_created(
@@ -71,7 +80,9 @@ def test_the_readme_transfer_then_a_snapshot_sum_is_never_torn(nodes: dict[str, 
         assert torn == [], f"{len(torn)} of {TRANSFERS} snapshot sums torn: {torn[:5]}"
 
 
-def test_snapshot_sums_while_transfers_commit_on_many_threads(nodes: dict[str, str]) -> None:
+def test_snapshot_sums_while_transfers_commit_on_many_threads(
+    procs: Procs, nodes: dict[str, str]
+) -> None:
     """A snapshot is a snapshot (issue 10): while 6 threads run cross-node transfers, a
     ``snapshot`` transaction sums the accounts of all three nodes in a loop -- by a query
     over the owner and by lookups -- and every sum is the conserved total."""
@@ -115,10 +126,18 @@ def test_snapshot_sums_while_transfers_commit_on_many_threads(nodes: dict[str, s
         for t in threads:
             t.join(30)
     took.sort()
+    admin = load_credentials(procs.lc.credentials_path)
+    status, body = get_metrics(procs, "C", basic_auth(admin.user, admin.password))
+    assert status == 200
+    scraped = families(body.decode())
+    cuts = value(scraped, "nonstop_data_events", event="cuts")
+    retries = value(scraped, "nonstop_data_events", event="cut_retries")
     print(
         f"\n{len(sums)} snapshot sums, {sum(transfers)} transfers; a snapshot took "
-        f"p50 {took[len(took) // 2] * 1e3:.1f} ms, max {took[-1] * 1e3:.1f} ms"
+        f"p50 {took[len(took) // 2] * 1e3:.1f} ms, max {took[-1] * 1e3:.1f} ms; "
+        f"C opened {cuts:.0f} cuts after {retries:.0f} retries"
     )
+    assert cuts >= len(sums)  # every snapshot opened its views as one cut (snapshot_cut.py)
     assert errors == []
     assert len(sums) >= 20 and sum(transfers) >= 50, (len(sums), transfers)
     torn = [s for s in sums if s != (total, total)]
