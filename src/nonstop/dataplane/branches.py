@@ -26,6 +26,7 @@ from nonstop import errors
 from nonstop.dataplane.calls import BUSY, LONG_OPS
 from nonstop.dataplane.ends import END_ALL
 from nonstop.dataplane.events import EndBranch, Exec
+from nonstop.dataplane.snapshot_cut import CUT_OPS
 from nonstop.dataplane.state import Branch
 from nonstop.model.wire import error_class, error_out
 from nonstop.runtime.interface import Send
@@ -45,6 +46,7 @@ PEER_OPS = frozenset(
         "branch.write",
         "branch.overwrite",
         "branch.holdings",
+        *CUT_OPS,
     }
 )
 """The branch ops a peer may run here (besides ``branch.end``); the store ops the

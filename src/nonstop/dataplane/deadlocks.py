@@ -180,7 +180,7 @@ class DeadlockDetector:
             msg: dict[str, Any] = {
                 "t": "data.waits",
                 "e": sorted([w, h] for w, h in mine),
-                "ts": stamps,
+                "ts": dict(sorted(stamps.items())),  # in order: the trace digest is hash-seed free
                 "now": self.dp.now,
             }
             if poll:

@@ -54,6 +54,7 @@ from nonstop.dataplane.results import g_commit_retry, g_request_result, g_settle
 from nonstop.dataplane.routing import SESSION_OPS
 from nonstop.dataplane.session_ops import OPS, WRITE_NOW, take_writes
 from nonstop.dataplane.sizes import check_writes
+from nonstop.dataplane.snapshot_cut import g_cut, needs_cut, outside_cut
 from nonstop.dataplane.state import ACTIVE, COMMITTING, OVER, Branch, Session
 from nonstop.dataplane.steps import (
     UNDECIDED,
@@ -311,6 +312,8 @@ class DataPlane(Driver):
     ) -> None:
         if op == "tx.commit":
             gen = g_commit(self, s, p)
+        elif needs_cut(s, op):
+            gen = _g_after_cut(self, s, op, p)  # a snapshot's views first (snapshot_cut.py)
         elif p.get("w"):
             gen = _g_with_writes(self, s, op, p)
         else:
@@ -498,6 +501,9 @@ class DataPlane(Driver):
         s = task.session
         assert s is not None, "a Call outside a session"
         node = call.node
+        refused = outside_cut(s, node)
+        if refused is not None:
+            return None, refused
         if slot == ALONE and node != self.name and self.name in s.pending:
             # Writes to objects mastered here are applied before the op goes
             # anywhere else, as when they arrived.
@@ -673,6 +679,14 @@ _COMMITTING_OPS = frozenset({"branch.commit"})
 
 _DOOMING = (errors.Retryable, errors.Unavailable, errors.TransactionClosed)
 """Errors of a session op that end its session (other errors leave it usable)."""
+
+
+def _g_after_cut(dp: DataPlane, s: Session, op: str, p: dict[str, Any]) -> OpCoroutine:
+    """A snapshot session's first op: its views on every node first (snapshot_cut.py)."""
+    yield from g_cut(dp, s)
+    if p.get("w"):
+        return (yield from _g_with_writes(dp, s, op, p))
+    return (yield from OPS[op](dp, s, p))
 
 
 def _g_with_writes(dp: DataPlane, s: Session, op: str, p: dict[str, Any]) -> OpCoroutine:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -401,7 +402,10 @@ class DtxPersister:
         def failed() -> None:
             Transaction.rollback(tx)  # not durable: vote-less, locks go
 
+        journal = self.engine.commit_journal
         after.append(tx.prepared_durable)
+        # Noted after the store commit, before the machine votes (snapshot_cut.py).
+        after.append(lambda: journal.note_prepared(gtid.decode(), time.monotonic()))
         undo.append(failed)
         return record.ops
 
@@ -418,11 +422,15 @@ class DtxPersister:
             return None
         self._resolving.add(gtid)
 
+        journal = self.engine.commit_journal
+
         def ended() -> None:
             # Out of doubt before "not resolving": never both absent-from-resolving and
             # still in doubt, which would let a second outcome write apply it again.
             doubt.phase_two_durable(commit)
             self._resolving.discard(gtid)
+            if commit:  # visible now; noted before the machine acknowledges phase two
+                journal.note_applied(gtid.decode(), time.monotonic())
 
         after.append(ended)
         undo.append(lambda: self._resolving.discard(gtid))

@@ -34,6 +34,7 @@ class Session:
         "bid",
         "committed",
         "conn",
+        "cut",
         "dirty",
         "fence",
         "iso",
@@ -67,6 +68,9 @@ class Session:
         """Routing by partition: node → {partition: epoch} the session touched there; every
         branch op to that node carries it and the node refuses it (NotActive) unless it
         acts for each at that epoch."""
+        self.cut: frozenset[str] | None = None
+        """A snapshot session: the nodes whose views form its consistent cut, once opened
+        (``snapshot_cut.py``); it reads no other node."""
         self.committed: set[str] = set()
         """Nodes whose branch two-phase commit committed (theirs to end, not ours)."""
         self.local_open = False

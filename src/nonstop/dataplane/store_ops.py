@@ -37,6 +37,7 @@ from nonstop import errors
 from nonstop.dataplane.args import parse_req, ref_arg, unpacked
 from nonstop.dataplane.managed_types import check_type, types_reply
 from nonstop.dataplane.sizes import write_bytes
+from nonstop.dataplane.snapshot_cut import CUT_OPS, run_cut_op
 from nonstop.model.codec import encode_key, pack
 from nonstop.model.entry import CLEAN, DELETED
 from nonstop.model.managed import Managed, registered_types, type_info
@@ -179,6 +180,8 @@ async def _execute(tx: AsyncTransaction, op: str, p: dict[str, Any]) -> dict[str
             if n:
                 counts[name] = n
         return {"types": counts}
+    if op in CUT_OPS:
+        return run_cut_op(tx, op, p)
     if op == "branch.overwrite":
         from nonstop.bulk.handlers import overwrite_branch
 

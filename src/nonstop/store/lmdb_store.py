@@ -50,6 +50,7 @@ import threading
 import time
 import zlib
 from collections.abc import Collection, Iterator
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -404,7 +405,11 @@ class Store:
         """A read snapshot returning zero-copy buffers (valid only inside the transaction)."""
         return self.env.begin(buffers=True)
 
-    def get_object(self, ref: bytes) -> list[Any] | None:
+    def get_object(self, ref: bytes, view: lmdb.Transaction | None = None) -> list[Any] | None:
+        """The committed record of ``ref``: as of the read ``view`` if given, else the latest."""
+        if view is not None:
+            raw = view.get(ref, db=self.objects)
+            return None if raw is None else self.record(raw, ref)
         with self.env.begin(buffers=True) as txn:
             raw = txn.get(ref, db=self.objects)
             return None if raw is None else self.record(raw, ref)
@@ -433,12 +438,18 @@ class Store:
         with self.env.begin() as txn:
             return txn.get(key, db=self.asyncq)
 
-    def count(self, type_name: str, locations: Collection[bytes] | None = None) -> int:
+    def count(
+        self,
+        type_name: str,
+        locations: Collection[bytes] | None = None,
+        view: lmdb.Transaction | None = None,
+    ) -> int:
         """The committed number of objects of exactly ``type_name`` (A2): all of them, or those
-        of the given locations (8-byte prefixes: :func:`~nonstop.model.ref.location_prefix`)."""
+        of the given locations (8-byte prefixes: :func:`~nonstop.model.ref.location_prefix`);
+        as of the read ``view`` if given (a snapshot transaction's), else the latest."""
         prefix = type_name.encode() + b"\x00"
         total = 0
-        with self.env.begin() as txn:
+        with self.env.begin() if view is None else nullcontext(view) as txn:
             if locations is not None:
                 for loc in locations:
                     raw = txn.get(prefix + loc, db=self.counts)

@@ -8,7 +8,8 @@
 * ``locks`` — the lock table (:class:`~nonstop.tx.waiting.LockTable`);
 * ``committer`` — the group committer, the store's single writer;
 * ``prepared`` — the prepared (two-phase-commit) transactions
-  (:class:`~nonstop.tx.prepared.PreparedTable`);
+  (:class:`~nonstop.tx.prepared.PreparedTable`), and ``commit_journal``, the
+  recent ones prepared and applied (:mod:`nonstop.tx.commit_journal`);
 * the managed types the store knows (:meth:`ensure_type`, :meth:`type_by_name`);
 * ``dispatcher`` — the asynchronous-method dispatcher, which queued calls are
   handed to once their transaction commits;
@@ -32,6 +33,7 @@ from nonstop.errors import DatabaseClosed, StoreError, TypeVersionMismatch
 from nonstop.model.managed import KeyInfo, Managed, TypeInfo, lookup_type, type_info
 from nonstop.store.group_commit import GroupCommitter
 from nonstop.store.lmdb_store import Store
+from nonstop.tx.commit_journal import CommitJournal
 from nonstop.tx.prepared import PreparedTable
 from nonstop.tx.type_gate import Gate
 from nonstop.tx.waiting import LockTable
@@ -58,6 +60,9 @@ class Engine:
         self.locks = LockTable()
         self.committer = GroupCommitter(self.store)
         self.prepared = PreparedTable()
+        self.commit_journal = CommitJournal()
+        """Recent two-phase branches prepared and applied here, for cluster snapshots
+        (:mod:`nonstop.tx.commit_journal`)."""
         self.gates: dict[str, Gate] = {}
         """Types a bulk swap keeps closed while it applies (:mod:`nonstop.tx.type_gate`)."""
         self.closed = False

@@ -296,7 +296,7 @@ class Query(Generic[M]):
         limit = self._limit
         after = self._after
         produced = 0
-        with store.read() as rtxn:
+        with tx.committed(NONE) as rtxn:  # lock-free: a snapshot transaction's view
             scan = self._scan(rtxn, key, path)
             while True:
                 page: list[Entry] = []
@@ -371,7 +371,8 @@ class Query(Generic[M]):
             if e.status != CLEAN and isinstance(e.handle, self._info.cls) and tx.in_scope(e.ref)
         }
         want_records = self._lock == NONE or (self._lock is None and tx.default_lock == NONE)
-        with gc_paused(), store.read() as rtxn:
+        mode = tx.default_lock if self._lock is None else self._lock
+        with gc_paused(), tx.committed(mode) as rtxn:
             for sort_key, ref in self._scan(rtxn, key, path):
                 if ref in mine:
                     continue
@@ -526,7 +527,7 @@ class Query(Generic[M]):
         # Objects whose stored type version and field count match their class take
         # the short way (no transparent upgrade needed); others go through make().
         current: dict[str, TypeInfo] = {t.name: t for t in self._info.concrete_types() if t.version}
-        with gc_paused(), store.read() as rtxn:
+        with gc_paused(), tx.committed(NONE) as rtxn:  # a snapshot transaction's view
             get = rtxn.get
             objects = store.objects
             for sort_key, ref in self._scan(rtxn, key, path):

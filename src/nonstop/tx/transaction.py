@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Hashable, Iterable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from nonstop.errors import (
@@ -87,6 +88,11 @@ log = logging.getLogger("nonstop.tx")
 M = TypeVar("M", bound=Managed)
 
 
+def _version(rec: list[Any] | None) -> int | None:
+    """The version of a committed record (None: no object)."""
+    return None if rec is None else int(rec[2])
+
+
 class Transaction:
     """A synchronous transaction.  Obtain one with ``db.transaction()``.
 
@@ -122,6 +128,11 @@ class Transaction:
         self.scope: frozenset[bytes] | None = None
         """The 8-byte location prefixes counts, queries and lookups see (None: all; see
         :meth:`restrict_to`)."""
+        self._view: Any = None
+        """Snapshot isolation: the LMDB read view every lock-free read of this transaction
+        uses, opened at its first such read and closed when it ends (:meth:`committed`)."""
+        self.view_marks: tuple[int, int] | None = None
+        """The commit journal's counter just before and after the view opened (:meth:`pin_view`)."""
 
     # ------------------------------------------------------------- drivers
     def drive(self, op: Op) -> Any:
@@ -304,6 +315,52 @@ class Transaction:
         e = self._drive_now(self.g_load(ref.raw, self.default_lock))
         return None if e is None else e.handle
 
+    # ------------------------------------------------------ committed reads
+    def committed(self, mode: int) -> AbstractContextManager[Any]:
+        """The LMDB read transaction a read in lock ``mode`` sees committed state through.
+
+        A lock-free read of a ``snapshot`` transaction sees the transaction's one
+        view, pinned at its first such read: every get, lookup, query page and
+        count of the transaction then sees the same committed state (a commit is
+        one LMDB write transaction, so it is in the view entirely or not at all).
+        A read that takes a lock, and every read of a ``serializable``
+        transaction, sees the latest committed state (its lock keeps it current).
+        Not closed by the caller: the view lives until :meth:`_finish`.
+        """
+        if mode != NONE or self._serializable:
+            return self.engine.store.read()
+        if self._view is None:
+            self._view = self.engine.store.read()
+        return nullcontext(self._view)
+
+    def pin_view(self, journal_counter: Callable[[], int] | None = None) -> None:
+        """Open this snapshot transaction's view now (a cluster snapshot opens its views on
+        every node in one round); with ``journal_counter``, remember its values just
+        before and after the view opened (``view_marks``, nonstop.dataplane.snapshot_cut)."""
+        if self._serializable:
+            raise BadArgument("only a snapshot transaction has a read view")
+        before = None if journal_counter is None else journal_counter()
+        with self.committed(NONE):
+            pass
+        if journal_counter is not None and before is not None:
+            self.view_marks = (before, journal_counter())
+
+    def reset_view(self) -> None:
+        """Drop the view so that the next read opens a new one: only before anything was
+        read through it (a cluster snapshot whose views did not form a consistent cut)."""
+        if any(e.status == CLEAN for e in self._entries.values()):
+            raise BadArgument("a snapshot's view cannot move once it was read")
+        self._close_view()
+        self.view_marks = None
+
+    def _close_view(self) -> None:
+        view, self._view = self._view, None
+        if view is not None:
+            try:
+                view.abort()
+            except Exception:  # the store closed first: LMDB dropped the view with it
+                log.debug("snapshot view already closed", exc_info=True)
+
     # ------------------------------------------------ generator operations
     def entry_from_record(self, ref: bytes, rec: list[Any], lock: int) -> Entry:
         """This transaction's entry for a committed record ``rec`` of ``ref``, held in ``lock``
@@ -342,7 +399,17 @@ class Transaction:
         store = self.engine.store
         if mode:
             yield from self.need(ref, mode)  # type: ignore[arg-type]
-        if prefetched is not None and prefetched[0] == store.commit_seq:
+        if not self._serializable:
+            with self.committed(NONE) as view:  # the snapshot's view
+                rec = store.get_object(ref, view)
+            if mode != NONE and _version(store.get_object(ref)) != _version(rec):
+                # Locked now, but changed since the snapshot: reading the latest would mix
+                # two states (read skew), reading the view would lose the update.
+                self._doomed = Conflict(
+                    f"object {Ref(ref)} changed since this snapshot transaction began"
+                )
+                raise self._doomed
+        elif prefetched is not None and prefetched[0] == store.commit_seq:
             raw = prefetched[1]
             rec = None if raw is None else store.record(raw, ref)
         else:
@@ -424,7 +491,7 @@ class Transaction:
         for _ in range(100):
             # One LMDB snapshot for the index entry and the object it points to.
             seq = store.commit_seq
-            with store.read_buffers() as rtxn:
+            with self.committed(mode) if mode == NONE else store.read_buffers() as rtxn:
                 ref = rtxn.get(kb, db=index)
                 raw = None if ref is None else rtxn.get(ref, db=store.objects)
                 if ref is not None:
@@ -623,8 +690,9 @@ class Transaction:
         total = 0
         scope = self.scope
         self.enter_types(self.engine.ensure_type(cls))
-        for info in self.engine.ensure_type(cls).concrete_types():
-            total += self.engine.store.count(info.name, scope)
+        with self.committed(NONE) as view:  # lock-free: the snapshot's view, if any
+            for info in self.engine.ensure_type(cls).concrete_types():
+                total += self.engine.store.count(info.name, scope, view)
         for e in self._entries.values():
             if isinstance(e.handle, cls) and (scope is None or e.ref[:8] in scope):
                 if e.status == CREATED:
@@ -969,6 +1037,7 @@ class Transaction:
 
     def _finish(self, outcome: TxState) -> None:
         self._state = outcome
+        self._close_view()
         self.engine.locks.release_all(self.id)
         if outcome is TxState.COMMITTED:
             if self._async_calls:

@@ -116,6 +116,9 @@ class ScenarioConfig(CommonConfig):
     op_timeout: float = 1.5
     """A client gives up waiting for a reply after this (then: ``request.result``)."""
     audit_share: float = 0.1
+    snapshot_audits: float = 0.5
+    """Share of audits run as ``snapshot`` transactions (no locks): their sums must be the
+    total too (no read skew in snapshot mode, ``bank-wrong-total``; snapshot_cut.py)."""
     local_share: float = 0.3
     """Transfers between two accounts of the node the client talks to (local commits)."""
     unordered: float = 0.0
@@ -212,7 +215,8 @@ class DataPlaneResult:
             f"clients={s['clients']} faults={len(self.faults)} step={s['step']} "
             f"transfers={s['transfers']} "
             f"acked={s['acked']} failed={s['failed']} unknown={s['unknown']} "
-            f"audits={s['audits']} events={s['events']} virtual={s['virtual_time']:.2f}s "
+            f"audits={s['audits']} snapshots={s['counts'].get('snapshot_audits', 0)} "
+            f"events={s['events']} virtual={s['virtual_time']:.2f}s "
             f"cpu={s['cpu_time']:.3f}s"
         )
 
@@ -403,7 +407,10 @@ class BankClient:
     def run(self) -> Coroutine:
         while self.sim.now < self.stop_at:
             if self.rng.random() < self.cfg.audit_share:
-                yield from self.audit()
+                if self.rng.random() < self.cfg.snapshot_audits:
+                    yield from self.snapshot_audit()
+                else:
+                    yield from self.audit()
             else:
                 yield from self.transfer()
             yield _sleep(self.rng.uniform(0.002, 0.03))
@@ -586,6 +593,39 @@ class BankClient:
         else:
             self._close(node, conn)
             self._fail(a, reads_la, reads_bank)
+
+    def snapshot_audit(self) -> Coroutine:
+        """A ``snapshot`` transaction summing every account without locks: recorded in the
+        bank history only (snapshot isolation allows write skew, which the list-append
+        check of serializability would report), where its sum must be the total."""
+        ledger = self.ledger
+        node = self.rng.choice(self.nodes)
+        conn = self._conn()
+        h = ledger.bank.invoke(self.process)
+        reply = yield _call(
+            node,
+            {
+                "conn": conn,
+                "op": "tx.query",
+                "begin": "snapshot",
+                "type": ACCOUNT,
+                "tv": TYPE_VERSION,
+                "lock": "none",
+                "audit": self.rng.choice(["fail_if_down", "skip_down"]),
+            },
+        )
+        if _error(reply) is not None:
+            self._close(node, conn)
+            ledger.bank.complete(h, "fail", [])
+            return
+        reads = [("r", s["number"], s["balance"]) for _, _, _, s in _objects(reply)]
+        reply = yield _call(node, {"conn": conn, "op": "tx.commit", "s": reply["s"], "req": None})
+        if _error(reply) is None:
+            ledger.counts["snapshot_audits"] += 1
+            ledger.bank.complete(h, "ok", reads)
+        else:
+            self._close(node, conn)
+            ledger.bank.complete(h, "fail", reads)
 
     # ------------------------------------------------------------ recording
     def _ok(self, a: Attempt, ops_la: list[Any], ops_bank: list[Any] | None = None) -> None:

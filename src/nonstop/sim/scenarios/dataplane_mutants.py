@@ -219,6 +219,32 @@ LIVENESS_MUTANTS: dict[str, type[SimDataNode]] = {"no-wound": NoWound}
 PARTITION_MUTANTS: dict[str, type[SimDataNode]] = {"ack-without-acting": AckWithoutActing}
 """Mutants of routing by partition: run with ``dataplane.partitioned_config()``."""
 
+
+class SnapshotReadsLatest(SimDataNode):
+    """A snapshot branch reads the latest committed state at every read, not its view: a
+    sum that straddles a transfer sees half of it (issue 10's torn total)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.store.read_latest = True
+
+
+class BlindSnapshotCut(SimDataNode):
+    """Each node's snapshot view is one state, but the cut never finds a straddling
+    distributed commit: a transfer applied on one node and still in doubt on the other
+    is seen in part (views opened "at the same moment" are not a consistent cut)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.store.cut_blind = True
+
+
+SNAPSHOT_MUTANTS: dict[str, type[SimDataNode]] = {
+    "snapshot-reads-latest": SnapshotReadsLatest,
+    "blind-snapshot-cut": BlindSnapshotCut,
+}
+"""Broken snapshot reads (``tests/sim/test_dataplane.py``)."""
+
 MUTANTS: dict[str, type[SimDataNode]] = {
     "ack-before-apply": AckBeforeApply,
     "ack-before-decision": AckBeforeDecision,
@@ -233,11 +259,14 @@ __all__ = [
     "LIVENESS_MUTANTS",
     "MUTANTS",
     "PARTITION_MUTANTS",
+    "SNAPSHOT_MUTANTS",
     "AckBeforeApply",
     "AckBeforeDecision",
     "AckOnVotes",
     "AckWithoutActing",
+    "BlindSnapshotCut",
     "CommitWithoutQuorum",
     "EndBranchesOnce",
     "KeepOrphanBranches",
+    "SnapshotReadsLatest",
 ]

@@ -22,6 +22,12 @@ of the LMDB store runs them; in the simulator this module does, sans-I/O:
 * **Local commit** (``branch.commit``): the after-images go out in one
   ``Persist``; the branch keeps its locks, and the new state becomes visible,
   only once it is durable (LMDB's group commit: visible at the durable commit).
+* **Snapshot branches** read (lock-free) from a view of the committed objects
+  and unique index copied at their first such read, as the real transaction
+  pins an LMDB read view; a locked read of an object changed since is a
+  ``Conflict``.  The cut of a cluster snapshot (``branch.cut_*``,
+  :mod:`nonstop.dataplane.snapshot_cut`) is answered from counters of the
+  prepares and commits made visible here (``prepared_at``, ``applied_at``).
 * **Request results (H1)** -- ``(client, seq) → (ok, value)``, written with
   the branch that records them (``st/r/...``).
 * **The participant of two-phase commit** (:class:`SimStoreResourceManager`,
@@ -55,7 +61,8 @@ from typing import Any, Protocol
 
 from nonstop import errors
 from nonstop.dataplane.events import BranchDone, Exec
-from nonstop.dtx.protocol import K_PREPARED, Progress, Ready, Refused
+from nonstop.dtx.decisions import COMMIT
+from nonstop.dtx.protocol import K_PREPARED, K_TOMB, Progress, Ready, Refused
 from nonstop.model import codec
 from nonstop.model.fields import MISSING
 from nonstop.model.managed import Managed, type_info
@@ -199,6 +206,13 @@ class Branch:
     after: list[list[Any]] = field(default_factory=list)
     """Prepared after-images ``[ref, type, version, state or None]`` (None: deleted)."""
     committing: bool = False
+    view: tuple[dict[bytes, Obj], dict[tuple[str, str, Any], bytes]] | None = None
+    """A snapshot branch's read view (objects, unique index), pinned at its first lock-free
+    read as ``Transaction.committed`` pins an LMDB read view."""
+    cut_mark: int | None = None
+    """The store's commit counter when the view was pinned for a cluster snapshot's cut."""
+    cut_doubt: frozenset[str] = frozenset()
+    """The gtids in doubt here when the view was pinned (``dtx/p/`` keys in an LMDB view)."""
 
 
 class Replicator(Protocol):
@@ -266,6 +280,17 @@ class SimDataStore:
         self.stats: dict[str, int] = {"deadlocks": 0, "lock_timeouts": 0, "conflicts": 0}
         self.replicator: Replicator | None = None
         """Sync replication of partitions (:mod:`.dataplane_replication`); None: none."""
+        self.read_latest = False
+        """The mutant ``snapshot-reads-latest``: snapshot branches pin no view."""
+        self.cut_blind = False
+        """The mutant ``blind-snapshot-cut``: ``branch.cut_unsure`` names nothing."""
+        self.commits = 0
+        """Counter of two-phase notes (the real store's ``CommitJournal.counter``)."""
+        self.prepared_at: dict[str, int] = {}
+        self.applied_at: dict[str, int] = {}
+        """gtid -> counter when its prepare / commit became visible here (never dropped: the
+        real store keeps the commit's ``dtx/t/`` tombstone while a participant is in doubt,
+        and journals the rest; a crash keeps what the tombstones say)."""
         self.replicated_prepared: dict[str, list[list[Any]]] = {}
         """gtid -> after-images of a prepared record this node took over at promotion
         (its write locks held under ``rep:<gtid>`` until the outcome is applied)."""
@@ -273,6 +298,8 @@ class SimDataStore:
             if key.startswith(K_OBJ):
                 type_name, version, state = codec.unpack(raw)
                 self._put(key[len(K_OBJ) :], Obj(type_name, version, state))
+            elif key.startswith(K_TOMB) and raw == COMMIT.encode():
+                self.applied_at[key[len(K_TOMB) :].decode()] = 0
             elif key.startswith(K_RESULT):
                 rest = key[len(K_RESULT) :]
                 client, seq = rest[:-9].decode(), _SEQ.unpack(rest[-8:])[0]
@@ -498,7 +525,7 @@ class SimDataStore:
         probe = bool(f.get("if_found")) and f.get("lock") != "none"
         parts = _parts(f)
         for _ in range(8):  # the object may move under our feet while we wait: look again
-            ref = self._find(b, t.name, fname, value)
+            ref = self._find(b, t.name, fname, value, latest=bool(mode))
             if ref is not None and parts is not None and ref[:8] not in parts:
                 ref = None  # not a partition this node answers for here
             if ref is None:
@@ -571,7 +598,7 @@ class SimDataStore:
             raise errors.BadArgument("range queries are not simulated")
         mode = self._mode(b, f.get("lock"))
         found: list[tuple[bytes, Entry]] = []
-        for ref in self._extent(b, t.name, _parts(f)):
+        for ref in self._extent(b, t.name, _parts(f), latest=bool(mode)):
             e = yield from self._g_load(b, ref, mode)
             if e is not None and all(e.state.get(k) == v for k, v in where.items()):
                 found.append((ref, e))
@@ -596,8 +623,54 @@ class SimDataStore:
 
     def _g_count(self, b: Branch, f: dict[str, Any]) -> Op:
         t = self._type(f)
-        return {"n": len(self._extent(b, t.name, _parts(f)))}
+        return {"n": len(self._extent(b, t.name, _parts(f), latest=False))}
         yield  # a generator, like every op
+
+    # The cut of a cluster snapshot (nonstop.dataplane.snapshot_cut, the real store's
+    # run_cut_op): the same answers, from the counters above instead of LMDB keys.
+    def _g_cut_open(self, b: Branch, f: dict[str, Any]) -> Op:
+        if b.serializable:
+            raise errors.BadArgument("only a snapshot branch has a read view")
+        if f.get("reset"):
+            if any(e.status == CLEAN for e in b.entries.values()):
+                raise errors.BadArgument("a snapshot's view cannot move once it was read")
+            b.view, b.cut_mark = None, None
+        if b.cut_mark is None:
+            self._view(b)
+            b.cut_mark = self.commits
+            b.cut_doubt = frozenset(g for g, rb in self.rm_branches.items() if rb.prepared)
+        return {}
+        yield
+
+    def _g_cut_unsure(self, b: Branch, f: dict[str, Any]) -> Op:
+        mark = self._mark(b)
+        if self.cut_blind:
+            return {"g": []}
+        since = {g for g, at in self.prepared_at.items() if at > mark}
+        missing = {g for g in since if self.applied_at.get(g, mark + 1) > mark}
+        return {"g": sorted(b.cut_doubt | missing)}
+        yield
+
+    def _g_cut_seen(self, b: Branch, f: dict[str, Any]) -> Op:
+        mark = self._mark(b)
+        asked = f.get("g")
+        if not isinstance(asked, list):
+            raise errors.BadArgument("g must be a list of gtids")
+        return {"g": [g for g in asked if self.applied_at.get(g, mark + 1) <= mark]}
+        yield
+
+    def _mark(self, b: Branch) -> int:
+        if b.cut_mark is None:
+            raise errors.BadArgument("a cut op before branch.cut_open")
+        return b.cut_mark
+
+    def note_prepared(self, gtid: str) -> None:
+        self.commits += 1
+        self.prepared_at[gtid] = self.commits
+
+    def note_applied(self, gtid: str) -> None:
+        self.commits += 1
+        self.applied_at[gtid] = self.commits
 
     def _g_nothing(self, b: Branch, f: dict[str, Any]) -> Op:
         return {}
@@ -660,6 +733,11 @@ class SimDataStore:
             return e
         if mode:
             yield (("o", ref), mode)
+            if not b.serializable and self._version(b, ref, self._view(b)[0]) != self._version(
+                b, ref, self.objects
+            ):
+                # Snapshot: locked now, but changed since the view (Transaction.g_load).
+                raise errors.Conflict(f"object {Ref(ref)} changed since this snapshot began")
         elif self._taken_over(ref):
             # A prepared record this node took over at promotion holds it: its commit may have
             # been acknowledged already (the participant that applied it is the one the reply
@@ -669,11 +747,25 @@ class SimDataStore:
                 f"{Ref(ref)} is in doubt here (a prepared record taken over at promotion is "
                 "being resolved): retry"
             )
-        obj = self.objects.get(ref)
+        objects = self.objects if mode or b.serializable else self._view(b)[0]
+        obj = objects.get(ref)
         if obj is None:
             return None
         e = b.entries[ref] = Entry(obj.type, obj.version, dict(obj.state), mode, CLEAN)
         return e
+
+    def _view(self, b: Branch) -> tuple[dict[bytes, Obj], dict[tuple[str, str, Any], bytes]]:
+        """What a lock-free read of branch ``b`` sees: its snapshot view, or the latest."""
+        if b.serializable or self.read_latest:
+            return self.objects, self.index
+        if b.view is None:
+            b.view = (dict(self.objects), dict(self.index))
+        return b.view
+
+    @staticmethod
+    def _version(b: Branch, ref: bytes, objects: dict[bytes, Obj]) -> int | None:
+        obj = objects.get(ref)
+        return None if obj is None else obj.version
 
     def _taken_over(self, ref: bytes) -> bool:
         """Is ``ref`` written by a prepared record taken over at promotion (outcome pending)?"""
@@ -711,11 +803,15 @@ class SimDataStore:
                 e.status = DIRTY
         return None
 
-    def _find(self, b: Branch, type_name: str, fname: str, value: Any) -> bytes | None:
-        """The object with this unique key as the branch sees it (its creates and deletes)."""
+    def _find(
+        self, b: Branch, type_name: str, fname: str, value: Any, latest: bool = True
+    ) -> bytes | None:
+        """The object with this unique key as the branch sees it (its creates and deletes);
+        ``latest`` False: a lock-free lookup (a snapshot branch's view)."""
+        index = self.index if latest else self._view(b)[1]
         try:
             key = (type_name, fname, value)
-            ref = b.created_keys.get(key) or self.index.get(key)
+            ref = b.created_keys.get(key) or index.get(key)
         except TypeError:  # an unhashable key value matches nothing
             return None
         if ref is not None:
@@ -725,9 +821,14 @@ class SimDataStore:
         return ref
 
     def _extent(
-        self, b: Branch, type_name: str, parts: frozenset[bytes] | None = None
+        self,
+        b: Branch,
+        type_name: str,
+        parts: frozenset[bytes] | None = None,
+        latest: bool = True,
     ) -> list[bytes]:
-        refs = {r for r, o in self.objects.items() if o.type == type_name}
+        objects = self.objects if latest else self._view(b)[0]
+        refs = {r for r, o in objects.items() if o.type == type_name}
         for ref, e in b.entries.items():
             if e.type != type_name:
                 continue
@@ -936,6 +1037,9 @@ _OPS: dict[str, Callable[[SimDataStore, Branch, dict[str, Any]], Op]] = {
     "branch.call": SimDataStore._g_unsupported,
     "branch.overwrite": SimDataStore._g_unsupported,
     "branch.commit": SimDataStore._g_commit,
+    "branch.cut_open": SimDataStore._g_cut_open,
+    "branch.cut_unsure": SimDataStore._g_cut_unsure,
+    "branch.cut_seen": SimDataStore._g_cut_seen,
     "request.record": SimDataStore._g_record,
     "request.abort": SimDataStore._g_abort,
 }
@@ -1023,6 +1127,7 @@ class SimStoreResourceManager:
         gtid = b.gtid
         if store.replicator is None or not after:
             b.prepared = True
+            store.note_prepared(gtid)
             self._emit([Ready(gtid, record, {})])
             return
 
@@ -1038,6 +1143,7 @@ class SimStoreResourceManager:
                 self._emit(self._refuse_reason(b, NOT_REPLICATED))
                 return
             b.prepared = True
+            store.note_prepared(gtid)
             self._emit([Ready(gtid, record, {})])
 
         refused = store.replicator.prepare(gtid, after, replicated)
@@ -1058,6 +1164,7 @@ class SimStoreResourceManager:
             if not b.prepared:
                 raise AssertionError(f"{gtid}: commit of a branch that never prepared")
             store.install(b.after)
+            store.note_applied(gtid)
             writes = store._durable(b.after)
 
         def end() -> None:
@@ -1078,6 +1185,7 @@ class SimStoreResourceManager:
             if isinstance(image[0], bytes):
                 store._counter = max(store._counter, Ref(image[0]).counter)
         store.rm_branches[gtid] = b
+        store.note_prepared(gtid)
 
     # ------------------------------------------------------------ internals
     def _refuse(self, b: Branch, exc: errors.Error) -> list[Progress]:
