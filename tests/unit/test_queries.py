@@ -360,6 +360,37 @@ def test_snapshot_extents_counts_and_lookups_see_one_state(db: nonstop.Database)
         assert tx.count(Item) == 2
 
 
+def test_snapshot_reads_a_type_first_touched_after_its_view_was_pinned(
+    store_dir: Any,
+) -> None:
+    """LMDB lets a read transaction use only the database handles opened before it began.
+    A reopened store opens its existing indexes at once, so a snapshot that touches a
+    type for the first time in this process after its view was pinned still reads its
+    index; a type whose index did not exist at all when the view was pinned is a
+    retryable Conflict, which a replay (``@transactional``) answers from a new view."""
+    first = nonstop.open(store_dir, durability="none")
+    make_items(first, [1])
+    first.close()
+    db = nonstop.open(store_dir, durability="none")
+    try:
+        with db.transaction("snapshot") as tx:
+            assert tx.count(Account) == 0  # pins the view
+            assert tx.find(Item, sku="s0") is not None  # Item's index opened after the pin
+        conflict = pytest.raises(nonstop.Conflict, match="created after this snapshot")
+        with conflict, db.transaction("snapshot") as tx:
+            assert tx.count(Account) == 0
+            tx.query(Event).range("score", 0.0, 9.0).all()  # index created after the pin
+
+        @nonstop.transactional(isolation="snapshot")
+        def events(tx: nonstop.Transaction) -> int:
+            tx.count(Account)
+            return len(tx.query(Event).range("at", None, None).all())
+
+        assert events(db) == 0
+    finally:
+        db.close()
+
+
 def test_snapshot_locked_read_of_an_object_changed_since_the_view_conflicts(
     db: nonstop.Database,
 ) -> None:

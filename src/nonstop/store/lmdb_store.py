@@ -122,6 +122,7 @@ class Store:
                 ):
                     self._dbs[name] = self.env.open_db(name, txn=txn)
                 self._check_format(txn, location)
+                self._open_existing(txn)
             self.meta = self._dbs[b"meta"]
             self.objects = self._dbs[b"objects"]
             self.extents = self._dbs[b"extents"]
@@ -208,6 +209,20 @@ class Store:
             env.close()
             raise CorruptStore(f"{data} is truncated ({size} bytes; its pages need {needed})")
         return env
+
+    def _open_existing(self, txn: lmdb.Transaction) -> None:
+        """Open every database the file already has (indexes, ``bulk``) at once.
+
+        LMDB lets a read transaction use only the handles opened before it began, so a
+        snapshot transaction's pinned view (tx/transaction.py ``committed``) could not
+        read an index whose handle a later first touch of its type opened. The names of
+        a file's databases are the keys of its unnamed database; opening an existing one
+        without flags adopts the flags it was created with."""
+        with txn.cursor() as cursor:
+            names = [bytes(key) for key in cursor.iternext(values=False)]
+        for name in names:
+            if name not in self._dbs:
+                self._dbs[name] = self.env.open_db(name, txn=txn, create=False)
 
     def _check_format(self, txn: lmdb.Transaction, location: int | None) -> None:
         meta = self._dbs[b"meta"]

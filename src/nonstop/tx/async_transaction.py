@@ -18,6 +18,8 @@ import asyncio
 from collections.abc import AsyncIterator, Hashable
 from typing import Any, TypeVar
 
+import lmdb
+
 from nonstop.errors import Conflict, Error, NotFound
 from nonstop.model.entry import DELETED
 from nonstop.model.managed import Managed
@@ -53,6 +55,8 @@ class AsyncTransaction(Transaction):
                 request = op.send(None)
         except StopIteration as stop:
             return stop.value
+        except lmdb.InvalidParameterError as exc:
+            raise self._view_error(exc) from exc
 
     def _lock_now(self, resource: Hashable, mode: LockMode) -> None:
         if not self.engine.locks.try_acquire(self.id, resource, mode):

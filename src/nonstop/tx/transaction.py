@@ -41,6 +41,8 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import lmdb
+
 from nonstop.errors import (
     BadArgument,
     Conflict,
@@ -146,6 +148,8 @@ class Transaction:
                 request = op.send(None)
         except StopIteration as stop:
             return stop.value
+        except lmdb.InvalidParameterError as exc:
+            raise self._view_error(exc) from exc
 
     def _lock_blocking(self, resource: Hashable, mode: LockMode) -> None:
         try:
@@ -304,6 +308,8 @@ class Transaction:
                 request = op.send(None)
         except StopIteration as stop:
             return stop.value
+        except lmdb.InvalidParameterError as exc:
+            raise self._view_error(exc) from exc
 
     def _upgrade_now(self, e: Entry, mode: int) -> None:
         self._drive_now(self._g_upgrade(e, mode))
@@ -352,6 +358,18 @@ class Transaction:
             raise BadArgument("a snapshot's view cannot move once it was read")
         self._close_view()
         self.view_marks = None
+
+    def _view_error(self, exc: lmdb.InvalidParameterError) -> Exception:
+        """What LMDB's "invalid argument" on a read means: with a pinned view, an index
+        created after the view began (LMDB lets a read transaction use only the handles
+        opened before it; the store opens every existing one at start, so only a type's
+        first index can be newer). Retryable: the replay pins a view that has it."""
+        if self._view is None:
+            return exc
+        self._doomed = Conflict(
+            "a type's index was created after this snapshot's view was taken; retry"
+        )
+        return self._doomed
 
     def _close_view(self) -> None:
         view, self._view = self._view, None
