@@ -98,6 +98,23 @@ def find_cycles(edges: Iterable[Edge]) -> list[tuple[str, ...]]:
     return sorted(set(cycles))
 
 
+def claimed_age(raw: Any, bound: float) -> float:
+    """A replay's seniority (``age`` on ``begin``, seconds since its first attempt began,
+    on the client's clock), bounded: untrusted input, so a client can make itself older
+    than it is by at most ``bound`` (docs/design/deadlocks.md section 2b).
+
+    None (a first attempt, an older client): 0.  Not a finite number >= 0: BadArgument.
+    Over the bound: the bound (a transaction retried for that long ranks as that old).
+    """
+    if raw is None:
+        return 0.0
+    if isinstance(raw, bool) or not isinstance(raw, int | float) or not math.isfinite(raw):
+        raise errors.BadArgument(f"age must be a number of seconds, not {raw!r:.40}")
+    if raw < 0:
+        raise errors.BadArgument(f"age must be >= 0, not {raw!r:.40}")
+    return min(float(raw), max(0.0, bound))
+
+
 Rank = Callable[[str], Any]
 """A branch id → its rank as a victim: the greatest in a cycle is the victim."""
 
@@ -320,6 +337,8 @@ class DeadlockDetector:
         each left a cycle to the other).  On the clock of the node furthest ahead, as
         far as this one knows (``ahead``): the nodes' monotonic clocks need not agree,
         and a node whose clock lags would otherwise rank its sessions oldest for ever.
+        A replay ranks from its first attempt (``Session.age``, section 2b): a victim
+        replayed as the youngest every time could lose every wound and starve.
         """
         stamp = self.stamps.get(bid)
         if stamp is None:
@@ -327,7 +346,7 @@ class DeadlockDetector:
             if s is None:
                 return None
             shift = max([0.0, *self.ahead.values()])
-            stamp = self.stamps[bid] = s.started + shift
+            stamp = self.stamps[bid] = s.started - s.age + shift
         return stamp
 
     def _session(self, bid: str) -> Any:
@@ -366,4 +385,11 @@ class DeadlockDetector:
         self.dp.doom(s, errors.Deadlock, why)
 
 
-__all__ = ["WAITS_TIMER", "DeadlockDetector", "find_cycles", "victim_of", "victims_of"]
+__all__ = [
+    "WAITS_TIMER",
+    "DeadlockDetector",
+    "claimed_age",
+    "find_cycles",
+    "victim_of",
+    "victims_of",
+]
