@@ -122,8 +122,16 @@ kept, 2.11 s with ``drop-stamp``; seeds 0-3: 0.55-1.46 s against 1.51-3.76 s).""
 
 def _replayed(node_class: type[SimDataNode] = SimDataNode) -> ScenarioConfig:
     """64 clients on 24 accounts, replayed as ``@transactional`` does (up to 100 times,
-    its back-off, the first attempt's age carried on ``begin``)."""
-    return replace(_contended(64, node_class), replays=100, transactional_replays=True)
+    its back-off, the first attempt's age carried on ``begin``), the nodes believing an
+    age up to 10 s (``deadlock_age_max``; 0 by default: ranks anew)."""
+    config = _contended(64, node_class)
+    assert config.dataplane is not None
+    return replace(
+        config,
+        dataplane=replace(config.dataplane, deadlock_age_max=10.0),
+        replays=100,
+        transactional_replays=True,
+    )
 
 
 def test_no_transfer_starves_a_replay_keeps_its_first_stamp() -> None:

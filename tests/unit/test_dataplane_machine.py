@@ -1015,7 +1015,7 @@ def test_a_replay_ranks_from_its_first_attempt() -> None:
     # Two sessions begun at the same instant: the greater id (B's) is the younger and
     # is wounded (test above).  B's is a replay whose first attempt began 2 s ago
     # (``age`` on its ``begin``, section 2b): it is the older now, and A's is wounded.
-    net = Net("AB")
+    net = Net("AB", deadlock_age_max=10.0)
     accounts(net, {"a": "A", "b": "B"})
     s_a = net.ok("A", get("a", begin="serializable", lock="write"))["s"]
     s_b = net.ok("B", get("b", begin="serializable", lock="write", age=2.0))["s"]
@@ -1046,6 +1046,10 @@ def test_a_replay_cannot_claim_more_than_the_bound() -> None:
     assert claimed_age(None, 3.0) == 0.0
     assert claimed_age(2, 3.0) == 2.0
     assert claimed_age(2.5, 0.0) == 0.0  # 0: every replay ranks anew
+    default = Net("A")  # deadlock_age_max 0 by default: the age is checked, then ignored
+    accounts(default, {"a": "A"})
+    s = default.ok("A", get("a", begin="serializable", age=2.0))["s"]
+    assert default.machines["A"].sessions[s].age == 0.0
 
 
 def test_stamps_agree_when_the_nodes_clocks_do_not() -> None:

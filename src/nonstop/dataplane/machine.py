@@ -111,10 +111,12 @@ class DataPlaneConfig:
     """Wound-wait on the gathered wait-for edges (docs/design/deadlocks.md): an older
     transaction waiting for a younger one that is itself waiting wounds it
     (``"blocked"``), or for any younger one (``"any"``); ``"off"``: cycles only."""
-    deadlock_age_max: float = 10.0
+    deadlock_age_max: float = 0.0
     """The most seniority a replayed transaction may claim (``age`` on ``begin``, seconds):
     a replay keeps its first attempt's rank up to this, so a client cannot make itself
-    older than it is by more (docs/design/deadlocks.md section 2b)."""
+    older than it is by more.  0 (the default): every replay ranks anew -- keeping the
+    rank cost more wounds and longer gaps than it saved on real processes
+    (docs/design/deadlocks.md section 2b)."""
     check_type: Callable[[Any, Any], object] = check_type
     """``(type name, client's version)`` → raises UnknownType / TypeVersionMismatch.
     The coordinator checks before anything runs; the store checks again."""

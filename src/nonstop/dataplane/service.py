@@ -106,7 +106,7 @@ class ServiceConfig:
     """How often wait-for edges are shared to find deadlocks across nodes (0: off)."""
     deadlock_wound: str = "blocked"
     """Wound-wait: ``"blocked"``, ``"any"`` or ``"off"`` (``DataPlaneConfig``)."""
-    deadlock_age_max: float = 10.0
+    deadlock_age_max: float = 0.0
     """The most seniority a replay may claim on ``begin`` (``DataPlaneConfig``)."""
     result_window: int = DEFAULT_WINDOW
 

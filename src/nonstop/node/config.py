@@ -547,11 +547,12 @@ class NodeConfig(Section):
         "waits too (`blocked`) or always (`any`); `off`: only cycles are broken",
     )
     deadlock_age_max: float = Field(
-        default=10.0,
+        default=0.0,
         ge=0,
-        description="a transaction replayed by `@transactional` ranks from its first attempt "
-        "in wound-wait, as its client says, but at most this many seconds older than its "
-        "replay (a client cannot rank itself older by more); 0: every replay ranks anew",
+        description="above 0, a transaction replayed by `@transactional` ranks from its first "
+        "attempt in wound-wait (no transaction starves), as its client says, but at most this "
+        "many seconds older than its replay; 0: every replay ranks anew (fewer wounds, "
+        "shorter gaps under heavy contention; docs/design/deadlocks.md section 2b)",
     )
     tx_idle: float = Field(
         default=60.0,
