@@ -441,8 +441,9 @@ class BankClient:
         age: float | None = None
         for attempt in range(self.cfg.replays + 1):
             retry = yield from self._transfer_once(node, src, dst, amount, age)
-            if retry is None or attempt == self.cfg.replays:
+            if retry is None:
                 break
+            # Also after the last attempt, as before: the seeds' histories stay the same.
             yield _sleep(self._backoff(attempt, retry))
             if self.cfg.transactional_replays:
                 age = self.sim.now - first_at
