@@ -12,7 +12,8 @@ Every ``deadlock_every`` seconds the machine asks its store for its local edges
 (:class:`ReadWaits` → :class:`LocalWaits`); while it has any (and once more when
 they are gone, or while a session it coordinates is in a known edge) it sends
 them to every up peer (``data.waits``), with the *stamps* of its own sessions
-(``_stamp``: a start time fixed once, so every node ranks by the same numbers).
+(``_stamp``: a start time fixed once, so every node ranks by the same numbers; a
+replay's from its first attempt when ``deadlock_age_max`` lets it, ``claimed_age``).
 Each node keeps the latest edges of every node (dropped when older than
 ``_FRESH`` periods or when the node leaves Up) and, at each tick and each time a
 peer's edges arrive:
