@@ -548,6 +548,9 @@ def readme_order(
         "distributed victims / 1,000": per_k("deadlock_victims"),
         "local victims / 1,000": per_k("deadlocks"),
         "lock timeouts / 1,000": per_k("timeouts"),
+        # The longest transfer, replays included: starvation (a replay ranked as the
+        # youngest again and again) shows here, not in the gaps.
+        "longest transfer ms": max(res.latencies, default=0.0) * 1000,
     }
 
 
@@ -771,6 +774,7 @@ _GAP_COLS = (
     "distributed victims / 1,000",
     "local victims / 1,000",
     "lock timeouts / 1,000",
+    "longest transfer ms",
 )
 
 

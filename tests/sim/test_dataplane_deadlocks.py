@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from nonstop.sim.scenarios.dataplane import ScenarioConfig, run_seed, sim_dataplane_config
-from nonstop.sim.scenarios.dataplane_mutants import LIVENESS_MUTANTS
+from nonstop.sim.scenarios.dataplane_mutants import LIVENESS_MUTANTS, STARVATION_MUTANTS
 from nonstop.sim.scenarios.dataplane_node import SimDataNode
 from nonstop.sim.scenarios.dataplane_store import StoreConfig
 
@@ -109,3 +109,49 @@ def test_without_wounds_the_gap_check_fails(mutant: str) -> None:
     result, _ = run_seed(0, _contended(64, LIVENESS_MUTANTS[mutant]))
     assert result.ok, result.violations[:3]
     assert result.stats["max_gap"] > 0.2, result.stats["max_gap"]
+
+
+STARVATION_SEED = 1
+MAX_ATTEMPTS = 16
+"""Attempts per transfer at 64 clients on 24 accounts (seed 1: 13 with stamps kept; 14 with
+the ``drop-stamp`` mutant: the count alone hardly separates them, the wait does)."""
+MAX_TRANSFER_WAIT = 1.0
+"""Seconds from a transfer's first attempt to its commit (seed 1: 0.72 s with stamps
+kept, 2.11 s with ``drop-stamp``; seeds 0-3: 0.55-1.46 s against 1.51-3.76 s)."""
+
+
+def _replayed(node_class: type[SimDataNode] = SimDataNode) -> ScenarioConfig:
+    """64 clients on 24 accounts, replayed as ``@transactional`` does (up to 100 times,
+    its back-off, the first attempt's age carried on ``begin``), the nodes believing an
+    age up to 10 s (``deadlock_age_max``; 0 by default: ranks anew)."""
+    config = _contended(64, node_class)
+    assert config.dataplane is not None
+    return replace(
+        config,
+        dataplane=replace(config.dataplane, deadlock_age_max=10.0),
+        replays=100,
+        transactional_replays=True,
+    )
+
+
+def test_no_transfer_starves_a_replay_keeps_its_first_stamp() -> None:
+    """Wound-wait is fair per transfer, not per attempt: a replay ranks from its first
+    attempt (docs/design/deadlocks.md section 2b), so every transfer becomes the oldest
+    in time and commits; none is replayed more than ``MAX_ATTEMPTS`` times or waits more
+    than ``MAX_TRANSFER_WAIT``."""
+    result, _ = run_seed(STARVATION_SEED, _replayed())
+    assert result.ok, result.violations[:3]
+    assert result.stats["acked"] > 300, result.stats
+    assert result.stats["max_attempts"] <= MAX_ATTEMPTS, result.stats["max_attempts"]
+    assert result.stats["max_wait"] <= MAX_TRANSFER_WAIT, result.stats["max_wait"]
+    assert result.stats["max_gap"] <= 0.2, result.stats["max_gap"]
+
+
+@pytest.mark.parametrize("mutant", sorted(STARVATION_MUTANTS))
+def test_a_replay_ranked_from_its_own_start_starves(mutant: str) -> None:
+    """The starvation check is not vacuous: a node that drops the replay's age
+    (``drop-stamp``: ranks per attempt) leaves a transfer waiting over the bound, and
+    stays safe."""
+    result, _ = run_seed(STARVATION_SEED, _replayed(STARVATION_MUTANTS[mutant]))
+    assert result.ok, result.violations[:3]
+    assert result.stats["max_wait"] > MAX_TRANSFER_WAIT, result.stats["max_wait"]

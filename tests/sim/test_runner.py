@@ -19,7 +19,8 @@ from nonstop.sim import (
     partitions_campaign,
     replication_campaign,
 )
-from nonstop.sim.runner import Campaign, MutantOptions, SeedOutcome
+from nonstop.sim.checker import OnlineChecker
+from nonstop.sim.runner import Campaign, MutantCampaign, MutantOptions, SeedOutcome
 
 
 class Odd(Campaign[int]):
@@ -45,6 +46,26 @@ class Odd(Campaign[int]):
         return SeedOutcome(
             seed, ok, f"seed {seed}", violations, 10, counters=(("double", 2 * seed),)
         )
+
+    def explain(self, seed: int, options: int, full_trace: bool) -> bool:
+        return seed % options != 0
+
+
+def test_a_campaign_or_checker_without_its_own_parts_cannot_be_built() -> None:
+    # The hooks every campaign and online checker must have are abstract: leaving one
+    # out fails at construction, not when a run first calls it.
+    class NoExplain(Campaign[int]):
+        module = "tests.sim.none"
+
+        def options(self, args: argparse.Namespace) -> int:
+            return 0
+
+        def run_seed(self, seed: int, options: int) -> SeedOutcome:
+            return SeedOutcome(seed, True, "", (), 0)
+
+    for cls in (NoExplain, MutantCampaign, OnlineChecker):
+        with pytest.raises(TypeError, match="abstract"):
+            cls()  # type: ignore[abstract]
 
 
 def test_outcomes_come_back_by_seed_and_an_exception_is_that_seeds_failure() -> None:

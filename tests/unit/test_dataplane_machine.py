@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from nonstop.dataplane.deadlocks import find_cycles, victim_of, victims_of
+from nonstop.dataplane.deadlocks import claimed_age, find_cycles, victim_of, victims_of
 from nonstop.dataplane.events import (
     BranchDone,
     ClientGone,
@@ -1009,6 +1009,47 @@ def test_a_younger_holder_that_is_running_is_not_wounded() -> None:
     net2.waits = {young[0]: [(old, young)]}
     _tick(net2, 2)
     assert net2.machines[young[0]].stats["deadlock_wounds"] == 1
+
+
+def test_a_replay_ranks_from_its_first_attempt() -> None:
+    # Two sessions begun at the same instant: the greater id (B's) is the younger and
+    # is wounded (test above).  B's is a replay whose first attempt began 2 s ago
+    # (``age`` on its ``begin``, section 2b): it is the older now, and A's is wounded.
+    net = Net("AB", deadlock_age_max=10.0)
+    accounts(net, {"a": "A", "b": "B"})
+    s_a = net.ok("A", get("a", begin="serializable", lock="write"))["s"]
+    s_b = net.ok("B", get("b", begin="serializable", lock="write", age=2.0))["s"]
+    net.hold = lambda ex: ex.fields.get("t") == "data.req"
+    assert net.op("A", get("b", s=s_a, lock="write")) is None
+    assert net.op("B", get("a", s=s_b, lock="write")) is None
+    bid_a, bid_b = f"A.{s_a}", f"B.{s_b}"
+    assert net.machines["B"].sessions[s_b].age == 2.0
+    net.waits = {"B": [(bid_a, bid_b)], "A": [(bid_b, bid_a)]}
+    _tick(net, 1)
+    assert net.machines["A"].stats["deadlock_wounds"] == 1
+    assert net.machines["B"].stats["deadlock_wounds"] == 0
+    assert bid_a in net.ended["A"]
+    assert bid_b not in net.ended["B"]
+
+
+def test_a_replay_cannot_claim_more_than_the_bound() -> None:
+    # Untrusted input: a claimed age is bounded by ``deadlock_age_max``; a wrong one
+    # is refused with BadArgument and opens no session.
+    net = Net("A", deadlock_age_max=3.0)
+    accounts(net, {"a": "A"})
+    s = net.ok("A", get("a", begin="serializable", age=1e9))["s"]
+    assert net.machines["A"].sessions[s].age == 3.0
+    for bad in (-1.0, float("inf"), float("nan"), "old", True, [1]):
+        reply = net.op("A", get("a", begin="serializable", age=bad))
+        assert reply is not None and reply.get("error") == "BadArgument", (bad, reply)
+    assert list(net.machines["A"].sessions) == [s]
+    assert claimed_age(None, 3.0) == 0.0
+    assert claimed_age(2, 3.0) == 2.0
+    assert claimed_age(2.5, 0.0) == 0.0  # 0: every replay ranks anew
+    default = Net("A")  # deadlock_age_max 0 by default: the age is checked, then ignored
+    accounts(default, {"a": "A"})
+    s = default.ok("A", get("a", begin="serializable", age=2.0))["s"]
+    assert default.machines["A"].sessions[s].age == 0.0
 
 
 def test_stamps_agree_when_the_nodes_clocks_do_not() -> None:

@@ -374,6 +374,10 @@ class RemoteTransactionBase:
         # looking one up again needs no round trip (see _cached).
         self._keyed: dict[tuple[str, str, bytes], bytes] = {}
         self._link: Link | None = None  # the connection the session lives on
+        # A replay's age (set by @transactional): seconds since its first attempt began.
+        # Its ``begin`` carries it, so the node ranks it from then in wound-wait (the
+        # node bounds the claim; docs/design/deadlocks.md section 2b).
+        self.replay_age: float | None = None
 
     # ----------------------------------------------------------- checks
     @property
@@ -762,6 +766,8 @@ class RemoteTransactionBase:
         """The session's first op, which also begins it (``begin``: one round trip less)."""
         payload.pop("s", None)
         payload["begin"] = self._iso
+        if self.replay_age is not None:
+            payload["age"] = self.replay_age
         return payload
 
     def _took_session(self, link: Link, reply: Any) -> None:

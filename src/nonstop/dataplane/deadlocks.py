@@ -12,7 +12,8 @@ Every ``deadlock_every`` seconds the machine asks its store for its local edges
 (:class:`ReadWaits` → :class:`LocalWaits`); while it has any (and once more when
 they are gone, or while a session it coordinates is in a known edge) it sends
 them to every up peer (``data.waits``), with the *stamps* of its own sessions
-(``_stamp``: a start time fixed once, so every node ranks by the same numbers).
+(``_stamp``: a start time fixed once, so every node ranks by the same numbers; a
+replay's from its first attempt when ``deadlock_age_max`` lets it, ``claimed_age``).
 Each node keeps the latest edges of every node (dropped when older than
 ``_FRESH`` periods or when the node leaves Up) and, at each tick and each time a
 peer's edges arrive:
@@ -96,6 +97,23 @@ def find_cycles(edges: Iterable[Edge]) -> list[tuple[str, ...]]:
             path.append(nxt)
             iters.append(iter(graph.get(nxt, ())))
     return sorted(set(cycles))
+
+
+def claimed_age(raw: Any, bound: float) -> float:
+    """A replay's seniority (``age`` on ``begin``, seconds since its first attempt began,
+    on the client's clock), bounded: untrusted input, so a client can make itself older
+    than it is by at most ``bound`` (docs/design/deadlocks.md section 2b).
+
+    None (a first attempt, an older client): 0.  Not a finite number >= 0: BadArgument.
+    Over the bound: the bound (a transaction retried for that long ranks as that old).
+    """
+    if raw is None:
+        return 0.0
+    if isinstance(raw, bool) or not isinstance(raw, int | float) or not math.isfinite(raw):
+        raise errors.BadArgument(f"age must be a number of seconds, not {raw!r:.40}")
+    if raw < 0:
+        raise errors.BadArgument(f"age must be >= 0, not {raw!r:.40}")
+    return min(float(raw), max(0.0, bound))
 
 
 Rank = Callable[[str], Any]
@@ -320,6 +338,8 @@ class DeadlockDetector:
         each left a cycle to the other).  On the clock of the node furthest ahead, as
         far as this one knows (``ahead``): the nodes' monotonic clocks need not agree,
         and a node whose clock lags would otherwise rank its sessions oldest for ever.
+        A replay ranks from its first attempt (``Session.age``, section 2b): a victim
+        replayed as the youngest every time could lose every wound and starve.
         """
         stamp = self.stamps.get(bid)
         if stamp is None:
@@ -327,7 +347,7 @@ class DeadlockDetector:
             if s is None:
                 return None
             shift = max([0.0, *self.ahead.values()])
-            stamp = self.stamps[bid] = s.started + shift
+            stamp = self.stamps[bid] = s.started - s.age + shift
         return stamp
 
     def _session(self, bid: str) -> Any:
@@ -366,4 +386,11 @@ class DeadlockDetector:
         self.dp.doom(s, errors.Deadlock, why)
 
 
-__all__ = ["WAITS_TIMER", "DeadlockDetector", "find_cycles", "victim_of", "victims_of"]
+__all__ = [
+    "WAITS_TIMER",
+    "DeadlockDetector",
+    "claimed_age",
+    "find_cycles",
+    "victim_of",
+    "victims_of",
+]

@@ -32,7 +32,7 @@ from nonstop.dataplane.args import RequestId
 from nonstop.dataplane.branches import BranchRegistry
 from nonstop.dataplane.calls import BUSY, RPC_TIMER, PeerCalls
 from nonstop.dataplane.commit import g_commit
-from nonstop.dataplane.deadlocks import WAITS_TIMER, DeadlockDetector
+from nonstop.dataplane.deadlocks import WAITS_TIMER, DeadlockDetector, claimed_age
 from nonstop.dataplane.driver import ALONE, COMMIT_TIMER, FIRST, Driver, Immediate
 from nonstop.dataplane.ends import OwedEnds
 from nonstop.dataplane.events import (
@@ -112,6 +112,12 @@ class DataPlaneConfig:
     """Wound-wait on the gathered wait-for edges (docs/design/deadlocks.md): an older
     transaction waiting for a younger one that is itself waiting wounds it
     (``"blocked"``), or for any younger one (``"any"``); ``"off"``: cycles only."""
+    deadlock_age_max: float = 0.0
+    """The most seniority a replayed transaction may claim (``age`` on ``begin``, seconds):
+    a replay keeps its first attempt's rank up to this, so a client cannot make itself
+    older than it is by more.  0 (the default): every replay ranks anew -- keeping the
+    rank cost more wounds and longer gaps than it saved on real processes
+    (docs/design/deadlocks.md section 2b)."""
     check_type: Callable[[Any, Any], object] = check_type
     """``(type name, client's version)`` → raises UnknownType / TypeVersionMismatch.
     The coordinator checks before anything runs; the store checks again."""
@@ -230,7 +236,7 @@ class DataPlane(Driver):
             if op in SESSION_OPS:
                 self._session_op(ev.conn, ev.corr, op, p)
             elif op == "tx.begin":
-                s = self._begin(ev.conn, p.get("iso"))
+                s = self._begin(ev.conn, p.get("iso"), p.get("age"))
                 self._out.append(ClientReply(ev.conn, ev.corr, {"s": s.sid}))
             elif op == "request.result":
                 self._run(Task(g_request_result(self, p.get("req")), ev.conn, ev.corr), None, None)
@@ -248,7 +254,7 @@ class DataPlane(Driver):
         sid = p.get("s")
         if sid is None and "begin" in p:
             # tx.begin folded into the session's first op: one round trip less.
-            new = self._begin(conn, p.get("begin"))
+            new = self._begin(conn, p.get("begin"), p.get("age"))
             if op == "tx.rollback":  # a session opened and ended
                 self.end_session(new)
                 self._out.append(ClientReply(conn, corr, {"s": new.sid}))
@@ -274,16 +280,18 @@ class DataPlane(Driver):
             return
         self._start_op(s, conn, corr, op, p, fold=False)
 
-    def _begin(self, conn: int, iso: Any) -> Session:
+    def _begin(self, conn: int, iso: Any, age: Any = None) -> Session:
         iso = iso or "serializable"
         if not isinstance(iso, str) or iso not in STORE_ISOLATION:
             raise errors.BadArgument(
                 f"iso must be 'serializable' or 'read_committed', not {iso!r:.40}"
             )
+        seniority = claimed_age(age, self.config.deadlock_age_max)
         sid = self._next_sid
         self._next_sid += 1
         s = Session(sid, conn, STORE_ISOLATION[iso], f"{self.name}.{sid}")
         s.last = s.started = self._now
+        s.age = seniority
         self.sessions[sid] = s
         conn_sids = self._by_conn.get(conn)
         if conn_sids is None:

@@ -104,6 +104,10 @@ class ServiceConfig:
     sweep_every: float = 1.0
     deadlock_every: float = 0.025
     """How often wait-for edges are shared to find deadlocks across nodes (0: off)."""
+    deadlock_wound: str = "blocked"
+    """Wound-wait: ``"blocked"``, ``"any"`` or ``"off"`` (``DataPlaneConfig``)."""
+    deadlock_age_max: float = 0.0
+    """The most seniority a replay may claim on ``begin`` (``DataPlaneConfig``)."""
     result_window: int = DEFAULT_WINDOW
 
     def machine(self) -> DataPlaneConfig:
@@ -115,6 +119,8 @@ class ServiceConfig:
             commit_timeout=self.commit_timeout,
             sweep_every=self.sweep_every,
             deadlock_every=self.deadlock_every,
+            deadlock_wound=self.deadlock_wound,
+            deadlock_age_max=self.deadlock_age_max,
         )
 
 

@@ -31,6 +31,7 @@ class Session:
     """A client transaction coordinated by this node."""
 
     __slots__ = (
+        "age",
         "bid",
         "committed",
         "conn",
@@ -83,6 +84,11 @@ class Session:
         """When its last op started or ended (the ``tx_idle`` sweep's clock)."""
         self.started = 0.0
         """When it began (deadlock victims are the youngest: docs/design/deadlocks.md)."""
+        self.age = 0.0
+        """A replay's seniority: how long before ``started`` its first attempt began, as
+        its client claimed on ``begin`` and bounded by ``deadlock_age_max``
+        (``dataplane/deadlocks.py``: ``claimed_age``).  Its stamp is ``started - age``,
+        so a transaction replayed by ``@transactional`` keeps its rank (no starvation)."""
 
 
 class Branch:

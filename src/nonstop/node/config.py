@@ -40,6 +40,8 @@ CLUSTER_KEYS = ("quorum", "raft", "snapshot_every", "max_log_entry_bytes")
 SERVICE_KEYS = (
     "lock_wait",
     "deadlock_every",
+    "deadlock_wound",
+    "deadlock_age_max",
     "tx_idle",
     "branch_idle",
     "rpc_timeout",
@@ -537,6 +539,20 @@ class NodeConfig(Section):
         ge=0,
         description="seconds between reads of the store's lock waits, shared with the other "
         "nodes to find deadlocks across nodes (docs/design/deadlocks.md); 0 turns it off",
+    )
+    deadlock_wound: Literal["blocked", "any", "off"] = Field(
+        default="blocked",
+        description="wound-wait, at each read of the lock waits: an older transaction waiting "
+        "for a younger one aborts it (`Deadlock`, replayed by `@transactional`) when that one "
+        "waits too (`blocked`) or always (`any`); `off`: only cycles are broken",
+    )
+    deadlock_age_max: float = Field(
+        default=0.0,
+        ge=0,
+        description="above 0, a transaction replayed by `@transactional` ranks from its first "
+        "attempt in wound-wait (no transaction starves), as its client says, but at most this "
+        "many seconds older than its replay; 0: every replay ranks anew (fewer wounds, "
+        "shorter gaps under heavy contention; docs/design/deadlocks.md section 2b)",
     )
     tx_idle: float = Field(
         default=60.0,

@@ -26,6 +26,7 @@ the machines directly.  Safety properties, checked online:
 
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass, field
 from typing import Any, Self
 
@@ -56,7 +57,7 @@ class Violation:
 
 
 @dataclass(slots=True)
-class OnlineChecker:
+class OnlineChecker(abc.ABC):
     """A checker that watches every event of a run (the cluster's, the partition table's,
     replication's): attach with :meth:`attach`; read :attr:`violations` during and after."""
 
@@ -72,12 +73,13 @@ class OnlineChecker:
         if len(self.violations) < self.max_violations:
             self.violations.append(Violation(sim.now, invariant, detail))
 
-    def on_fault(self, sim: Simulation, what: str, details: dict[str, Any]) -> None:
-        """A fault the nemesis injected (crash, start, partition...)."""
+    def on_fault(self, sim: Simulation, what: str, details: dict[str, Any]) -> None:  # noqa: B027
+        """A fault the nemesis injected (crash, start, partition...); by default none
+        matters (an optional hook, not abstract: most checkers judge only events)."""
 
+    @abc.abstractmethod
     def observe(self, sim: Simulation, node: NodeId, event: Event, actions: list[Action]) -> None:
         """``node`` handled ``event`` and answered ``actions``."""
-        raise NotImplementedError
 
 
 @dataclass(slots=True)

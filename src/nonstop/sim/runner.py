@@ -14,6 +14,7 @@ options, how to run and explain a seed, what to report at the end.
 
 from __future__ import annotations
 
+import abc
 import argparse
 import multiprocessing
 import os
@@ -197,7 +198,7 @@ Opts = TypeVar("Opts")
 """A campaign's options from its command line (a small frozen dataclass: it is pickled)."""
 
 
-class Campaign(Generic[Opts]):
+class Campaign(abc.ABC, Generic[Opts]):
     """The loop every campaign shares; a subclass says only what is its own.
 
     Its own: :attr:`module` (the ``python -m`` name, for replay commands),
@@ -218,24 +219,25 @@ class Campaign(Generic[Opts]):
     def add_options(self, parser: argparse.ArgumentParser) -> None:
         """Options beyond the common ones (:func:`campaign_parser`)."""
 
+    @abc.abstractmethod
     def options(self, args: argparse.Namespace) -> Opts:
-        raise NotImplementedError
+        """The campaign's options from its command line."""
 
     def replay_options(self, options: Opts) -> str:
         """The options, as typed after ``--seed N`` to replay a seed (``" --mutant x"``)."""
         return ""
 
+    @abc.abstractmethod
     def run_seed(self, seed: int, options: Opts) -> SeedOutcome:
         """One seed's outcome (an exception is caught by :meth:`run_one`)."""
-        raise NotImplementedError
 
     def raised_step(self, options: Opts) -> str:
         """The ``step`` of a seed whose code under test raised."""
         return ""
 
+    @abc.abstractmethod
     def explain(self, seed: int, options: Opts, full_trace: bool) -> bool:
         """Replay one seed, print what happened; True if it passed."""
-        raise NotImplementedError
 
     def report(self, outcomes: list[SeedOutcome], options: Opts) -> list[str]:
         """Lines printed before the final count (what the seeds exercised)."""
@@ -365,11 +367,11 @@ class MutantCampaign(Campaign[MutantOptions]):
     notable: ClassVar[frozenset[str]] = frozenset()
     heading: ClassVar[str] = "events:"
 
+    @abc.abstractmethod
     def scenario(
         self, seed: int, options: MutantOptions, **hooks: Any
     ) -> tuple[ScenarioResult, Simulation]:
         """One seed's scenario; ``hooks``: its ``run_seed``'s ``trace``, ``on_start``."""
-        raise NotImplementedError
 
     def add_options(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument(

@@ -5,7 +5,9 @@ call runs in a fresh transaction that commits when ``fn`` returns.  When the
 transaction is a deadlock victim, times out on a lock, or meets a state conflict
 (all :class:`~nonstop.errors.Retryable`), it is rolled back and ``fn`` runs
 again, after a short randomized back-off, up to ``max_retries`` times; then
-:class:`~nonstop.errors.TooManyRetries` is raised.  Any other exception
+:class:`~nonstop.errors.TooManyRetries` is raised.  A replay on a cluster keeps
+its first attempt's rank among lock waiters (wound-wait: the older wins), so a
+transaction wounded again and again still becomes the oldest and commits.  Any other exception
 (including :class:`~nonstop.errors.Abort`) rolls back and reaches the caller.
 
 Passing a transaction instead of a database joins it (no commit, no replay):
@@ -86,6 +88,14 @@ def _backoff(attempt: int, exc: Retryable | None = None) -> float:
     return random.uniform(0, min(0.05, base * (2 ** min(attempt, 10))))
 
 
+def _carry_first_attempt(tx: Any, first_at: float) -> None:
+    """A replay keeps its first attempt's rank in wound-wait (docs/design/deadlocks.md
+    section 2b): a remote transaction sends how long ago that began with its ``begin``
+    (the node bounds the claim).  An embedded one has no such rank: nothing to carry."""
+    if getattr(tx, "__nonstop_transaction__", False):
+        tx.replay_age = max(0.0, time.monotonic() - first_at)
+
+
 def run_with_retries(
     db: Database,
     fn: Callable[..., T],
@@ -95,9 +105,12 @@ def run_with_retries(
     **kwargs: Any,
 ) -> T:
     last: Retryable | None = None
+    first_at = time.monotonic()
     for attempt in range(max_retries + 1):
         try:
             with db.transaction(isolation=isolation) as tx:
+                if attempt:
+                    _carry_first_attempt(tx, first_at)
                 return fn(tx, *args, **kwargs)
         except Retryable as exc:
             last = exc
@@ -118,9 +131,12 @@ async def run_with_retries_async(
     **kwargs: Any,
 ) -> Any:
     last: Retryable | None = None
+    first_at = time.monotonic()
     for attempt in range(max_retries + 1):
         try:
             async with db.transaction(isolation=isolation) as tx:
+                if attempt:
+                    _carry_first_attempt(tx, first_at)
                 return await fn(tx, *args, **kwargs)
         except Retryable as exc:
             last = exc

@@ -84,6 +84,7 @@ from nonstop.sim.scenarios.dataplane_store import (
     SimDataStore,
     StoreConfig,
 )
+from nonstop.tx.runner import BACKOFF, DEADLOCK_BACKOFF
 
 INITIAL = 100
 TYPE_VERSION = 1
@@ -128,6 +129,12 @@ class ScenarioConfig(CommonConfig):
     """Share of acknowledged transfers the client reads back at once, without locks,
     through a random node: each account must show the transfer (no stale read after
     an acknowledged commit; docs/guarantees.md)."""
+    replays: int = 2
+    """Replays of a transfer after a retryable, definite abort (``@transactional``: 100)."""
+    transactional_replays: bool = False
+    """Replays back off as ``@transactional`` does (``tx/runner.py``) and carry the first
+    attempt's age on ``begin``, so a replay keeps its rank in wound-wait (issue 14:
+    starvation; docs/design/deadlocks.md section 2b)."""
     lossless: bool = False
     """No lost message from the start (the no-fault runs of issue 14: commit gaps)."""
     crash_steps: bool = True
@@ -316,6 +323,10 @@ class Ledger:
     """Read-backs that did not see the client's own acknowledged transfer."""
     commit_times: list[float] = field(default_factory=list)
     """Virtual time of every acknowledged transfer (commit gaps, issue 14)."""
+    attempts: list[int] = field(default_factory=list)
+    """Attempts of every transfer that ended (acknowledged, or given up): starvation."""
+    waits: list[float] = field(default_factory=list)
+    """Seconds from the first attempt of every transfer that ended to its end."""
 
 
 def _call(node: NodeId, payload: dict[str, Any]) -> Call:
@@ -326,8 +337,11 @@ def _sleep(seconds: float) -> Call:
     return ("sleep", seconds, None)
 
 
-def _get_account(conn: int, number: int, lock: str, session: Any) -> dict[str, Any]:
-    """``tx.get`` of account ``number``: in ``session``, or beginning one if None."""
+def _get_account(
+    conn: int, number: int, lock: str, session: Any, age: float | None = None
+) -> dict[str, Any]:
+    """``tx.get`` of account ``number``: in ``session``, or beginning one if None (a
+    replay's ``age``: how long ago its first attempt began)."""
     op: dict[str, Any] = {
         "conn": conn,
         "op": "tx.get",
@@ -338,6 +352,8 @@ def _get_account(conn: int, number: int, lock: str, session: Any) -> dict[str, A
     }
     if session is None:
         op["begin"] = "serializable"
+        if age is not None:
+            op["age"] = age
     else:
         op["s"] = session
     return op
@@ -428,14 +444,30 @@ class BankClient:
             if len(mine) >= 2:
                 src, dst = self.rng.sample(mine, 2)
         amount = self.rng.randint(1, 30)
-        for attempt in range(3):
-            retry = yield from self._transfer_once(node, src, dst, amount)
-            if not retry:
-                return
-            yield _sleep(self.rng.uniform(0.01, 0.05) * (attempt + 1))
+        first_at = self.sim.now
+        age: float | None = None
+        for attempt in range(self.cfg.replays + 1):
+            retry = yield from self._transfer_once(node, src, dst, amount, age)
+            if retry is None:
+                break
+            # Also after the last attempt, as before: the seeds' histories stay the same.
+            yield _sleep(self._backoff(attempt, retry))
+            if self.cfg.transactional_replays:
+                age = self.sim.now - first_at
+        self.ledger.attempts.append(attempt + 1)
+        self.ledger.waits.append(self.sim.now - first_at)
 
-    def _transfer_once(self, node: NodeId, src: int, dst: int, amount: int) -> Coroutine:
-        """One attempt; returns True if it is worth replaying (a retryable, definite abort)."""
+    def _backoff(self, attempt: int, error: str) -> float:
+        if not self.cfg.transactional_replays:
+            return self.rng.uniform(0.01, 0.05) * (attempt + 1)
+        # tx/runner.py's back-off, on the simulation's seeded generator.
+        base = DEADLOCK_BACKOFF if error == "Deadlock" else BACKOFF
+        return self.rng.uniform(0, min(0.05, base * (2 ** min(attempt, 10))))
+
+    def _transfer_once(
+        self, node: NodeId, src: int, dst: int, amount: int, age: float | None = None
+    ) -> Coroutine:
+        """One attempt: the error if worth replaying (a retryable, definite abort), else None."""
         ledger = self.ledger
         conn = self._conn()
         self.seq += 1
@@ -448,7 +480,7 @@ class BankClient:
         got: dict[int, tuple[bytes, int, dict[str, Any]]] = {}
         session: Any = None
         for number in (first, second):
-            reply = yield _call(node, _get_account(conn, number, "write", session))
+            reply = yield _call(node, _get_account(conn, number, "write", session, age))
             if isinstance(reply, dict) and reply.get("s") is not None:
                 session = reply["s"]
             error = _error(reply)
@@ -458,7 +490,7 @@ class BankClient:
                 self._close(node, conn)
                 self._fail(a, [])
                 ledger.counts[f"get_{error}"] += 1
-                return error in RETRYABLE
+                return error if error in RETRYABLE else None
             ref, _, version, state = _objects({"os": [reply["o"]]})[0]
             got[number] = (ref, version, state)
         reads_la = [("r", n, list(got[n][2]["log"])) for n in (src, dst)]
@@ -468,7 +500,7 @@ class BankClient:
             yield _call(node, {"conn": conn, "op": "tx.rollback", "s": session})
             self._fail(a, reads_la, reads_bank)
             ledger.counts["insufficient"] += 1
-            return False
+            return None
         st = codec.pack({"tid": tid, "src": src, "dst": dst, "amount": amount})
         reply = yield _call(
             node,
@@ -479,7 +511,7 @@ class BankClient:
             self._close(node, conn)
             self._fail(a, reads_la, reads_bank)
             ledger.counts[f"create_{error}"] += 1
-            return error in RETRYABLE
+            return error if error in RETRYABLE else None
         writes = []
         new = {src: balance_src - amount, dst: balance_dst + amount}
         for n in (src, dst):
@@ -499,11 +531,11 @@ class BankClient:
             if self.rng.random() < self.cfg.read_back:
                 unapplied = set(reply.get("unapplied") or ())
                 yield from self._read_back(tid, (src, dst), unapplied)
-            return False
+            return None
         ledger.counts[f"commit_{error}"] += 1
         if error in DEFINITE_ABORTS:
             self._fail(a, ops_la, ops_bank)
-            return error in RETRYABLE
+            return error if error in RETRYABLE else None
         if error == "NoReply":
             self._close(node, conn)
         # Unknown outcome (a lost reply, Unavailable): ask, never commit twice (H1).
@@ -512,10 +544,10 @@ class BankClient:
             self._ok(a, ops_la, ops_bank)
         elif state in ("aborted", "unknown"):
             self._fail(a, ops_la, ops_bank)
-            return True
+            return "aborted"
         else:
             self._unknown(a, ops_la, ops_bank)
-        return False
+        return None
 
     def _read_back(self, tid: str, numbers: tuple[int, ...], unapplied: set[str]) -> Coroutine:
         """Read the accounts of acknowledged transfer ``tid`` without locks: both show it.
@@ -851,6 +883,8 @@ def run_seed(
         counts=dict(sorted(s.items())),
         settled_after=None if settled_at is None else settled_at - cfg.heal_at,
         max_gap=commit_gap(ledger.commit_times, cfg.client_start + GAP_WARMUP, cfg.heal_at),
+        max_attempts=max(ledger.attempts, default=0),
+        max_wait=max(ledger.waits, default=0.0),
         cpu_time=time.process_time() - cpu,
     )
     violations = checker.found

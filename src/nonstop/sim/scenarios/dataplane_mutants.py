@@ -19,6 +19,7 @@ from nonstop.dataplane.deadlocks import DeadlockDetector
 from nonstop.dataplane.ends import OwedEnds
 from nonstop.dataplane.events import ClusterChanged, Decide, DecisionDone
 from nonstop.dataplane.machine import DataPlane, DataPlaneConfig
+from nonstop.dataplane.state import Session
 from nonstop.dtx.decisions import COMMIT
 from nonstop.dtx.protocol import CoordTx, DtxNode
 from nonstop.sim.scenarios.dataplane_node import SimDataNode
@@ -214,6 +215,25 @@ class NoWound(_Swapped):
 
 LIVENESS_MUTANTS: dict[str, type[SimDataNode]] = {"no-wound": NoWound}
 """Mutants of deadlock handling: they break the commit-gap bound, not safety."""
+
+
+class _AgelessPlane(DataPlane):
+    def _begin(self, conn: int, iso: Any, age: Any = None) -> Session:
+        return super()._begin(conn, iso, None)  # the replay's age is dropped
+
+
+class DropStamp(_Swapped):
+    """A replay ranks from its own start, not its first attempt's (the ``age`` a replay
+    carries on ``begin`` is ignored): wound-wait is fair per attempt, not per
+    transaction, and a transfer wounded as the youngest replays as the youngest again.
+    Safe, but at 64 clients on 24 accounts some transfers are replayed far more often
+    (caught by ``tests/sim/test_dataplane_deadlocks.py``'s starvation check)."""
+
+    dataplane_part = _AgelessPlane
+
+
+STARVATION_MUTANTS: dict[str, type[SimDataNode]] = {"drop-stamp": DropStamp}
+"""Mutants of replay ranks: they break the bound on replays per transfer, not safety."""
 
 
 PARTITION_MUTANTS: dict[str, type[SimDataNode]] = {"ack-without-acting": AckWithoutActing}
