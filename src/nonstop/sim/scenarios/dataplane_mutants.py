@@ -216,7 +216,27 @@ LIVENESS_MUTANTS: dict[str, type[SimDataNode]] = {"no-wound": NoWound}
 """Mutants of deadlock handling: they break the commit-gap bound, not safety."""
 
 
-PARTITION_MUTANTS: dict[str, type[SimDataNode]] = {"ack-without-acting": AckWithoutActing}
+class RecordNotReplicated(SimDataNode):
+    """A request's record is committed on the node that wrote it but left out of the
+    replicated records: after a failover the promoted copy does not know the request
+    ran, and a retry of the same request id runs it a second time (requests.md).
+    Run with replicas (``--partitions --replicas 1``)."""
+
+    def __init__(
+        self,
+        cluster_config: ClusterConfig,
+        rng: random.Random,
+        recovered: Mapping[bytes, bytes],
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(cluster_config, rng, recovered, **kwargs)
+        self.store.replicate_results = False
+
+
+PARTITION_MUTANTS: dict[str, type[SimDataNode]] = {
+    "ack-without-acting": AckWithoutActing,
+    "record-not-replicated": RecordNotReplicated,
+}
 """Mutants of routing by partition: run with ``dataplane.partitioned_config()``."""
 
 MUTANTS: dict[str, type[SimDataNode]] = {
@@ -240,4 +260,5 @@ __all__ = [
     "CommitWithoutQuorum",
     "EndBranchesOnce",
     "KeepOrphanBranches",
+    "RecordNotReplicated",
 ]
