@@ -86,6 +86,9 @@ from nonstop.sim.scenarios.dataplane_store import (
 )
 
 INITIAL = 100
+SAME_ID_ATTEMPTS = 8
+"""Attempts of a transfer whose outcome was once unknown (homed requests, requests.md):
+the same request id is run again until settled, across the failover that follows."""
 TYPE_VERSION = 1
 
 DEFINITE_ABORTS = frozenset(
@@ -434,18 +437,22 @@ class BankClient:
                 src, dst = self.rng.sample(mine, 2)
         amount = self.rng.randint(1, 30)
         same: int | None = None
-        for attempt in range(3):
+        attempt, attempts = 0, 3
+        while attempt < attempts:
             retry = yield from self._transfer_once(node, src, dst, amount, same)
             if not retry:
                 return
             if self.homed and f"{self.name}-{self.seq if same is None else same}" in self.doubtful:
                 # The same request again, on another node (its node may be dead): the
-                # home's record makes it run at most once (requests.md).
+                # home's record makes it run at most once (requests.md).  Until it is
+                # settled, as a client would, through the failover (a few more tries).
                 same = self.seq if same is None else same
                 node = self._other(node)
+                attempts = SAME_ID_ATTEMPTS
                 self.ledger.counts["same_id_retries"] += 1
                 self.ledger.same_id.add(f"{self.name}-{same}")
-            yield _sleep(self.rng.uniform(0.01, 0.05) * (attempt + 1))
+            attempt += 1
+            yield _sleep(self.rng.uniform(0.01, 0.05) * attempt)
 
     def _other(self, node: NodeId) -> NodeId:
         others = [n for n in self.nodes if n != node]
