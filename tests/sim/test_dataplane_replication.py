@@ -91,16 +91,16 @@ def test_acknowledging_before_the_replica_is_caught() -> None:
     assert caught == 4
 
 
-HOMED_MUTANT_SEEDS = (18, 30)
-"""Seeds on which the mutant ``record-not-replicated`` is caught (2 of seeds 0-39,
+HOMED_MUTANT_SEEDS = (30, 40, 49)
+"""Seeds on which the mutant ``record-not-replicated`` is caught (3 of seeds 0-59,
 docs/design/requests.md §5): a request whose record stayed on the node that failed runs
 a second time under its id on the promoted copy."""
 
 
 def test_a_request_record_left_out_of_the_replicated_record_is_caught() -> None:
     config = replace(partitioned_config(replicas=1), node_class=RecordNotReplicated)
-    caught = []
+    caught = 0
     for seed in HOMED_MUTANT_SEEDS:
         result, _ = run_seed(seed, config)
-        caught += [v.invariant for v in result.violations]
-    assert "exactly-once-request" in caught
+        caught += any(v.invariant == "exactly-once-request" for v in result.violations)
+    assert caught >= 2, f"caught on {caught} of {HOMED_MUTANT_SEEDS}"
