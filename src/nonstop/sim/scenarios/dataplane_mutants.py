@@ -222,14 +222,8 @@ class RecordNotReplicated(SimDataNode):
     ran, and a retry of the same request id runs it a second time (requests.md).
     Run with replicas (``--partitions --replicas 1``)."""
 
-    def __init__(
-        self,
-        cluster_config: ClusterConfig,
-        rng: random.Random,
-        recovered: Mapping[bytes, bytes],
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(cluster_config, rng, recovered, **kwargs)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self.store.replicate_results = False
 
 
