@@ -227,11 +227,11 @@ class RecordNotReplicated(SimDataNode):
         self.store.replicate_results = False
 
 
-PARTITION_MUTANTS: dict[str, type[SimDataNode]] = {
-    "ack-without-acting": AckWithoutActing,
-    "record-not-replicated": RecordNotReplicated,
-}
+PARTITION_MUTANTS: dict[str, type[SimDataNode]] = {"ack-without-acting": AckWithoutActing}
 """Mutants of routing by partition: run with ``dataplane.partitioned_config()``."""
+
+REPLICA_MUTANTS: dict[str, type[SimDataNode]] = {"record-not-replicated": RecordNotReplicated}
+"""Mutants of the data path with replicas: ``dataplane.partitioned_config(replicas=1)``."""
 
 MUTANTS: dict[str, type[SimDataNode]] = {
     "ack-before-apply": AckBeforeApply,
@@ -247,6 +247,7 @@ __all__ = [
     "LIVENESS_MUTANTS",
     "MUTANTS",
     "PARTITION_MUTANTS",
+    "REPLICA_MUTANTS",
     "AckBeforeApply",
     "AckBeforeDecision",
     "AckOnVotes",
