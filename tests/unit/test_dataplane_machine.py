@@ -1137,3 +1137,7 @@ def test_a_homed_request_is_recorded_and_looked_up_on_the_home_object_s_node() -
     bad = {"op": "tx.commit", "s": s3, "w": [w[0]], "req": ["h", 2], "home": home}
     assert net.op("A", bad)["error"] == "BadArgument"
     assert ("h", 2) not in net.stores["A"].results  # (an abort of a homed request: not recorded)
+    # ... but remembered by the node that saw it, as long as the home has no record.
+    asked = {"op": "request.result", "req": ["h", 2], "home": home}
+    assert net.ok("A", asked)["state"] == "aborted"
+    assert net.ok("C", asked)["state"] == "unknown"

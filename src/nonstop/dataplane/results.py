@@ -125,6 +125,9 @@ def g_request_result(
     if reply.get("in_doubt"):
         # A prepared branch here may still commit with this result in it.
         return dict(RUNNING)
+    if recent is not None:
+        # A homed request this node saw abort, and nothing committed it since.
+        return {"state": "aborted", "result": [recent["error"], recent.get("message")]}
     return {"state": "unknown", "result": None}
 
 
