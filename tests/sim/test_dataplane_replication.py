@@ -13,6 +13,7 @@ from dataclasses import replace
 
 from nonstop.model.ref import Ref
 from nonstop.sim.scenarios.dataplane import partitioned_config, run_seed
+from nonstop.sim.scenarios.dataplane_mutants import RecordNotReplicated
 from nonstop.sim.scenarios.dataplane_partitions import PartitionRouting
 from nonstop.sim.scenarios.dataplane_replication import (
     ReplicatedDataNode,
@@ -55,11 +56,15 @@ def test_write_sets_split_by_partition_and_carry_the_request_result_to_each() ->
 
 
 def test_replicated_partitions_keep_every_invariant_and_fail_over() -> None:
+    """... and exactly once per request id across failover (requests.md): after an unknown
+    outcome the clients ask another node and run the same request id again there."""
     promoted = 0
     completed = 0
+    retried = 0
     for seed in CLEAN_SEEDS:
         result, sim = run_seed(seed, partitioned_config(replicas=1))
         assert result.ok, f"seed {seed}: {[str(v) for v in result.violations]}"
+        retried += result.stats["counts"].get("same_id_retries", 0)
         owner = PartitionRouting(result.nodes).owner
         for name in result.nodes:
             machine = sim.machine(name)
@@ -68,6 +73,7 @@ def test_replicated_partitions_keep_every_invariant_and_fail_over() -> None:
             promoted += sum(1 for p in machine.loaded if owner[p] != name)
     assert completed > 100
     assert promoted > 0, "no replica was promoted: the seeds do not exercise a failover"
+    assert retried > 5, "no request was run again under its id: exactly-once saw nothing"
 
 
 def test_seeds_that_once_failed_stay_clean() -> None:
@@ -83,3 +89,18 @@ def test_acknowledging_before_the_replica_is_caught() -> None:
         result, _ = run_seed(seed, config)
         caught += any(v.invariant == "durable-replica" for v in result.violations)
     assert caught == 4
+
+
+HOMED_MUTANT_SEEDS = (30, 40, 49)
+"""Seeds on which the mutant ``record-not-replicated`` is caught (3 of seeds 0-59,
+docs/design/requests.md §5): a request whose record stayed on the node that failed runs
+a second time under its id on the promoted copy."""
+
+
+def test_a_request_record_left_out_of_the_replicated_record_is_caught() -> None:
+    config = replace(partitioned_config(replicas=1), node_class=RecordNotReplicated)
+    caught = 0
+    for seed in HOMED_MUTANT_SEEDS:
+        result, _ = run_seed(seed, config)
+        caught += any(v.invariant == "exactly-once-request" for v in result.violations)
+    assert caught >= 2, f"caught on {caught} of {HOMED_MUTANT_SEEDS}"

@@ -155,3 +155,34 @@ def test_a_commit_still_running_after_op_timeout_is_unknown() -> None:
     now[0] = 10.0
     with pytest.raises(Unavailable, match="still running"):
         step.send(None)
+
+
+def test_a_lost_commit_reply_with_its_node_dead_asks_another_node_for_the_home() -> None:
+    """A homed request (docs/design/requests.md): its node cannot be asked, so the next
+    node is, with the home; it answers for the home partition's active node."""
+    c = core()
+    home = b"\x01" * 20
+    step = c.request_result("a:1", ["cid.1", 1], ConnectionResetError(), home)
+    assert next(step) == Connect("a:1", fresh=True)
+    assert step.throw(ConnectionRefusedError("dead")) == Connect("b:2", fresh=True)
+    other = StubLink("b:2")
+    ask = Call(other, {"op": "request.result", "req": ["cid.1", 1], "home": home}, 1.0)
+    assert step.send(other) == ask
+    assert step.send({"error": "NotActive", "message": "promotion"}) == Close(other)
+    assert step.send(None) == Sleep(0.05)
+    assert step.send(None) == Connect("b:2", fresh=True)
+    assert step.send(other) == ask
+    assert step.send({"state": "committed", "result": None}) == Close(other)
+    assert finish(step, None) is None
+
+
+def test_another_node_s_unknown_leaves_the_outcome_unknown() -> None:
+    c = core()
+    step = c.request_result("a:1", ["cid.1", 1], ConnectionResetError(), b"\x01" * 20)
+    next(step)
+    step.throw(ConnectionRefusedError("dead"))
+    other = StubLink("b:2")
+    step.send(other)
+    assert step.send({"state": "unknown", "result": None}) == Close(other)
+    with pytest.raises(Unavailable, match="cannot be asked"):
+        step.send(None)

@@ -722,7 +722,9 @@ def test_malformed_peer_messages_and_events_never_raise() -> None:
         {"t": "data.req", "b": "A.5", "op": "branch.end"},
         {"t": "data.req", "b": "A.6", "op": ["branch.get"], "new": True},
         {"t": "data.req", "b": "A.7", "op": "branch.commit", "new": True},
-        {"t": "data.req", "b": "A.8", "op": "request.record", "new": True, "req": ["x", 1]},
+        # (request.record and request.lookup are peer ops since homed requests,
+        # docs/design/requests.md; recording an abort stays the coordinator's own)
+        {"t": "data.req", "b": "A.8", "op": "request.abort", "new": True, "req": ["x", 1]},
     ]:
         net.sent.clear()
         net.feed("B", Received(now=0.0, sender="A", payload=payload))
@@ -1142,3 +1144,41 @@ def test_a_lookup_asks_the_node_its_hint_names_even_outside_the_members() -> Non
     )
     assert reply is not None and reply["error"] == "BadArgument"
     assert "C is not a member" in reply["message"]
+
+
+def test_a_homed_request_is_recorded_and_looked_up_on_the_home_object_s_node() -> None:
+    """docs/design/requests.md: the record rides with the branch that writes the home
+    object (here B's, in two-phase commit coordinated by A); ``request.result`` with the
+    home asks B from any node; an abort is not recorded on the coordinator."""
+    net = Net("ABC")
+    objs = accounts(net, {"a": "A", "b": "B"})
+    s = net.ok("A", get("a", begin="serializable", lock="write"))["s"]
+    net.ok("A", get("b", s=s, lock="write"))
+    home = objs["b"][0]
+    w = [write(objs["a"], balance=1), write(objs["b"], balance=2)]
+    net.op("A", {"op": "tx.commit", "s": s, "w": w, "req": ["h", 1], "home": home})
+    assert [ex.op for ex in net.stores["B"].execs].count("request.record") == 1
+    assert "request.record" not in [ex.op for ex in net.stores["A"].execs]
+    net.stores["B"].results[("h", 1)] = [True, None]  # what B's prepared branch recorded
+    (decide,) = net.decides["A"]
+    net.feed("A", DecisionDone(now=0.0, corr=decide.corr, reply={"ok": True}))
+    assert net.replies[-1].payload == {"ok": True}
+    # Any node answers for the home (C never took part), through B's store.
+    asked = {"op": "request.result", "req": ["h", 1], "home": home}
+    assert net.ok("C", asked)["state"] == "committed"
+    assert net.stores["B"].execs[-1].op == "request.lookup"
+    assert net.stores["B"].execs[-1].bid is not None  # a branch op, fenced like any
+    # The same request run again through C: the first outcome, marked, nothing decided.
+    s2 = net.ok("C", get("b", begin="serializable", lock="write"))["s"]
+    again = {"op": "tx.commit", "s": s2, "w": [w[1]], "req": ["h", 1], "home": home}
+    assert net.ok("C", again) == {"ok": True, "again": True}
+    assert net.decides["C"] == []
+    # A home the commit does not write is refused.
+    s3 = net.ok("A", get("a", begin="serializable", lock="write"))["s"]
+    bad = {"op": "tx.commit", "s": s3, "w": [w[0]], "req": ["h", 2], "home": home}
+    assert net.op("A", bad)["error"] == "BadArgument"
+    assert ("h", 2) not in net.stores["A"].results  # (an abort of a homed request: not recorded)
+    # ... but remembered by the node that saw it, as long as the home has no record.
+    asked = {"op": "request.result", "req": ["h", 2], "home": home}
+    assert net.ok("A", asked)["state"] == "aborted"
+    assert net.ok("C", asked)["state"] == "unknown"

@@ -21,6 +21,7 @@ import nonstop
 from nonstop import errors
 from nonstop.model.codec import pack
 from nonstop.node.replica_store import (
+    RESULT_KEY,
     install,
     load_copy,
     partition_write_sets,
@@ -29,6 +30,7 @@ from nonstop.node.replica_store import (
 from nonstop.tx.async_transaction import AsyncTransaction
 from nonstop.tx.entries import Isolation
 from nonstop.tx.replica import copy_batch
+from nonstop.tx.requests import g_record_result, lookup_result
 
 P0, P1 = 0x1111_0000_0000_0001, 0x2222_0000_0000_0002
 
@@ -108,3 +110,34 @@ def test_the_store_takes_the_machine_copy_of_one_partition(db: nonstop.Database)
     asyncio.run(install(db, {stale.hex(): None}))  # a resolved commit that deleted it
     assert balances(db) == {"kept": 1, "new": 7, "other": 4}
     assert other in {bytes(r[1]) for r in copy_batch(db.engine, P1)[0]}
+
+
+def test_request_records_ride_with_the_write_sets_and_are_loaded_at_promotion(
+    db: nonstop.Database,
+) -> None:
+    """docs/design/requests.md §6: a commit's request record is replicated with every
+    partition it writes; a promoted store takes it with the copy."""
+    create(db, P0, "a", 10)
+    seen: list[list[Any]] = []
+
+    async def run() -> None:
+        async def accepted(records: list[list[Any]]) -> None:
+            seen.extend(records)
+
+        tx = AsyncTransaction(db, Isolation.SERIALIZABLE, 5.0)
+        account = await tx.get(Account, number="a", lock="write")
+        account.balance = 11
+        await tx.adrive(g_record_result(tx, "cli", 7, True, None))
+        await replicated_commit(tx, accepted)
+
+    asyncio.run(run())
+    results = [r for r in seen if r[0] == "r"]
+    assert len(results) == 1 and results[0][2] is not None
+    ref = next(r[1] for r in seen if r[0] == "u")
+    sets = partition_write_sets(seen, {ref: "p0"}.get)
+    (key,) = [k for k in sets["p0"] if k.startswith(RESULT_KEY)]
+    # Another store (the promoted replica) takes the copy: the request is known there.
+    with nonstop.open(Path(db.path).parent / "replica") as replica:
+        assert lookup_result(replica, "cli", 7) is None
+        asyncio.run(load_copy(replica, P0, {key: sets["p0"][key]}))
+        assert lookup_result(replica, "cli", 7) == (True, None)

@@ -304,7 +304,7 @@ class ClientCore:
         except Exception as exc:
             yield from self.connection_failed(link, exc)
             if req is not None:
-                yield from self.request_result(link.address, req, exc)
+                yield from self.request_result(link.address, req, exc, payload.get("home"))
             # (Read-only, req None: every read was made under its locks; nothing to commit.)
             return None
         raise_error(reply)
@@ -344,18 +344,51 @@ class ClientCore:
         return None
 
     # ----------------------------------------------------- commit outcome
-    def request_result(self, address: str, req: list[Any], cause: BaseException) -> Step[None]:
+    def request_result(
+        self, address: str, req: list[Any], cause: BaseException, home: Any = None
+    ) -> Step[None]:
         """After a lost commit reply (``cause``): ask ``address`` for the outcome of
         ``req`` (H1), waiting while it is still running, up to ``op_timeout``.
         Returns if committed; raises the recorded refusal if aborted, and
-        :class:`~nonstop.errors.Unavailable` if not committed or unknown."""
+        :class:`~nonstop.errors.Unavailable` if not committed or unknown.
+
+        ``home`` (the commit named one, docs/design/requests.md): if ``address``
+        cannot be asked (its node died), every other known node is asked in turn;
+        it asks the home partition's active node, which holds the record after a
+        failover.  Only "committed" is believed from another node: its "unknown"
+        cannot tell a commit still running on ``address`` from none."""
+        try:
+            yield from self._settled_on(address, req, cause, home)
+            return None
+        except Unavailable as exc:
+            if home is None or "cannot be asked" not in str(exc):
+                raise
+            lost = exc
+        for other in [a for a in self.addresses if a != address]:
+            try:
+                found = yield from self._committed_elsewhere(other, req, home)
+            except Exception as exc:
+                if not isinstance(exc, NodeRefused) and not is_network_error(exc):
+                    raise
+                continue
+            if found:
+                return None
+        raise lost
+
+    def _settled_on(
+        self, address: str, req: list[Any], cause: BaseException, home: Any
+    ) -> Step[None]:
+        """:meth:`request_result` on the commit's own node ``address``."""
         deadline = self._clock() + self.op_timeout
         delay = 0.01
+        ask: Request = {"op": "request.result", "req": req}
+        if home is not None:
+            ask["home"] = home
         while True:
             try:
                 link = yield Connect(address, fresh=True)
                 try:
-                    reply = yield Call(link, {"op": "request.result", "req": req}, self.timeout)
+                    reply = yield Call(link, ask, self.timeout)
                 except Exception:
                     yield Close(link)
                     raise
@@ -376,6 +409,30 @@ class ClientCore:
                 )
             yield Sleep(delay)
             delay = min(0.2, delay * 2)
+
+    def _committed_elsewhere(self, address: str, req: list[Any], home: Any) -> Step[bool]:
+        """Whether ``address`` says request ``req`` (homed at ``home``) committed, asking
+        again while the home answers "running" or is between active nodes, up to
+        ``op_timeout``."""
+        deadline = self._clock() + self.op_timeout
+        delay = 0.05
+        ask = {"op": "request.result", "req": req, "home": home}
+        while True:
+            link = yield Connect(address, fresh=True)
+            try:
+                reply = yield Call(link, ask, self.timeout)
+            finally:
+                yield Close(link)
+            if isinstance(reply, dict) and reply.get("state") == "committed":
+                return True
+            waiting = isinstance(reply, dict) and (
+                reply.get("state") == "running"
+                or reply.get("error") in ("Unavailable", "NotActive", "LockTimeout")
+            )
+            if not waiting or self._clock() > deadline:
+                return False
+            yield Sleep(delay)
+            delay = min(0.5, delay * 2)
 
 
 def settled(reply: Any, address: str, cause: BaseException) -> bool:

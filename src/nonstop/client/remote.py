@@ -783,6 +783,10 @@ class RemoteTransactionBase:
         payload, sent = self._with_writes({"op": "tx.commit", "s": self._s})
         req = self.sessions.take_request_id() if sent or self._wrote else None
         payload["req"] = req
+        if req is not None and sent:
+            # The request's home (docs/design/requests.md): its record is kept with
+            # the partition of this object, so any node can answer for it.
+            payload["home"] = min(bytes(w[0]) for w in sent)
         return payload, req
 
     def _session_link(self) -> Link:

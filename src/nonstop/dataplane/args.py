@@ -54,4 +54,9 @@ def parse_req(req: Any) -> RequestId | None:
     raise errors.BadArgument("req must be [client id, seq >= 0]")
 
 
-__all__ = ["RequestId", "parse_req", "ref_arg", "unpacked"]
+def parse_home(value: Any) -> bytes | None:
+    """A request's ``home`` (requests.md): the reference whose partition keeps its record."""
+    return None if value is None else ref_arg(value)
+
+
+__all__ = ["RequestId", "parse_home", "parse_req", "ref_arg", "unpacked"]

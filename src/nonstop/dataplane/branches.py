@@ -47,6 +47,10 @@ PEER_OPS = frozenset(
         "branch.overwrite",
         "branch.holdings",
         *CUT_OPS,
+        # A homed request (requests.md): its record is claimed, and looked up, on
+        # the branch of the node that writes its home object.
+        "request.record",
+        "request.lookup",
     }
 )
 """The branch ops a peer may run here (besides ``branch.end``); the store ops the

@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from nonstop import errors
-from nonstop.dataplane.args import RequestId, parse_req
+from nonstop.dataplane.args import RequestId, parse_home, parse_req
 from nonstop.dataplane.results import AlreadyDone, OutcomeUnknown, g_first_outcome, outcome_of
 from nonstop.dataplane.session_ops import WRITE_NOW, take_writes
 from nonstop.dataplane.sizes import check_writes
@@ -83,6 +83,7 @@ def map_run_reply(reply: Any) -> dict[str, Any]:
 def g_commit(dp: DataPlane, s: Session, p: dict[str, Any]) -> OpCoroutine:
     """``tx.commit`` of session ``s`` → its outcome; the session is over after it."""
     req = parse_req(p.get("req"))
+    home = parse_home(p.get("home")) if req is not None else None
     if req is not None:
         first = yield from g_first_outcome(dp, req, durable=False)
         if first is not None:
@@ -95,21 +96,26 @@ def g_commit(dp: DataPlane, s: Session, p: dict[str, Any]) -> OpCoroutine:
         w = p.get("w")
         if w:
             take_writes(dp, s, w)
+        record_at = None if home is None else home_node(s, home)
         wrote = req is not None or bool(_writers(s))
-        outcome = yield from g_decide(dp, s, req)
+        outcome = yield from g_decide(dp, s, req, record_at)
     except AlreadyDone as done:
-        # This request committed (or aborted) before, maybe before a restart:
-        # roll this attempt back, answer the first outcome, record nothing.
+        # This request committed (or aborted) before, maybe before a restart or on
+        # another coordinator: roll this attempt back, answer the first outcome,
+        # record nothing.  A homed request's answer says so (``again``: this attempt
+        # ran nothing; its client may have run the request elsewhere, requests.md).
         dp.finish_commit(s, req, None)
-        return done.outcome
+        return done.outcome if home is None else {**done.outcome, "again": True}
     except OutcomeUnknown as unknown:
         # Recording an abort would be a lie (the commit may be on a promoted copy).
         dp.finish_commit(s, req, None)
         return raise_error(unknown.reply)
     except Exception as exc:
-        dp.finish_commit(s, req, error_out(exc))
+        # A homed request's record lives with its home partition (requests.md): an
+        # abort recorded here would be a second, unreplicated record.  Not recorded.
+        dp.finish_commit(s, req, error_out(exc), record=home is None)
         raise
-    dp.finish_commit(s, req, outcome)
+    dp.finish_commit(s, req, outcome, record=home is None)
     if wrote and outcome.get("ok") and dp.view.quorum == QUORUM_DISABLED:
         # The commit went through, but this node lost its quorum meanwhile (D16):
         # it acknowledges nothing now.  The outcome is recorded; a client that
@@ -126,7 +132,21 @@ def _writers(s: Session) -> set[str]:
     return {n for n, w in s.pending.items() if w} | s.dirty
 
 
-def g_decide(dp: DataPlane, s: Session, req: RequestId | None) -> OpCoroutine:
+def home_node(s: Session, home: bytes) -> str:
+    """The node the commit's writes of ``home`` go to: where request's record is kept.
+
+    The home must be one of the objects the commit writes (requests.md): its
+    partition's record of this transaction then carries the request's record too.
+    """
+    for node, writes in s.pending.items():
+        if home in writes:
+            return node
+    raise errors.BadArgument("a request's home must be one of the objects its commit writes (w)")
+
+
+def g_decide(
+    dp: DataPlane, s: Session, req: RequestId | None, record_at: str | None = None
+) -> OpCoroutine:
     writers = _writers(s)
     if not writers and req is None:
         return dict(OK)
@@ -149,10 +169,12 @@ def g_decide(dp: DataPlane, s: Session, req: RequestId | None) -> OpCoroutine:
             raise OutcomeUnknown(reply["unknown"])
         dp.forget_branch(s.bid)  # committed: nothing left to end
         return dict(OK)
-    return (yield from g_two_phase(dp, s, writers, req))
+    return (yield from g_two_phase(dp, s, writers, req, record_at or dp.name))
 
 
-def g_two_phase(dp: DataPlane, s: Session, writers: set[str], req: RequestId | None) -> OpCoroutine:
+def g_two_phase(
+    dp: DataPlane, s: Session, writers: set[str], req: RequestId | None, record_at: str
+) -> OpCoroutine:
     for node in sorted(writers - {dp.name}):
         # A prepare over the frame limit would never arrive: refuse now (TooLarge),
         # not as the participant's missing vote after vote_timeout.
@@ -165,13 +187,15 @@ def g_two_phase(dp: DataPlane, s: Session, writers: set[str], req: RequestId | N
         # cached the object elsewhere): open it now, shipping them.
         yield Call(node, WRITE_NOW, {})
     if req is not None:
-        # The result rides in the coordinator's own branch, which then always
-        # takes part: it commits exactly when the transaction does.
-        reply = yield Call(dp.name, "request.record", {"req": list(req)})
+        # The result rides in one branch, which then always takes part: it commits
+        # exactly when the transaction does.  The coordinator's own, or (a homed
+        # request, requests.md) the branch that writes the home object, so that the
+        # record is in the home partition's replicated record of the transaction.
+        reply = yield Call(record_at, "request.record", {"req": list(req)})
         if "done" in reply:
             raise AlreadyDone(outcome_of(reply["done"]))
-        writers = writers | {dp.name}
-    elif dp.name in s.pending:
+        writers = writers | {record_at}
+    if dp.name in s.pending:
         yield Call(dp.name, WRITE_NOW, {})
     branches: dict[str, list[Any]] = {}
     for node in sorted(writers):
@@ -214,4 +238,4 @@ def g_two_phase(dp: DataPlane, s: Session, writers: set[str], req: RequestId | N
     return outcome
 
 
-__all__ = ["RETRYABLE_REASONS", "g_commit", "map_run_reply"]
+__all__ = ["RETRYABLE_REASONS", "g_commit", "home_node", "map_run_reply"]

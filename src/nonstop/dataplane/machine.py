@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nonstop import errors
-from nonstop.dataplane.args import RequestId
+from nonstop.dataplane.args import RequestId, parse_home
 from nonstop.dataplane.branches import BranchRegistry
 from nonstop.dataplane.calls import BUSY, RPC_TIMER, PeerCalls
 from nonstop.dataplane.commit import g_commit
@@ -239,7 +239,17 @@ class DataPlane(Driver):
                 s = self._begin(ev.conn, p.get("iso"), p.get("age"))
                 self._out.append(ClientReply(ev.conn, ev.corr, {"s": s.sid}))
             elif op == "request.result":
-                self._run(Task(g_request_result(self, p.get("req")), ev.conn, ev.corr), None, None)
+                home = parse_home(p.get("home"))
+                if home is None:
+                    task = Task(g_request_result(self, p.get("req")), ev.conn, ev.corr)
+                else:
+                    # Asked of the home partition's active node, in a read-only
+                    # session of its own (fenced by the partition's epoch; requests.md).
+                    s = self._begin(ev.conn, "read_committed")
+                    s.task = task = Task(
+                        g_request_result(self, p.get("req"), s, home), ev.conn, ev.corr, s
+                    )
+                self._run(task, None, None)
             elif op == HOLDINGS_OP:
                 # A read-only session of its own, ended by the op (holdings.py).
                 s = self._begin(ev.conn, "snapshot")
@@ -436,11 +446,17 @@ class DataPlane(Driver):
         s.remote.clear()
 
     def finish_commit(
-        self, s: Session, req: RequestId | None, outcome: dict[str, Any] | None
+        self,
+        s: Session,
+        req: RequestId | None,
+        outcome: dict[str, Any] | None,
+        record: bool = True,
     ) -> None:
         """The commit of ``s`` is over: release its branches, settle its request (H1).
 
         ``outcome`` None: the request was found already done (nothing to record).
+        ``record`` False: an abort is remembered here, not recorded in the store (a
+        homed request: its record lives with its home partition, requests.md).
         """
         s.state = OVER
         self._release(s)
@@ -451,7 +467,7 @@ class DataPlane(Driver):
             for task in self.running.pop(req, ()):
                 self.resolve(task, -1, None, None)
         else:
-            self._run(Task(g_settle(self, req, outcome), None, None), None, None)
+            self._run(Task(g_settle(self, req, outcome, record), None, None), None, None)
 
     def settled(self, req: RequestId, outcome: dict[str, Any]) -> None:
         """Request ``req`` has its outcome: remember it, answer those waiting for it."""

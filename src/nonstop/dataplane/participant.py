@@ -60,6 +60,7 @@ from nonstop.tx.database import Database
 from nonstop.tx.prepared import PreparedTransaction
 from nonstop.tx.query import gc_paused
 from nonstop.tx.replica import write_set_records
+from nonstop.tx.requests import result_records
 from nonstop.tx.transaction import Transaction
 
 log = logging.getLogger("nonstop.dataplane.participant")
@@ -260,7 +261,9 @@ class StoreResourceManager:
                 record = await asyncio.to_thread(_prepare_large, tx, gtid.encode())
             if self.replicator is not None and record is not None:
                 try:  # on every in-sync copy of each partition before the yes vote
-                    await self.replicator.prepare(gtid, write_set_records(tx))
+                    # (with the request records: a homed request's, requests.md)
+                    records = write_set_records(tx) + result_records(tx)
+                    await self.replicator.prepare(gtid, records)
                 except (NotActive, Unavailable) as exc:
                     reason = NOT_ACTIVE
                     log.info("dtx %s refused: %s", gtid, exc)

@@ -19,10 +19,15 @@ from typing import TYPE_CHECKING, Any
 
 from nonstop import errors
 from nonstop.dataplane.args import RequestId, parse_req
-from nonstop.dataplane.steps import AwaitOutcome, OpCoroutine, StoreOp
+from nonstop.dataplane.steps import AwaitOutcome, Call, OpCoroutine, StoreOp
 
 if TYPE_CHECKING:
     from nonstop.dataplane.machine import DataPlane
+    from nonstop.dataplane.state import Session
+
+LOOKUP = "request.lookup"
+"""The store's answer about a request: ``{"found": [ok, value] or None, "in_doubt": bool}``;
+outside any branch (this node's store), or a branch op on the home node (requests.md)."""
 
 RUNNING = {"state": "running", "result": None}
 
@@ -69,7 +74,7 @@ def g_first_outcome(dp: DataPlane, req: RequestId, durable: bool = True) -> OpCo
     recent = dp.recent.get(req)
     if recent is not None or not durable:
         return recent
-    reply = yield StoreOp("request.lookup", {"req": list(req)})
+    reply = yield StoreOp(LOOKUP, {"req": list(req)})
     found = reply.get("found")
     return None if found is None else outcome_of(found)
 
@@ -84,19 +89,35 @@ def g_commit_retry(dp: DataPlane, raw_req: Any, sid: Any) -> OpCoroutine:
     raise dp.closed_error(sid)
 
 
-def g_request_result(dp: DataPlane, raw_req: Any) -> OpCoroutine:
-    """``request.result``: committed / aborted / running / unknown (data-path.md §7)."""
-    key = parse_req(raw_req)
-    if key is None:
-        raise errors.BadArgument("req must be [client id, seq]")
-    if key in dp.running:
-        return dict(RUNNING)
-    recent = dp.recent.get(key)
-    if recent is not None:
-        if "error" in recent:
+def g_request_result(
+    dp: DataPlane, raw_req: Any, s: Session | None = None, home: bytes | None = None
+) -> OpCoroutine:
+    """``request.result``: committed / aborted / running / unknown (data-path.md §7).
+
+    With a ``home`` (a homed request, requests.md) the answer comes from the active
+    node of the home object's partition, asked in session ``s`` (ended here): the
+    record travels with that partition, whichever node coordinated the commit.
+    """
+    try:
+        key = parse_req(raw_req)
+        if key is None:
+            raise errors.BadArgument("req must be [client id, seq]")
+        if key in dp.running:
+            return dict(RUNNING)
+        recent = dp.recent.get(key)
+        if recent is not None and "error" not in recent:
+            return {"state": "committed", "result": None}
+        if recent is not None and (s is None or home is None):
             return {"state": "aborted", "result": [recent["error"], recent.get("message")]}
-        return {"state": "committed", "result": None}
-    reply = yield StoreOp("request.lookup", {"req": list(key)})
+        if s is None or home is None:
+            reply = yield StoreOp(LOOKUP, {"req": list(key)})
+        else:
+            # An abort remembered here is not the record: a retry of the request on
+            # another coordinator may have committed it since.  Ask the home.
+            reply = yield Call(dp.locate(s, home), LOOKUP, {"req": list(key)})
+    finally:
+        if s is not None:
+            dp.end_session(s)
     found = reply.get("found")
     if found is not None:
         ok, value = found
@@ -104,12 +125,18 @@ def g_request_result(dp: DataPlane, raw_req: Any) -> OpCoroutine:
     if reply.get("in_doubt"):
         # A prepared branch here may still commit with this result in it.
         return dict(RUNNING)
+    if recent is not None:
+        # A homed request this node saw abort, and nothing committed it since.
+        return {"state": "aborted", "result": [recent["error"], recent.get("message")]}
     return {"state": "unknown", "result": None}
 
 
-def g_settle(dp: DataPlane, req: RequestId, outcome: dict[str, Any]) -> OpCoroutine:
-    """After a commit ends: record an abort's outcome too, then answer those waiting."""
-    if "error" in outcome:
+def g_settle(
+    dp: DataPlane, req: RequestId, outcome: dict[str, Any], record: bool = True
+) -> OpCoroutine:
+    """After a commit ends: record an abort's outcome too (``record``), then answer those
+    waiting."""
+    if record and "error" in outcome:
         error, message = outcome.get("error"), outcome.get("message")
         fields = {"req": list(req), "error": error, "message": message}
         try:
@@ -121,6 +148,7 @@ def g_settle(dp: DataPlane, req: RequestId, outcome: dict[str, Any]) -> OpCorout
 
 
 __all__ = [
+    "LOOKUP",
     "AlreadyDone",
     "OutcomeUnknown",
     "g_commit_retry",

@@ -15,7 +15,9 @@ Ops on a branch (:func:`run_branch_op`):
   any, then commit: ``{}``, or ``{"done": [ok, value]}`` (already recorded:
   nothing committed, the branch stays open for the machine to end);
 * ``request.record`` ``{req}`` -- the same claim and record, without the
-  commit (the branch then takes part in two-phase commit).
+  commit (the branch then takes part in two-phase commit);
+* ``request.lookup`` ``{req}`` -- a homed request's record, read on the home
+  node's branch once its slot is read-locked (docs/design/requests.md).
 
 Ops outside any branch (:func:`run_store_op`):
 
@@ -47,7 +49,13 @@ from nonstop.tx.async_transaction import AsyncTransaction
 from nonstop.tx.asyncmethods import AsyncMethod
 from nonstop.tx.entries import NONE
 from nonstop.tx.query import release_if_unheld
-from nonstop.tx.requests import DEFAULT_WINDOW, g_claim_request, g_record_result, lookup_result
+from nonstop.tx.requests import (
+    DEFAULT_WINDOW,
+    g_claim_request,
+    g_lookup_request,
+    g_record_result,
+    lookup_result,
+)
 from nonstop.tx.transaction import WRITE, Entry, Isolation, TxState
 
 if TYPE_CHECKING:
@@ -93,6 +101,14 @@ async def run_branch_op(
             raise errors.BadArgument("request.record needs a req")
         found = await claim_and_record(tx, req, window)
         return {} if found is None else {"done": list(found)}
+    if op == "request.lookup":
+        req = parse_req(fields.get("req"))
+        if req is None:
+            raise errors.BadArgument("request.lookup needs a req")
+        found = await tx.adrive(g_lookup_request(tx, *req))
+        if found is not None:
+            return {"found": list(found), "in_doubt": False}
+        return {"found": None, "in_doubt": bool(tx.engine.prepared.gtids())}
     raise errors.BadArgument(f"unknown branch op {op!r:.40}")
 
 

@@ -19,6 +19,12 @@ data between the two:
   transaction (:func:`~nonstop.tx.replica.apply_write_set_async`);
 * :func:`install` -- a prepared record resolved as committed at promotion: its
   after-images into the store.
+
+Request records (H2, docs/design/requests.md) ride in the same write sets:
+``r:<results key hex>`` -> the packed result (None: deleted), in every partition
+the transaction writes on this node (:func:`~nonstop.tx.requests.result_records`);
+a load or an install writes them to the store's ``results`` database in one
+transaction of their own, before the objects.
 """
 
 from __future__ import annotations
@@ -27,13 +33,18 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from nonstop.model.ref import Ref
+from nonstop.store.group_commit import Op as StoreOp
 from nonstop.tx.async_transaction import AsyncTransaction
 from nonstop.tx.database import Database
 from nonstop.tx.entries import TxState
 from nonstop.tx.replica import apply_write_set_async, copy_batch, write_set_records
+from nonstop.tx.requests import result_records
 
 WriteSets = dict[str, dict[str, Any]]
 """Partition -> its write set (module doc)."""
+
+RESULT_KEY = "r:"
+"""Write-set key prefix of a request record (module doc)."""
 
 LOAD_LOCK_TIMEOUT = 30.0
 """Seconds a copy load waits for a lock (an in-doubt branch of this node's participant)."""
@@ -45,13 +56,19 @@ def partition_write_sets(
     """``write_set_records`` output -> one write set per partition; objects outside every
     partition (a node's own location) are not replicated."""
     sets: WriteSets = {}
+    results: dict[str, Any] = {}
     for record in records:
+        if record[0] == "r":  # a request record: with every partition written (module doc)
+            results[RESULT_KEY + record[1].hex()] = record[2]
+            continue
         kind, ref, type_name = record[0], record[1], record[2]
         partition = partition_of(ref)
         if partition is None:
             continue
         value = None if kind == "d" else [type_name, record[3], record[4]]
         sets.setdefault(partition, {})[ref.hex()] = value
+    for writes in sets.values():
+        writes.update(results)
     return sets
 
 
@@ -68,7 +85,7 @@ async def replicated_commit(
         tx._finish(TxState.COMMITTED)
         return
     try:
-        await replicate(write_set_records(tx))
+        await replicate(write_set_records(tx) + result_records(tx))
     except BaseException:
         tx._finish(TxState.ROLLED_BACK)
         raise
@@ -82,6 +99,8 @@ def _copy_records(db: Database, values: Mapping[str, Any]) -> list[list[Any]]:
     out: list[list[Any]] = []
     gone: list[bytes] = []
     for key, value in sorted(values.items()):
+        if key.startswith(RESULT_KEY):
+            continue  # a request record: _load_results
         if value is None:
             gone.append(bytes.fromhex(key))
         else:
@@ -96,9 +115,24 @@ def _copy_records(db: Database, values: Mapping[str, Any]) -> list[list[Any]]:
     return out
 
 
+async def _load_results(db: Database, values: Mapping[str, Any]) -> int:
+    """The request records of a write set or a copy into the store's ``results``."""
+    results = db.engine.store.results
+    ops: list[StoreOp] = []
+    for key, value in sorted(values.items()):
+        if key.startswith(RESULT_KEY):
+            raw = bytes.fromhex(key[len(RESULT_KEY) :])
+            ops.append((value is not None, results, raw, None if value is None else bytes(value)))
+    if ops:
+        async with db.transaction(lock_timeout=LOAD_LOCK_TIMEOUT) as tx:
+            tx.write_raw(ops)
+    return len(ops)
+
+
 async def load_copy(db: Database, location: int, values: Mapping[str, Any]) -> int:
     """The store's objects of ``location`` become the machine's copy ``values`` (module
     doc); the number of records applied."""
+    loaded = await _load_results(db, values)
     records = _copy_records(db, values)
     after: bytes | None = None
     while True:
@@ -110,11 +144,12 @@ async def load_copy(db: Database, location: int, values: Mapping[str, Any]) -> i
             break
     if records:
         await apply_write_set_async(db, records, lock_timeout=LOAD_LOCK_TIMEOUT)
-    return len(records)
+    return loaded + len(records)
 
 
 async def install(db: Database, writes: Mapping[str, Any]) -> None:
     """A committed prepared record's after-images into the store (module doc)."""
+    await _load_results(db, writes)
     records = _copy_records(db, writes)
     if records:
         await apply_write_set_async(db, records, lock_timeout=LOAD_LOCK_TIMEOUT)
@@ -125,6 +160,7 @@ def location_of(ref: bytes) -> int:
 
 
 __all__ = [
+    "RESULT_KEY",
     "WriteSets",
     "install",
     "load_copy",

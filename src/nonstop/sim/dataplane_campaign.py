@@ -30,7 +30,7 @@ from nonstop.sim.runner import (
     print_verdict,
 )
 from nonstop.sim.scenarios.dataplane import ScenarioConfig, partitioned_config, run_seed
-from nonstop.sim.scenarios.dataplane_mutants import MUTANTS, PARTITION_MUTANTS
+from nonstop.sim.scenarios.dataplane_mutants import MUTANTS, PARTITION_MUTANTS, REPLICA_MUTANTS
 
 MODULE = "nonstop.sim.dataplane_campaign"
 COUNTERS = ("transfers", "acked", "failed", "unknown", "audits", "cpu_us")
@@ -48,7 +48,7 @@ def config_for(
             return base
         if mutant in REPLICATION_MUTANTS:
             return replace(base, replication_mutant=mutant)
-        return replace(base, node_class={**MUTANTS, **PARTITION_MUTANTS}[mutant])
+        return replace(base, node_class={**MUTANTS, **PARTITION_MUTANTS, **REPLICA_MUTANTS}[mutant])
     if mutant is None:
         return None
     return replace(ScenarioConfig(), node_class=MUTANTS[mutant])
@@ -71,7 +71,7 @@ class DataPlaneCampaign(Campaign[DataPlaneOptions]):
     def add_options(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
             "--mutant",
-            choices=sorted({*MUTANTS, *PARTITION_MUTANTS, *REPLICATION_MUTANTS}),
+            choices=sorted({*MUTANTS, *PARTITION_MUTANTS, *REPLICA_MUTANTS, *REPLICATION_MUTANTS}),
             help="run a deliberately broken node (must fail)",
         )
         parser.add_argument(

@@ -169,6 +169,32 @@ def g_record_result(
         tx.write_raw(ops)
 
 
+def g_lookup_request(
+    tx: Transaction, client: str, seq: int
+) -> Generator[tuple[Any, Any], None, tuple[bool, Any] | None]:
+    """Generator op: request ``(client, seq)``'s recorded ``(ok, value)`` or None, read once
+    its slot is read-locked in ``tx`` (an attempt that claimed it is waited for)."""
+    _, key = _key(client, seq)
+    yield from tx.need((b"request", key), LockMode.READ)
+    raw = tx.engine.get_raw(tx.engine.store.results, key)
+    if raw is None:
+        return None
+    ok, value = unpack(bytes(raw))
+    return bool(ok), value
+
+
+def result_records(tx: Transaction) -> list[list[Any]]:
+    """What ``tx`` writes to the ``results`` database, as replication records
+    ``["r", key, value or None]`` (None: deleted): a request's record and its window
+    mark travel with the transaction's write sets (docs/design/requests.md)."""
+    results = tx.engine.store.results
+    return [
+        ["r", bytes(key), None if not is_put or value is None else bytes(value)]
+        for is_put, db, key, value in tx._raw_ops
+        if db is results
+    ]
+
+
 def lookup_result(db: Database, client: str, seq: int) -> tuple[bool, Any] | None:
     """The recorded ``(ok, value)`` of request ``(client, seq)``, or None (no lock taken)."""
     _, key = _key(client, seq)
@@ -182,7 +208,9 @@ def lookup_result(db: Database, client: str, seq: int) -> tuple[bool, Any] | Non
 __all__ = [
     "DEFAULT_WINDOW",
     "g_claim_request",
+    "g_lookup_request",
     "g_record_result",
     "lookup_result",
+    "result_records",
     "run_request",
 ]

@@ -23,6 +23,10 @@ class SimTransfer(Managed, name="nonstop.sim.bank.Transfer"):
     """One record per committed transfer, created in the transfer's transaction."""
 
     tid: str = key(unique=True)
+    """The attempt's id (the value appended to the accounts' logs)."""
+    req: str = ""
+    """The request id it ran under: several attempts of one request id (homed requests,
+    docs/design/requests.md) have different ``tid`` and one ``req``."""
     src: int = 0
     dst: int = 0
     amount: int = 0

@@ -87,6 +87,9 @@ from nonstop.sim.scenarios.dataplane_store import (
 from nonstop.tx.runner import BACKOFF, DEADLOCK_BACKOFF
 
 INITIAL = 100
+SAME_ID_ATTEMPTS = 8
+"""Attempts of a transfer whose outcome was once unknown (homed requests, requests.md):
+the same request id is run again until settled, across the failover that follows."""
 TYPE_VERSION = 1
 
 DEFINITE_ABORTS = frozenset(
@@ -327,6 +330,10 @@ class Ledger:
     """Attempts of every transfer that ended (acknowledged, or given up): starvation."""
     waits: list[float] = field(default_factory=list)
     """Seconds from the first attempt of every transfer that ended to its end."""
+    same_id: set[str] = field(default_factory=set)
+    """Transfers run again under the same request id (homed requests, requests.md)."""
+    again: set[str] = field(default_factory=set)
+    """Transfers whose retry was answered with the first attempt's outcome (``again``)."""
 
 
 def _call(node: NodeId, payload: dict[str, Any]) -> Call:
@@ -407,6 +414,14 @@ class BankClient:
         """Bumped after an unknown outcome: the history's process id changes (its old
         transaction may still be in flight)."""
         self.index = int(name[1:])
+        self.homed = cfg.replicas > 0
+        """Homed requests (requests.md): each commit names its home, and after an
+        unknown outcome the client asks another node and runs the same request id
+        again there, as a client does when its node died."""
+        self.doubtful: set[str] = set()
+        self.tries: dict[str, int] = {}
+        """Attempts per request id."""
+        """Transfers with an attempt of unknown outcome: never reported rolled back."""
 
     @property
     def process(self) -> str:
@@ -446,14 +461,28 @@ class BankClient:
         amount = self.rng.randint(1, 30)
         first_at = self.sim.now
         age: float | None = None
-        for attempt in range(self.cfg.replays + 1):
-            retry = yield from self._transfer_once(node, src, dst, amount, age)
+        same: int | None = None
+        attempt, attempts = 0, self.cfg.replays + 1
+        while True:
+            retry = yield from self._transfer_once(node, src, dst, amount, age, same)
             if retry is None:
                 break
+            if self.homed and f"{self.name}-{self.seq if same is None else same}" in self.doubtful:
+                # The same request again, on another node (its node may be dead): the
+                # home's record makes it run at most once (requests.md).  Until it is
+                # settled, as a client would, through the failover (a few more tries).
+                same = self.seq if same is None else same
+                node = self._other(node)
+                attempts = max(attempts, SAME_ID_ATTEMPTS)
+                self.ledger.counts["same_id_retries"] += 1
+                self.ledger.same_id.add(f"{self.name}-{same}")
             # Also after the last attempt, as before: the seeds' histories stay the same.
             yield _sleep(self._backoff(attempt, retry))
             if self.cfg.transactional_replays:
                 age = self.sim.now - first_at
+            if attempt + 1 >= attempts:
+                break
+            attempt += 1
         self.ledger.attempts.append(attempt + 1)
         self.ledger.waits.append(self.sim.now - first_at)
 
@@ -464,14 +493,32 @@ class BankClient:
         base = DEADLOCK_BACKOFF if error == "Deadlock" else BACKOFF
         return self.rng.uniform(0, min(0.05, base * (2 ** min(attempt, 10))))
 
+    def _other(self, node: NodeId) -> NodeId:
+        others = [n for n in self.nodes if n != node]
+        return self.rng.choice(others) if others else node
+
     def _transfer_once(
-        self, node: NodeId, src: int, dst: int, amount: int, age: float | None = None
+        self,
+        node: NodeId,
+        src: int,
+        dst: int,
+        amount: int,
+        age: float | None = None,
+        same: int | None = None,
     ) -> Coroutine:
-        """One attempt: the error if worth replaying (a retryable, definite abort), else None."""
+        """One attempt (``age``: of the first attempt, a replay's rank; ``same``: again under
+        that request id): the error if worth replaying (a retryable, definite abort; homed:
+        also an unknown outcome, ``"Unknown"``), else None."""
         ledger = self.ledger
         conn = self._conn()
-        self.seq += 1
-        tid = f"{self.name}-{self.seq}"
+        if same is None:
+            self.seq += 1
+        seq = self.seq if same is None else same
+        tid = f"{self.name}-{seq}"
+        # The value this attempt appends to the logs (unique per attempt, as the history
+        # checker needs); ``tid`` names the request, whichever attempt commits it.
+        tries = self.tries[tid] = self.tries.get(tid, 0) + 1
+        value = tid if tries == 1 else f"{tid}/{tries}"
         a = Attempt(tid, ledger.la.invoke(self.process), ledger.bank.invoke(self.process))
         ledger.counts["transfers"] += 1
         first, second = sorted((src, dst))
@@ -501,7 +548,7 @@ class BankClient:
             self._fail(a, reads_la, reads_bank)
             ledger.counts["insufficient"] += 1
             return None
-        st = codec.pack({"tid": tid, "src": src, "dst": dst, "amount": amount})
+        st = codec.pack({"tid": value, "req": tid, "src": src, "dst": dst, "amount": amount})
         reply = yield _call(
             node,
             {"conn": conn, "op": "tx.create", "s": session, "type": TRANSFER, "tv": 1, "st": st},
@@ -517,20 +564,26 @@ class BankClient:
         for n in (src, dst):
             ref, version, state = got[n]
             writes.append(
-                write_out(ref, ACCOUNT, version, {"balance": new[n], "log": [*state["log"], tid]})
+                write_out(ref, ACCOUNT, version, {"balance": new[n], "log": [*state["log"], value]})
             )
-        ops_la = [*reads_la, ("append", src, tid), ("append", dst, tid)]
+        ops_la = [*reads_la, ("append", src, value), ("append", dst, value)]
         ops_bank = [*reads_bank, ("w", src, new[src]), ("w", dst, new[dst])]
-        req = [self.name, self.seq]
-        reply = yield _call(
-            node, {"conn": conn, "op": "tx.commit", "s": session, "w": writes, "req": req}
-        )
+        req = [self.name, seq]
+        commit = {"conn": conn, "op": "tx.commit", "s": session, "w": writes, "req": req}
+        home = min(got[src][0], got[dst][0]) if self.homed else None
+        if home is not None:
+            commit["home"] = home
+        reply = yield _call(node, commit)
         error = _error(reply)
+        if error is None and reply.get("again"):
+            # The first attempt committed; this one ran nothing (exactly once).
+            self._done_before(a, ops_la, ops_bank)
+            return None
         if error is None:
             self._ok(a, ops_la, ops_bank)
             if self.rng.random() < self.cfg.read_back:
                 unapplied = set(reply.get("unapplied") or ())
-                yield from self._read_back(tid, (src, dst), unapplied)
+                yield from self._read_back(value, (src, dst), unapplied)
             return None
         ledger.counts[f"commit_{error}"] += 1
         if error in DEFINITE_ABORTS:
@@ -538,6 +591,20 @@ class BankClient:
             return error if error in RETRYABLE else None
         if error == "NoReply":
             self._close(node, conn)
+        if home is not None:
+            # Unknown outcome: ask another node, which asks the home partition's active
+            # node; anything but "committed" -> run the same request id again.
+            ledger.counts["asked_elsewhere"] += 1
+            state = yield from self._ask(self._other(node), req, home)
+            if state == "committed" and tid not in self.doubtful:
+                self._ok(a, ops_la, ops_bank)
+                return None
+            if state == "committed":
+                self._done_before(a, ops_la, ops_bank)  # which attempt committed: unknown
+                return None
+            self._unknown(a, ops_la, ops_bank)
+            self.doubtful.add(tid)
+            return "Unknown"
         # Unknown outcome (a lost reply, Unavailable): ask, never commit twice (H1).
         state = yield from self._ask(node, req)
         if state == "committed":
@@ -580,11 +647,15 @@ class BankClient:
                 )
         self._close(node, conn)
 
-    def _ask(self, node: NodeId, req: list[Any]) -> Coroutine:
-        """``request.result`` on the coordinator until it knows (data-path.md §8)."""
+    def _ask(self, node: NodeId, req: list[Any], home: bytes | None = None) -> Coroutine:
+        """``request.result`` on the coordinator until it knows (data-path.md §8); with a
+        ``home``, on any node (it asks the home partition's active node, requests.md)."""
         for _ in range(6):
             conn = self._conn()
-            reply = yield _call(node, {"conn": conn, "op": "request.result", "req": req})
+            ask: dict[str, Any] = {"conn": conn, "op": "request.result", "req": req}
+            if home is not None:
+                ask["home"] = home
+            reply = yield _call(node, ask)
             state = reply.get("state") if isinstance(reply, dict) else None
             self.ledger.counts[f"asked_{state}"] += 1
             if state in ("committed", "aborted", "unknown"):
@@ -670,8 +741,21 @@ class BankClient:
     def _fail(self, a: Attempt, ops_la: list[Any], ops_bank: list[Any] | None = None) -> None:
         self.ledger.la.complete(a.la, "fail", ops_la)
         self.ledger.bank.complete(a.bank, "fail", ops_bank if ops_bank is not None else [])
-        if a.tid:
+        if a.tid and a.tid not in self.doubtful:
+            # (an earlier attempt of the same request id may still have committed)
             self.ledger.failed.add(a.tid)
+
+    def _done_before(self, a: Attempt, ops_la: list[Any], ops_bank: list[Any]) -> None:
+        """The request committed, in an earlier attempt of unknown outcome (or this one:
+        the client cannot tell which): acknowledged, this attempt's effect unknown."""
+        ledger = self.ledger
+        ledger.la.complete(a.la, "info", ops_la)
+        ledger.bank.complete(a.bank, "info", ops_bank)
+        ledger.acked.add(a.tid)
+        ledger.again.add(a.tid)
+        ledger.commit_times.append(self.sim.now)
+        ledger.counts["answered_again"] += 1
+        self.epoch += 1
 
     def _unknown(self, a: Attempt, ops_la: list[Any], ops_bank: list[Any]) -> None:
         self.ledger.la.complete(a.la, "info", ops_la)
@@ -929,13 +1013,19 @@ def check_final(
     if sorted(audit.accounts) != numbers:
         fail("final-audit", f"read accounts {sorted(audit.accounts)}, not {numbers}")
         return
-    tids = Counter(t["tid"] for t in audit.transfers)
+    tids = Counter(t.get("req") or t["tid"] for t in audit.transfers)
     for tid, count in sorted(tids.items()):
-        if count > 1:
+        if count > 1 and tid in ledger.same_id:
+            # Exactly once per request id across failover (requests.md): a request run
+            # again under its id, on another node, must find the first attempt's record.
+            fail("exactly-once-request", f"request {tid} run again under its id: {count} commits")
+        elif count > 1:
             fail("exactly-once", f"transfer {tid} recorded {count} times")
         if tid in ledger.failed:
             fail("aborted-but-present", f"transfer {tid} was reported rolled back but committed")
-    for tid in sorted(ledger.acked - set(tids)):
+    for tid in sorted(ledger.again - set(tids)):
+        fail("exactly-once-request", f"request {tid} answered with a first outcome never committed")
+    for tid in sorted(ledger.acked - ledger.again - set(tids)):
         fail("acked-lost", f"transfer {tid} was acknowledged but is not in the store")
     expected = dict.fromkeys(numbers, INITIAL)
     logs: dict[int, list[str]] = {n: [] for n in numbers}

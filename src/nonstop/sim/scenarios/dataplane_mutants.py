@@ -236,6 +236,17 @@ STARVATION_MUTANTS: dict[str, type[SimDataNode]] = {"drop-stamp": DropStamp}
 """Mutants of replay ranks: they break the bound on replays per transfer, not safety."""
 
 
+class RecordNotReplicated(SimDataNode):
+    """A request's record is committed on the node that wrote it but left out of the
+    replicated records: after a failover the promoted copy does not know the request
+    ran, and a retry of the same request id runs it a second time (requests.md).
+    Run with replicas (``--partitions --replicas 1``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.store.replicate_results = False
+
+
 PARTITION_MUTANTS: dict[str, type[SimDataNode]] = {"ack-without-acting": AckWithoutActing}
 """Mutants of routing by partition: run with ``dataplane.partitioned_config()``."""
 
@@ -265,6 +276,10 @@ SNAPSHOT_MUTANTS: dict[str, type[SimDataNode]] = {
 }
 """Broken snapshot reads (``tests/sim/test_dataplane.py``)."""
 
+
+REPLICA_MUTANTS: dict[str, type[SimDataNode]] = {"record-not-replicated": RecordNotReplicated}
+"""Mutants of the data path with replicas: ``dataplane.partitioned_config(replicas=1)``."""
+
 MUTANTS: dict[str, type[SimDataNode]] = {
     "ack-before-apply": AckBeforeApply,
     "ack-before-decision": AckBeforeDecision,
@@ -279,6 +294,7 @@ __all__ = [
     "LIVENESS_MUTANTS",
     "MUTANTS",
     "PARTITION_MUTANTS",
+    "REPLICA_MUTANTS",
     "SNAPSHOT_MUTANTS",
     "AckBeforeApply",
     "AckBeforeDecision",
@@ -288,5 +304,6 @@ __all__ = [
     "CommitWithoutQuorum",
     "EndBranchesOnce",
     "KeepOrphanBranches",
+    "RecordNotReplicated",
     "SnapshotReadsLatest",
 ]

@@ -291,6 +291,9 @@ class SimDataStore:
         """gtid -> counter when its prepare / commit became visible here (never dropped: the
         real store keeps the commit's ``dtx/t/`` tombstone while a participant is in doubt,
         and journals the rest; a crash keeps what the tombstones say)."""
+        self.replicate_results = True
+        """False only in the mutant ``record-not-replicated``: request records stay out of
+        the replicated records (a retry on a promoted copy must catch it)."""
         self.replicated_prepared: dict[str, list[list[Any]]] = {}
         """gtid -> after-images of a prepared record this node took over at promotion
         (its write locks held under ``rep:<gtid>`` until the outcome is applied)."""
@@ -473,18 +476,7 @@ class SimDataStore:
         op = job.op
         try:
             if op == "request.lookup":
-                key = _req(job.fields.get("req"))
-                found = self.results.get(key)
-                in_doubt = self.in_doubt() > 0
-                if self.replicator is not None and found is None:
-                    # The replicated copies are the commit's record (this store's copy may
-                    # lag them after a restart): ask them, and what is still undecided.
-                    found, pending = self.replicator.lookup(*key)
-                    in_doubt = in_doubt or pending
-                if found is not None:
-                    self._reply(job, {"found": list(found), "in_doubt": False})
-                else:
-                    self._reply(job, {"found": None, "in_doubt": in_doubt})
+                self._reply(job, self._lookup(_req(job.fields.get("req"))))
             elif op == "request.abort":
                 # The outcome of an aborted commit, in a transaction of its own.
                 self._internal += 1
@@ -497,6 +489,19 @@ class SimDataStore:
                 raise errors.BadArgument(f"op {op!r:.40} needs a branch")
         except errors.Error as exc:
             self._reply(job, _error(exc))
+
+    def _lookup(self, key: tuple[str, int]) -> dict[str, Any]:
+        """``request.lookup``: the request's recorded result here, or whether it is in doubt."""
+        found = self.results.get(key)
+        in_doubt = self.in_doubt() > 0
+        if self.replicator is not None and found is None:
+            # The replicated copies are the commit's record (this store's copy may
+            # lag them after a restart): ask them, and what is still undecided.
+            found, pending = self.replicator.lookup(*key)
+            in_doubt = in_doubt or pending
+        if found is not None:
+            return {"found": list(found), "in_doubt": False}
+        return {"found": None, "in_doubt": in_doubt}
 
     # ------------------------------------------------------------ branch ops
     def _op(self, b: Branch, job: _Job) -> Op:
@@ -688,11 +693,23 @@ class SimDataStore:
     def _g_record(self, b: Branch, f: dict[str, Any]) -> Op:
         """The commit's result, in the branch that commits it (H1); ``done`` if it ran before."""
         key = _req(f.get("req"))
+        if key in b.results:
+            # This branch recorded it already: the same op again (a peer's data.req
+            # duplicated or resent), not a second attempt of the request.
+            return {}
         found = yield from self._g_claim(b, key)
         if found is not None:
             return {"done": list(found)}
         b.results[key] = (True, None)
         return {}
+
+    def _g_lookup(self, b: Branch, f: dict[str, Any]) -> Op:
+        """``request.lookup`` on the home node's branch (a homed request, requests.md): the
+        slot read-locked first, so an attempt that claimed it (running, or prepared) is
+        waited for instead of being answered "unknown"."""
+        key = _req(f.get("req"))
+        yield (("q", *key), READ)
+        return self._lookup(key)
 
     def _g_abort(self, b: Branch, f: dict[str, Any]) -> Op:
         """An aborted commit's outcome, in a transaction of its own (unless one is recorded)."""
@@ -945,7 +962,7 @@ class SimDataStore:
                     reply = error
                 self._finish_local(b, job, reply)
 
-            refused = self.replicator.commit(after, replicated)
+            refused = self.replicator.commit(self.to_replicate(after), replicated)
             if refused is not None:
                 self._finish_local(b, job, refused)
             return
@@ -955,6 +972,12 @@ class SimDataStore:
         self._token += 1
         self._on_durable[self._token] = durable
         self._actions.append(Persist(self._token, tuple(writes)))
+
+    def to_replicate(self, after: list[list[Any]]) -> list[list[Any]]:
+        """The after-images a commit or prepare hands the replicator (all, but for a mutant)."""
+        if self.replicate_results:
+            return after
+        return [image for image in after if isinstance(image[0], bytes)]
 
     def _finish_local(self, b: Branch, job: _Job, reply: dict[str, Any]) -> None:
         self.branches.pop(b.bid, None)
@@ -1000,6 +1023,10 @@ class SimDataStore:
                 # The active node's own branches on these objects ended with its epoch:
                 # nothing here holds them (a failed grant is a bug the checks see).
                 self.locks.acquire(owner, ("o", image[0]), LockMode.WRITE)
+            else:
+                # A request's record in doubt: a retry's claim (or a lookup) waits for
+                # the outcome instead of running the request a second time.
+                self.locks.acquire(owner, ("q", image[0], image[1]), LockMode.WRITE)
 
     def end_prepared(self, gtid: str, commit: bool) -> bool:
         """The outcome of a prepared record taken over at promotion: install or drop it
@@ -1042,6 +1069,7 @@ _OPS: dict[str, Callable[[SimDataStore, Branch, dict[str, Any]], Op]] = {
     "branch.cut_seen": SimDataStore._g_cut_seen,
     "request.record": SimDataStore._g_record,
     "request.abort": SimDataStore._g_abort,
+    "request.lookup": SimDataStore._g_lookup,
 }
 
 
@@ -1146,7 +1174,7 @@ class SimStoreResourceManager:
             store.note_prepared(gtid)
             self._emit([Ready(gtid, record, {})])
 
-        refused = store.replicator.prepare(gtid, after, replicated)
+        refused = store.replicator.prepare(gtid, store.to_replicate(after), replicated)
         if refused is not None:
             self._emit(self._refuse_reason(b, NOT_REPLICATED))
 

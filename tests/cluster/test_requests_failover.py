@@ -1,0 +1,118 @@
+"""Exactly once per request id across failover on real node processes (docs/design/requests.md).
+
+Three nodes on loopback, ``ha.data = "partitions"``, one sync replica per partition,
+the experimental switch on: a transfer committed with a request id and a home on the
+node acting for the home's partition, its reply "lost" (read, then ignored), that node
+SIGKILLed; then, through another node: ``request.result`` with the home says
+committed, and the same request id run again in a new session is answered with the
+first outcome (``again``) without running -- the balances moved once.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nonstop.client import Client
+from nonstop.dataplane.placement import EXPERIMENTAL_REPLICATION_ENV
+from nonstop.ha.partition_table import partition_location
+from nonstop.model.codec import pack, unpack
+from tests.cluster.conftest import REAL_CLUSTER, Procs, app_cluster, wait_until
+from tests.cluster.test_replication import (
+    OPTIONS,
+    START,
+    connect,
+    create_accounts,
+    served,
+    table,
+)
+
+pytestmark = [
+    pytest.mark.skipif(not REAL_CLUSTER, reason="replication is the real cluster node's"),
+]
+
+ACC = "dist.Account"
+
+
+@pytest.fixture(autouse=True)
+def experimental(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(EXPERIMENTAL_REPLICATION_ENV, "1")  # the node processes inherit it
+
+
+def ask(c: Client, **payload: Any) -> Any:
+    reply = c.request(payload)
+    assert isinstance(reply, dict), reply
+    return reply
+
+
+def ok(c: Client, **payload: Any) -> Any:
+    reply = ask(c, **payload)
+    assert "error" not in reply, reply
+    return reply
+
+
+def get(c: Client, s: int, number: str) -> list[Any]:
+    key = pack({"number": number})
+    o = ok(c, op="tx.get", s=s, type=ACC, tv=1, key=key, lock="write")["o"]
+    assert o is not None, number
+    return o  # type: ignore[no-any-return]
+
+
+def transfer(c: Client, req: list[Any], amount: int) -> tuple[bytes, dict[str, Any]]:
+    """A transfer X-1 -> X-2 in a new session, committed with request id ``req`` and the
+    smaller reference as its home: (home, the commit's reply)."""
+    s = int(ok(c, op="tx.begin")["s"])
+    objs = [get(c, s, n) for n in ("X-1", "X-2")]
+    balances = [unpack(o[3])["balance"] for o in objs]
+    w = [
+        [objs[0][0], objs[0][1], objs[0][2], pack({"balance": balances[0] - amount})],
+        [objs[1][0], objs[1][1], objs[1][2], pack({"balance": balances[1] + amount})],
+    ]
+    home = min(bytes(objs[0][0]), bytes(objs[1][0]))
+    return home, ask(c, op="tx.commit", s=s, w=w, req=req, home=home)
+
+
+def acting_for(p: Procs, ref: bytes, names: str) -> str:
+    location = int.from_bytes(ref[:8], "big")
+    for name, part in table(p, names[0]).items():
+        if partition_location(name) == location:
+            return str(part["active"])
+    raise AssertionError(f"no partition has location {location:016x}")
+
+
+@pytest.mark.timeout(240)
+def test_a_retry_on_another_node_after_a_kill_gets_the_first_outcome(tmp_path: Path) -> None:
+    with app_cluster(tmp_path, 3, OPTIONS) as p:
+        wait_until(lambda: served(p, "ABC"), 60, "every partition served with a replica")
+        db = connect(p)
+        try:
+            create_accounts(db, ["X-1", "X-2"])
+        finally:
+            db.close()
+        with Client([p.address("A")], timeout=20, rounds=1) as c:
+            s = int(ok(c, op="tx.begin")["s"])
+            home = min(bytes(get(c, s, "X-1")[0]), bytes(get(c, s, "X-2")[0]))
+            ok(c, op="tx.rollback", s=s)
+        victim = acting_for(p, home, "ABC")
+        req = [f"failover-{os.getpid()}", 1]
+        with Client([p.address(victim)], timeout=20, rounds=1) as c:
+            _, reply = transfer(c, req, 7)
+        assert reply.get("ok"), reply  # committed; the client "lost" this reply
+        os.kill(p.pids[victim], signal.SIGKILL)
+        survivors = "".join(n for n in "ABC" if n != victim)
+        wait_until(lambda: served(p, survivors, replicas=False), 60, "the survivors serve all")
+        with Client([p.address(survivors[0])], timeout=20, rounds=1) as c:
+            result = ok(c, op="request.result", req=req, home=home)
+            assert result["state"] == "committed", result
+            # The same request run again, through another node: its first outcome.
+            _, again = transfer(c, req, 7)
+            assert again == {"ok": True, "again": True}, again
+        with Client([p.address(survivors[-1])], timeout=20, rounds=1) as c:
+            s = int(ok(c, op="tx.begin")["s"])
+            moved = [unpack(get(c, s, n)[3])["balance"] for n in ("X-1", "X-2")]
+            ok(c, op="tx.rollback", s=s)
+        assert moved == [START - 7, START + 7]  # exactly one effect
