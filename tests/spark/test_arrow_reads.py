@@ -78,7 +78,8 @@ def test_each_field_kind_reads_as_the_arrow_column_spark_expects(
     batches = read_all(ds.reader(schema))
     expected = to_arrow_schema(schema, timezone="UTC")  # what Spark checks batches against
     assert batches and all(b.schema.equals(expected) for b in batches)
-    got = dict(zip(*(pa.Table.from_batches(batches).column(n).to_pylist() for n in ("sku", field))))
+    table = pa.Table.from_batches(batches)
+    got = dict(zip(table.column("sku").to_pylist(), table.column(field).to_pylist(), strict=True))
     assert got == dict(zip(cols["sku"], cols[field], strict=True))
     assert [type(v) for v in got.values() if v is not None] == [
         type(v) for v in cols[field] if v is not None
@@ -86,10 +87,10 @@ def test_each_field_kind_reads_as_the_arrow_column_spark_expects(
 
 
 def test_the_reference_column_reads_as_text(written: tuple[str, dict[str, list[Any]]]) -> None:
-    address, cols = written
+    address, _ = written
     ds = source(address, fields="sku", refs="true")
     schema = ds.schema()
-    (table,) = [pa.Table.from_batches(read_all(ds.reader(schema)))]
+    table = pa.Table.from_batches(read_all(ds.reader(schema)))
     assert table.schema.field("_ref").type == pa.string()
     refs = table.column("_ref").to_pylist()
     assert len(set(refs)) == 3 and all(isinstance(r, str) and r.count("-") == 2 for r in refs)
