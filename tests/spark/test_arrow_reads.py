@@ -58,7 +58,8 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dic
         ep.stop()
 
 
-def read_all(reader: NonstopReader) -> list[pa.RecordBatch]:
+def read_all(reader: Any) -> list[pa.RecordBatch]:
+    assert isinstance(reader, NonstopReader)
     return [b for split in reader.partitions() for b in reader.read(split)]
 
 
