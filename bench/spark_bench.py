@@ -20,7 +20,7 @@ cached DataFrame, then an overwrite of the full set by the full set (nonstop:
 ``mode("overwrite")`` with ``truncate=true``); each round after the first starts
 by overwriting the full set with an empty frame (timed, the same two ways). A read
 aggregates all three columns (so Parquet cannot skip columns) and is checked
-against the data.  The first round reads each system once, untimed, before its
+against the data.  The first round reads each system once before its
 timed reads: the first read of a session through a Python data source pays
 ~3 s of Spark's JVM warming up (its JIT compiling the Arrow-to-rows path; a
 source that yields batches from memory pays it too), and the first read of all
