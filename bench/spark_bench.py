@@ -346,7 +346,8 @@ def write_report(
         "CPU µs per row, every round (nonstop nodes / Spark's JVM / Spark's Python workers;",
         "the PostgreSQL server's CPU is not counted; the nodes' idle CPU, "
         f"{idle_rate:.1%} of a core for the three measured {IDLE_SAMPLE:.0f} s before the "
-        "rounds, is taken out of theirs):",
+        "rounds, is taken out of theirs; a Python worker that exits during a step takes its",
+        "CPU with it, which can make a Python figure negative):",
         "",
     ]
     for k, per_round in cpus.items():
