@@ -39,6 +39,7 @@ class Stub:
         self.name, self.routing, self.table = name, routing, table
         self.own_rows, self.acting = own_rows, acting or []
         self.calls: list[str] = []
+        self.connects = self.closed = 0
 
     def call(self, op: str, **p: Any) -> Any:
         self.calls.append(op)
@@ -54,7 +55,12 @@ class Stub:
         if op == "bulk.plan":
             mid = ref(LOC[self.name], 5)
             return {"snapshot": 7, "count": 9, "ranges": [[None, mid], [mid, None]]}
+        if op == "bulk.schema":
+            return {"name": p["type"], "version": 4, "fields": {}}
         raise AssertionError(op)
+
+    def close(self) -> None:
+        self.closed += 1
 
     def __enter__(self) -> Stub:
         return self
@@ -78,10 +84,13 @@ def scripted(
         for i, n in enumerate(stubs)
     ]
     by_address = {f"h:{i}": stubs[n] for i, n in enumerate(stubs)}
-    monkeypatch.setattr(read_plan, "all_nodes", lambda opts: nodes)
-    monkeypatch.setattr(
-        read_plan, "client", lambda opts, address, timeout=None: by_address[address]
-    )
+    monkeypatch.setattr(read_plan, "all_nodes", lambda opts, conns=None: nodes)
+
+    def connect(opts: Options, address: str, timeout: float | None = None) -> Stub:
+        by_address[address].connects += 1
+        return by_address[address]
+
+    monkeypatch.setattr(read_plan, "client", connect)
     return Options.parse({"cluster": "h:0", "type": "T"})
 
 
@@ -90,13 +99,26 @@ def test_node_routing_plans_each_nodes_ranges(monkeypatch: pytest.MonkeyPatch) -
         stubs = {n: Stub(n, routing, table({"p.0": "A"})) for n in "AB"}
         splits = plan_reads(scripted(monkeypatch, stubs), "T", 1)
         assert [(s.node, s.partition) for s in splits] == [("A", None)] * 2 + [("B", None)] * 2
+        assert {s.version for s in splits} == {1}
         assert "status" not in stubs["A"].calls
+
+
+def test_a_plan_asks_each_node_over_one_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Everything a plan asks the first node (routing, the type's version, its ranges)
+    goes over one connection, each other node's ranges over one more; all are closed."""
+    stubs = {n: Stub(n, "nodes", table({"p.0": "A"})) for n in "ABC"}
+    splits = plan_reads(scripted(monkeypatch, stubs), "T")
+    assert {s.version for s in splits} == {4}  # the version the first node has now
+    assert stubs["A"].calls == ["bulk.schema", "partition.objects", "bulk.plan"]
+    assert [stubs[n].calls for n in "BC"] == [["bulk.plan"]] * 2
+    assert [(s.connects, s.closed) for s in stubs.values()] == [(1, 1)] * 3
 
 
 def test_partition_routing_plans_one_split_per_partition(monkeypatch: pytest.MonkeyPatch) -> None:
     parts = table({"p.0": "A", "p.1": "B", "p.2": "C", "p.3": "A"})
     stubs = {n: Stub(n, "partitions", parts, own_rows=9 if n == "B" else 0) for n in "ABC"}
     splits = plan_reads(scripted(monkeypatch, stubs), "T", 1)
+    assert stubs["A"].calls.count("status") == 1  # (asked once per plan)
     by_part = [s for s in splits if s.partition is not None]
     assert [(s.partition, s.node, s.epoch) for s in by_part] == [
         ("p.0", "A", 3),

@@ -60,7 +60,14 @@ from nonstop.client.bulk import BulkClient
 from nonstop.errors import Retryable, Unavailable
 from nonstop.model.codec import encode_key
 from nonstop.spark.one_line import one_line
-from nonstop.spark.read_plan import NodeRange, all_nodes, check_acting, plan_reads, up_nodes
+from nonstop.spark.read_plan import (
+    NodeRange,
+    all_nodes,
+    check_acting,
+    plan_reads,
+    type_schema,
+    up_nodes,
+)
 from nonstop.spark.schema import Options, check_writable, columns, spark_schema, write_key
 from nonstop.spark.sender import NodeSenders
 
@@ -89,12 +96,7 @@ node vanished without closing the connection (data-path.md §6.2)."""
 
 
 def _type_schema(opts: Options) -> dict[str, Any]:
-    up = [n for n in all_nodes(opts) if n.get("up", True)]
-    if not up:
-        raise Unavailable(f"no node of the cluster at {opts.cluster} is up")
-    node = up[0]
-    with BulkClient(node["address"], cluster=opts.cluster_id, credentials=opts.credentials) as c:
-        return c.call("bulk.schema", type=opts.type)  # type: ignore[no-any-return]
+    return type_schema(opts)
 
 
 def digest(rows: bytes) -> str:
@@ -138,16 +140,26 @@ class NonstopDataSource(DataSource):
     def _opts(self) -> Options:
         return Options.parse(self.options)
 
+    def _read_type(self, opts: Options) -> dict[str, Any]:
+        """The type's ``bulk.schema`` as :meth:`schema` found it: Spark pickles this
+        instance after calling it and hands it to the planner worker that makes the
+        reader, which then asks no node again (a read's plan asks the nodes for the
+        type's current version anyway: ``NodeRange.version``)."""
+        found: dict[str, Any] | None = getattr(self, "_type_info", None)
+        if found is None:
+            found = self._type_info = _type_schema(opts)
+        return found
+
     @one_line
     def schema(self) -> StructType:
         opts = self._opts()
-        ts = _type_schema(opts)
+        ts = self._read_type(opts)
         return spark_schema(ts, columns(opts, ts))
 
     @one_line
     def reader(self, schema: StructType) -> DataSourceReader:
         opts = self._opts()
-        return NonstopReader(opts, _type_schema(opts), schema)
+        return NonstopReader(opts, self._read_type(opts), schema)
 
     @one_line
     def writer(self, schema: StructType, overwrite: bool) -> NonstopWriter:
@@ -166,7 +178,7 @@ class NonstopFilteringDataSource(NonstopDataSource):
     @one_line
     def reader(self, schema: StructType) -> DataSourceReader:
         opts = self._opts()
-        return NonstopFilteringReader(opts, _type_schema(opts), schema)
+        return NonstopFilteringReader(opts, self._read_type(opts), schema)
 
 
 # -------------------------------------------------------------------- reads
@@ -181,10 +193,11 @@ class NonstopReader(DataSourceReader):
         self.filters: list[list[Any]] = []
 
     def partitions(self) -> list[NodeRange]:
-        return plan_reads(self.opts, self.opts.type, self.version)
+        return plan_reads(self.opts, self.opts.type)  # (at the type's version now)
 
     def read(self, partition: NodeRange) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
         after = None
+        version = self.version if partition.version is None else partition.version
         with BulkClient(
             partition.address, cluster=self.opts.cluster_id, credentials=self.opts.credentials
         ) as c:
@@ -192,7 +205,7 @@ class NonstopReader(DataSourceReader):
                 reply = c.call(
                     "bulk.scan",
                     type=self.opts.type,
-                    tv=self.version,
+                    tv=version,
                     fields=self.columns,
                     lo=partition.lo,
                     hi=partition.hi,
@@ -207,7 +220,7 @@ class NonstopReader(DataSourceReader):
                 after = reply["next"]
                 if after is None:
                     break
-        check_acting(self.opts, partition)
+            check_acting(self.opts, partition, c)
 
 
 class NonstopFilteringReader(NonstopReader):
