@@ -139,7 +139,7 @@ def plan_reads(opts: Options, type_name: str, version: int) -> list[NodeRange]:
         return _node_splits(opts, up_nodes(opts), type_name, version)
     splits, missing = _partition_splits(up, status.get("partitions") or [])
     down = _down(nodes)
-    if missing or down:
+    if missing:  # (a node down matters when it leaves a partition without its node)
         # A down node may hold objects in its own location (a Spark load's): not
         # readable either, so it is named with the partitions it leaves without a node.
         raise Unavailable(

@@ -57,9 +57,10 @@ from pyspark.sql.types import StructType
 from nonstop.bulk.handlers import ROWS_PER_RANGE
 from nonstop.bulk.keys import encode_keys
 from nonstop.client.bulk import BulkClient
-from nonstop.errors import Retryable, Unavailable
+from nonstop.errors import BadArgument, Retryable, Unavailable
 from nonstop.model.codec import encode_key
 from nonstop.spark.one_line import one_line
+from nonstop.spark.partition_writes import PartitionWriter, refuse_overwrite, routes_by_partition
 from nonstop.spark.read_plan import NodeRange, all_nodes, check_acting, plan_reads, up_nodes
 from nonstop.spark.schema import Options, check_writable, columns, spark_schema, write_key
 from nonstop.spark.sender import NodeSenders
@@ -312,7 +313,12 @@ class NonstopWriter(DataSourceArrowWriter):
         self.old_count = int(ts.get("count") or 0)
         self.key = write_key(opts, ts)
         check_writable(ts, schema, self.key)
-        self.nodes = up_nodes(opts)
+        # Under routing by partition a batch is a transaction of its partitions
+        # (partition_writes.py): no node needs to be up but the partitions' active ones.
+        self.partitioned = routes_by_partition(opts, all_nodes(opts))
+        if self.partitioned and overwrite:
+            raise refuse_overwrite(opts)
+        self.nodes = all_nodes(opts) if self.partitioned else up_nodes(opts)
         self.job = secrets.token_hex(8)
         if overwrite:
             for node in self.nodes:
@@ -325,6 +331,8 @@ class NonstopWriter(DataSourceArrowWriter):
         ctx = TaskContext.get()
         assert ctx is not None
         pid, attempt = ctx.partitionId(), ctx.attemptNumber()
+        if self.partitioned:
+            return self._write_partitioned(iterator, pid, attempt)
         router = _Router(self.opts, self.nodes, self.key)
         stats = router.stats
         stats.partition, stats.attempt = pid, attempt
@@ -350,6 +358,22 @@ class NonstopWriter(DataSourceArrowWriter):
                 stats.replayed += int(r["replayed"])
         return stats
 
+    def _write_partitioned(
+        self, iterator: Iterator[pa.RecordBatch], pid: int, attempt: int
+    ) -> WriteStats:
+        """A task's writes under routing by partition: each batch a transaction of its
+        partitions on their active nodes, replicated (partition_writes.py)."""
+        stats = WriteStats(partition=pid, attempt=attempt)
+        writer = PartitionWriter(self.opts, self.nodes, self.key, self.version)
+        try:
+            for table in _Router(self.opts, self.nodes, self.key).chunks(iterator):
+                stats.rows += table.num_rows
+                writer.write(table)
+        finally:
+            writer.close()
+        stats.inserted, stats.updated = writer.inserted, writer.updated
+        return stats
+
     def _send(self, c: BulkClient, rows: bytes, where: str) -> dict[str, Any] | None:
         common = {"type": self.opts.type, "tv": self.version, "rows": rows, "format": "arrow"}
         if self.overwrite:
@@ -362,6 +386,8 @@ class NonstopWriter(DataSourceArrowWriter):
 
     @one_line
     def commit(self, messages: list[WriteStats | None]) -> None:  # type: ignore[override]
+        if self.partitioned:
+            return  # every batch committed as it went (no tags to forget)
         if self.overwrite:
             parts = [f"{m.partition}/{m.attempt}/" for m in messages if m is not None]
             rows = sum(m.rows for m in messages if m is not None)
@@ -444,6 +470,8 @@ class NonstopWriter(DataSourceArrowWriter):
         return all(n.get("up", True) for n in nodes)
 
     def abort(self, messages: list[WriteStats | None]) -> None:  # type: ignore[override]
+        if self.partitioned:
+            return  # (committed batches stay: an append is not atomic, as under nodes)
         for node in self.nodes:
             try:
                 with BulkClient(
@@ -497,6 +525,13 @@ class NonstopStreamWriter(DataSourceStreamArrowWriter):
         self.old_count = int(ts.get("count") or 0)
         self.key = write_key(opts, ts)
         check_writable(ts, schema, self.key)
+        if routes_by_partition(opts, all_nodes(opts)):
+            raise BadArgument(
+                f"a streaming sink of {opts.type} is not available when the cluster routes "
+                'by partition ([ha] data = "partitions"): its micro-batch records are '
+                "per node, not replicated; write each micro-batch with foreachBatch and "
+                "mode('append')"
+            )
         self.nodes = up_nodes(opts)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteStats:

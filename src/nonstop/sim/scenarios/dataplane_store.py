@@ -935,6 +935,7 @@ _OPS: dict[str, Callable[[SimDataStore, Branch, dict[str, Any]], Op]] = {
     "branch.write": SimDataStore._g_nothing,
     "branch.call": SimDataStore._g_unsupported,
     "branch.overwrite": SimDataStore._g_unsupported,
+    "branch.upsert": SimDataStore._g_unsupported,
     "branch.commit": SimDataStore._g_commit,
     "request.record": SimDataStore._g_record,
     "request.abort": SimDataStore._g_abort,
