@@ -20,6 +20,11 @@ then ``tx.commit``: two-phase commit), on a standalone bulk endpoint in one loca
 transaction (``bulk.overwrite.commit``); a failed job is aborted and leaves
 nothing visible.
 
+Under routing by partition (``[ha] data = "partitions"``) ``append`` writes
+each batch as a transaction of the partitions its keys map to, on their active
+nodes, replicated (:mod:`nonstop.spark.partition_writes`, data-path.md §6.5);
+``overwrite`` and the streaming sink are refused there.
+
 The streaming sink writes like ``append`` and records each micro-batch id
 with the data (``bulk.stream.commit``); a replayed batch id is skipped.
 """
