@@ -11,12 +11,14 @@ survivors serve every partition, a Spark read returns all N rows (none lost:
 they had reached the replicas), and another load works with the node still
 down (counted per partition again).  ``mode("overwrite")`` is refused with one
 line naming the limit, and a batch sent to a node that does not act for its
-partition is refused with the retryable ``NotActive``.
+partition is refused with the retryable ``NotActive``.  (``long``: a load that
+runs through the SIGKILL.)
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,13 +30,14 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 import nonstop
 from nonstop.admin.owned import OwnedCluster
-from nonstop.client.bulk import BulkClient
+from nonstop.client.bulk import BulkClient, cluster_nodes
 from nonstop.dataplane.placement import EXPERIMENTAL_REPLICATION_ENV, routing_key
 from nonstop.errors import BadArgument, NotActive
 from nonstop.ha.mapper import ConsistentHashMapper
 from nonstop.ha.partition_table import partition_location
+from nonstop.model.managed import type_info
 from nonstop.model.ref import Ref
-from nonstop.spark.partition_writes import ipc
+from nonstop.spark.partition_writes import PartitionWriter, ipc
 from nonstop.spark.schema import Options
 from nonstop.spark.source import NonstopWriter
 from tests.spark.conftest import ROOT, wait_until
@@ -179,3 +182,48 @@ def test_spark_load_is_placed_by_the_mapper_and_survives_a_kill(
     finally:
         db.close()
     assert got == {k: final[k] for k in got}
+
+
+@pytest.mark.long
+def test_a_load_runs_through_a_kill_and_loses_no_acknowledged_row(
+    replicated: OwnedCluster,
+) -> None:
+    """The Spark task's writer (without Spark) loads batch after batch while the node
+    acting for the most partitions is SIGKILLed: batches in flight are refused
+    (NotActive) or lost (Unavailable) and sent again after a fresh plan; every batch
+    is acknowledged, and every row is there afterwards, in its partition."""
+    oc = replicated
+    table = _served(oc, "ABC")
+    assert table is not None
+    names = sorted(table)
+    opts = Options.parse({"cluster": ",".join(oc.addresses), "type": ITEM})
+    writer = PartitionWriter(opts, cluster_nodes(opts.cluster), "sku", type_info(Item).version)
+    batches, size = 40, 200
+    done: list[int] = []
+    failures: list[BaseException] = []
+
+    def load() -> None:
+        try:
+            for b in range(batches):
+                skus = [f"b{b:02}-{i:03}" for i in range(size)]
+                writer.write(pa.table({"sku": skus, "qty": [b] * size}))
+                done.append(b)
+        except BaseException as exc:  # (reported below)
+            failures.append(exc)
+
+    thread = threading.Thread(target=load)
+    thread.start()
+    try:
+        assert wait_until(lambda: len(done) >= 5 or bool(failures), 60)
+        victim = Counter(p["active"] for p in table.values()).most_common(1)[0][0]
+        oc.kill(victim)
+    finally:
+        thread.join(180)
+        writer.close()
+    assert not failures, failures
+    assert done == list(range(batches))
+    assert writer.attempts > 0  # (the kill did meet the load)
+    survivors = "".join(n for n in "ABC" if n != victim)
+    assert wait_until(lambda: _served(oc, survivors, replicas=False) is not None, 60)
+    keys = [f"b{b:02}-{i:03}" for b in range(batches) for i in range(size)]
+    assert _counts(oc, survivors) == Counter(_expected_partition(k, names) for k in keys)
