@@ -92,6 +92,7 @@ class PartitionWriter:
         self.version = version
         self.addresses = {n["name"]: n["address"] for n in nodes}
         self.active: dict[str, str] | None = None  # partition -> active node (the plan)
+        self.up: list[str] = []  # the nodes up at the plan, in name order
         self.clients: dict[str, BulkClient] = {}
         self.pool: ThreadPoolExecutor | None = None
         self.inserted = self.updated = self.attempts = 0
@@ -105,6 +106,7 @@ class PartitionWriter:
             self.opts.cluster, cluster=self.opts.cluster_id, credentials=self.opts.credentials
         )
         self.addresses.update({n["name"]: n["address"] for n in found})
+        self.up = sorted(str(n["name"]) for n in found if n.get("up", True))
         last: Exception | None = None
         for node in found:
             if not node.get("up", True):
@@ -186,11 +188,11 @@ class PartitionWriter:
             raise failure
 
     def _route(self, table: pa.Table, active: dict[str, str]) -> dict[str, Any]:
-        """``bulk.route`` of the batch's key column, asked of a node that acts for some
-        partition (any node maps alike: the bindings are the cluster's)."""
-        node = sorted(set(active.values()))[0] if active else None
-        if node is None:
+        """``bulk.route`` of the batch's key column, asked of a node that was up at the
+        plan (any node maps alike: the bindings are the cluster's configuration)."""
+        if not active or not self.up:
             raise Unavailable("no partition has an active node now")
+        node = self.up[0]
         rows = ipc(table.select([self.key]))
         c = self._client(node)
         try:
