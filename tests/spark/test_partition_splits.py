@@ -1,12 +1,12 @@
 """J1: under partition routing a Spark read plans one split per partition (issue 10).
 
 A real 3-node cluster with ``[ha] data = "partitions"`` (one copy per partition):
-objects created by clients live in partitions, objects loaded by Spark (``bulk.upsert``)
-in the receiving node's own location.  The plan has one split per partition of the
-current table, each on the partition's active node, plus splits over the own
-locations of the nodes that hold loaded rows; the read returns every object
-once.  With a node killed, its partitions have no active node: the read fails
-naming them (never silently short).  Node routing keeps node splits
+objects created by clients and objects loaded by Spark live in partitions.  The
+plan has one split per partition of the current table, each on the partition's
+active node (splits over a node's own location only where objects from before
+the switch remain: ``test_read_plan.py``); the read returns every object once.
+With a node killed, its partitions have no active node: the read fails naming
+them (never silently short).  Node routing keeps node splits
 (``test_read_plan.py``; every other pipeline test reads that way).
 """
 
@@ -23,7 +23,7 @@ import nonstop
 from nonstop.admin.owned import OwnedCluster
 from nonstop.bulk.handlers import encode_rows
 from nonstop.client.bulk import BulkClient
-from nonstop.errors import Unavailable
+from nonstop.errors import BadArgument, Unavailable
 from nonstop.spark.read_plan import location_range, plan_reads
 from nonstop.spark.schema import Options
 from tests.spark.conftest import ROOT, wait_until
@@ -114,18 +114,21 @@ def test_one_split_per_partition_on_its_active_node(spark: Any, partitioned: Own
         assert (s.lo, s.hi) == location_range(part["location"])
     assert {s.node for s in splits} == {"A", "B", "C"}
 
-    # Rows a Spark load writes (bulk.upsert: in the node's own location, here B's)
-    # come in extra splits on that node only.
+    # Rows a Spark load writes go to the partitions their keys map to (data-path.md
+    # §6.5): still one split per partition, and the read returns every object once.
     loaded = [(f"s{i:03}", 1000 + i) for i in range(90)]
-    rows = encode_rows({"sku": [k for k, _ in loaded], "qty": [q for _, q in loaded]})
-    with BulkClient(oc.address("B"), timeout=60) as c:
-        c.call("bulk.upsert", type=ITEM, rows=rows, format="columns", key="sku", tag="load/1")
+    df = spark.createDataFrame(loaded, "sku string, qty long")
+    df.write.format("nonstop").option("cluster", ",".join(oc.addresses)).option("type", ITEM).mode(
+        "append"
+    ).save()
     splits = plan_reads(_options(oc), ITEM, _version())
-    own = [s for s in splits if s.partition is None]
-    assert len(splits) - len(own) == PARTITIONS
-    assert own and {s.node for s in own} == {"B"}
-    assert all(s.lo is not None and int.from_bytes(s.lo[:8]) not in by_location for s in own)
+    assert len(splits) == PARTITIONS and all(s.partition is not None for s in splits)
+    assert all(s.lo is not None and int.from_bytes(s.lo[:8]) in by_location for s in splits)
     assert _read(spark, oc) == sorted(created + loaded)
+    # bulk.upsert, which would create outside the partitions, is refused.
+    rows = encode_rows({"sku": ["x"], "qty": [1]})
+    with BulkClient(oc.address("B"), timeout=60) as c, pytest.raises(BadArgument):
+        c.call("bulk.upsert", type=ITEM, rows=rows, format="columns", key="sku", tag="load/1")
 
     # A node killed: its partitions have no active node; the plan says which.
     oc.kill("C")

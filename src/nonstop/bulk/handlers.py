@@ -103,9 +103,21 @@ class BulkContext:
 
     db: Database
     node: str = ""
+    placement: Any = None
+    """The data plane's ``Placement`` under routing by partition (None: by node): the
+    unreplicated writes refuse then, and ``bulk.route`` maps with it."""
 
 
 # ------------------------------------------------------------------ helpers
+def _refuse_under_partitions(ctx: BulkContext, what: str) -> None:
+    """These writes commit store transactions of their own, in the node's own location,
+    without replication: under routing by partition they are refused (data-path.md §6.5)."""
+    if ctx.placement is not None:
+        from nonstop.bulk.partitioned import refusal
+
+        raise BadArgument(refusal(what))
+
+
 def _bulk_db(db: Database) -> Any:
     return swap_apply.bulk_db(db.engine.store)
 
@@ -798,6 +810,7 @@ def upsert(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any]:
     write nothing.  ``per_row: true`` forces the per-row path even where the fast
     path (:mod:`nonstop.bulk.fast`) applies (comparisons, tests).
     """
+    _refuse_under_partitions(ctx, "bulk.upsert")
     info = _type(ctx, payload)
     swap_apply.wait_open(ctx.db, info)  # (not while a swap of it is applied)
     key = _key_of(info, payload)
@@ -901,6 +914,7 @@ def overwrite_begin(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any]
 
     ``job`` may be given (the Spark writer passes one id to every node).
     """
+    _refuse_under_partitions(ctx, "an overwrite (mode 'overwrite')")
     info = _type(ctx, payload)
     job = payload.get("job") or secrets.token_hex(8)
     job = _job({"job": job})
@@ -912,6 +926,7 @@ def overwrite_begin(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any]
 
 def overwrite_part(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any]:
     """Stage rows of an overwrite, invisibly.  The same ``tag`` again replaces that part."""
+    _refuse_under_partitions(ctx, "an overwrite (mode 'overwrite')")
     job = _job(payload)
     info = _type(ctx, payload)
     key = _key_of(info, payload)
@@ -1112,11 +1127,19 @@ def schema(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def route(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any]:
+    """``bulk.route``: the partition of each row (:func:`nonstop.bulk.partitioned.route`)."""
+    from nonstop.bulk import partitioned
+
+    return partitioned.route(ctx, payload)
+
+
 HANDLERS: dict[str, Callable[[BulkContext, dict[str, Any]], Any]] = {
     "bulk.schema": schema,
     "bulk.plan": plan,
     "bulk.scan": scan,
     "bulk.upsert": upsert,
+    "bulk.route": route,
     "bulk.forget": forget,
     "bulk.stream.last": stream_last,
     "bulk.stream.commit": stream_commit,

@@ -45,6 +45,7 @@ PEER_OPS = frozenset(
         "branch.call",
         "branch.write",
         "branch.overwrite",
+        "branch.upsert",
         "branch.holdings",
         *CUT_OPS,
         # A homed request (requests.md): its record is claimed, and looked up, on
@@ -57,7 +58,14 @@ PEER_OPS = frozenset(
 machine runs on its own sessions' branches (``branch.commit``, ...) are not among them."""
 
 WRITING_OPS = frozenset(
-    {"branch.create", "branch.delete", "branch.call", "branch.write", "branch.overwrite"}
+    {
+        "branch.create",
+        "branch.delete",
+        "branch.call",
+        "branch.write",
+        "branch.overwrite",
+        "branch.upsert",
+    }
 )
 """Branch ops that (may) write: their reply says so (``d``), for the coordinator's commit."""
 

@@ -18,6 +18,7 @@ SESSION_OPS = frozenset(
         "tx.delete",
         "tx.call",
         "tx.overwrite",
+        "tx.upsert",
         "tx.commit",
         "tx.rollback",
     }

@@ -687,7 +687,7 @@ class DataService:
         if handler is None:
             raise errors.BadArgument(f"unknown bulk op {op!r}")
         loop = asyncio.get_running_loop()
-        context = BulkContext(self.db, self.name)
+        context = BulkContext(self.db, self.name, self.machine.config.placement)
         result = await loop.run_in_executor(None, handler, context, p)
         return result if isinstance(result, dict) else {"r": result}
 
@@ -769,8 +769,9 @@ class DataService:
         return out
 
 
-_USER_CODE_OPS = frozenset({"branch.call", "branch.overwrite"})
-"""Branch ops that run application code (a called method, a bulk swap): in a task."""
+_USER_CODE_OPS = frozenset({"branch.call", "branch.overwrite", "branch.upsert"})
+"""Branch ops that run application code or long bulk work (a called method, a bulk
+swap, a bulk batch): in a task."""
 
 
 PAGE_MARGIN = 64 * 1024

@@ -21,7 +21,9 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from nonstop import errors
+from nonstop.bulk.partitioned import refusal
 from nonstop.dataplane.args import ref_arg
+from nonstop.dataplane.bulk_upsert import g_upsert
 from nonstop.dataplane.placement import routing_key
 from nonstop.dataplane.sizes import MESSAGE_MARGIN
 from nonstop.dataplane.state import Session
@@ -492,6 +494,8 @@ def g_overwrite(dp: DataPlane, s: Session, p: dict[str, Any]) -> OpCoroutine:
     once, or nowhere (two-phase commit).  A node down: Unavailable, nothing swapped.
     """
     dp.check_type(p.get("type"), p.get("tv"))
+    if dp.config.placement is not None:
+        raise errors.BadArgument(refusal("an overwrite (mode 'overwrite')"))
     nodes = dp.view.members
     down = sorted(n for n in nodes if not dp.view.is_up(n))
     if down:
@@ -521,6 +525,7 @@ OPS: dict[str, Callable[[DataPlane, Session, dict[str, Any]], OpCoroutine]] = {
     "tx.delete": g_delete,
     "tx.call": g_method,
     "tx.overwrite": g_overwrite,
+    "tx.upsert": g_upsert,
 }
 """Session ops other than the commit (and the rollback, which is not an op of its own)."""
 

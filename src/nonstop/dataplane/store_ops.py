@@ -10,7 +10,7 @@ and feeds the reply back.  Errors become error replies
 Ops on a branch (:func:`run_branch_op`):
 
 * ``branch.get`` / ``ref`` / ``query`` / ``count`` / ``create`` / ``delete`` /
-  ``call`` / ``write`` / ``overwrite`` -- data-path.md §4 (:func:`execute`);
+  ``call`` / ``write`` / ``overwrite`` / ``upsert`` -- data-path.md §4, §6.5 (:func:`execute`);
 * ``branch.commit`` ``{req}`` -- claim and record the request result (H1) if
   any, then commit: ``{}``, or ``{"done": [ok, value]}`` (already recorded:
   nothing committed, the branch stays open for the machine to end);
@@ -202,6 +202,10 @@ async def _execute(tx: AsyncTransaction, op: str, p: dict[str, Any]) -> dict[str
         from nonstop.bulk.handlers import overwrite_branch
 
         return await overwrite_branch(tx, check_type(p.get("type"), p.get("tv")), p)
+    if op == "branch.upsert":  # a bulk batch under routing by partition
+        from nonstop.bulk.partitioned import upsert_branch
+
+        return await upsert_branch(tx, check_type(p.get("type"), p.get("tv")), p)
     raise errors.BadArgument(f"unknown branch op {op!r:.40}")
 
 

@@ -215,9 +215,9 @@ def plan_reads(opts: Options, type_name: str, version: int | None = None) -> lis
         partitions = conns.status(first).get("partitions") or []
         splits, missing = _partition_splits(up, partitions, version)
         down = _down(nodes)
-        if missing or down:
-            # A down node may hold objects in its own location (a Spark load's): not
-            # readable either, so it is named with the partitions it leaves without a node.
+        if missing:  # (a node down matters when it leaves a partition without its node)
+            # A down node may hold objects in its own location (a load before partitions):
+            # not readable either, so it is named with the partitions it leaves without one.
             raise Unavailable(
                 f"cannot read {type_name} from the cluster at {opts.cluster} now: "
                 + "; ".join(

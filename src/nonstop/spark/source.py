@@ -20,6 +20,11 @@ then ``tx.commit``: two-phase commit), on a standalone bulk endpoint in one loca
 transaction (``bulk.overwrite.commit``); a failed job is aborted and leaves
 nothing visible.
 
+Under routing by partition (``[ha] data = "partitions"``) ``append`` writes
+each batch as a transaction of the partitions its keys map to, on their active
+nodes, replicated (:mod:`nonstop.spark.partition_writes`, data-path.md §6.5);
+``overwrite`` and the streaming sink are refused there.
+
 The streaming sink writes like ``append`` and records each micro-batch id
 with the data (``bulk.stream.commit``); a replayed batch id is skipped.
 """
@@ -57,9 +62,10 @@ from pyspark.sql.types import StructType
 from nonstop.bulk.handlers import ROWS_PER_RANGE
 from nonstop.bulk.keys import encode_keys
 from nonstop.client.bulk import BulkClient
-from nonstop.errors import Retryable, Unavailable
+from nonstop.errors import BadArgument, Retryable, Unavailable
 from nonstop.model.codec import encode_key
 from nonstop.spark.one_line import one_line
+from nonstop.spark.partition_writes import PartitionWriter, refuse_overwrite, routes_by_partition
 from nonstop.spark.read_plan import (
     NodeRange,
     all_nodes,
@@ -325,7 +331,12 @@ class NonstopWriter(DataSourceArrowWriter):
         self.old_count = int(ts.get("count") or 0)
         self.key = write_key(opts, ts)
         check_writable(ts, schema, self.key)
-        self.nodes = up_nodes(opts)
+        # Under routing by partition a batch is a transaction of its partitions
+        # (partition_writes.py): no node needs to be up but the partitions' active ones.
+        self.partitioned = routes_by_partition(opts, all_nodes(opts))
+        if self.partitioned and overwrite:
+            raise refuse_overwrite(opts)
+        self.nodes = all_nodes(opts) if self.partitioned else up_nodes(opts)
         self.job = secrets.token_hex(8)
         if overwrite:
             for node in self.nodes:
@@ -338,6 +349,8 @@ class NonstopWriter(DataSourceArrowWriter):
         ctx = TaskContext.get()
         assert ctx is not None
         pid, attempt = ctx.partitionId(), ctx.attemptNumber()
+        if self.partitioned:
+            return self._write_partitioned(iterator, pid, attempt)
         router = _Router(self.opts, self.nodes, self.key)
         stats = router.stats
         stats.partition, stats.attempt = pid, attempt
@@ -363,6 +376,22 @@ class NonstopWriter(DataSourceArrowWriter):
                 stats.replayed += int(r["replayed"])
         return stats
 
+    def _write_partitioned(
+        self, iterator: Iterator[pa.RecordBatch], pid: int, attempt: int
+    ) -> WriteStats:
+        """A task's writes under routing by partition: each batch a transaction of its
+        partitions on their active nodes, replicated (partition_writes.py)."""
+        stats = WriteStats(partition=pid, attempt=attempt)
+        writer = PartitionWriter(self.opts, self.nodes, self.key, self.version)
+        try:
+            for table in _Router(self.opts, self.nodes, self.key).chunks(iterator):
+                stats.rows += table.num_rows
+                writer.write(table)
+        finally:
+            writer.close()
+        stats.inserted, stats.updated = writer.inserted, writer.updated
+        return stats
+
     def _send(self, c: BulkClient, rows: bytes, where: str) -> dict[str, Any] | None:
         common = {"type": self.opts.type, "tv": self.version, "rows": rows, "format": "arrow"}
         if self.overwrite:
@@ -375,6 +404,8 @@ class NonstopWriter(DataSourceArrowWriter):
 
     @one_line
     def commit(self, messages: list[WriteStats | None]) -> None:  # type: ignore[override]
+        if self.partitioned:
+            return  # every batch committed as it went (no tags to forget)
         if self.overwrite:
             parts = [f"{m.partition}/{m.attempt}/" for m in messages if m is not None]
             rows = sum(m.rows for m in messages if m is not None)
@@ -457,6 +488,8 @@ class NonstopWriter(DataSourceArrowWriter):
         return all(n.get("up", True) for n in nodes)
 
     def abort(self, messages: list[WriteStats | None]) -> None:  # type: ignore[override]
+        if self.partitioned:
+            return  # (committed batches stay: an append is not atomic, as under nodes)
         for node in self.nodes:
             try:
                 with BulkClient(
@@ -510,6 +543,13 @@ class NonstopStreamWriter(DataSourceStreamArrowWriter):
         self.old_count = int(ts.get("count") or 0)
         self.key = write_key(opts, ts)
         check_writable(ts, schema, self.key)
+        if routes_by_partition(opts, all_nodes(opts)):
+            raise BadArgument(
+                f"a streaming sink of {opts.type} is not available when the cluster routes "
+                'by partition ([ha] data = "partitions"): its micro-batch records are '
+                "per node, not replicated; write each micro-batch with foreachBatch and "
+                "mode('append')"
+            )
         self.nodes = up_nodes(opts)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteStats:

@@ -1063,6 +1063,7 @@ _OPS: dict[str, Callable[[SimDataStore, Branch, dict[str, Any]], Op]] = {
     "branch.write": SimDataStore._g_nothing,
     "branch.call": SimDataStore._g_unsupported,
     "branch.overwrite": SimDataStore._g_unsupported,
+    "branch.upsert": SimDataStore._g_unsupported,
     "branch.commit": SimDataStore._g_commit,
     "branch.cut_open": SimDataStore._g_cut_open,
     "branch.cut_unsure": SimDataStore._g_cut_unsure,

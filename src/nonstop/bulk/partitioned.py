@@ -1,0 +1,188 @@
+"""Bulk writes under routing by partition (``[ha] data = "partitions"``, data-path.md §6.5).
+
+Under node routing a bulk batch is one local store transaction on the node that
+receives it (:func:`nonstop.bulk.handlers.upsert`), and its objects are named by
+that node's own location.  Under routing by partition that would leave them
+outside every partition and off the partitions' replicas, so a batch is applied
+instead as an **ordinary transaction of the data plane**: the session op
+``tx.upsert`` (``dataplane/bulk_upsert.py``) maps every row's unique key with
+the type's binding to its partition (the mapper ``tx.create`` uses), places
+each partition on its active node (fenced by the partition's epoch), and runs
+this module's :func:`upsert_branch` there as the ``branch.upsert`` op; the
+client's ``tx.commit`` commits it as any transaction is committed — through
+the replication hook, so the batch is on every sync replica before it is
+acknowledged.
+
+This module holds the pieces the data plane and the bulk handlers share:
+
+* :func:`key_values` / :func:`partitions_of` -- the checked key values of a
+  batch and the partition of each (the routing key is the value packed, as
+  ``dataplane.placement.routing_key`` packs it);
+* :func:`route` -- ``bulk.route``: that mapping for a client (the Spark writer
+  groups a batch's rows by the partitions' active nodes with it);
+* :func:`upsert_branch` -- the rows of some partitions inserted or updated by
+  key in a branch's transaction, one transaction entry per row (so that
+  ``tx/replica.write_set_records`` sees every object: the raw fast path of
+  :mod:`nonstop.bulk.fast` is not replicated and is not used here), new
+  objects created with ``create_in`` (named by their partition at its epoch).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+from nonstop.bulk.handlers import (
+    BulkContext,
+    Steps,
+    _arun_steps,
+    _checked,
+    _columns_of,
+    _format,
+    _key_of,
+    _type,
+    decode_rows,
+)
+from nonstop.errors import BadArgument, FieldError
+from nonstop.model.codec import pack
+
+if TYPE_CHECKING:
+    from nonstop.model.managed import KeyInfo, TypeInfo
+    from nonstop.tx.async_transaction import AsyncTransaction
+
+ROUTING_OFF = (
+    "bulk writes are routed by partition only when the cluster routes by partition "
+    '([ha] data = "partitions"); this node routes by node'
+)
+
+
+class RowPlacement(Protocol):
+    """What :func:`partitions_of` needs of ``dataplane.placement.Placement``."""
+
+    def partition_for(self, type_name: str, key: bytes | None) -> str: ...
+
+
+def refusal(what: str) -> str:
+    """Why an unreplicated bulk op is refused under routing by partition."""
+    return (
+        f"{what} is not available when the cluster routes by partition "
+        '([ha] data = "partitions"): its objects would live outside the partitions and '
+        "off their replicas; write with tx.upsert (the Spark writer does)"
+    )
+
+
+def key_values(info: TypeInfo, key: KeyInfo, rows: Any, fmt: str) -> list[Any]:
+    """The key column of a batch, checked as a write checks it (only that column is
+    decoded from Arrow); FieldError for a missing column or a null key."""
+    if fmt == "arrow":
+        import pyarrow as pa
+
+        if not isinstance(rows, bytes):
+            raise BadArgument("'rows' must be bytes (an Arrow IPC stream)")
+        try:
+            table = pa.ipc.open_stream(rows).read_all()
+        except pa.ArrowInvalid as exc:
+            raise BadArgument(f"'rows' is not an Arrow IPC stream: {exc}") from None
+        if key.field not in table.column_names:
+            raise FieldError(f"the rows have no column {key.field!r}, the key of {info.name}")
+        values: list[Any] = table.column(key.field).to_pylist()
+    else:
+        cols = decode_rows(rows, fmt)
+        if key.field not in cols:
+            raise FieldError(f"the rows have no column {key.field!r}, the key of {info.name}")
+        values = cols[key.field]
+    if None in values:
+        raise FieldError(f"row {values.index(None)}: null in key column {info.name}.{key.field}")
+    return _checked(info, key.field, values)
+
+
+def partitions_of(placement: RowPlacement, type_name: str, values: list[Any]) -> list[str]:
+    """The partition of each key value: the binding's mapper over the value packed
+    (``routing_key``), exactly as a ``tx.create`` of an object with that key."""
+    return [placement.partition_for(type_name, pack(v)) for v in values]
+
+
+def route(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any]:
+    """``bulk.route``: the partition of each row of a batch (``rows``: at least its key
+    column).  Reply ``{"partitions": [names], "of": [index into partitions per row]}``."""
+    if ctx.placement is None:
+        raise BadArgument(ROUTING_OFF)
+    info = _type(ctx, payload)
+    key = _key_of(info, payload)
+    values = key_values(info, key, payload.get("rows"), _format(payload))
+    names = partitions_of(ctx.placement, info.name, values)
+    order = sorted(set(names))
+    index = {name: i for i, name in enumerate(order)}
+    return {"partitions": order, "of": [index[n] for n in names]}
+
+
+def groups_arg(value: Any, n_rows: int) -> list[tuple[int, int, list[int]]]:
+    """``parts`` of ``branch.upsert``: ``[[location, epoch, [row index, ...]], ...]``."""
+    if not isinstance(value, list) or not value:
+        raise BadArgument("parts must be a non-empty list of [location, epoch, [rows]]")
+    out = []
+    for g in value:
+        if not (isinstance(g, list | tuple) and len(g) == 3 and isinstance(g[2], list)):
+            raise BadArgument("each part is [location, epoch, [row indices]]")
+        location, epoch, rows = g
+        if not isinstance(location, int) or not isinstance(epoch, int):
+            raise BadArgument("a part's location and epoch are integers")
+        if not all(isinstance(i, int) and 0 <= i < n_rows for i in rows):
+            raise BadArgument(f"a part's row indices must be in [0, {n_rows})")
+        out.append((location, epoch, rows))
+    return out
+
+
+async def upsert_branch(
+    tx: AsyncTransaction, info: TypeInfo, payload: dict[str, Any]
+) -> dict[str, Any]:
+    """``branch.upsert``: insert or update rows by key in ``tx`` (module doc).  The rows
+    are validated whole first (a bad row fails the batch, nothing written); the
+    coordinator has mapped them and fenced their partitions (``parts``)."""
+    key = _key_of(info, payload)
+    names, cols, _ = _columns_of(info, key, payload)
+    groups = groups_arg(payload.get("parts"), len(cols[0]) if cols else 0)
+    return await _arun_steps(tx, _g_upsert(tx, info, key, names, cols, groups))  # type: ignore[no-any-return]
+
+
+def _g_upsert(
+    tx: AsyncTransaction,
+    info: TypeInfo,
+    key: KeyInfo,
+    names: list[str],
+    cols: list[list[Any]],
+    groups: list[tuple[int, int, list[int]]],
+) -> Steps:
+    inserted = updated = 0
+    fields = info.fields
+    for location, epoch, indices in groups:
+        for i in indices:
+            row = {n: col[i] for n, col in zip(names, cols, strict=True)}
+            # A reference is taken as such (its object may live in another partition,
+            # on another node: as a reference written over the data path).
+            obj = yield ("find", (info.cls,), {"lock": "write", key.field: row[key.field]})
+            if obj is None:
+                yield ("create_in", (info.cls, location, epoch), row)
+                inserted += 1
+                continue
+            e = tx.entry_of(obj)
+            changed = False
+            for n, value in row.items():
+                current = e.state[n]
+                if current == value and type(current) is type(value):
+                    continue
+                if fields[n].kind == "ref" and current == value:
+                    continue
+                tx.write_field(e, n, value)
+                changed = True
+            updated += changed
+    return {"inserted": inserted, "updated": updated}
+
+
+__all__ = [
+    "ROUTING_OFF",
+    "key_values",
+    "partitions_of",
+    "refusal",
+    "route",
+    "upsert_branch",
+]
