@@ -560,8 +560,8 @@ def replicate_partitions(runtime: RealRuntime, service: Any, context: Any) -> No
     side.wake = lambda: runtime.send(runtime.name, {"t": WAKE})
     context.replicator = side
 
-    async def commit(tx: Any) -> None:
-        await replicated_commit(tx, side.commit)
+    async def commit(tx: Any) -> dict[str, Any] | None:
+        return await replicated_commit(tx, side.commit)
 
     service.commit = commit
     cluster_acting = service.acting
