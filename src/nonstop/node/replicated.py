@@ -49,15 +49,14 @@ from nonstop import errors
 from nonstop.dtx.clustered import ClusterFactory, DtxClusterNode
 from nonstop.dtx.protocol import K_TOMB, DtxConfig, ResourceManager
 from nonstop.ha.cluster_node import HaClusterNode
-from nonstop.ha.partition_table import TABLE, partition_location
-from nonstop.model.ref import Ref
+from nonstop.ha.partition_table import TABLE
 from nonstop.model.wire import error_out
 from nonstop.node.replica_store import partition_write_sets
-from nonstop.replication import PartitionView, ReplicationConfig, ReplicationMachine
+from nonstop.replication import ReplicationConfig, ReplicationMachine
+from nonstop.replication.applied_table import AppliedTable
 from nonstop.replication.holds import K_HOLD
 from nonstop.replication.host import Refusal, ReplicationHost
 from nonstop.replication.machine import PREFIX
-from nonstop.replication.view import view_of
 from nonstop.runtime.interface import (
     Action,
     ClientRequest,
@@ -201,8 +200,7 @@ class ReplicatedClusterNode(DtxClusterNode):
         """gtid -> hold writes in flight: its tombstone waits for them."""
         self._waiting_tombs: list[tuple[list[str], Persist]] = []
         self.loads: dict[str, _Load] = {}
-        self._locations: dict[int, str] = {}
-        self._views: tuple[tuple[int, bytes], dict[str, PartitionView]] = ((-1, b""), {})
+        self.table = AppliedTable(ha)
 
     # ------------------------------------------------------------ the data plane's answer
     def ready(self, partition: str) -> bool:
@@ -286,9 +284,7 @@ class ReplicatedClusterNode(DtxClusterNode):
         self._inner(now, self._from_cluster(now, actions))
 
     def _settle(self, now: float) -> None:
-        ha = self.ha
-        acting = [n for n in ha.partition_table.partitions if ha.acting(now, n)]
-        self.host.settle(now, self._rep_views(), acting)
+        self.host.settle(now, self.table.views(), self.table.acting(now))
         for name, load in self.loads.items():
             if load.unresolved and name not in self.replication.streams:
                 # P moved on before its prepared records were resolved here: the new active
@@ -296,14 +292,6 @@ class ReplicatedClusterNode(DtxClusterNode):
                 for txid in sorted(load.unresolved):
                     if self.host.settled_elsewhere(name, txid):
                         load.unresolved.discard(txid)
-
-    def _rep_views(self) -> dict[str, PartitionView]:
-        ha = self.ha
-        at, views = self._views
-        if at != (ha.applied_index, ha.applied_digest):
-            views = {n: view_of(p) for n, p in ha.partition_table.partitions.items()}
-            self._views = ((ha.applied_index, ha.applied_digest), views)
-        return views
 
     # ------------------------------------------------------------ the hold before the tombstone
     def _machine_persist(self, action: Persist) -> None:
@@ -348,7 +336,7 @@ class ReplicatedClusterNode(DtxClusterNode):
         done: Callable[[Refusal | None], None],
     ) -> None:
         """A commit's (``gtid`` None) or a prepare's records of objects (module doc)."""
-        sets = partition_write_sets(records, self._partition_of)
+        sets = partition_write_sets(records, self.table.partition_of)
         answer = done
         if gtid is not None:
             txid = gtid
@@ -374,12 +362,6 @@ class ReplicatedClusterNode(DtxClusterNode):
         finish, before its tombstone is written): the hold, then the outcome records."""
         parts = self._prepared_parts.pop(gtid, [])
         self.host.outcome(self._now, gtid, commit, parts)
-
-    def _partition_of(self, ref: bytes) -> str | None:
-        names = self.ha.partition_table.partitions
-        if len(self._locations) != len(names):
-            self._locations = {partition_location(n): n for n in names}
-        return self._locations.get(Ref(ref).location)
 
     # ------------------------------------------------------------ promotion
     def _load_copy(self, name: str, stream_id: int, values: Mapping[str, Any], txids: Any) -> None:

@@ -54,15 +54,14 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from nonstop.ha.cluster_node import HaClusterNode
-from nonstop.ha.partition_table import TABLE, partition_location
-from nonstop.model.ref import Ref
+from nonstop.ha.partition_table import TABLE
 from nonstop.model.wire import error_out
 from nonstop.net import plain
-from nonstop.replication import PartitionView, ReplicationConfig, ReplicationMachine
+from nonstop.replication import ReplicationConfig, ReplicationMachine
+from nonstop.replication.applied_table import AppliedTable
 from nonstop.replication.data import K_DATA, K_HEAD
 from nonstop.replication.host import RESULT_KEY, Refusal, ReplicationHost, WriteSets
 from nonstop.replication.machine import PREFIX
-from nonstop.replication.view import view_of
 from nonstop.runtime.interface import (
     Action,
     Event,
@@ -160,8 +159,7 @@ class ReplicatedDataNode(SimDataNode):
             first_local_txid=random.Random(rng.getrandbits(64)).getrandbits(48),
             propose_again=lambda: self.node.dtx.config.retry,
         )
-        self._locations: dict[int, str] = {}
-        self._views: tuple[tuple[int, bytes], dict[str, PartitionView]] = ((-1, b""), {})
+        self.table = AppliedTable(ha)
 
     @property
     def loaded(self) -> dict[str, int]:
@@ -192,20 +190,10 @@ class ReplicatedDataNode(SimDataNode):
         host = self.host
         if not host.dirty:
             return False
-        ha = self.ha
-        acting = [n for n in ha.partition_table.partitions if ha.acting(now, n)]
-        host.settle(now, self._rep_views(), acting)
+        host.settle(now, self.table.views(), self.table.acting(now))
         if self.store.replicated_prepared:
             self._drop_settled_taken_over()
         return bool(self._queue) or not self.store.idle() or host.dirty
-
-    def _rep_views(self) -> dict[str, PartitionView]:
-        ha = self.ha
-        at, views = self._views
-        if at != (ha.applied_index, ha.applied_digest):
-            views = {n: view_of(p) for n, p in ha.partition_table.partitions.items()}
-            self._views = ((ha.applied_index, ha.applied_digest), views)
-        return views
 
     def _cluster(self, now: float, actions: list[Action]) -> None:
         """Actions of the cluster node (a table entry, a log request) as the node's own."""
@@ -227,22 +215,16 @@ class ReplicatedDataNode(SimDataNode):
     def _replicate(
         self, after: list[list[Any]], done: Done, gtid: str | None
     ) -> dict[str, Any] | None:
-        sets = write_sets(after, self._partition_of)
+        sets = write_sets(after, self.table.partition_of)
         return _reply(self.host.replicate(self.now, sets, gtid, lambda r: done(_reply(r))))
 
     def outcome(self, gtid: str, commit: bool, after: list[list[Any]]) -> None:
         # The hold is persisted before the participant's tombstone (same disk, in order).
-        parts = write_sets(after, self._partition_of)
+        parts = write_sets(after, self.table.partition_of)
         self.host.outcome(self.now, gtid, commit, sorted(parts))
 
     def lookup(self, client: str, seq: int) -> tuple[tuple[bool, Any] | None, bool]:
         return self.host.lookup(client, seq)
-
-    def _partition_of(self, ref: bytes) -> str | None:
-        names = self.ha.partition_table.partitions
-        if len(self._locations) != len(names):
-            self._locations = {partition_location(n): n for n in names}
-        return self._locations.get(Ref(ref).location)
 
     # ------------------------------------------------------------ promotion
     def _drop_settled_taken_over(self) -> None:
@@ -296,7 +278,7 @@ class _SimHostRuntime:
         node, store = self.node, self.node.store
         after = after_images(values)
         present = {bytes.fromhex(k) for k in values if not k.startswith(RESULT_KEY)}
-        gone = [r for r in store.objects if r not in present and node._partition_of(r) == name]
+        gone = [r for r in store.objects if r not in present and node.table.partition_of(r) == name]
         after += [[r, "", 0, None] for r in sorted(gone)]
         store.load(after)
         for txid, writes in sorted(prepared.items()):
