@@ -23,10 +23,10 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) -m nonstop.demos.cluster
 
-# The cluster demo with sync replication of partitions (experimental, replication.md
-# §10c): 16 partitions with one sync replica; load and audit through the Python client.
+# The cluster demo with sync replication of partitions (replication.md
+# §10d): 16 partitions with one sync replica; load and audit through the Python client.
 demo-replicated: $(STAMP)
-	NONSTOP_EXPERIMENTAL_REPLICATION=1 $(PY) -m nonstop.demos.cluster --accounts 10000
+	$(PY) -m nonstop.demos.cluster --replicated --accounts 10000
 
 # The same bank on one embedded store, no cluster and no Spark (seconds).
 demo-embedded: $(STAMP)

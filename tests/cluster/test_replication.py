@@ -1,8 +1,7 @@
-"""Sync replication of partitions on real node processes (replication.md §10c).
+"""Sync replication of partitions on real node processes (replication.md §10c, §10d).
 
-Three nodes on loopback with ``ha.data = "partitions"``, the default policy (16
-dynamic partitions, one sync replica each) and the experimental switch on
-(``[ha] replicate_data = true``, accepted with ``NONSTOP_EXPERIMENTAL_REPLICATION=1``):
+Three nodes on loopback with ``ha.data = "partitions"`` and the default policy (16
+dynamic partitions, one sync replica each), which replicates (no other setting):
 
 * objects written on the cluster survive a SIGKILL of the node acting for their
   partitions: after the takeover a survivor serves every one of them, none is
@@ -21,7 +20,6 @@ import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +27,6 @@ import pytest
 
 import nonstop
 from nonstop import errors
-from nonstop.dataplane.placement import EXPERIMENTAL_REPLICATION_ENV
 from nonstop.ha.partition_table import partition_location
 from tests.cluster.conftest import REAL_CLUSTER, Procs, app_cluster, wait_until
 from tests.distmodel import Account
@@ -38,16 +35,10 @@ pytestmark = [
     pytest.mark.skipif(not REAL_CLUSTER, reason="replication is the real cluster node's"),
 ]
 
-OPTIONS = {"app": ["tests.distmodel"], "ha": {"data": "partitions", "replicate_data": True}}
+OPTIONS = {"app": ["tests.distmodel"], "ha": {"data": "partitions"}}
 PARTITIONS = 16
 ACCOUNTS = 48
 START = 100
-
-
-@pytest.fixture(autouse=True)
-def experimental(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setenv(EXPERIMENTAL_REPLICATION_ENV, "1")  # the node processes inherit it
-    yield
 
 
 def table(p: Procs, name: str) -> dict[str, dict[str, Any]]:
@@ -312,14 +303,18 @@ def test_transfers_continue_through_a_kill_and_the_total_is_conserved(tmp_path: 
             db.close()
 
 
-def test_replicate_data_is_refused_without_the_experimental_environment(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_partitions_with_replicas_replicate_unless_turned_off(tmp_path: Path) -> None:
     from nonstop.node.config import ConfigError, from_mapping
 
-    monkeypatch.delenv(EXPERIMENTAL_REPLICATION_ENV)
-    with pytest.raises((ConfigError, ValueError), match=EXPERIMENTAL_REPLICATION_ENV):
-        from_mapping({"name": "A", "data": str(tmp_path), "ha": OPTIONS["ha"]})
-    monkeypatch.setenv(EXPERIMENTAL_REPLICATION_ENV, "1")
-    cfg = from_mapping({"name": "A", "data": str(tmp_path), "ha": OPTIONS["ha"]})
-    assert cfg.ha.replicating
+    def config(ha: dict[str, Any]) -> Any:
+        return from_mapping({"name": "A", "data": str(tmp_path), "ha": ha})
+
+    assert config(OPTIONS["ha"]).ha.replicating, "the default policy's replica is fed"
+    assert config({**OPTIONS["ha"], "replicate_data": True}).ha.replicating  # the old key
+    zero = {"data": "partitions", "policies": {"default": {"replicas": 0}}}
+    assert not config(zero).ha.replicating, "one copy: nothing to replicate to"
+    assert not config({}).ha.replicating, "routing by node does not replicate"
+    with pytest.raises((ConfigError, ValueError), match="replicate_data = false"):
+        config({**OPTIONS["ha"], "replicate_data": False})
+    with pytest.raises((ConfigError, ValueError), match="async replicas"):
+        config({"data": "partitions", "policies": {"default": {"async_replicas": 1}}})

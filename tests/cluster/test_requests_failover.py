@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 
 from nonstop.client import Client
-from nonstop.dataplane.placement import EXPERIMENTAL_REPLICATION_ENV
 from nonstop.ha.partition_table import partition_location
 from nonstop.model.codec import pack, unpack
 from tests.cluster.conftest import REAL_CLUSTER, Procs, app_cluster, wait_until
@@ -36,11 +35,6 @@ pytestmark = [
 ]
 
 ACC = "dist.Account"
-
-
-@pytest.fixture(autouse=True)
-def experimental(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(EXPERIMENTAL_REPLICATION_ENV, "1")  # the node processes inherit it
 
 
 def ask(c: Client, **payload: Any) -> Any:

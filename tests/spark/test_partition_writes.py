@@ -31,7 +31,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 import nonstop
 from nonstop.admin.owned import OwnedCluster
 from nonstop.client.bulk import BulkClient, cluster_nodes
-from nonstop.dataplane.placement import EXPERIMENTAL_REPLICATION_ENV, routing_key
+from nonstop.dataplane.placement import routing_key
 from nonstop.errors import BadArgument, NotActive
 from nonstop.ha.mapper import ConsistentHashMapper
 from nonstop.ha.partition_table import partition_location
@@ -48,16 +48,12 @@ pytestmark = pytest.mark.timeout(300)
 ITEM = "pipe.Item"
 PARTITIONS = 16
 ROWS = 400
-HA = {"data": "partitions", "replicate_data": True}
+HA = {"data": "partitions"}  # the default policy: 16 partitions, one sync replica
 
 
 @pytest.fixture
-def replicated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[OwnedCluster]:
-    monkeypatch.setenv(EXPERIMENTAL_REPLICATION_ENV, "1")  # (the layout's check reads it)
-    env = {
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-        EXPERIMENTAL_REPLICATION_ENV: "1",
-    }
+def replicated(tmp_path: Path) -> Iterator[OwnedCluster]:
+    env = {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     oc = OwnedCluster(tmp_path / "c", 3, apps=["tests.spark.model"], options={"ha": HA}, env=env)
     try:
         oc.start_all(timeout=90)

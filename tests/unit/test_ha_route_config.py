@@ -35,17 +35,21 @@ def test_the_switch_defaults_to_node_routing() -> None:
     assert from_mapping({"members": ["A"]}).ha.data == "nodes"
 
 
+OFF = {"data": "partitions", "replicate_data": False}
+"""Routing by partition with sync replication of data turned off."""
+
+
 @pytest.mark.parametrize(
     ("ha", "culprit"),
     [
-        ({"data": "partitions"}, "policy 'default' keeps 2 copies"),
+        (OFF, "policy 'default' keeps 2 copies"),
         (
-            {"data": "partitions", "policies": {"default": {"replicas": 0, "async_replicas": 1}}},
+            {**OFF, "policies": {"default": {"replicas": 0, "async_replicas": 1}}},
             "policy 'default' keeps 2 copies",
         ),
         (
             {
-                "data": "partitions",
+                **OFF,
                 "policies": {
                     "default": {"replicas": 0},
                     "pinned": {"partitions_static": {"g": [["A", "sync"], ["B", "sync"]]}},
@@ -55,14 +59,26 @@ def test_the_switch_defaults_to_node_routing() -> None:
         ),
     ],
 )
-def test_partitions_refuse_any_policy_with_replicas_in_one_line(
+def test_partitions_without_replication_refuse_any_policy_with_replicas_in_one_line(
     ha: dict[str, Any], culprit: str
 ) -> None:
     with pytest.raises(ConfigError) as info:
         from_mapping({"members": ["A", "B"], "ha": ha})
     message = str(info.value)
-    assert culprit in message and "sync replication of data is not built yet" in message
+    assert culprit in message and "sync replication of data is off" in message
     assert "set replicas = 0" in message and "\n" not in message.strip()
+
+
+def test_partitions_with_sync_replicas_start_and_replicate() -> None:
+    cfg = from_mapping({"members": ["A", "B"], "ha": {"data": "partitions"}})
+    assert cfg.ha.replicating
+    with pytest.raises(ConfigError, match="async replicas"):
+        from_mapping(
+            {
+                "members": ["A", "B"],
+                "ha": {"data": "partitions", "policies": {"default": {"async_replicas": 1}}},
+            }
+        )
 
 
 def test_partitions_with_replicas_zero_start() -> None:

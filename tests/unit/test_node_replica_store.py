@@ -58,11 +58,14 @@ def test_a_commit_reaches_the_store_only_after_its_records_were_replicated(
     create(db, P0, "a", 10)
     seen: list[list[Any]] = []
 
-    async def run(replicate: Any) -> None:
+    async def run(replicate: Any) -> Any:
         tx = AsyncTransaction(db, Isolation.SERIALIZABLE, 5.0)
         account = await tx.get(Account, number="a", lock="write")
         account.balance = 11
-        await replicated_commit(tx, replicate)
+        return await replicated_commit(tx, replicate)
+
+    async def unknown(records: list[list[Any]]) -> dict[str, Any]:
+        return {"error": "Unavailable", "message": "outcome unknown"}
 
     async def accepted(records: list[list[Any]]) -> None:
         (stored,) = copy_batch(db.engine, P0)[0]  # committed state, read without locks
@@ -75,7 +78,10 @@ def test_a_commit_reaches_the_store_only_after_its_records_were_replicated(
     with pytest.raises(errors.NotActive):
         asyncio.run(run(refused))
     assert balances(db) == {"a": 10}
-    asyncio.run(run(accepted))  # the refused one released its locks
+    # A record made, then failed: the reply of an unknown outcome, nothing committed here.
+    assert asyncio.run(run(unknown)) == {"error": "Unavailable", "message": "outcome unknown"}
+    assert balances(db) == {"a": 10}
+    assert asyncio.run(run(accepted)) is None  # the others released their locks
     assert balances(db) == {"a": 11}
     (record,) = seen
     assert record[0] == "u" and record[3] == 2

@@ -1,5 +1,6 @@
 """The real node's composition holds a participant's phase-two acknowledgement while a
-copy of the partition may hold the prepared record without its outcome (replication.md §10c).
+copy of the partition may hold the prepared record without its outcome (replication.md
+§10c, §10d: the machine's durable holds, hosted by ``replication/host.py``).
 
 The case the demo found: the participant prepared a gtid as the partition's active node,
 then lost its stream (a handover) before phase two.  Its copy still holds the prepared
@@ -18,9 +19,11 @@ from nonstop.cluster.node import ClusterConfig
 from nonstop.dtx.protocol import K_TOMB
 from nonstop.ha.cluster_node import HaClusterNode
 from nonstop.net import plain
-from nonstop.node.replicated import ReplicatedClusterNode, StoreSide
+from nonstop.node.replicated import WAKE, ReplicatedClusterNode, StoreSide
 from nonstop.replication.data import K_PREPARED
-from nonstop.runtime.interface import Persist, Persisted
+from nonstop.replication.holds import K_HOLD
+from nonstop.replication.machine import RELEASED
+from nonstop.runtime.interface import Notify, Persist, Persisted, Received
 
 P = "default.7"
 GTID = "A.186"
@@ -64,21 +67,31 @@ def _node() -> ReplicatedClusterNode:
 def test_phase_two_without_a_stream_holds_the_ack_until_the_copy_settles() -> None:
     node = _node()
     assert P not in node.replication.streams  # not active: no stream
+    node._out = []
     node.outcome(GTID, True)
-    # The dtx machine's tombstone write, then its durable end: held.
-    node._inner(0.0, [Persist(5, ((K_TOMB + GTID.encode(), b"commit"),))])
-    held = Persisted(0.0, 10)
-    assert node._hold_ack(held), "acknowledged while a copy may hold it without its outcome"
-    node._release_settled_outcomes()
-    assert GTID in node._held_acks, "the copy still holds it prepared"
+    assert node.dtx.hold_ack(GTID), "acknowledged while a copy may hold it without its outcome"
+    holds = [a for a in node._out if isinstance(a, Persist)]
+    assert len(holds) == 1 and holds[0].token % 2 == 1, "the hold is the machine's write"
+    assert any(key.startswith(K_HOLD) for key, _ in holds[0].writes)
+    # The dtx machine's tombstone write waits until the hold is durable (two disks).
+    tomb = Persist(5, ((K_TOMB + GTID.encode(), b"commit"),))
+    node._inner(0.0, [tomb])
+    assert Persist(10, tomb.writes) not in node._out, "tombstone written before the hold"
+    out = node.handle(Persisted(0.0, holds[0].token))
+    assert Persist(10, tomb.writes) in out, "the tombstone goes once the hold is durable"
+    assert node.dtx.hold_ack(GTID), "the copy still holds it prepared"
     # The new active's outcome record (or a reset without it) arrives here.
     node.replication.data.prepared[P].pop(GTID)
-    node._release_settled_outcomes()
-    assert GTID not in node._held_acks and GTID not in node._unreplicated_outcomes
+    out = node.handle(Received(0.0, "C", {"t": WAKE}))
+    assert not node.dtx.hold_ack(GTID)
+    assert Notify(RELEASED, {"g": GTID}) in out
 
 
 def test_a_gtid_this_copy_does_not_hold_is_not_held() -> None:
     node = _node()
+    node._out = []
     node.outcome("B.9", True)
-    node._inner(0.0, [Persist(6, ((K_TOMB + b"B.9", b"commit"),))])
-    assert not node._hold_ack(Persisted(0.0, 12))
+    assert not node.dtx.hold_ack("B.9")
+    tomb = Persist(6, ((K_TOMB + b"B.9", b"commit"),))
+    node._inner(0.0, [tomb])
+    assert Persist(12, tomb.writes) in node._out, "nothing held: the tombstone goes at once"

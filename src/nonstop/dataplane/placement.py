@@ -25,26 +25,13 @@ from nonstop.model.codec import pack
 from nonstop.model.managed import TypeInfo, registered_type, type_info
 from nonstop.tx.unique_scope import check_unique_scope, unique_key_names
 
-SYNC_REPLICATION_OF_DATA = False
-"""Whether a partition's writes reach its replicas by default (ha.md §5): not yet.  Until
-then a node with ``ha.data = "partitions"`` refuses a policy with replicas
-(``node/config.replicas_refusal``): a failover would promote a node without the data.
-
-The real node's replication (``nonstop.node.replicated``, replication.md §10c) can be
-tried before the switch is lifted: ``[ha] replicate_data = true``, which a node accepts
-only when the environment has :data:`EXPERIMENTAL_REPLICATION_ENV` = ``1`` (tests,
-``make demo-replicated``)."""
-
-EXPERIMENTAL_REPLICATION_ENV = "NONSTOP_EXPERIMENTAL_REPLICATION"
-"""Environment variable that lets a node accept ``[ha] replicate_data = true`` while
-:data:`SYNC_REPLICATION_OF_DATA` is off (an experiment, not a supported setting)."""
-
-
-def experimental_replication_allowed() -> bool:
-    """Does this process accept ``[ha] replicate_data = true`` (module constants)?"""
-    import os
-
-    return SYNC_REPLICATION_OF_DATA or os.environ.get(EXPERIMENTAL_REPLICATION_ENV) == "1"
+SYNC_REPLICATION_OF_DATA = True
+"""Whether a partition's writes reach its replicas (ha.md §5): yes since issue 10,
+session 6 (replication.md §10d).  A node with ``ha.data = "partitions"`` and a policy with
+replicas replicates each partition to its sync replicas (``node/replicated.py``);
+``[ha] replicate_data = false`` turns it off, and such a node refuses policies with
+replicas again (``node/config.replicas_refusal``: a failover would promote a node
+without the data)."""
 
 
 class Placement(Protocol):
@@ -116,10 +103,8 @@ class BindingPlacement:
 
 
 __all__ = [
-    "EXPERIMENTAL_REPLICATION_ENV",
     "SYNC_REPLICATION_OF_DATA",
     "BindingPlacement",
     "Placement",
-    "experimental_replication_allowed",
     "routing_key",
 ]

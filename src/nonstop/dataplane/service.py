@@ -176,7 +176,7 @@ class DataService:
         self._partitions: Mapping[str, PartitionView] = {}
         self._stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.commit: Callable[[AsyncTransaction], Awaitable[None]] | None = None
+        self.commit: Callable[[AsyncTransaction], Awaitable[dict[str, Any] | None]] | None = None
         """How a branch commits (``store_ops.run_branch_op``); the node sets it when its
         partitions replicate (``nonstop.node.replica_store.replicated_commit``)."""
         self.observer: Any = None

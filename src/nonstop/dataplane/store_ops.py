@@ -73,13 +73,14 @@ async def run_branch_op(
     fields: dict[str, Any],
     writes: Any,
     window: int = DEFAULT_WINDOW,
-    commit: Callable[[AsyncTransaction], Awaitable[None]] | None = None,
+    commit: Callable[[AsyncTransaction], Awaitable[dict[str, Any] | None]] | None = None,
 ) -> dict[str, Any]:
     """One ``Exec`` on a branch: its write set, then its op (module doc).
 
     ``commit``: how ``branch.commit`` commits (sync replication of partitions: the
     write set reaches the replicas first, ``nonstop.node.replica_store``); default
-    ``tx.commit()``."""
+    ``tx.commit()``; an error reply it returns is an outcome not known here, answered
+    ``{"unknown": reply}`` (``OutcomeUnknown`` at the coordinator: nothing recorded)."""
     if writes:
         await apply_writes(tx, writes)
     if op.startswith("branch.") and op != "branch.commit":
@@ -93,7 +94,9 @@ async def run_branch_op(
         if commit is None:
             await tx.commit()
         else:
-            await commit(tx)
+            unknown = await commit(tx)
+            if unknown is not None:
+                return {"unknown": unknown}
         return {}
     if op == "request.record":
         req = parse_req(fields.get("req"))

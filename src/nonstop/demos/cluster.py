@@ -42,7 +42,6 @@ from typing import Any
 
 import nonstop
 from nonstop.admin.owned import OwnedCluster, kill_leftovers
-from nonstop.dataplane.placement import experimental_replication_allowed
 from nonstop.demos.bank import START_BALANCE, Account, Transfer, owner_of, transfer_async
 from nonstop.demos.progress import Progress
 from nonstop.errors import Error, Retryable
@@ -392,13 +391,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-spark", action="store_true", help="load and audit through the Python client"
     )
+    parser.add_argument(
+        "--replicated",
+        action="store_true",
+        help="route by partition with one sync replica each (make demo-replicated)",
+    )
     args = parser.parse_args(argv)
-    # Sync replication of partitions, tried before it is the default (replication.md §10c):
-    # with NONSTOP_EXPERIMENTAL_REPLICATION=1 the nodes route by partition and replicate
-    # each partition to a sync replica.  Spark's bulk load is not replicated yet: the load
-    # and the audit run through the Python client.
-    replicated = experimental_replication_allowed()
-    options = {"ha": {"data": "partitions", "replicate_data": True}} if replicated else None
+    # Sync replication of partitions (replication.md §10d): with --replicated the nodes
+    # route by partition and replicate each partition to a sync replica.  Spark's bulk
+    # load is not replicated yet: the load and the audit run through the Python client.
+    replicated = args.replicated
+    options = {"ha": {"data": "partitions"}} if replicated else None
     if replicated:
         args.no_spark = True
     folder = Path(args.dir).resolve()
@@ -417,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"nonstop {nonstop.__version__} cluster demo — 3 nodes on 127.0.0.1, data in {folder}")
     oc = OwnedCluster(folder / "cluster", 3, apps=[APP], options=options)
     if replicated:
-        print("  with sync replication of partitions (experimental: 16 partitions, 1 replica)")
+        print("  with sync replication of partitions (16 partitions, 1 sync replica each)")
     try:
         t0 = time.perf_counter()
         oc.start_all()

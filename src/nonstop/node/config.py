@@ -291,14 +291,15 @@ class HaSection(Section):
         description="how the data path routes: `nodes` (a reference names the node that "
         "created it, unique lookups ask every node) or `partitions` (a reference names its "
         'partition, served by the partition\'s active node; ha.md "Routing by partition"); '
-        "`partitions` needs every policy at `replicas = 0` until sync replication of data "
-        "is built",
+        "with `partitions` and a policy with replicas, each partition's writes reach its "
+        "sync replicas before they are acknowledged (`replicate_data`)",
     )
     replicate_data: bool = Field(
-        default=False,
-        description="experimental: replicate each partition's writes to its sync replicas "
-        '(needs `data = "partitions"`; replication.md section 10c); accepted only when the '
-        "environment has NONSTOP_EXPERIMENTAL_REPLICATION=1",
+        default=True,
+        description='with `data = "partitions"`: replicate each partition\'s writes to its '
+        "sync replicas when a policy has replicas (replication.md section 10d); `false` "
+        "turns replication off, and policies with replicas are then refused. No effect "
+        'with `data = "nodes"`',
     )
 
     @_model_validator(mode="after")
@@ -309,32 +310,22 @@ class HaSection(Section):
             dist = self.distribution(resolve_mappers=False)
         except DistributionError as exc:
             raise ValueError(str(exc)) from None
-        if self.replicate_data:
-            from nonstop.dataplane.placement import (
-                EXPERIMENTAL_REPLICATION_ENV,
-                experimental_replication_allowed,
-            )
-
-            if not experimental_replication_allowed():
-                raise ValueError(
-                    "replicate_data is experimental: set the environment variable "
-                    f"{EXPERIMENTAL_REPLICATION_ENV}=1 to try it"
-                )
-            if self.data != "partitions":
-                raise ValueError('replicate_data needs data = "partitions"')
-        elif self.data == "partitions":
-            refusal = replicas_refusal(dist)
+        if self.data == "partitions":
+            refusal = replicas_refusal(dist, replicated=self.replicate_data)
             if refusal is not None:
                 raise ValueError(refusal)
         return self
 
     @property
     def replicating(self) -> bool:
-        """Do this node's partitions replicate their writes (routing by partition, and the
-        switch lifted or the experimental key set)?"""
+        """Do this node's partitions replicate their writes?  Routing by partition, the
+        switch on and not turned off, and a policy that keeps more than one copy (with
+        one copy there is nothing to replicate to: the node runs as before)."""
         from nonstop.dataplane.placement import SYNC_REPLICATION_OF_DATA
 
-        return self.data == "partitions" and (SYNC_REPLICATION_OF_DATA or self.replicate_data)
+        if self.data != "partitions" or not (SYNC_REPLICATION_OF_DATA and self.replicate_data):
+            return False
+        return keeps_copies(self.distribution(resolve_mappers=False))
 
     def distribution(
         self, known_nodes: list[str] | None = None, *, resolve_mappers: bool = True
@@ -377,30 +368,45 @@ class AdminSection(Section):
     )
 
 
-def replicas_refusal(distribution: Any) -> str | None:
-    """Why ``ha.data = "partitions"`` cannot run this distribution yet, or None.
+def _copies(policy: Any) -> tuple[int, int]:
+    """(copies of a partition, async replicas among them) a policy keeps at most."""
+    from nonstop.ha.policies import ASYNC, STATIC
 
-    Without sync replication of the data a failover would promote a node that has
-    none of the partition's objects: every policy must keep one copy (``replicas =
-    0``, static lists of one sync node) until replication is wired
-    (``dataplane/placement.SYNC_REPLICATION_OF_DATA``).
+    if policy.kind == STATIC:
+        lists = [part.nodes for part in policy.static]
+        asyncs = sum(1 for nodes in lists for _, style in nodes if style == ASYNC)
+        return max((len(nodes) for nodes in lists), default=1), asyncs
+    return 1 + policy.replicas + policy.async_replicas, policy.async_replicas
+
+
+def keeps_copies(distribution: Any) -> bool:
+    """Does any policy keep more than one copy of a partition?"""
+    return any(_copies(p)[0] > 1 for p in distribution.policies.values())
+
+
+def replicas_refusal(distribution: Any, *, replicated: bool = True) -> str | None:
+    """Why ``ha.data = "partitions"`` cannot run this distribution, or None.
+
+    Without sync replication of the data (``replicated`` false, or the switch
+    ``dataplane/placement.SYNC_REPLICATION_OF_DATA`` off) a failover would promote a
+    node that has none of the partition's objects: every policy must then keep one
+    copy (``replicas = 0``, static lists of one sync node).  With it only async
+    replicas are refused: they are not fed yet (D11, replication.md §10d).
     """
     from nonstop.dataplane.placement import SYNC_REPLICATION_OF_DATA
-    from nonstop.ha.policies import STATIC
 
-    if SYNC_REPLICATION_OF_DATA:
-        return None
+    on = SYNC_REPLICATION_OF_DATA and replicated
     for name in sorted(distribution.policies):
-        policy = distribution.policies[name]
-        copies = (
-            max((len(part.nodes) for part in policy.static), default=1)
-            if policy.kind == STATIC
-            else 1 + policy.replicas + policy.async_replicas
-        )
-        if copies > 1:
+        copies, asyncs = _copies(distribution.policies[name])
+        if on and asyncs:
             return (
-                f"policy {name!r} keeps {copies} copies of a partition: sync replication "
-                "of data is not built yet; set replicas = 0 (ha.data = 'partitions')"
+                f"policy {name!r} has async replicas: async replication of data is not "
+                "built yet (D11); use sync replicas (ha.data = 'partitions')"
+            )
+        if not on and copies > 1:
+            return (
+                f"policy {name!r} keeps {copies} copies of a partition, but sync replication "
+                "of data is off (ha.replicate_data = false); set replicas = 0 or turn it on"
             )
     return None
 

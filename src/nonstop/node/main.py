@@ -30,7 +30,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from nonstop.errors import SchemaError, StoreError
+from nonstop.errors import BadArgument, SchemaError, StoreError
 from nonstop.net.handshake import ROLE_NODE, Hello
 from nonstop.net.tls import TLSSetupError
 from nonstop.node import log_format
@@ -582,10 +582,11 @@ def replicate_partitions(runtime: RealRuntime, service: Any, context: Any) -> No
     side.wake = lambda: runtime.send(runtime.name, {"t": WAKE})
     context.replicator = side
 
-    async def commit(tx: Any) -> None:
-        await replicated_commit(tx, side.commit)
+    async def commit(tx: Any) -> dict[str, Any] | None:
+        return await replicated_commit(tx, side.commit)
 
     service.commit = commit
+    refuse_unreplicated_bulk_writes(service)
     cluster_acting = service.acting
 
     def acting(now: float, partition: str) -> bool:
@@ -593,6 +594,37 @@ def replicate_partitions(runtime: RealRuntime, service: Any, context: Any) -> No
         return bool(cluster_acting(now, partition) and (ready is None or ready(partition)))
 
     service.machine.config.acting = acting
+
+
+BULK_WRITES = frozenset(
+    {
+        "bulk.upsert",
+        "bulk.stream.commit",
+        "bulk.overwrite.begin",
+        "bulk.overwrite.part",
+        "bulk.overwrite.commit",
+    }
+)
+"""Bulk ops that write the store directly, outside the replication machine."""
+
+
+def refuse_unreplicated_bulk_writes(service: Any) -> None:
+    """A replicating node refuses bulk writes (Spark loads): they bypass the replication
+    machine, so a failover -- or this node's own restart, which reloads each partition
+    from the machine's copy -- would lose them (replication.md §10d).  Reads stay."""
+    bulk = service._bulk
+
+    async def guarded(op: str, payload: dict[str, Any]) -> dict[str, Any]:
+        if op in BULK_WRITES:
+            raise BadArgument(
+                f"{op}: bulk writes are not replicated yet; on a cluster that replicates "
+                "its partitions, write through transactions (or set ha.replicate_data = false "
+                "with replicas = 0)"
+            )
+        result: dict[str, Any] = await bulk(op, payload)
+        return result
+
+    service._bulk = guarded
 
 
 def route_by_partition(service: Any, cfg: NodeConfig) -> None:

@@ -73,23 +73,30 @@ def partition_write_sets(
 
 
 async def replicated_commit(
-    tx: AsyncTransaction, replicate: Callable[[list[list[Any]]], Awaitable[None]]
-) -> None:
-    """Commit ``tx`` once ``replicate(records)`` returned (module doc).
+    tx: AsyncTransaction,
+    replicate: Callable[[list[list[Any]]], Awaitable[dict[str, Any] | None]],
+) -> dict[str, Any] | None:
+    """Commit ``tx`` once ``replicate(records)`` returned None (module doc).
 
-    ``replicate`` raises (``NotActive``: nothing replicated, retry; ``Unavailable``:
-    outcome unknown) and the transaction is rolled back, locks released.
+    ``replicate`` raises (``NotActive``: nothing replicated, retry; an abort decided) or
+    returns the error reply of an outcome not known here (a record failed after it was
+    made: it may be on the promoted copy); the transaction is then rolled back, its locks
+    released, and that reply returned (``branch.commit`` answers ``{"unknown": reply}``).
     """
     ws = tx._prepare_commit()  # triggers and prepare notifiers: the write set is final
     if ws is None:
         tx._finish(TxState.COMMITTED)
-        return
+        return None
     try:
-        await replicate(write_set_records(tx) + result_records(tx))
+        unknown = await replicate(write_set_records(tx) + result_records(tx))
     except BaseException:
         tx._finish(TxState.ROLLED_BACK)
         raise
+    if unknown is not None:
+        tx._finish(TxState.ROLLED_BACK)
+        return unknown
     await tx._durable(ws, TxState.COMMITTED)
+    return None
 
 
 def _copy_records(db: Database, values: Mapping[str, Any]) -> list[list[Any]]:

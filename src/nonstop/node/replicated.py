@@ -1,39 +1,39 @@
-"""The real node's machine with sync replication of partitions (replication.md §10c).
+"""The real node's machine with sync replication of partitions (replication.md §10c, §10d).
 
 :class:`ReplicatedClusterNode` is the node's :class:`~nonstop.dtx.clustered.DtxClusterNode`
-(HA cluster node, distributed commit over the object store) with the
-:class:`~nonstop.replication.machine.ReplicationMachine` composed in, as the
-simulator's :class:`~nonstop.sim.scenarios.dataplane_replication.ReplicatedDataNode`
-composes it (same rules; the differences are the store's, below):
+(HA cluster node, distributed commit over the object store) hosting the
+:class:`~nonstop.replication.host.ReplicationHost` -- the same glue the simulator's
+``ReplicatedDataNode`` hosts, so the rules (holds, the unknown outcome, resent
+proposals, resolution of prepared records) are written once.  What is this
+node's own:
 
 * **Events.**  ``rep.*`` peer messages (they arrive on the authenticated peer
   channel only: a client's request is a ``ClientRequest``, never a ``Received``)
-  and ``rep.*`` timers go to the replication machine; everything else to the
-  DtxClusterNode.  ``Persist`` tokens: ``2t`` the DtxClusterNode's, ``2t + 1`` the
-  replication machine's, whose ``rep/`` keys go to the runtime's default persister
-  (the node's cluster store, LMDB): a record counts as durable here only after
-  that commit is on disk.  After **every** event the machine gets
-  ``on_table(now, views, acting)`` (the applied partition table, what this node
-  acts for), which completes records and flushes.
+  and ``rep.*`` timers go to the host; everything else to the DtxClusterNode.
+  ``Persist`` tokens: ``2t`` the DtxClusterNode's, ``2t + 1`` the machine's, whose
+  ``rep/`` keys go to the runtime's default persister (the node's cluster store,
+  LMDB): a record counts as durable here only after that commit is on disk.
+  After **every** event the host gets the applied table and this node's acting set.
+* **The hold before the tombstone.**  The participant's phase two writes its
+  ``dtx/t/`` tombstone to the object store, the hold (``rep/u/``) goes to the
+  cluster store: two disks with no order between them.  A ``Persist`` carrying
+  the tombstone of a gtid whose hold is not durable yet waits for it, so that a
+  restart never finds the tombstone without the hold (replication.md §10d).
 * **The store's calls** (:class:`StoreSide`) come from the data service's tasks,
   outside ``handle``: they are queued and the node wakes its machine with a
   ``rep.wake`` message to itself, so every action still leaves through
-  ``handle``.  ``commit(records)`` (a one-node commit) and ``prepare(gtid,
-  records)`` (a 2PC participant's prepare) are futures that resolve once every
-  touched partition's record completed (I3) -- or raise ``NotActive`` (nothing
-  made: retry) / ``Unavailable`` (a record failed after it was made: outcome
-  unknown).  ``outcome(gtid, commit)`` (phase two, inside ``handle``) appends the
-  outcome records; the participant's phase-two acknowledgement (the durable end
-  of its ``dtx/t/`` tombstone) is held until they completed, as in the simulator.
-* A one-node commit over **several partitions** is a prepared record in each,
-  decided in the decision log (gtid ``<node>~rep.<n>``), then outcome records.
+  ``handle``.  ``commit(records)`` (a one-node commit) answers None or the error
+  reply of an unknown outcome; it raises ``NotActive`` (nothing made: retry) or the
+  decided abort.  ``prepare(gtid, records)`` (a 2PC participant's prepare) raises
+  on any refusal (the no vote), after recording the abort as this node's outcome.
+  ``outcome(gtid, commit)`` is phase two, inside ``handle``.
 * **Promotion**: when the machine starts a stream for P, the store takes the
   machine's copy of P (:func:`~nonstop.node.replica_store.load_copy`); prepared
-  records of P are resolved from the decision log (``Resolve``) and a committed
-  one installed in the store.  Until both are done the data plane does not act
-  for P (:meth:`ReplicatedClusterNode.ready`: ``NotActive``, retryable).
-* ``Submit`` (a D12 ``drop``) becomes a partition-table entry; the restorer asks
-  the machine whether a restore copy is done.
+  records of P are resolved and a committed one installed in the store.  Until
+  both are done the data plane does not act for P (:meth:`ReplicatedClusterNode.
+  ready`: ``NotActive``, retryable): nobody reads P's older copy, nor an object of
+  a prepared record being resolved (the simulator answers that read
+  ``Unavailable``; here the whole partition waits, §10b fix 5).
 """
 
 from __future__ import annotations
@@ -47,24 +47,16 @@ from typing import Any
 
 from nonstop import errors
 from nonstop.dtx.clustered import ClusterFactory, DtxClusterNode
-from nonstop.dtx.decisions import DECIDED, LOOKUP, PROPOSE, UNKNOWN
 from nonstop.dtx.protocol import K_TOMB, DtxConfig, ResourceManager
 from nonstop.ha.cluster_node import HaClusterNode
-from nonstop.ha.partition_table import TABLE, partition_location
-from nonstop.model.ref import Ref
-from nonstop.node.replica_store import WriteSets, partition_write_sets
-from nonstop.replication import (
-    Completed,
-    Failed,
-    PartitionView,
-    ReplicationConfig,
-    ReplicationMachine,
-    Resolve,
-    Submit,
-)
+from nonstop.ha.partition_table import TABLE
+from nonstop.model.wire import error_out
+from nonstop.node.replica_store import partition_write_sets
+from nonstop.replication import ReplicationConfig, ReplicationMachine
+from nonstop.replication.applied_table import AppliedTable
+from nonstop.replication.holds import K_HOLD
+from nonstop.replication.host import Refusal, ReplicationHost
 from nonstop.replication.machine import PREFIX
-from nonstop.replication.records import OUTCOME_ABORT, OUTCOME_COMMIT, PREPARE
-from nonstop.replication.view import view_of
 from nonstop.runtime.interface import (
     Action,
     ClientRequest,
@@ -81,24 +73,14 @@ log = logging.getLogger("nonstop.node.replicated")
 
 WAKE = "rep.wake"
 """The message a node sends itself when the store queued a call for the machine."""
-LOCAL_COORDINATOR = "~rep"
-"""Gtids ``<node>~rep.<n>``: multi-partition one-node commits in the decision log."""
 REPROPOSE = 1.0
 """Seconds before an unanswered decision-log request of this composition is sent again
 (the log drops requests without quorum or leader)."""
+PREPARED_PARTITIONS = 4096
+"""Prepares whose partitions are remembered for their phase two's hold (bounded: a gtid
+forgotten here is still held on every partition whose copy holds it prepared)."""
 
-Done = Callable[[BaseException | None], None]
 StoreTask = Callable[[str, Mapping[str, Any]], Coroutine[Any, Any, Any]]
-
-
-@dataclass(slots=True)
-class _Group:
-    """The records of one commit, prepare or outcome: one per touched partition."""
-
-    done: Done
-    remaining: int
-    failed: BaseException | None = None
-    partitions: list[str] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -131,29 +113,34 @@ class StoreSide:
             raise errors.Unavailable("the node's machine is not started yet")
         return self.machine
 
-    async def commit(self, records: list[list[Any]]) -> None:
-        """A one-node commit's records (``write_set_records``): completes or raises."""
-        await self._call(records, None)
+    async def commit(self, records: list[list[Any]]) -> dict[str, Any] | None:
+        """A one-node commit's records (``write_set_records``): None once on every in-sync
+        copy; the error reply of an unknown outcome (``branch.commit`` answers it as
+        ``{"unknown": reply}``: nothing is recorded); raises a refusal (nothing made)."""
+        refusal = await self._call(records, None)
+        if refusal is None:
+            return None
+        if refusal.unknown:
+            return error_out(refusal.error)
+        raise refusal.error
 
     async def prepare(self, gtid: str, records: list[list[Any]]) -> None:
         """A participant's prepared write set: on every in-sync copy before the yes vote."""
-        await self._call(records, gtid)
+        refusal = await self._call(records, gtid)
+        if refusal is not None:
+            raise refusal.error
 
-    async def _call(self, records: list[list[Any]], gtid: str | None) -> None:
+    async def _call(self, records: list[list[Any]], gtid: str | None) -> Refusal | None:
         machine = self._machine()
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Refusal | None] = asyncio.get_running_loop().create_future()
 
-        def done(error: BaseException | None) -> None:
-            if future.done():
-                return
-            if error is None:
-                future.set_result(None)
-            else:
-                future.set_exception(error)
+        def done(refusal: Refusal | None) -> None:
+            if not future.done():
+                future.set_result(refusal)
 
         machine.request(lambda now: machine.replicate(now, records, gtid, done))
         self.wake()
-        await future
+        return await future
 
     def outcome(self, gtid: str, commit: bool) -> None:
         """Phase two of ``gtid`` on this node's participant (called inside ``handle``)."""
@@ -162,7 +149,7 @@ class StoreSide:
 
 
 class ReplicatedClusterNode(DtxClusterNode):
-    """DtxClusterNode + ReplicationMachine (module doc)."""
+    """DtxClusterNode hosting the replication host (module doc)."""
 
     def __init__(
         self,
@@ -188,6 +175,16 @@ class ReplicatedClusterNode(DtxClusterNode):
             self.name, random.Random(rng.getrandbits(64)), recovered, replication
         )
         ha.restorer.copy_done = self.replication.copy_done
+        # The participant acknowledges phase two only once the machine released its hold.
+        self.dtx.hold_ack = self.replication.held
+        self.host = ReplicationHost(
+            self.replication,
+            _RealHostRuntime(self),
+            # Random start: a restart does not reuse a multi-partition commit's gtid.
+            first_local_txid=random.Random(rng.getrandbits(64)).getrandbits(48),
+            propose_again=lambda: REPROPOSE,
+            lookup_again=REPROPOSE,
+        )
         self.store = store
         store.machine = self
         self._load_task = load
@@ -195,21 +192,15 @@ class ReplicatedClusterNode(DtxClusterNode):
         self._requests: list[Callable[[float], None]] = []
         self._out: list[Action] = []
         self._now = 0.0
-        self._groups: dict[int, _Group] = {}
-        self._next_group = 0
-        self._resolving: dict[str, set[str]] = {}
-        self._unreplicated_outcomes: set[str] = set()
-        self._tomb_tokens: dict[int, str] = {}
-        self._held_acks: dict[str, int] = {}
-        self._unsure_outcomes: dict[str, dict[str, int]] = {}
-        self._outcomes: dict[str, str] = {}
-        self._local_txid = random.Random(rng.getrandbits(64)).getrandbits(48)
-        self._deciding: dict[str, tuple[list[str], Done, BaseException | None, float]] = {}
-        self._lookups: dict[str, float] = {}
+        self._prepared_parts: dict[str, list[str]] = {}
+        """gtid -> the partitions this node's participant prepared it in (the hold's)."""
+        self._holds_writing: dict[int, list[str]] = {}
+        """The machine's token of a hold's write -> its gtids, until it is durable."""
+        self._unheld: dict[str, int] = {}
+        """gtid -> hold writes in flight: its tombstone waits for them."""
+        self._waiting_tombs: list[tuple[list[str], Persist]] = []
         self.loads: dict[str, _Load] = {}
-        self._locations: dict[int, str] = {}
-        self._views: tuple[tuple[int, bytes], dict[str, PartitionView]] = ((-1, b""), {})
-        self._dirty = True
+        self.table = AppliedTable(ha)
 
     # ------------------------------------------------------------ the data plane's answer
     def ready(self, partition: str) -> bool:
@@ -234,19 +225,22 @@ class ReplicatedClusterNode(DtxClusterNode):
     def handle(self, event: Event) -> list[Action]:
         now = self._now = event.now
         self._out = []
-        self._dirty = True
+        host = self.host
+        host.dirty = True
         if isinstance(event, Received) and _rep_kind(event.payload):
             if event.payload.get("t") != WAKE:
-                self._rep(now, self.replication.handle(event))
+                host.handle(event)
             elif event.sender != self.name:
                 pass  # (only this node wakes itself)
         elif isinstance(event, TimerFired) and event.name.startswith(PREFIX):
-            self._rep(now, self.replication.handle(event))
+            host.handle(event)
         elif isinstance(event, Persisted):
             inner, owner = divmod(event.token, 2)
             if owner:
-                self._rep(now, self.replication.handle(Persisted(now, inner)))
-            elif not self._hold_ack(event):
+                host.handle(Persisted(now, inner))
+                if inner in self._holds_writing:
+                    self._hold_durable(inner)
+            else:
                 self._inner(now, super().handle(Persisted(now, inner)))
         else:
             self._inner(now, super().handle(event))
@@ -254,7 +248,7 @@ class ReplicatedClusterNode(DtxClusterNode):
         for call in requests:
             call(now)
         for _ in range(8):  # on_table after the event, again when it made records
-            if not self._dirty:
+            if not host.dirty:
                 break
             self._settle(now)
         out, self._out = self._out, []
@@ -274,12 +268,15 @@ class ReplicatedClusterNode(DtxClusterNode):
         """The DtxClusterNode's actions as this node's (tokens ``2t``)."""
         for action in actions:
             if isinstance(action, Persist):
-                if self._unreplicated_outcomes:
-                    self._note_tombs(action)
-                self._out.append(Persist(2 * action.token, action.writes))
+                persist = Persist(2 * action.token, action.writes)
+                unheld = self._unheld and self._unheld_tombs(persist)
+                if unheld:
+                    self._waiting_tombs.append((unheld, persist))
+                else:
+                    self._out.append(persist)
             else:
                 if isinstance(action, Notify) and action.kind == "dl.answer":
-                    self._decision(now, action.data.get("payload"))
+                    self.host.decision(now, action.data.get("payload"))
                 self._out.append(action)
 
     def _cluster(self, now: float, actions: list[Action]) -> None:
@@ -287,244 +284,114 @@ class ReplicatedClusterNode(DtxClusterNode):
         self._inner(now, self._from_cluster(now, actions))
 
     def _settle(self, now: float) -> None:
-        self._dirty = False
-        ha = self.ha
-        acting = [n for n in ha.partition_table.partitions if ha.acting(now, n)]
-        self._rep(now, self.replication.on_table(now, self._rep_views(), acting))
-        self._load_new_streams()
-        if self._unsure_outcomes:
-            self._release_settled_outcomes()
-        self._repropose(now)
+        self.host.settle(now, self.table.views(), self.table.acting(now))
+        for name, load in self.loads.items():
+            if load.unresolved and name not in self.replication.streams:
+                # P moved on before its prepared records were resolved here: the new active
+                # node resolves them (§10b fix 6); a new stream here loads P again.
+                for txid in sorted(load.unresolved):
+                    if self.host.settled_elsewhere(name, txid):
+                        load.unresolved.discard(txid)
 
-    def _rep_views(self) -> dict[str, PartitionView]:
-        ha = self.ha
-        at, views = self._views
-        if at != (ha.applied_index, ha.applied_digest):
-            views = {n: view_of(p) for n, p in ha.partition_table.partitions.items()}
-            self._views = ((ha.applied_index, ha.applied_digest), views)
-        return views
+    # ------------------------------------------------------------ the hold before the tombstone
+    def _machine_persist(self, action: Persist) -> None:
+        """The machine's write (token ``2t + 1``); a hold's is tracked until durable."""
+        held = [k[len(K_HOLD) :].decode() for k, v in action.writes if k.startswith(K_HOLD) and v]
+        if held:
+            self._holds_writing[action.token] = held
+            for gtid in held:
+                self._unheld[gtid] = self._unheld.get(gtid, 0) + 1
+        self._out.append(Persist(2 * action.token + 1, action.writes))
 
-    def _rep(self, now: float, actions: list[Any]) -> None:
-        for action in actions:
-            if isinstance(action, Persist):
-                self._out.append(Persist(2 * action.token + 1, action.writes))
-            elif isinstance(action, Completed | Failed):
-                self._finished(action)
-            elif isinstance(action, Submit):
-                self._cluster(now, self.ha.submit(now, TABLE, dict(action.entry)))
-            elif isinstance(action, Resolve):
-                self._resolving.setdefault(action.txid, set()).add(action.partition)
-                known = self._known_outcome(action.txid)
-                if known is not None:
-                    self._decision(now, {"t": DECIDED, "g": action.txid, "o": known})
-                    continue
-                self._lookup(now, action.txid)
+    def _unheld_tombs(self, persist: Persist) -> list[str]:
+        """The gtids whose tombstone ``persist`` writes while their hold is not durable."""
+        return [
+            gtid
+            for key, value in persist.writes
+            if value is not None
+            and key.startswith(K_TOMB)
+            and (gtid := key[len(K_TOMB) :].decode()) in self._unheld
+        ]
+
+    def _hold_durable(self, token: int) -> None:
+        for gtid in self._holds_writing.pop(token):
+            left = self._unheld[gtid] - 1
+            if left:
+                self._unheld[gtid] = left
             else:
-                self._out.append(action)
-
-    def _lookup(self, now: float, txid: str) -> None:
-        self._lookups[txid] = now
-        self._cluster(now, self.decisions.request(now, {"t": LOOKUP, "g": txid}))
-
-    def _repropose(self, now: float) -> None:
-        """Requests the log dropped (no quorum, no leader) go again."""
-        for txid, (names, done, error, at) in list(self._deciding.items()):
-            if now - at >= REPROPOSE:
-                self._deciding[txid] = (names, done, error, now)
-                outcome = OUTCOME_ABORT if error is not None else OUTCOME_COMMIT
-                proposal = {"t": PROPOSE, "g": txid, "o": outcome, "n": []}
-                self._cluster(now, self.decisions.request(now, proposal))
-        for txid, at in list(self._lookups.items()):
-            if txid not in self._resolving:
-                del self._lookups[txid]
-            elif now - at >= REPROPOSE:
-                self._lookup(now, txid)
-
-    # ------------------------------------------------------------ the phase-two hold
-    def _note_tombs(self, action: Persist) -> None:
-        for key, _ in action.writes:
-            if key.startswith(K_TOMB):
-                gtid = key[len(K_TOMB) :].decode()
-                if gtid in self._unreplicated_outcomes:
-                    self._tomb_tokens[2 * action.token] = gtid
-
-    def _hold_ack(self, event: Persisted) -> bool:
-        """Hold the durable end of a prepared branch while its outcome record is not on
-        every sync replica: the participant acknowledges phase two on it, after which the
-        decision log may forget the outcome (replication.md §10a)."""
-        gtid = self._tomb_tokens.pop(event.token, None)
-        if gtid is None or gtid not in self._unreplicated_outcomes:
-            return False
-        self._held_acks[gtid] = event.token
-        return True
-
-    def _outcome_replicated(self, gtid: str) -> None:
-        self._unreplicated_outcomes.discard(gtid)
-        held = self._held_acks.pop(gtid, None)
-        if held is not None:
-            now = self._now
-            self._inner(now, DtxClusterNode.handle(self, Persisted(now, held // 2)))
-
-    def _release_settled_outcomes(self) -> None:
-        data = self.replication.data
-        for gtid, streams in list(self._unsure_outcomes.items()):
-            if all(
-                data.head(name)[0] != old and gtid not in data.prepared_of(name)
-                for name, old in streams.items()
-            ):
-                del self._unsure_outcomes[gtid]
-                self._outcome_replicated(gtid)
+                del self._unheld[gtid]
+        waiting, self._waiting_tombs = self._waiting_tombs, []
+        for gtids, persist in waiting:
+            if any(g in self._unheld for g in gtids):
+                self._waiting_tombs.append((gtids, persist))
+            else:
+                self._out.append(persist)
 
     # ------------------------------------------------------------ the store's calls
-    def replicate(self, now: float, records: list[list[Any]], gtid: str | None, done: Done) -> None:
+    def replicate(
+        self,
+        now: float,
+        records: list[list[Any]],
+        gtid: str | None,
+        done: Callable[[Refusal | None], None],
+    ) -> None:
         """A commit's (``gtid`` None) or a prepare's records of objects (module doc)."""
-        rep = self.replication
-        sets: WriteSets = partition_write_sets(records, self._partition_of)
-        if not sets:
-            done(None)
-            return
-        for name in sorted(sets):
-            view = rep.views.get(name)
-            if name not in rep.acting or name not in rep.streams or view is None:
-                active = None if view is None else view.active
-                done(errors.NotActive(f"{self.name} does not act for {name} (active: {active})"))
-                return
-        if gtid is None and len(sets) > 1:
-            self._local_txid += 1
-            txid = f"{self.name}{LOCAL_COORDINATOR}.{self._local_txid}"
-            names = sorted(sets)
-            outer = done
+        sets = partition_write_sets(records, self.table.partition_of)
+        answer = done
+        if gtid is not None:
+            txid = gtid
+            self._prepared_parts[txid] = sorted(sets)
+            if len(self._prepared_parts) > PREPARED_PARTITIONS:
+                self._prepared_parts.pop(next(iter(self._prepared_parts)))
 
-            def prepared(error: BaseException | None) -> None:
-                self._local_prepared(txid, names, outer, error)
+            def voted(refusal: Refusal | None) -> None:
+                if refusal is not None:
+                    # This participant votes no: the outcome is abort, known here -- a copy
+                    # of the prepared record elsewhere resolves from it (held like any other).
+                    parts = self._prepared_parts.get(txid, [])
+                    self.host.outcome(self.host.now, txid, False, parts)
+                done(refusal)
 
-            gtid, done = txid, prepared
-        self._next_group += 1
-        ref = self._next_group
-        group = self._groups[ref] = _Group(done, len(sets), partitions=sorted(sets))
-        self._dirty = True
-        for name in group.partitions:
-            epoch = rep.views[name].epoch
-            if gtid is None:
-                actions = rep.replicate(now, ref, name, epoch, sets[name])
-            else:
-                actions = rep.replicate(now, ref, name, epoch, sets[name], PREPARE, gtid)
-            self._rep(now, actions)
+            answer = voted
+        refused = self.host.replicate(now, sets, gtid, answer)
+        if refused is not None:
+            done(refused)  # refused before anything was made
 
     def outcome(self, gtid: str, commit: bool) -> None:
-        """The participant's phase two of ``gtid``: outcome records of every partition whose
-        copy here holds it prepared (called inside ``handle``: the dtx machine's finish)."""
-        rep, now = self.replication, self._now
-        decision = OUTCOME_COMMIT if commit else OUTCOME_ABORT
-        self._outcomes[gtid] = decision
-        if len(self._outcomes) > 4096:
-            self._outcomes.pop(next(iter(self._outcomes)))
-        names = [n for n in sorted(rep.streams) if gtid in rep.data.prepared_of(n)]
-        # A copy here holds the prepared record but this node no longer acts for it (a
-        # handover or failover between the prepare and phase two): the new active node
-        # holds it too and resolves it from the decision log -- which must not forget the
-        # gtid before, so the acknowledgement waits until this copy follows the new stream
-        # without the prepared record (its outcome, or a reset without it, arrived; this
-        # copy does not apply an outcome of its own without a stream, so any stream will
-        # do: -1 is no stream's id).
-        orphans = {
-            name: -1
-            for name, prepared in sorted(rep.data.prepared.items())
-            if gtid in prepared and name not in rep.streams
-        }
-        if orphans:
-            self._unsure_outcomes.setdefault(gtid, {}).update(orphans)
-            self._unreplicated_outcomes.add(gtid)
-            self._dirty = True
-        if not names:
-            return
-        self._next_group += 1
-        ref = self._next_group
-        streams = {n: rep.streams[n].stream_id for n in names}
-
-        def ended(error: BaseException | None) -> None:
-            if error is not None:
-                self._unsure_outcomes.setdefault(gtid, {}).update(streams)
-            elif gtid not in self._unsure_outcomes:
-                self._outcome_replicated(gtid)
-
-        self._groups[ref] = _Group(ended, len(names))
-        self._unreplicated_outcomes.add(gtid)
-        self._dirty = True
-        for name in names:
-            self._rep(now, rep.outcome(now, ref, name, gtid, decision))
-
-    def _local_prepared(
-        self, txid: str, names: list[str], done: Done, error: BaseException | None
-    ) -> None:
-        outcome = OUTCOME_ABORT if error is not None else OUTCOME_COMMIT
-        self._deciding[txid] = (names, done, error, self._now)
-        proposal = {"t": PROPOSE, "g": txid, "o": outcome, "n": []}
-        self._cluster(self._now, self.decisions.request(self._now, proposal))
-
-    def _local_decided(self, now: float, txid: str, decision: str) -> None:
-        names, done, error, _ = self._deciding.pop(txid)
-        self._outcomes[txid] = decision
-        rep = self.replication
-        for name in names:
-            if txid in rep.data.prepared_of(name):
-                self._dirty = True
-                self._rep(now, rep.outcome(now, None, name, txid, decision))
-        if decision == OUTCOME_COMMIT:
-            done(None)
-        elif error is not None:
-            done(error)
-        else:
-            done(errors.Aborted(f"{txid}: a promoted copy decided abort first"))
-
-    def _finished(self, action: Completed | Failed) -> None:
-        group = self._groups.get(action.ref) if isinstance(action.ref, int) else None
-        if group is None:
-            return
-        if isinstance(action, Failed) and group.failed is None:
-            group.failed = errors.Unavailable(
-                f"{action.partition}: {action.error} (active {action.active}) before every "
-                "sync replica held the commit: outcome unknown"
-            )
-        group.remaining -= 1
-        if group.remaining == 0:
-            del self._groups[action.ref]
-            group.done(group.failed)
-
-    def _known_outcome(self, gtid: str) -> str | None:
-        known = self._outcomes.get(gtid) or self.dtx.tombs.get(gtid)
-        return known if known in (OUTCOME_COMMIT, OUTCOME_ABORT) else None
-
-    def _partition_of(self, ref: bytes) -> str | None:
-        names = self.ha.partition_table.partitions
-        if len(self._locations) != len(names):
-            self._locations = {partition_location(n): n for n in names}
-        return self._locations.get(Ref(ref).location)
+        """The participant's phase two of ``gtid`` (inside ``handle``: the dtx machine's
+        finish, before its tombstone is written): the hold, then the outcome records."""
+        parts = self._prepared_parts.pop(gtid, [])
+        self.host.outcome(self._now, gtid, commit, parts)
 
     # ------------------------------------------------------------ promotion
-    def _load_new_streams(self) -> None:
-        """A partition this node just started acting for: the store takes the copy."""
-        rep = self.replication
-        run = self.store.run
-        for name, stream in sorted(rep.streams.items()):
-            load = self.loads.get(name)
-            if load is not None and load.stream == stream.stream_id:
-                continue
-            load = self.loads[name] = _Load(stream.stream_id)
-            load.unresolved = set(rep.data.prepared_of(name))
-            values = dict(rep.data.values(name))
-            run(self._loading(name, load, values))
+    def _load_copy(self, name: str, stream_id: int, values: Mapping[str, Any], txids: Any) -> None:
+        load = self.loads[name] = _Load(stream_id, unresolved=set(txids))
+        self.store.run(self._loading(name, load, dict(values)))
 
     async def _loading(self, name: str, load: _Load, values: dict[str, Any]) -> None:
         try:
             count = await self._load_task(name, values)
         except Exception:
             log.exception("%s: the store could not take the replicated copy", name)
-            self.loads.pop(name, None)  # tried again at the next event
+            self.loads.pop(name, None)
+            self.host.loaded.pop(name, None)  # tried again at the next event
             self.store.wake()
             return
         load.loaded = True
         log.info("%s: the store took the replicated copy (%d records)", name, count)
+
+    def _resolved(
+        self, name: str, txid: str, writes: Mapping[str, Any] | None, commit: bool
+    ) -> None:
+        load = self.loads.get(name)
+        if load is None:
+            return
+        if writes is not None and commit:
+            # Installed even if this node's own participant holds the branch in doubt: the
+            # load waits for its locks and the values are the same (whole states).
+            load.installing += 1
+            self.store.run(self._installing(name, load, dict(writes)))
+        load.unresolved.discard(txid)
 
     async def _installing(self, name: str, load: _Load, writes: dict[str, Any]) -> None:
         try:
@@ -538,52 +405,51 @@ class ReplicatedClusterNode(DtxClusterNode):
             raise
         finally:
             load.installing -= 1
-
-    def _decision(self, now: float, answer: Any) -> None:
-        if not isinstance(answer, dict):
-            return
-        txid, kind = answer.get("g"), answer.get("t")
-        if isinstance(txid, str) and txid in self._deciding and kind == DECIDED:
-            self._local_decided(now, txid, str(answer.get("o")))
-        if not isinstance(txid, str) or txid not in self._resolving:
-            return
-        if kind == DECIDED:
-            decision = str(answer.get("o"))
-            for name in sorted(self._resolving.pop(txid)):
-                self._resolved(now, name, txid, decision)
-        elif kind == UNKNOWN:
-            if answer.get("forgotten"):
-                # See the simulator's composition: a forgotten gtid still prepared here
-                # missed an abort (replication.md §10b item 4 is the residual gap).
-                self._out.append(
-                    Notify("rep.forgotten", {"g": txid, "p": sorted(self._resolving[txid])})
-                )
-                for name in sorted(self._resolving.pop(txid)):
-                    self._resolved(now, name, txid, OUTCOME_ABORT)
-                return
-            proposal = {"t": PROPOSE, "g": txid, "o": OUTCOME_ABORT, "n": []}
-            self._cluster(now, self.decisions.request(now, proposal))
-
-    def _resolved(self, now: float, name: str, txid: str, decision: str) -> None:
-        """P's prepared record of ``txid`` gets its outcome: a record, and the store's copy."""
-        writes = self.replication.data.prepared_of(name).get(txid)
-        self._dirty = True
-        self._rep(now, self.replication.outcome(now, None, name, txid, decision))
-        load = self.loads.get(name)
-        if load is None:
-            return
-        if writes is not None and decision == OUTCOME_COMMIT:
-            # Installed even if this node's own participant holds the branch in doubt: the
-            # load waits for its locks and the values are the same (whole states).
-            load.installing += 1
-            self.store.run(self._installing(name, load, dict(writes)))
-        load.unresolved.discard(txid)
+            self.store.wake()  # ready() may have changed: let the node settle
 
     def replication_status(self) -> dict[str, Any]:
         return {
-            "replication": self.replication.status(),
+            "replication": self.host.status(),
             "ready": sorted(n for n in self.replication.streams if self.ready(n)),
         }
+
+
+class _RealHostRuntime:
+    """The real node's side of :class:`ReplicationHost` (``HostRuntime``)."""
+
+    def __init__(self, node: ReplicatedClusterNode) -> None:
+        self.node = node
+
+    def persist(self, action: Persist) -> None:
+        self.node._machine_persist(action)
+
+    def emit(self, action: Any) -> None:
+        self.node._out.append(action)
+
+    def submit(self, now: float, entry: dict[str, Any]) -> None:
+        node = self.node
+        node._cluster(now, node.ha.submit(now, TABLE, entry))
+
+    def ask_log(self, now: float, request: dict[str, Any]) -> None:
+        node = self.node
+        node._cluster(now, node.decisions.request(now, request))
+
+    def release(self, now: float, gtid: str) -> None:
+        node = self.node
+        node._inner(now, node.released(now, gtid))
+
+    def tomb(self, gtid: str) -> str | None:
+        return self.node.dtx.tombs.get(gtid)
+
+    def load_copy(
+        self, name: str, stream_id: int, values: Mapping[str, Any], prepared: Mapping[str, Any]
+    ) -> None:
+        self.node._load_copy(name, stream_id, values, prepared)
+
+    def resolved(
+        self, name: str, txid: str, writes: Mapping[str, Any] | None, commit: bool
+    ) -> None:
+        self.node._resolved(name, txid, writes, commit)
 
 
 def _op(payload: Any) -> Any:

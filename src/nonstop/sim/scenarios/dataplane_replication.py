@@ -49,32 +49,19 @@ the log answers.  Root causes found and what is left: replication.md §10b.
 
 from __future__ import annotations
 
-import functools
 import random
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
-from nonstop import errors
-from nonstop.dtx.decisions import DECIDED, LOOKUP, PROPOSE, UNKNOWN
 from nonstop.ha.cluster_node import HaClusterNode
-from nonstop.ha.partition_table import TABLE, partition_location
-from nonstop.model.ref import Ref
+from nonstop.ha.partition_table import TABLE
 from nonstop.model.wire import error_out
 from nonstop.net import plain
-from nonstop.replication import (
-    Completed,
-    Failed,
-    PartitionView,
-    ReplicationConfig,
-    ReplicationMachine,
-    Resolve,
-    Submit,
-)
+from nonstop.replication import ReplicationConfig, ReplicationMachine
+from nonstop.replication.applied_table import AppliedTable
 from nonstop.replication.data import K_DATA, K_HEAD
-from nonstop.replication.machine import PREFIX, RELEASED
-from nonstop.replication.records import OUTCOME_ABORT, OUTCOME_COMMIT, PREPARE
-from nonstop.replication.view import view_of
+from nonstop.replication.host import RESULT_KEY, Refusal, ReplicationHost, WriteSets
+from nonstop.replication.machine import PREFIX
 from nonstop.runtime.interface import (
     Action,
     Event,
@@ -91,33 +78,15 @@ from nonstop.sim.scenarios.dataplane_node import TOKEN_OWNERS, SimDataNode
 SIM_REPLICATION = ReplicationConfig(replica_timeout=0.3, resend=0.05, batch=4, resolve_after=1.0)
 """The machine's timings scaled to the simulator (replication.md §8)."""
 
-LOCAL_COORDINATOR = "~rep"
-"""Gtids ``<node>~rep.<n>`` name multi-partition one-node commits in the decision log: a
-coordinator of its own that announces no floor, so the log never forgets them (a promoted
-copy can always resolve one; the table grows by one decision per such commit)."""
-
-RESULT_KEY = "r:"
-"""Write-set key prefix of a request result ``r:<client>\\0<seq>``."""
-
 Done = Callable[[dict[str, Any] | None], None]
+"""The simulated store's callback: None, or an error reply (``"unknown": True``: the outcome
+is not known here)."""
 
 
-@dataclass(slots=True)
-class _Group:
-    """The records of one commit or prepare, one per touched partition."""
-
-    done: Done
-    remaining: int
-    failed: dict[str, Any] | None = None
-    partitions: list[str] = field(default_factory=list)
-
-
-def write_sets(
-    after: list[list[Any]], partition_of: Callable[[bytes], str | None]
-) -> dict[str, dict[str, Any]]:
+def write_sets(after: list[list[Any]], partition_of: Callable[[bytes], str | None]) -> WriteSets:
     """After-images -> one write set per partition (module doc); objects outside every
     partition are not replicated."""
-    sets: dict[str, dict[str, Any]] = {}
+    sets: WriteSets = {}
     results: dict[str, Any] = {}
     for image in after:
         if isinstance(image[0], bytes):
@@ -150,6 +119,16 @@ def after_images(writes: Mapping[str, Any]) -> list[list[Any]]:
     return after
 
 
+def _reply(refusal: Refusal | None) -> dict[str, Any] | None:
+    """The host's answer as the simulated store's error reply."""
+    if refusal is None:
+        return None
+    reply = error_out(refusal.error)
+    if refusal.unknown:
+        reply["unknown"] = True
+    return reply
+
+
 class ReplicatedDataNode(SimDataNode):
     """The data path's node with sync replication of partitions (module doc)."""
 
@@ -171,30 +150,25 @@ class ReplicatedDataNode(SimDataNode):
         )
         ha.restorer.copy_done = self.replication.copy_done
         self.store.replicator = self
-        self._groups: dict[int, _Group] = {}
-        self._next_group = 0
-        self._resolving: dict[str, set[str]] = {}
-        """gtid -> the partitions whose prepared record of it waits for its outcome."""
         # The participant acknowledges phase two only once the machine released its hold.
         self.node.dtx.hold_ack = self.replication.held
-        self._local_txid = random.Random(rng.getrandbits(64)).getrandbits(48)
-        """Sequence of this node's multi-partition one-node commits (random start: a restart
-        does not reuse one)."""
-        self._deciding: dict[str, tuple[list[str], Done, dict[str, Any] | None]] = {}
-        self._proposed: dict[str, tuple[float, dict[str, Any]]] = {}
-        """txid of ``_deciding`` -> (when, the proposal): resent every dtx ``retry`` until
-        decided (the log drops a request without quorum or leader)."""
-        self._outcomes: dict[str, str] = {}
-        """gtid -> outcome this node's participant applied (bounded; a restart forgets)."""
-        self.loaded: dict[str, int] = {}
+        self.host = ReplicationHost(
+            self.replication,
+            _SimHostRuntime(self),
+            # Random start: a restart does not reuse a multi-partition commit's gtid.
+            first_local_txid=random.Random(rng.getrandbits(64)).getrandbits(48),
+            propose_again=lambda: self.node.dtx.config.retry,
+        )
+        self.table = AppliedTable(ha)
+
+    @property
+    def loaded(self) -> dict[str, int]:
         """Partition -> the stream id the store's copy was loaded for (promotion)."""
-        self._locations: dict[int, str] = {}
-        self._views: tuple[tuple[int, bytes], dict[str, PartitionView]] = ((-1, b""), {})
-        self._rep_dirty = True
+        return self.host.loaded
 
     # ------------------------------------------------------------ the machine's events
     def handle(self, event: Event) -> list[Action]:
-        self._rep_dirty = True  # on_table after every event (replication.md §3)
+        self.host.dirty = True  # on_table after every event (replication.md §3)
         return super().handle(event)
 
     def _side_event(self, event: Event) -> bool:
@@ -206,57 +180,20 @@ class ReplicatedDataNode(SimDataNode):
         else:
             taken = False
         if taken:
-            self._rep_actions(event.now, self.replication.handle(event))
+            self.host.handle(event)
         return taken
 
     def _side_persisted(self, event: Persisted) -> None:
-        self._rep_actions(event.now, self.replication.handle(event))
+        self.host.handle(event)
 
     def _settle(self, now: float) -> bool:
-        if not self._rep_dirty:
+        host = self.host
+        if not host.dirty:
             return False
-        self._rep_dirty = False
-        ha = self.ha
-        acting = [n for n in ha.partition_table.partitions if ha.acting(now, n)]
-        self._rep_actions(now, self.replication.on_table(now, self._rep_views(), acting))
-        self._load_new_streams(now)
+        host.settle(now, self.table.views(), self.table.acting(now))
         if self.store.replicated_prepared:
             self._drop_settled_taken_over()
-        if self._proposed:
-            self._propose_again(now)
-        return bool(self._queue) or not self.store.idle() or self._rep_dirty
-
-    def _rep_views(self) -> dict[str, PartitionView]:
-        ha = self.ha
-        at, views = self._views
-        if at != (ha.applied_index, ha.applied_digest):
-            views = {n: view_of(p) for n, p in ha.partition_table.partitions.items()}
-            self._views = ((ha.applied_index, ha.applied_digest), views)
-        return views
-
-    def _rep_actions(self, now: float, actions: list[Any]) -> None:
-        for action in actions:
-            if isinstance(action, Persist):
-                self._out.append(Persist(TOKEN_OWNERS * action.token + 3, action.writes))
-            elif isinstance(action, Completed | Failed):
-                self._finished(action)
-            elif isinstance(action, Notify) and action.kind == RELEASED:
-                self._out.append(action)
-                self._from_node(now, self.node.released(now, str(action.data["g"])))
-            elif isinstance(action, Submit):
-                self._cluster(now, self.ha.submit(now, TABLE, dict(action.entry)))
-            elif isinstance(action, Resolve):
-                self._resolving.setdefault(action.txid, set()).add(action.partition)
-                known = self._known_outcome(action.txid)
-                if known is not None:
-                    # This node was the participant and applied the outcome while it did not
-                    # act for the partition (a restart): the log may have forgotten it since.
-                    self._decision(now, {"t": DECIDED, "g": action.txid, "o": known})
-                    continue
-                lookup = {"t": LOOKUP, "g": action.txid}
-                self._cluster(now, self.node.decisions.request(now, lookup))
-            else:
-                self._out.append(action)
+        return bool(self._queue) or not self.store.idle() or host.dirty
 
     def _cluster(self, now: float, actions: list[Action]) -> None:
         """Actions of the cluster node (a table entry, a log request) as the node's own."""
@@ -265,7 +202,7 @@ class ReplicatedDataNode(SimDataNode):
     def _from_node(self, now: float, actions: list[Action]) -> None:
         for action in actions:
             if isinstance(action, Notify) and action.kind == "dl.answer":
-                self._decision(now, action.data.get("payload"))
+                self.host.decision(now, action.data.get("payload"))
         super()._from_node(now, actions)
 
     # ------------------------------------------------------------ the store's replicator
@@ -275,227 +212,88 @@ class ReplicatedDataNode(SimDataNode):
     def prepare(self, gtid: str, after: list[list[Any]], done: Done) -> dict[str, Any] | None:
         return self._replicate(after, done, gtid)
 
-    def outcome(self, gtid: str, commit: bool, after: list[list[Any]]) -> None:
-        rep, now = self.replication, self.now
-        decision = OUTCOME_COMMIT if commit else OUTCOME_ABORT
-        self._outcomes[gtid] = decision
-        if len(self._outcomes) > 4096:
-            self._outcomes.pop(next(iter(self._outcomes)))
-        # The participant acknowledges phase two only once every copy of the partitions it
-        # prepared in that may be promoted holds the outcome (replication/holds.py): else the
-        # log may forget the gtid while a copy still needs it.  The hold is persisted before
-        # the participant's tombstone (same disk, in order), so it survives a restart.
-        # The partitions its after-images name, and every partition whose copy here holds
-        # the gtid prepared: right after a restart the table is not applied yet and names
-        # nothing (seed 2440), while the copies are recovered from the disk.
-        parts = set(write_sets(after, self._partition_of))
-        parts |= {name for name, held in rep.data.prepared.items() if gtid in held}
-        self._rep_actions(now, rep.hold(gtid, sorted(parts)))
-        self._rep_dirty = True
-        for name in [n for n in sorted(rep.streams) if gtid in rep.data.prepared_of(n)]:
-            self._rep_actions(now, rep.outcome(now, None, name, gtid, decision))
-
-    def lookup(self, client: str, seq: int) -> tuple[tuple[bool, Any] | None, bool]:
-        data = self.replication.data
-        key = f"{RESULT_KEY}{client}\0{seq}"
-        # A copy whose last record is this node's own, without a stream of it that completed
-        # a record, may hold records its replicas never got -- or lack some a replica holds
-        # (lost in a crash): what it says about a request is in doubt until the active node's
-        # stream reaches it.
-        unsure = {name for name in data.heads if data.last_is_own(name) and not self._sure(name)}
-        for name, values in data.objects.items():
-            value = values.get(key)
-            if value is not None and name not in unsure:
-                return (bool(value[0]), value[1]), False
-        pending = bool(unsure or self._groups or self._deciding) or any(data.prepared.values())
-        return None, pending
-
-    def _sure(self, name: str) -> bool:
-        stream = self.replication.streams.get(name)
-        return stream is not None and stream.completed >= 1
-
-    def _known_outcome(self, gtid: str) -> str | None:
-        """The outcome this node's own participant applied for ``gtid``, if it knows it."""
-        known = self._outcomes.get(gtid) or self.node.dtx.tombs.get(gtid)
-        return known if known in (OUTCOME_COMMIT, OUTCOME_ABORT) else None
-
     def _replicate(
         self, after: list[list[Any]], done: Done, gtid: str | None
     ) -> dict[str, Any] | None:
-        rep, now = self.replication, self.now
-        sets = write_sets(after, self._partition_of)
-        if not sets:
-            done(None)  # nothing of a partition: nothing to replicate
-            return None
-        for name in sorted(sets):
-            # Checked for every partition before any record is made: all or nothing.
-            view = rep.views.get(name)
-            if name not in rep.acting or name not in rep.streams or view is None:
-                active = None if view is None else view.active
-                return error_out(
-                    errors.NotActive(f"{self.name} does not act for {name} (active: {active})")
-                )
-        if gtid is None and len(sets) > 1:
-            # A one-node commit over several partitions: one record per partition would not
-            # be atomic on the replicas (one can arrive, not the other, when this node dies).
-            # So: a prepared record in each, the decision in the log, then the outcomes.
-            self._local_txid += 1
-            gtid = f"{self.name}{LOCAL_COORDINATOR}.{self._local_txid}"
-            txid = gtid
-            done = functools.partial(self._local_prepared, txid, sorted(sets), done)
-        self._next_group += 1
-        ref = self._next_group
-        group = self._groups[ref] = _Group(done, len(sets), partitions=sorted(sets))
-        self._rep_dirty = True
-        for name in group.partitions:
-            epoch = rep.views[name].epoch
-            if gtid is None:
-                actions = rep.replicate(now, ref, name, epoch, sets[name])
-            else:
-                actions = rep.replicate(now, ref, name, epoch, sets[name], PREPARE, gtid)
-            self._rep_actions(now, actions)
-        return None
+        sets = write_sets(after, self.table.partition_of)
+        return _reply(self.host.replicate(self.now, sets, gtid, lambda r: done(_reply(r))))
 
-    def _local_prepared(
-        self, txid: str, names: list[str], done: Done, error: dict[str, Any] | None
-    ) -> None:
-        """Every partition's prepared record of a one-node commit completed (or one failed):
-        decide it in the log, first writer wins (a promoted copy proposes abort)."""
-        outcome = OUTCOME_ABORT if error is not None else OUTCOME_COMMIT
-        self._deciding[txid] = (names, done, error)
-        proposal = {"t": PROPOSE, "g": txid, "o": outcome, "n": []}
-        self._proposed[txid] = (self.now, proposal)
-        self._cluster(self.now, self.node.decisions.request(self.now, proposal))
+    def outcome(self, gtid: str, commit: bool, after: list[list[Any]]) -> None:
+        # The hold is persisted before the participant's tombstone (same disk, in order).
+        parts = write_sets(after, self.table.partition_of)
+        self.host.outcome(self.now, gtid, commit, sorted(parts))
 
-    def _propose_again(self, now: float) -> None:
-        """Resend the proposals of one-node commits still undecided (seed 738: one was lost
-        and the commit waited for ever, its locks held)."""
-        retry = self.node.dtx.config.retry
-        for txid, (at, proposal) in list(self._proposed.items()):
-            if now - at >= retry:
-                self._proposed[txid] = (now, proposal)
-                self._cluster(now, self.node.decisions.request(now, proposal))
-
-    def _local_decided(self, now: float, txid: str, decision: str) -> None:
-        names, done, error = self._deciding.pop(txid)
-        self._proposed.pop(txid, None)
-        self._outcomes[txid] = decision
-        rep = self.replication
-        for name in names:
-            if txid in rep.data.prepared_of(name):
-                self._rep_dirty = True
-                self._rep_actions(now, rep.outcome(now, None, name, txid, decision))
-        if decision == OUTCOME_COMMIT:
-            done(None)
-        elif error is not None:
-            done({k: v for k, v in error.items() if k != "unknown"})  # decided: an abort
-        else:
-            done(error_out(errors.Aborted(f"{txid}: a promoted copy decided abort first")))
-
-    def _finished(self, action: Completed | Failed) -> None:
-        group = self._groups.get(action.ref) if isinstance(action.ref, int) else None
-        if group is None:
-            return
-        if isinstance(action, Failed) and group.failed is None:
-            group.failed = error_out(
-                errors.Unavailable(
-                    f"{action.partition}: {action.error} (active {action.active}) before every "
-                    "sync replica held the commit: outcome unknown, ask request.result"
-                )
-            )
-            group.failed["unknown"] = True
-        group.remaining -= 1
-        if group.remaining == 0:
-            del self._groups[action.ref]
-            group.done(group.failed)
-
-    def _partition_of(self, ref: bytes) -> str | None:
-        names = self.ha.partition_table.partitions
-        if len(self._locations) != len(names):
-            self._locations = {partition_location(n): n for n in names}
-        return self._locations.get(Ref(ref).location)
+    def lookup(self, client: str, seq: int) -> tuple[tuple[bool, Any] | None, bool]:
+        return self.host.lookup(client, seq)
 
     # ------------------------------------------------------------ promotion
-    def _load_new_streams(self, now: float) -> None:
-        """A partition this node just started acting for: the store takes the machine's copy."""
-        rep, store = self.replication, self.store
-        for name, stream in sorted(rep.streams.items()):
-            if self.loaded.get(name) == stream.stream_id:
-                continue
-            self.loaded[name] = stream.stream_id
-            values = rep.data.values(name)
-            after = after_images(values)
-            present = {bytes.fromhex(k) for k in values if not k.startswith(RESULT_KEY)}
-            gone = [r for r in store.objects if r not in present and self._partition_of(r) == name]
-            after += [[r, "", 0, None] for r in sorted(gone)]
-            store.load(after)
-            for txid, writes in sorted(rep.data.prepared_of(name).items()):
-                if txid not in store.rm_branches:
-                    store.take_prepared(_taken(name, txid), after_images(writes))
-
     def _drop_settled_taken_over(self) -> None:
-        """A prepared record taken over at promotion, of a partition this node no longer has
-        a stream for, that its copy here no longer holds (the new active node resolved it):
-        its locks go (seed 1294: the lookup's answer never came, the locks stayed for ever).
-        The store's objects of P are not served here now, and are replaced by the machine's
-        copy when this node acts for P again."""
-        rep = self.replication
+        """A prepared record taken over at promotion that the new active node resolved
+        (``ReplicationHost.settled_elsewhere``): its locks go (seed 1294).  The store's
+        objects of P are not served here now, and are replaced by the machine's copy when
+        this node acts for P again."""
         for taken in list(self.store.replicated_prepared):
             name, _, gtid = taken.partition("/")
-            if name in rep.streams or gtid in rep.data.prepared_of(name):
-                continue
-            self.store.end_prepared(taken, False)
-            waiting = self._resolving.get(gtid)
-            if waiting is not None:
-                waiting.discard(name)
-                if not waiting:
-                    del self._resolving[gtid]
-
-    def _decision(self, now: float, answer: Any) -> None:
-        if not isinstance(answer, dict):
-            return
-        txid, kind = answer.get("g"), answer.get("t")
-        if isinstance(txid, str) and txid in self._deciding and kind == DECIDED:
-            self._local_decided(now, txid, str(answer.get("o")))
-        if not isinstance(txid, str) or txid not in self._resolving:
-            return
-        if kind == DECIDED:
-            decision = str(answer.get("o"))
-            for name in sorted(self._resolving.pop(txid)):
-                self._resolved(now, name, txid, decision)
-        elif kind == UNKNOWN:
-            if answer.get("forgotten"):
-                # Finished everywhere and forgotten.  A commit is forgotten only after every
-                # participant acknowledged it, and a participant acknowledges only once every
-                # copy that may be promoted holds the outcome (the machine's durable holds):
-                # so a copy still prepared here missed an abort (the prepare never got its
-                # yes vote, the participant restarted without it).
-                self._out.append(
-                    Notify("rep.forgotten", {"g": txid, "p": sorted(self._resolving[txid])})
-                )
-                for name in sorted(self._resolving.pop(txid)):
-                    self._resolved(now, name, txid, OUTCOME_ABORT)
-                return
-            # Nothing decided: propose abort; whatever the log holds first is the outcome.
-            proposal = {"t": PROPOSE, "g": txid, "o": OUTCOME_ABORT, "n": []}
-            self._cluster(now, self.node.decisions.request(now, proposal))
-
-    def _resolved(self, now: float, name: str, txid: str, decision: str) -> None:
-        """P's prepared record of ``txid`` gets its outcome: a record, and the store's copy."""
-        writes = self.replication.data.prepared_of(name).get(txid)
-        self._rep_dirty = True
-        self._rep_actions(now, self.replication.outcome(now, None, name, txid, decision))
-        if txid in self.store.rm_branches:
-            return  # the store's own phase two installs it
-        committed = decision == OUTCOME_COMMIT
-        taken_over = self.store.end_prepared(_taken(name, txid), committed)
-        if not taken_over and writes is not None and committed and name in self.loaded:
-            self.store.load(after_images(writes))
+            if self.host.settled_elsewhere(name, gtid):
+                self.store.end_prepared(taken, False)
 
     def status(self) -> dict[str, Any]:
         status = super().status()
-        status["replication"] = self.replication.status()
+        status["replication"] = self.host.status()
         return status
+
+
+class _SimHostRuntime:
+    """The simulated node's side of :class:`ReplicationHost` (``HostRuntime``)."""
+
+    def __init__(self, node: ReplicatedDataNode) -> None:
+        self.node = node
+
+    def persist(self, action: Persist) -> None:
+        self.node._out.append(Persist(TOKEN_OWNERS * action.token + 3, action.writes))
+
+    def emit(self, action: Any) -> None:
+        self.node._out.append(action)
+
+    def submit(self, now: float, entry: dict[str, Any]) -> None:
+        node = self.node
+        node._cluster(now, node.ha.submit(now, TABLE, entry))
+
+    def ask_log(self, now: float, request: dict[str, Any]) -> None:
+        node = self.node
+        node._cluster(now, node.node.decisions.request(now, request))
+
+    def release(self, now: float, gtid: str) -> None:
+        node = self.node
+        node._from_node(now, node.node.released(now, gtid))
+
+    def tomb(self, gtid: str) -> str | None:
+        return self.node.node.dtx.tombs.get(gtid)
+
+    def load_copy(
+        self, name: str, stream_id: int, values: Mapping[str, Any], prepared: Mapping[str, Any]
+    ) -> None:
+        """The store's copy of ``name`` becomes the machine's (objects of ``name`` it lacks
+        deleted); its prepared records are taken over with write locks on their objects."""
+        node, store = self.node, self.node.store
+        after = after_images(values)
+        present = {bytes.fromhex(k) for k in values if not k.startswith(RESULT_KEY)}
+        gone = [r for r in store.objects if r not in present and node.table.partition_of(r) == name]
+        after += [[r, "", 0, None] for r in sorted(gone)]
+        store.load(after)
+        for txid, writes in sorted(prepared.items()):
+            if txid not in store.rm_branches:
+                store.take_prepared(_taken(name, txid), after_images(writes))
+
+    def resolved(
+        self, name: str, txid: str, writes: Mapping[str, Any] | None, commit: bool
+    ) -> None:
+        store = self.node.store
+        if txid in store.rm_branches:
+            return  # the store's own phase two installs it
+        taken_over = store.end_prepared(_taken(name, txid), commit)
+        if not taken_over and writes is not None and commit and name in self.node.host.loaded:
+            store.load(after_images(writes))
 
 
 def _taken(partition: str, gtid: str) -> str:

@@ -50,9 +50,9 @@ from nonstop.replication import (
     Resolve,
     Submit,
 )
+from nonstop.replication.applied_table import AppliedTable
 from nonstop.replication.machine import PREFIX
 from nonstop.replication.records import OUTCOME_ABORT, OUTCOME_COMMIT, PREPARE
-from nonstop.replication.view import view_of
 from nonstop.runtime.interface import (
     Action,
     ClientRequest,
@@ -96,7 +96,7 @@ class ReplicatedNode(HaClusterNode):
             self.name, random.Random(rng.getrandbits(64)), recovered, replication
         )
         self.restorer.copy_done = self.replication.copy_done
-        self._views: tuple[tuple[int, bytes], dict[str, PartitionView]] = ((-1, b""), {})
+        self._table = AppliedTable(self)
         self._waiting_decision: dict[str, list[int]] = {}
         self._resolving: dict[str, str] = {}
 
@@ -122,12 +122,7 @@ class ReplicatedNode(HaClusterNode):
         )
 
     def rep_views(self) -> dict[str, PartitionView]:
-        # The table only changes when a log entry (or a snapshot) is applied: cache per index.
-        at, views = self._views
-        if at != (self.applied_index, self.applied_digest):
-            views = {n: view_of(p) for n, p in self.partition_table.partitions.items()}
-            self._views = ((self.applied_index, self.applied_digest), views)
-        return views
+        return self._table.views()
 
     def acting_now(self, now: float) -> list[str]:
         return [n for n in self.partition_table.partitions if self.acting(now, n)]

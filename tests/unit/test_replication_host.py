@@ -1,0 +1,111 @@
+"""The replication host (replication/host.py): the glue both runtimes share, driven through a
+fake ``HostRuntime`` -- all or nothing before a record is made, an unknown outcome after, a
+multi-partition one-node commit decided in the log and its proposal sent again."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from typing import Any
+
+from nonstop import errors
+from nonstop.dtx.decisions import DECIDED, PROPOSE
+from nonstop.replication import PartitionView, ReplicationMachine
+from nonstop.replication.host import Refusal, ReplicationHost
+from nonstop.runtime.interface import Persist, Persisted
+
+ME = "A"
+WRITES = {"00" * 20: ["T", 1, {"x": 1}]}
+
+
+class FakeRuntime:
+    def __init__(self) -> None:
+        self.persists: list[Persist] = []
+        self.asked: list[dict[str, Any]] = []
+        self.loaded: list[str] = []
+
+    def persist(self, action: Persist) -> None:
+        self.persists.append(action)
+
+    def emit(self, action: Any) -> None:
+        pass
+
+    def submit(self, now: float, entry: dict[str, Any]) -> None:
+        pass
+
+    def ask_log(self, now: float, request: dict[str, Any]) -> None:
+        self.asked.append(request)
+
+    def release(self, now: float, gtid: str) -> None:
+        pass
+
+    def tomb(self, gtid: str) -> str | None:
+        return None
+
+    def load_copy(
+        self, name: str, stream_id: int, values: Mapping[str, Any], prepared: Mapping[str, Any]
+    ) -> None:
+        self.loaded.append(name)
+
+    def resolved(
+        self, name: str, txid: str, writes: Mapping[str, Any] | None, commit: bool
+    ) -> None:
+        pass
+
+
+def view(name: str, active: str = ME) -> PartitionView:
+    return PartitionView(name, 2, active, (active,), (), (active,))
+
+
+def host_acting(*names: str) -> tuple[ReplicationHost, FakeRuntime]:
+    runtime = FakeRuntime()
+    machine = ReplicationMachine(ME, random.Random(1), {})
+    host = ReplicationHost(machine, runtime, first_local_txid=0, propose_again=lambda: 1.0)
+    views = {n: view(n) for n in ("P1", "P2")}
+    host.settle(0.0, views, names)
+    assert runtime.loaded == sorted(names), "a new stream hands the copy to the store"
+    runtime.persists.clear()
+    return host, runtime
+
+
+def durable(host: ReplicationHost, runtime: FakeRuntime, now: float) -> None:
+    persists, runtime.persists = runtime.persists, []
+    for action in persists:
+        host.handle(Persisted(now, action.token))
+    host.settle(now, host.machine.views, host.machine.acting)
+
+
+def test_a_partition_not_acted_for_refuses_before_any_record_is_made() -> None:
+    host, runtime = host_acting("P1")
+    answers: list[Refusal | None] = []
+    refusal = host.replicate(0.1, {"P1": WRITES, "P2": WRITES}, None, answers.append)
+    assert refusal is not None and isinstance(refusal.error, errors.NotActive)
+    assert not refusal.unknown and not answers
+    assert not runtime.persists, "a record was made for a commit refused"
+
+
+def test_a_commit_completes_once_durable_and_fails_as_unknown_when_the_stream_ends() -> None:
+    host, runtime = host_acting("P1", "P2")
+    answers: list[Refusal | None] = []
+    assert host.replicate(0.1, {"P1": WRITES}, None, answers.append) is None
+    assert not answers, "answered before the record was durable"
+    durable(host, runtime, 0.2)
+    assert answers == [None]
+    assert host.replicate(0.3, {"P1": WRITES}, None, answers.append) is None
+    host.settle(0.4, {"P1": view("P1", "B"), "P2": view("P2")}, ["P2"])  # P1 moved away
+    (failed,) = answers[1:]
+    assert failed is not None and failed.unknown, "a record made then failed: outcome unknown"
+    assert isinstance(failed.error, errors.Unavailable)
+
+
+def test_a_commit_over_two_partitions_is_decided_in_the_log_and_proposed_again() -> None:
+    host, runtime = host_acting("P1", "P2")
+    answers: list[Refusal | None] = []
+    assert host.replicate(0.1, {"P1": WRITES, "P2": WRITES}, None, answers.append) is None
+    durable(host, runtime, 0.2)
+    (proposal,) = runtime.asked
+    assert proposal["t"] == PROPOSE and proposal["o"] == "commit" and not answers
+    host.settle(1.5, host.machine.views, host.machine.acting)  # the log dropped it
+    assert runtime.asked == [proposal, proposal], "an unanswered proposal is sent again"
+    host.decision(1.6, {"t": DECIDED, "g": proposal["g"], "o": "commit"})
+    assert answers == [None]
