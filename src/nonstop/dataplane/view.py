@@ -94,14 +94,24 @@ class ClusterView:
 
     def active_of(self, part: PartitionView) -> str:
         """The node acting for ``part`` as far as this view knows (module doc of
-        ``placement``); Unavailable (retryable by the client) naming the partition if none."""
+        ``placement``); if none, an error naming the partition.
+
+        ``NotActive`` (retryable: ``@transactional`` replays it) while a takeover is
+        under way -- this node is the active node but does not act yet (a promotion
+        or handover waiting out the old lease, or resolving prepared records), or
+        the active node is down and another holder that is up can be promoted;
+        ``Unavailable`` when nothing here can take over (no holder up)."""
         node = part.active
-        if node is None or node not in self.up or (node == self.name and not part.acting):
-            why = "has no active node" if node is None else f"is not served: {node} is not up"
-            if node == self.name:
-                why = f"is not acted for by {node} yet"
-            raise errors.Unavailable(f"partition {part.name} (epoch {part.epoch}) {why}")
-        return node
+        if node is not None and node in self.up and (node != self.name or part.acting):
+            return node
+        where = f"partition {part.name} (epoch {part.epoch})"
+        if node == self.name:
+            raise errors.NotActive(f"{where} is not acted for by {node} yet")
+        others_up = [n for n, _ in part.current if n != node and n in self.up]
+        why = "has no active node" if node is None else f"is not served: {node} is not up"
+        if others_up:
+            raise errors.NotActive(f"{where} {why}; taking over: {', '.join(others_up)}")
+        raise errors.Unavailable(f"{where} {why}")
 
     def acting_nodes(self) -> tuple[dict[str, list[PartitionView]], list[PartitionView]]:
         """Each partition once: node → the partitions it serves now, and the partitions
@@ -112,7 +122,7 @@ class ClusterView:
             part = self.partitions[name]
             try:
                 node = self.active_of(part)
-            except errors.Unavailable:
+            except (errors.Unavailable, errors.NotActive):
                 missing.append(part)
                 continue
             by_node.setdefault(node, []).append(part)
