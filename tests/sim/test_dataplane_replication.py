@@ -23,7 +23,7 @@ from nonstop.sim.scenarios.dataplane_replication import (
 CLEAN_SEEDS = range(0, 8)
 """Seeds that must stay clean (campaign numbers: docs/design/replication.md §10)."""
 
-REGRESSION_SEEDS = (25, 135, 140, 285, 738, 965, 1294, 2440)
+REGRESSION_SEEDS = (25, 135, 140, 285, 738, 965, 1294, 1767, 2293, 2440)
 """Seeds that failed once, one per root cause (replication.md §10b): 285 a participant
 without a stream acknowledged phase two at once, the decision log forgot the commit and the
 promoted copy resolved it as abort; 25 and 140 the durability check read a disk still
@@ -33,7 +33,8 @@ recorded as aborted; 135 a lock-free read on a node that took a prepared record 
 promotion saw the state before a commit already acknowledged; 1294 a prepared record
 taken over at promotion kept its locks after the partition moved on and was resolved
 elsewhere; 2440 a participant restarted before its table was applied held its
-acknowledgement on no partition."""
+acknowledgement on no partition; 1767 and 2293 an op answered in the step that applied a new
+epoch passed the fence of the data plane's older view."""
 
 
 def test_write_sets_split_by_partition_and_carry_the_request_result_to_each() -> None:
