@@ -191,6 +191,11 @@ class ReplicatedDataNode(SimDataNode):
         self._locations: dict[int, str] = {}
         self._views: tuple[tuple[int, bytes], dict[str, PartitionView]] = ((-1, b""), {})
         self._rep_dirty = True
+        # The data plane acts for P only once the store took the machine's copy of P for the
+        # stream this node runs (seed 1917), as the real node's ``ready`` (node/replicated.py).
+        cluster_acting = self.dataplane.config.acting
+        assert cluster_acting is not None, "replication routes by partition"
+        self.dataplane.config.acting = functools.partial(_acting_when_ready, cluster_acting, self)
 
     # ------------------------------------------------------------ the machine's events
     def handle(self, event: Event) -> list[Action]:
@@ -416,6 +421,14 @@ class ReplicatedDataNode(SimDataNode):
         return self._locations.get(Ref(ref).location)
 
     # ------------------------------------------------------------ promotion
+    def ready(self, partition: str) -> bool:
+        """Has the store taken the machine's copy of ``partition`` for the stream this node
+        runs?  Until then the store holds an older copy (the one it had when this node last
+        acted, or a participant's late phase two): seed 1917 answered a read from it in the
+        step the lease began, before ``_load_new_streams`` ran at the step's end."""
+        stream = self.replication.streams.get(partition)
+        return stream is not None and self.loaded.get(partition) == stream.stream_id
+
     def _load_new_streams(self, now: float) -> None:
         """A partition this node just started acting for: the store takes the machine's copy."""
         rep, store = self.replication, self.store
@@ -496,6 +509,13 @@ class ReplicatedDataNode(SimDataNode):
         status = super().status()
         status["replication"] = self.replication.status()
         return status
+
+
+def _acting_when_ready(
+    cluster_acting: Callable[[float, str], bool], node: ReplicatedDataNode, now: float, name: str
+) -> bool:
+    """The data plane's ``acting``: the cluster node's answer, and the store holds the copy."""
+    return cluster_acting(now, name) and node.ready(name)
 
 
 def _taken(partition: str, gtid: str) -> str:
