@@ -10,6 +10,8 @@ runs the replication machine composed into the data path's node
 from __future__ import annotations
 
 from dataclasses import replace
+from types import SimpleNamespace
+from typing import Any, cast
 
 from nonstop.model.ref import Ref
 from nonstop.sim.scenarios.dataplane import partitioned_config, run_seed
@@ -17,6 +19,7 @@ from nonstop.sim.scenarios.dataplane_mutants import RecordNotReplicated
 from nonstop.sim.scenarios.dataplane_partitions import PartitionRouting
 from nonstop.sim.scenarios.dataplane_replication import (
     ReplicatedDataNode,
+    _acting_when_ready,
     after_images,
     write_sets,
 )
@@ -24,7 +27,7 @@ from nonstop.sim.scenarios.dataplane_replication import (
 CLEAN_SEEDS = range(0, 8)
 """Seeds that must stay clean (campaign numbers: docs/design/replication.md §10)."""
 
-REGRESSION_SEEDS = (25, 135, 140, 285, 738, 965, 1294, 2440)
+REGRESSION_SEEDS = (25, 135, 140, 285, 738, 965, 1294, 1767, 1917, 2293, 2440)
 """Seeds that failed once, one per root cause (replication.md §10b): 285 a participant
 without a stream acknowledged phase two at once, the decision log forgot the commit and the
 promoted copy resolved it as abort; 25 and 140 the durability check read a disk still
@@ -34,7 +37,9 @@ recorded as aborted; 135 a lock-free read on a node that took a prepared record 
 promotion saw the state before a commit already acknowledged; 1294 a prepared record
 taken over at promotion kept its locks after the partition moved on and was resolved
 elsewhere; 2440 a participant restarted before its table was applied held its
-acknowledgement on no partition."""
+acknowledgement on no partition; 1767 and 2293 an op answered in the step that applied a new
+epoch passed the fence of the data plane's older view; 1917 a node served a read from its
+store's old copy in the step its lease began, before the store took the machine's copy."""
 
 
 def test_write_sets_split_by_partition_and_carry_the_request_result_to_each() -> None:
@@ -53,6 +58,28 @@ def test_write_sets_split_by_partition_and_carry_the_request_result_to_each() ->
     assert sets["P1"] == {b.hex(): None, "r:c1\x007": [True, None]}
     back = after_images(sets["P1"])
     assert back == [[b, "", 0, None], ["c1", 7, True, None]]
+
+
+def test_the_data_plane_acts_only_once_the_store_took_the_copy_of_its_stream() -> None:
+    # Seed 1917 (replication.md §10b): the lease began in the step that served a read, and
+    # the store still held the copy a late phase two had written, older than the machine's.
+    node: Any = SimpleNamespace(replication=SimpleNamespace(streams={}), loaded={})
+    node.ready = lambda p: ReplicatedDataNode.ready(cast(ReplicatedDataNode, node), p)
+    lease = {"P5": True}
+
+    def acting(now: float, name: str) -> bool:
+        return _acting_when_ready(lambda _, p: lease.get(p, False), node, now, name)
+
+    assert not acting(1.0, "P5")  # the cluster node acts, the machine has no stream yet
+    node.replication.streams["P5"] = SimpleNamespace(stream_id=7)
+    assert not acting(1.0, "P5")  # a stream, its copy not in the store yet
+    node.loaded["P5"] = 7
+    assert acting(1.0, "P5")
+    node.replication.streams["P5"] = SimpleNamespace(stream_id=8)  # acting again, later
+    assert not acting(2.0, "P5")
+    node.loaded["P5"] = 8
+    lease["P5"] = False
+    assert not acting(2.0, "P5")  # the store is ready, the lease is not
 
 
 def test_replicated_partitions_keep_every_invariant_and_fail_over() -> None:

@@ -190,6 +190,27 @@ def test_a_stale_epoch_is_refused_and_the_answer_is_checked_when_acknowledging()
     assert net.replies[-1].payload["error"] == "NotActive"
 
 
+def test_the_answer_is_fenced_by_the_applied_table_not_by_a_lagging_view() -> None:
+    # Seeds 1767 and 2293 (replication.md §10b): in one step B applies a table entry that
+    # moves P1 to epoch 6 and answers an op of epoch 5 (a commit's phase two released the
+    # lock it waited on) before the new view reaches its data plane.
+    net = PNet()
+    applied = {"P1": 5}
+    net.machines["B"].config.applied_epoch = applied.get
+    put(net, "B", pobj("P1", 1, "b"), "b")
+    net.hold = lambda ex: ex.op == "branch.get"
+    assert net.op("A", get("b", begin="serializable")) is None
+    applied["P1"] = 6  # applied here; the data plane's view still says epoch 5
+    net.hold = lambda ex: False
+    net.release_held()
+    reply = net.replies[-1].payload
+    assert reply["error"] == "NotActive" and "at epoch 6" in reply["message"]
+    # Unknown in the applied table: refused too.
+    del applied["P1"]
+    reply = net.op("A", get("b", begin="serializable"))
+    assert reply is not None and reply["error"] == "NotActive"
+
+
 def test_the_vote_is_fenced_like_the_ops() -> None:
     net = PNet()
     b = pobj("P1", 1, "b")

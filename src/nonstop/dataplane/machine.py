@@ -128,6 +128,13 @@ class DataPlaneConfig:
     acting: Callable[[float, str], bool] | None = None
     """``(now, partition)`` → whether this node acts for it at that instant (the cluster
     node's ``acting``: lease held, ha.md §8).  None: the acting flag of the latest view."""
+    applied_epoch: Callable[[str], int | None] | None = None
+    """``partition`` → its epoch in this node's applied partition table at this instant
+    (None: not in it).  The fence compares an op's epoch with it, not with the latest
+    view's: the view reaches the data plane at the end of a step, and a step that applies
+    a table entry may also answer an op (a commit's phase two releasing its locks) --
+    answered from the view, the op would pass a fence its epoch no longer holds
+    (replication.md §10b, seeds 1767 and 2293).  None: the latest view's epoch."""
 
 
 class DataPlane(Driver):
@@ -507,14 +514,23 @@ class DataPlane(Driver):
     def not_active(self, fence: dict[str, int]) -> errors.NotActive | None:
         """NotActive unless this node acts, now, for every (partition, epoch) of ``fence``."""
         acting = self.config.acting
+        applied_epoch = self.config.applied_epoch
         for name, epoch in fence.items():
             part = self.view.partitions.get(name)
-            if part is None or part.epoch != epoch:
-                now = "unknown here" if part is None else f"at epoch {part.epoch}"
+            if applied_epoch is not None:
+                here = applied_epoch(name)
+            else:
+                here = None if part is None else part.epoch
+            if here is None or here != epoch:
+                now = "unknown here" if here is None else f"at epoch {here}"
                 return errors.NotActive(
                     f"{self.name} does not act for partition {name} at epoch {epoch} ({now})"
                 )
-            if not (acting(self._now, name) if acting is not None else part.acting):
+            if acting is not None:
+                acts = acting(self._now, name)
+            else:
+                acts = part is not None and part.acting
+            if not acts:
                 return errors.NotActive(
                     f"{self.name} does not act for partition {name} (epoch {epoch}) now"
                 )

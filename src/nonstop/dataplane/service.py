@@ -723,6 +723,13 @@ class DataService:
         acting = getattr(self._cluster(), "acting", None)
         return bool(acting is not None and acting(now, partition))
 
+    def applied_epoch(self, partition: str) -> int | None:
+        """``partition``'s epoch in the table the cluster node applied, now (the data
+        plane's fence, replication.md §10b fix 8); None if it has no such partition."""
+        table = getattr(self._cluster(), "partition_table", None)
+        part = None if table is None else table.partitions.get(partition)
+        return None if part is None else int(part.epoch)
+
     def is_up(self, name: str) -> bool:
         """Up per the failure detector (or, without one, connected)."""
         if name == self.name:

@@ -643,6 +643,7 @@ def route_by_partition(service: Any, cfg: NodeConfig) -> None:
         raise ConfigError(f"config key 'ha': {exc}") from None
     service.machine.config.placement = placement
     service.machine.config.acting = service.acting
+    service.machine.config.applied_epoch = service.applied_epoch
 
 
 def run(cfg: NodeConfig) -> int:

@@ -42,6 +42,7 @@ Routing:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import random
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -145,7 +146,11 @@ class SimDataNode:
             and dataplane_config.placement is not None
         ):
             # This node's own answer of "do I act for P now" (ha.md §8).
-            dataplane_config = dataclasses.replace(dataplane_config, acting=ha.acting)
+            dataplane_config = dataclasses.replace(
+                dataplane_config,
+                acting=ha.acting,
+                applied_epoch=functools.partial(_applied_epoch, ha),
+            )
         self.dataplane = dataplane_class(
             self.name, random.Random(rng.getrandbits(64)), dataplane_config
         )
@@ -346,6 +351,12 @@ class SimDataNode:
             "in_doubt": self.store.in_doubt(),
             "branches": sorted(self.store.branches),
         }
+
+
+def _applied_epoch(ha: HaClusterNode, partition: str) -> int | None:
+    """``partition``'s epoch in ``ha``'s applied table now (the data plane's fence)."""
+    part = ha.partition_table.partitions.get(partition)
+    return None if part is None else part.epoch
 
 
 def _is_up(cluster: Any, name: str) -> bool:

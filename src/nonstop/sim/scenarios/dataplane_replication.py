@@ -49,6 +49,7 @@ the log answers.  Root causes found and what is left: replication.md §10b.
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -160,11 +161,24 @@ class ReplicatedDataNode(SimDataNode):
             propose_again=lambda: self.node.dtx.config.retry,
         )
         self.table = AppliedTable(ha)
+        # The data plane acts for P only once the store took the machine's copy of P for the
+        # stream this node runs (seed 1917), as the real node's ``ready`` (node/replicated.py).
+        cluster_acting = self.dataplane.config.acting
+        assert cluster_acting is not None, "replication routes by partition"
+        self.dataplane.config.acting = functools.partial(_acting_when_ready, cluster_acting, self)
 
     @property
     def loaded(self) -> dict[str, int]:
         """Partition -> the stream id the store's copy was loaded for (promotion)."""
         return self.host.loaded
+
+    def ready(self, partition: str) -> bool:
+        """Has the store taken the machine's copy of ``partition`` for the stream this node
+        runs?  Until then the store holds an older copy (the one it had when this node last
+        acted, or a participant's late phase two): seed 1917 answered a read from it in the
+        step the lease began, before the host loaded the new stream's copy at the step's end."""
+        stream = self.replication.streams.get(partition)
+        return stream is not None and self.loaded.get(partition) == stream.stream_id
 
     # ------------------------------------------------------------ the machine's events
     def handle(self, event: Event) -> list[Action]:
@@ -294,6 +308,13 @@ class _SimHostRuntime:
         taken_over = store.end_prepared(_taken(name, txid), commit)
         if not taken_over and writes is not None and commit and name in self.node.host.loaded:
             store.load(after_images(writes))
+
+
+def _acting_when_ready(
+    cluster_acting: Callable[[float, str], bool], node: ReplicatedDataNode, now: float, name: str
+) -> bool:
+    """The data plane's ``acting``: the cluster node's answer, and the store holds the copy."""
+    return cluster_acting(now, name) and node.ready(name)
 
 
 def _taken(partition: str, gtid: str) -> str:
