@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import socket
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,9 @@ def test_local_up_status_partial_restart_down(folder: Path) -> None:
     assert code == 0, err
     assert "started: A, B, C" in out
     assert "Active" in out
+    # A new local cluster routes by partition, one sync replica each (issue 10).
+    node_config = tomllib.loads((folder / "A.toml").read_text())
+    assert node_config["ha"]["data"] == "partitions"
 
     code, out, err = run_cli("cluster", "status", "--json", "--dir", str(folder))
     assert code == 0, err

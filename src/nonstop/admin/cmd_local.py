@@ -20,6 +20,7 @@ import click
 from nonstop.admin.cmd_cluster import Target
 from nonstop.admin.local import DEFAULT_DIR, LocalCluster, LocalError, spawn_node, stop_pid
 from nonstop.admin.output import USAGE, emit_status, fail, note
+from nonstop.admin.served import partitions_served
 from nonstop.errors import Error
 from nonstop.net.tls import TLSConfig, setup_problem
 from nonstop.node.config import ConfigError, check_options
@@ -53,6 +54,17 @@ def parse_options(options: tuple[str, ...], apps: tuple[str, ...]) -> dict[str, 
     if "tls" in checked:
         checked["tls"] = absolute_tls_files(checked["tls"])
     return checked
+
+
+def with_partitions(options: dict[str, Any]) -> dict[str, Any]:
+    """A new local cluster routes by partition unless told otherwise (issue 10: HA by
+    default): ``ha.data = "partitions"`` with the default policy, 16 partitions with one
+    sync replica each (replication.md §10d).  ``--option 'ha={"data": "nodes"}'`` keeps
+    the older layout, where an object lives on the node that created it."""
+    ha = options.get("ha")
+    if isinstance(ha, dict) and "data" in ha:
+        return options
+    return {**options, "ha": {**(ha if isinstance(ha, dict) else {}), "data": "partitions"}}
 
 
 def absolute_tls_files(tls: dict[str, Any]) -> dict[str, Any]:
@@ -133,7 +145,7 @@ def local_up(
     parsed = parse_options(options, apps)
     if layout is None:
         try:
-            layout = lc.create(count or 3, base_port, parsed)
+            layout = lc.create(count or 3, base_port, with_partitions(parsed))
         except (LocalError, ConfigError) as exc:
             fail(str(exc), USAGE)
     else:
@@ -201,10 +213,12 @@ def _stopped_note(started: dict[str, int]) -> str:
 def wait_active(
     addresses: list[str], timeout: float, tls: TLSConfig | None = None
 ) -> dict[str, Any] | None:
-    """Poll status until every node reports quorum Active and the same leader.
+    """Poll status until every node reports quorum Active and the same leader, and every
+    partition is served (:func:`~nonstop.admin.served.partitions_served`).
 
     Returns the first node's last status, or None on timeout.  Waiting for an
-    agreed leader too means the status printed after ``local up`` is settled.
+    agreed leader too means the status printed after ``local up`` is settled; waiting
+    for the partitions means the first transaction after it is not refused.
     """
     from nonstop.client import Client
 
@@ -223,6 +237,7 @@ def wait_active(
             and all(s.get("quorum") == "Active" for s in statuses)
             and len(leaders) == 1
             and None not in leaders
+            and partitions_served({str(s.get("name")): s for s in statuses})
         ):
             return statuses[0]
         time.sleep(0.1)

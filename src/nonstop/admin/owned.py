@@ -30,6 +30,7 @@ from types import FrameType
 from typing import Any
 
 from nonstop.admin.local import LocalCluster, LocalNode, spawn_node
+from nonstop.admin.served import partitions_served
 from nonstop.client.handle import Client
 from nonstop.errors import Error
 from nonstop.node.datadir import pid_alive
@@ -133,6 +134,21 @@ class NodeProcesses:
         """Until :meth:`active`; returns the seconds it took."""
         started = time.monotonic()
         _wait(lambda: self.active(names), timeout, "quorum Active on every node")
+        return time.monotonic() - started
+
+    def wait_served(self, timeout: float = 60.0) -> float:
+        """Until every partition is served by a running node
+        (:func:`~nonstop.admin.served.partitions_served`); returns the seconds it took."""
+        started = time.monotonic()
+
+        def served() -> bool:
+            try:
+                statuses = {n: self.status(n) for n in self.alive()}
+            except Exception:
+                return False
+            return partitions_served(statuses)
+
+        _wait(served, timeout, "every partition served")
         return time.monotonic() - started
 
     def alive(self) -> list[str]:

@@ -436,6 +436,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         t0 = time.perf_counter()
         oc.start_all()
+        oc.wait_served()
         cluster = ",".join(oc.addresses)
         print(f"  cluster up in {time.perf_counter() - t0:.1f} s: {cluster}")
 

@@ -1,0 +1,43 @@
+"""Is every partition served?  What ``nonstop local up`` and the demo wait for.
+
+Quorum ``Active`` says the cluster log works; it does not say a client's first
+transaction will find each partition's active node acting (its lease taken, the
+previous holder's waited out) and, when the partition replicates, its store holding
+the replicated copy (replication.md §10d).  Until then ops on that partition are
+refused with the retryable ``NotActive``, which a plain ``with cluster.transaction()``
+does not replay -- so a command that says "the cluster is up" waits for this too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+
+def partitions_served(statuses: Mapping[str, Mapping[str, Any]]) -> bool:
+    """True once, per the nodes' ``status`` replies (name -> status), every partition of
+    the table is settled -- its active node is the first of its defined nodes that
+    answered, every answering defined node holds it, none is still being copied to --
+    and that active node acts for it and, if it replicates, took the partition's
+    replicated copy.  (Settled, not only served: at start-up the first node serves
+    every partition until the others enable theirs and take them back by priority,
+    and each such move is a moment of ``NotActive``.)  A table with no partition is
+    served."""
+    if not statuses:
+        return False
+    first = next(iter(statuses.values()))
+    for part in first.get("partitions") or []:
+        name, active = part.get("name"), part.get("active")
+        defined = [n for n, *_ in part.get("nodes") or [] if n in statuses]
+        current = {n for n, *_ in part.get("current") or []}
+        if part.get("copying") or not set(defined) <= current:
+            return False
+        if defined and active != defined[0]:
+            return False
+        status = statuses.get(active) if isinstance(active, str) else None
+        if status is None or name not in (status.get("acting") or []):
+            return False
+        replication = status.get("replication")
+        if isinstance(replication, Mapping) and name not in (replication.get("ready") or []):
+            return False
+    return True
