@@ -122,7 +122,7 @@ def _bulk_db(db: Database) -> Any:
     return swap_apply.bulk_db(db.engine.store)
 
 
-def _type(ctx: BulkContext, payload: dict[str, Any]) -> TypeInfo:
+def bulk_type(ctx: BulkContext, payload: dict[str, Any]) -> TypeInfo:
     name = payload.get("type")
     if not isinstance(name, str) or not name:
         raise BadArgument("a bulk operation needs 'type': the managed type's name")
@@ -176,7 +176,7 @@ def _fields(info: TypeInfo, wanted: Any, fmt: str) -> list[str]:
     return names
 
 
-def _format(payload: dict[str, Any]) -> str:
+def batch_format(payload: dict[str, Any]) -> str:
     fmt = payload.get("format", "columns")
     if fmt not in FORMATS:
         raise BadArgument(f"format must be one of {FORMATS}, not {fmt!r}")
@@ -263,7 +263,7 @@ def plan(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any]:
     it is one reply and one snapshot.  The first range starts at None and the
     last ends at None, so objects created after planning are still covered.
     """
-    info = _type(ctx, payload)
+    info = bulk_type(ctx, payload)
     swap_apply.wait_open(ctx.db, info)  # (not while a swap of it is applied)
     splits = payload.get("splits", 1)
     max_rows = payload.get("max_rows") or ROWS_PER_RANGE
@@ -352,9 +352,9 @@ def scan(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any]:
     ANDed, ``op`` in eq/lt/le/gt/ge/in.  An equality on a unique key reads
     through its index instead of scanning.
     """
-    info = _type(ctx, payload)
+    info = bulk_type(ctx, payload)
     swap_apply.wait_open(ctx.db, info)  # (not while a swap of it is applied)
-    fmt = _format(payload)
+    fmt = batch_format(payload)
     names = _fields(info, payload.get("fields"), fmt)
     lo = _ref_arg(payload.get("lo"), "lo")
     hi = _ref_arg(payload.get("hi"), "hi")
@@ -497,7 +497,7 @@ def _point_refs(
 
 
 # ------------------------------------------------------------------ writes
-def _key_of(info: TypeInfo, payload: dict[str, Any]) -> KeyInfo:
+def unique_key_of(info: TypeInfo, payload: dict[str, Any]) -> KeyInfo:
     uniques = [k for k in info.keys.values() if k.options.unique]
     name = payload.get("key")
     if name is None:
@@ -513,14 +513,14 @@ def _key_of(info: TypeInfo, payload: dict[str, Any]) -> KeyInfo:
     return key
 
 
-def _columns_of(
+def batch_columns(
     info: TypeInfo, key: KeyInfo, payload: dict[str, Any]
 ) -> tuple[list[str], list[list[Any]], list[bytes]]:
     """Validate a batch column by column: known fields, equal lengths, values of the
     field's type (converted as ``Field.check`` does), keys present, unique, not null.
 
     Returns the column names, the columns and the encoded key values."""
-    cols = decode_rows(payload.get("rows"), _format(payload))
+    cols = decode_rows(payload.get("rows"), batch_format(payload))
     unknown = [c for c in cols if c not in info.fields]
     if unknown:
         raise FieldError(
@@ -536,7 +536,7 @@ def _columns_of(
     if None in kcol:
         raise FieldError(f"row {kcol.index(None)}: null in key column {info.name}.{key.field}")
     names = list(cols)
-    out = [_checked(info, n, cols[n]) for n in names]
+    out = [checked_column(info, n, cols[n]) for n in names]
     kcol = out[names.index(key.field)]
     kbs = encode_keys(kcol)
     if len(set(kbs)) != len(kbs):
@@ -561,7 +561,7 @@ _EXACT: dict[str, frozenset[type]] = {
 }
 
 
-def _checked(info: TypeInfo, name: str, col: list[Any]) -> list[Any]:
+def checked_column(info: TypeInfo, name: str, col: list[Any]) -> list[Any]:
     f = info.fields[name]
     exact = _EXACT.get(f.kind)
     if exact is not None:
@@ -618,7 +618,7 @@ def _load_refs(tx: Transaction, info: TypeInfo, row: dict[str, Any]) -> dict[str
 # A transaction body written once for both flavours of transaction: a generator
 # that yields the transaction calls it needs, ``(method, args, kwargs)``, and is
 # sent each call's result.  ``_run_steps`` runs it against a blocking Transaction
-# (the bulk handlers' worker thread), ``_arun_steps`` against an AsyncTransaction
+# (the bulk handlers' worker thread), ``run_steps_sliced`` against an AsyncTransaction
 # (a branch of the data service, on the node's event loop).
 Step = tuple[str, tuple[Any, ...], dict[str, Any]]
 Steps = Generator[Step, Any, Any]
@@ -650,10 +650,10 @@ def _run_steps(tx: Transaction, steps: Steps) -> Any:
 
 
 SLICE = 0.01
-"""Seconds of work after which :func:`_arun_steps` lets the node's event loop run."""
+"""Seconds of work after which :func:`run_steps_sliced` lets the node's event loop run."""
 
 
-async def _arun_steps(tx: AsyncTransaction, steps: Steps) -> Any:
+async def run_steps_sliced(tx: AsyncTransaction, steps: Steps) -> Any:
     """Run ``steps`` on the node's event loop in slices of about :data:`SLICE` s:
     between them the loop answers keep-alives, other transactions and requests,
     so a swap of any size never holds the node (data-path.md §6.2)."""
@@ -811,10 +811,10 @@ def upsert(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any]:
     path (:mod:`nonstop.bulk.fast`) applies (comparisons, tests).
     """
     _refuse_under_partitions(ctx, "bulk.upsert")
-    info = _type(ctx, payload)
+    info = bulk_type(ctx, payload)
     swap_apply.wait_open(ctx.db, info)  # (not while a swap of it is applied)
-    key = _key_of(info, payload)
-    names, cols, kbs = _columns_of(info, key, payload)
+    key = unique_key_of(info, payload)
+    names, cols, kbs = batch_columns(info, key, payload)
     fast = bulk_fast.covers(info, key) and not payload.get("per_row")
     rows = [] if fast else [dict(zip(names, v, strict=True)) for v in zip(*cols, strict=True)]
     tag = payload.get("tag")
@@ -915,7 +915,7 @@ def overwrite_begin(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any]
     ``job`` may be given (the Spark writer passes one id to every node).
     """
     _refuse_under_partitions(ctx, "an overwrite (mode 'overwrite')")
-    info = _type(ctx, payload)
+    info = bulk_type(ctx, payload)
     job = payload.get("job") or secrets.token_hex(8)
     job = _job({"job": job})
     bulk = _bulk_db(ctx.db)
@@ -928,9 +928,9 @@ def overwrite_part(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any]:
     """Stage rows of an overwrite, invisibly.  The same ``tag`` again replaces that part."""
     _refuse_under_partitions(ctx, "an overwrite (mode 'overwrite')")
     job = _job(payload)
-    info = _type(ctx, payload)
-    key = _key_of(info, payload)
-    names, cols, _ = _columns_of(info, key, payload)  # bad rows fail now, before the swap
+    info = bulk_type(ctx, payload)
+    key = unique_key_of(info, payload)
+    names, cols, _ = batch_columns(info, key, payload)  # bad rows fail now, before the swap
     tag = payload.get("tag")
     if not isinstance(tag, str) or not tag:
         raise BadArgument("'tag' must name this part (the same on a retry)")
@@ -960,7 +960,7 @@ def overwrite_commit(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any
     one distributed transaction instead (data-path.md §6).
     """
     job = _job(payload)
-    info = _type(ctx, payload)
+    info = bulk_type(ctx, payload)
     parts = payload.get("parts")
     db = ctx.db
 
@@ -985,7 +985,7 @@ async def overwrite_branch(
     gc_hold.hold()
     tx.on_commit(gc_hold.release)
     tx.on_rollback(gc_hold.release)
-    return await _arun_steps(tx, _g_swap(tx, info, job, payload.get("parts")))  # type: ignore[no-any-return]
+    return await run_steps_sliced(tx, _g_swap(tx, info, job, payload.get("parts")))  # type: ignore[no-any-return]
 
 
 def _g_swap(tx: Transaction, info: TypeInfo, job: str, parts_arg: Any) -> Steps:
@@ -1119,7 +1119,7 @@ def overwrite_abort(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any]
 # ------------------------------------------------------------------ schema
 def schema(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any]:
     """The type's schema as stored (``TypeInfo.schema()``) plus its unique keys."""
-    info = _type(ctx, payload)
+    info = bulk_type(ctx, payload)
     swap_apply.wait_open(ctx.db, info)  # (not while a swap of it is applied)
     out = info.schema()
     out["unique"] = [k.field for k in info.keys.values() if k.options.unique]

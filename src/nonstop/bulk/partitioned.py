@@ -34,13 +34,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 from nonstop.bulk.handlers import (
     BulkContext,
     Steps,
-    _arun_steps,
-    _checked,
-    _columns_of,
-    _format,
-    _key_of,
-    _type,
+    batch_columns,
+    batch_format,
+    bulk_type,
+    checked_column,
     decode_rows,
+    run_steps_sliced,
+    unique_key_of,
 )
 from nonstop.errors import BadArgument, FieldError
 from nonstop.model.codec import pack
@@ -92,7 +92,7 @@ def key_values(info: TypeInfo, key: KeyInfo, rows: Any, fmt: str) -> list[Any]:
         values = cols[key.field]
     if None in values:
         raise FieldError(f"row {values.index(None)}: null in key column {info.name}.{key.field}")
-    return _checked(info, key.field, values)
+    return checked_column(info, key.field, values)
 
 
 def partitions_of(placement: RowPlacement, type_name: str, values: list[Any]) -> list[str]:
@@ -106,9 +106,9 @@ def route(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any]:
     column).  Reply ``{"partitions": [names], "of": [index into partitions per row]}``."""
     if ctx.placement is None:
         raise BadArgument(ROUTING_OFF)
-    info = _type(ctx, payload)
-    key = _key_of(info, payload)
-    values = key_values(info, key, payload.get("rows"), _format(payload))
+    info = bulk_type(ctx, payload)
+    key = unique_key_of(info, payload)
+    values = key_values(info, key, payload.get("rows"), batch_format(payload))
     names = partitions_of(ctx.placement, info.name, values)
     order = sorted(set(names))
     index = {name: i for i, name in enumerate(order)}
@@ -138,10 +138,10 @@ async def upsert_branch(
     """``branch.upsert``: insert or update rows by key in ``tx`` (module doc).  The rows
     are validated whole first (a bad row fails the batch, nothing written); the
     coordinator has mapped them and fenced their partitions (``parts``)."""
-    key = _key_of(info, payload)
-    names, cols, _ = _columns_of(info, key, payload)
+    key = unique_key_of(info, payload)
+    names, cols, _ = batch_columns(info, key, payload)
     groups = groups_arg(payload.get("parts"), len(cols[0]) if cols else 0)
-    return await _arun_steps(tx, _g_upsert(tx, info, key, names, cols, groups))  # type: ignore[no-any-return]
+    return await run_steps_sliced(tx, _g_upsert(tx, info, key, names, cols, groups))  # type: ignore[no-any-return]
 
 
 def _g_upsert(

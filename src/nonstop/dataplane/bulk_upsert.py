@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from nonstop import errors
-from nonstop.bulk.handlers import _format, _key_of
+from nonstop.bulk.handlers import batch_format, unique_key_of
 from nonstop.bulk.partitioned import key_values, partitions_of
 from nonstop.dataplane.state import Session
 from nonstop.dataplane.steps import Call, OpCoroutine
@@ -41,8 +41,8 @@ def g_upsert(dp: DataPlane, s: Session, p: dict[str, Any]) -> OpCoroutine:
         )
     info = dp.check_type(p.get("type"), p.get("tv"))
     assert info is not None
-    key = _key_of(info, p)  # type: ignore[arg-type]
-    fmt = _format(p)
+    key = unique_key_of(info, p)  # type: ignore[arg-type]
+    fmt = batch_format(p)
     values = key_values(info, key, p.get("rows"), fmt)  # type: ignore[arg-type]
     rows_of: dict[str, list[int]] = {}
     for i, name in enumerate(partitions_of(placement, p["type"], values)):
