@@ -77,3 +77,11 @@ def test_a_node_that_did_not_answer_is_not_waited_for() -> None:
     a = status("A", ["default.0", "default.1"])
     a["partitions"][1] = {**a["partitions"][1], "active": "A", "current": [["A", "sync"]]}
     assert partitions_served({"A": a})
+
+
+def test_nodes_with_a_partition_table_wait_until_every_node_applied_the_same_one() -> None:
+    a, b = status("A", ["default.0"]), status("B", ["default.1"])
+    empty = {"name": "A", "partitions": [], "acting": []}
+    assert not partitions_served({"A": empty, "B": {**empty, "name": "B"}})
+    assert not partitions_served({"A": a, "B": {**b, "partitions": b["partitions"][:1]}})
+    assert partitions_served({"A": a, "B": b})

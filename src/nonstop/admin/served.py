@@ -21,11 +21,22 @@ def partitions_served(statuses: Mapping[str, Mapping[str, Any]]) -> bool:
     and that active node acts for it and, if it replicates, took the partition's
     replicated copy.  (Settled, not only served: at start-up the first node serves
     every partition until the others enable theirs and take them back by priority,
-    and each such move is a moment of ``NotActive``.)  A table with no partition is
-    served."""
+    and each such move is a moment of ``NotActive``.)  Nodes that run the partition
+    table (their status has ``acting``) must all have applied the same, non-empty,
+    table; for nodes without one, a table with no partition is served."""
     if not statuses:
         return False
     first = next(iter(statuses.values()))
+    names = {str(p.get("name")) for p in first.get("partitions") or []}
+    if any("acting" in s for s in statuses.values()):
+        # Nodes that run the partition table: wait until it is defined (the default
+        # policy's partitions, proposed by the leader after start) and every node
+        # applied the same partitions.
+        if not names:
+            return False
+        for status in statuses.values():
+            if {str(p.get("name")) for p in status.get("partitions") or []} != names:
+                return False
     for part in first.get("partitions") or []:
         name, active = part.get("name"), part.get("active")
         defined = [n for n, *_ in part.get("nodes") or [] if n in statuses]

@@ -506,7 +506,8 @@ class DataPlane(Driver):
         """The active node of ``partition`` (Unavailable if none), fenced as :meth:`locate`."""
         part = self.view.partitions.get(partition)
         if part is None:
-            raise errors.Unavailable(f"partition {partition} is not in the table here yet")
+            # Start-up: the leader defines the table after the nodes start; retryable.
+            raise errors.NotActive(f"partition {partition} is not in the table here yet")
         node = self.view.active_of(part)
         s.fence.setdefault(node, {})[part.name] = part.epoch
         return node
