@@ -34,8 +34,8 @@ def partitions_served(statuses: Mapping[str, Mapping[str, Any]]) -> bool:
         # applied the same partitions.
         if not names:
             return False
-        for status in statuses.values():
-            if {str(p.get("name")) for p in status.get("partitions") or []} != names:
+        for applied in statuses.values():
+            if {str(p.get("name")) for p in applied.get("partitions") or []} != names:
                 return False
     for part in first.get("partitions") or []:
         name, active = part.get("name"), part.get("active")
