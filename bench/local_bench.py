@@ -507,6 +507,9 @@ def _where(frame: FrameType, *, line: bool) -> str:
         if marker in path:
             path = path.split(marker, 1)[1]
             break
+    else:  # the repository's own files (bench/): relative, no path of this machine
+        repository = str(Path(__file__).resolve().parent.parent) + os.sep
+        path = path.removeprefix(repository)
     if line:
         return f"{path}:{frame.f_lineno} {code.co_name}"
     return f"{path} {code.co_qualname}"
