@@ -502,6 +502,15 @@ def main(argv: list[str] | None = None) -> int:
                 f"    the failed transfers began between {first:+.1f} s and {last:+.1f} s "
                 f"from the kill of node {VICTIM}"
             )
+            if out.back_at:
+                # Two causes: transactions in flight on the node that died, and commits in
+                # flight on a partition's old active node when the restarted node takes it
+                # back (the handover, replication.md §10b).
+                at_back = sum(1 for t in out.error_at if t >= out.back_at - 0.5)
+                print(
+                    f"    {len(out.error_at) - at_back} around the kill, {at_back} after node "
+                    f"{VICTIM} came back (its partitions handed back to it)"
+                )
         if replicated and out.kill_at:
             pause, since = out.longest_pause()
             print(
