@@ -38,7 +38,7 @@ test: $(STAMP)
 	$(PY) -m ruff check src tests bench
 	$(PY) -m ruff format --check src tests bench
 	$(PY) -m mypy
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=25 tests
 
 # What `make test` leaves out, so that it stays well under CI's 15 minutes
 # (docs/testing.md, "What runs where"): the tests marked `long` (the second swap of
