@@ -18,8 +18,8 @@ import pytest
 
 from nonstop.sim.campaign import CAMPAIGN, main
 
-SEEDS = int(os.environ.get("NONSTOP_SIM_SEEDS", "300"))
-"""300 in ``make test``; ``make test-long`` runs this test on 1,000 seeds and ``make sim``
+SEEDS = int(os.environ.get("NONSTOP_SIM_SEEDS", "150"))
+"""150 in ``make test``; ``make test-long`` runs this test on 1,000 seeds and ``make sim``
 runs the campaign on ``SEEDS`` (1,000 by default)."""
 
 

@@ -26,8 +26,8 @@ from nonstop.runtime.interface import Persisted, Received, Send
 from nonstop.sim.dtx_campaign import CAMPAIGN, COUNTERS, DtxOptions, main
 from nonstop.sim.scenarios.dtx import STEPS, ScenarioConfig, VoteWatch, run_seed
 
-SEEDS = int(os.environ.get("NONSTOP_DTX_SEEDS", "300"))
-"""300 in ``make test``; ``make test-long`` runs the campaign test on 1,000 seeds and
+SEEDS = int(os.environ.get("NONSTOP_DTX_SEEDS", "150"))
+"""150 in ``make test``; ``make test-long`` runs the campaign test on 1,000 seeds and
 ``make sim`` runs ``nonstop.sim.dtx_campaign`` on ``SEEDS`` (1,000 by default)."""
 SEMANTIC = {"agreement", "atomicity", "balance", "acked-commit", "acked-abort", "audit"}
 """Invariants about what users can observe (not about the protocol's inner order)."""

@@ -52,8 +52,8 @@ from nonstop.sim.dtx_campaign import CAMPAIGN, DtxOptions
 from nonstop.sim.scenarios.dtx import STEPS, ScenarioConfig, run_seed
 from nonstop.sim.scenarios.dtx_resource import SimResourceManager
 
-SEEDS = int(os.environ.get("NONSTOP_DTX_CLUSTERED_SEEDS", "100"))
-"""100 in ``make test``; ``make test-long`` runs 300 and ``make sim`` runs
+SEEDS = int(os.environ.get("NONSTOP_DTX_CLUSTERED_SEEDS", "50"))
+"""50 in ``make test``; ``make test-long`` runs 300 and ``make sim`` runs
 ``nonstop.sim.dtx_campaign --clustered`` on ``SEEDS`` (1,000 by default)."""
 CLUSTERED = ScenarioConfig(clustered=True)
 

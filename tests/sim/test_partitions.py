@@ -18,8 +18,8 @@ import pytest
 from nonstop.sim.partitions_campaign import CAMPAIGN, main
 from nonstop.sim.runner import MutantOptions
 
-SEEDS = int(os.environ.get("NONSTOP_PARTITION_SEEDS", "100"))
-"""100 in ``make test``; ``make test-long`` runs 300 and ``make sim`` runs the campaign's
+SEEDS = int(os.environ.get("NONSTOP_PARTITION_SEEDS", "50"))
+"""50 in ``make test``; ``make test-long`` runs 300 and ``make sim`` runs the campaign's
 ``SEEDS`` (1,000 by default)."""
 
 
