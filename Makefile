@@ -45,17 +45,21 @@ test: $(STAMP)
 # the Spark failure tests, the Spark standalone cluster, the other 150 seeds of the
 # randomized Raft schedules, 22 SIGKILLs instead of 12, ...) and the simulator
 # campaigns of tests/sim on more seeds (cluster log and commit 1,000, commit over the
-# Raft log, data path and partition table 300), and the admin API's fuzz on 10 examples
+# Raft log, data path and partition table 300, sync replication and the data path by
+# partition 100), and the admin API's fuzz on 10 examples
 # per operation and mode (5 in `make test`).
 test-long: $(STAMP)
 	$(PY) -m pytest -q -m long tests
 	NONSTOP_SIM_SEEDS=1000 NONSTOP_DTX_SEEDS=1000 NONSTOP_DATAPLANE_SEEDS=300 \
-	NONSTOP_DTX_CLUSTERED_SEEDS=300 NONSTOP_PARTITION_SEEDS=300 $(PY) -m pytest -q \
+	NONSTOP_DTX_CLUSTERED_SEEDS=300 NONSTOP_PARTITION_SEEDS=300 NONSTOP_REPLICATION_SEEDS=100 \
+	NONSTOP_DATAPLANE_PARTITION_SEEDS=100 $(PY) -m pytest -q \
 		tests/sim/test_campaign.py::test_campaign_of_many_seeds_finds_no_violation \
 		tests/sim/test_dtx.py::test_seeds_of_transfers_under_faults_keep_every_invariant \
 		tests/sim/test_dtx_clustered.py::test_seeds_of_transfers_over_the_raft_decision_log_keep_every_invariant \
 		tests/sim/test_dataplane.py::test_seeds_of_transfers_through_the_data_plane_keep_every_invariant \
-		tests/sim/test_partitions.py::test_partition_campaign_finds_no_violation
+		tests/sim/test_partitions.py::test_partition_campaign_finds_no_violation \
+		tests/sim/test_replication.py::test_replication_campaign_finds_no_violation \
+		tests/sim/test_dataplane.py::test_partitioned_seeds_keep_every_invariant
 	NONSTOP_FUZZ_EXAMPLES=10 $(PY) -m pytest -q tests/cluster/test_admin_api.py::test_openapi_fuzz
 
 lint: $(STAMP)

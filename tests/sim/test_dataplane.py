@@ -45,7 +45,8 @@ from nonstop.sim.scenarios.dataplane_node import SimDataNode
 SEEDS = int(os.environ.get("NONSTOP_DATAPLANE_SEEDS", "50"))
 """50 in ``make test``; ``make test-long`` runs 300 and ``make sim`` runs the campaign's
 ``SEEDS`` (1,000 by default)."""
-PARTITIONED_SEEDS = int(os.environ.get("NONSTOP_DATAPLANE_PARTITION_SEEDS", "40"))
+PARTITIONED_SEEDS = int(os.environ.get("NONSTOP_DATAPLANE_PARTITION_SEEDS", "20"))
+"""20 in ``make test``, 100 in ``make test-long``."""
 """Seeds of the partitioned variant here (``make sim`` runs the campaign's 300+)."""
 
 

@@ -23,8 +23,9 @@ from nonstop.sim.replication_campaign import CAMPAIGN, main
 from nonstop.sim.runner import MutantOptions
 from nonstop.sim.scenarios.replication import run_seed
 
-SEEDS = int(os.environ.get("NONSTOP_REPLICATION_SEEDS", "50"))
-"""About 0.2 s of CPU per seed on the development machine: 1,000 seeds is ``make sim``'s."""
+SEEDS = int(os.environ.get("NONSTOP_REPLICATION_SEEDS", "25"))
+"""About 0.2 s of CPU per seed on the development machine: 25 in ``make test``, 100 in
+``make test-long``, 1,000 is ``make sim``'s."""
 
 
 @pytest.mark.timeout(300)
