@@ -429,3 +429,36 @@ def test_a_command_on_every_node_of_a_group(cluster: Procs, tmp_path: Path) -> N
     assert code == 0, err
     results = json.loads(out)["results"]
     assert [(x["node"], x["result"]["node"]) for x in results] == [("A", "A"), ("B", "B")]
+
+    # Configuration for a group (G3): stored on every node, the effective configuration of
+    # the group's nodes only; the same over HTTP and the CLI.
+    text = 'type = "rates"\nname = "grouped"\nversion = "1"\neur = 2.0\n'
+    body = {"files": [{"file": "grouped", "text": text}], "activate": True}
+    unknown = post(cluster, "config/load", {**body, "group": "west"})
+    assert unknown.status_code == 409 and "unknown group 'west'" in unknown.json()["detail"]
+    both = post(cluster, "config/load", {**body, "group": "east", "nodes": ["A"]})
+    assert both.status_code == 422, both.text
+    loaded = post(cluster, "config/load", {**body, "group": "east"})
+    assert loaded.status_code == 200, loaded.text
+    assert loaded.json()["changes"][-1]["applies_to"] == {"group": "east"}
+
+    def grouped(results: list[dict[str, Any]]) -> list[tuple[str, bool]]:
+        return [
+            (x["node"], any(c["name"] == "grouped" for c in x["result"]["configurations"]))
+            for x in results
+        ]
+
+    want = [("A", True), ("B", True), ("C", False)]
+    wait_until(
+        lambda: (
+            grouped(
+                post(cluster, "config/effective?group=all", {"type": "rates"}).json()["results"]
+            )
+            == want
+        ),
+        10,
+        "the grouped version on A and B only",
+    )
+    code, out, err = run_cli("group", "run", "all", "config.effective", "type=rates", *node)
+    assert code == 0, err
+    assert grouped(json.loads(out)["results"]) == want
