@@ -227,11 +227,14 @@ def test_configuration_over_http(cluster: Procs, tmp_path: Path) -> None:
     assert shown.status_code == 200 and shown.json()["versions"][0]["data"]["eur"] == 1.5
 
     veto, wrong = tmp_path / "fx-veto.toml", tmp_path / "fx-wrong.toml"
+    unknown = tmp_path / "fx-unknown.toml"
     veto.write_text(rates_text("2", "-1.0"))
     wrong.write_text(rates_text("3", '"high"'))
+    unknown.write_text(rates_text("4", "1.0") + "usdd = 2.0\n")
     for path, message in [
         (veto, "vetoed by the audit: eur must be positive, got -1.0"),
         (wrong, f"{wrong}:4: key 'eur'"),
+        (unknown, f"{unknown}:5: unknown key 'usdd'; did you mean 'usd'?"),
     ]:
         body = {"files": [{"file": str(path), "text": path.read_text()}], "activate": True}
         refused = post(cluster, "config/load", body)
@@ -247,6 +250,12 @@ def test_configuration_over_http(cluster: Procs, tmp_path: Path) -> None:
     assert [(r["version"], r["state"]) for r in after if r["name"] == "http"] == [("1", "Active")]
     log = (cluster.nodes["A"].data / "node.log").read_text()
     assert "refused POST /api/v1/config/activate for mo@127.0.0.1" in log
+    for refused_because in ("vetoed by the audit", "unknown key 'usdd'", "key 'eur'"):
+        assert any(
+            "refused POST /api/v1/config/load for admin@127.0.0.1" in line
+            and refused_because in line
+            for line in log.splitlines()
+        ), refused_because
 
 
 def test_openapi_fuzz(cluster: Procs, tmp_path: Path) -> None:
