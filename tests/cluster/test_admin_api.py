@@ -366,6 +366,17 @@ def test_application_commands_over_http_and_cli(cluster: Procs, tmp_path: Path) 
     assert no.status_code == 409 and no.json()["detail"] == "the ledger is closed today"
     rows = post(cluster, "app/ledger/balances", {"prefix": "h-"}, auth=MONITOR).json()
     assert rows["columns"] == ["number", "balance"] and rows["rows"] == [["h-1", 5]]  # h-4 undone
+    # An asynchronous command (async def): on the node's event loop, same checks, same
+    # transaction; a failure (no such account) rolled back.
+    deposit = {"number": "h-1", "amount": 3}
+    assert post(cluster, "app/ledger/deposit", deposit, auth=MONITOR).status_code == 403
+    added = post(cluster, "app/ledger/deposit", deposit, auth=CLERK)
+    assert added.status_code == 200, added.text
+    assert added.json()["rows"] == [["h-1", 8, "MainThread"]]  # not a worker thread
+    missing = post(cluster, "app/ledger/deposit", {"number": "h-9", "amount": 1}, auth=CLERK)
+    assert missing.status_code == 500 and "h-9" in missing.json()["detail"], missing.text
+    rows = post(cluster, "app/ledger/balances", {"prefix": "h-"}, auth=MONITOR).json()
+    assert rows["rows"] == [["h-1", 8]]
 
     # The CLI: same command, same checks, on the node asked.
     clerk = ["--credentials", credentials_file(tmp_path, CLERK), "--node", cluster.address("B")]
@@ -384,8 +395,9 @@ def test_application_commands_over_http_and_cli(cluster: Procs, tmp_path: Path) 
     code, out, err = run_cli("app", "list", "--json", *monitor)
     assert code == 0, err
     assert [c["name"] for c in json.loads(out)["commands"]] == [
-        "ledger.balances", "ledger.fail", "ledger.open", "ledger.refuse",
+        "ledger.balances", "ledger.deposit", "ledger.fail", "ledger.open", "ledger.refuse",
     ]  # fmt: skip
+    assert {c["name"]: c["asynchronous"] for c in json.loads(out)["commands"]}["ledger.deposit"]
     log = (cluster.nodes["C"].data / "node.log").read_text()
     assert "refused application command ledger.open to mo (roles monitor)" in log
 
