@@ -53,14 +53,16 @@ class Cluster:
         self.index += 1
         entry, refusal = self.requests.start(0.0, self.index, payload, self.index - 1)
         if refusal is not None:
-            return refusal.payload
+            refused: dict[str, Any] = refusal.payload
+            return refused
         assert entry is not None and entry[TABLE] == "change"
         entry["r"] = ["A", 1]
         actions = self.tables["A"].apply(self.index, entry)
         self.tables["B"].apply(self.index, dict(entry))
         replies = self.requests.answers(actions, 1)
         assert isinstance(replies[0], Reply)
-        return replies[0].payload
+        answer: dict[str, Any] = replies[0].payload
+        return answer
 
     def load(self, *texts: str, activate: bool = True, **more: Any) -> dict[str, Any]:
         files = [{"file": f"f{i}.toml", "text": t} for i, t in enumerate(texts)]
