@@ -182,6 +182,11 @@ def test_configuration_life_cycle_on_three_nodes(tmp_path: Path) -> None:
         wait_until(lambda: ("east-fx", "1") in effective(p, first), 10, "east-fx on A")
         assert effective(p, second) == [("fx", "2")]  # stored on B, not B's configuration
         assert ("east-fx", "1") in [(r["name"], r["version"]) for r in listed(p, second)]
+        code, out, err = run_cli("config", "list", "--node", b)
+        assert code == 0, err
+        assert [line.split()[4:6] for line in out.splitlines() if " east-fx " in line] == [
+            ["group", "east"]
+        ], out
         code, _, err = run_cli("config", "load", str(fx_east), "--group", "west", "--node", a)
         assert code == 2 and "unknown group 'west' (active groups: east)" in err, err
         p.start(third)
