@@ -14,10 +14,8 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from tests.unit.test_adminapi import COMMANDS, GRANTS, KEY, basic, bearer, check_password, roles_of
+from tests.unit.test_adminapi import COMMANDS, KEY, basic, bearer, client_of
 
-from nonstop.adminapi.app import build_app
-from nonstop.adminapi.principal import Directory
 from nonstop.adminapi.tokens import SessionTokens, session_key
 from nonstop.commands.context import CommandContext
 from nonstop.commands.registry import Command
@@ -38,15 +36,7 @@ def api() -> TestClient:
         **COMMANDS,
         "thing.flip": Command(flip.name, flip.arguments, "admin", recorded_flip, "Flip.", True),
     }
-    app = build_app(
-        commands,
-        Directory(check_password, roles_of),
-        SessionTokens(KEY, 60.0),
-        lambda: CommandContext(addresses=["127.0.0.1:1"]),
-        lambda roles, perm: any(perm in GRANTS.get(r, set()) for r in roles),
-        body_limit=1024,
-    )
-    return TestClient(app)
+    return client_of(commands)
 
 
 ADMIN = basic("ann", "pw-ann")
