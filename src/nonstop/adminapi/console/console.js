@@ -78,8 +78,11 @@ async function refresh() {
 }
 
 // How an argument is typed in: "files" (a list of {file, text}: config.load reads the
-// chosen files), "flag" (a boolean), "list" (a,b), or "text".
+// chosen files), "flag" (a boolean), "list" (a,b), or "text".  An optional argument
+// (anyOf [T, null]) is typed in as T.
 function inputKind(arguments_, schema) {
+  const given = (schema.anyOf || []).filter(s => s.type !== "null");
+  if (given.length === 1) schema = given[0];
   if (schema.type === "boolean") return "flag";
   if (schema.type !== "array") return "text";
   const ref = (schema.items && schema.items.$ref) || "";
