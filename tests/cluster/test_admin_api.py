@@ -483,3 +483,63 @@ def test_a_command_on_every_node_of_a_group(cluster: Procs, tmp_path: Path) -> N
     code, out, err = run_cli("group", "run", "all", "config.effective", "type=rates", *node)
     assert code == 0, err
     assert grouped(json.loads(out)["results"]) == want
+
+
+# ------------------------------------------------------------ users over HTTP (G2, G5)
+def test_user_add_and_passwd_over_http_then_log_in_everywhere(cluster: Procs) -> None:
+    """``user/add`` and ``user/passwd`` over HTTP (loopback): the new password logs in over
+    HTTP basic and through a data client, the old one no more; a monitor is refused (403),
+    a weak password and an unknown user are a clear 400 -- the same line the CLI prints
+    (exit 2); the node's log never holds a password."""
+    from nonstop.client import Client
+    from nonstop.errors import AuthenticationFailed
+    from nonstop.net.auth import Password
+
+    first, second = "first-http-password", "second-http-password"
+
+    def data_ping(password: str) -> Any:
+        with Client([cluster.address("B")], credentials=Password("ops", password), rounds=1) as c:
+            return c.ping()
+
+    added = post(cluster, "user/add", {"name": "ops", "roles": ["operator"], "password": first})
+    assert added.status_code == 200, added.text
+    assert added.json() == {"user": "ops", "roles": ["operator"]}
+    assert post(cluster, "cluster/status", auth=("ops", first)).status_code == 200
+    assert data_ping(first)["name"] == "B"
+    changed = post(cluster, "user/passwd", {"name": "ops", "password": second})
+    assert changed.status_code == 200, changed.text
+    wait_until(
+        lambda: post(cluster, "cluster/status", auth=("ops", second)).status_code == 200,
+        10,
+        "the new password accepted over HTTP",
+    )
+    assert post(cluster, "cluster/status", auth=("ops", first)).status_code == 401
+    assert data_ping(second)["name"] == "B"
+    with pytest.raises(AuthenticationFailed):
+        data_ping(first)
+
+    denied = post(cluster, "user/passwd", {"name": "ops", "password": "x" * 12}, auth=MONITOR)
+    assert denied.status_code == 403 and "users" in denied.json()["detail"]
+    node = ["--node", cluster.address("A")]
+    for body, cli_args in [
+        (
+            {"name": "ops", "password": "Wk7pw!q"},
+            ["user", "passwd", "ops", "--password", "Wk7pw!q"],
+        ),
+        (
+            {"name": "nobody", "password": "long-enough-1"},
+            ["user", "passwd", "nobody", "--password", "long-enough-1"],
+        ),
+        (
+            {"name": "ops", "roles": ["app"], "password": "long-enough-2"},
+            ["user", "add", "ops", "--role", "app", "--password", "long-enough-2"],
+        ),
+    ]:
+        r = post(cluster, "/".join(cli_args[:2]), body)
+        code, _, err = run_cli(*cli_args, *node)
+        assert r.status_code == 400 and code == 2, (r.text, err)
+        assert err.strip() == f"nonstop: error: {r.json()['detail']}"
+    log = "".join((cluster.nodes[n].data / "node.log").read_text() for n in ("A", "B", "C"))
+    assert "runs user.add" in log and "runs user.passwd" in log
+    for password in (first, second, "long-enough-1", "long-enough-2", "Wk7pw!q"):
+        assert password not in log, password

@@ -17,7 +17,8 @@ from typing import Any
 
 from pydantic import Field, SecretStr
 
-from nonstop.commands.context import CommandContext, ask
+from nonstop.commands.context import CommandContext
+from nonstop.commands.context import ask as ask_node
 from nonstop.commands.failure import CommandError
 from nonstop.commands.registry import Arguments, NoArguments, command
 from nonstop.security.roles import USERS
@@ -33,6 +34,19 @@ def user_list(context: CommandContext, _: NoArguments) -> dict[str, Any]:
     """The users of the cluster's users table and their roles."""
     reply = ask(context, {"op": "user.list"})
     return {"users": reply.get("users", []) if isinstance(reply, dict) else []}
+
+
+def ask(context: CommandContext, payload: dict[str, Any]) -> Any:
+    """:func:`~nonstop.commands.context.ask`; the users table's refusals (an unknown user,
+    one that exists, a bad role: ``BadArgument``, which the client raises as a generic
+    cluster error) are usage errors, so HTTP 400 and CLI exit 2, in the table's words."""
+    try:
+        return ask_node(context, payload)
+    except CommandError as exc:
+        prefix = "BadArgument: "
+        if exc.kind == "failed" and exc.message.startswith(prefix):
+            raise CommandError(exc.message.removeprefix(prefix), "usage") from None
+        raise
 
 
 class UserArguments(Arguments):
