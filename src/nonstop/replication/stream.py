@@ -65,6 +65,13 @@ class Stream:
     """The highest seq durable on this node's own disk."""
     completed: int = 0
     """The highest seq completed (durable here and on every in-sync sync replica, I3)."""
+    drain_since: float | None = None
+    """When a node this one hands the partition over to finished its copy (None: no
+    handover ahead): from then on no new commit or prepare is taken (replication.md §10e)."""
+
+    def drained(self) -> bool:
+        """Every caller's record completed and every peer holds every record."""
+        return not self.pending and all(p.acked >= self.last for p in self.peers.values())
 
     @property
     def last(self) -> int:
