@@ -10,9 +10,10 @@ log's answer -- whatever it holds first -- is applied.
 
 from __future__ import annotations
 
+from tests.unit.test_dtx_protocol import Harness, notes, prepare_msg, sends
+
 from nonstop.dtx.decisions import ABORT, COMMIT, DECIDED, LOG, PROPOSE
 from nonstop.dtx.protocol import VOTE
-from tests.unit.test_dtx_protocol import Harness, notes, prepare_msg, sends
 
 
 def test_a_prepared_branch_of_a_dead_coordinator_asks_the_log_at_the_next_tick() -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from tests.replication_harness import Node, P, pump, settle, view
+from tests.replication_harness import Node, P, pump, view
 
 from nonstop.replication import Completed, Failed, ReplicationConfig
 from nonstop.replication.actions import NOT_ACTIVE
