@@ -59,8 +59,17 @@ THREADS = 6
 class CountingLoad:
     """Threads of transfers; each commit also adds 1 to the thread's own counter account."""
 
-    def __init__(self, p: Procs, numbers: list[str]) -> None:
-        self.p, self.numbers = p, numbers
+    def __init__(
+        self,
+        p: Procs,
+        numbers: list[str],
+        coordinators: tuple[str, ...] = ("ABC", "BCA", "CAB"),
+        across: tuple[list[str], list[str]] | None = None,
+    ) -> None:
+        self.p, self.numbers, self.coordinators = p, numbers, coordinators
+        self.across = across
+        """Two lists: each transfer goes from one of the first to one of the second (and
+        counts nothing), so that every commit is a two-phase one across their nodes."""
         self.stop = threading.Event()
         self.lock = threading.Lock()
         self.acked: Counter[int] = Counter()
@@ -71,19 +80,24 @@ class CountingLoad:
 
     def run(self, i: int) -> None:
         rng = random.Random(i)
-        names = "ABC"[i % 3 :] + "ABC"[: i % 3]  # coordinators on every node, B's too
+        names = self.coordinators[i % len(self.coordinators)]  # the first one coordinates
         db = connect(self.p, names)
         try:
             while not self.stop.is_set():
-                src, dst = rng.sample(self.numbers, 2)
+                if self.across is None:
+                    src, dst = rng.sample(self.numbers, 2)
+                    wanted = sorted({src, dst, f"N-{i}"})
+                else:
+                    src, dst = rng.choice(self.across[0]), rng.choice(self.across[1])
+                    wanted = sorted({src, dst})
                 began, kind, why = time.monotonic(), "ok", ""
                 try:
                     with db.transaction() as tx:
-                        wanted = sorted({src, dst, f"N-{i}"})
                         got = {n: tx.get(Account, number=n, lock="write") for n in wanted}
                         got[src].balance -= 1
                         got[dst].balance += 1
-                        got[f"N-{i}"].balance += 1
+                        if self.across is None:
+                            got[f"N-{i}"].balance += 1
                 except errors.Error as exc:
                     kind, why = type(exc).__name__, str(exc)
                 with self.lock:
@@ -158,5 +172,76 @@ def test_a_handover_under_load_fails_commits_only_retryably_and_loses_none(
                     f"{load.unknown[i]} of unknown outcome"
                 )
             assert balances(db, counters)  # a plain read answers too
+        finally:
+            db.close()
+
+
+@pytest.mark.timeout(240)
+def test_a_dead_coordinators_branches_do_not_hold_their_locks_until_a_timeout(
+    tmp_path: Path,
+) -> None:
+    """Transfers coordinated by B over accounts of partitions B does not act for: when B
+    is SIGKILLed, its prepared branches on A and C (partitions that do not move, so no
+    promotion resolves them) used to keep their locks for ``decision_timeout`` (10 s),
+    and every transfer of the same accounts waited ``lock_wait`` (5 s) per attempt."""
+    with app_cluster(tmp_path, 3, OPTIONS) as p:
+        wait_until(lambda: served(p, "ABC"), 60, "every partition served with a replica")
+        db = connect(p)
+        try:
+            numbers = [f"D-{i}" for i in range(ACCOUNTS)]
+            create_accounts(db, numbers)
+            sides: dict[str, list[str]] = {"A": [], "C": []}
+            for name in sides:
+                locations = {partition_location(n) for n in partitions_of(p, name)}
+                with db.transaction() as tx:
+                    sides[name] = [
+                        n
+                        for n in numbers
+                        if tx.ref(tx.get(Account, number=n)).location in locations
+                    ]
+            assert len(sides["A"]) >= 2 and len(sides["C"]) >= 2, sides
+            branches: dict[str, list[float]] = {}
+            polls: Counter[str] = Counter()
+            watching = threading.Event()
+
+            def watch() -> None:
+                while not watching.is_set():
+                    for name in "AC":
+                        try:
+                            held = p.status(name)["dtx"]["branches"]
+                        except errors.Error:
+                            continue
+                        now = time.monotonic()
+                        polls[name] += 1
+                        for gtid in held:
+                            if gtid.startswith("B."):
+                                branches.setdefault(f"{name}:{gtid}", [now, now])[1] = now
+                    time.sleep(0.05)
+
+            watcher = threading.Thread(target=watch)
+            coordinators = ("BAC", "BAC", "ACB", "CAB")
+            across = (sides["A"], sides["C"])
+            with CountingLoad(p, numbers, coordinators, across) as load:
+                time.sleep(1.0)
+                watcher.start()
+                killed_at = time.monotonic()
+                p.kill("B")
+                time.sleep(6.0)
+            watching.set()
+            watcher.join(10)
+            after_kill = [a for a in load.attempts if a[0] >= killed_at]
+            slowest = max(after_kill, key=lambda a: a[1])
+            held_after = {k: last - killed_at for k, (_, last) in branches.items()}
+            longest = max(held_after.values(), default=0.0)
+            print(
+                f"\ndead coordinator: longest attempt begun after the kill {slowest[1]:.2f} s "
+                f"({slowest[2]}); B's branches on A/C last seen {longest:.2f} s after the kill "
+                f"({len(held_after)} seen in {dict(polls)} polls); "
+                f"attempts {dict(Counter(a[2] for a in after_kill))}"
+            )
+            assert longest < 4.0, f"a dead coordinator's branch held for {longest:.1f} s"
+            assert slowest[1] < 4.0, f"an attempt waited {slowest[1]:.1f} s: {slowest}"
+            final = read_all(db, numbers, 30)
+            assert sum(final.values()) == START * ACCOUNTS, "total not conserved"
         finally:
             db.close()
