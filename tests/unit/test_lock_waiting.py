@@ -108,6 +108,88 @@ def test_deadlock_raises_for_the_requester_and_names_the_cycle() -> None:
 
 
 @pytest.mark.timeout(10)
+def test_ranked_deadlock_kills_the_youngest_and_the_older_requester_waits_on() -> None:
+    table, manager = table_with_manager()
+    table.rank("old", 1.0)
+    table.rank("young", 2.0)
+    table.acquire("old", "a", R)
+    table.acquire("young", "b", W)
+    with ThreadPoolExecutor(2) as pool:
+        young = pool.submit(table.acquire, "young", "a", W)  # waits for old's READ
+        wait_until(lambda: bool(manager.waiters("a")))
+        older = pool.submit(table.acquire, "old", "b", R)  # closes the cycle
+        with pytest.raises(Deadlock, match="'young' is the victim, as the youngest"):
+            young.result(5)
+        assert not older.done()  # still queued behind young's WRITE on b
+        assert manager.holders("b") == {"young": W}  # kept until the victim rolls back
+        table.release_all("young")
+        older.result(5)
+    assert table.mode_held("old", "b") == R
+    assert table.deadlocks == 1
+
+
+@pytest.mark.timeout(10)
+def test_ranked_requester_younger_than_the_cycle_is_its_own_victim() -> None:
+    table, manager = table_with_manager()
+    table.rank("old", 1.0)
+    table.rank("young", 2.0)
+    table.acquire("old", "a", W)
+    table.acquire("young", "b", W)
+    with ThreadPoolExecutor(1) as pool:
+        older = pool.submit(table.acquire, "old", "b", W)
+        wait_until(lambda: bool(manager.waiters("b")))
+        with pytest.raises(Deadlock, match=r"'young' is the victim$"):
+            table.acquire("young", "a", W)
+        table.release_all("young")
+        older.result(5)
+    assert table.mode_held("old", "b") == W
+
+
+@pytest.mark.timeout(10)
+def test_an_unranked_member_is_never_picked_and_an_unranked_requester_is_the_victim() -> None:
+    table, manager = table_with_manager()
+    table.rank("ranked", 5.0)
+    table.acquire("branch", "a", W)  # a node's branch: never ranked
+    table.acquire("ranked", "b", W)
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(table.acquire, "ranked", "a", W)
+        wait_until(lambda: bool(manager.waiters("a")))
+        with pytest.raises(Deadlock, match=r"'branch' is the victim$"):
+            table.acquire("branch", "b", W)
+        table.release_all("branch")
+        waiting.result(5)
+
+
+def test_release_all_forgets_the_rank() -> None:
+    table, _ = table_with_manager()
+    table.rank("t1", 1.0)
+    table.release_all("t1")
+    assert table._born == {}
+
+
+@pytest.mark.timeout(10)
+def test_async_ranked_deadlock_wounds_the_younger_task() -> None:
+    async def main() -> None:
+        table, manager = table_with_manager()
+        table.rank("old", 1.0)
+        table.rank("young", 2.0)
+        await table.acquire_async("old", "a", W)
+        await table.acquire_async("young", "b", W)
+        young = asyncio.ensure_future(table.acquire_async("young", "a", W))
+        await wait_until_async(lambda: bool(manager.waiters("a")))
+        older = asyncio.ensure_future(table.acquire_async("old", "b", W))
+        with pytest.raises(Deadlock, match="youngest"):
+            await asyncio.wait_for(young, 5)
+        await asyncio.sleep(0.01)
+        assert not older.done()
+        table.release_all("young")
+        await asyncio.wait_for(older, 5)
+        assert table.mode_held("old", "b") == W
+
+    asyncio.run(main())
+
+
+@pytest.mark.timeout(10)
 def test_timeout_withdraws_the_request_and_unblocks_those_behind() -> None:
     table, manager = table_with_manager()
     table.acquire("t1", "x", R)

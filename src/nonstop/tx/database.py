@@ -12,6 +12,7 @@ Also importable as ``nonstop.database`` (and ``nonstop.open``/``nonstop.Database
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 from nonstop.errors import BadArgument
@@ -42,6 +43,7 @@ class TransactionContext:
     def __enter__(self) -> Transaction:
         self._db.engine.check_open()
         self._tx = Transaction(self._db, self._isolation, self._lock_timeout)
+        self._tx.rank_from(time.monotonic())
         return self._tx  # type: ignore[no-any-return]
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
@@ -50,6 +52,7 @@ class TransactionContext:
     async def __aenter__(self) -> AsyncTransaction:
         self._db.engine.check_open()
         self._tx = AsyncTransaction(self._db, self._isolation, self._lock_timeout)
+        self._tx.rank_from(time.monotonic())
         return self._tx  # type: ignore[no-any-return]
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:

@@ -89,11 +89,14 @@ def _backoff(attempt: int, exc: Retryable | None = None) -> float:
 
 
 def _carry_first_attempt(tx: Any, first_at: float) -> None:
-    """A replay keeps its first attempt's rank in wound-wait (docs/design/deadlocks.md
-    section 2b): a remote transaction sends how long ago that began with its ``begin``
-    (the node bounds the claim).  An embedded one has no such rank: nothing to carry."""
+    """A replay keeps its first attempt's rank: a remote transaction sends how long ago
+    that began with its ``begin`` (wound-wait, docs/design/deadlocks.md section 2b; the
+    node bounds the claim); an embedded one is ranked in its lock table by it, so it is
+    not the victim of a deadlock with younger transactions (nonstop.tx.waiting)."""
     if getattr(tx, "__nonstop_transaction__", False):
         tx.replay_age = max(0.0, time.monotonic() - first_at)
+    elif hasattr(tx, "rank_from"):
+        tx.rank_from(first_at)
 
 
 def run_with_retries(

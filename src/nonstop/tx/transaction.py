@@ -151,6 +151,12 @@ class Transaction:
         except lmdb.InvalidParameterError as exc:
             raise self._view_error(exc) from exc
 
+    def rank_from(self, born: float) -> None:
+        """Rank this transaction in deadlocks as begun at ``born`` (``time.monotonic()``;
+        a replay passes its first attempt's): a cycle's youngest member is its victim
+        (:mod:`nonstop.tx.waiting`), so a replayed transaction ages and is not starved."""
+        self.engine.locks.rank(self.id, born)
+
     def _lock_blocking(self, resource: Hashable, mode: LockMode) -> None:
         try:
             self.engine.locks.acquire(self.id, resource, mode, self._lock_timeout)
