@@ -117,3 +117,21 @@ def test_view_of_names_the_copying_nodes_that_outrank_the_active_one() -> None:
     assert view_of(part).outranking == ()
     part.active = None
     assert view_of(part).outranking == ()
+
+
+def test_a_copy_still_running_to_another_node_does_not_hold_the_handover() -> None:
+    a, b, c = Node("a", CFG), Node("b", CFG), Node("c", CFG, seed=3)
+    v = view(epoch=EPOCH, current=("a", "b", "c"), copying=("b", "c"))
+    v = replace(v, outranking=("b",))
+    for n in (a, b, c):
+        n.table(v, acting=(P,) if n is a else ())
+    a.machine.data.objects.setdefault(P, {})  # nothing to copy: both copies are one reset
+    for _ in range(10):  # b acknowledges, c hears nothing (its copy is still running)
+        a.sync()
+        b.sync()
+        pump(a, b)
+        pump(b, a)
+        a.table(v, acting=(P,))
+    assert a.machine.streams[P].peers["b"].copy_finished()
+    assert not a.machine.streams[P].peers["c"].copy_finished()
+    assert a.machine.copy_done(P, "b"), "c is copied again by b once b is active"

@@ -70,8 +70,11 @@ class Stream:
     handover ahead): from then on no new commit or prepare is taken (replication.md §10e)."""
 
     def drained(self) -> bool:
-        """Every caller's record completed and every peer holds every record."""
-        return not self.pending and all(p.acked >= self.last for p in self.peers.values())
+        """Every caller's record completed and every peer holds every record (but a node
+        whose copy is still running: the new active node copies to it again)."""
+        return not self.pending and all(
+            p.acked >= self.last for p in self.peers.values() if p.copy_finished() or not p.copying
+        )
 
     @property
     def last(self) -> int:
