@@ -10,10 +10,17 @@ log's answer -- whatever it holds first -- is applied.
 
 from __future__ import annotations
 
-from tests.unit.test_dtx_protocol import Harness, notes, prepare_msg, sends
+from tests.unit.test_dtx_protocol import (
+    Harness,
+    notes,
+    prepare_msg,
+    replies,
+    sends,
+    start_transfer,
+)
 
 from nonstop.dtx.decisions import ABORT, COMMIT, DECIDED, LOG, PROPOSE
-from nonstop.dtx.protocol import VOTE
+from nonstop.dtx.protocol import OUTCOME, VOTE
 
 
 def test_a_prepared_branch_of_a_dead_coordinator_asks_the_log_at_the_next_tick() -> None:
@@ -54,3 +61,16 @@ def test_a_branch_prepared_after_its_coordinator_died_does_not_wait_either() -> 
     assert p.node.branches["c.2"].state == "prepared"
     asked = [s.payload["g"] for s in sends(p.tick(0.1), PROPOSE, LOG)]
     assert asked == ["c.1"], "c.1 asked again until answered, c.2 waits for its coordinator"
+
+
+def test_a_coordinator_waiting_for_a_dead_participants_vote_aborts_at_once() -> None:
+    c = Harness("c")
+    gtid = start_transfer(c)
+    c.recv("p1", {"t": VOTE, "g": gtid, "v": "yes", "r": {}})
+    assert replies(c.tick(0.05)) == [], "a live participant's vote is waited for"
+    c.node.peers_down(c.now, frozenset({"p2"}))
+    acts = c.tick(0.05)  # far before vote_timeout (0.5)
+    (reply,) = replies(acts)
+    assert reply["ok"] is False and reply["outcome"] == ABORT
+    assert sends(acts, PROPOSE) == [], "aborted on its own authority: no commit was proposed"
+    assert {s.to for s in sends(acts, OUTCOME)} >= {"p1"}, "p1's prepared branch is released"
