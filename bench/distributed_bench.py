@@ -659,6 +659,11 @@ def run(cfg: Config) -> Path:
                     )
             after = arun(ns.runtime_stats())
             stats[clients] = _diff_stats(before, after)
+        pgbench: dict[int, dict[str, float]] = {}
+        if pg_sync is not None:  # PostgreSQL's own driver, same transfer (issue 10's figure)
+            for clients in cfg.clients:
+                pgbench[clients] = pg_sync.pgbench(clients, max(slice_s, 1.0))
+                print(f"pgbench, sync standby, {clients:3d} clients: {pgbench[clients]}")
         readme = {
             (clients, span): readme_order(ns, clients, min(cfg.duration, 4.0), span)
             for clients in cfg.clients
@@ -700,6 +705,7 @@ def run(cfg: Config) -> Path:
     steps.update({f"{k}, at {max(cfg.clients)} clients": v for k, v in loaded.items()})
     steps.update({f"contention {k}": v for k, v in contention.items()})
     report = render(cfg, cells, stats, checks, rtt, steps, load_before, os.getloadavg(), started)
+    report += "\n" + "\n".join(pgbench_table(cells, pgbench)) + "\n"
     report += "\n" + "\n".join(readme_table(cfg, readme)) + "\n"
     report += "\n## Profile of the nodes\n\n" + "\n".join(profile) + "\n"
     cfg.out.parent.mkdir(parents=True, exist_ok=True)
@@ -975,6 +981,36 @@ def sync_standby_table(cfg: Config, cells: dict[tuple[str, int], Cell]) -> list[
             + " | "
             + " | ".join(cpus)
             + f" | {goal} |"
+        )
+    return [*lines, ""]
+
+
+def pgbench_table(
+    cells: dict[tuple[str, int], Cell], runs: dict[int, dict[str, float]]
+) -> list[str]:
+    """nonstop's Python clients against pgbench driving the sync-standby server."""
+    if not runs:
+        return []
+    lines = [
+        "## Against pgbench (PostgreSQL with a sync standby)",
+        "",
+        "PostgreSQL's own load driver (C, prepared statements, `-j 2`) runs the same "
+        "transfer (`bench.pg_peer.PGBENCH_TRANSFER`: two accounts locked in id order, one "
+        "transfer row) on the server with the synchronous standby "
+        "(`synchronous_commit=on`), one run per client count after the cells above.  Its "
+        "figures bound what the server can do when the client costs nothing; the rows "
+        "above drive it from Python like nonstop.",
+        "",
+        "| clients | pgbench transfers/s | pgbench mean latency ms | server CPU µs/op "
+        "(primary + standby) | nonstop transfers/s | nonstop ÷ pgbench |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for clients, run in runs.items():
+        ns = cells[("nonstop", clients)].ops_per_s()
+        ratio = ns / run["tps"] if run["tps"] else float("nan")
+        lines.append(
+            f"| {clients} | {run['tps']:,.0f} | {run['latency_ms']:.2f} | "
+            f"{run['server_cpu_us']:,.0f} | {ns:,.0f} | {ratio:.3f} |"
         )
     return [*lines, ""]
 

@@ -48,6 +48,7 @@ import contextlib
 import glob
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -406,6 +407,61 @@ class PostgresPeer:
         res.extra["server_cpu_us_by_role"] = per
         res.extra["server_cpu_us"] = sum(per.values())
         return res
+
+    def pgbench(self, clients: int, seconds: float) -> dict[str, float]:
+        """PostgreSQL's own load driver on the same transfer (:data:`PGBENCH_TRANSFER`):
+        ``clients`` connections for ``seconds``; its committed transactions per second
+        (``tps``), its mean latency (``latency_ms``) and the servers' CPU per transfer
+        (``server_cpu_us``; pgbench's own CPU, C and prepared statements, is not counted).
+        """
+        roles = self.role_pids()
+        cpu0 = sum(proc_cpu(pids) for pids in roles.values())
+        with tempfile.TemporaryDirectory(prefix="pgbench-") as tmp:
+            script = Path(tmp) / "transfer.sql"
+            script.write_text(PGBENCH_TRANSFER)
+            os.chmod(tmp, 0o755)
+            os.chmod(script, 0o644)
+            command = [
+                str(_bin_dir() / "pgbench"),
+                *("-n", "-M", "prepared", "-f", str(script)),
+                *("-c", str(clients), "-j", str(min(clients, 2))),
+                *("-T", str(max(1, round(seconds)))),
+                *("-D", f"n={self.accounts}", "-h", "127.0.0.1", "-p", str(self.port)),
+                *("-U", "postgres", "postgres"),
+            ]
+            run = subprocess.run(
+                command, capture_output=True, text=True, timeout=seconds + 60, check=False
+            )
+        if run.returncode != 0:
+            raise RuntimeError(f"pgbench failed ({run.returncode}): {run.stderr.strip()[-500:]}")
+        tps = re.search(r"^tps = ([0-9.]+)", run.stdout, re.M)
+        latency = re.search(r"^latency average = ([0-9.]+) ms", run.stdout, re.M)
+        done = re.search(r"^number of transactions actually processed: (\d+)", run.stdout, re.M)
+        if tps is None or done is None:
+            raise RuntimeError(f"pgbench printed no figures: {run.stdout.strip()[-500:]}")
+        used = sum(proc_cpu(pids) for pids in self.role_pids().values()) - cpu0
+        n = int(done.group(1))
+        return {
+            "tps": float(tps.group(1)),
+            "latency_ms": float(latency.group(1)) if latency else float("nan"),
+            "server_cpu_us": used / n * 1e6 if n else float("nan"),
+        }
+
+
+PGBENCH_TRANSFER = """\\set a random(0, :n - 1)
+\\set b random(0, :n - 2)
+\\set b (case when :b >= :a then :b + 1 else :b end)
+\\set lo least(:a, :b)
+\\set hi greatest(:a, :b)
+BEGIN;
+UPDATE accounts SET balance = balance + (case when :lo = :a then -1 else 1 end) WHERE id = :lo;
+UPDATE accounts SET balance = balance + (case when :hi = :a then -1 else 1 end) WHERE id = :hi;
+INSERT INTO transfers (tid, src, dst, amount) VALUES (gen_random_uuid(), :a, :b, 1);
+END;
+"""
+"""The benchmark's transfer as a pgbench script: two distinct random accounts, locked in
+id order (no deadlocks, like :meth:`PostgresPeer.make_op`), one unit moved, one transfer
+row: the same statements as the Python client, sent by C with prepared statements."""
 
 
 class PostgresSyncPeer(PostgresPeer):

@@ -3,12 +3,14 @@
 Target ``ledger``: ``ledger.open`` (role ``ledger.clerk``) creates an account and
 answers where it ran; ``ledger.balances`` (permission ``status``) lists accounts
 as rows; ``ledger.fail`` creates an account, then raises (the transaction rolls
-back); ``ledger.refuse`` refuses with ``nonstop.Abort``.
+back); ``ledger.refuse`` refuses with ``nonstop.Abort``; ``ledger.deposit`` is
+asynchronous (an ``async def``: it runs on the node's event loop).
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any
 
 from pydantic import Field
@@ -56,3 +58,17 @@ def open_then_fail(tx: Any, args: OpenArguments) -> None:
 def refuse(tx: Any, args: Arguments) -> None:
     """Refuse, always."""
     raise nonstop.Abort("the ledger is closed today")
+
+
+class DepositArguments(Arguments):
+    number: str = Field(pattern=NUMBER, description="Account number.")
+    amount: int = Field(ge=1, le=10**6, description="Amount to add.")
+
+
+@app_command("ledger.deposit", arguments=DepositArguments, role="ledger.clerk")
+async def deposit(tx: Any, args: DepositArguments) -> list[dict[str, Any]]:
+    """Add AMOUNT to an account (asynchronous: on the node's event loop)."""
+    account = await tx.get(Account, number=args.number)
+    account.balance = account.balance + args.amount
+    thread = threading.current_thread().name
+    return [{"number": args.number, "balance": account.balance, "thread": thread}]

@@ -2,10 +2,13 @@
 
 ``rates``: exchange rates; the audit vetoes a non-positive rate, and refuses to
 deactivate or remove a version named ``pinned``.  The notifier records what it
-saw in :data:`SEEN`.
+saw in :data:`SEEN` and logs it (logger ``tests.configmodel``: the cluster tests
+read what a node's notifier heard from its log).
 """
 
 from __future__ import annotations
+
+import logging
 
 from pydantic import BaseModel, ConfigDict
 
@@ -36,3 +39,6 @@ def positive_rates(change: Change) -> None:
 @rates.notifier
 def remember(change: Change) -> None:
     SEEN.append((change.kind, change.name, change.version))
+    logging.getLogger(__name__).info(
+        "rates notifier: %s %s %s", change.kind, change.name, change.version
+    )

@@ -227,11 +227,14 @@ def test_configuration_over_http(cluster: Procs, tmp_path: Path) -> None:
     assert shown.status_code == 200 and shown.json()["versions"][0]["data"]["eur"] == 1.5
 
     veto, wrong = tmp_path / "fx-veto.toml", tmp_path / "fx-wrong.toml"
+    unknown = tmp_path / "fx-unknown.toml"
     veto.write_text(rates_text("2", "-1.0"))
     wrong.write_text(rates_text("3", '"high"'))
+    unknown.write_text(rates_text("4", "1.0") + "usdd = 2.0\n")
     for path, message in [
         (veto, "vetoed by the audit: eur must be positive, got -1.0"),
         (wrong, f"{wrong}:4: key 'eur'"),
+        (unknown, f"{unknown}:5: unknown key 'usdd'; did you mean 'usd'?"),
     ]:
         body = {"files": [{"file": str(path), "text": path.read_text()}], "activate": True}
         refused = post(cluster, "config/load", body)
@@ -247,6 +250,12 @@ def test_configuration_over_http(cluster: Procs, tmp_path: Path) -> None:
     assert [(r["version"], r["state"]) for r in after if r["name"] == "http"] == [("1", "Active")]
     log = (cluster.nodes["A"].data / "node.log").read_text()
     assert "refused POST /api/v1/config/activate for mo@127.0.0.1" in log
+    for refused_because in ("vetoed by the audit", "unknown key 'usdd'", "key 'eur'"):
+        assert any(
+            "refused POST /api/v1/config/load for admin@127.0.0.1" in line
+            and refused_because in line
+            for line in log.splitlines()
+        ), refused_because
 
 
 def test_openapi_fuzz(cluster: Procs, tmp_path: Path) -> None:
@@ -357,6 +366,17 @@ def test_application_commands_over_http_and_cli(cluster: Procs, tmp_path: Path) 
     assert no.status_code == 409 and no.json()["detail"] == "the ledger is closed today"
     rows = post(cluster, "app/ledger/balances", {"prefix": "h-"}, auth=MONITOR).json()
     assert rows["columns"] == ["number", "balance"] and rows["rows"] == [["h-1", 5]]  # h-4 undone
+    # An asynchronous command (async def): on the node's event loop, same checks, same
+    # transaction; a failure (no such account) rolled back.
+    deposit = {"number": "h-1", "amount": 3}
+    assert post(cluster, "app/ledger/deposit", deposit, auth=MONITOR).status_code == 403
+    added = post(cluster, "app/ledger/deposit", deposit, auth=CLERK)
+    assert added.status_code == 200, added.text
+    assert added.json()["rows"] == [["h-1", 8, "MainThread"]]  # not a worker thread
+    missing = post(cluster, "app/ledger/deposit", {"number": "h-9", "amount": 1}, auth=CLERK)
+    assert missing.status_code == 500 and "h-9" in missing.json()["detail"], missing.text
+    rows = post(cluster, "app/ledger/balances", {"prefix": "h-"}, auth=MONITOR).json()
+    assert rows["rows"] == [["h-1", 8]]
 
     # The CLI: same command, same checks, on the node asked.
     clerk = ["--credentials", credentials_file(tmp_path, CLERK), "--node", cluster.address("B")]
@@ -375,8 +395,9 @@ def test_application_commands_over_http_and_cli(cluster: Procs, tmp_path: Path) 
     code, out, err = run_cli("app", "list", "--json", *monitor)
     assert code == 0, err
     assert [c["name"] for c in json.loads(out)["commands"]] == [
-        "ledger.balances", "ledger.fail", "ledger.open", "ledger.refuse",
+        "ledger.balances", "ledger.deposit", "ledger.fail", "ledger.open", "ledger.refuse",
     ]  # fmt: skip
+    assert {c["name"]: c["asynchronous"] for c in json.loads(out)["commands"]}["ledger.deposit"]
     log = (cluster.nodes["C"].data / "node.log").read_text()
     assert "refused application command ledger.open to mo (roles monitor)" in log
 
@@ -429,3 +450,96 @@ def test_a_command_on_every_node_of_a_group(cluster: Procs, tmp_path: Path) -> N
     assert code == 0, err
     results = json.loads(out)["results"]
     assert [(x["node"], x["result"]["node"]) for x in results] == [("A", "A"), ("B", "B")]
+
+    # Configuration for a group (G3): stored on every node, the effective configuration of
+    # the group's nodes only; the same over HTTP and the CLI.
+    text = 'type = "rates"\nname = "grouped"\nversion = "1"\neur = 2.0\n'
+    body = {"files": [{"file": "grouped", "text": text}], "activate": True}
+    unknown = post(cluster, "config/load", {**body, "group": "west"})
+    assert unknown.status_code == 409 and "unknown group 'west'" in unknown.json()["detail"]
+    both = post(cluster, "config/load", {**body, "group": "east", "nodes": ["A"]})
+    assert both.status_code == 422, both.text
+    loaded = post(cluster, "config/load", {**body, "group": "east"})
+    assert loaded.status_code == 200, loaded.text
+    assert loaded.json()["changes"][-1]["applies_to"] == {"group": "east"}
+
+    def grouped(results: list[dict[str, Any]]) -> list[tuple[str, bool]]:
+        return [
+            (x["node"], any(c["name"] == "grouped" for c in x["result"]["configurations"]))
+            for x in results
+        ]
+
+    want = [("A", True), ("B", True), ("C", False)]
+    wait_until(
+        lambda: (
+            grouped(
+                post(cluster, "config/effective?group=all", {"type": "rates"}).json()["results"]
+            )
+            == want
+        ),
+        10,
+        "the grouped version on A and B only",
+    )
+    code, out, err = run_cli("group", "run", "all", "config.effective", "type=rates", *node)
+    assert code == 0, err
+    assert grouped(json.loads(out)["results"]) == want
+
+
+# ------------------------------------------------------------ users over HTTP (G2, G5)
+def test_user_add_and_passwd_over_http_then_log_in_everywhere(cluster: Procs) -> None:
+    """``user/add`` and ``user/passwd`` over HTTP (loopback): the new password logs in over
+    HTTP basic and through a data client, the old one no more; a monitor is refused (403),
+    a weak password and an unknown user are a clear 400 -- the same line the CLI prints
+    (exit 2); the node's log never holds a password."""
+    from nonstop.client import Client
+    from nonstop.errors import AuthenticationFailed
+    from nonstop.net.auth import Password
+
+    first, second = "first-http-password", "second-http-password"
+
+    def data_ping(password: str) -> Any:
+        with Client([cluster.address("B")], credentials=Password("ops", password), rounds=1) as c:
+            return c.ping()
+
+    added = post(cluster, "user/add", {"name": "ops", "roles": ["operator"], "password": first})
+    assert added.status_code == 200, added.text
+    assert added.json() == {"user": "ops", "roles": ["operator"]}
+    assert post(cluster, "cluster/status", auth=("ops", first)).status_code == 200
+    assert data_ping(first)["name"] == "B"
+    changed = post(cluster, "user/passwd", {"name": "ops", "password": second})
+    assert changed.status_code == 200, changed.text
+    wait_until(
+        lambda: post(cluster, "cluster/status", auth=("ops", second)).status_code == 200,
+        10,
+        "the new password accepted over HTTP",
+    )
+    assert post(cluster, "cluster/status", auth=("ops", first)).status_code == 401
+    assert data_ping(second)["name"] == "B"
+    with pytest.raises(AuthenticationFailed):
+        data_ping(first)
+
+    denied = post(cluster, "user/passwd", {"name": "ops", "password": "x" * 12}, auth=MONITOR)
+    assert denied.status_code == 403 and "users" in denied.json()["detail"]
+    node = ["--node", cluster.address("A")]
+    for body, cli_args in [
+        (
+            {"name": "ops", "password": "Wk7pw!q"},
+            ["user", "passwd", "ops", "--password", "Wk7pw!q"],
+        ),
+        (
+            {"name": "nobody", "password": "long-enough-1"},
+            ["user", "passwd", "nobody", "--password", "long-enough-1"],
+        ),
+        (
+            {"name": "ops", "roles": ["app"], "password": "long-enough-2"},
+            ["user", "add", "ops", "--role", "app", "--password", "long-enough-2"],
+        ),
+    ]:
+        r = post(cluster, "/".join(cli_args[:2]), body)
+        code, _, err = run_cli(*cli_args, *node)
+        assert r.status_code == 400 and code == 2, (r.text, err)
+        assert err.strip() == f"nonstop: error: {r.json()['detail']}"
+    log = "".join((cluster.nodes[n].data / "node.log").read_text() for n in ("A", "B", "C"))
+    assert "runs user.add" in log and "runs user.passwd" in log
+    for password in (first, second, "long-enough-1", "long-enough-2", "Wk7pw!q"):
+        assert password not in log, password

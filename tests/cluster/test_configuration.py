@@ -22,6 +22,7 @@ from nonstop.client import Client
 from nonstop.errors import AuthenticationFailed, NotAuthorized
 from nonstop.net.auth import Password, make_verifier
 from nonstop.node.datadir import pid_alive
+from nonstop.node.log_events import read_events
 from tests.cluster.conftest import REAL_CLUSTER, Procs, app_cluster, wait_until
 
 pytestmark = [
@@ -48,6 +49,21 @@ def listed(p: Procs, name: str) -> list[dict[str, Any]]:
     assert doc["node"] == name
     rows: list[dict[str, Any]] = doc["configurations"]
     return rows
+
+
+def effective(p: Procs, name: str, type_name: str = "rates") -> list[tuple[str, str]]:
+    """The (name, version) of the active ``type_name`` versions that apply to node ``name``."""
+    code, out, err = run_cli("config", "effective", type_name, "--node", p.address(name))
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["node"] == name
+    return [(c["name"], c["version"]) for c in doc["configurations"]]
+
+
+def heard(p: Procs, name: str) -> list[str]:
+    """What the ``rates`` notifier of node ``name`` logged (tests.configmodel)."""
+    lines = (p.nodes[name].data / "node.log").read_text().splitlines()
+    return [e.message for e in read_events(lines, name) if e.logger == "tests.configmodel"]
 
 
 def same_everywhere(p: Procs, want: list[tuple[str, str]]) -> None:
@@ -143,12 +159,50 @@ def test_configuration_life_cycle_on_three_nodes(tmp_path: Path) -> None:
                 monitor.call({"op": "config", "do": "deactivate", "type": "rates", "name": "fx"})
         same_everywhere(p, [("2", "Active")])
 
+        # Configuration for a group (G3): C is down when a version for group "east"
+        # (A and C) is loaded and activated; it is in the cluster log, so C gets it when
+        # it returns; B stores it too but does not see it as its own.
+        first, second, third = sorted(p.nodes)
+        p.kill(third)
+        east = tmp_path / "east.toml"
+        east.write_text(
+            f'type = "nonstop.group"\nname = "east"\nversion = "1"\n'
+            f'nodes = ["{first}", "{third}"]\n'
+        )
+        code, _, err = run_cli("config", "load", str(east), "--activate", "--node", a)
+        assert code == 0, err
+        wait_until(lambda: effective(p, second, "nonstop.group"), 10, "the group on B")
+        fx_east = tmp_path / "east-fx.toml"
+        fx_east.write_text('type = "rates"\nname = "east-fx"\nversion = "1"\neur = 3.0\n')
+        code, out, err = run_cli(
+            "config", "load", str(fx_east), "--activate", "--group", "east", "--node", b
+        )
+        assert code == 0, err
+        assert "activate rates/east-fx version 1 for group east" in out
+        wait_until(lambda: ("east-fx", "1") in effective(p, first), 10, "east-fx on A")
+        assert effective(p, second) == [("fx", "2")]  # stored on B, not B's configuration
+        assert ("east-fx", "1") in [(r["name"], r["version"]) for r in listed(p, second)]
+        code, out, err = run_cli("config", "list", "--node", b)
+        assert code == 0, err
+        assert [line.split()[4:6] for line in out.splitlines() if " east-fx " in line] == [
+            ["group", "east"]
+        ], out
+        code, _, err = run_cli("config", "load", str(fx_east), "--group", "west", "--node", a)
+        assert code == 2 and "unknown group 'west' (active groups: east)" in err, err
+        p.start(third)
+        wait_until(lambda: ("east-fx", "1") in effective(p, third), 20, "east-fx on C")
+        assert effective(p, third) == [("east-fx", "1"), ("fx", "2")]
+        assert "rates notifier: activate east-fx 1" in heard(p, third)
+        assert "rates notifier: activate east-fx 1" in heard(p, first)
+        assert not any("east-fx" in line for line in heard(p, second))
+
         # A restart of every node keeps the table (snapshot + the entries after it).
-        for name in list(p.nodes):
+        for name in list(p.pids):
             p.kill(name)
         p.start_all()
         p.wait_quorum(list(p.nodes), "Active", 30)
-        same_everywhere(p, [("2", "Active")])
+        same_everywhere(p, [("1", "Active"), ("1", "Active"), ("2", "Active")])
+        assert effective(p, second) == [("fx", "2")]
 
 
 def start_with_apps(p: Procs, name: str, apps: list[str]) -> int:

@@ -2,13 +2,14 @@
 
 Log in as the admin, see three nodes Up, see the live charts of node A get data
 points while transactions commit through it (and B's and C's charts, fetched through
-A, get samples) and its log view show the login, run
-a command (disable then enable a partition on one node), load and activate a
-configuration file chosen in a form and see it Active among the configuration
-versions, run an application command's form and a command on the group of all
-nodes, see a node Down after a SIGKILL, then log in as a monitor and be refused
-a command the role does not allow (a built-in one, an application one), and the
-log view (permission admin).
+A, get samples; the cluster replicates its partitions, so A's replication lag chart
+too, a series per partition) and its log view show the login, run a command
+(disable then enable a partition on one node), load and activate a configuration
+file chosen in a form and see it Active among the configuration versions, run an
+application command's form and a command on the group of all nodes, add the monitor
+user with the user.add form (a password input), see a node Down after a SIGKILL,
+then log in as that monitor and be refused a command the role does not allow (a
+built-in one, an application one), and the log view (permission admin).
 Screenshots go to ``$NONSTOP_SCREENSHOTS`` (default: the test's temporary folder).
 """
 
@@ -25,7 +26,7 @@ import pytest
 
 import nonstop
 from nonstop.client.credentials import load_credentials
-from tests.cluster.conftest import REAL_CLUSTER, app_cluster, run_cli
+from tests.cluster.conftest import REAL_CLUSTER, app_cluster
 
 CHROMIUM = shutil.which("chromium")
 CHROMEDRIVER = shutil.which("chromedriver")
@@ -76,20 +77,12 @@ def test_console_login_status_command_failure_and_refusal(browser: object, tmp_p
     with app_cluster(
         tmp_path / "cluster",
         3,
-        {"app": ["tests.configmodel", "tests.distmodel", "tests.appcommands"]},
+        # Partitions replicated (ha.data): A's console has a replication lag chart too.
+        {
+            "app": ["tests.configmodel", "tests.distmodel", "tests.appcommands"],
+            "ha": {"data": "partitions"},
+        },
     ) as procs:
-        code, _, err = run_cli(
-            "user",
-            "add",
-            MONITOR[0],
-            "--role",
-            "monitor",
-            "--password",
-            MONITOR[1],
-            "--node",
-            procs.address("A"),
-        )
-        assert code == 0, err
         admin = load_credentials(os.environ["NONSTOP_CREDENTIALS"])
 
         def log_in(user: str, password: str) -> None:
@@ -164,6 +157,15 @@ def test_console_login_status_command_failure_and_refusal(browser: object, tmp_p
             stop.set()
             committer.join(10)
         assert "A" in driver.find_element(By.ID, "charts-node").text
+        # The cluster replicates its partitions: A's replication lag chart is drawn, with a
+        # series per partition A is active for, and gets points.
+        lag = (
+            "const c = document.getElementById('chart-replication');"
+            "return c ? [Number(c.dataset.points || 0),"
+            " document.getElementById('chart-replication-legend').textContent] : [0, ''];"
+        )
+        wait.until(lambda d: d.execute_script(lag)[0] > 0)
+        assert "default." in driver.execute_script(lag)[1]
         # Every other member's charts too, their samples fetched through A.
         member_points = (
             "return ['B', 'C'].map(n => Number((document.getElementById("
@@ -231,6 +233,14 @@ def test_console_login_status_command_failure_and_refusal(browser: object, tmp_p
         assert "app.ledger.open: ok" in text and '"console-1"' in text, text
         text = run("cmd-node-status", **{"on-group": "all"})
         assert "node.status: ok" in text and text.count('"ok": true') == 3, text
+
+        # 2d. The monitor of step 4 is added with the console's user.add form: its password
+        #     box is a password input, emptied once sent; the password is not shown back.
+        box = driver.find_element(By.CSS_SELECTOR, "#cmd-user-add input[name=password]")
+        assert box.get_attribute("type") == "password"
+        text = run("cmd-user-add", name=MONITOR[0], roles="monitor", password=MONITOR[1])
+        assert "user.add: ok" in text and MONITOR[1] not in text, text
+        assert box.get_attribute("value") == ""
 
         # 3. SIGKILL C: the console shows it Down.
         procs.kill("C")

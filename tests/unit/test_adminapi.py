@@ -60,8 +60,13 @@ KEY = session_key(b"k" * 32)
 
 @pytest.fixture
 def api() -> TestClient:
+    return client_of(COMMANDS)
+
+
+def client_of(commands: dict[str, Command]) -> TestClient:
+    """The real app over ``commands``, USERS and GRANTS, a 1 KiB body limit."""
     app = build_app(
-        COMMANDS,
+        commands,
         Directory(check_password, roles_of),
         SessionTokens(KEY, 60.0),
         lambda: CommandContext(addresses=["127.0.0.1:1"]),

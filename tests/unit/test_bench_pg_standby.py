@@ -17,11 +17,13 @@ from bench.distributed_bench import (
     cluster_options,
     main,
     parse_peers,
+    pgbench_table,
     sync_standby_table,
 )
 from bench.nonstop_options import describe, parse_nonstop_options
 from bench.peers import Result
 from bench.pg_peer import (
+    PGBENCH_TRANSFER,
     SYNC_STANDBY_SQL,
     basebackup_command,
     postgres_command,
@@ -175,3 +177,25 @@ def test_no_sync_standby_table_without_sync_peers() -> None:
     cfg = Config(clients=(1,), peers=("pg",))
     cells = {("nonstop", 1): _cell("nonstop", 1, 1.0), (PG, 1): _cell(PG, 1, 1.0)}
     assert sync_standby_table(cfg, cells) == []
+
+
+# ------------------------------------------------------------ pgbench
+def test_pgbench_script_moves_one_unit_between_two_accounts_locked_in_id_order() -> None:
+    lines = PGBENCH_TRANSFER.splitlines()
+    assert lines[0] == "\\set a random(0, :n - 1)"
+    assert "\\set b (case when :b >= :a then :b + 1 else :b end)" in lines  # b != a
+    updates = [line for line in lines if line.startswith("UPDATE")]
+    assert [u.split("WHERE id = ")[1] for u in updates] == [":lo;", ":hi;"]
+    assert sum("then -1 else 1" in u for u in updates) == 2  # -1 on a, +1 on b
+    assert lines[-1] == "END;" and any(line.startswith("INSERT INTO transfers") for line in lines)
+
+
+def test_pgbench_table_gives_nonstop_over_pgbench_per_client_count() -> None:
+    cell = Cell("nonstop", 64)
+    cell.results.append(Result(ops=500, seconds=1.0, latencies=[0.01]))
+    table = pgbench_table(
+        {("nonstop", 64): cell}, {64: {"tps": 2000.0, "latency_ms": 30.0, "server_cpu_us": 450}}
+    )
+    assert table[0] == "## Against pgbench (PostgreSQL with a sync standby)"
+    assert "| 64 | 2,000 | 30.00 | 450 | 500 | 0.250 |" in table
+    assert pgbench_table({}, {}) == []

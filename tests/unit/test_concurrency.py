@@ -12,7 +12,9 @@ import asyncio
 import random
 import threading
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 from tests.bankmodel import (
@@ -28,6 +30,7 @@ from tests.conftest import run_threads
 
 import nonstop
 
+T = TypeVar("T")
 N_ACCOUNTS = 6
 READS_WHILE_WRITING = 3
 """A reader test needs this many reads made while the writers still run."""
@@ -60,7 +63,7 @@ def writer_until(
     n: int,
     acked: set[str],
     lock: threading.Lock,
-    progress: list[object],
+    progress: Sequence[object],
     deadline: float,
 ) -> None:
     """``n`` transfers, then more until the reader has ``READS_WHILE_WRITING`` results
@@ -156,42 +159,50 @@ def test_concurrent_snapshot_and_serializable_writers(bank_db: nonstop.Database)
     assert check_ledger(bank_db, account_numbers(N_ACCOUNTS), acked) == 120
 
 
-@pytest.mark.timeout(60)
-def test_readers_see_a_conserved_total_while_writers_run(bank_db: nonstop.Database) -> None:
+def read_while_writing(
+    db: nonstop.Database, read: Callable[[], T], transfers_each: int
+) -> tuple[list[T], list[T], set[str]]:
+    """One thread repeats ``read`` while three write transfers (``transfers_each`` each,
+    more until ``READS_WHILE_WRITING`` reads were made while they all ran, at most 40 s).
+
+    Returns every read, the reads finished while no writer had finished, and the
+    acknowledged transfer ids."""
     stop = threading.Event()
-    totals: list[int] = []
+    reads: list[T] = []
+    writing: list[T] = []
     acked: set[str] = set()
     lock = threading.Lock()
     done: list[int] = []
+    deadline = time.monotonic() + 40
 
+    def run(w: int) -> None:
+        if w == 0:
+            while not stop.is_set():
+                value = read()
+                reads.append(value)
+                if not done:
+                    writing.append(value)
+            return
+        try:
+            writer_until(db, w, transfers_each, acked, lock, writing, deadline)
+        finally:
+            with lock:
+                done.append(w)
+                if len(done) == 3:
+                    stop.set()
+
+    run_threads(4, run, timeout=55)
+    return reads, writing, acked
+
+
+@pytest.mark.timeout(60)
+def test_readers_see_a_conserved_total_while_writers_run(bank_db: nonstop.Database) -> None:
     @nonstop.transactional
     def total(tx: nonstop.Transaction) -> int:
         # serializable: read locks on every account (deadlocks with writers are replayed)
         return sum(a.balance for a in tx.extent(Account))
 
-    deadline = time.monotonic() + 40
-    writing: list[int] = []  # reads finished while no writer had finished
-
-    def reader() -> None:
-        while not stop.is_set():
-            value = total(bank_db)
-            totals.append(value)
-            if not done:
-                writing.append(value)
-
-    def run(w: int) -> None:
-        if w == 0:
-            reader()
-        else:
-            try:
-                writer_until(bank_db, w, 30, acked, lock, writing, deadline)
-            finally:
-                with lock:
-                    done.append(w)
-                    if len(done) == 3:
-                        stop.set()
-
-    run_threads(4, run, timeout=55)
+    totals, writing, acked = read_while_writing(bank_db, lambda: total(bank_db), 30)
     # Not starved: a serializable scan, the deadlock victim by nature (it read-locks every
     # account), finished reads while the writers ran (an older transaction is not the
     # victim of a younger one, nonstop.tx.waiting); every one saw the conserved total.
@@ -205,39 +216,16 @@ def test_snapshot_sums_are_never_torn_while_writers_run(bank_db: nonstop.Databas
     """The README's pattern: a ``snapshot`` transaction sums the accounts (by lookups, by
     the extent and by a paged query) while transfers commit; it takes no lock, blocks no
     writer, and every sum is the conserved total (issue 10)."""
-    stop = threading.Event()
-    sums: list[tuple[int, int, int]] = []
-    acked: set[str] = set()
-    lock = threading.Lock()
-    done: list[int] = []
     numbers = account_numbers(N_ACCOUNTS)
 
-    deadline = time.monotonic() + 40
-    writing: list[int] = []  # sums finished while no writer had finished
+    def sums() -> tuple[int, int, int]:
+        with bank_db.transaction(isolation="snapshot") as tx:
+            by_key = sum(tx.get(Account, number=n).balance for n in numbers)
+            by_extent = sum(a.balance for a in tx.extent(Account))
+            by_pages = sum(a.balance for a in tx.query(Account).page_size(2))
+        return by_key, by_extent, by_pages
 
-    def reader() -> None:
-        while not stop.is_set():
-            with bank_db.transaction(isolation="snapshot") as tx:
-                by_key = sum(tx.get(Account, number=n).balance for n in numbers)
-                by_extent = sum(a.balance for a in tx.extent(Account))
-                by_pages = sum(a.balance for a in tx.query(Account).page_size(2))
-            sums.append((by_key, by_extent, by_pages))
-            if not done:
-                writing.append(by_key)
-
-    def run(w: int) -> None:
-        if w == 0:
-            reader()
-        else:
-            try:
-                writer_until(bank_db, w, 40, acked, lock, writing, deadline)
-            finally:
-                with lock:
-                    done.append(w)
-                    if len(done) == 3:
-                        stop.set()
-
-    run_threads(4, run, timeout=55)
+    every, writing, acked = read_while_writing(bank_db, sums, 40)
     total = 1000 * N_ACCOUNTS
-    assert len(writing) >= READS_WHILE_WRITING and set(sums) == {(total, total, total)}
+    assert len(writing) >= READS_WHILE_WRITING and set(every) == {(total, total, total)}
     assert check_ledger(bank_db, numbers, acked) == len(acked) >= 120

@@ -1,4 +1,4 @@
-"""``nonstop config load | activate | deactivate | remove | list | show`` (F1).
+"""``nonstop config load | activate | deactivate | remove | list | show | effective`` (F1, G3).
 
 Configuration is a table of the cluster log (docs/design/configuration.md):
 any node answers, and every node applies the same changes.  A change is sent
@@ -23,6 +23,7 @@ import click
 from nonstop.admin.cmd_cluster import resolve_target, target_options
 from nonstop.admin.output import USAGE, fail
 from nonstop.admin.registered import context_for, run_registered
+from nonstop.configuration.scope import describe
 
 
 def read_files(paths: list[str]) -> list[dict[str, str]]:
@@ -53,7 +54,8 @@ def _echo_changes(reply: dict[str, Any]) -> None:
         click.echo("nothing to change (already so)")
     for c in changes:
         old = f" (replaces {c['old_version']})" if c.get("old_version") else ""
-        click.echo(f"{c['kind']} {c['type']}/{c['name']} version {c['version']}{old}")
+        where = f" for {describe(c['applies_to'])}" if c.get("applies_to") else ""
+        click.echo(f"{c['kind']} {c['type']}/{c['name']} version {c['version']}{old}{where}")
 
 
 @click.group()
@@ -64,17 +66,35 @@ def config() -> None:
 @config.command("load")
 @click.argument("files", nargs=-1, required=True)
 @click.option("--activate", "activate", is_flag=True, help="Activate them too (one change).")
+@click.option("--group", "group", help="Apply them to this group's nodes only.")
+@click.option("--nodes", "nodes", help="Apply them to these nodes only (comma-separated).")
 @target_options
 def config_load(
     files: tuple[str, ...],
     activate: bool,
+    group: str | None,
+    nodes: str | None,
     address: str | None,
     folder: str | None,
     timeout: float,
 ) -> None:
-    """Load configuration FILES (TOML: type, name, version, data) as one change."""
+    """Load configuration FILES (TOML: type, name, version, data) as one change.
+
+    A file applies to every node unless it says applies_to = "GROUP" or
+    applies_to = ["NODE", ...], or --group / --nodes say so for all the files.
+    """
     loaded = read_files(list(files))
-    _echo_changes(_run("config.load", address, folder, timeout, files=loaded, activate=activate))
+    reply = _run(
+        "config.load",
+        address,
+        folder,
+        timeout,
+        files=loaded,
+        activate=activate,
+        group=group,
+        nodes=[n.strip() for n in nodes.split(",") if n.strip()] if nodes else None,
+    )
+    _echo_changes(reply)
 
 
 def _version_command(verb: str, doc: str, version_required: bool) -> None:
@@ -120,9 +140,12 @@ def config_list(address: str | None, folder: str | None, timeout: float, as_json
     if as_json:
         click.echo(json.dumps({"node": reply.get("node"), "configurations": rows}, sort_keys=True))
         return
-    table = [("TYPE", "NAME", "VERSION", "STATE", "FILE")]
-    table += [(r["type"], r["name"], r["version"], r["state"], r["file"]) for r in rows]
-    widths = [max(len(row[i]) for row in table) for i in range(5)]
+    table = [("TYPE", "NAME", "VERSION", "STATE", "APPLIES TO", "FILE")]
+    table += [
+        (r["type"], r["name"], r["version"], r["state"], describe(r.get("applies_to")), r["file"])
+        for r in rows
+    ]
+    widths = [max(len(row[i]) for row in table) for i in range(6)]
     for row in table:
         click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
     click.echo(f"({len(rows)} versions, as applied on {reply.get('node')})")

@@ -1,10 +1,11 @@
 """``nonstop user add | list | remove | passwd | roles``: the users of a cluster (G5).
 
 Users live in the users table of the cluster log (``nonstop.security.users_table``):
-a change made through any node is replicated to every node.  The password is
-turned into a verifier here (``nonstop.net.auth.make_verifier``: scrypt, a fresh
-salt), so it never crosses the network.  Every command needs a user with the
-``admin`` role (a local cluster's folder credential is one).
+a change made through any node is replicated to every node.  Every command is a
+command of the registry (``nonstop.commands.user_commands``), run here in the CLI's
+process: ``add`` and ``passwd`` turn the password into a verifier before they send
+anything, so from the CLI the password never crosses the network.  Every command
+needs a user with the ``admin`` role (a local cluster's folder credential is one).
 """
 
 from __future__ import annotations
@@ -14,11 +15,9 @@ from typing import Any
 
 import click
 
-from nonstop.admin.cmd_cluster import open_client, resolve_target
+from nonstop.admin.cmd_cluster import resolve_target
 from nonstop.admin.output import USAGE, fail
 from nonstop.client.credentials import new_password, write_credentials
-from nonstop.errors import Error
-from nonstop.net.auth import make_verifier
 from nonstop.security.roles import BUILTIN_ROLES
 
 
@@ -31,17 +30,6 @@ def _options(f: Any) -> Any:
     ):
         f = option(f)
     return f
-
-
-def _ask(
-    address: str | None, folder: str | None, credentials: str | None, timeout: float, payload: Any
-) -> Any:
-    target = resolve_target(address, folder, credentials)
-    with open_client(target, timeout) as client:
-        try:
-            return client.call(payload)
-        except (Error, ValueError) as exc:
-            fail(str(exc))
 
 
 def _run(
@@ -92,13 +80,8 @@ def user_add(
 ) -> None:
     """Add user NAME with the given roles."""
     secret = _password(password, out)
-    payload = {
-        "op": "user.add",
-        "user": name,
-        "roles": list(roles),
-        "verifier": make_verifier(secret).to_wire(),
-    }
-    _ask(address, folder, credentials, timeout, payload)
+    arguments = {"name": name, "roles": list(roles), "password": secret}
+    _run("user.add", address, folder, credentials, timeout, arguments)
     if out is not None:
         write_credentials(out, name, secret)
     click.echo(f"user {name} added with roles {','.join(sorted(set(roles)))}")
@@ -120,8 +103,7 @@ def user_passwd(
 ) -> None:
     """Set a new password for user NAME."""
     secret = _password(password, out)
-    payload = {"op": "user.passwd", "user": name, "verifier": make_verifier(secret).to_wire()}
-    _ask(address, folder, credentials, timeout, payload)
+    _run("user.passwd", address, folder, credentials, timeout, {"name": name, "password": secret})
     if out is not None:
         write_credentials(out, name, secret)
     click.echo(f"password of {name} changed")

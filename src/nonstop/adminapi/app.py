@@ -20,12 +20,19 @@ Every command needs a user: HTTP basic (scripts) or ``Authorization: Bearer
 user's roles do not grant the command's permission (``nonstop.security.roles``).
 A malformed body is 422, a body over the limit 413 (:mod:`.body_limit`), an
 unknown command or file 404.  Every refusal is logged with who and what.
+
+A command with a password among its arguments (``user.add``, ``user.passwd``:
+:attr:`Command.secret_fields`) is taken only over TLS or on a loopback address of
+the node (:func:`private_channel`), else 403: the password would cross a network
+in clear text.  Passwords are never logged nor echoed (masked in the log line of
+the command, left out of the 422 details).
 """
 
 # No `from __future__ import annotations`: FastAPI reads the routes' annotations at run time,
 # and they name closures (the authentication dependency) a string could not resolve.
 
 import inspect
+import ipaddress
 import logging
 from collections.abc import Callable
 from importlib import resources
@@ -65,6 +72,9 @@ STATUS_OF_KIND = {
     "failed": 500,
 }
 DEFAULT_BODY_LIMIT = 64 * 1024
+MASK = "**********"
+SECRET_KEYS = frozenset({"password"})
+"""Body fields never echoed in a 422 answer (the login's password, the commands' secrets)."""
 
 basic = HTTPBasic(auto_error=False, description="A user of the cluster (scripts).")
 bearer = HTTPBearer(auto_error=False, description="A session token from POST /api/v1/login.")
@@ -89,6 +99,19 @@ class Refusal(BaseModel):
 def who(request: Request, principal: Principal | None = None) -> str:
     peer = request.client.host if request.client else "?"
     return f"{principal.user if principal else 'anonymous'}@{peer}"
+
+
+def private_channel(request: Request) -> bool:
+    """Whether this request came over TLS or to a loopback address of the node (the local
+    end of the connection: a client on another host cannot reach a loopback address)."""
+    if request.url.scheme == "https":
+        return True
+    server = request.scope.get("server")
+    host = str(server[0]) if server else ""
+    try:
+        return ipaddress.ip_address(host.strip("[]").split("%")[0]).is_loopback
+    except ValueError:
+        return False
 
 
 def build_app(
@@ -169,6 +192,8 @@ def build_app(
             status_code=exc.status_code, content={"detail": exc.detail}, headers=exc.headers
         )
 
+    secrets = SECRET_KEYS.union(*(cmd.secret_fields for cmd in commands.values()))
+
     @app.exception_handler(RequestValidationError)
     async def malformed(request: Request, exc: RequestValidationError) -> JSONResponse:
         errors = exc.errors()
@@ -179,7 +204,7 @@ def build_app(
             who(request),
             len(errors),
         )
-        return JSONResponse(status_code=422, content={"detail": _jsonable(errors)})
+        return JSONResponse(status_code=422, content={"detail": _jsonable(errors, secrets)})
 
     @app.post(
         f"{PREFIX}/login",
@@ -253,6 +278,15 @@ def _add_command_route(
                 403,
                 f"{cmd.name} needs permission {cmd.permission!r}; "
                 f"roles {','.join(principal.roles)} do not grant it",
+                principal,
+            )
+        if cmd.secret_fields and not private_channel(request):
+            raise refuse(
+                request,
+                403,
+                f"{cmd.name} carries a password: send it over HTTPS (the node's TLS) or to "
+                "a loopback address of the node, never plain HTTP across a network "
+                "(docs/security.md)",
                 principal,
             )
         if not cmd.per_node and "group" in request.query_params:
@@ -353,18 +387,28 @@ def _add_command_route(
     )
 
 
-def _jsonable(errors: Any) -> Any:
-    """Validation errors without the raw input objects pydantic may attach (bytes, exceptions)."""
+def _jsonable(errors: Any, secrets: frozenset[str] = SECRET_KEYS) -> Any:
+    """Validation errors without the raw input objects pydantic may attach (bytes,
+    exceptions), and without any password they held (the fields named in ``secrets``)."""
     out = []
     for e in errors:
         out.append(
             {
-                k: (v if k in ("loc", "msg", "type") else str(v))
+                k: (v if k in ("loc", "msg", "type") else _masked(e.get("loc", ()), v, secrets))
                 for k, v in e.items()
                 if k in ("loc", "msg", "type", "input")
             }
         )
     return out
+
+
+def _masked(loc: Any, value: Any, secrets: frozenset[str]) -> str:
+    """The input of a validation error as text, a password in it masked."""
+    if any(part in secrets for part in loc):
+        return MASK
+    if isinstance(value, dict):
+        value = {k: (MASK if k in secrets else v) for k, v in value.items()}
+    return str(value)
 
 
 __all__ = ["PREFIX", "build_app"]

@@ -76,6 +76,9 @@ async def serve_admin(app: Any, address: str, cert: tuple[str, str] | None = Non
         log_config=None,
         access_log=False,
         server_header=False,
+        # No X-Forwarded-* rewriting: the scheme and addresses are the connection's own
+        # (the API trusts a password only over TLS or loopback, app.private_channel).
+        proxy_headers=False,
         limit_concurrency=MAX_CONCURRENT,
         timeout_keep_alive=5,
         h11_max_incomplete_event_size=HEAD_LIMIT,

@@ -27,7 +27,12 @@ command to its node; the node checks the user of a client connection (the CLI).
 
 How it runs: on a node, in a transaction of the cluster (committed when the
 function returns, rolled back when it raises, replayed on deadlock like
-``@nonstop.transactional``), by ``nonstop.node.app_commands``.  It returns rows:
+``@nonstop.transactional``), by ``nonstop.node.app_commands``.  An ``async def``
+command is *asynchronous*: it runs on the node's event loop with an asyncio
+transaction (``await tx.get(...)``, ``await tx.query(...).all()``), without a
+thread and without blocking the node; a plain function runs in a worker
+thread.  Both are checked, answered and listed alike (``"asynchronous"`` in
+``nonstop app list``).  It returns rows:
 a list of dicts (the columns are their keys, in order of first appearance), or,
 as the seed puts it, a list of sequences whose first row holds the column names;
 or None (no rows).  ``nonstop.Abort("why")`` refuses (HTTP 409, CLI exit 2).
@@ -38,6 +43,7 @@ the front ends (to build the commands); it never imports the application.
 
 from __future__ import annotations
 
+import inspect
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -71,6 +77,8 @@ class AppCommand:
     summary: str
     changes: bool
     positional: tuple[str, ...]
+    asynchronous: bool = False
+    """An ``async def``: run on the node's event loop with an asyncio transaction."""
 
     @property
     def full_name(self) -> str:
@@ -83,6 +91,7 @@ class AppCommand:
             "summary": self.summary,
             "permission": self.permission,
             "changes": self.changes,
+            "asynchronous": self.asynchronous,
             "arguments": self.arguments.model_json_schema(),
         }
 
@@ -133,6 +142,7 @@ def app_command(
             summary=(function.__doc__ or name).strip().splitlines()[0],
             changes=changes,
             positional=positional,
+            asynchronous=inspect.iscoroutinefunction(function),
         )
         return function
 

@@ -1,4 +1,4 @@
-"""``config.list | show | load | activate | deactivate | remove``: versioned configuration (F1).
+"""``config.list | show | effective | load | activate | deactivate | remove`` (F1, G3).
 
 Configuration is a table of the cluster log (docs/design/configuration.md): any
 node answers, and every node applies the same changes.  A change goes to one
@@ -8,9 +8,13 @@ one line naming the culprit (a ``refused`` :class:`CommandError`), nothing appli
 
 ``config.load`` takes the files' contents (``[{file, text}]``): over HTTP the
 files are the caller's, not the node's; the CLI reads the paths it is given.
+``group`` or ``nodes`` says which nodes the files' versions apply to when the
+files do not say it themselves (``applies_to``, docs/design/configuration.md);
+``config.effective`` is what one node sees: the active versions that apply to it
+(per node: ``nonstop group run east config.effective``).
 
 Permissions are those the node's router asks (``nonstop.security.roles``): the
-reads (ops ``config.list``, ``config.show``) ``status``, the changes (op
+reads (ops ``config.list``, ``config.show``, ``config.effective``) ``status``, the changes (op
 ``config``) ``admin``.
 """
 
@@ -19,7 +23,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from nonstop.commands.context import CommandContext
 from nonstop.commands.failure import CommandError, ErrorKind
@@ -80,6 +84,32 @@ class LoadArguments(Arguments):
         min_length=1, max_length=256, description="The files (their contents) to load."
     )
     activate: bool = Field(default=False, description="Activate them too (one change).")
+    group: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9_.:-]{1,128}$",
+        description="Apply the versions to this group's nodes only (files may say applies_to).",
+    )
+    nodes: list[str] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=1024,
+        description="Apply the versions to these nodes only.",
+    )
+
+    @model_validator(mode="after")
+    def one_scope(self) -> LoadArguments:
+        if self.group is not None and self.nodes is not None:
+            raise ValueError("give a group or nodes, not both")
+        return self
+
+    def applies_to(self) -> str | list[str] | None:
+        return self.group if self.group is not None else self.nodes
+
+
+class EffectiveArguments(Arguments):
+    type: str | None = Field(
+        default=None, min_length=1, max_length=256, description="Only this configuration type."
+    )
 
 
 class ConfigArguments(Arguments):
@@ -119,10 +149,19 @@ def config_show(context: CommandContext, args: MaybeVersionArguments) -> dict[st
     return {"node": reply.get("node"), "versions": reply.get("versions", [])}
 
 
+def config_effective(context: CommandContext, args: EffectiveArguments) -> dict[str, Any]:
+    """The active versions that apply to the node that answers, with their data."""
+    reply = ask(context, "config.effective", {"type": args.type} if args.type else {})
+    return {"node": reply.get("node"), "configurations": reply.get("configurations", [])}
+
+
 def config_load(context: CommandContext, args: LoadArguments) -> dict[str, Any]:
     """Load configuration files (and activate them) as one change."""
     files = [f.model_dump() for f in args.files]
-    return change(context, {"do": "load", "files": files, "activate": args.activate})
+    payload: dict[str, Any] = {"do": "load", "files": files, "activate": args.activate}
+    if args.applies_to() is not None:
+        payload["applies_to"] = args.applies_to()
+    return change(context, payload)
 
 
 def config_activate(context: CommandContext, args: VersionArguments) -> dict[str, Any]:
@@ -146,6 +185,13 @@ register(
     "config.show", config_show, arguments=MaybeVersionArguments, permission=STATUS, positional=WHICH
 )
 register(
+    "config.effective",
+    config_effective,
+    arguments=EffectiveArguments,
+    permission=STATUS,
+    positional=("type",),
+)
+register(
     "config.load",
     config_load,
     arguments=LoadArguments,
@@ -166,12 +212,14 @@ for _name, _handler, _arguments in (
 __all__ = [
     "CHANGE_WAIT",
     "ConfigFile",
+    "EffectiveArguments",
     "LoadArguments",
     "MaybeVersionArguments",
     "VersionArguments",
     "ask",
     "config_activate",
     "config_deactivate",
+    "config_effective",
     "config_list",
     "config_load",
     "config_remove",

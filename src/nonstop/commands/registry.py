@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, SecretStr
 
 from nonstop.commands.context import CommandContext
 from nonstop.commands.failure import CommandError
@@ -59,6 +59,13 @@ class Command:
     def words(self) -> list[str]:
         """The CLI words / URL segments: ``partition.enable`` → ``["partition", "enable"]``."""
         return self.name.split(".")
+
+    @property
+    def secret_fields(self) -> tuple[str, ...]:
+        """Arguments that carry a secret (typed :class:`~pydantic.SecretStr`: a password):
+        logged and echoed masked; the HTTP API takes them only over TLS or loopback."""
+        fields = self.arguments.model_fields
+        return tuple(name for name, info in fields.items() if info.annotation is SecretStr)
 
     def run(self, context: CommandContext, raw: dict[str, Any]) -> Any:
         """Validate ``raw`` (pydantic ``ValidationError`` when wrong) and run the handler."""

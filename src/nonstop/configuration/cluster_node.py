@@ -2,7 +2,7 @@
 
 :class:`~nonstop.ha.cluster_node.HaClusterNode` plus the
 :class:`~nonstop.configuration.table.ConfigTable` registered as a table of its
-log, and ``{"op": "config"}`` (changes), ``config.list`` and ``config.show``
+log, and ``{"op": "config"}`` (changes), ``config.list``, ``config.show`` and ``config.effective``
 requests (:mod:`nonstop.configuration.requests`).
 ``{"op": "status"}`` gains ``"configurations"`` (the versions, without data).
 """
@@ -38,7 +38,7 @@ class ConfiguredClusterNode(HaClusterNode):
         types: ConfigTypes | None = None,
     ) -> None:
         super().__init__(config, rng, recovered, layout, promoter, lease)
-        self.config_table = ConfigTable(types)
+        self.config_table = ConfigTable(types, self.name)
         self.register_table(self.config_table)
         self.config_requests = ConfigRequests(
             self.config_table, self.name, retry=(promoter or PromoterConfig()).retry

@@ -6,6 +6,8 @@ A file holds one version of one configuration::
     name = "fx"           # the configuration's name within its type
     version = "2"         # this version's name (a string or an integer)
 
+    applies_to = "east"   # optional: a group, or ["A", "B"]; absent: every node (scope.py)
+
     eur = 1.1             # everything else is the data, checked by the type's model
     usd = 1.0
 
@@ -24,6 +26,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from nonstop.configuration.scope import HEADER_KEY, BadScope, Scope, scope_of
 from nonstop.configuration.types import ConfigTypes
 
 HEADER = ("type", "name", "version")
@@ -44,6 +47,8 @@ class ConfigFile:
     data: dict[str, Any]
     """The data as the type's model dumps it (JSON-able, msgpack-able)."""
     file: str
+    applies_to: Scope = None
+    """The nodes it applies to (``nonstop.configuration.scope``); None: every node."""
 
 
 def parse(text: str, file: str, types: ConfigTypes) -> ConfigFile:
@@ -62,6 +67,10 @@ def parse(text: str, file: str, types: ConfigTypes) -> ConfigFile:
             got = "missing" if value is None else f"got {value!r}"
             raise ConfigFileError(f"{file}{where}: key {key!r} must be a non-empty string ({got})")
         header[key] = value.strip()
+    try:
+        applies_to = scope_of(raw.pop(HEADER_KEY, None))
+    except BadScope as exc:
+        raise ConfigFileError(f"{file}{_line_of(text, [HEADER_KEY])}: {exc}") from None
     declared = types.get(header["type"])
     if declared is None:
         known = ", ".join(types.names()) or "none: load the application's modules (--app)"
@@ -75,6 +84,7 @@ def parse(text: str, file: str, types: ConfigTypes) -> ConfigFile:
         header["version"],
         check_data(declared.model, raw, file, text),
         file,
+        applies_to,
     )
 
 

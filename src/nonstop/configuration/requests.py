@@ -1,6 +1,6 @@
 """Configuration requests of clients, sans-I/O: ``{"op": "config", "do": ...}``.
 
-Reads (ops ``config.list`` and ``config.show``, which a monitor may send) are
+Reads (ops ``config.list``, ``config.show`` and ``config.effective``, which a monitor may send) are
 answered at once from the table as applied on this node.  Changes are checked
 here -- the file parsed against its type, the life-cycle rules and every audit
 run on the table as applied here -- and a
@@ -14,7 +14,9 @@ Requests::
 
     {"op": "config.list"}
     {"op": "config.show", "type", "name", "version"?}
-    {"op": "config", "do": "load", "files": [{"file": name, "text": toml}], "activate"?: bool}
+    {"op": "config.effective", "type"?}      (the active versions that apply to this node)
+    {"op": "config", "do": "load", "files": [{"file": name, "text": toml}], "activate"?: bool,
+     "applies_to"?: group name | [node, ...]} (for the files that do not say)
     {"op": "config", "do": "activate" | "remove", "type", "name", "version"}
     {"op": "config", "do": "deactivate", "type", "name", "version"?}
     {"op": "config", "do": "apply", "ops": [op, ...], "label"?}   (components)
@@ -30,15 +32,16 @@ from typing import Any
 
 from nonstop.cluster.tables import REQUESTER
 from nonstop.configuration.files import ConfigFileError, parse
+from nonstop.configuration.scope import BadScope, describe, scope_of
 from nonstop.configuration.state import ACTIVATE, DEACTIVATE, LOAD, REMOVE, Refused, plan
 from nonstop.configuration.table import ConfigTable, change_entry
 from nonstop.runtime.interface import Action, Notify, Reply
 
 OP = "config"
 """The client op of changes (``{"op": "config", "do": ...}``): the ``admin`` permission."""
-READ_OPS = {"config.list": "list", "config.show": "show"}
+READ_OPS = {"config.list": "list", "config.show": "show", "config.effective": "effective"}
 """The client ops of reads, ``status`` permission (monitor role): op → ``do``."""
-READS = ("list", "show")
+READS = ("list", "show", "effective")
 CHANGES = ("load", ACTIVATE, DEACTIVATE, REMOVE, "apply")
 
 
@@ -60,6 +63,10 @@ def ops_of(payload: dict[str, Any], table: ConfigTable) -> list[dict[str, Any]]:
         files = payload.get("files")
         if not isinstance(files, list) or not files:
             raise Refused("load needs at least one file")
+        try:
+            given = scope_of(payload.get("applies_to"))
+        except BadScope as exc:
+            raise Refused(str(exc)) from None
         ops: list[dict[str, Any]] = []
         for item in files:
             if not isinstance(item, dict):
@@ -72,7 +79,16 @@ def ops_of(payload: dict[str, Any], table: ConfigTable) -> list[dict[str, Any]]:
             except ConfigFileError as exc:
                 raise Refused(str(exc)) from None
             key = {"type": cfg.type, "name": cfg.name, "version": cfg.version}
-            ops.append({"do": LOAD, **key, "data": cfg.data, "file": cfg.file})
+            scope = cfg.applies_to if cfg.applies_to is not None else given
+            if given is not None and scope != given:
+                raise Refused(
+                    f"{name}: the file applies to {describe(cfg.applies_to)}, the command "
+                    f"to {describe(given)}; say it once"
+                )
+            load = {"do": LOAD, **key, "data": cfg.data, "file": cfg.file}
+            if scope is not None:
+                load["applies_to"] = scope
+            ops.append(load)
             if payload.get("activate"):
                 ops.append({"do": ACTIVATE, **key})
         return ops
@@ -122,6 +138,12 @@ class ConfigRequests:
     def read(self, request_id: int, payload: dict[str, Any]) -> Reply:
         if payload.get("do") == "list":
             return Reply(request_id, {"node": self.me, "configurations": self.table.rows()})
+        if payload.get("do") == "effective":
+            wanted = payload.get("type")
+            if wanted is not None and not isinstance(wanted, str):
+                return Reply(request_id, rejected("config.effective: type is a string"))
+            effective = self.table.effective(wanted)
+            return Reply(request_id, {"node": self.me, "configurations": effective})
         try:
             type_name, name = _text(payload, "type"), _text(payload, "name")
         except Refused as exc:

@@ -20,6 +20,8 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from nonstop.configuration.groups import GROUP_TYPE
+from nonstop.configuration.scope import BadScope, Scope, checked, describe, group_nodes
 from nonstop.configuration.types import Change, ChangeKind, ConfigTypes, run_audits
 
 INACTIVE = "Inactive"
@@ -42,6 +44,8 @@ class Version:
     file: str
     loaded_at: int
     """Log index of the entry that loaded it."""
+    scope: Scope = None
+    """The nodes it applies to (``scope.py``); None: every node."""
 
 
 @dataclass
@@ -68,7 +72,7 @@ class ConfigState:
     def to_plain(self) -> dict[str, Any]:
         return {
             "c": [
-                [t, n, v, r.state, r.data, r.file, r.loaded_at]
+                [t, n, v, r.state, r.data, r.file, r.loaded_at, r.scope]
                 for (t, n), versions in sorted(self.configs.items())
                 for v, r in sorted(versions.items())
             ],
@@ -81,8 +85,11 @@ class ConfigState:
         state = cls()
         if not plain:
             return state
-        for t, n, v, st, data, file, at in plain.get("c", []):
-            state.configs.setdefault((t, n), {})[v] = Version(st, dict(data), file, int(at))
+        for row in plain.get("c", []):
+            # Snapshots written before scopes existed have 7 fields (every node).
+            t, n, v, st, data, file, at = row[:7]
+            scope = checked(row[7]) if len(row) > 7 else None
+            state.configs.setdefault((t, n), {})[v] = Version(st, dict(data), file, int(at), scope)
         state.removed = {(t, n, v) for t, n, v in plain.get("x", [])}
         state.revs = {(t, n): int(i) for t, n, i in plain.get("r", [])}
         return state
@@ -90,7 +97,14 @@ class ConfigState:
     def rows(self) -> list[dict[str, Any]]:
         """Every version, sorted: what ``config list --json`` prints."""
         return [
-            {"type": t, "name": n, "version": v, "state": r.state, "file": r.file}
+            {
+                "type": t,
+                "name": n,
+                "version": v,
+                "state": r.state,
+                "file": r.file,
+                "applies_to": r.scope,
+            }
             for (t, n), versions in sorted(self.configs.items())
             for v, r in sorted(versions.items())
         ]
@@ -177,18 +191,19 @@ def _one(
             raise Refused(
                 f"load {what} version {v}: unknown configuration type {t!r} (known: {known})"
             )
+        scope = _scope_of_load(state, op, what, v, types)
         if record is not None:
-            if record.data == data:
+            if record.data == data and record.scope == scope:
                 return None  # the same file again (a retry): nothing to do
             raise Refused(
                 f"load {what} version {v}: that version is loaded already with other data "
                 f"(from {record.file}); give the file a new version"
             )
         _audit(types, Change("load", t, n, v, _instance(types, t, data)))
-        versions[v] = Version(INACTIVE, data, str(op.get("file", "")), index)
+        versions[v] = Version(INACTIVE, data, str(op.get("file", "")), index, scope)
         state.removed.discard((t, n, v))
         state.revs[key] = index
-        return {"kind": "load", "type": t, "name": n, "version": v}
+        return _scoped({"kind": "load", "type": t, "name": n, "version": v}, scope)
     if record is None:
         if not versions:
             state.configs.pop(key, None)
@@ -201,6 +216,8 @@ def _one(
             return None  # already the active version (a retry): nothing to do
         if op.get("unless_active") and active is not None:
             return None  # a component's default: the version an operator activated stays
+        if types is not None:
+            _group_exists(state, record.scope, f"activate {what} version {v}")
         old = versions.get(active) if active is not None else None
         audit_kind = "replace" if old is not None else "activate"
         _audit(
@@ -220,8 +237,11 @@ def _one(
             versions[active] = replace(old, state=INACTIVE)
         versions[v] = replace(record, state=ACTIVE)
         state.revs[key] = index
-        return {"kind": audit_kind, "type": t, "name": n, "version": v, "old_version": active}
+        change = {"kind": audit_kind, "type": t, "name": n, "version": v, "old_version": active}
+        return _scoped(change, record.scope)
     if kind == DEACTIVATE:
+        if types is not None and t == GROUP_TYPE:
+            _group_unused(state, n)
         _audit(types, Change("deactivate", t, n, v, _instance(types, t, record.data)))
         versions[v] = replace(record, state=INACTIVE)
         state.revs[key] = index
@@ -236,6 +256,57 @@ def _one(
     state.removed.add((t, n, v))
     state.revs[key] = index
     return {"kind": "remove", "type": t, "name": n, "version": v}
+
+
+def _scoped(change: dict[str, Any], scope: Scope) -> dict[str, Any]:
+    """``change`` naming the nodes it is for, when not every node (older readers see none)."""
+    return change if scope is None else {**change, "applies_to": scope}
+
+
+def _scope_of_load(
+    state: ConfigState, op: dict[str, Any], what: str, v: str, types: ConfigTypes | None
+) -> Scope:
+    """The checked scope of a load op; with ``types`` (the requester) its group must exist."""
+    try:
+        scope = checked(op.get("applies_to"))
+    except BadScope as exc:
+        raise Refused(f"load {what} version {v}: {exc}") from None
+    if scope is not None and op.get("type") == GROUP_TYPE:
+        raise Refused(f"load {what} version {v}: a group applies to no nodes but its own")
+    if types is not None:
+        _group_exists(state, scope, f"load {what} version {v}")
+    return scope
+
+
+def _group_exists(state: ConfigState, scope: Scope, doing: str) -> None:
+    """Refuse a scope naming a group without an active version (it would apply to no node)."""
+    if scope is None or "group" not in scope or group_nodes(state, scope["group"]) is not None:
+        return
+    groups = sorted(n for (t, n) in state.configs if t == GROUP_TYPE and state.active((t, n)))
+    known = ", ".join(groups) or "none"
+    raise Refused(
+        f"{doing}: unknown group {scope['group']!r} (active groups: {known}); load and "
+        f"activate a {GROUP_TYPE} configuration of that name first, or name the nodes"
+    )
+
+
+def _group_unused(state: ConfigState, group: str) -> None:
+    """Refuse deactivating a group an active version applies to (it would apply to none)."""
+    for (t, n), versions in sorted(state.configs.items()):
+        for v, record in sorted(versions.items()):
+            if record.state == ACTIVE and record.scope == {"group": group}:
+                raise Refused(
+                    f"deactivate {GROUP_TYPE}/{group}: active {t}/{n} version {v} applies to "
+                    f"{describe(record.scope)}; deactivate it first"
+                )
+
+
+def scoped_group(record: Version | None) -> str | None:
+    """The group a version applies to (None: every node or named nodes)."""
+    if record is None or record.scope is None:
+        return None
+    group = record.scope.get("group")
+    return str(group) if group is not None else None
 
 
 def change_for_notifiers(
@@ -270,4 +341,5 @@ __all__ = [
     "Version",
     "change_for_notifiers",
     "plan",
+    "scoped_group",
 ]

@@ -21,6 +21,12 @@ notifiers of the types this node declares.  Its state is in every snapshot
 under ``"cfg"``; a node that restores a snapshot tells the notifiers of each
 active version (``activate``), so a restarted node's application learns its
 configuration.
+
+A version may apply to some nodes only (``applies_to``, :mod:`scope`): it is
+stored on every node all the same, but a node's notifiers hear only of the
+versions that apply to it, and :meth:`ConfigTable.effective` lists only those.
+When a group's active version changes its nodes, the nodes that enter or
+leave a version's scope hear ``activate`` or ``deactivate`` of it.
 """
 
 from __future__ import annotations
@@ -28,12 +34,15 @@ from __future__ import annotations
 from typing import Any
 
 from nonstop.cluster.tables import REQUESTER
+from nonstop.configuration.groups import GROUP_TYPE
+from nonstop.configuration.scope import applies
 from nonstop.configuration.state import (
-    ACTIVE,
     ConfigState,
+    Key,
     Refused,
     change_for_notifiers,
     plan,
+    scoped_group,
 )
 from nonstop.configuration.types import TYPES, Change, ConfigTypes, run_notifiers
 from nonstop.runtime.interface import Action, Log, NodeId, Notify
@@ -46,8 +55,21 @@ CHANGE = "change"
 def change_entry(
     q: int, ops: list[dict[str, Any]], state: ConfigState, label: str = ""
 ) -> dict[str, Any]:
-    """The log entry for ``ops`` audited against ``state`` (module doc)."""
-    keys = sorted({(str(op["type"]), str(op["name"])) for op in ops})
+    """The log entry for ``ops`` audited against ``state`` (module doc).
+
+    A version applied to a group also carries the group's revision, so that a change
+    of the group in between (deactivated: the version would apply to no node) refuses it.
+    """
+    touched = {(str(op["type"]), str(op["name"])) for op in ops}
+    for op in ops:
+        scope = op.get("applies_to")
+        group = scope.get("group") if isinstance(scope, dict) else None
+        if op.get("do") == "activate":
+            versions = state.configs.get((str(op["type"]), str(op["name"])), {})
+            group = scoped_group(versions.get(str(op.get("version"))))
+        if isinstance(group, str):
+            touched.add((GROUP_TYPE, group))
+    keys = sorted(touched)
     entry: dict[str, Any] = {
         TABLE: CHANGE,
         "q": q,
@@ -82,8 +104,11 @@ def well_formed(entry: dict[str, Any]) -> bool:
 class ConfigTable:
     """The configuration versions applied from the cluster log (module doc)."""
 
-    def __init__(self, types: ConfigTypes | None = None) -> None:
+    def __init__(self, types: ConfigTypes | None = None, me: str | None = None) -> None:
         self.types = types if types is not None else TYPES
+        self.me = me
+        """This node's name: its notifiers hear of the versions that apply to it (None:
+        every version, a table read outside a node)."""
         self.state = ConfigState()
         self.version = 0
         """+1 whenever the table changed here (an applied change, a snapshot installed)."""
@@ -109,11 +134,11 @@ class ConfigTable:
     def restored_actions(self) -> list[Action]:
         """Tell the notifiers of every active version (after a snapshot was installed)."""
         out: list[Action] = []
-        for (t, n), versions in sorted(self.state.configs.items()):
-            for v, record in versions.items():
-                if record.state == ACTIVE:
-                    change = {"kind": "activate", "type": t, "name": n, "version": v}
-                    out += self._notify(change, self.state)
+        for t, n in sorted(self.state.configs):
+            v = self._effective_version(self.state, (t, n))
+            if v is not None:
+                change = {"kind": "activate", "type": t, "name": n, "version": v}
+                out += self._notify(change, self.state)
         return out
 
     def apply(self, index: int, entry: dict[str, Any]) -> list[Action]:
@@ -137,9 +162,62 @@ class ConfigTable:
         actions: list[Action] = [
             Notify("cfg.changed", {"by": by, "q": q, "changes": changes, "index": index})
         ]
-        for change in changes:
+        for change in self._changes_here(changes, before):
             actions += self._notify(change, before)
         return actions
+
+    # ------------------------------------------------------------ this node's view
+    def _applies(self, state: ConfigState, key: Key, version: str | None) -> bool:
+        record = state.configs.get(key, {}).get(version) if version is not None else None
+        if record is None:
+            return False
+        return self.me is None or applies(record.scope, state, self.me)
+
+    def _effective_version(self, state: ConfigState, key: Key) -> str | None:
+        """The active version of ``key`` if it applies to this node."""
+        active = state.active(key)
+        return active if self._applies(state, key, active) else None
+
+    def _changes_here(
+        self, changes: list[dict[str, Any]], before: ConfigState
+    ) -> list[dict[str, Any]]:
+        """``changes`` as this node sees them (module doc): those of versions that apply
+        here, a replace across scopes as the half that does, then the configurations whose
+        active version entered or left this node's scope because a group changed."""
+        out: list[dict[str, Any]] = []
+        touched: set[Key] = set()
+        for change in changes:
+            key = (change["type"], change["name"])
+            touched.add(key)
+            kind, v, old_v = change["kind"], change["version"], change.get("old_version")
+            if kind in ("load", "activate"):
+                here = self._applies(self.state, key, v)
+            elif kind in ("deactivate", "remove"):
+                here = self._applies(before, key, v)
+            else:  # replace
+                new_here, old_here = (
+                    self._applies(self.state, key, v),
+                    self._applies(before, key, old_v),
+                )
+                if new_here != old_here:
+                    kind = "activate" if new_here else "deactivate"
+                    change = {**change, "kind": kind, "old_version": None}
+                    if not new_here:
+                        change["version"] = old_v
+                here = new_here or old_here
+            if here:
+                out.append(change)
+        if self.me is None:
+            return out
+        for key in sorted((set(before.configs) | set(self.state.configs)) - touched):
+            was, now = (
+                self._effective_version(before, key),
+                self._effective_version(self.state, key),
+            )
+            if was != now:
+                kind, v = ("activate", now) if now is not None else ("deactivate", was)
+                out.append({"kind": kind, "type": key[0], "name": key[1], "version": v})
+        return out
 
     def _notify(self, change: dict[str, Any], before: ConfigState) -> list[Action]:
         declared = self.types.get(change["type"])
@@ -157,6 +235,22 @@ class ConfigTable:
     def rows(self) -> list[dict[str, Any]]:
         return self.state.rows()
 
+    def effective(self, type_name: str | None = None) -> list[dict[str, Any]]:
+        """The active versions that apply to this node (of one type), with their data."""
+        return [
+            {
+                "type": t,
+                "name": n,
+                "version": v,
+                "applies_to": self.state.configs[(t, n)][v].scope,
+                "data": self.state.configs[(t, n)][v].data,
+            }
+            for (t, n) in sorted(self.state.configs)
+            if type_name is None or t == type_name
+            for v in [self._effective_version(self.state, (t, n))]
+            if v is not None
+        ]
+
     def show(self, type_name: str, name: str, version: str | None) -> list[dict[str, Any]]:
         """The versions of one configuration (or one version) with their data."""
         versions = self.state.configs.get((type_name, name), {})
@@ -168,6 +262,7 @@ class ConfigTable:
                 "state": r.state,
                 "file": r.file,
                 "loaded_at": r.loaded_at,
+                "applies_to": r.scope,
                 "data": r.data,
             }
             for v, r in sorted(versions.items())

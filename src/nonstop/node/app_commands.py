@@ -10,12 +10,16 @@ The commands are those the node's application modules registered
    this is the check that matters;
 3. the arguments must validate against its model (else ``BadArgument`` with
    pydantic's one-line reasons);
-4. the function runs in a worker thread, in a transaction of the cluster opened
-   through this node's own address as the node's bootstrap admin (the command,
-   not its caller, decides what it reads and writes, as a stored procedure
-   would): committed when it returns, rolled back when it raises, replayed on
+4. the function runs in a transaction of the cluster opened through this
+   node's own address as the node's bootstrap admin (the command, not its
+   caller, decides what it reads and writes, as a stored procedure would):
+   committed when it returns, rolled back when it raises, replayed on
    deadlock; ``nonstop.Abort`` is answered as ``Abort`` (refused), any other
-   exception as a failure with its one line.
+   exception as a failure with its one line.  A plain function runs in a
+   worker thread with a blocking client (it may block); an ``async def`` runs
+   as a task on the node's own event loop with an asyncio client (it must not
+   block: it awaits its reads and writes, and the node serves everything else
+   meanwhile) -- same roles, same transaction, same answers.
 
 At most :data:`MAX_RUNNING` commands run at once on a node; another is answered
 ``Unavailable`` (busy) rather than queued without bound.
@@ -26,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from pydantic import ValidationError
@@ -36,7 +41,7 @@ from nonstop.model.wire import error_out
 from nonstop.net.auth import SCHEME_NODE, SCHEME_USER
 from nonstop.net.connection import Connection
 from nonstop.security.roles import allows
-from nonstop.tx.runner import run_with_retries
+from nonstop.tx.runner import run_with_retries, run_with_retries_async
 
 log = logging.getLogger("nonstop.node")
 
@@ -46,6 +51,9 @@ MAX_RETRIES = 20
 
 Opener = Callable[[], Any]
 """A new blocking client of the cluster through this node (closed after the command)."""
+AsyncOpener = Callable[[], AbstractAsyncContextManager[Any]]
+"""A new asyncio client of the cluster through this node, for ``async with`` (closed after
+the command): what an ``async def`` command's transaction runs on."""
 
 
 class AppCommandService:
@@ -57,9 +65,11 @@ class AppCommandService:
         opener: Opener,
         roles_of: Callable[[str], list[str] | None] | None,
         commands: dict[str, AppCommand] | None = None,
+        async_opener: AsyncOpener | None = None,
     ) -> None:
         self.node = node
         self.opener = opener
+        self.async_opener = async_opener
         self.roles_of = roles_of
         """None: this node authenticates no one (every caller may run every command)."""
         self.commands = APP_COMMANDS if commands is None else commands
@@ -134,7 +144,10 @@ class AppCommandService:
 
     async def _run(self, conn: Connection, client_id: Any, cmd: AppCommand, arguments: Any) -> None:
         try:
-            reply = await asyncio.to_thread(self.execute, cmd, arguments)
+            if cmd.asynchronous:
+                reply = await self.execute_async(cmd, arguments)
+            else:
+                reply = await asyncio.to_thread(self.execute, cmd, arguments)
         finally:
             self.running -= 1
         self._reply(conn, client_id, reply)
@@ -145,15 +158,36 @@ class AppCommandService:
             with self.opener() as cluster:
                 result = run_with_retries(cluster, cmd.function, arguments, max_retries=MAX_RETRIES)
             columns, rows = as_rows(result)
-        except errors.Abort as exc:
+        except Exception as exc:
+            return self._failure(cmd, exc)
+        return self._ran(cmd, columns, rows)
+
+    async def execute_async(self, cmd: AppCommand, arguments: Any) -> dict[str, Any]:
+        """Run ``async def`` command ``cmd`` in a transaction on this loop; the reply payload."""
+        try:
+            if self.async_opener is None:
+                raise errors.Unavailable(f"node {self.node} runs no asynchronous commands")
+            async with self.async_opener() as cluster:
+                result = await run_with_retries_async(
+                    cluster, cmd.function, arguments, max_retries=MAX_RETRIES
+                )
+            columns, rows = as_rows(result)
+        except Exception as exc:
+            return self._failure(cmd, exc)
+        return self._ran(cmd, columns, rows)
+
+    def _failure(self, cmd: AppCommand, exc: Exception) -> dict[str, Any]:
+        """The reply to a command that raised ``exc`` (its transaction rolled back)."""
+        if isinstance(exc, errors.Abort):
             self.counts["refused"] += 1
             return error_out(exc)
-        except Exception as exc:
-            self.counts["failed"] += 1
-            log.warning("application command %s failed (rolled back): %r", cmd.name, exc)
-            if isinstance(exc, errors.Error):
-                return error_out(exc)
-            return {"error": "Failed", "message": f"{cmd.name}: {type(exc).__name__}: {exc}"}
+        self.counts["failed"] += 1
+        log.warning("application command %s failed (rolled back): %r", cmd.name, exc)
+        if isinstance(exc, errors.Error):
+            return error_out(exc)
+        return {"error": "Failed", "message": f"{cmd.name}: {type(exc).__name__}: {exc}"}
+
+    def _ran(self, cmd: AppCommand, columns: list[str], rows: list[list[Any]]) -> dict[str, Any]:
         self.counts["ran"] += 1
         return {"command": cmd.name, "node": self.node, "columns": columns, "rows": rows}
 

@@ -530,7 +530,7 @@ def make_runtime(
 def attach_app_commands(runtime: RealRuntime, cfg: NodeConfig, cluster: str) -> None:
     """Serve the application commands of the node's modules (``nonstop.node.app_commands``):
     each runs in a transaction opened through the node's own address."""
-    from nonstop.client import Client
+    from nonstop.client import AsyncClient, Client
     from nonstop.node.admin_http import self_client_options
     from nonstop.node.app_commands import AppCommandService
 
@@ -540,10 +540,15 @@ def attach_app_commands(runtime: RealRuntime, cfg: NodeConfig, cluster: str) -> 
     def opener() -> Client:
         return Client([cfg.listen], cluster=cluster, timeout=10.0, **options)
 
+    def async_opener() -> AsyncClient:  # an async def command's, on the node's loop
+        return AsyncClient([cfg.listen], cluster=cluster, timeout=10.0, **options)
+
     roles_of = access.roles_lookup(lambda: users_table(runtime.machine)) if access.enabled else None
     router = runtime.router
     assert isinstance(router, NodeRouter), router
-    router.applications = AppCommandService(runtime.name, opener, roles_of)
+    router.applications = AppCommandService(
+        runtime.name, opener, roles_of, async_opener=async_opener
+    )
 
 
 def attach_data_service(runtime: RealRuntime, db: Any, cfg: NodeConfig, context: Any) -> Any:

@@ -157,6 +157,8 @@ class ReplicationMachine:
         self.replica = ReplicaSide(me, self.data, fence=self.config.mutant != "stale_epoch")
         self.streams: dict[str, Stream] = {}
         self.views: dict[str, PartitionView] = {}
+        self._views_from: Mapping[str, PartitionView] | None = None
+        """The mapping ``views`` was copied from (on_table: unchanged if it is the same)."""
         self.acting: frozenset[str] = frozenset()
         self.durable: dict[str, Head] = dict(self.data.heads)
         self.holds = Holds.recover(recovered)
@@ -166,7 +168,9 @@ class ReplicationMachine:
         self._token = 0
         self._tokens: dict[int, tuple[int, Any]] = {}
         self._drops: dict[tuple[str, int, NodeId], float] = {}
-        self._prepared_seen: dict[tuple[str, str], float] = {}
+        self._prepared_seen: dict[str, dict[str, float]] = {}
+        """P -> {txid: when a prepared record of P was last resolved or first seen}, per
+        partition so that the sweep after every event costs what P holds, not every P's."""
         self._tick_armed = False
         self.now = 0.0
         """The time of the event being handled (``copy_done`` is asked without one)."""
@@ -274,8 +278,14 @@ class ReplicationMachine:
     def on_table(
         self, now: float, views: Mapping[str, PartitionView], acting: Iterable[str]
     ) -> list[Any]:
-        """The applied table and this node's acting set after an event; ends the event."""
-        self.views = dict(views)
+        """The applied table and this node's acting set after an event; ends the event.
+
+        ``views`` may be the same mapping as at the previous call (the hosts' applied table
+        caches it per applied index): the streams' replicas then need no new look."""
+        fresh = views is not self._views_from
+        if fresh:
+            self.views = dict(views)
+            self._views_from = views
         self.acting = frozenset(acting)
         self.now = max(self.now, now)
         actions: list[Any] = []
@@ -291,8 +301,11 @@ class ReplicationMachine:
             view = self.views.get(name)
             if view is not None and view.active == self.me and name not in self.streams:
                 actions += self._start_stream(now, view)
+        if fresh:  # (a stream started above synced its replicas as it started)
+            for name, stream in self.streams.items():
+                actions += self._sync_peers(now, stream, self.views[name])
         for name, stream in self.streams.items():
-            actions += self._sync_peers(now, stream, self.views[name])
+            # Every event: a copy finishes with an acknowledgement, not with a new table.
             self._watch_handover(now, stream, self.views[name])
         actions += self._progress(now, complete=True)
         return actions + self._settle_holds() if self.holds.held else actions
@@ -386,8 +399,9 @@ class ReplicationMachine:
             if gone:
                 actions.append(self._persist(gone, (_LOCAL, None)))
         else:
+            seen = self._prepared_seen.setdefault(name, {})
             for txid in sorted(self.data.prepared_of(name)):
-                self._prepared_seen[(name, txid)] = now
+                seen[txid] = now
                 self.stats["resolves"] += 1
                 actions.append(Resolve(name, txid))
         actions += self._sync_peers(now, stream, view)
@@ -515,12 +529,17 @@ class ReplicationMachine:
             return []
         out: list[Any] = []
         prepared = self.data.prepared_of(name)
-        for key in [k for k in self._prepared_seen if k[0] == name and k[1] not in prepared]:
-            del self._prepared_seen[key]  # resolved since
+        seen = self._prepared_seen.get(name)
+        if seen is None:
+            if not prepared:
+                return out
+            seen = self._prepared_seen[name] = {}
+        for txid in [t for t in seen if t not in prepared]:
+            del seen[txid]  # resolved since
         for txid in sorted(prepared):
-            seen = self._prepared_seen.setdefault((name, txid), now)
-            if now - seen >= self.config.resolve_after:
-                self._prepared_seen[(name, txid)] = now
+            at = seen.setdefault(txid, now)
+            if now - at >= self.config.resolve_after:
+                seen[txid] = now
                 self.stats["resolves"] += 1
                 out.append(Resolve(name, txid))
         return out

@@ -65,6 +65,8 @@ class Stream:
     """The highest seq durable on this node's own disk."""
     completed: int = 0
     """The highest seq completed (durable here and on every in-sync sync replica, I3)."""
+    pruned: int = 0
+    """Every record up to this seq has been forgotten (:meth:`prune`)."""
     drain_since: float | None = None
     """When a node this one hands the partition over to finished its copy (None: no
     handover ahead): from then on no new commit or prepare is taken (replication.md §10e)."""
@@ -95,8 +97,12 @@ class Stream:
     def prune(self) -> None:
         """Forget records every peer and this node's disk hold."""
         floor = min([p.acked for p in self.peers.values()] + [self.local_durable])
-        for seq in [s for s in self.log if s <= floor]:
-            del self.log[seq]
+        # Seqs are given in order and forgotten in order: walk from the last floor, so that
+        # a prune after every event costs the records it drops, not the whole log.
+        log = self.log
+        for seq in range(self.pruned + 1, floor + 1):
+            log.pop(seq, None)
+        self.pruned = max(self.pruned, floor)
 
     def can_serve(self, acked: int) -> bool:
         """Can a peer that holds up to ``acked`` be brought up to date from the log?"""

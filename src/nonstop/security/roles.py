@@ -4,8 +4,8 @@ Every client request is checked before anything else sees it (``runtime/clients.
 ``node/router.py``).  Permissions:
 
 * ``status``: look at the cluster (``ping``, ``status``, ``runtime_stats``, ``nodes``,
-  ``types``, ``config.list``, ``config.show``, ``samples``; configuration changes,
-  op ``config``, are ``admin``);
+  ``types``, ``config.list``, ``config.show``, ``config.effective``, ``samples``;
+  configuration changes, op ``config``, are ``admin``);
 * ``data``: read and write objects (``tx.*``, ``request.result``, ``bulk.*``);
 * ``membership``: add or remove cluster members (``join``, ``leave``);
 * ``users``: manage users (``user.add``, ``user.remove``, ``user.passwd``,
@@ -56,7 +56,17 @@ GRANTS: dict[str, frozenset[str]] = {
 }
 
 STATUS_OPS = frozenset(
-    {"ping", "status", "runtime_stats", "nodes", "types", "config.list", "config.show", "samples"}
+    {
+        "ping",
+        "status",
+        "runtime_stats",
+        "nodes",
+        "types",
+        "config.list",
+        "config.show",
+        "config.effective",
+        "samples",
+    }
 )
 MEMBERSHIP_OPS = frozenset({"join", "leave"})
 APPLICATION_OPS = frozenset({"app.run", "app.commands"})

@@ -5,7 +5,9 @@ model): an admin's ``user.*`` request on any node becomes an entry of the
 cluster log, applied in log order on every node, and the table's state is in
 every snapshot (under ``"users"``).  What is stored per user is its password
 *verifier* (salt, scrypt parameters, StoredKey, ServerKey: :mod:`nonstop.net.auth`)
--- computed by the client, so a password never crosses the network -- and its
+-- computed by whoever sends the request (the CLI, or a node's admin API for a
+password it took over HTTPS or loopback: ``nonstop.commands.user_commands``), so
+the password itself is never in a request to the node port -- and its
 roles (:mod:`nonstop.security.roles`).
 
 Client ops (offered by the cluster node before its own, ``ClusterNode._on_client``;

@@ -78,9 +78,13 @@ async function refresh() {
 }
 
 // How an argument is typed in: "files" (a list of {file, text}: config.load reads the
-// chosen files), "flag" (a boolean), "list" (a,b), or "text".
+// chosen files), "flag" (a boolean), "list" (a,b), "password" (a secret: never shown,
+// cleared once sent), or "text".  An optional argument (anyOf [T, null]) is typed in as T.
 function inputKind(arguments_, schema) {
+  const given = (schema.anyOf || []).filter(s => s.type !== "null");
+  if (given.length === 1) schema = given[0];
   if (schema.type === "boolean") return "flag";
+  if (schema.format === "password") return "password";
   if (schema.type !== "array") return "text";
   const ref = (schema.items && schema.items.$ref) || "";
   const item = ref ? ((arguments_.$defs || {})[ref.split("/").pop()] || {}) : (schema.items || {});
@@ -97,6 +101,7 @@ function commandForm(cmd) {
     const kind = inputKind(cmd.arguments, schema);
     const input = kind === "files" ? el("input", { name, type: "file", multiple: "" })
       : kind === "flag" ? el("input", { name, type: "checkbox" })
+      : kind === "password" ? el("input", { name, type: "password", autocomplete: "new-password" })
       : el("input", { name, placeholder: kind === "list" ? "a,b (optional)" : name });
     form.append(el("label", {}, name + " "));
     form.lastChild.append(input);
@@ -129,6 +134,9 @@ function commandForm(cmd) {
     const group = cmd.per_node ? form.elements["on-group"].value.trim() : "";
     const path = cmd.path.slice(API.length) + (group ? "?group=" + encodeURIComponent(group) : "");
     const r = await call(path, body);
+    for (const [name, schema] of Object.entries(props)) {
+      if (inputKind(cmd.arguments, schema) === "password") form.elements[name].value = "";
+    }
     const result = $("result");
     result.className = r.ok ? "" : "refused";
     result.textContent = (r.ok ? `${cmd.name}: ok\n` : `${cmd.name}: refused (${r.status})\n`) +

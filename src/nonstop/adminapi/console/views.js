@@ -155,12 +155,19 @@ async function refreshLogs() {
       el("td", {}, e.logger), el("td", { class: "message" }, e.message + (e.exc ? "\n" + e.exc : "")))));
 }
 
+// Which nodes a version applies to (G3), as `nonstop config list` says it.
+function appliesTo(scope) {
+  if (!scope) return "every node";
+  return scope.group !== undefined ? "group " + scope.group : "nodes " + scope.nodes.join(", ");
+}
+
 // The configuration versions, from the cluster status the console polls anyway.
 function showConfigurations(rows) {
   $("configurations").tBodies[0].replaceChildren(...(rows || []).map(c =>
     el("tr", { "data-config": `${c.type}/${c.name}/${c.version}`, "data-state": c.state },
       el("td", {}, c.type), el("td", {}, c.name), el("td", {}, c.version),
-      el("td", { class: "config-" + c.state }, c.state), el("td", {}, c.file || "-"))));
+      el("td", { class: "config-" + c.state }, c.state), el("td", {}, appliesTo(c.applies_to)),
+      el("td", {}, c.file || "-"))));
   $("configurations-none").hidden = (rows || []).length > 0;
 }
 
