@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from nonstop import errors
-from nonstop.dataplane.calls import BUSY, LONG_OPS
+from nonstop.dataplane.calls import BUSY, LONG_OPS, PROBED
 from nonstop.dataplane.ends import END_ALL
 from nonstop.dataplane.events import EndBranch, Exec
 from nonstop.dataplane.snapshot_cut import CUT_OPS
@@ -218,6 +218,12 @@ class BranchRegistry:
             self.dp.log("info", f"branch {bid} idle for {idle_for:.0f} s: rolled back")
             self.dp.stats["idle_rollbacks"] += 1
             self.end(bid)
+
+    def probed(self, sender: str, msg: dict[str, Any]) -> None:
+        """A coordinator's ``data.probe``: do we still run that call of its (calls.py)?"""
+        call_id = msg.get("id")
+        running = any(s.sender == sender and s.call_id == call_id for s in self._served.values())
+        self.dp.emit(Send(sender, {"t": PROBED, "id": call_id, "r": running}))
 
     def keep_alive(self) -> None:
         """Tell the coordinators of the long ops running here (``calls.LONG_OPS``: an

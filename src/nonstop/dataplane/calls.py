@@ -12,6 +12,17 @@ peer still runs it, the peer says so every ``sweep_every`` seconds
 re-arms the call's timer.  A peer that stops running it (done: its answer
 comes; or gone: down, restarted) stops the notes, and the timer fires as usual.
 
+A call unanswered for ``probe_after`` is **probed** on the sweep tick
+(``{"t": "data.probe", "id": n}`` → ``{"t": "data.probed", "id": n, "r": running}``,
+again every ``probe_after``): a peer that does not run it (the request or its
+answer was lost with a peer connection that dropped and came back, as at a
+takeover whose promotion stalled a node's loop) makes it fail at once instead of
+at ``rpc_timeout`` (15 s): ``BranchRolledBack`` (retryable: the session rolls
+back and ends the branch there), or ``Unavailable`` for a committing op (its
+outcome is unknown).  A probe and the request travel on the same link, in
+order, so "not running" means done (its answer is ahead of the probe's) or never
+received.
+
 Call ids start at a random offset in every incarnation of a node, so a reply
 a peer queued for the node's previous incarnation never resolves a call of
 this one; an answer from another node than the one asked is dropped.
@@ -36,6 +47,15 @@ LONG_OPS = frozenset({"branch.overwrite"})
 BUSY = "data.busy"
 """A peer's note that it still runs a :data:`LONG_OPS` call: ``{"t": BUSY, "id": call id}``."""
 
+PROBE = "data.probe"
+"""``{"t": PROBE, "id": call id}``: does the peer still run that call of ours?"""
+
+PROBED = "data.probed"
+"""``{"t": PROBED, "id": call id, "r": bool}``: the answer to a :data:`PROBE`."""
+
+COMMITTING_OPS = frozenset({"branch.commit"})
+"""Ops whose success is a commit: a lost answer leaves the outcome unknown."""
+
 RPC_TIMER = "dp.rpc."
 """``dp.rpc.<call id>``: a data request to a peer not answered within ``rpc_timeout``."""
 
@@ -46,6 +66,8 @@ class _Call:
     op: str
     task: Task
     slot: int
+    probe_at: float
+    """When to ask the peer whether it still runs this call (:meth:`PeerCalls.probe`)."""
 
 
 class PeerCalls:
@@ -64,7 +86,8 @@ class PeerCalls:
     def send(self, node: str, msg: dict[str, Any], task: Task, slot: int) -> None:
         """Send request ``msg`` to ``node``; its answer resumes ``task`` (gather ``slot``)."""
         call_id = msg["id"] = self.next_id()
-        self._calls[call_id] = _Call(node, msg["op"], task, slot)
+        probe_at = self.dp.now + self.dp.config.probe_after
+        self._calls[call_id] = _Call(node, msg["op"], task, slot, probe_at)
         self.dp.stats["rpc"] += 1
         self.dp.emit(Send(node, msg))
         self.dp.emit(SetTimer(f"{RPC_TIMER}{call_id}", self.dp.config.rpc_timeout))
@@ -100,6 +123,34 @@ class PeerCalls:
             return  # answered meanwhile, not ours, or not an op that may run long
         self.dp.emit(SetTimer(f"{RPC_TIMER}{call_id}", self.dp.config.rpc_timeout))
 
+    def probe(self, now: float) -> None:
+        """The sweep tick: ask about the calls unanswered for ``probe_after`` (module doc)."""
+        every = self.dp.config.probe_after
+        if every <= 0:
+            return
+        up = self.dp.view.up
+        for call_id, call in self._calls.items():
+            if call.probe_at <= now and call.node in up:
+                call.probe_at = now + every
+                self.dp.emit(Send(call.node, {"t": PROBE, "id": call_id}))
+
+    def probed(self, sender: str, msg: dict[str, Any]) -> None:
+        """A :data:`PROBED` answer: a call the peer does not run fails now (module doc)."""
+        call_id = msg.get("id")
+        call = self._calls.get(call_id) if isinstance(call_id, int) else None
+        if call is None or call.node != sender or msg.get("r") is not False:
+            return  # answered meanwhile, not ours, or still running there
+        del self._calls[call_id]  # type: ignore[arg-type]
+        self.dp.emit(CancelTimer(f"{RPC_TIMER}{call_id}"))
+        self.dp.stats["calls_lost"] += 1
+        why = f"node {sender} lost {call.op} (the request or its answer; a connection dropped)"
+        exc: errors.Error
+        if call.op in COMMITTING_OPS:
+            exc = errors.Unavailable(f"{why}: the outcome is unknown")
+        else:
+            exc = errors.BranchRolledBack(f"{why}: the transaction is rolled back")
+        self.dp.resolve(call.task, call.slot, None, exc)
+
     def timed_out(self, name: str) -> bool:
         """Timer ``name`` fired: True if it was a call's (which then fails)."""
         number = name[len(RPC_TIMER) :]
@@ -120,4 +171,4 @@ class PeerCalls:
                 self.dp.resolve(call.task, call.slot, None, exc)
 
 
-__all__ = ["BUSY", "LONG_OPS", "RPC_TIMER", "PeerCalls"]
+__all__ = ["BUSY", "COMMITTING_OPS", "LONG_OPS", "PROBE", "PROBED", "RPC_TIMER", "PeerCalls"]

@@ -30,7 +30,7 @@ from typing import Any
 from nonstop import errors
 from nonstop.dataplane.args import RequestId, parse_home
 from nonstop.dataplane.branches import BranchRegistry
-from nonstop.dataplane.calls import BUSY, RPC_TIMER, PeerCalls
+from nonstop.dataplane.calls import BUSY, COMMITTING_OPS, PROBE, PROBED, RPC_TIMER, PeerCalls
 from nonstop.dataplane.commit import g_commit
 from nonstop.dataplane.deadlocks import WAITS_TIMER, DeadlockDetector, claimed_age
 from nonstop.dataplane.driver import ALONE, COMMIT_TIMER, FIRST, Driver, Immediate
@@ -98,6 +98,9 @@ class DataPlaneConfig:
     on every node, its own branch included; its next op hears TransactionClosed."""
     rpc_timeout: float = 15.0
     """A peer that does not answer a data request this long is Unavailable (> lock wait)."""
+    probe_after: float = 2.0
+    """A data request unanswered this long is probed (calls.py): if the peer does not run
+    it, it was lost with a connection and fails now, not at ``rpc_timeout`` (0: off)."""
     commit_timeout: float = 30.0
     """A two-phase commit undecided this long: the client hears Unavailable (outcome unknown)."""
     sweep_every: float = 1.0
@@ -637,6 +640,10 @@ class DataPlane(Driver):
             self.registry.serve(ev.sender, msg)
         elif kind == BUSY:
             self.calls.busy(ev.sender, msg)
+        elif kind == PROBE:
+            self.registry.probed(ev.sender, msg)
+        elif kind == PROBED:
+            self.calls.probed(ev.sender, msg)
         elif kind == "data.waits":
             self.deadlocks.received(ev.sender, msg)
         else:
@@ -648,6 +655,7 @@ class DataPlane(Driver):
             self.registry.sweep(ev.now)
             self.registry.keep_alive()
             self.ends.retry(ev.now)
+            self.calls.probe(ev.now)
             self._sweep_sessions(ev.now)
             self._out.append(SetTimer(SWEEP_TIMER, self.config.sweep_every))
         elif name == WAITS_TIMER:
@@ -715,7 +723,7 @@ class DataPlane(Driver):
         self.deadlocks.node_down(peer)
 
 
-_COMMITTING_OPS = frozenset({"branch.commit"})
+_COMMITTING_OPS = COMMITTING_OPS
 """Store ops whose success is a commit: fenced before they run, never after."""
 
 _DOOMING = (errors.Retryable, errors.Unavailable, errors.TransactionClosed)

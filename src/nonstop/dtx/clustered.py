@@ -83,13 +83,35 @@ class DtxClusterNode:
         # Its own stream, so that the cluster's draws do not shift the DtxNode's.
         dtx_rng = random.Random(rng.getrandbits(64))
         self.dtx = node_class(self.name, rm, dtx_rng, recovered, dtx_config)
+        self._up_version = -1
+        self._seen_up: set[str] = set()
+        """Peers this node's detector saw Up in this life (only those can be seen dying)."""
 
     @property
     def rm(self) -> ResourceManager:
         return self.dtx.rm
 
     def handle(self, event: Event) -> list[Action]:
-        """Route one event to the component that owns it (module doc)."""
+        """Route one event to the component that owns it (module doc); then tell the
+        DtxNode which peers died (:meth:`DtxNode.peers_down`)."""
+        out = self._route(event)
+        self._watch_peers(event.now)
+        return out
+
+    def _watch_peers(self, now: float) -> None:
+        """A peer seen Up and now not Up is down for the DtxNode: its branches here stop
+        waiting for it.  A peer never seen Up in this life is not (a restarted node's
+        recovered branches wait for their coordinator's hello as before)."""
+        detector = getattr(self.cluster, "detector", None)
+        version = getattr(detector, "up_version", None)
+        if detector is None or version is None or version == self._up_version:
+            return
+        self._up_version = version
+        up = set(detector.up_peers())
+        self._seen_up |= up
+        self.dtx.peers_down(now, frozenset(self._seen_up - up))
+
+    def _route(self, event: Event) -> list[Action]:
         now = event.now
         if isinstance(event, Started):
             return self._from_cluster(now, self.cluster.handle(event)) + self._from_dtx(

@@ -271,6 +271,9 @@ class DtxNode:
         self._on_persisted: dict[int, tuple[str, str]] = {}
         self._out: list[Action] = []
         self._loop: list[Any] = []
+        self.coordinators_down: frozenset[NodeId] = frozenset()
+        """Peers the composition's failure detector sees down (:meth:`peers_down`): a prepared
+        branch of theirs asks the log at once instead of after ``decision_timeout``."""
         self.hold_ack: Callable[[str], bool] = _never
         """Participant: is the acknowledgement of this gtid's phase two held back?  Set by a
         composition whose prepared records have copies elsewhere (replicated partitions):
@@ -325,6 +328,35 @@ class DtxNode:
             self._received(self.name, self._loop.pop(0))
         out, self._out = self._out, []
         return out
+
+    def peers_down(self, now: float, down: frozenset[NodeId]) -> None:
+        """The composition's failure detector sees ``down`` not Up (call it when that changes).
+
+        As participant: a coordinator that is down cannot decide what it has not decided
+        yet, and whatever it did decide is in the log: its branches here need not wait for
+        it (B9 at once, not after ``decision_timeout``), since their locks stop every
+        transaction that touches the same objects (a takeover then cost clients
+        ``lock_wait`` per attempt).  Safe even if the peer was only slow: a proposal of
+        abort loses against a commit the log already holds, and a branch not prepared yet
+        has no yes vote a commit could have counted.  As coordinator: a transaction still
+        waiting for a vote of a peer that is down aborts (B8 at once, not after
+        ``vote_timeout``).  The effects come with the next tick.
+        """
+        newly = down - self.coordinators_down
+        self.coordinators_down = frozenset(down)
+        if not newly:
+            return
+        self.now = max(self.now, now)
+        for b in self.branches.values():
+            if b.coordinator in newly and b.state in ("locking", "prepared"):
+                b.deadline = min(b.deadline, self.now)
+                b.next_ask = 0.0
+        # As coordinator: a participant that died before its vote will not vote (a restarted
+        # one says "branch gone"), and meanwhile the others' prepared branches hold their
+        # locks until ``vote_timeout``: abort now, on this node's own authority (B8).
+        for tx in self.coord.values():
+            if tx.phase == "preparing" and (set(tx.branches) - set(tx.votes)) & newly:
+                tx.vote_deadline = min(tx.vote_deadline, self.now)
 
     def released(self, now: float, gtid: str) -> list[Action]:
         """The composition released its hold on ``gtid`` (:attr:`hold_ack`): acknowledge the
@@ -724,6 +756,8 @@ class DtxNode:
     def _branch_prepared(self, b: Branch) -> None:
         b.state = "prepared"
         b.deadline = self.now + self.config.decision_timeout
+        if b.coordinator in self.coordinators_down:
+            b.deadline = self.now  # its coordinator died meanwhile: ask the log (peers_down)
         if b.pending_outcome is not None:  # the outcome overtook our durable prepare
             self._participant_outcome(b.gtid, b.pending_outcome)
             return

@@ -224,6 +224,12 @@ class ReplicationHost:
                 active = None if view is None else view.active
                 why = f"{self.name} does not act for {name} (active: {active})"
                 return Refusal(errors.NotActive(why))
+            taker = rep.handing_over(name)
+            if taker is not None:
+                # Before a handover nothing new is made here (replication.md §10e): the
+                # retry finds ``taker`` active once ``restored`` applied.
+                why = f"{self.name} hands {name} over to {taker}: retry there"
+                return Refusal(errors.NotActive(why))
         if gtid is None and len(sets) > 1:
             # A one-node commit over several partitions: one record per partition would not
             # be atomic on the replicas (one can arrive, not the other, when this node dies).

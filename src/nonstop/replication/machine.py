@@ -126,6 +126,12 @@ class ReplicationConfig:
     from its last acknowledgement: without it, a partition idle for ``replica_timeout``
     drops its caught-up replicas at its next write (found on real nodes, which set it;
     replication.md §10c).  Off by default until the simulator's seeds are checked with it."""
+    handover_drain: float = 1.0
+    """Before a handover by priority (D9) the active node takes no new commit or prepare
+    (``NotActive``, retryable: nothing made) until its records completed and every replica
+    holds them, so none fails in flight when ``restored`` applies (replication.md §10e);
+    past this long without the entry applied it takes them again (the handover may then
+    cost in-flight records an unknown outcome, as before)."""
     mutant: str | None = None
     """Simulator only: one of :data:`MUTANTS`."""
 
@@ -166,7 +172,16 @@ class ReplicationMachine:
         """P -> {txid: when a prepared record of P was last resolved or first seen}, per
         partition so that the sweep after every event costs what P holds, not every P's."""
         self._tick_armed = False
-        self.stats = {"completed": 0, "drops": 0, "copies": 0, "resolves": 0, "diverged": 0}
+        self.now = 0.0
+        """The time of the event being handled (``copy_done`` is asked without one)."""
+        self.stats = {
+            "completed": 0,
+            "drops": 0,
+            "copies": 0,
+            "resolves": 0,
+            "diverged": 0,
+            "drain_refused": 0,
+        }
 
     # ------------------------------------------------------------ the layer above
     def replicate(
@@ -221,12 +236,44 @@ class ReplicationMachine:
         # Caught up with everything, not only the copy: from the moment the copy is finished
         # completions wait for this node too (see _complete), so when ``restored`` is applied
         # it holds every record acknowledged before -- it may become the active node at once.
-        return (
+        if not (
             peer is not None
             and peer.copy_finished()
             and stream is not None
             and (peer.acked >= stream.last)
+        ):
+            return False
+        if node in view.outranking and not self._drain_over(stream):
+            # A handover: only once nothing of this node's is in flight (§10e).
+            return stream.drained()
+        return True
+
+    def handing_over(self, partition: str) -> NodeId | None:
+        """The node ``partition`` is about to be handed over to, while this node drains for
+        it and takes no new commit or prepare (§10e); None otherwise."""
+        stream = self.streams.get(partition)
+        view = self.views.get(partition)
+        if stream is None or view is None or stream.drain_since is None:
+            return None
+        if self._drain_over(stream):
+            return None
+        finished = [n for n in view.outranking if (p := stream.peers.get(n)) and p.copy_finished()]
+        return finished[0] if finished else None
+
+    def _drain_over(self, stream: Stream) -> bool:
+        since = stream.drain_since
+        return since is not None and self.now - since > self.config.handover_drain
+
+    def _watch_handover(self, now: float, stream: Stream, view: PartitionView) -> None:
+        """Start (or end) the drain before a handover: a node that outranks this one has
+        finished its copy, so ``restored`` will make it active (§10e)."""
+        ahead = any(
+            (p := stream.peers.get(n)) is not None and p.copy_finished() for n in view.outranking
         )
+        if not ahead:
+            stream.drain_since = None
+        elif stream.drain_since is None:
+            stream.drain_since = now
 
     def on_table(
         self, now: float, views: Mapping[str, PartitionView], acting: Iterable[str]
@@ -240,6 +287,7 @@ class ReplicationMachine:
             self.views = dict(views)
             self._views_from = views
         self.acting = frozenset(acting)
+        self.now = max(self.now, now)
         actions: list[Any] = []
         for name, stream in list(self.streams.items()):
             view = self.views.get(name)
@@ -256,12 +304,16 @@ class ReplicationMachine:
         if fresh:  # (a stream started above synced its replicas as it started)
             for name, stream in self.streams.items():
                 actions += self._sync_peers(now, stream, self.views[name])
+        for name, stream in self.streams.items():
+            # Every event: a copy finishes with an acknowledgement, not with a new table.
+            self._watch_handover(now, stream, self.views[name])
         actions += self._progress(now, complete=True)
         return actions + self._settle_holds() if self.holds.held else actions
 
     # ------------------------------------------------------------ runtime events
     def handle(self, event: Event) -> list[Any]:
         now = event.now
+        self.now = max(self.now, now)
         actions: list[Any] = []
         if isinstance(event, Received):
             payload = event.payload
@@ -306,6 +358,13 @@ class ReplicationMachine:
         stream = self.streams.get(partition)
         if (acting and partition not in self.acting) or stream is None:
             return [Failed(ref, partition, NOT_ACTIVE, view.active)]
+        if kind in (COMMIT, PREPARE):
+            self.now = max(self.now, now)
+            taker = self.handing_over(partition)
+            if taker is not None:
+                # Nothing made: the caller retries (on ``taker`` once ``restored`` applied).
+                self.stats["drain_refused"] += 1
+                return [Failed(ref, partition, NOT_ACTIVE, taker)]
         if self.config.silence_from_write:
             for peer in stream.peers.values():
                 if peer.acked >= stream.last:

@@ -67,6 +67,16 @@ class Stream:
     """The highest seq completed (durable here and on every in-sync sync replica, I3)."""
     pruned: int = 0
     """Every record up to this seq has been forgotten (:meth:`prune`)."""
+    drain_since: float | None = None
+    """When a node this one hands the partition over to finished its copy (None: no
+    handover ahead): from then on no new commit or prepare is taken (replication.md §10e)."""
+
+    def drained(self) -> bool:
+        """Every caller's record completed and every peer holds every record (but a node
+        whose copy is still running: the new active node copies to it again)."""
+        return not self.pending and all(
+            p.acked >= self.last for p in self.peers.values() if p.copy_finished() or not p.copying
+        )
 
     @property
     def last(self) -> int:

@@ -27,6 +27,9 @@ class PartitionView:
     copying: tuple[NodeId, ...] = ()
     sync: tuple[NodeId, ...] = ()
     """Members of ``current`` with the ``sync`` style (in sync or copying)."""
+    outranking: tuple[NodeId, ...] = ()
+    """Copying nodes that rank before the active node: ``restored`` of one of them hands the
+    partition over to it (D9), so the active node drains first (replication.md §10e)."""
 
     def in_sync_replicas(self) -> tuple[NodeId, ...]:
         """The replicas whose acknowledgement every record needs (I3): in-sync sync members."""
@@ -44,6 +47,12 @@ class PartitionView:
 
 def view_of(part: Partition) -> PartitionView:
     """The view of one applied table record."""
+    names = part.names()
+    active = part.active
+    outranking: tuple[NodeId, ...] = ()
+    if active in names:
+        rank = names.index(active)
+        outranking = tuple(n for n in part.copying if n in names and names.index(n) < rank)
     return PartitionView(
         name=part.name,
         epoch=part.epoch,
@@ -51,6 +60,7 @@ def view_of(part: Partition) -> PartitionView:
         current=tuple(part.current),
         copying=tuple(part.copying),
         sync=tuple(n for n in part.current if part.style(n) == SYNC),
+        outranking=outranking,
     )
 
 
