@@ -10,6 +10,7 @@ deleted, other partitions untouched.
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,9 @@ from tests.bankmodel import Account
 import nonstop
 from nonstop import errors
 from nonstop.model.codec import pack
+from nonstop.node import replica_store
 from nonstop.node.replica_store import (
+    LOAD_BATCH,
     RESULT_KEY,
     install,
     load_copy,
@@ -116,6 +119,65 @@ def test_the_store_takes_the_machine_copy_of_one_partition(db: nonstop.Database)
     asyncio.run(install(db, {stale.hex(): None}))  # a resolved commit that deleted it
     assert balances(db) == {"kept": 1, "new": 7, "other": 4}
     assert other in {bytes(r[1]) for r in copy_batch(db.engine, P1)[0]}
+
+
+def test_a_large_copy_loads_in_batches_and_lets_the_event_loop_run(
+    db: nonstop.Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A promotion's load of thousands of objects: store transactions of at most
+    LOAD_BATCH records, the loop turning between them (a node stalled by one big load
+    is seen Down by its peers)."""
+    n = 3 * LOAD_BATCH + 7
+    with db.transaction() as tx:
+        refs = [
+            tx.ref(tx.create_in(Account, P0, 1, number=f"old{i}", balance=i)).raw
+            for i in range(LOAD_BATCH)
+        ]
+        type_name = tx.entry_of(tx.get(Account, number="old0")).info.name
+    copy: dict[str, Any] = {
+        bytes.fromhex(refs[0].hex()[:-6] + f"{0x800000 + i:06x}").hex(): [
+            type_name,
+            1,
+            pack({"number": f"n{i}", "balance": 1}),
+        ]
+        for i in range(n)
+    }
+    copy.update({r.hex(): None for r in refs[:10]})  # deleted in the copy too
+    turns = 0
+    batches: list[tuple[int, int]] = []  # (records, loop turns seen when it began)
+    real_apply = replica_store.apply_write_set_async
+
+    async def spy(db: Any, records: Any, **kw: Any) -> Any:
+        batches.append((len(records), turns))
+        return await real_apply(db, records, **kw)
+
+    monkeypatch.setattr(replica_store, "apply_write_set_async", spy)
+
+    async def run() -> int:
+        nonlocal turns
+        loading = True
+
+        async def ticker() -> None:
+            nonlocal turns
+            while loading:
+                turns += 1
+                await asyncio.sleep(0)
+
+        tick = asyncio.ensure_future(ticker())
+        applied = await load_copy(db, P0, copy)
+        loading = False
+        await tick
+        return applied
+
+    applied = asyncio.run(run())
+    assert applied == n + LOAD_BATCH  # every object of the copy, every old one deleted
+    assert sum(size for size, _ in batches) == applied
+    assert len(batches) == -(-applied // LOAD_BATCH)
+    assert max(size for size, _ in batches) <= LOAD_BATCH
+    seen = [at for _, at in batches]
+    assert all(b > a for a, b in itertools.pairwise(seen))  # the loop ran between
+    numbers = set(balances(db))
+    assert len(numbers) == n and all(x.startswith("n") for x in numbers)
 
 
 def test_request_records_ride_with_the_write_sets_and_are_loaded_at_promotion(
