@@ -40,6 +40,8 @@ from nonstop.dataplane.machine import (
     DataPlane,
     DataPlaneConfig,
 )
+from nonstop.dataplane.state import ACTIVE
+from nonstop.dataplane.steps import Task
 from nonstop.model.codec import pack
 from nonstop.model.ref import Ref
 from nonstop.runtime.interface import (
@@ -1182,3 +1184,24 @@ def test_a_homed_request_is_recorded_and_looked_up_on_the_home_object_s_node() -
     asked = {"op": "request.result", "req": ["h", 2], "home": home}
     assert net.ok("A", asked)["state"] == "aborted"
     assert net.ok("C", asked)["state"] == "unknown"
+
+
+def test_an_op_closed_from_outside_may_end_its_own_session_in_its_finally() -> None:
+    """A homed ``request.result`` ends its own session in a ``finally``; when its
+    generator is closed from outside (the garbage collector, when a crashed simulated
+    node's machine is dropped) that must not try to close the running generator again
+    ("generator already executing", printed by the sim campaign)."""
+    dp = DataPlane("A", random.Random(1), DataPlaneConfig(check_type=no_type_check))
+    s = dp._begin(conn=1, iso="read_committed")
+
+    def op() -> Any:
+        try:
+            yield None
+        finally:
+            dp.end_session(s)
+
+    gen = op()
+    next(gen)
+    s.task = Task(gen, 1, 7, s)
+    gen.close()  # as the collector does: the finally runs inside close()
+    assert s.state != ACTIVE

@@ -22,6 +22,7 @@ sessions and routes the events.
 from __future__ import annotations
 
 import collections
+import inspect
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -403,7 +404,11 @@ class DataPlane(Driver):
         if task is not None and task is not self._current and not task.done:
             s.task = None
             task.done = True
-            task.gen.close()
+            if inspect.getgeneratorstate(task.gen) != inspect.GEN_RUNNING:
+                # (Running: the op ends its own session from a ``finally`` while it is being
+                # closed -- by the garbage collector when a crashed simulated node's machine
+                # is dropped; closing it again would raise "generator already executing".)
+                task.gen.close()
             if answer:
                 self._answer(task, error_out(self.closed_error(s.sid)))
         if queue and answer:
