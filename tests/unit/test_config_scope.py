@@ -191,3 +191,24 @@ def test_snapshots_keep_the_scope_and_a_restore_tells_only_its_nodes() -> None:
     # A snapshot written before scopes existed (seven fields a version) applies everywhere.
     old = {"c": [["rates", "fx", "1", "Active", {"eur": 1.0}, "f", 3]], "x": [], "r": []}
     assert ConfigState.from_plain(old).configs[("rates", "fx")]["1"].scope is None
+
+
+def test_load_arguments_say_group_or_nodes_not_both_in_the_schema_too() -> None:
+    """The OpenAPI description carries the rule the validator applies (the fuzz sends
+    what the schema allows and expects it accepted)."""
+    import pydantic
+
+    from nonstop.commands.config_commands import LoadArguments
+
+    rule = LoadArguments.model_json_schema()["not"]
+    assert set(rule["required"]) == {"group", "nodes"}
+    assert rule["properties"] == {"group": {"type": "string"}, "nodes": {"type": "array"}}
+    files = [{"file": "a.toml", "text": "x"}]
+    with pytest.raises(pydantic.ValidationError, match="not both"):
+        LoadArguments.model_validate({"files": files, "group": "east", "nodes": ["A"]})
+    for one in (
+        {"files": files, "group": "east"},
+        {"files": files, "nodes": ["A"]},
+        {"files": files, "group": None, "nodes": ["A"]},  # null: allowed by the schema too
+    ):
+        LoadArguments.model_validate(one)

@@ -80,6 +80,18 @@ class ConfigFile(BaseModel):
 
 
 class LoadArguments(Arguments):
+    # "Not both" in the schema too (the OpenAPI description and its fuzz): a body whose
+    # group is a string and whose nodes are a list is invalid, as one_scope says.
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "not": {
+                "required": ["group", "nodes"],
+                "properties": {"group": {"type": "string"}, "nodes": {"type": "array"}},
+            }
+        },
+    )
+
     files: list[ConfigFile] = Field(
         min_length=1, max_length=256, description="The files (their contents) to load."
     )
