@@ -595,6 +595,14 @@ def test_participant_killed_mid_transaction(cluster: Procs) -> None:
         s7 = begin(c)
         assert get(c, s7, c_) is not None
         ok(c, op="tx.rollback", s=s7)
+    # skip_down leaves out the nodes C sees Down: wait until C's detector has seen B go
+    # (each node's own; on a slow machine C may still count B as up here, ask it, and the
+    # session then rolls back when B is seen Down: a clean-clone failure).
+    wait_until(
+        lambda: not {n["name"]: n["up"] for n in nodes_seen_by(cluster, "C")}["B"],
+        15,
+        "C sees B down",
+    )
     with client(cluster, "C") as c3:
         s3 = begin(c3)
         held = get(c3, s3, c_, lock="write")
