@@ -144,8 +144,15 @@ def test_console_login_status_command_failure_and_refusal(browser: object, tmp_p
             with nonstop.connect(procs.address("A")) as db:
                 i = 0
                 while not stop.is_set():
-                    with db.transaction() as tx:
-                        tx.create(Account, number=f"console-{i}", owner="c", balance=i)
+                    try:
+                        with db.transaction() as tx:
+                            tx.create(Account, number=f"console-{i}", owner="c", balance=i)
+                    except nonstop.errors.Retryable:
+                        # A replicating cluster just started may still be settling which
+                        # node acts for a partition (NotActive): try again, as a user would
+                        # (an uncaught error ended this thread and the charts stayed empty).
+                        time.sleep(0.1)
+                        continue
                     i += 1
                     time.sleep(0.02)
 
