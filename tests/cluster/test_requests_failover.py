@@ -23,15 +23,8 @@ import pytest
 from nonstop.client import Client
 from nonstop.ha.partition_table import partition_location
 from nonstop.model.codec import pack, unpack
-from tests.cluster.conftest import REAL_CLUSTER, Procs, app_cluster, wait_until
-from tests.cluster.test_replication import (
-    OPTIONS,
-    START,
-    connect,
-    create_accounts,
-    served,
-    table,
-)
+from tests.cluster.conftest import REAL_CLUSTER, Procs, wait_until
+from tests.cluster.replicated_bank import START, replicated_bank, served, table
 
 pytestmark = [
     pytest.mark.skipif(not REAL_CLUSTER, reason="replication is the real cluster node's"),
@@ -83,13 +76,8 @@ def acting_for(p: Procs, ref: bytes, names: str) -> str:
 
 @pytest.mark.timeout(240)
 def test_a_retry_on_another_node_after_a_kill_gets_the_first_outcome(tmp_path: Path) -> None:
-    with app_cluster(tmp_path, 3, OPTIONS) as p:
-        wait_until(lambda: served(p, "ABC"), 60, "every partition served with a replica")
-        db = connect(p)
-        try:
-            create_accounts(db, ["X-1", "X-2"])
-        finally:
-            db.close()
+    with replicated_bank(tmp_path, ["X-1", "X-2"]) as bank:
+        p = bank.p
         with Client([p.address("A")], timeout=20, rounds=1) as c:
             s = int(ok(c, op="tx.begin")["s"])
             home = min(bytes(get(c, s, "X-1")[0]), bytes(get(c, s, "X-2")[0]))
