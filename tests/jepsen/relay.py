@@ -112,14 +112,19 @@ async def relay(
         sock.close()
         writer.close()
         return
+    directions = [
+        asyncio.ensure_future(pump(reader, out_writer, lambda: settings.delay(peer, True))),
+        asyncio.ensure_future(pump(out_reader, writer, lambda: settings.delay(peer, False))),
+    ]
     try:
-        await asyncio.gather(
-            pump(reader, out_writer, lambda: settings.delay(peer, upward=True)),
-            pump(out_reader, writer, lambda: settings.delay(peer, upward=False)),
-        )
-    except (OSError, asyncio.IncompleteReadError):
-        pass
+        # Both directions end (each at its EOF), or one fails (a reset): then both go.
+        await asyncio.wait(directions, return_when=asyncio.FIRST_EXCEPTION)
     finally:
+        for task in directions:
+            task.cancel()
+        for task in directions:
+            with contextlib.suppress(asyncio.CancelledError, OSError):
+                await task
         for w in (writer, out_writer):
             with contextlib.suppress(OSError):
                 w.close()
