@@ -1,0 +1,112 @@
+"""Queued calls run exactly once across a failover, on real node processes (A6 under
+``ha.data = "partitions"``; docs/design/ha.md "Queued calls and timers move with their
+partition").
+
+Three nodes on loopback, the default policy (16 partitions, one sync replica each).
+A client queues slow asynchronous calls on inboxes of the partitions one node acts
+for, and calls on the others; that node is SIGKILLed while most of its calls are
+still queued (some running).  After the promotion every call has run exactly once:
+each inbox holds each of its items once -- a call whose run reached the replica is
+not run again, a call still queued runs on the promoted node.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import nonstop
+from nonstop import errors
+from nonstop.ha.partition_table import partition_location
+from tests.cluster.conftest import REAL_CLUSTER, app_cluster, wait_until
+from tests.cluster.test_replication import OPTIONS, connect, served, table
+from tests.distmodel import Inbox
+
+pytestmark = [
+    pytest.mark.skipif(not REAL_CLUSTER, reason="replication is the real cluster node's"),
+]
+
+INBOXES = 24
+CALLS = 3
+SLOW = 0.3
+
+
+@nonstop.transactional
+def create_inboxes(tx: nonstop.Transaction, names: list[str]) -> None:
+    for name in names:
+        tx.get_or_create(Inbox, name=name)
+
+
+@nonstop.transactional
+def locations(tx: nonstop.Transaction, names: list[str]) -> dict[str, int]:
+    """Each inbox's location (its partition)."""
+    return {name: tx.ref(tx.get(Inbox, name=name)).location for name in names}
+
+
+def items(db: Any, names: list[str]) -> dict[str, list[str]]:
+    """Every inbox's items, once the cluster answers (retryable errors during a takeover)."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            with db.transaction() as tx:
+                return {n: list(tx.get(Inbox, name=n).items) for n in names}
+        except (errors.Retryable, errors.Unavailable, errors.ClusterError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+@pytest.mark.timeout(240)
+def test_queued_calls_run_exactly_once_across_a_kill_of_the_active_node(
+    tmp_path: Path,
+) -> None:
+    with app_cluster(tmp_path, 3, OPTIONS) as p:
+        wait_until(lambda: served(p, "ABC"), 60, "every partition served with a replica")
+        db = connect(p)
+        try:
+            names = [f"I-{i}" for i in range(INBOXES)]
+            create_inboxes(db, names)
+            where = locations(db, names)
+            active = {partition_location(n): part["active"] for n, part in table(p, "A").items()}
+            owner = {name: active[where[name]] for name in names}
+            victim = Counter(owner.values()).most_common(1)[0][0]
+            doomed = [n for n in names if owner[n] == victim]
+            rest = "".join(n for n in "ABC" if n != victim)
+            expected: dict[str, list[str]] = {}
+
+            # Quick calls on the others, then slow calls on every inbox of the victim in
+            # one transaction: a backlog that a kill meets.
+            @nonstop.transactional
+            def queue(tx: nonstop.Transaction, group: list[str], slow: bool) -> None:
+                for name in group:
+                    box = tx.get(Inbox, name=name)
+                    for k in range(CALLS):
+                        if slow:
+                            box.slow_post(f"{name}:{k}", SLOW)
+                        else:
+                            box.post(f"{name}:{k}")
+                    expected[name] = [f"{name}:{k}" for k in range(CALLS)]
+
+            queue(db, [n for n in names if n not in doomed], False)
+            queue(db, doomed, True)
+            ran = items(db, doomed)
+            assert sum(map(len, ran.values())) < len(doomed) * CALLS, "none left to move"
+            p.kill(victim)  # most of the victim's calls are still queued
+            wait_until(lambda: served(p, rest, replicas=False), 60, f"{rest} serving all")
+
+            def complete() -> dict[str, list[str]] | None:
+                got = items(db, names)
+                return got if all(len(got[n]) >= CALLS for n in names) else None
+
+            got = wait_until(complete, 60, "every queued call ran")
+            for name in names:
+                assert sorted(got[name]) == expected[name], f"{name}: not exactly once: {got[name]}"
+                # One at a time per target, in queue order (A6), across the failover too.
+                assert got[name] == expected[name], name
+            assert doomed, "the victim acted for inboxes"
+        finally:
+            db.close()

@@ -1,0 +1,259 @@
+"""Queued calls move with their partition (A6 under ``ha.data = "partitions"``).
+
+A call queued on an object of partition P rides P's replicated write set; a
+promoted store takes P's pending calls with P's copy; the node's call gate
+(``node/replicated_calls.py``) runs a call only where P is acted for and ready,
+commits the run (effects + the queue entry's deletion) through replication, and
+fences it by P's stream: a run begun under one stream never commits under another,
+a refused run is parked and comes back when the gate admits P again, and a run of
+unknown outcome never runs again under the token it ran under.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.bankmodel import Mailbox
+
+import nonstop
+from nonstop import errors
+from nonstop.ha.partition_table import partition_location
+from nonstop.node.replica_store import QUEUE_KEY, load_copy, partition_write_sets, replicated_commit
+from nonstop.node.replicated_calls import ReplicatedCallGate
+from nonstop.tx.async_transaction import AsyncTransaction
+from nonstop.tx.entries import Isolation
+
+P0 = partition_location("p0")
+P1 = partition_location("p1")
+
+
+def until(check: Callable[[], bool], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.01)
+    return check()
+
+
+@dataclass
+class Stream:
+    stream_id: int
+
+
+@dataclass
+class FakeMachine:
+    """What the gate reads of a ``ReplicatedClusterNode``: the partition table, acting,
+    ready, the streams."""
+
+    acting_for: set[str] = field(default_factory=set)
+    streams_ids: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def cluster(self) -> FakeMachine:
+        return self
+
+    @property
+    def partition_table(self) -> Any:
+        return type("T", (), {"partitions": {"p0": None, "p1": None}})()
+
+    @property
+    def replication(self) -> Any:
+        return type("R", (), {"streams": {n: Stream(i) for n, i in self.streams_ids.items()}})()
+
+    def acting(self, now: float, name: str) -> bool:
+        return name in self.acting_for
+
+    def ready(self, name: str) -> bool:
+        return name in self.acting_for and name in self.streams_ids
+
+
+class Loop:
+    """An event loop on a thread: the node's loop the gate hands runs to."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def call(self, fn: Callable[[], Any]) -> Any:
+        async def run() -> Any:
+            return fn()
+
+        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(10)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+
+@pytest.fixture
+def loop() -> Iterator[Loop]:
+    lp = Loop()
+    yield lp
+    lp.close()
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Iterator[nonstop.Database]:
+    with nonstop.open(tmp_path / "store", hold_async=True) as d:
+        yield d
+
+
+def mailbox(db: nonstop.Database, location: int, name: str) -> bytes:
+    with db.transaction() as tx:
+        return tx.ref(tx.create_in(Mailbox, location, 1, name=name)).raw
+
+
+def log_of(db: nonstop.Database, name: str) -> list[str]:
+    with db.transaction() as tx:
+        return list(tx.get(Mailbox, name=name).log)
+
+
+def queued(db: nonstop.Database) -> list[bytes]:
+    store = db.engine.store
+    with store.read() as rtxn:
+        return [bytes(k) for k in rtxn.cursor(db=store.asyncq).iternext(values=False)]
+
+
+class Replicas:
+    """The replication the gate commits through: records every run's records."""
+
+    def __init__(self) -> None:
+        self.records: list[list[Any]] = []
+        self.answer: Any = None  # None, an exception to raise, or an unknown reply
+
+    async def __call__(self, records: list[list[Any]]) -> dict[str, Any] | None:
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        if self.answer is None:
+            self.records.extend(records)
+        return self.answer  # type: ignore[no-any-return]
+
+
+def gate_for(db: nonstop.Database, machine: FakeMachine, replicas: Replicas, loop: Loop) -> Any:
+    gate = ReplicatedCallGate(
+        db.engine.dispatcher, lambda: machine, replicas, time.monotonic, loop.loop
+    )
+    loop.call(gate.refresh)
+    db.engine.dispatcher.attach_gate(gate)
+    return gate
+
+
+def test_a_queued_call_rides_its_partition_write_set_and_moves_with_the_copy(
+    db: nonstop.Database, tmp_path: Path
+) -> None:
+    ref = mailbox(db, P0, "m")
+    seen: list[list[Any]] = []
+
+    async def queue() -> None:
+        async def accepted(records: list[list[Any]]) -> None:
+            seen.extend(records)
+
+        tx = AsyncTransaction(db, Isolation.SERIALIZABLE, 5.0)
+        box = await tx.get(Mailbox, name="m")
+        box.deliver("x")
+        await replicated_commit(tx, accepted)
+
+    asyncio.run(queue())
+    (call,) = [r for r in seen if r[0] == "q"]
+    assert call[1][:20] == ref and call[2] is not None
+    sets = partition_write_sets(seen, {ref: "p0"}.get)
+    assert sets == {"p0": {QUEUE_KEY + call[1].hex(): call[2]}}
+    assert queued(db) == [call[1]]  # durable here too (held: nothing ran)
+    # The promoted store takes P0's copy: the call is queued there; a stale entry of P0
+    # the copy lacks (a call that ran on the dead node) is dropped, P1's is kept.
+    with nonstop.open(tmp_path / "replica", hold_async=True) as replica:
+        stale, other = ref + b"\x01" + (9).to_bytes(8, "big"), b"\x00" * 28 + b"\x01"
+        other = P1.to_bytes(8, "big") + other[8:]
+        with replica.transaction() as tx:
+            tx.write_raw([(True, replica.engine.store.asyncq, k, b"x") for k in (stale, other)])
+        asyncio.run(load_copy(replica, P0, sets["p0"]))
+        assert sorted(queued(replica)) == sorted([call[1], other])
+
+
+def test_the_gate_runs_a_partition_call_only_where_it_is_acted_for(
+    db: nonstop.Database, loop: Loop
+) -> None:
+    mailbox(db, P0, "m")
+    with db.transaction() as tx:
+        tx.get(Mailbox, name="m").deliver("a")
+    machine, replicas = FakeMachine(), Replicas()
+    gate = gate_for(db, machine, replicas, loop)
+    assert until(db.engine.dispatcher.parked)  # P0 is not acted for here: parked
+    assert log_of(db, "m") == [] and len(queued(db)) == 1
+    machine.acting_for.add("p0")
+    machine.streams_ids["p0"] = 1
+    assert loop.call(gate.refresh)  # this node became active for P0
+    assert db.engine.dispatcher.resume() == 1
+    assert until(lambda: log_of(db, "m") == ["a"])
+    assert until(lambda: queued(db) == [])
+    # The run was replicated: its effects and its queue entry's deletion, one record set.
+    kinds = sorted(r[0] for r in replicas.records)
+    assert kinds == ["q", "u"] and next(r for r in replicas.records if r[0] == "q")[2] is None
+    assert db.wait_for_async(5)
+    assert log_of(db, "m") == ["a"]  # exactly once
+
+
+def test_a_refused_run_is_parked_and_an_unknown_one_never_reruns_under_its_token(
+    db: nonstop.Database, loop: Loop
+) -> None:
+    mailbox(db, P0, "m")
+    machine, replicas = FakeMachine({"p0"}, {"p0": 1}), Replicas()
+    gate = gate_for(db, machine, replicas, loop)
+    replicas.answer = errors.NotActive("a handover")  # nothing made
+    with db.transaction() as tx:
+        tx.get(Mailbox, name="m").deliver("a")
+    assert until(db.engine.dispatcher.parked)
+    assert log_of(db, "m") == [] and len(queued(db)) == 1
+    # The outcome of the next run is not known here: parked under ("p0", 1).
+    replicas.answer = {"error": "Unavailable", "message": "outcome unknown"}
+    assert db.engine.dispatcher.resume() == 1
+    assert until(lambda: db.engine.dispatcher.parked() and db.engine.dispatcher.pending() == 0)
+    replicas.answer = None
+    assert db.engine.dispatcher.resume() == 0  # same token: it may have run elsewhere
+    assert log_of(db, "m") == []
+    # A later stream of P0 (this node promoted again, its store reloaded from the copy).
+    machine.streams_ids["p0"] = 2
+    assert loop.call(gate.refresh)
+    assert db.engine.dispatcher.resume() == 1
+    assert until(lambda: log_of(db, "m") == ["a"] and queued(db) == [])
+
+
+def test_a_run_begun_under_one_stream_does_not_commit_under_another(
+    db: nonstop.Database, loop: Loop
+) -> None:
+    """The fence is checked on the loop at commit: the node lost P0 while the call ran."""
+    mailbox(db, P0, "m")
+    machine, replicas = FakeMachine({"p0"}, {"p0": 1}), Replicas()
+    gate = gate_for(db, machine, replicas, loop)
+    assert gate.admit(mailbox(db, P0, "n")) == ("p0", 1)
+    machine.streams_ids["p0"] = 2  # not refreshed yet: the gate still admits ("p0", 1)
+    with db.transaction() as tx:
+        tx.get(Mailbox, name="m").deliver("a")
+    assert until(db.engine.dispatcher.parked)
+    assert replicas.records == [] and log_of(db, "m") == [] and len(queued(db)) == 1
+    assert loop.call(gate.refresh)
+    assert db.engine.dispatcher.resume() == 1
+    assert until(lambda: log_of(db, "m") == ["a"] and queued(db) == [])
+
+
+def test_a_node_local_target_runs_here_and_a_held_store_runs_nothing(
+    db: nonstop.Database, loop: Loop
+) -> None:
+    local = 0x5555_0000_0000_0005  # the location of no partition: a node's own objects
+    mailbox(db, local, "m")
+    with db.transaction() as tx:
+        tx.get(Mailbox, name="m").deliver("a")
+    time.sleep(0.05)
+    assert log_of(db, "m") == []  # held until the gate is attached
+    gate_for(db, FakeMachine(), Replicas(), loop)
+    assert until(lambda: log_of(db, "m") == ["a"])
