@@ -1,13 +1,14 @@
-"""Queued calls run exactly once across a failover, on real node processes (A6 under
-``ha.data = "partitions"``; docs/design/ha.md "Queued calls and timers move with their
-partition").
+"""Queued calls and timers run exactly once across a failover, on real node processes
+(A6 and D20 under ``ha.data = "partitions"``; docs/design/ha.md §10a).
 
 Three nodes on loopback, the default policy (16 partitions, one sync replica each).
 A client queues slow asynchronous calls on inboxes of the partitions one node acts
 for, and calls on the others; that node is SIGKILLed while most of its calls are
-still queued (some running).  After the promotion every call has run exactly once:
-each inbox holds each of its items once -- a call whose run reached the replica is
-not run again, a call still queued runs on the promoted node.
+still queued (some running); every inbox also has a timer, set by the client, due
+about when the kill happens.  After the promotion every call has run exactly once
+and every timer fired once: each inbox holds each of its items once, the calls in
+queue order -- a call whose run reached the replica is not run again, a call still
+queued runs on the promoted node, a timer due during the failover fires after it.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ pytestmark = [
 INBOXES = 24
 CALLS = 3
 SLOW = 0.3
+TIMER = 1.0
 
 
 @nonstop.transactional
@@ -84,6 +86,7 @@ def test_queued_calls_run_exactly_once_across_a_kill_of_the_active_node(
             def queue(tx: nonstop.Transaction, group: list[str], slow: bool) -> None:
                 for name in group:
                     box = tx.get(Inbox, name=name)
+                    box.post.after(TIMER, f"{name}:timer")
                     for k in range(CALLS):
                         if slow:
                             box.slow_post(f"{name}:{k}", SLOW)
@@ -100,13 +103,18 @@ def test_queued_calls_run_exactly_once_across_a_kill_of_the_active_node(
 
             def complete() -> dict[str, list[str]] | None:
                 got = items(db, names)
-                return got if all(len(got[n]) >= CALLS for n in names) else None
+                return got if all(len(got[n]) >= CALLS + 1 for n in names) else None
 
-            got = wait_until(complete, 60, "every queued call ran")
+            wait_until(complete, 60, "every queued call ran and every timer fired")
+            time.sleep(1.0)  # room for a late duplicate to show (a sleep cannot fail this)
+            got = items(db, names)
             for name in names:
-                assert sorted(got[name]) == expected[name], f"{name}: not exactly once: {got[name]}"
+                calls = [item for item in got[name] if not item.endswith(":timer")]
+                fired = [item for item in got[name] if item.endswith(":timer")]
+                assert sorted(calls) == expected[name], f"{name}: not exactly once: {got[name]}"
                 # One at a time per target, in queue order (A6), across the failover too.
-                assert got[name] == expected[name], name
+                assert calls == expected[name], name
+                assert fired == [f"{name}:timer"], f"{name}: the timer fired {len(fired)} times"
             assert doomed, "the victim acted for inboxes"
         finally:
             db.close()
