@@ -33,7 +33,7 @@ from tests.gate_harness import (
 )
 
 import nonstop
-from nonstop import errors
+from nonstop import Managed, asynchronous, errors, key
 from nonstop.node.replica_store import QUEUE_KEY, load_copy, partition_write_sets, replicated_commit
 from nonstop.tx.async_transaction import AsyncTransaction
 from nonstop.tx.entries import Isolation
@@ -161,3 +161,34 @@ def test_a_node_local_target_runs_here_and_a_held_store_runs_nothing(
     assert log_of(db, "m") == []  # held until the gate is attached
     gate_for(db, FakeMachine(), Replicas(), loop)
     assert until(lambda: log_of(db, "m") == ["a"])
+
+
+class Relay(Managed, name="test_partitioned_calls.Relay"):
+    name: str = key(unique=True)
+    hits: int = 0
+    peer: Relay | None = None
+
+    @asynchronous
+    def relay(self) -> None:
+        assert self.peer is not None
+        self.peer.hits += 1  # an object of another partition
+
+
+def test_a_run_that_touches_another_partition_is_dead_lettered(
+    db: nonstop.Database, loop: Loop
+) -> None:
+    """One partition per run, whatever the placement: here this node acts for both."""
+    with db.transaction() as tx:
+        a = tx.create_in(Relay, P0, 1, name="a")
+        a.peer = tx.create_in(Relay, P1, 1, name="b")
+        a.relay()
+    machine, replicas = FakeMachine({"p0", "p1"}, {"p0": 1, "p1": 1}), Replicas()
+    gate_for(db, machine, replicas, loop)
+    assert until(lambda: len(db.dead_letters()) == 1)
+    (dead,) = db.dead_letters()
+    assert dead["method"] == "relay" and "partition p1" in dead["error"]
+    with db.transaction() as tx:
+        assert tx.get(Relay, name="b").hits == 0
+    assert queued(db) == []
+    # Its removal from the queue was replicated (the dead letter itself stays here).
+    assert [r[0] for r in replicas.records] == ["q"]

@@ -21,6 +21,12 @@ transaction that queued it commits.  This module is the node's
   (nothing made) parks the target; an unknown outcome (the record may be on the
   promoted copy) parks it under its token: it runs again only from a later copy,
   which says whether it ran.
+* **One partition per run.**  A run reads and writes objects of its target's
+  partition (and node-local ones) only, and queues calls on them only: the node
+  acting for P may hold a stale copy of another partition, and its replication
+  refuses another partition's records.  A run that touched another partition
+  is rolled back and dead-lettered with an error naming it (deterministic,
+  whatever the placement of the two partitions).
 * **Who picks calls up.**  A loop task refreshes the admitted partitions every
   :data:`REFRESH` seconds; when they change (a promotion, a handover, a load
   finished) or a parked target may be admitted again, the dispatcher rescans the
@@ -42,9 +48,9 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
-from nonstop.errors import NotActive, Unavailable
+from nonstop.errors import Error, NotActive, Unavailable
 from nonstop.ha.partition_table import partition_location
-from nonstop.model.ref import Ref
+from nonstop.model.ref import REF_SIZE, Ref
 from nonstop.tx.asyncmethods import AsyncDispatcher, Parked, queue_records
 from nonstop.tx.entries import TxState
 from nonstop.tx.replica import write_set_records
@@ -89,6 +95,7 @@ class ReplicatedCallGate:
         # Written by the loop, read by dispatcher threads (one reference swap each).
         self._admitted: dict[int, Token] = {}
         self._partitioned: frozenset[int] = frozenset()
+        self._names: dict[int, str] = {}
         self._task: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------- the gate
@@ -105,6 +112,14 @@ class ReplicatedCallGate:
         if ws is None:
             tx._finish(TxState.COMMITTED)
             return
+        stray = self._other_partition(tx, token)
+        if stray is not None:
+            tx._finish(TxState.ROLLED_BACK)
+            raise Error(
+                f"an asynchronous call's run touched an object of partition {stray}, not its "
+                "target's: with partitions a run reads and writes its target's partition only "
+                "(queue a call on the other object from a client transaction instead)"
+            )
         records = write_set_records(tx) + result_records(tx) + queue_records(tx)
         future = asyncio.run_coroutine_threadsafe(self._replicated(records, token), self._loop)
         deadline = time.monotonic() + COMMIT_TIMEOUT
@@ -137,6 +152,21 @@ class ReplicatedCallGate:
             raise
         tx._finish(TxState.COMMITTED)
 
+    def _other_partition(self, tx: Transaction, token: object) -> str | None:
+        """The partition of an object ``tx`` touched, other than its target's (module doc:
+        one partition per run), or None."""
+        names = self._names
+        own = token[0] if isinstance(token, tuple) else ""
+        for entry in tx.entries():
+            name = names.get(Ref(entry.ref).location)
+            if name is not None and name != own:
+                return name
+        for key, _ in tx.queued_calls():
+            name = names.get(Ref(key[:REF_SIZE]).location)
+            if name is not None and name != own:
+                return name
+        return None
+
     async def _replicated(self, records: list[list[Any]], token: object) -> dict[str, Any] | None:
         if token != LOCAL:
             name = token[0] if isinstance(token, tuple) else ""
@@ -167,7 +197,8 @@ class ReplicatedCallGate:
         cluster = getattr(machine, "cluster", machine)
         table = getattr(cluster, "partition_table", None)
         names = list(table.partitions) if table is not None else []
-        self._partitioned = frozenset(partition_location(n) for n in names)
+        self._names = {partition_location(n): n for n in names}
+        self._partitioned = frozenset(self._names)
         admitted: dict[int, Token] = {}
         for name in names:
             token = self._token_of(name)
