@@ -92,7 +92,7 @@ def test_the_gate_runs_a_partition_call_only_where_it_is_acted_for(
         tx.get(Mailbox, name="m").deliver("a")
     machine, replicas = FakeMachine(), Replicas()
     gate = gate_for(db, machine, replicas, loop)
-    assert until(db.engine.dispatcher.parked)  # P0 is not acted for here: parked
+    assert until(lambda: bool(db.engine.dispatcher.parked()))  # P0 is not acted for here: parked
     assert log_of(db, "m") == [] and len(queued(db)) == 1
     machine.acting_for.add("p0")
     machine.streams_ids["p0"] = 1
@@ -116,12 +116,13 @@ def test_a_refused_run_is_parked_and_an_unknown_one_never_reruns_under_its_token
     replicas.answer = errors.NotActive("a handover")  # nothing made
     with db.transaction() as tx:
         tx.get(Mailbox, name="m").deliver("a")
-    assert until(db.engine.dispatcher.parked)
+    assert until(lambda: bool(db.engine.dispatcher.parked()))
     assert log_of(db, "m") == [] and len(queued(db)) == 1
     # The outcome of the next run is not known here: parked under ("p0", 1).
     replicas.answer = {"error": "Unavailable", "message": "outcome unknown"}
     assert db.engine.dispatcher.resume() == 1
-    assert until(lambda: db.engine.dispatcher.parked() and db.engine.dispatcher.pending() == 0)
+    dispatcher = db.engine.dispatcher
+    assert until(lambda: bool(dispatcher.parked()) and dispatcher.pending() == 0)
     replicas.answer = None
     assert db.engine.dispatcher.resume() == 0  # same token: it may have run elsewhere
     assert log_of(db, "m") == []
@@ -143,7 +144,7 @@ def test_a_run_begun_under_one_stream_does_not_commit_under_another(
     machine.streams_ids["p0"] = 2  # not refreshed yet: the gate still admits ("p0", 1)
     with db.transaction() as tx:
         tx.get(Mailbox, name="m").deliver("a")
-    assert until(db.engine.dispatcher.parked)
+    assert until(lambda: bool(db.engine.dispatcher.parked()))
     assert replicas.records == [] and log_of(db, "m") == [] and len(queued(db)) == 1
     assert loop.call(gate.refresh)
     assert db.engine.dispatcher.resume() == 1

@@ -62,8 +62,8 @@ log = logging.getLogger("nonstop.node.calls")
 REFRESH = 0.2
 """Seconds between two looks at which partitions this node runs calls for."""
 RESCAN_PARKED = 1.0
-"""Seconds between two rescans while some target is parked and the partitions did not
-change (a refusal during a handover, a replica being dropped)."""
+"""Seconds between two rescans while a parked target would be admitted and the partitions
+did not change (a refusal during a handover, a replica being dropped)."""
 COMMIT_TIMEOUT = 60.0
 """Seconds a run waits for its replication before its outcome counts as unknown."""
 
@@ -209,6 +209,14 @@ class ReplicatedCallGate:
         self._admitted = admitted
         return True
 
+    def _admits_parked(self) -> bool:
+        """Would some parked target be admitted now (under a token it may run under)?"""
+        for target, fenced in self._dispatcher.parked().items():
+            token = self.admit(target)
+            if token is not None and (fenced is None or fenced != token):
+                return True
+        return False
+
     def start(self) -> None:
         """Attach to the dispatcher and start the refresh task (on the node's loop)."""
         self.refresh()
@@ -221,8 +229,9 @@ class ReplicatedCallGate:
             await asyncio.sleep(REFRESH)
             try:
                 changed = self.refresh()
-                parked = self._dispatcher.parked()
-                if changed or (parked and time.monotonic() - last_rescan >= RESCAN_PARKED):
+                if changed or (
+                    time.monotonic() - last_rescan >= RESCAN_PARKED and self._admits_parked()
+                ):
                     last_rescan = time.monotonic()
                     count = await asyncio.to_thread(self._dispatcher.resume)
                     if count:

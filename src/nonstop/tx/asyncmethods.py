@@ -274,27 +274,25 @@ class AsyncDispatcher:
         with self._db.engine.store.read() as rtxn:
             items = self._scan(rtxn)
         gate = self._gate
-        back: list[tuple[bytes, float | None]] = []
-        admitted: dict[bytes, bool] = {}
+        tokens = {} if gate is None else {k[:REF_SIZE]: gate.admit(k[:REF_SIZE]) for k, _ in items}
+        # Decided under the lock, against the parked marks as they are now: a run that
+        # just parked its target under its token is never queued again under that token.
         with self._cond:
-            parked = dict(self._parked)
-        for key, due in items:
-            target = key[:REF_SIZE]
-            ok = admitted.get(target)
-            if ok is None:
-                token = None if gate is None else gate.admit(target)
-                ok = gate is None or (
-                    token is not None
-                    and (target not in parked or parked[target] is None or parked[target] != token)
-                )
-                admitted[target] = ok
-            if ok:
+            back: list[tuple[bytes, float | None]] = []
+            for key, due in items:
+                target = key[:REF_SIZE]
+                if gate is not None:
+                    token = tokens[target]
+                    if token is None:
+                        continue
+                    if target in self._parked:
+                        fenced = self._parked[target]
+                        if fenced is not None and fenced == token:
+                            continue
                 back.append((key, due))
-        with self._cond:
-            for target, ok in admitted.items():
-                if ok:
-                    self._parked.pop(target, None)
-        return self._add(back)
+            for key, _ in back:
+                self._parked.pop(key[:REF_SIZE], None)
+            return self._add(back)
 
     def _add(self, items: list[tuple[bytes, float | None]]) -> int:
         if not items:
@@ -331,10 +329,11 @@ class AsyncDispatcher:
             self._enqueue(heapq.heappop(timers)[1])
         return timers[0][0] - now if timers else None
 
-    def parked(self) -> bool:
-        """Whether some target's calls wait for the gate (:meth:`resume`)."""
+    def parked(self) -> dict[bytes, object | None]:
+        """The targets whose calls wait for the gate (:meth:`resume`), each with the token
+        it must not run under again (None: any)."""
         with self._cond:
-            return bool(self._parked)
+            return dict(self._parked)
 
     @property
     def stopping(self) -> bool:
