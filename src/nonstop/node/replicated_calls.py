@@ -225,10 +225,10 @@ class ReplicatedCallGate:
 
     async def _refreshing(self) -> None:
         last_rescan = time.monotonic()
+        changed = True  # a first rescan: what the store holds of the partitions admitted now
         while True:
-            await asyncio.sleep(REFRESH)
             try:
-                changed = self.refresh()
+                changed = self.refresh() or changed
                 if changed or (
                     time.monotonic() - last_rescan >= RESCAN_PARKED and self._admits_parked()
                 ):
@@ -236,8 +236,10 @@ class ReplicatedCallGate:
                     count = await asyncio.to_thread(self._dispatcher.resume)
                     if count:
                         log.info("%d queued calls and timers to run here", count)
+                changed = False
             except Exception:
                 log.exception("queued calls: refresh failed (tried again)")
+            await asyncio.sleep(REFRESH)
 
     def stop(self) -> None:
         if self._task is not None:
