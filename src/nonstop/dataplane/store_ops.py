@@ -47,7 +47,7 @@ from nonstop.model.managed import Managed, registered_types, type_info
 from nonstop.model.ref import Ref
 from nonstop.model.wire import obj_out, write_in
 from nonstop.tx.async_transaction import AsyncTransaction
-from nonstop.tx.asyncmethods import AsyncMethod
+from nonstop.tx.asyncmethods import AsyncMethod, check_delay
 from nonstop.tx.entries import NONE
 from nonstop.tx.query import release_if_unheld
 from nonstop.tx.requests import (
@@ -331,7 +331,15 @@ async def _run_call(tx: AsyncTransaction, p: dict[str, Any]) -> dict[str, Any]:
     a = unpacked(p.get("a"), "a") if p.get("a") is not None else [[], {}]
     if not (isinstance(a, list) and len(a) == 2 and isinstance(a[1], dict)):
         raise errors.BadArgument("a must be a packed [args, kwargs]")
-    result = getattr(target, method)(*a[0], **a[1])
+    after = p.get("after")
+    if after is not None:  # a timer (D20): only an @asynchronous method takes a delay
+        if not isinstance(fn, AsyncMethod):
+            raise errors.BadArgument(
+                f"{type_info(cls).name}.{method} is not asynchronous: it takes no delay"
+            )
+        result = getattr(target, method).after(check_delay(after), *a[0], **a[1])
+    else:
+        result = getattr(target, method)(*a[0], **a[1])
     if asyncio.iscoroutine(result):
         result = await result
     if isinstance(result, Managed):
