@@ -197,6 +197,9 @@ def cluster_options(
     options = dict(options or {})
     if ha_data == "partitions" and "ha" not in options:
         options["ha"] = {"data": "partitions", "policies": {"default": {"replicas": 0}}}
+    elif "ha" not in options:
+        # A node config routes by partition by default: say "nodes" explicitly.
+        options["ha"] = {"data": ha_data}
     ha = options.get("ha")
     ha = ha if isinstance(ha, dict) else {}
     default_policy = ha.get("policies", {}).get("default", {})

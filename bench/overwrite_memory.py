@@ -65,7 +65,10 @@ def run(n: int, tmp: Path) -> dict[str, Any]:
     from nonstop.client.bulk import BulkClient, cluster_nodes
     from nonstop.spark.source import homes_of
 
-    with OwnedCluster(tmp / f"c{n}", 3, apps=["nonstop.demos.bank"]) as oc:
+    # Routing by node: the per-node swap (bulk/swap_apply.py) is what this measures.
+    with OwnedCluster(
+        tmp / f"c{n}", 3, apps=["nonstop.demos.bank"], options={"ha": {"data": "nodes"}}
+    ) as oc:
         oc.start_all(timeout=90)
         os.environ["NONSTOP_CREDENTIALS"] = str(oc.lc.credentials_path)
         nodes = cluster_nodes(",".join(oc.addresses))

@@ -81,7 +81,10 @@ def main(argv: list[str] | None = None) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="nonstop-spark-bench-"))
     n = args.rows
     print(f"starting a 3-node cluster and PostgreSQL in {tmp}", file=sys.stderr)
-    with OwnedCluster(tmp / "cluster", 3, apps=["nonstop.demos.bank"]) as oc:
+    # Routing by node: overwrite is not available under routing by partition yet.
+    with OwnedCluster(
+        tmp / "cluster", 3, apps=["nonstop.demos.bank"], options={"ha": {"data": "nodes"}}
+    ) as oc:
         oc.start_all(timeout=90)
         # The nodes require a user (docs/security.md): the data source, in this
         # process and in Spark's Python workers, finds the folder's admin credential

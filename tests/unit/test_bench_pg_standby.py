@@ -136,7 +136,7 @@ def test_the_report_quotes_the_options_or_says_defaults() -> None:
 
 
 def test_cluster_options_follow_the_callers_ha_table() -> None:
-    assert cluster_options("nodes", None) == ({}, "nodes", 16)
+    assert cluster_options("nodes", None) == ({"ha": {"data": "nodes"}}, "nodes", 16)
     opts, data, parts = cluster_options("partitions", None)
     assert data == "partitions" and parts == 16
     assert opts["ha"]["policies"]["default"]["replicas"] == 0

@@ -31,8 +31,10 @@ class RouteTwoKeys(nonstop.Managed):
 ZERO = {"policies": {"default": {"replicas": 0}}}
 
 
-def test_the_switch_defaults_to_node_routing() -> None:
-    assert from_mapping({"members": ["A"]}).ha.data == "nodes"
+def test_the_switch_defaults_to_routing_by_partition_with_replicas() -> None:
+    # HA by default (issue 10): any node config, not only `nonstop local up`'s.
+    ha = from_mapping({"members": ["A"]}).ha
+    assert ha.data == "partitions" and ha.replicating
 
 
 OFF = {"data": "partitions", "replicate_data": False}

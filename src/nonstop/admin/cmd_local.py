@@ -56,17 +56,6 @@ def parse_options(options: tuple[str, ...], apps: tuple[str, ...]) -> dict[str, 
     return checked
 
 
-def with_partitions(options: dict[str, Any]) -> dict[str, Any]:
-    """A new local cluster routes by partition unless told otherwise (issue 10: HA by
-    default): ``ha.data = "partitions"`` with the default policy, 16 partitions with one
-    sync replica each (replication.md §10d).  ``--option 'ha={"data": "nodes"}'`` keeps
-    the older layout, where an object lives on the node that created it."""
-    ha = options.get("ha")
-    if isinstance(ha, dict) and "data" in ha:
-        return options
-    return {**options, "ha": {**(ha if isinstance(ha, dict) else {}), "data": "partitions"}}
-
-
 def absolute_tls_files(tls: dict[str, Any]) -> dict[str, Any]:
     """The ``tls`` option with its files made absolute (the nodes run in other folders)
     and checked now: a missing file or a bad key is refused with the reason at once."""
@@ -145,7 +134,7 @@ def local_up(
     parsed = parse_options(options, apps)
     if layout is None:
         try:
-            layout = lc.create(count or 3, base_port, with_partitions(parsed))
+            layout = lc.create(count or 3, base_port, parsed)
         except (LocalError, ConfigError) as exc:
             fail(str(exc), USAGE)
     else:

@@ -8,7 +8,7 @@ definition, the last copy, ...), exit code 2.
 
 Object counts per partition come from the node acting for it
 (``partition.objects``); ``n/a`` while the data path routes by node
-(``ha.data = "nodes"``, the default) or no node acts for it.
+(``ha.data = "nodes"``) or no node acts for it.
 """
 
 from __future__ import annotations

@@ -413,11 +413,11 @@ def main(argv: list[str] | None = None) -> int:
         "issue 10: transfers touching the killed node fail while it is down)",
     )
     args = parser.parse_args(argv)
-    # Sync replication of partitions (replication.md §10d): by default the nodes route
-    # by partition (16 partitions) and replicate each to one sync replica, so the
+    # Sync replication of partitions (replication.md §10d): the nodes' default is to
+    # route by partition (16 partitions) and replicate each to one sync replica, so the
     # transfers go on through the kill once a replica has taken over.
     replicated = not args.unreplicated
-    options = {"ha": {"data": "partitions"}} if replicated else None
+    options = None if replicated else {"ha": {"data": "nodes"}}
     folder = Path(args.dir).resolve()
     leftovers = kill_leftovers(folder)  # nodes of an earlier demo that was itself killed
     if leftovers:

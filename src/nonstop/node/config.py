@@ -287,12 +287,13 @@ class HaSection(Section):
         default=0.5, gt=0, description="seconds before an unanswered table proposal is resent"
     )
     data: Literal["nodes", "partitions"] = Field(
-        default="nodes",
-        description="how the data path routes: `nodes` (a reference names the node that "
-        "created it, unique lookups ask every node) or `partitions` (a reference names its "
-        'partition, served by the partition\'s active node; ha.md "Routing by partition"); '
-        "with `partitions` and a policy with replicas, each partition's writes reach its "
-        "sync replicas before they are acknowledged (`replicate_data`)",
+        default="partitions",
+        description="how the data path routes: `partitions` (a reference names its "
+        'partition, served by the partition\'s active node; ha.md "Routing by partition"; '
+        "with a policy with replicas, each partition's writes reach its sync replicas "
+        "before they are acknowledged, `replicate_data`) or `nodes` (the older layout: a "
+        "reference names the node that created it, no copy). A data directory keeps the "
+        "routing it was made with",
     )
     replicate_data: bool = Field(
         default=True,

@@ -69,6 +69,37 @@ class DataDir:
         return self.path / "node.json"
 
     # ------------------------------------------------------------ identity
+    def _check_routing(self, store: ClusterStore, meta: dict[str, object], cfg: NodeConfig) -> None:
+        """A data directory keeps the data routing it was made with (``ha.data``).
+
+        References made under routing by node name a node, under routing by partition a
+        partition: read with the other routing, objects would be looked for in the wrong
+        place.  A directory made before the routing was recorded was made with the old
+        default, routing by node, unless its config said ``data`` explicitly (``nonstop
+        local up`` wrote ``"partitions"``): that routing is recorded now.
+        """
+        explicit = "data" in cfg.ha.model_fields_set
+        made = meta.get("routing")
+        if made is None:
+            if not explicit and cfg.ha.data != "nodes":
+                raise ConfigError(
+                    f"data directory {self.path} was made when a node routed by node by "
+                    f'default; its objects are routed by node: add [ha] data = "nodes" to '
+                    "this node's config to keep them, or start a new data directory "
+                    "(`nonstop pipeline export` and `import` move the objects)"
+                )
+            store.write_meta({"routing": cfg.ha.data})
+            return
+        if made != cfg.ha.data:
+            how = {"nodes": "by node", "partitions": "by partition"}
+            raise ConfigError(
+                f"data directory {self.path} holds objects routed {how.get(str(made), made)} "
+                f'(ha.data = "{made}"), but this config routes {how[cfg.ha.data]} '
+                f'(ha.data = "{cfg.ha.data}"{"" if explicit else ", the default"}): set '
+                f'[ha] data = "{made}" to keep them, or start a new data directory '
+                "(`nonstop pipeline export` and `import` move the objects)"
+            )
+
     def open_identity(self, cfg: NodeConfig) -> tuple[ClusterStore, Identity]:
         """Open ``DATA/cluster``; create the identity or check it against ``cfg``."""
         self.path.mkdir(parents=True, exist_ok=True)
@@ -89,6 +120,7 @@ class DataDir:
                         "location": ident.location,
                         "timestamp": ident.timestamp,
                         "format": 1,
+                        "routing": cfg.ha.data,
                     }
                 )
                 return store, ident
@@ -101,6 +133,7 @@ class DataDir:
                 raise ConfigError(
                     f"data directory {self.path} belongs to node {meta['name']!r}, not {cfg.name!r}"
                 )
+            self._check_routing(store, meta, cfg)
             return store, Identity(
                 cluster=meta["cluster"],
                 name=meta["name"],

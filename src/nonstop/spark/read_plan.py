@@ -1,10 +1,10 @@
 """Where a Spark read goes: the input splits of the ``nonstop`` data source.
 
-Under node routing (``[ha] data = "nodes"``, the default) every object lives
+Under node routing (``[ha] data = "nodes"``) every object lives
 on the node whose store created it, so a read asks every node for ``bulk.plan``
 and makes one split per (node, reference range).
 
-Under partition routing (``[ha] data = "partitions"``, ha.md section 9a) an
+Under partition routing (``[ha] data = "partitions"``, the default; ha.md section 9a) an
 object lives in a partition, and a partition's objects are one reference range
 (its 8-byte location is the references' prefix), held by the partition's
 *active* node.  A read then makes ONE split per partition of the current
