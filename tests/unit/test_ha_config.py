@@ -37,6 +37,9 @@ def test_static_policy_binding_and_settings() -> None:
     settings = {
         "members": ["A", "B", "C"],
         "ha": {
+            # The table (not the data) may name async replicas: routing by node, since
+            # routing by partition refuses them until they are fed (D11).
+            "data": "nodes",
             "lease": 1.2,
             "drift": 0.1,
             "policies": {
