@@ -71,6 +71,20 @@ def test_the_next_query_sees_every_object_the_acknowledged_commit_created(
                 assert tx.query(Account).where(owner=owner).count() == PER_ROUND
 
 
+# The reads below run as a user's would: ``@transactional`` replays a retryable error
+# (a partition's active node may stop acting for a moment on a loaded machine: NotActive).
+@nonstop.transactional(isolation="snapshot")
+def snapshot_balances(tx: nonstop.Transaction, *numbers: str) -> list[int]:
+    return [tx.get(Account, number=n).balance for n in numbers]
+
+
+@nonstop.transactional(isolation="snapshot")
+def snapshot_sums(tx: nonstop.Transaction, owner: str, numbers: list[str]) -> tuple[int, int]:
+    by_query = sum(a.balance for a in tx.query(Account).where(owner=owner))
+    by_key = sum(tx.get(Account, number=n).balance for n in numbers)
+    return by_query, by_key
+
+
 def test_the_readme_transfer_then_a_snapshot_sum_is_never_torn(
     procs: Procs, nodes: dict[str, str]
 ) -> None:
@@ -84,9 +98,7 @@ def test_the_readme_transfer_then_a_snapshot_sum_is_never_torn(
         for i in range(TRANSFERS):
             src, dst = (rw_a, rw_b) if i % 2 else (rw_b, rw_a)
             transfer(c, src, dst, 7)
-            with c.transaction(isolation="snapshot") as tx:
-                a = tx.get(Account, number=rw_a).balance
-                b = tx.get(Account, number=rw_b).balance
+            a, b = snapshot_balances(c, rw_a, rw_b)
             if a + b != 2_000:
                 torn.append((i, a, b))
         assert torn == [], f"{len(torn)} of {TRANSFERS} snapshot sums torn: {torn[:5]}"
@@ -138,10 +150,7 @@ def test_snapshot_sums_while_transfers_commit_on_many_threads(
         with nonstop.connect(nodes["C"]) as c:
             while len(sums) < most_sums and time.monotonic() < deadline and not errors:
                 began = time.monotonic()
-                with c.transaction(isolation="snapshot") as tx:
-                    by_query = sum(a.balance for a in tx.query(Account).where(owner=owner))
-                    by_key = sum(tx.get(Account, number=n).balance for n in numbers)
-                sums.append((by_query, by_key))
+                sums.append(snapshot_sums(c, owner, numbers))
                 took.append(time.monotonic() - began)
     finally:
         stop.set()
