@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import nonstop
+from nonstop.node.config import from_mapping
 from nonstop.node.datadir import DataDir, pid_alive
 from tests.cluster.conftest import MACHINE, REAL_CLUSTER, kill_dir_nodes, run_cli, wait_until
 from tests.distmodel import Account
@@ -33,9 +34,10 @@ def test_local_up_status_partial_restart_down(folder: Path) -> None:
     assert code == 0, err
     assert "started: A, B, C" in out
     assert "Active" in out
-    # A new local cluster routes by partition, one sync replica each (issue 10).
-    node_config = tomllib.loads((folder / "A.toml").read_text())
-    assert node_config["ha"]["data"] == "partitions"
+    # A new local cluster routes by partition, one sync replica each (issue 10): the
+    # default of every node configuration, which the one written does not override.
+    node_config = from_mapping(tomllib.loads((folder / "A.toml").read_text()))
+    assert node_config.ha.data == "partitions"
 
     code, out, err = run_cli("cluster", "status", "--json", "--dir", str(folder))
     assert code == 0, err
