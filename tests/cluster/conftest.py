@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from nonstop.admin.local import LocalCluster, spawn_node
+from nonstop.admin.served import partitions_served
 from nonstop.client import Client
 from nonstop.errors import Error
 from nonstop.node.datadir import DataDir, pid_alive
@@ -135,6 +136,47 @@ class Procs:
             f"quorum {quorum} on {names}",
         )
 
+    def wait_served(self, names: list[str] | None = None, timeout: float = 30) -> None:
+        """Until every partition is settled on its active node (what ``nonstop local up``
+        waits for, admin/served.py): quorum Active alone still leaves a moment of the
+        retryable ``NotActive`` while the nodes take their partitions by priority, which a
+        plain ``with c.transaction()`` does not replay.  Under node routing: at once."""
+        wait_until(
+            lambda: partitions_served({n: self.status(n) for n in names or list(self.pids)}),
+            timeout,
+            "every partition served",
+        )
+
+    def active_nodes(self, asked: str) -> dict[str, str]:
+        """Partition name -> its active node, in ``asked``'s partition table."""
+        return {
+            str(p["name"]): str(p.get("active")) for p in self.status(asked).get("partitions") or []
+        }
+
+    def keys_active_on(
+        self, node: str, type_name: str, field: str, candidates: list[Any], count: int
+    ) -> list[Any]:
+        """The first ``count`` of ``candidates`` (values of ``type_name``'s unique key
+        ``field``) whose partition's active node is ``node`` now: how a test places objects
+        on a node under routing by partition (``bulk.route`` maps them as a create does)."""
+        from nonstop.model.codec import pack
+
+        with Client([self.address(node)], timeout=10, rounds=1) as c:
+            routed = c.call(
+                {
+                    "op": "bulk.route",
+                    "type": type_name,
+                    "key": field,
+                    "rows": pack({field: candidates}),
+                    "format": "columns",
+                }
+            )
+        active = self.active_nodes(node)
+        names = [routed["partitions"][i] for i in routed["of"]]
+        chosen = [v for v, name in zip(candidates, names, strict=True) if active[name] == node]
+        assert len(chosen) >= count, f"{len(chosen)} of {len(candidates)} keys map to {node}"
+        return chosen[:count]
+
     def notifications(self, name: str, kind: str) -> list[dict[str, Any]]:
         """The ``Notify`` records of ``kind`` in a node's log, in order."""
         out = []
@@ -168,6 +210,7 @@ def app_cluster(folder: Path, n: int, options: dict[str, Any]) -> Iterator[Procs
     try:
         procs.start_all()
         procs.wait_quorum(list(procs.nodes), "Active", 30)
+        procs.wait_served()
         yield procs
     finally:
         procs.cleanup()

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import nonstop
+from nonstop.node.config import from_mapping
 from nonstop.node.datadir import DataDir, pid_alive
 from tests.cluster.conftest import MACHINE, REAL_CLUSTER, kill_dir_nodes, run_cli, wait_until
 from tests.distmodel import Account
@@ -33,9 +34,10 @@ def test_local_up_status_partial_restart_down(folder: Path) -> None:
     assert code == 0, err
     assert "started: A, B, C" in out
     assert "Active" in out
-    # A new local cluster routes by partition, one sync replica each (issue 10).
-    node_config = tomllib.loads((folder / "A.toml").read_text())
-    assert node_config["ha"]["data"] == "partitions"
+    # A new local cluster routes by partition, one sync replica each (issue 10): the
+    # default of every node configuration, which the one written does not override.
+    node_config = from_mapping(tomllib.loads((folder / "A.toml").read_text()))
+    assert node_config.ha.data == "partitions"
 
     code, out, err = run_cli("cluster", "status", "--json", "--dir", str(folder))
     assert code == 0, err
@@ -217,25 +219,27 @@ def test_local_and_membership_commands(folder: Path, monkeypatch: pytest.MonkeyP
     code, out, err = run_cli("cluster", "join", "C", c_addr, *d)
     assert code == 0 and "C is a member" in out, err
 
-    # a node that holds objects is not removed (the node asked refuses, naming them)
+    # stop one node: no stale pid for it.  While B is down, A holds the last in-sync copy
+    # of the partitions they share (routing by partition, the default): A is not removed
+    # (the node asked refuses, naming them).  Start B again.
     addresses = ",".join(n["listen"] for n in layout["nodes"])
     with nonstop.connect(addresses) as c, c.transaction() as tx:
-        tx.create(Account, number="A-1", node="A")
-    code, _, err = run_cli("cluster", "remove", "A", *d)
-    assert code == 1 and "A holds 1 objects (1 dist.Account)" in one_line_error(err), err
+        tx.create(Account, number="A-1")
+    code, out, err = run_cli("local", "stop", "B", *d)
+    assert code == 0 and "stopped: B" in out, err
 
-    # stop one node: no stale pid for it; start it again
-    code, out, err = run_cli("local", "stop", "C", *d)
-    assert code == 0 and "stopped: C" in out, err
-
-    def c_down() -> bool:
+    def b_down() -> bool:
         code, out, _ = run_cli("cluster", "status", "--json", *d)
-        c = next(n for n in json.loads(out)["nodes"] if n["name"] == "C")
-        return code == 0 and c["state"] == "Down" and c["pid"] is None and c["member"]
+        b = next(n for n in json.loads(out)["nodes"] if n["name"] == "B")
+        with nonstop.Client([layout["nodes"][0]["listen"]], timeout=2, rounds=1) as a:
+            live = a.status()["live"]
+        return code == 0 and b["state"] == "Down" and b["pid"] is None and "B" not in live
 
-    wait_until(c_down, 20, "C seen Down")
-    code, out, err = run_cli("local", "start", "C", *d)
-    assert code == 0 and "started: C" in out, err
+    wait_until(b_down, 20, "B seen Down")
+    code, _, err = run_cli("cluster", "remove", "A", *d)
+    assert code == 1 and "A holds the last in-sync copy of" in one_line_error(err), err
+    code, out, err = run_cli("local", "start", "B", *d)
+    assert code == 0 and "started: B" in out, err
 
     # C leaves the membership, then leaves the folder
     code, out, err = run_cli("cluster", "leave", "--node", c_addr)

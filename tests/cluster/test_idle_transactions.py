@@ -37,6 +37,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Procs]:
     try:
         procs.start_all()
         procs.wait_quorum(["A", "B"], "Active", 30)
+        procs.wait_served()
         yield procs
     finally:
         procs.cleanup()
@@ -64,12 +65,19 @@ def lookup(c: Client, s: int, number: str) -> dict[str, Any]:
 
 
 def test_an_idle_transaction_releases_the_coordinators_own_locks(cluster: Procs) -> None:
-    here, there = f"idle-a-{os.getpid()}", f"idle-b-{os.getpid()}"
+    # Objects are placed by partition (the default routing): ``here``'s partition has
+    # A (the coordinator) for its active node, ``there``'s has B.
+    here, there = (
+        cluster.keys_active_on(
+            node, ACC, "number", [f"idle-{node}-{os.getpid()}-{i}" for i in range(64)], 1
+        )[0]
+        for node in "AB"
+    )
     with Client([cluster.address("A")], timeout=20, rounds=1) as c:
         s = int(ok(c, op="tx.begin", iso="serializable")["s"])
-        for number, node in ((here, "A"), (there, "B")):
+        for number in (here, there):
             st = pack({"number": number, "balance": 1})
-            ok(c, op="tx.create", s=s, type=ACC, tv=1, st=st, node=node)
+            ok(c, op="tx.create", s=s, type=ACC, tv=1, st=st)
         ok(c, op="tx.commit", s=s)
     with (
         Client([cluster.address("A")], timeout=20, rounds=1) as idle,

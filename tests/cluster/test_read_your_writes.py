@@ -34,9 +34,17 @@ TRANSFERS = 50
 def procs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Procs]:
     started = start(tmp_path_factory.mktemp("ryw"), nonresponse_timeout=2.0)
     try:
+        started.wait_served()
         yield started
     finally:
         started.cleanup()
+
+
+def numbers_on(procs: Procs, node: str, prefix: str, count: int) -> list[str]:
+    """``count`` account numbers whose partition has ``node`` for its active node
+    (objects are placed by partition, the default routing)."""
+    candidates = [f"{prefix}{i}" for i in range(64)]
+    return list(procs.keys_active_on(node, "dist.Account", "number", candidates, count))
 
 
 @pytest.fixture(scope="module")
@@ -50,9 +58,9 @@ def test_the_next_query_sees_every_object_the_acknowledged_commit_created(
     with nonstop.connect(nodes["A"]) as c:  # attached to A only
         for r in range(ROUNDS):
             owner = f"ryw{r}"
-            with c.transaction() as tx:
+            with c.transaction() as tx:  # placed by key: spread over every partition
                 for i in range(PER_ROUND):
-                    tx.create(Account, number=f"ryw-{r}-{i}", owner=owner, node="B")
+                    tx.create(Account, number=f"ryw-{r}-{i}", owner=owner)
             # The very next transaction, no pause: every object is there.
             with c.transaction() as tx:
                 found = tx.query(Account).where(owner=owner).all()
@@ -63,18 +71,34 @@ def test_the_next_query_sees_every_object_the_acknowledged_commit_created(
                 assert tx.query(Account).where(owner=owner).count() == PER_ROUND
 
 
-def test_the_readme_transfer_then_a_snapshot_sum_is_never_torn(nodes: dict[str, str]) -> None:
-    with nonstop.connect(nodes["C"]) as c:  # the coordinator is neither account's node
+# The reads below run as a user's would: ``@transactional`` replays a retryable error
+# (a partition's active node may stop acting for a moment on a loaded machine: NotActive).
+@nonstop.transactional(isolation="snapshot")
+def snapshot_balances(tx: nonstop.Transaction, *numbers: str) -> list[int]:
+    return [tx.get(Account, number=n).balance for n in numbers]
+
+
+@nonstop.transactional(isolation="snapshot")
+def snapshot_sums(tx: nonstop.Transaction, owner: str, numbers: list[str]) -> tuple[int, int]:
+    by_query = sum(a.balance for a in tx.query(Account).where(owner=owner))
+    by_key = sum(tx.get(Account, number=n).balance for n in numbers)
+    return by_query, by_key
+
+
+def test_the_readme_transfer_then_a_snapshot_sum_is_never_torn(
+    procs: Procs, nodes: dict[str, str]
+) -> None:
+    # The coordinator C is neither account's active node: one's partition is A's, one B's.
+    rw_a, rw_b = (numbers_on(procs, node, f"rw-{node}-", 1)[0] for node in "AB")
+    with nonstop.connect(nodes["C"]) as c:
         with c.transaction() as tx:
-            tx.create(Account, number="rw-a", owner="rw", balance=1_000, node="A")
-            tx.create(Account, number="rw-b", owner="rw", balance=1_000, node="B")
+            tx.create(Account, number=rw_a, owner="rw", balance=1_000)
+            tx.create(Account, number=rw_b, owner="rw", balance=1_000)
         torn = []
         for i in range(TRANSFERS):
-            src, dst = ("rw-a", "rw-b") if i % 2 else ("rw-b", "rw-a")
+            src, dst = (rw_a, rw_b) if i % 2 else (rw_b, rw_a)
             transfer(c, src, dst, 7)
-            with c.transaction(isolation="snapshot") as tx:
-                a = tx.get(Account, number="rw-a").balance
-                b = tx.get(Account, number="rw-b").balance
+            a, b = snapshot_balances(c, rw_a, rw_b)
             if a + b != 2_000:
                 torn.append((i, a, b))
         assert torn == [], f"{len(torn)} of {TRANSFERS} snapshot sums torn: {torn[:5]}"
@@ -96,10 +120,10 @@ def test_snapshot_sums_while_transfers_commit_on_many_threads(
     where a sum takes about 0.1 s; views per node without the cut tore 1 sum in 6),
     ``make test-long`` up to 200 in 20 s."""
     owner = f"ss{most_sums}"  # (each variant its own accounts: `-m ""` runs both here)
-    numbers = [f"{owner}-{n}{i}" for n in "ABC" for i in range(3)]
+    numbers = [num for n in "ABC" for num in numbers_on(procs, n, f"{owner}-{n}", 3)]
     with nonstop.connect(nodes["A"]) as c, c.transaction() as tx:
         for number in numbers:
-            tx.create(Account, number=number, owner=owner, balance=1_000, node=number[-2])
+            tx.create(Account, number=number, owner=owner, balance=1_000)
     total = 1_000 * len(numbers)
     stop = threading.Event()
     errors: list[BaseException] = []
@@ -126,10 +150,7 @@ def test_snapshot_sums_while_transfers_commit_on_many_threads(
         with nonstop.connect(nodes["C"]) as c:
             while len(sums) < most_sums and time.monotonic() < deadline and not errors:
                 began = time.monotonic()
-                with c.transaction(isolation="snapshot") as tx:
-                    by_query = sum(a.balance for a in tx.query(Account).where(owner=owner))
-                    by_key = sum(tx.get(Account, number=n).balance for n in numbers)
-                sums.append((by_query, by_key))
+                sums.append(snapshot_sums(c, owner, numbers))
                 took.append(time.monotonic() - began)
     finally:
         stop.set()

@@ -38,6 +38,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Procs]:
     try:
         procs.start_all()
         procs.wait_quorum(["A", "B"], "Active", 30)
+        procs.wait_served()
         yield procs
     finally:
         procs.cleanup()
@@ -49,6 +50,13 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Procs]:
 
 def connect(cluster: Procs) -> nonstop.client.Client:
     return nonstop.connect([cluster.address("A")])
+
+
+def names_on(cluster: Procs, node: str, prefix: str) -> list[str]:
+    """Two inbox names whose partition has ``node`` for its active node: objects are
+    placed by partition (the default routing), so a test puts them on a node by key."""
+    candidates = [f"{prefix}{i}" for i in range(64)]
+    return list(cluster.keys_active_on(node, "dist.Inbox", "name", candidates, 2))
 
 
 def test_a_100_mb_field_is_refused_by_the_client(cluster: Procs) -> None:
@@ -69,11 +77,11 @@ def test_a_100_mb_field_is_refused_by_the_client(cluster: Procs) -> None:
 def test_two_9_mb_writes_in_one_transaction_are_too_large_not_unavailable(
     cluster: Procs,
 ) -> None:
-    names = [f"w9-{os.getpid()}-{i}" for i in range(2)]
+    names = names_on(cluster, "B", f"w9-{os.getpid()}-")
     with connect(cluster) as client:
         with client.transaction() as tx:
             for name in names:
-                tx.create(Inbox, name=name, node="B")
+                tx.create(Inbox, name=name)
         with pytest.raises(TooLarge) as caught, client.transaction() as tx:
             for name in names:
                 tx.get(Inbox, name=name, lock="write").items = ["y" * (9 * MB)]
@@ -82,10 +90,10 @@ def test_two_9_mb_writes_in_one_transaction_are_too_large_not_unavailable(
             assert all(tx.get(Inbox, name=n).items == [] for n in names)
 
 
-def _write_two_9_mb(client: nonstop.client.Client, names: list[str], node: str) -> None:
+def _write_two_9_mb(client: nonstop.client.Client, names: list[str]) -> None:
     for name in names:  # one per transaction: each commit fits in a frame
         with client.transaction() as tx:
-            tx.create(Inbox, name=name, node=node, items=["z" * (9 * MB)])
+            tx.create(Inbox, name=name, items=["z" * (9 * MB)])
     with client.transaction() as tx:
         # A lookup waits for phase two of each create (a scan would not, yet).
         assert all(len(tx.get(Inbox, name=name).items[0]) == 9 * MB for name in names)
@@ -93,9 +101,9 @@ def _write_two_9_mb(client: nonstop.client.Client, names: list[str], node: str) 
 
 def test_a_query_reads_back_two_9_mb_objects_in_pages(cluster: Procs) -> None:
     prefix = f"page-{os.getpid()}-"
-    names = [prefix + "0", prefix + "1"]
+    names = names_on(cluster, "A", prefix)  # on the node the client is attached to
     with connect(cluster) as client:
-        _write_two_9_mb(client, names, "A")  # on the node the client is attached to
+        _write_two_9_mb(client, names)
         with client.transaction() as tx:
             found = {
                 o.name: len(o.items[0])
@@ -109,9 +117,9 @@ def test_a_query_reads_back_two_9_mb_objects_of_a_peer(cluster: Procs) -> None:
     # B's whole answer (18 MB) exceeds the frame limit: B sends it in frame-sized
     # pieces, asked one after the other by A (dataplane/session_ops.g_query_whole).
     prefix = f"peer-{os.getpid()}-"
-    names = [prefix + "0", prefix + "1"]
+    names = names_on(cluster, "B", prefix)
     with connect(cluster) as client:
-        _write_two_9_mb(client, names, "B")
+        _write_two_9_mb(client, names)
         for scope in (["B"], "cluster"):
             with client.transaction() as tx:
                 found = {
@@ -126,9 +134,9 @@ def test_a_query_reads_back_two_9_mb_objects_of_a_peer(cluster: Procs) -> None:
 
 def test_the_async_client_pages_and_refuses_the_same_way(cluster: Procs) -> None:
     prefix = f"apage-{os.getpid()}-"
-    names = [prefix + "0", prefix + "1"]
+    names = names_on(cluster, "A", prefix)
     with connect(cluster) as client:
-        _write_two_9_mb(client, names, "A")
+        _write_two_9_mb(client, names)
 
     async def main() -> dict[str, int]:
         async with await nonstop.connect_async([cluster.address("A")]) as client:

@@ -103,10 +103,14 @@ class NodeProcesses:
         return pid
 
     def start_all(self, timeout: float = 60.0) -> None:
-        """Start every node and wait until each reports quorum ``Active``."""
+        """Start every node and wait until each reports quorum ``Active`` and every
+        partition is served (what ``nonstop local up`` waits for: until then a first
+        transaction may meet the retryable ``NotActive`` of a partition moving to its
+        preferred node; under routing by node it is at once)."""
         for name in self.nodes:
             self.start(name)
         self.wait_active(timeout=timeout)
+        self.wait_served(timeout=timeout)
 
     def kill(self, name: str) -> None:
         """SIGKILL node ``name`` (a crash: no graceful shutdown) and wait until it is gone."""

@@ -1,6 +1,16 @@
-"""What a node holds, and why a node that holds objects may not leave (issue 10).
+"""What a node holds, and when a node may leave (issue 10).
 
-Until partitions can move data off a node, every object lives on exactly one
+Routing by partition (the default): every object lives in a partition, whose
+active node and in-sync sync replicas each hold it.  A node leaving is, to the
+partition table, a node gone: the partitions it was active for fail over to a
+live in-sync replica, and it is dropped from the others (ha.md §6).  So a
+``leave`` is refused only while the node holds the *last* in-sync copy of some
+partition -- no other holder is live (its replica is down, or still copying) --
+naming those partitions (:func:`last_copies`); it is read from the partition
+table every node applies, so a node that is down can be removed too once its
+partitions have live holders elsewhere.
+
+Routing by node: every object lives on exactly one
 node: removing that node from the membership would turn its objects into
 ``NotFound`` (a cluster lookup asks the members only), so ``get_or_create``
 would create a second object with the same key.  A ``leave`` is therefore
@@ -12,7 +22,8 @@ up) is not removed either: "cannot tell" is not "empty".
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from nonstop import errors
 from nonstop.dataplane.state import Session
@@ -59,6 +70,39 @@ def leave_refusal(holdings: dict[str, Any]) -> str | None:
     )
 
 
+class HeldPartition(Protocol):
+    """What the leave check reads of a partition of the table (``ha.partition_table``)."""
+
+    name: str
+
+    def holders(self) -> list[str]: ...
+
+
+def last_copies(partitions: Iterable[HeldPartition], name: str, live: Iterable[str]) -> list[str]:
+    """The partitions ``name`` holds the last in-sync copy of (routing by partition):
+    those it is a holder of (active, or in-sync sync replica) with no other holder that is
+    live.  Removing ``name`` would leave them with no copy in the cluster; any other
+    partition it holds fails over to, or keeps, a live holder (ha.md §6)."""
+    others = set(live) - {name}
+    return sorted(
+        part.name
+        for part in partitions
+        if name in part.holders() and not others.intersection(part.holders())
+    )
+
+
+def partitions_leave_refusal(name: str, last: list[str]) -> str | None:
+    """Why ``name`` may not leave a cluster routed by partition (one line), or None."""
+    if not last:
+        return None
+    shown = ", ".join(last[:8]) + (f" and {len(last) - 8} more" if len(last) > 8 else "")
+    return (
+        f"{name} holds the last in-sync copy of {len(last)} partition(s) ({shown}): it "
+        "cannot leave until another live node holds them (start their other nodes and "
+        "wait until they are in sync)"
+    )
+
+
 def cannot_tell(name: str, error: dict[str, Any]) -> str:
     """The refusal when node ``name`` could not be asked what it holds."""
     return (
@@ -70,7 +114,10 @@ def cannot_tell(name: str, error: dict[str, Any]) -> str:
 __all__ = [
     "BRANCH_HOLDINGS",
     "HOLDINGS_OP",
+    "HeldPartition",
     "cannot_tell",
     "g_holdings",
+    "last_copies",
     "leave_refusal",
+    "partitions_leave_refusal",
 ]

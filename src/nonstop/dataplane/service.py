@@ -56,7 +56,13 @@ from nonstop.dataplane.events import (
     PartitionView,
     ReadWaits,
 )
-from nonstop.dataplane.holdings import HOLDINGS_OP, cannot_tell, leave_refusal
+from nonstop.dataplane.holdings import (
+    HOLDINGS_OP,
+    cannot_tell,
+    last_copies,
+    leave_refusal,
+    partitions_leave_refusal,
+)
 from nonstop.dataplane.machine import DataPlane, DataPlaneConfig
 from nonstop.dataplane.managed_types import check_type, types_reply
 from nonstop.dataplane.routing import CLIENT_OPS, SESSION_OPS, is_data_message, is_data_op
@@ -657,10 +663,18 @@ class DataService:
         await _answer(conn, client_id, "leave", self._leave(payload))
 
     async def _leave(self, payload: dict[str, Any]) -> Any:
-        """``leave``: refused while the node leaving holds objects (holdings.py), else the
-        cluster's membership change as before."""
+        """``leave``: refused while the node leaving holds the last in-sync copy of a
+        partition (routing by partition) or any object (routing by node) -- holdings.py --
+        else the cluster's membership change as before."""
         name = payload.get("name")
-        if isinstance(name, str) and name in self.members():
+        table = getattr(self._cluster(), "partition_table", None)
+        if isinstance(name, str) and name in self.members() and self.machine.config.placement:
+            live = getattr(self._cluster(), "view_live", None) or []
+            parts = table.partitions.values() if table is not None else []
+            why = partitions_leave_refusal(name, last_copies(parts, name, live))
+            if why is not None:
+                raise errors.ClusterError(why)
+        elif isinstance(name, str) and name in self.members():
             holdings = await self._internal_op({"op": HOLDINGS_OP, "name": name})
             if "error" in holdings:
                 raise errors.ClusterError(cannot_tell(name, holdings))
