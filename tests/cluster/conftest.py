@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from nonstop.admin.local import LocalCluster, spawn_node
+from nonstop.admin.served import partitions_served
 from nonstop.client import Client
 from nonstop.errors import Error
 from nonstop.node.datadir import DataDir, pid_alive
@@ -135,6 +136,18 @@ class Procs:
             f"quorum {quorum} on {names}",
         )
 
+    def wait_served(self, names: list[str] | None = None, timeout: float = 60) -> None:
+        """Until every partition is settled and acted for (``partitions_served``): under
+        routing by partition (the default) quorum ``Active`` comes before that, and a
+        first op meanwhile gets the retryable ``NotActive``.  At once under routing by
+        node (no partition table)."""
+        names = list(self.pids) if names is None else names
+        wait_until(
+            lambda: partitions_served({n: self.status(n) for n in names}),
+            timeout,
+            f"every partition served by {names}",
+        )
+
     def notifications(self, name: str, kind: str) -> list[dict[str, Any]]:
         """The ``Notify`` records of ``kind`` in a node's log, in order."""
         out = []
@@ -168,6 +181,7 @@ def app_cluster(folder: Path, n: int, options: dict[str, Any]) -> Iterator[Procs
     try:
         procs.start_all()
         procs.wait_quorum(list(procs.nodes), "Active", 30)
+        procs.wait_served(list(procs.nodes))
         yield procs
     finally:
         procs.cleanup()
