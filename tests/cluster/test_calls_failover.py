@@ -24,7 +24,7 @@ import nonstop
 from nonstop import errors
 from nonstop.ha.partition_table import partition_location
 from tests.cluster.conftest import REAL_CLUSTER, app_cluster, wait_until
-from tests.cluster.test_replication import (
+from tests.cluster.replicated_bank import (
     OPTIONS,
     connect,
     partitions_of,
