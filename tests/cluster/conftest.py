@@ -136,7 +136,7 @@ class Procs:
             f"quorum {quorum} on {names}",
         )
 
-    def wait_served(self, names: list[str] | None = None, timeout: float = 30) -> None:
+    def wait_served(self, names: list[str] | None = None, timeout: float = 60) -> None:
         """Until every partition is settled on its active node (what ``nonstop local up``
         waits for, admin/served.py): quorum Active alone still leaves a moment of the
         retryable ``NotActive`` while the nodes take their partitions by priority, which a
@@ -210,7 +210,7 @@ def app_cluster(folder: Path, n: int, options: dict[str, Any]) -> Iterator[Procs
     try:
         procs.start_all()
         procs.wait_quorum(list(procs.nodes), "Active", 30)
-        procs.wait_served()
+        procs.wait_served(list(procs.nodes))
         yield procs
     finally:
         procs.cleanup()

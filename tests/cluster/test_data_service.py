@@ -2,13 +2,18 @@
 
 Driven with raw ``Client.request`` payloads, as the client library will send
 them.  One cluster serves the whole module (starting one costs seconds on a
-shared 2-core machine); the tests that kill nodes run last.
+shared 2-core machine), routing by partition (the default): ``node=`` of a create
+is ignored there, so a test that needs an object served by a given node picks a key
+whose partition that node acts for (:func:`numbers_on`).  The tests of routing by
+node (creates on named nodes, lookup hints, killed nodes) are in
+test_data_service_by_node.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import itertools
 import os
 import time
@@ -20,27 +25,30 @@ import pytest
 
 import tests.distmodel  # noqa: F401  (the types the nodes load with --app)
 from nonstop.client import AsyncClient, Client
+from nonstop.ha.partition_table import partition_location
 from nonstop.model.codec import pack, unpack
-from tests.cluster.conftest import Procs, wait_until
+from tests.cluster.conftest import Procs
 
 ROOT = Path(__file__).resolve().parents[2]
 ACC = "dist.Account"
 _ids = itertools.count(1)
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Procs]:
+@contextlib.contextmanager
+def data_cluster(folder: Path, **options: Any) -> Iterator[Procs]:
+    """Three nodes serving tests.distmodel, Active and every partition served, then gone."""
     # The node processes import tests.distmodel: make the repository importable.
     old = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), old]))
     procs = Procs(
-        tmp_path_factory.mktemp("data"),
+        folder,
         3,
-        {"app": ["tests.distmodel"], "lock_wait": 1.0, "branch_idle": 10.0},
+        {"app": ["tests.distmodel"], "lock_wait": 1.0, "branch_idle": 10.0, **options},
     )
     try:
         procs.start_all()
         procs.wait_quorum(["A", "B", "C"], "Active", 30)
+        procs.wait_served(["A", "B", "C"])
         yield procs
     finally:
         procs.cleanup()
@@ -48,6 +56,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Procs]:
             os.environ.pop("PYTHONPATH", None)
         else:
             os.environ["PYTHONPATH"] = old
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Procs]:
+    """Routing by partition, the default (the tests of routing by node are in
+    test_data_service_by_node.py)."""
+    with data_cluster(tmp_path_factory.mktemp("data")) as procs:
+        yield procs
 
 
 def client(cluster: Procs, node: str = "A") -> Client:
@@ -123,11 +139,43 @@ def nodes_seen_by(cluster: Procs, node: str) -> list[dict[str, Any]]:
         return ok(c, op="nodes")["nodes"]  # type: ignore[no-any-return]
 
 
-def master_of(cluster: Procs, obj: list[Any]) -> str:
+def servers(cluster: Procs) -> dict[int, str]:
+    """Reference location -> the node serving it: a node's own location (routing by
+    node), a partition's location -> its active node (routing by partition)."""
     with client(cluster) as c:
         nodes = ok(c, op="nodes")["nodes"]
     by_location = {n["location"]: n["name"] for n in nodes}
-    return by_location[int.from_bytes(obj[0][:8], "big")]
+    for part in cluster.status("A")["partitions"]:
+        by_location[partition_location(part["name"])] = part["active"]
+    return by_location
+
+
+def master_of(cluster: Procs, obj: list[Any]) -> str:
+    """The node serving ``obj`` (see :func:`servers`)."""
+    return servers(cluster)[int.from_bytes(obj[0][:8], "big")]
+
+
+def numbers_on(cluster: Procs, nodes: str, prefix: str) -> list[str]:
+    """New account numbers, the i-th served by ``nodes[i]`` wherever it is created: under
+    routing by partition the key picks the partition, so candidates are tried (created in
+    a session rolled back) until each node has one."""
+    wanted = list(nodes)
+    found: list[str | None] = [None] * len(wanted)
+    by_location = servers(cluster)
+    with client(cluster) as c:
+        s = begin(c)
+        for _ in range(40 * len(wanted)):
+            number = uniq(prefix)
+            node = by_location[int.from_bytes(create(c, s, number)[0][:8], "big")]
+            if node in wanted:
+                i = wanted.index(node)
+                wanted[i] = ""
+                found[i] = number
+                if all(found):
+                    break
+        ok(c, op="tx.rollback", s=s)
+    assert all(found), (nodes, found)
+    return [n for n in found if n is not None]
 
 
 # ====================================================================== tests
@@ -142,24 +190,6 @@ def test_nodes_and_types(cluster: Procs) -> None:
         assert types[ACC]["version"] == 1
         assert types["dist.Note"]["version"] == 2
         assert set(types[ACC]["schema"]["fields"]) == {"number", "owner", "balance"}
-
-
-def test_create_on_named_nodes_and_read_anywhere(cluster: Procs) -> None:
-    a, b, c_ = uniq("a"), uniq("b"), uniq("c")
-    objs = make_accounts(cluster, {a: ("A", 1), b: ("B", 2), c_: ("C", 3)})
-    assert master_of(cluster, objs[a]) == "A"
-    assert master_of(cluster, objs[b]) == "B"
-    assert master_of(cluster, objs[c_]) == "C"
-    assert objs[b][2] == 0  # created in this transaction: version 0
-    # From any node, a unique lookup finds the object wherever it lives.
-    for node in "ABC":
-        assert balances(cluster, [a, b, c_], node) == {a: 1, b: 2, c_: 3}
-    with client(cluster, "C") as c:
-        s = begin(c)
-        o = ok(c, op="tx.ref", s=s, ref=objs[b][0])["o"]
-        assert state(o)["number"] == b and o[2] == 1  # committed once: version 1
-        assert get(c, s, uniq("missing")) is None
-        ok(c, op="tx.rollback", s=s)
 
 
 def stats_of(cluster: Procs, node: str) -> dict[str, int]:
@@ -198,7 +228,7 @@ def test_begin_folded_into_the_first_op(cluster: Procs) -> None:
 
 
 def test_one_phase_commit_on_the_coordinator(cluster: Procs) -> None:
-    a = uniq("one")
+    (a,) = numbers_on(cluster, "A", "one")
     before = two_phase_commits(cluster, "A")
     with client(cluster, "A") as c:
         s = begin(c)
@@ -212,7 +242,7 @@ def test_one_phase_commit_on_the_coordinator(cluster: Procs) -> None:
 
 
 def test_two_phase_transfer_with_deferred_writes(cluster: Procs) -> None:
-    x, y = uniq("x"), uniq("y")
+    x, y = numbers_on(cluster, "BC", "x")
     make_accounts(cluster, {x: ("B", 100), y: ("C", 0)})
     before = two_phase_commits(cluster, "A")
     with client(cluster, "A") as c:
@@ -225,32 +255,6 @@ def test_two_phase_transfer_with_deferred_writes(cluster: Procs) -> None:
         assert ok(c, op="tx.commit", s=s, w=w, req=["t-client", 1]) == {"ok": True}
     assert balances(cluster, [x, y]) == {x: 70, y: 30}
     assert two_phase_commits(cluster, "A") == before + 1
-
-
-def test_repeated_remote_lookup_asks_one_node(cluster: Procs) -> None:
-    c_ = uniq("hint")
-    make_accounts(cluster, {c_: ("C", 4)})
-    # Until phase two reached C, B's lock-free probe of C misses the new account and
-    # the lookup ends in the locked pass (more RPCs, data-path.md §7): wait for it.
-    assert balances(cluster, [c_], node="C") == {c_: 4}
-
-    def rpcs() -> int:
-        with client(cluster, "B") as c:
-            return int(c.request({"op": "runtime_stats"})["data"].get("rpc", 0))
-
-    with client(cluster, "B") as c:
-        s = begin(c)
-        first = rpcs()
-        assert get(c, s, c_) is not None  # not on B: asks A and C
-        second = rpcs()
-        ok(c, op="tx.rollback", s=s)
-        s = begin(c)
-        third = rpcs()
-        assert get(c, s, c_) is not None  # C answered last time: asks only C
-        fourth = rpcs()
-        ok(c, op="tx.rollback", s=s)
-    assert second - first == 2
-    assert fourth - third == 1
 
 
 def test_exactly_once_commit_and_request_result(cluster: Procs) -> None:
@@ -280,7 +284,7 @@ def test_exactly_once_commit_and_request_result(cluster: Procs) -> None:
 
 def test_cluster_queries_merge_order_and_limit(cluster: Procs) -> None:
     owner = uniq("q")
-    spec = {f"{owner}-{i}": ("ABC"[i % 3], i) for i in range(9)}
+    spec = {n: ("ABC"[i % 3], i) for i, n in enumerate(numbers_on(cluster, "ABC" * 3, owner))}
     make_accounts(cluster, spec)
     with client(cluster, "A") as c:
         s = begin(c)
@@ -316,7 +320,7 @@ def test_cluster_queries_merge_order_and_limit(cluster: Procs) -> None:
 
 
 def test_remote_call_runs_on_the_master(cluster: Procs) -> None:
-    a, b = uniq("ca"), uniq("cb")
+    a, b = numbers_on(cluster, "AB", "c")
     objs = make_accounts(cluster, {a: ("A", 1), b: ("B", 10)})
     with client(cluster, "A") as c:
         s = begin(c)
@@ -372,7 +376,7 @@ def test_delete_a_remote_object(cluster: Procs) -> None:
 
 def test_bulk_ops_run_on_the_node(cluster: Procs) -> None:
     owner = uniq("bulk")
-    make_accounts(cluster, {f"{owner}-{i}": ("B", i) for i in range(3)})
+    make_accounts(cluster, {n: ("B", i) for i, n in enumerate(numbers_on(cluster, "BBB", owner))})
     with client(cluster, "B") as c:
         plan = ok(c, op="bulk.plan", type=ACC, tv=1, splits=2)
         assert plan["node"] == "B" and plan["count"] >= 3 and plan["ranges"]
@@ -535,166 +539,3 @@ def test_concurrent_cross_node_transfers_conserve_money(cluster: Procs) -> None:
     final = balances(cluster, numbers, "B")
     assert sum(final.values()) == 6 * 1000
     assert final == {n: 1000 + applied[n] for n in numbers}, (final, applied, retries)
-
-
-def test_participant_killed_mid_transaction(cluster: Procs) -> None:
-    b, c_, d = uniq("kb"), uniq("kc"), uniq("kd")
-    make_accounts(cluster, {b: ("B", 1), c_: ("C", 1), d: ("C", 1)})
-    with client(cluster, "A") as c, client(cluster, "A") as idle:
-        s = begin(c)
-        ob = get(c, s, b, lock="write")
-        oc = get(c, s, c_, lock="write")
-        assert ob is not None and oc is not None
-        # Another session, idle (its client thinking), holds a lock on C and a
-        # branch on B.
-        si = begin(idle)
-        assert get(idle, si, b, lock="none") is not None
-        assert get(idle, si, d, lock="write") is not None
-        cluster.kill("B")
-        started = time.monotonic()
-        reply = fails(
-            c, "Unavailable", op="tx.commit", s=s, w=[write(ob, balance=0), write(oc, balance=2)]
-        )
-        assert time.monotonic() - started < 10, reply
-        fails(c, "TransactionClosed", op="tx.count", s=s, type=ACC, tv=1)
-        # The other branch was released: C's lock is free at once.
-        s2 = begin(c)
-        fails(c, "Unavailable", op="tx.query", s=s2, type=ACC, tv=1, audit="fail_if_down")
-        # The idle session was rolled back when B went Down, without its client
-        # doing anything: its lock on C is free, and its next op says why.
-        with client(cluster, "C") as other:
-            s4 = begin(other)
-            assert get(other, s4, d, lock="write") is not None
-            ok(other, op="tx.rollback", s=s4)
-        reply = fails(idle, "Unavailable", op="tx.count", s=si, type=ACC, tv=1)
-        assert "B" in reply["message"]
-        # A found b on B before: with B down, a lookup of b is Unavailable, never a
-        # false "not found"; fail_if_down refuses any lookup while B is down.
-        s5 = begin(c)
-        fails(c, "Unavailable", op="tx.get", s=s5, type=ACC, tv=1, key=pack({"number": b}))
-        s5 = begin(c)
-        reply = c.request(
-            {
-                "op": "tx.get",
-                "s": s5,
-                "type": ACC,
-                "tv": 1,
-                "key": pack({"number": c_}),
-                "audit": "fail_if_down",
-            }
-        )
-        assert reply.get("error") == "Unavailable", reply
-        # A key that exists nowhere: with B down nobody can say so, and a
-        # get_or_create must not create a second object that B may hold.
-        s6 = begin(c)
-        reply = fails(
-            c, "Unavailable", op="tx.get", s=s6, type=ACC, tv=1, key=pack({"number": uniq("no")})
-        )
-        assert "B" in reply["message"]
-        # A key found on a node that is up is an answer as usual.
-        s7 = begin(c)
-        assert get(c, s7, c_) is not None
-        ok(c, op="tx.rollback", s=s7)
-    # skip_down leaves out the nodes C sees Down: wait until C's detector has seen B go
-    # (each node's own; on a slow machine C may still count B as up here, ask it, and the
-    # session then rolls back when B is seen Down: a clean-clone failure).
-    wait_until(
-        lambda: not {n["name"]: n["up"] for n in nodes_seen_by(cluster, "C")}["B"],
-        15,
-        "C sees B down",
-    )
-    with client(cluster, "C") as c3:
-        s3 = begin(c3)
-        held = get(c3, s3, c_, lock="write")
-        assert held is not None and state(held)["balance"] == 1  # nothing committed
-        # skip_down leaves the dead node out; at_least_one too.
-        got = ok(c3, op="tx.count", s=s3, type=ACC, tv=1, audit="skip_down")["n"]
-        assert got >= 1
-        ok(c3, op="tx.rollback", s=s3)
-    # B comes back on its data: its object is as committed, and it takes part again.
-    cluster.start("B")
-    wait_until(
-        lambda: all(n["up"] for x in "ABC" for n in nodes_seen_by(cluster, x)), 20, "B up again"
-    )
-    with client(cluster, "A") as c:
-        s = begin(c)
-        ob = get(c, s, b, lock="write")
-        oc = get(c, s, c_, lock="write")
-        assert ob is not None and oc is not None and state(ob)["balance"] == 1
-        ok(c, op="tx.commit", s=s, w=[write(ob, balance=0), write(oc, balance=2)])
-    assert balances(cluster, [b, c_]) == {b: 0, c_: 2}
-
-
-def test_coordinator_killed_participants_roll_back_on_their_own(cluster: Procs) -> None:
-    c_ = uniq("orphan")
-    make_accounts(cluster, {c_: ("C", 1)})
-    cid = uniq("restart")
-    with client(cluster, "A") as c:
-        s = begin(c)
-        create(c, s, cid, 3, node="B")
-        assert ok(c, op="tx.commit", s=s, req=[cid, 1]) == {"ok": True}
-    a = client(cluster, "A")
-    s = begin(a)
-    assert get(a, s, c_, lock="write") is not None  # C holds the lock for A's session
-    cluster.kill("A")
-    a.close()
-    started = time.monotonic()
-    orphans = int(stats_of(cluster, "C").get("orphan_rollbacks", 0))
-    with client(cluster, "C") as c3:
-
-        def granted() -> bool:
-            s3 = begin(c3)
-            reply = c3.request(
-                {
-                    "op": "tx.get",
-                    "s": s3,
-                    "type": ACC,
-                    "tv": 1,
-                    "key": pack({"number": c_}),
-                    "lock": "write",
-                }
-            )
-            if "error" in reply:
-                assert reply["error"] == "LockTimeout", reply
-                return False
-            c3.request({"op": "tx.rollback", "s": s3})
-            return True
-
-        # C sees A Down and rolls A's open branch back: the lock is granted long
-        # before branch_idle (10 s here) would have ended it (B8).
-        wait_until(granted, 15, "the orphaned branch to roll back")
-    assert time.monotonic() - started < 6
-    assert int(stats_of(cluster, "C").get("orphan_rollbacks", 0)) == orphans + 1
-    # The restarted coordinator still knows the outcome of its request (H1): durable.
-    cluster.start("A")
-    # (Until A sees its peers, a lookup of an absent key is Unavailable, not "none".)
-    wait_until(lambda: all(n["up"] for n in nodes_seen_by(cluster, "A")), 20, "A sees its peers")
-    with client(cluster, "A") as c:
-        # "running" while A's own branch may still be in doubt (killed between the
-        # decision and its phase two): then "committed", never "unknown".
-        states: list[str] = []
-
-        def committed() -> bool:
-            states.append(ok(c, op="request.result", req=[cid, 1])["state"])
-            return states[-1] == "committed"
-
-        wait_until(committed, 20, "the recovered outcome")
-        assert set(states) <= {"running", "committed"}, states
-        assert ok(c, op="tx.commit", s=12345, req=[cid, 1]) == {"ok": True}  # a retry
-        # A new attempt with the same id, after the restart (nothing in memory): the
-        # commit finds the durable result, answers it, and writes nothing.
-        s = begin(c)
-        create(c, s, cid + "-again", 1)
-        assert ok(c, op="tx.commit", s=s, req=[cid, 1]) == {"ok": True}
-        s = begin(c)
-        assert (
-            get(
-                c,
-                s,
-                cid + "-again",
-            )
-            is None
-        )
-        ok(c, op="tx.rollback", s=s)
-    wait_until(lambda: all(n["up"] for x in "ABC" for n in nodes_seen_by(cluster, x)), 20, "all up")
-    assert balances(cluster, [cid, c_], "A") == {cid: 3, c_: 1}

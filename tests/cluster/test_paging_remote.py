@@ -47,6 +47,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Procs]:
     try:
         procs.start_all()
         procs.wait_quorum(NAMES, "Active", 30)
+        procs.wait_served(NAMES)
         addresses = ",".join(procs.address(n) for n in NAMES)
         with nonstop.connect(addresses) as c:
             for k, node in enumerate(NAMES):

@@ -223,7 +223,8 @@ def test_partitions_with_replicas_replicate_unless_turned_off(tmp_path: Path) ->
     assert config({**OPTIONS["ha"], "replicate_data": True}).ha.replicating  # the old key
     zero = {"data": "partitions", "policies": {"default": {"replicas": 0}}}
     assert not config(zero).ha.replicating, "one copy: nothing to replicate to"
-    assert not config({}).ha.replicating, "routing by node does not replicate"
+    assert config({}).ha.replicating, "the default: by partition, one sync replica each"
+    assert not config({"data": "nodes"}).ha.replicating, "routing by node does not replicate"
     with pytest.raises((ConfigError, ValueError), match="replicate_data = false"):
         config({**OPTIONS["ha"], "replicate_data": False})
     with pytest.raises((ConfigError, ValueError), match="async replicas"):

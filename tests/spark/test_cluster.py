@@ -43,7 +43,11 @@ def three_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OwnedClust
     """One cluster for the module's tests (starting one costs seconds): ``cluster``
     hands it to each test as a fresh one."""
     env = {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    oc = OwnedCluster(tmp_path_factory.mktemp("spark-cluster") / "c", 3, apps=[MODEL], env=env)
+    # Routing by node (each node's store, the by-node overwrite swap of bulk/swap_apply.py,
+    # a node down refuses): overwrite by partition: tests/spark/test_partition_overwrite.py.
+    nodes = {"ha": {"data": "nodes"}}
+    folder = tmp_path_factory.mktemp("spark-cluster") / "c"
+    oc = OwnedCluster(folder, 3, apps=[MODEL], options=nodes, env=env)
     try:
         oc.start_all(timeout=60)
         yield oc

@@ -46,7 +46,9 @@ def cluster(tmp_path: Path) -> Iterator[OwnedCluster]:
     env = {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     if os.environ.get("SPARK_DEBUG_LOOP"):
         env["PYTHONASYNCIODEBUG"] = "1"
-    options = {"rpc_timeout": RPC_TIMEOUT, "sync": False}
+    # The by-node swap (bulk/swap_apply.py); overwrite by partition:
+    # tests/spark/test_partition_overwrite.py.
+    options = {"rpc_timeout": RPC_TIMEOUT, "sync": False, "ha": {"data": "nodes"}}
     oc = OwnedCluster(tmp_path / "c", 3, apps=["tests.spark.model"], options=options, env=env)
     try:
         oc.start_all(timeout=60)

@@ -197,12 +197,13 @@ def g_delete(dp: DataPlane, s: Session, p: dict[str, Any]) -> OpCoroutine:
 
 def g_create(dp: DataPlane, s: Session, p: dict[str, Any]) -> OpCoroutine:
     dp.check_type(p.get("type"), p.get("tv"))
+    node = p.get("node") or dp.name
+    if not isinstance(node, str) or node not in dp.view.known:
+        # Refused under either routing: a misspelt name is an error, not ignored.
+        raise errors.BadArgument(f"no node named {node!r:.40} in this cluster")
     if dp.config.placement is not None:
         reply = yield from g_create_in_partition(dp, s, p)
         return reply
-    node = p.get("node") or dp.name
-    if not isinstance(node, str) or node not in dp.view.known:
-        raise errors.BadArgument(f"no node named {node!r:.40} in this cluster")
     if node not in dp.view.members:
         # A lookup asks the members only: an object created on a node outside them
         # could be "not found" and created twice (issue 10).
@@ -220,7 +221,7 @@ def g_create_in_partition(dp: DataPlane, s: Session, p: dict[str, Any]) -> OpCor
     """A create under routing by partition: the type's binding and mapper pick the partition
     (by the unique key's value if the type has one), and the object is created there, on its
     active node, named by the partition at its epoch (``tx.create_in``).  ``node`` is not
-    used: placement is the binding's."""
+    used (beyond naming a node of the cluster): placement is the binding's."""
     placement = dp.config.placement
     assert placement is not None
     type_name = p["type"]
