@@ -21,11 +21,16 @@ A refusal (``NotActive``), a node lost (``Unavailable``) or a conflict
 (``Retryable``) sends the whole batch again after a fresh plan: an upsert by
 key applied twice changes nothing the second time, so a part that did commit
 before the failure is harmless to send again.
+
+An overwrite stages its rows the same way (:meth:`PartitionWriter.stage`: each
+partition's rows on its active node, as ``bulk.overwrite.part``); the job commit
+swaps every partition in one distributed transaction (data-path.md §6.6).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -59,14 +64,6 @@ def routes_by_partition(opts: Options, nodes: list[dict[str, Any]]) -> bool:
     raise Unavailable(f"no node of the cluster at {opts.cluster} answers: {last}")
 
 
-def refuse_overwrite(opts: Options) -> BadArgument:
-    return BadArgument(
-        f"mode('overwrite') of {opts.type} is not available when the cluster routes by "
-        'partition ([ha] data = "partitions"): an overwrite swaps objects outside the '
-        "partitions and their replicas; write with mode('append') (an upsert by key)"
-    )
-
-
 def _client(opts: Options, address: str, timeout: float | None = None) -> BulkClient:
     if timeout is None:
         return BulkClient(address, cluster=opts.cluster_id, credentials=opts.credentials)
@@ -96,6 +93,7 @@ class PartitionWriter:
         self.clients: dict[str, BulkClient] = {}
         self.pool: ThreadPoolExecutor | None = None
         self.inserted = self.updated = self.attempts = 0
+        self.staged: dict[str, str] = {}  # an overwrite's staged parts: tag -> partition
         self.last_error: BaseException | None = None
 
     # ------------------------------------------------------------------ plan
@@ -142,11 +140,51 @@ class PartitionWriter:
     def write(self, table: pa.Table) -> None:
         """Write one batch (module doc); raises what is not retryable, or the last
         failure after :data:`ATTEMPTS`."""
+        self._retrying(lambda active: self._write_once(table, active))
+
+    def stage(self, table: pa.Table, job: str, where: str) -> None:
+        """Stage one batch of an overwrite (data-path.md §6.6): each partition's rows on
+        the partition's active node, invisibly, tagged ``<where><partition>``; a
+        refusal or a lost node plans again and stages the batch again under the same
+        tags (a part staged again replaces itself).  :attr:`staged` collects
+        ``tag -> partition`` for the job commit."""
+        self._retrying(lambda active: self._stage_once(table, active, job, where))
+
+    def _stage_once(self, table: pa.Table, active: dict[str, str], job: str, where: str) -> None:
+        route = self._route(table, active)
+        names = route["partitions"]
+        rows_of: dict[str, list[int]] = {}
+        for i, which in enumerate(route["of"]):
+            rows_of.setdefault(names[which], []).append(i)
+        for name, rows in sorted(rows_of.items()):
+            node = active.get(name)
+            if node is None:
+                raise Unavailable(f"partition {name} has no active node now")
+            tag = f"{where}{name}"
+            c = self._client(node)
+            try:
+                c.call(
+                    "bulk.overwrite.part",
+                    job=job,
+                    tag=tag,
+                    partition=name,
+                    type=self.opts.type,
+                    tv=self.version,
+                    key=self.key,
+                    rows=ipc(table.take(pa.array(rows, type=pa.int64()))),
+                    format="arrow",
+                )
+            except Unavailable:
+                self._drop(node)
+                raise
+            self.staged[tag] = name
+
+    def _retrying(self, once: Callable[[dict[str, str]], None]) -> None:
         for attempt in range(ATTEMPTS):
             try:
                 if self.active is None:
                     self.active = self._plan()
-                self._write_once(table, self.active)
+                once(self.active)
                 return
             except (Retryable, Unavailable) as exc:
                 self.attempts += 1
