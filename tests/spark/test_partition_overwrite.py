@@ -10,8 +10,8 @@ sync replica), shared by the module's tests, and one Spark session:
   to, the old keys are gone, and a locking reader running meanwhile sees the old
   set or the new, never a mix; then the node acting for the most partitions is
   SIGKILLed: the promoted replicas serve the new set, not the old; an overwrite
-  staged before the kill fails cleanly (its parts on the dead node) and swaps
-  nothing; an overwrite by an empty frame with the node still down empties the
+  staged before the kill (its parts staged on each partition's replicas too) is
+  swapped in by the promoted nodes.  An overwrite by an empty frame empties the
   type.
 """
 
@@ -204,7 +204,7 @@ def test_a_spark_overwrite_by_m_rows_then_by_an_empty_frame_is_seen_whole(
     assert _state(oc, "ABC") == {}
 
 
-def test_the_overwritten_set_survives_a_kill_and_a_job_staged_before_it_swaps_nothing(
+def test_the_overwritten_set_survives_a_kill_and_a_job_staged_before_it_swaps_on_the_promoted_nodes(
     cluster: OwnedCluster,
 ) -> None:
     """The job commit of the Spark writer (``NonstopWriter.commit``) over parts its
@@ -236,11 +236,13 @@ def test_the_overwritten_set_survives_a_kill_and_a_job_staged_before_it_swaps_no
     # The promoted replicas serve the overwritten set, not the old one.
     assert _counts(oc, survivors) == expected
     assert _state(oc, survivors) == new
-    # The job staged before the kill lost parts with the node: it swaps nothing.
+    # The job staged before the kill: its parts were staged on each partition's
+    # replicas too, so the promoted nodes swap them in (replicated in turn).
     staged.opts = _opts(oc, survivors)
-    with pytest.raises(Aborted, match="not on its active node"):
-        staged.commit(staged.messages)  # type: ignore[attr-defined]
-    assert _state(oc, survivors) == new
+    staged.commit(staged.messages)  # type: ignore[attr-defined]
+    x = {f"x{i:03}": 3 for i in range(60)}
+    assert _state(oc, survivors) == x
+    assert _counts(oc, survivors) == Counter(_expected_partition(s, names) for s in x)
 
 
 def _write(

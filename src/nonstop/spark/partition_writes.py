@@ -64,6 +64,17 @@ def routes_by_partition(opts: Options, nodes: list[dict[str, Any]]) -> bool:
     raise Unavailable(f"no node of the cluster at {opts.cluster} answers: {last}")
 
 
+def _holders(part: dict[str, Any]) -> list[str]:
+    """The nodes that hold or may act for a partition: its ``current`` copies and its
+    priority list (a status entry of the partition table)."""
+    out: list[str] = []
+    for entry in [*(part.get("current") or []), *(part.get("nodes") or [])]:
+        node = entry[0] if isinstance(entry, list | tuple) and entry else entry
+        if isinstance(node, str) and node not in out:
+            out.append(node)
+    return out
+
+
 def _client(opts: Options, address: str, timeout: float | None = None) -> BulkClient:
     if timeout is None:
         return BulkClient(address, cluster=opts.cluster_id, credentials=opts.credentials)
@@ -94,6 +105,7 @@ class PartitionWriter:
         self.pool: ThreadPoolExecutor | None = None
         self.inserted = self.updated = self.attempts = 0
         self.staged: dict[str, str] = {}  # an overwrite's staged parts: tag -> partition
+        self.holders: dict[str, list[str]] = {}  # partition -> nodes that may act for it
         self.last_error: BaseException | None = None
 
     # ------------------------------------------------------------------ plan
@@ -116,6 +128,7 @@ class PartitionWriter:
                 last = exc
                 continue
             parts = status.get("partitions") or []
+            self.holders = {str(p["name"]): _holders(p) for p in parts}
             return {
                 str(p["name"]): str(p["active"]) for p in parts if isinstance(p.get("active"), str)
             }
@@ -161,23 +174,36 @@ class PartitionWriter:
             if node is None:
                 raise Unavailable(f"partition {name} has no active node now")
             tag = f"{where}{name}"
-            c = self._client(node)
-            try:
-                c.call(
-                    "bulk.overwrite.part",
-                    job=job,
-                    tag=tag,
-                    partition=name,
-                    type=self.opts.type,
-                    tv=self.version,
-                    key=self.key,
-                    rows=ipc(table.take(pa.array(rows, type=pa.int64()))),
-                    format="arrow",
-                )
-            except Unavailable:
-                self._drop(node)
-                raise
+            part = {
+                "job": job,
+                "tag": tag,
+                "partition": name,
+                "type": self.opts.type,
+                "tv": self.version,
+                "key": self.key,
+                "rows": ipc(table.take(pa.array(rows, type=pa.int64()))),
+                "format": "arrow",
+            }
+            self._stage_on(node, part)
+            # Also on the partition's other holders that are up (its replicas, its
+            # preferred node): a takeover or a handover before the job commit then
+            # finds the part on the new active node.  Best effort: the swap checks
+            # that its active node holds every part (data-path.md §6.6).
+            for other in self.holders.get(name, []):
+                if other != node and other in self.up:
+                    try:
+                        self._stage_on(other, part)
+                    except (Retryable, Unavailable):
+                        continue
             self.staged[tag] = name
+
+    def _stage_on(self, node: str, part: dict[str, Any]) -> None:
+        c = self._client(node)
+        try:
+            c.call("bulk.overwrite.part", **part)
+        except Unavailable:
+            self._drop(node)
+            raise
 
     def _retrying(self, once: Callable[[dict[str, str]], None]) -> None:
         for attempt in range(ATTEMPTS):

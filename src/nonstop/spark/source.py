@@ -93,6 +93,9 @@ _PUSHABLE = {
 _FILTER_KINDS = frozenset({"bool", "int", "float", "str", "bytes", "datetime", "date", "ref"})
 COMMIT_RETRIES = 10
 """Attempts of an overwrite's job commit that hit a lock conflict (a concurrent transaction)."""
+PARTITION_COMMIT_RETRIES = 40
+"""The same under routing by partition, a second apart: any move of the partition table
+during the swap fences it (NotActive), and the table moves while nodes are overloaded."""
 OUTCOME_WAIT = 60.0
 """How long a job commit whose reply was lost or undecided waits to learn its outcome."""
 SWAP_TIMEOUT = 300.0
@@ -456,7 +459,11 @@ class NonstopWriter(DataSourceArrowWriter):
         else:  # routing by partition: the parts each partition takes (§6.6)
             args["staged"] = staged
         cid = self.opts.cluster_id
-        for attempt in range(COMMIT_RETRIES):
+        # By partition, a takeover or a dropped replica anywhere moves an epoch and
+        # fences the whole swap (NotActive): on a loaded machine the table moves often,
+        # so the swap is tried for longer, a second apart.
+        retries = PARTITION_COMMIT_RETRIES if self.partitioned else COMMIT_RETRIES
+        for attempt in range(retries):
             req = [f"spark-overwrite-{self.job}", attempt]
             address = self._session_address()
             try:
@@ -476,9 +483,9 @@ class NonstopWriter(DataSourceArrowWriter):
                         raise
                 return
             except Retryable:
-                if attempt == COMMIT_RETRIES - 1:
+                if attempt == retries - 1:
                     raise
-                time.sleep(min(1.0, 0.05 * 2**attempt))
+                time.sleep(1.0 if self.partitioned else min(1.0, 0.05 * 2**attempt))
             except Unavailable:
                 # Nothing swapped (the session is gone), or a commit that did not
                 # commit: a node seen down for a moment (a loaded machine) or a reply
@@ -488,7 +495,7 @@ class NonstopWriter(DataSourceArrowWriter):
                 # By partition only the active nodes must be up: a takeover under way
                 # (the table changes) is waited out, then the swap is tried again.
                 time.sleep(1.0)
-                if attempt == COMMIT_RETRIES - 1 or not (self.partitioned or self._all_up()):
+                if attempt == retries - 1 or not (self.partitioned or self._all_up()):
                     raise
 
     def _session_address(self) -> str:
