@@ -64,7 +64,7 @@ from pyspark.sql.types import StructType
 from nonstop.bulk.handlers import ROWS_PER_RANGE
 from nonstop.bulk.keys import encode_keys
 from nonstop.client.bulk import BulkClient
-from nonstop.errors import BadArgument, Retryable, Unavailable
+from nonstop.errors import Aborted, BadArgument, Retryable, Unavailable
 from nonstop.model.codec import encode_key
 from nonstop.spark.one_line import one_line
 from nonstop.spark.partition_writes import PartitionWriter, routes_by_partition
@@ -474,6 +474,12 @@ class NonstopWriter(DataSourceArrowWriter):
                     c.call("tx.overwrite", s=sid, **args)
                     try:  # (closing the connection rolls an unfinished session back)
                         c.call("tx.commit", s=sid, req=req)
+                    except Aborted as exc:
+                        if not self.partitioned:
+                            raise
+                        # The decision was abort (a participant's prepare refused: its
+                        # partition moved, a replica dropped): nothing swapped; again.
+                        raise Retryable(f"the swap's commit aborted: {exc}") from exc
                     except Unavailable:
                         # Undecided, or the reply was lost: the commit may still have
                         # happened; aborting the job then would be wrong.  Ask (H1).
