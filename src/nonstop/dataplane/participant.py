@@ -56,6 +56,7 @@ from nonstop.model.codec import pack, unpack
 from nonstop.model.ref import Ref
 from nonstop.store.group_commit import Op, WriteSet
 from nonstop.tx.async_transaction import AsyncTransaction
+from nonstop.tx.asyncmethods import queue_records
 from nonstop.tx.database import Database
 from nonstop.tx.prepared import PreparedTransaction
 from nonstop.tx.query import gc_paused
@@ -263,6 +264,7 @@ class StoreResourceManager:
             if self.replicator is not None and record is not None:
                 try:  # on every in-sync copy of each partition before the yes vote
                     # (with the request records: a homed request's, requests.md)
+                    # (and its queued calls, A6: ha.md "Queued calls and timers ...")
                     if large:  # (an overwrite by partition: its records off the loop too)
                         records = await asyncio.to_thread(_replica_records, tx)
                     else:
@@ -296,9 +298,10 @@ class StoreResourceManager:
 
 
 def _replica_records(tx: Transaction) -> list[list[Any]]:
-    """What the sync replicas get of a prepared branch: its write set's records and its
-    request records (nothing else uses ``tx`` meanwhile: see :data:`LARGE_PREPARE`)."""
-    return write_set_records(tx) + result_records(tx)
+    """What the sync replicas get of a prepared branch: its write set's records, its
+    request records and its queued calls (nothing else uses ``tx`` meanwhile: see
+    :data:`LARGE_PREPARE`)."""
+    return write_set_records(tx) + result_records(tx) + queue_records(tx)
 
 
 LARGE_PREPARE = 2000
