@@ -6,13 +6,17 @@
   partition at the epoch given (its reference's location names it), updates an
   existing one in place, validates the whole batch before writing anything, and
   leaves transaction entries the replication path sees (``write_set_records``);
-* under routing by partition the unreplicated writes (``bulk.upsert``, a staged
-  overwrite) are refused with one line naming the way that works.
+* under routing by partition the unreplicated writes (``bulk.upsert``, a swap in one
+  store) are refused with one line naming the way that works;
+* an overwrite's staged part names its partition, and the branch swap of some
+  partitions (bulk/partition_swap.py) replaces exactly their objects with
+  replicated transaction entries.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,9 +26,10 @@ import pytest
 
 import nonstop
 from nonstop.bulk.handlers import BulkContext, handle
+from nonstop.bulk.partition_swap import overwrite_partitions_branch
 from nonstop.bulk.partitioned import key_values, partitions_of, upsert_branch
 from nonstop.dataplane.placement import routing_key
-from nonstop.errors import BadArgument, DuplicateKey, FieldError
+from nonstop.errors import Aborted, BadArgument, DuplicateKey, FieldError
 from nonstop.ha.mapper import ConsistentHashMapper
 from nonstop.model.managed import type_info
 from nonstop.model.ref import Ref
@@ -152,11 +157,90 @@ def test_unreplicated_bulk_writes_are_refused_under_partitions(db: nonstop.Datab
     with pytest.raises(BadArgument, match=r"write with tx\.upsert"):
         handle(ctx, {"op": "bulk.upsert", **payload})
     with pytest.raises(BadArgument, match="routes by partition"):
-        handle(ctx, {"op": "bulk.overwrite.begin", "type": "pipe.Item"})
-    with pytest.raises(BadArgument, match="routes by partition"):
-        handle(ctx, {"op": "bulk.overwrite.part", "job": "j1", "tag": "0/0/0", **payload})
+        handle(ctx, {"op": "bulk.overwrite.commit", "type": "pipe.Item", "job": "j1"})
     # Node routing keeps them.
     assert handle(BulkContext(db, "n1"), {"op": "bulk.upsert", **payload})["inserted"] == 1
+
+
+def _swap(
+    db: nonstop.Database, job: str, groups: list[list[Any]]
+) -> tuple[dict[str, Any], list[Any]]:
+    async def run() -> tuple[dict[str, Any], list[Any]]:
+        tx = AsyncTransaction(db, Isolation.SERIALIZABLE, 5.0)
+        try:
+            payload = {"type": "pipe.Item", "job": job, "partitions": groups}
+            reply = await overwrite_partitions_branch(tx, type_info(Item), payload)
+            records = write_set_records(tx)
+            await tx.commit()
+            return reply, records
+        except BaseException:
+            await tx.rollback()
+            raise
+
+    return asyncio.run(run())
+
+
+def test_a_staged_part_names_its_partition_and_the_swap_takes_exactly_its_parts(
+    db: nonstop.Database,
+) -> None:
+    """``bulk.overwrite.part`` under partitions checks each row maps to the part's
+    partition; the branch swap (data-path.md §6.6) deletes the type's objects of the
+    partitions it is given (and of the own location), creates the parts' rows in their
+    partition at the epoch given -- all transaction entries the replication path sees --
+    leaves other partitions alone, refuses a missing part, and replays once done."""
+    placement = HashPlacement()
+    ctx = BulkContext(db, "n1", placement)
+    of = {k: placement.partition_for("pipe.Item", routing_key(k)) for k in "abcdefghij"}
+    p_a = of["a"]
+    same = [k for k in of if of[k] == p_a]
+    other = next(k for k in of if of[k] != p_a)
+    base = {"type": "pipe.Item", "key": "sku", "format": "arrow", "job": "j1"}
+    with pytest.raises(BadArgument, match="'partition' must name"):
+        handle(
+            ctx, {"op": "bulk.overwrite.part", "tag": "0/0/0/x", "rows": rows(["a"], [1]), **base}
+        )
+    with pytest.raises(FieldError, match=f"maps to partition {of[other]}, not {p_a}"):
+        handle(
+            ctx,
+            {
+                "op": "bulk.overwrite.part",
+                "tag": f"0/0/0/{p_a}",
+                "partition": p_a,
+                "rows": rows(["a", other], [1, 2]),
+                **base,
+            },
+        )
+    # Old objects: two in P0 (the partition swapped), one in P1 (another partition).
+    _branch(
+        db,
+        {
+            "type": "pipe.Item",
+            "key": "sku",
+            "format": "arrow",
+            "rows": rows(["old1", "old2", "keep"], [1, 2, 3]),
+            "parts": [[P0, 4, [0, 1]], [P1, 7, [2]]],
+        },
+    )
+    tag = f"0/0/0/{p_a}"
+    assert handle(
+        ctx,
+        {
+            "op": "bulk.overwrite.part",
+            "tag": tag,
+            "partition": p_a,
+            "rows": rows(same, [10] * len(same)),
+            **base,
+        },
+    ) == {"rows": len(same)}
+    with pytest.raises(Aborted, match="not on its active node"):
+        _swap(db, "j1", [[P0, 5, [tag, "1/0/0/x"]]])
+    reply, records = _swap(db, "j1", [[P0, 5, [tag]]])
+    assert reply == {"deleted": 2, "inserted": len(same), "replayed": False}
+    assert Counter(r[0] for r in records) == Counter({"d": 2, "c": len(same)})
+    want = {k: (10, P0, 5) for k in same} | {"keep": (3, P1, 7)}
+    assert _stored(db) == want
+    assert _swap(db, "j1", [[P0, 5, [tag]]])[0]["replayed"] is True
+    assert _stored(db) == want
 
 
 def test_partitions_of_uses_the_routing_key_of_a_create() -> None:

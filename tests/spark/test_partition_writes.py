@@ -9,8 +9,7 @@ partition (its reference's location); the per-partition counts the nodes report
 ones.  After a SIGKILL of the node acting for the most partitions, once the
 survivors serve every partition, a Spark read returns all N rows (none lost:
 they had reached the replicas), and another load works with the node still
-down (counted per partition again).  ``mode("overwrite")`` is refused with one
-line naming the limit, and a batch sent to a node that does not act for its
+down (counted per partition again).  A batch sent to a node that does not act for its
 partition is refused with the retryable ``NotActive``.  (``long``: a load that
 runs through the SIGKILL.)
 """
@@ -26,20 +25,18 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 import nonstop
 from nonstop.admin.owned import OwnedCluster
 from nonstop.client.bulk import BulkClient, cluster_nodes
 from nonstop.dataplane.placement import routing_key
-from nonstop.errors import BadArgument, NotActive
+from nonstop.errors import NotActive
 from nonstop.ha.mapper import ConsistentHashMapper
 from nonstop.ha.partition_table import partition_location
 from nonstop.model.managed import type_info
 from nonstop.model.ref import Ref
 from nonstop.spark.partition_writes import PartitionWriter, ipc
 from nonstop.spark.schema import Options
-from nonstop.spark.source import NonstopWriter
 from tests.spark.conftest import ROOT, wait_until
 from tests.spark.model import Item
 
@@ -147,12 +144,6 @@ def test_spark_load_is_placed_by_the_mapper_and_survives_a_kill(
             rows=rows,
             format="arrow",
         )
-
-    # An overwrite is refused on the driver, before anything is staged, naming the limit.
-    schema = StructType([StructField("sku", StringType()), StructField("qty", LongType())])
-    opts = Options.parse({"cluster": ",".join(oc.addresses), "type": ITEM})
-    with pytest.raises(BadArgument, match="not available when the cluster routes by partition"):
-        NonstopWriter(opts, schema, overwrite=True)
 
     # SIGKILL of the node acting for the most partitions: nothing lost.
     victim = Counter(p["active"] for p in table.values()).most_common(1)[0][0]

@@ -29,3 +29,6 @@ def test_bulk_writes_are_refused_and_reads_pass() -> None:
             asyncio.run(service._bulk(op, {}))
     assert asyncio.run(service._bulk("bulk.scan", {})) == {"r": "bulk.scan"}
     assert service.ran == ["bulk.scan"], "a refused write reached the store"
+    # An overwrite's staging is invisible local records; its swap is a replicated
+    # transaction (data-path.md §6.6): staging passes.
+    assert asyncio.run(service._bulk("bulk.overwrite.part", {})) == {"r": "bulk.overwrite.part"}

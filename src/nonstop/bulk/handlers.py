@@ -914,7 +914,6 @@ def overwrite_begin(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any]
 
     ``job`` may be given (the Spark writer passes one id to every node).
     """
-    _refuse_under_partitions(ctx, "an overwrite (mode 'overwrite')")
     info = bulk_type(ctx, payload)
     job = payload.get("job") or secrets.token_hex(8)
     job = _job({"job": job})
@@ -925,8 +924,12 @@ def overwrite_begin(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any]
 
 
 def overwrite_part(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any]:
-    """Stage rows of an overwrite, invisibly.  The same ``tag`` again replaces that part."""
-    _refuse_under_partitions(ctx, "an overwrite (mode 'overwrite')")
+    """Stage rows of an overwrite, invisibly.  The same ``tag`` again replaces that part.
+
+    Under routing by partition the part names its ``partition`` (every row's key must
+    map to it) and the job's record is written with its first part: the rows go to
+    each partition's active node, which need not have been up at the job's start
+    (data-path.md §6.6)."""
     job = _job(payload)
     info = bulk_type(ctx, payload)
     key = unique_key_of(info, payload)
@@ -936,14 +939,23 @@ def overwrite_part(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any]:
         raise BadArgument("'tag' must name this part (the same on a retry)")
     db = ctx.db
     bulk = _bulk_db(db)
-    meta = db.engine.get_raw(bulk, b"j/" + job.encode())
+    jslot = b"j/" + job.encode()
+    meta = db.engine.get_raw(bulk, jslot)
+    ops: list[tuple[bool, Any, bytes, bytes | None]] = []
+    if ctx.placement is not None:
+        from nonstop.bulk.partition_swap import check_staged_part
+
+        check_staged_part(ctx, info, key, cols, names, payload.get("partition"))
+        if meta is None:
+            meta = pack({"type": info.name, "at": time.time()})
+            ops.append((True, bulk, jslot, meta))
     if meta is None:
         raise BadArgument(f"no staged overwrite {job!r} on this node (aborted or committed?)")
     if unpack(meta)["type"] != info.name:
         raise BadArgument(f"overwrite {job!r} is of type {unpack(meta)['type']}, not {info.name}")
     staged = pack({"key": key.field, "names": names, "cols": cols})
-    slot = f"o/{job}/{tag}".encode()
-    db.engine.committer.commit(WriteSet([(True, bulk, slot, staged)]))
+    ops.append((True, bulk, f"o/{job}/{tag}".encode(), staged))
+    db.engine.committer.commit(WriteSet(ops))
     return {"rows": len(cols[0]) if cols else 0}
 
 
@@ -959,6 +971,7 @@ def overwrite_commit(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any
     data service's ``tx.overwrite`` runs :func:`overwrite_branch` on every node in
     one distributed transaction instead (data-path.md §6).
     """
+    _refuse_under_partitions(ctx, "bulk.overwrite.commit (a swap in one store)")
     job = _job(payload)
     info = bulk_type(ctx, payload)
     parts = payload.get("parts")

@@ -256,7 +256,8 @@ class StoreResourceManager:
         try:
             for ref, type_name, version, changes in writes:
                 await _apply_write(tx, ref, type_name, version, changes)
-            if len(tx.entry_map()) + tx.raw_op_count() // 4 < LARGE_PREPARE:
+            large = len(tx.entry_map()) + tx.raw_op_count() // 4 >= LARGE_PREPARE
+            if not large:
                 record = tx.prepare_write_set(gtid.encode(), keep_read_only=True)
             else:  # an overwrite's swap: seconds of encoding, off the event loop
                 record = await asyncio.to_thread(_prepare_large, tx, gtid.encode())
@@ -264,7 +265,10 @@ class StoreResourceManager:
                 try:  # on every in-sync copy of each partition before the yes vote
                     # (with the request records: a homed request's, requests.md)
                     # (and its queued calls, A6: ha.md "Queued calls and timers ...")
-                    records = write_set_records(tx) + result_records(tx) + queue_records(tx)
+                    if large:  # (an overwrite by partition: its records off the loop too)
+                        records = await asyncio.to_thread(_replica_records, tx)
+                    else:
+                        records = _replica_records(tx)
                     await self.replicator.prepare(gtid, records)
                 except (NotActive, Unavailable) as exc:
                     reason = NOT_ACTIVE
@@ -291,6 +295,13 @@ class StoreResourceManager:
         b.ready = True
         self.prepared.stage(gtid.encode(), tx, record)
         self.feed([Ready(gtid, RECORD, {})])
+
+
+def _replica_records(tx: Transaction) -> list[list[Any]]:
+    """What the sync replicas get of a prepared branch: its write set's records, its
+    request records and its queued calls (nothing else uses ``tx`` meanwhile: see
+    :data:`LARGE_PREPARE`)."""
+    return write_set_records(tx) + result_records(tx) + queue_records(tx)
 
 
 LARGE_PREPARE = 2000

@@ -21,9 +21,9 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from nonstop import errors
-from nonstop.bulk.partitioned import refusal
 from nonstop.dataplane.args import ref_arg
 from nonstop.dataplane.bulk_upsert import g_upsert
+from nonstop.dataplane.partition_overwrite import g_overwrite_partitions
 from nonstop.dataplane.placement import routing_key
 from nonstop.dataplane.sizes import MESSAGE_MARGIN
 from nonstop.dataplane.state import Session
@@ -497,8 +497,8 @@ def g_overwrite(dp: DataPlane, s: Session, p: dict[str, Any]) -> OpCoroutine:
     once, or nowhere (two-phase commit).  A node down: Unavailable, nothing swapped.
     """
     dp.check_type(p.get("type"), p.get("tv"))
-    if dp.config.placement is not None:
-        raise errors.BadArgument(refusal("an overwrite (mode 'overwrite')"))
+    if dp.config.placement is not None:  # every partition's swap (data-path.md §6.6)
+        return (yield from g_overwrite_partitions(dp, s, p))
     nodes = dp.view.members
     down = sorted(n for n in nodes if not dp.view.is_up(n))
     if down:

@@ -208,6 +208,11 @@ async def _execute(tx: AsyncTransaction, op: str, p: dict[str, Any]) -> dict[str
     if op in CUT_OPS:
         return run_cut_op(tx, op, p)
     if op == "branch.overwrite":
+        if p.get("partitions") is not None:  # routing by partition (data-path.md §6.6)
+            from nonstop.bulk.partition_swap import overwrite_partitions_branch
+
+            info = check_type(p.get("type"), p.get("tv"))
+            return await overwrite_partitions_branch(tx, info, p)
         from nonstop.bulk.handlers import overwrite_branch
 
         return await overwrite_branch(tx, check_type(p.get("type"), p.get("tv")), p)

@@ -626,16 +626,10 @@ def run_calls_where_partitions_are(runtime: RealRuntime, db: Any, side: Any) -> 
     gate.start()
 
 
-BULK_WRITES = frozenset(
-    {
-        "bulk.upsert",
-        "bulk.stream.commit",
-        "bulk.overwrite.begin",
-        "bulk.overwrite.part",
-        "bulk.overwrite.commit",
-    }
-)
-"""Bulk ops that write the store directly, outside the replication machine."""
+BULK_WRITES = frozenset({"bulk.upsert", "bulk.stream.commit", "bulk.overwrite.commit"})
+"""Bulk ops that write the store's objects directly, outside the replication machine.
+(``bulk.overwrite.begin``/``part`` only stage rows as invisible local records: the
+swap that makes them objects is a replicated transaction, data-path.md §6.6.)"""
 
 
 def refuse_unreplicated_bulk_writes(service: Any) -> None:

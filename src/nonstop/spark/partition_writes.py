@@ -21,11 +21,16 @@ A refusal (``NotActive``), a node lost (``Unavailable``) or a conflict
 (``Retryable``) sends the whole batch again after a fresh plan: an upsert by
 key applied twice changes nothing the second time, so a part that did commit
 before the failure is harmless to send again.
+
+An overwrite stages its rows the same way (:meth:`PartitionWriter.stage`: each
+partition's rows on its active node, as ``bulk.overwrite.part``); the job commit
+swaps every partition in one distributed transaction (data-path.md §6.6).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -59,12 +64,15 @@ def routes_by_partition(opts: Options, nodes: list[dict[str, Any]]) -> bool:
     raise Unavailable(f"no node of the cluster at {opts.cluster} answers: {last}")
 
 
-def refuse_overwrite(opts: Options) -> BadArgument:
-    return BadArgument(
-        f"mode('overwrite') of {opts.type} is not available when the cluster routes by "
-        'partition ([ha] data = "partitions"): an overwrite swaps objects outside the '
-        "partitions and their replicas; write with mode('append') (an upsert by key)"
-    )
+def _holders(part: dict[str, Any]) -> list[str]:
+    """The nodes that hold or may act for a partition: its ``current`` copies and its
+    priority list (a status entry of the partition table)."""
+    out: list[str] = []
+    for entry in [*(part.get("current") or []), *(part.get("nodes") or [])]:
+        node = entry[0] if isinstance(entry, list | tuple) and entry else entry
+        if isinstance(node, str) and node not in out:
+            out.append(node)
+    return out
 
 
 def _client(opts: Options, address: str, timeout: float | None = None) -> BulkClient:
@@ -96,6 +104,8 @@ class PartitionWriter:
         self.clients: dict[str, BulkClient] = {}
         self.pool: ThreadPoolExecutor | None = None
         self.inserted = self.updated = self.attempts = 0
+        self.staged: dict[str, str] = {}  # an overwrite's staged parts: tag -> partition
+        self.holders: dict[str, list[str]] = {}  # partition -> nodes that may act for it
         self.last_error: BaseException | None = None
 
     # ------------------------------------------------------------------ plan
@@ -118,6 +128,7 @@ class PartitionWriter:
                 last = exc
                 continue
             parts = status.get("partitions") or []
+            self.holders = {str(p["name"]): _holders(p) for p in parts}
             return {
                 str(p["name"]): str(p["active"]) for p in parts if isinstance(p.get("active"), str)
             }
@@ -142,11 +153,64 @@ class PartitionWriter:
     def write(self, table: pa.Table) -> None:
         """Write one batch (module doc); raises what is not retryable, or the last
         failure after :data:`ATTEMPTS`."""
+        self._retrying(lambda active: self._write_once(table, active))
+
+    def stage(self, table: pa.Table, job: str, where: str) -> None:
+        """Stage one batch of an overwrite (data-path.md §6.6): each partition's rows on
+        the partition's active node, invisibly, tagged ``<where><partition>``; a
+        refusal or a lost node plans again and stages the batch again under the same
+        tags (a part staged again replaces itself).  :attr:`staged` collects
+        ``tag -> partition`` for the job commit."""
+        self._retrying(lambda active: self._stage_once(table, active, job, where))
+
+    def _stage_once(self, table: pa.Table, active: dict[str, str], job: str, where: str) -> None:
+        route = self._route(table, active)
+        names = route["partitions"]
+        rows_of: dict[str, list[int]] = {}
+        for i, which in enumerate(route["of"]):
+            rows_of.setdefault(names[which], []).append(i)
+        for name, rows in sorted(rows_of.items()):
+            node = active.get(name)
+            if node is None:
+                raise Unavailable(f"partition {name} has no active node now")
+            tag = f"{where}{name}"
+            part = {
+                "job": job,
+                "tag": tag,
+                "partition": name,
+                "type": self.opts.type,
+                "tv": self.version,
+                "key": self.key,
+                "rows": ipc(table.take(pa.array(rows, type=pa.int64()))),
+                "format": "arrow",
+            }
+            self._stage_on(node, part)
+            # Also on the partition's other holders that are up (its replicas, its
+            # preferred node): a takeover or a handover before the job commit then
+            # finds the part on the new active node.  Best effort: the swap checks
+            # that its active node holds every part (data-path.md §6.6).
+            for other in self.holders.get(name, []):
+                if other != node and other in self.up:
+                    try:
+                        self._stage_on(other, part)
+                    except (Retryable, Unavailable):
+                        continue
+            self.staged[tag] = name
+
+    def _stage_on(self, node: str, part: dict[str, Any]) -> None:
+        c = self._client(node)
+        try:
+            c.call("bulk.overwrite.part", **part)
+        except Unavailable:
+            self._drop(node)
+            raise
+
+    def _retrying(self, once: Callable[[dict[str, str]], None]) -> None:
         for attempt in range(ATTEMPTS):
             try:
                 if self.active is None:
                     self.active = self._plan()
-                self._write_once(table, self.active)
+                once(self.active)
                 return
             except (Retryable, Unavailable) as exc:
                 self.attempts += 1

@@ -23,7 +23,9 @@ nothing visible.
 Under routing by partition (``[ha] data = "partitions"``) ``append`` writes
 each batch as a transaction of the partitions its keys map to, on their active
 nodes, replicated (:mod:`nonstop.spark.partition_writes`, data-path.md §6.5);
-``overwrite`` and the streaming sink are refused there.
+``overwrite`` stages each partition's rows on its active node and swaps every
+partition at job commit in ONE distributed transaction whose write sets are
+replicated (§6.6); the streaming sink is refused there.
 
 The streaming sink writes like ``append`` and records each micro-batch id
 with the data (``bulk.stream.commit``); a replayed batch id is skipped.
@@ -36,7 +38,7 @@ import secrets
 import time
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -62,10 +64,10 @@ from pyspark.sql.types import StructType
 from nonstop.bulk.handlers import ROWS_PER_RANGE
 from nonstop.bulk.keys import encode_keys
 from nonstop.client.bulk import BulkClient
-from nonstop.errors import BadArgument, Retryable, Unavailable
+from nonstop.errors import Aborted, BadArgument, Retryable, Unavailable
 from nonstop.model.codec import encode_key
 from nonstop.spark.one_line import one_line
-from nonstop.spark.partition_writes import PartitionWriter, refuse_overwrite, routes_by_partition
+from nonstop.spark.partition_writes import PartitionWriter, routes_by_partition
 from nonstop.spark.read_plan import (
     NodeRange,
     all_nodes,
@@ -91,6 +93,9 @@ _PUSHABLE = {
 _FILTER_KINDS = frozenset({"bool", "int", "float", "str", "bytes", "datetime", "date", "ref"})
 COMMIT_RETRIES = 10
 """Attempts of an overwrite's job commit that hit a lock conflict (a concurrent transaction)."""
+PARTITION_COMMIT_RETRIES = 40
+"""The same under routing by partition, a second apart: any move of the partition table
+during the swap fences it (NotActive), and the table moves while nodes are overloaded."""
 OUTCOME_WAIT = 60.0
 """How long a job commit whose reply was lost or undecided waits to learn its outcome."""
 SWAP_TIMEOUT = 300.0
@@ -255,6 +260,8 @@ class WriteStats(WriterCommitMessage):
     inserted: int = 0
     updated: int = 0
     replayed: int = 0
+    staged: list[list[str]] = field(default_factory=list)
+    """An overwrite under routing by partition: ``[partition, tag]`` of each staged part."""
 
 
 class _Router:
@@ -334,11 +341,9 @@ class NonstopWriter(DataSourceArrowWriter):
         # Under routing by partition a batch is a transaction of its partitions
         # (partition_writes.py): no node needs to be up but the partitions' active ones.
         self.partitioned = routes_by_partition(opts, all_nodes(opts))
-        if self.partitioned and overwrite:
-            raise refuse_overwrite(opts)
         self.nodes = all_nodes(opts) if self.partitioned else up_nodes(opts)
         self.job = secrets.token_hex(8)
-        if overwrite:
+        if overwrite and not self.partitioned:  # (by partition: with the first part)
             for node in self.nodes:
                 with BulkClient(
                     node["address"], cluster=opts.cluster_id, credentials=opts.credentials
@@ -384,12 +389,16 @@ class NonstopWriter(DataSourceArrowWriter):
         stats = WriteStats(partition=pid, attempt=attempt)
         writer = PartitionWriter(self.opts, self.nodes, self.key, self.version)
         try:
-            for table in _Router(self.opts, self.nodes, self.key).chunks(iterator):
+            for seq, table in enumerate(_Router(self.opts, self.nodes, self.key).chunks(iterator)):
                 stats.rows += table.num_rows
-                writer.write(table)
+                if self.overwrite:  # staged per attempt: only the successful one counts
+                    writer.stage(table, self.job, f"{pid}/{attempt}/{seq}/")
+                else:
+                    writer.write(table)
         finally:
             writer.close()
         stats.inserted, stats.updated = writer.inserted, writer.updated
+        stats.staged = [[name, tag] for tag, name in sorted(writer.staged.items())]
         return stats
 
     def _send(self, c: BulkClient, rows: bytes, where: str) -> dict[str, Any] | None:
@@ -404,8 +413,17 @@ class NonstopWriter(DataSourceArrowWriter):
 
     @one_line
     def commit(self, messages: list[WriteStats | None]) -> None:  # type: ignore[override]
-        if self.partitioned:
+        if self.partitioned and not self.overwrite:
             return  # every batch committed as it went (no tags to forget)
+        if self.partitioned:  # every partition swapped in one transaction (§6.6)
+            staged: dict[str, list[str]] = {}
+            for m in messages:
+                for name, tag in m.staged if m is not None else ():
+                    staged.setdefault(name, []).append(tag)
+            rows = sum(m.rows for m in messages if m is not None)
+            timeout = SWAP_TIMEOUT + SWAP_SECONDS_PER_ROW * (self.old_count + rows)
+            self._swap_everywhere(None, timeout, staged)
+            return
         if self.overwrite:
             parts = [f"{m.partition}/{m.attempt}/" for m in messages if m is not None]
             rows = sum(m.rows for m in messages if m is not None)
@@ -426,17 +444,28 @@ class NonstopWriter(DataSourceArrowWriter):
             ) as c:
                 c.call("bulk.forget", prefix=f"{self.job}/")
 
-    def _swap_everywhere(self, parts: list[str], timeout: float) -> None:
+    def _swap_everywhere(
+        self, parts: list[str] | None, timeout: float, staged: dict[str, list[str]] | None = None
+    ) -> None:
         """The overwrite's job commit on a cluster: ONE transaction swaps every node's
         staged parts in (``tx.overwrite``), and its commit (two-phase) makes them
         visible on all nodes or on none.  Any error is raised: Spark then aborts
         the job, which drops the staged parts.  A commit that met a conflicting
         transaction is replayed (each node's done record makes a replay of a job
         that did commit change nothing)."""
-        args = {"type": self.opts.type, "tv": self.version, "job": self.job, "parts": parts}
-        address, cid = self.nodes[0]["address"], self.opts.cluster_id
-        for attempt in range(COMMIT_RETRIES):
+        args: dict[str, Any] = {"type": self.opts.type, "tv": self.version, "job": self.job}
+        if staged is None:
+            args["parts"] = parts
+        else:  # routing by partition: the parts each partition takes (§6.6)
+            args["staged"] = staged
+        cid = self.opts.cluster_id
+        # By partition, a takeover or a dropped replica anywhere moves an epoch and
+        # fences the whole swap (NotActive): on a loaded machine the table moves often,
+        # so the swap is tried for longer, a second apart.
+        retries = PARTITION_COMMIT_RETRIES if self.partitioned else COMMIT_RETRIES
+        for attempt in range(retries):
             req = [f"spark-overwrite-{self.job}", attempt]
+            address = self._session_address()
             try:
                 with BulkClient(
                     address, cluster=cid, timeout=timeout, credentials=self.opts.credentials
@@ -445,6 +474,12 @@ class NonstopWriter(DataSourceArrowWriter):
                     c.call("tx.overwrite", s=sid, **args)
                     try:  # (closing the connection rolls an unfinished session back)
                         c.call("tx.commit", s=sid, req=req)
+                    except Aborted as exc:
+                        if not self.partitioned:
+                            raise
+                        # The decision was abort (a participant's prepare refused: its
+                        # partition moved, a replica dropped): nothing swapped; again.
+                        raise Retryable(f"the swap's commit aborted: {exc}") from exc
                     except Unavailable:
                         # Undecided, or the reply was lost: the commit may still have
                         # happened; aborting the job then would be wrong.  Ask (H1).
@@ -454,18 +489,31 @@ class NonstopWriter(DataSourceArrowWriter):
                         raise
                 return
             except Retryable:
-                if attempt == COMMIT_RETRIES - 1:
+                if attempt == retries - 1:
                     raise
-                time.sleep(min(1.0, 0.05 * 2**attempt))
+                time.sleep(1.0 if self.partitioned else min(1.0, 0.05 * 2**attempt))
             except Unavailable:
                 # Nothing swapped (the session is gone), or a commit that did not
                 # commit: a node seen down for a moment (a loaded machine) or a reply
                 # lost on a dropped connection.  Again, if every node is up a moment
                 # later (a node really down fails the job, naming it); a replay of a
                 # swap that did commit meanwhile changes nothing (its done record).
+                # By partition only the active nodes must be up: a takeover under way
+                # (the table changes) is waited out, then the swap is tried again.
                 time.sleep(1.0)
-                if attempt == COMMIT_RETRIES - 1 or not self._all_up():
+                if attempt == retries - 1 or not (self.partitioned or self._all_up()):
                     raise
+
+    def _session_address(self) -> str:
+        """The node that coordinates the job commit: the first node up (by partition a
+        node may be down while its partitions are served by their replicas)."""
+        if not self.partitioned:
+            return str(self.nodes[0]["address"])
+        try:
+            nodes = all_nodes(self.opts)
+        except Unavailable:
+            nodes = self.nodes
+        return str(next((n for n in nodes if n.get("up", True)), nodes[0])["address"])
 
     def _wait_landed(self, timeout: float) -> None:
         """Return once every node holds the new set: a swap is applied on each node
@@ -488,9 +536,11 @@ class NonstopWriter(DataSourceArrowWriter):
         return all(n.get("up", True) for n in nodes)
 
     def abort(self, messages: list[WriteStats | None]) -> None:  # type: ignore[override]
-        if self.partitioned:
+        if self.partitioned and not self.overwrite:
             return  # (committed batches stay: an append is not atomic, as under nodes)
         for node in self.nodes:
+            if not node.get("up", True):
+                continue  # its staged rows stay invisible; bulk.overwrite.abort drops them later
             try:
                 with BulkClient(
                     node["address"], cluster=self.opts.cluster_id, credentials=self.opts.credentials
