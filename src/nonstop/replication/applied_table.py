@@ -2,8 +2,8 @@
 
 Both hosts (the simulator's data-path node and the real node, replication.md §10d)
 hand the machine the same things after every event: the views of the applied
-table (cached per applied index: the table changes only when an entry or a
-snapshot is applied), the partitions this node acts for now, and the partition
+table (cached per ``table_version``: it counts every applied change of the table
+and every snapshot installed), the partitions this node acts for now, and the partition
 of an object reference (its location code names it).
 """
 
@@ -20,21 +20,30 @@ class AppliedTable:
 
     def __init__(self, ha: HaClusterNode) -> None:
         self.ha = ha
-        self._views: tuple[tuple[int, bytes], dict[str, PartitionView]] = ((-1, b""), {})
+        self._views: tuple[int, dict[str, PartitionView]] = (-1, {})
         self._locations: dict[int, str] = {}
 
     def views(self) -> dict[str, PartitionView]:
+        # Keyed by the table's own version, not the cluster log's applied index: every
+        # transfer's decision entry moves the index, and a new mapping here makes the
+        # machine look at every stream again (its ``fresh``).
         ha = self.ha
         at, views = self._views
-        if at != (ha.applied_index, ha.applied_digest):
+        if at != ha.table_version:
             views = {n: view_of(p) for n, p in ha.partition_table.partitions.items()}
-            self._views = ((ha.applied_index, ha.applied_digest), views)
+            self._views = (ha.table_version, views)
         return views
 
     def acting(self, now: float) -> list[str]:
         """The partitions this node acts for at ``now`` (lease held, active in the table)."""
-        ha = self.ha
-        return [n for n in ha.partition_table.partitions if ha.acting(now, n)]
+        ha, me = self.ha, self.ha.name
+        # Only a partition this node is active for can be acted for: the lease check (the
+        # costly part, after every event) is asked for those alone.
+        return [
+            n
+            for n, p in ha.partition_table.partitions.items()
+            if p.active == me and ha.acting(now, n)
+        ]
 
     def partition_of(self, ref: bytes) -> str | None:
         """The partition a reference belongs to; None for a node's own location."""
