@@ -179,6 +179,8 @@ class ReplicationMachine:
         self._touched: set[str] = set()
         """Partitions whose stream or copy an event changed since the last ``on_table``:
         between sweeps only they are looked at (completion, flush, holds, pruning)."""
+        self.streams_started = 0
+        """Streams started so far (a host compares it to hand a new stream's copy over)."""
         self._swept_at = float("-inf")
         """When ``on_table`` last looked at every stream (``config.sweep``)."""
         self.now = 0.0
@@ -327,7 +329,7 @@ class ReplicationMachine:
             # A copy finishes with an acknowledgement (a touch), not with a new table.
             self._watch_handover(now, self.streams[name], self.views[name])
         actions += self._progress(now, complete=True, full=full)
-        if self.holds.held:
+        if self.holds.held and (full or self._touched):
             actions += self._settle_holds(None if full else self._touched)
         self._touched = set()
         return actions
@@ -417,6 +419,7 @@ class ReplicationMachine:
         self.replica.forget_incoming(name)
         stream = Stream(name, self.rng.getrandbits(62) + 1, self.data.head(name), view.epoch)
         self.streams[name] = stream
+        self.streams_started += 1
         self._touched.add(name)
         actions: list[Any] = []
         if self.config.mutant == "ignore_prepared":
