@@ -480,7 +480,7 @@ class ReplicationMachine:
         stream if ``full``, else of those touched since the last ``on_table``."""
         actions: list[Any] = []
         streams = self.streams
-        names = list(streams) if full else sorted(n for n in self._touched if n in streams)
+        names = list(streams) if full else sorted(self._touched & streams.keys())
         for name in names:
             stream, view = streams[name], self.views[name]
             for peer in stream.peers.values():
