@@ -22,6 +22,8 @@ class AppliedTable:
         self.ha = ha
         self._views: tuple[int, dict[str, PartitionView]] = (-1, {})
         self._locations: dict[int, str] = {}
+        self._acting: tuple[tuple[int, float, bool], float, float, list[str]] | None = None
+        """(inputs, computed at, valid until, answer) of the last :meth:`acting`."""
 
     def views(self) -> dict[str, PartitionView]:
         # Keyed by the table's own version, not the cluster log's applied index: every
@@ -36,14 +38,26 @@ class AppliedTable:
 
     def acting(self, now: float) -> list[str]:
         """The partitions this node acts for at ``now`` (lease held, active in the table)."""
-        ha, me = self.ha, self.ha.name
-        # Only a partition this node is active for can be acted for: the lease check (the
-        # costly part, after every event) is asked for those alone.
-        return [
+        # The answer depends on the table (``table_version``), the lease held (``held_until``),
+        # quorum (``enabled``), the waits for a previous active node (changed only with the
+        # table) and the time; for the same inputs it changes by time alone only at
+        # ``next_change``: until then the last answer stands (asked after every event).
+        ha = self.ha
+        leases = ha.leases
+        key = (ha.table_version, leases.held_until, ha.enabled)
+        cached = self._acting
+        if cached is not None and cached[0] == key and cached[1] <= now < cached[2]:
+            return list(cached[3])
+        me = ha.name
+        # Only a partition this node is active for can be acted for: the lease check is
+        # asked for those alone.
+        acting = [
             n
             for n, p in ha.partition_table.partitions.items()
             if p.active == me and ha.acting(now, n)
         ]
+        self._acting = (key, now, leases.next_change(now), acting)
+        return list(acting)
 
     def partition_of(self, ref: bytes) -> str | None:
         """The partition a reference belongs to; None for a node's own location."""
