@@ -6,6 +6,8 @@ them whatever the import path.
 
 from __future__ import annotations
 
+import time
+
 import nonstop
 from nonstop import Managed, key
 
@@ -43,4 +45,10 @@ class Inbox(Managed, name="dist.Inbox"):
     @nonstop.asynchronous
     def post(self, item: str) -> None:
         """Queued in the caller's commit on the inbox's master node; runs there afterwards."""
+        self.items = [*self.items, item]
+
+    @nonstop.asynchronous
+    def slow_post(self, item: str, seconds: float) -> None:
+        """``post`` that takes ``seconds``: a backlog of queued calls for a kill to meet."""
+        time.sleep(seconds)
         self.items = [*self.items, item]

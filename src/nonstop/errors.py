@@ -153,6 +153,12 @@ class Unavailable(ClusterError):
     """No reachable node could serve the request."""
 
 
+class NoLeader(Unavailable):
+    """The cluster log has no leader now (an election is in progress): a change that goes
+    through the log was not made.  Retry in a moment (the CLI, the admin API and the
+    console retry a few times by themselves)."""
+
+
 class QuorumLost(ClusterError):
     """The node is Disabled: it does not have quorum and refuses work (D16)."""
 

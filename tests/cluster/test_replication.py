@@ -1,7 +1,9 @@
 """Sync replication of partitions on real node processes (replication.md §10c, §10d).
 
 Three nodes on loopback with ``ha.data = "partitions"`` and the default policy (16
-dynamic partitions, one sync replica each), which replicates (no other setting):
+dynamic partitions, one sync replica each), which replicates (no other setting);
+the cluster and its accounts come from ``tests/cluster/replicated_bank.py``, shared
+with the handover and request tests:
 
 * objects written on the cluster survive a SIGKILL of the node acting for their
   partitions: after the takeover a survivor serves every one of them, none is
@@ -27,138 +29,63 @@ import pytest
 
 import nonstop
 from nonstop import errors
-from nonstop.ha.partition_table import partition_location
-from tests.cluster.conftest import REAL_CLUSTER, Procs, app_cluster, wait_until
+from tests.cluster.conftest import REAL_CLUSTER, Procs, wait_until
+from tests.cluster.replicated_bank import (
+    OPTIONS,
+    START,
+    accounts_on,
+    connect,
+    partitions_of,
+    read_all,
+    replicated_bank,
+    restored,
+    retryable,
+    served,
+)
 from tests.distmodel import Account
 
 pytestmark = [
     pytest.mark.skipif(not REAL_CLUSTER, reason="replication is the real cluster node's"),
 ]
 
-OPTIONS = {"app": ["tests.distmodel"], "ha": {"data": "partitions"}}
-PARTITIONS = 16
 ACCOUNTS = 48
-START = 100
-
-
-def table(p: Procs, name: str) -> dict[str, dict[str, Any]]:
-    return {part["name"]: part for part in p.status(name)["partitions"]}
-
-
-def served(p: Procs, names: str, replicas: bool = True) -> dict[str, dict[str, Any]] | None:
-    """The table once every partition's active node is one of ``names``, acts for it and
-    its store took the replicated copy -- and, with ``replicas``, every partition has an
-    in-sync replica (after a kill the partitions of two-node lists have none left)."""
-    parts = table(p, names[0])
-    if len(parts) != PARTITIONS:
-        return None
-    statuses = {n: p.status(n) for n in names}
-    for name, part in parts.items():
-        active = part["active"]
-        if active not in statuses:
-            return None
-        status = statuses[active]
-        if name not in status["acting"] or name not in status["replication"]["ready"]:
-            return None
-        if replicas and not any(r["in_sync"] for r in part["replicas"]):
-            return None
-    return parts
-
-
-def restored(p: Procs, node: str, names: str) -> bool:
-    """``node`` holds an in-sync copy of every partition it is listed for."""
-    parts = served(p, names)
-    if parts is None:
-        return False
-    listed = [part for part in parts.values() if node in [n for n, _ in part["nodes"]]]
-    return bool(listed) and all(
-        node in [n for n, _ in part["current"]] and node not in part["copying"] for part in listed
-    )
-
-
-def connect(p: Procs, names: str = "ABC") -> Any:
-    return nonstop.connect(",".join(p.address(n) for n in names))
-
-
-def balances(db: Any, numbers: list[str]) -> dict[str, int]:
-    """Every account's balance, each looked up by its key (NotFound would raise)."""
-    with db.transaction() as tx:
-        return {n: tx.get(Account, number=n).balance for n in numbers}
-
-
-def read_all(db: Any, numbers: list[str], timeout: float) -> dict[str, int]:
-    """``balances`` once it answers (retryable errors while a takeover settles); NotFound
-    is never retried: it fails the test."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return balances(db, numbers)
-        except errors.NotFound:
-            raise
-        except (errors.Retryable, errors.Unavailable, errors.ClusterError):
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
-
-
-def create_accounts(db: Any, numbers: list[str]) -> None:
-    for i in range(0, len(numbers), 8):
-        chunk = numbers[i : i + 8]
-
-        @nonstop.transactional
-        def make(tx: nonstop.Transaction, chunk: list[str] = chunk) -> None:
-            for n in chunk:
-                tx.get_or_create(Account, number=n, defaults={"balance": START})
-
-        make(db)
-
-
-def partitions_of(p: Procs, node: str) -> set[str]:
-    return {name for name, part in table(p, node).items() if part["active"] == node}
 
 
 @pytest.mark.timeout(300)
 def test_objects_survive_a_kill_and_the_restarted_node_is_a_replica_again(
     tmp_path: Path,
 ) -> None:
-    with app_cluster(tmp_path, 3, OPTIONS) as p:
-        wait_until(lambda: served(p, "ABC"), 60, "every partition served with a replica")
-        db = connect(p)
-        try:
-            numbers = [f"R-{i}" for i in range(ACCOUNTS)]
-            create_accounts(db, numbers)
-            # Acknowledged updates after the creates: a few balances move.
-            rng = random.Random(3)
-            for _ in range(20):
-                src, dst = rng.sample(numbers, 2)
-                transfer(db, src, dst, 1)
-            before = read_all(db, numbers, 30)
-            assert sum(before.values()) == START * ACCOUNTS
+    numbers = [f"R-{i}" for i in range(ACCOUNTS)]
+    with replicated_bank(tmp_path, numbers) as bank:
+        p, db = bank.p, bank.db
+        # Acknowledged updates after the creates: a few balances move.
+        rng = random.Random(3)
+        for _ in range(20):
+            src, dst = rng.sample(numbers, 2)
+            transfer(db, src, dst, 1)
+        before = read_all(db, numbers, 30)
+        assert sum(before.values()) == START * ACCOUNTS
 
-            # (a) SIGKILL the node acting for the most partitions.
-            victim = max("ABC", key=lambda n: len(partitions_of(p, n)))
-            rest = "".join(n for n in "ABC" if n != victim)
-            assert partitions_of(p, victim), "the victim acts for partitions"
-            p.kill(victim)
-            wait_until(
-                lambda: served(p, rest, replicas=False), 60, f"{rest} serving every partition"
-            )
-            after = read_all(db, numbers, 30)
-            assert after == before, "an acknowledged write was lost in the failover"
+        # (a) SIGKILL the node acting for the most partitions.
+        victim = max("ABC", key=lambda n: len(partitions_of(p, n)))
+        rest = "".join(n for n in "ABC" if n != victim)
+        assert partitions_of(p, victim), "the victim acts for partitions"
+        p.kill(victim)
+        wait_until(lambda: served(p, rest, replicas=False), 60, f"{rest} serving every partition")
+        after = read_all(db, numbers, 30)
+        assert after == before, "an acknowledged write was lost in the failover"
 
-            # (c) Restart: the node is restored by copy and becomes a replica (or active) again.
-            p.start(victim)
-            wait_until(lambda: restored(p, victim, "ABC"), 90, f"{victim} restored")
-            # Its copy is real: kill another node; the survivors still serve everything.
-            second = rest[0]
-            survivors = "".join(n for n in "ABC" if n != second)
-            p.kill(second)
-            wait_until(
-                lambda: served(p, survivors, replicas=False), 60, f"{survivors} serving everything"
-            )
-            assert read_all(db, numbers, 30) == before
-        finally:
-            db.close()
+        # (c) Restart: the node is restored by copy and becomes a replica (or active) again.
+        p.start(victim)
+        wait_until(lambda: restored(p, victim, "ABC"), 90, f"{victim} restored")
+        # Its copy is real: kill another node; the survivors still serve everything.
+        second = rest[0]
+        survivors = "".join(n for n in "ABC" if n != second)
+        p.kill(second)
+        wait_until(
+            lambda: served(p, survivors, replicas=False), 60, f"{survivors} serving everything"
+        )
+        assert read_all(db, numbers, 30) == before
 
 
 @nonstop.transactional
@@ -215,12 +142,6 @@ class Load:
             w.join(60)
 
 
-def retryable(kind: str) -> bool:
-    """Is the error class named ``kind`` one ``@nonstop.transactional`` replays?"""
-    cls = getattr(errors, kind, None)
-    return isinstance(cls, type) and issubclass(cls, errors.Retryable)
-
-
 def first_commit_on(db: Any, number: str, since: float, timeout: float) -> float:
     """Seconds from ``since`` to the first commit that writes account ``number``."""
     deadline = time.monotonic() + timeout
@@ -240,67 +161,56 @@ def first_commit_on(db: Any, number: str, since: float, timeout: float) -> float
 
 @pytest.mark.timeout(300)
 def test_transfers_continue_through_a_kill_and_the_total_is_conserved(tmp_path: Path) -> None:
-    with app_cluster(tmp_path, 3, OPTIONS) as p:
-        wait_until(lambda: served(p, "ABC"), 60, "every partition served with a replica")
-        db = connect(p)
-        try:
-            numbers = [f"T-{i}" for i in range(ACCOUNTS)]
-            create_accounts(db, numbers)
-            victim = "B"
-            moved = partitions_of(p, victim)
-            assert moved
-            locations = {partition_location(n) for n in moved}
-            with db.transaction() as tx:
-                probe = next(
-                    n for n in numbers if tx.ref(tx.get(Account, number=n)).location in locations
-                )
-            with Load(p, numbers, threads=4) as load:
-                time.sleep(1.5)
-                done_before = load.done
-                killed_at = time.monotonic()
-                p.kill(victim)
-                took = first_commit_on(db, probe, killed_at, 60)
-                wait_until(
-                    lambda: served(p, "AC", replicas=False), 60, "A and C serving every partition"
-                )
-                settled_at = time.monotonic()
-                time.sleep(2.0)
-                # Restore under load: the node comes back, is copied to while transfers run,
-                # and takes its partitions back by priority.
-                done_restart = load.done
-                p.start(victim)
-                wait_until(lambda: restored(p, victim, "ABC"), 90, f"{victim} restored")
-                time.sleep(1.5)
-            print(
-                f"\ntakeover with data: {took * 1000:.0f} ms from SIGKILL of {victim} to the "
-                f"first commit on a partition it acted for ({len(moved)} partitions moved); "
-                f"transfers {done_before} before, {load.done} in all (restore under load); errors "
-                f"{dict(Counter(kind for _, kind, _ in load.errors))}"
+    numbers = [f"T-{i}" for i in range(ACCOUNTS)]
+    with replicated_bank(tmp_path, numbers) as bank:
+        p, db = bank.p, bank.db
+        victim = "B"
+        moved = partitions_of(p, victim)
+        assert moved
+        probe = accounts_on(bank, victim)[0]
+        with Load(p, numbers, threads=4) as load:
+            time.sleep(1.5)
+            done_before = load.done
+            killed_at = time.monotonic()
+            p.kill(victim)
+            took = first_commit_on(db, probe, killed_at, 60)
+            wait_until(
+                lambda: served(p, "AC", replicas=False), 60, "A and C serving every partition"
             )
-            assert load.done > done_before, "no transfer after the kill"
-            assert load.done > done_restart, "no transfer after the restart"
-            late = [
-                (kind, why)
-                for at, kind, why in load.errors
-                if at > settled_at and not retryable(kind)
-            ]
-            assert not late, f"non-retryable errors of transfers begun after the takeover: {late}"
-            during = {kind for _, kind, _ in load.errors}
-            assert during <= {
-                "NotActive",
-                "Unavailable",
-                "Conflict",
-                "LockTimeout",
-                "Deadlock",
-                "BranchRolledBack",
-                "Aborted",
-                "AmbiguousCommit",
-            }, during
-            final = read_all(db, numbers, 30)
-            assert sum(final.values()) == START * ACCOUNTS, "total not conserved"
-            assert took < 30
-        finally:
-            db.close()
+            settled_at = time.monotonic()
+            time.sleep(2.0)
+            # Restore under load: the node comes back, is copied to while transfers run,
+            # and takes its partitions back by priority.
+            done_restart = load.done
+            p.start(victim)
+            wait_until(lambda: restored(p, victim, "ABC"), 90, f"{victim} restored")
+            time.sleep(1.5)
+        print(
+            f"\ntakeover with data: {took * 1000:.0f} ms from SIGKILL of {victim} to the "
+            f"first commit on a partition it acted for ({len(moved)} partitions moved); "
+            f"transfers {done_before} before, {load.done} in all (restore under load); errors "
+            f"{dict(Counter(kind for _, kind, _ in load.errors))}"
+        )
+        assert load.done > done_before, "no transfer after the kill"
+        assert load.done > done_restart, "no transfer after the restart"
+        late = [
+            (kind, why) for at, kind, why in load.errors if at > settled_at and not retryable(kind)
+        ]
+        assert not late, f"non-retryable errors of transfers begun after the takeover: {late}"
+        during = {kind for _, kind, _ in load.errors}
+        assert during <= {
+            "NotActive",
+            "Unavailable",
+            "Conflict",
+            "LockTimeout",
+            "Deadlock",
+            "BranchRolledBack",
+            "Aborted",
+            "AmbiguousCommit",
+        }, during
+        final = read_all(db, numbers, 30)
+        assert sum(final.values()) == START * ACCOUNTS, "total not conserved"
+        assert took < 30
 
 
 def test_partitions_with_replicas_replicate_unless_turned_off(tmp_path: Path) -> None:

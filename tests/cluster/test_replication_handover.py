@@ -16,7 +16,9 @@ over, B restarts, is restored by copy and takes its partitions back by priority
   unknown outcome; the total of the transfer accounts is conserved.
 
 The longest attempt after the kill is printed (a dead coordinator's branches no
-longer hold their locks until ``decision_timeout``: dtx ``peers_down``).
+longer hold their locks until ``decision_timeout``: dtx ``peers_down``).  The cluster
+and its accounts come from ``tests/cluster/replicated_bank.py`` (shared with
+``test_replication.py``).
 """
 
 from __future__ import annotations
@@ -31,16 +33,14 @@ from typing import Any
 import pytest
 
 from nonstop import errors
-from nonstop.ha.partition_table import partition_location
-from tests.cluster.conftest import REAL_CLUSTER, Procs, app_cluster, wait_until
-from tests.cluster.test_replication import (
-    OPTIONS,
+from tests.cluster.conftest import REAL_CLUSTER, Procs, wait_until
+from tests.cluster.replicated_bank import (
     START,
+    accounts_on,
     balances,
     connect,
-    create_accounts,
-    partitions_of,
     read_all,
+    replicated_bank,
     restored,
     retryable,
     served,
@@ -126,54 +126,45 @@ class CountingLoad:
 def test_a_handover_under_load_fails_commits_only_retryably_and_loses_none(
     tmp_path: Path,
 ) -> None:
-    with app_cluster(tmp_path, 3, OPTIONS) as p:
-        wait_until(lambda: served(p, "ABC"), 60, "every partition served with a replica")
-        db = connect(p)
-        try:
-            numbers = [f"H-{i}" for i in range(ACCOUNTS)]
-            counters = [f"N-{i}" for i in range(THREADS)]
-            create_accounts(db, numbers + counters)
-            # The transfers go to the partitions B acts for (and takes back): many commits
-            # there are in flight at each handover.
-            locations = {partition_location(n) for n in partitions_of(p, "B")}
-            with db.transaction() as tx:
-                moving = [
-                    n for n in numbers if tx.ref(tx.get(Account, number=n)).location in locations
-                ]
-            assert len(moving) >= 4, moving
-            with CountingLoad(p, moving) as load:
-                time.sleep(1.0)
-                killed_at = time.monotonic()
-                p.kill("B")
-                wait_until(lambda: served(p, "AC", replicas=False), 60, "A and C serving")
-                settled_at = time.monotonic()
-                p.start("B")
-                wait_until(lambda: restored(p, "B", "ABC"), 90, "B restored, handed back")
-                handed_at = time.monotonic()
-                time.sleep(1.0)
-            after_kill = [a for a in load.attempts if a[0] >= killed_at]
-            slowest = max(after_kill, key=lambda a: a[1])
-            late = [a for a in load.attempts if a[0] >= settled_at]
-            print(
-                f"\nhandover: takeover settled {settled_at - killed_at:.2f} s after the kill, B "
-                f"restored {handed_at - settled_at:.2f} s after its restart; attempts after "
-                f"the takeover {dict(Counter(a[2] for a in late))}; longest attempt begun "
-                f"after the kill {slowest[1]:.2f} s ({slowest[2]})"
+    numbers = [f"H-{i}" for i in range(ACCOUNTS)]
+    counters = [f"N-{i}" for i in range(THREADS)]
+    with replicated_bank(tmp_path, numbers + counters) as bank:
+        p, db = bank.p, bank.db
+        # The transfers go to the partitions B acts for (and takes back): many commits
+        # there are in flight at each handover.
+        moving = [n for n in accounts_on(bank, "B") if n in numbers]
+        assert len(moving) >= 4, moving
+        with CountingLoad(p, moving) as load:
+            time.sleep(1.0)
+            killed_at = time.monotonic()
+            p.kill("B")
+            wait_until(lambda: served(p, "AC", replicas=False), 60, "A and C serving")
+            settled_at = time.monotonic()
+            p.start("B")
+            wait_until(lambda: restored(p, "B", "ABC"), 90, "B restored, handed back")
+            handed_at = time.monotonic()
+            time.sleep(1.0)
+        after_kill = [a for a in load.attempts if a[0] >= killed_at]
+        slowest = max(after_kill, key=lambda a: a[1])
+        late = [a for a in load.attempts if a[0] >= settled_at]
+        print(
+            f"\nhandover: takeover settled {settled_at - killed_at:.2f} s after the kill, B "
+            f"restored {handed_at - settled_at:.2f} s after its restart; attempts after "
+            f"the takeover {dict(Counter(a[2] for a in late))}; longest attempt begun "
+            f"after the kill {slowest[1]:.2f} s ({slowest[2]})"
+        )
+        bad = [(kind, why) for _, _, kind, why in late if kind != "ok" and not retryable(kind)]
+        assert not bad, f"non-retryable errors after the takeover settled: {bad}"
+        assert sum(load.acked.values()) > 0
+        final = read_all(db, numbers + counters, 30)
+        assert sum(final[n] for n in numbers) == START * ACCOUNTS, "total not conserved"
+        for i, name in enumerate(counters):
+            commits = final[name] - START
+            assert load.acked[i] <= commits <= load.acked[i] + load.unknown[i], (
+                f"thread {i}: {commits} commits, {load.acked[i]} acknowledged, "
+                f"{load.unknown[i]} of unknown outcome"
             )
-            bad = [(kind, why) for _, _, kind, why in late if kind != "ok" and not retryable(kind)]
-            assert not bad, f"non-retryable errors after the takeover settled: {bad}"
-            assert sum(load.acked.values()) > 0
-            final = read_all(db, numbers + counters, 30)
-            assert sum(final[n] for n in numbers) == START * ACCOUNTS, "total not conserved"
-            for i, name in enumerate(counters):
-                commits = final[name] - START
-                assert load.acked[i] <= commits <= load.acked[i] + load.unknown[i], (
-                    f"thread {i}: {commits} commits, {load.acked[i]} acknowledged, "
-                    f"{load.unknown[i]} of unknown outcome"
-                )
-            assert balances(db, counters)  # a plain read answers too
-        finally:
-            db.close()
+        assert balances(db, counters)  # a plain read answers too
 
 
 @pytest.mark.timeout(240)
@@ -184,64 +175,51 @@ def test_a_dead_coordinators_branches_do_not_hold_their_locks_until_a_timeout(
     is SIGKILLed, its prepared branches on A and C (partitions that do not move, so no
     promotion resolves them) used to keep their locks for ``decision_timeout`` (10 s),
     and every transfer of the same accounts waited ``lock_wait`` (5 s) per attempt."""
-    with app_cluster(tmp_path, 3, OPTIONS) as p:
-        wait_until(lambda: served(p, "ABC"), 60, "every partition served with a replica")
-        db = connect(p)
-        try:
-            numbers = [f"D-{i}" for i in range(ACCOUNTS)]
-            create_accounts(db, numbers)
-            sides: dict[str, list[str]] = {"A": [], "C": []}
-            for name in sides:
-                locations = {partition_location(n) for n in partitions_of(p, name)}
-                with db.transaction() as tx:
-                    sides[name] = [
-                        n
-                        for n in numbers
-                        if tx.ref(tx.get(Account, number=n)).location in locations
-                    ]
-            assert len(sides["A"]) >= 2 and len(sides["C"]) >= 2, sides
-            branches: dict[str, list[float]] = {}
-            polls: Counter[str] = Counter()
-            watching = threading.Event()
+    numbers = [f"D-{i}" for i in range(ACCOUNTS)]
+    with replicated_bank(tmp_path, numbers) as bank:
+        p, db = bank.p, bank.db
+        sides = {name: accounts_on(bank, name) for name in "AC"}
+        assert len(sides["A"]) >= 2 and len(sides["C"]) >= 2, sides
+        branches: dict[str, list[float]] = {}
+        polls: Counter[str] = Counter()
+        watching = threading.Event()
 
-            def watch() -> None:
-                while not watching.is_set():
-                    for name in "AC":
-                        try:
-                            held = p.status(name)["dtx"]["branches"]
-                        except errors.Error:
-                            continue
-                        now = time.monotonic()
-                        polls[name] += 1
-                        for gtid in held:
-                            if gtid.startswith("B."):
-                                branches.setdefault(f"{name}:{gtid}", [now, now])[1] = now
-                    time.sleep(0.05)
+        def watch() -> None:
+            while not watching.is_set():
+                for name in "AC":
+                    try:
+                        held = p.status(name)["dtx"]["branches"]
+                    except errors.Error:
+                        continue
+                    now = time.monotonic()
+                    polls[name] += 1
+                    for gtid in held:
+                        if gtid.startswith("B."):
+                            branches.setdefault(f"{name}:{gtid}", [now, now])[1] = now
+                time.sleep(0.05)
 
-            watcher = threading.Thread(target=watch)
-            coordinators = ("BAC", "BAC", "ACB", "CAB")
-            across = (sides["A"], sides["C"])
-            with CountingLoad(p, numbers, coordinators, across) as load:
-                time.sleep(1.0)
-                watcher.start()
-                killed_at = time.monotonic()
-                p.kill("B")
-                time.sleep(6.0)
-            watching.set()
-            watcher.join(10)
-            after_kill = [a for a in load.attempts if a[0] >= killed_at]
-            slowest = max(after_kill, key=lambda a: a[1])
-            held_after = {k: last - killed_at for k, (_, last) in branches.items()}
-            longest = max(held_after.values(), default=0.0)
-            print(
-                f"\ndead coordinator: longest attempt begun after the kill {slowest[1]:.2f} s "
-                f"({slowest[2]}); B's branches on A/C last seen {longest:.2f} s after the kill "
-                f"({len(held_after)} seen in {dict(polls)} polls); "
-                f"attempts {dict(Counter(a[2] for a in after_kill))}"
-            )
-            assert longest < 4.0, f"a dead coordinator's branch held for {longest:.1f} s"
-            assert slowest[1] < 4.0, f"an attempt waited {slowest[1]:.1f} s: {slowest}"
-            final = read_all(db, numbers, 30)
-            assert sum(final.values()) == START * ACCOUNTS, "total not conserved"
-        finally:
-            db.close()
+        watcher = threading.Thread(target=watch)
+        coordinators = ("BAC", "BAC", "ACB", "CAB")
+        across = (sides["A"], sides["C"])
+        with CountingLoad(p, numbers, coordinators, across) as load:
+            time.sleep(1.0)
+            watcher.start()
+            killed_at = time.monotonic()
+            p.kill("B")
+            time.sleep(6.0)
+        watching.set()
+        watcher.join(10)
+        after_kill = [a for a in load.attempts if a[0] >= killed_at]
+        slowest = max(after_kill, key=lambda a: a[1])
+        held_after = {k: last - killed_at for k, (_, last) in branches.items()}
+        longest = max(held_after.values(), default=0.0)
+        print(
+            f"\ndead coordinator: longest attempt begun after the kill {slowest[1]:.2f} s "
+            f"({slowest[2]}); B's branches on A/C last seen {longest:.2f} s after the kill "
+            f"({len(held_after)} seen in {dict(polls)} polls); "
+            f"attempts {dict(Counter(a[2] for a in after_kill))}"
+        )
+        assert longest < 4.0, f"a dead coordinator's branch held for {longest:.1f} s"
+        assert slowest[1] < 4.0, f"an attempt waited {slowest[1]:.1f} s: {slowest}"
+        final = read_all(db, numbers, 30)
+        assert sum(final.values()) == START * ACCOUNTS, "total not conserved"

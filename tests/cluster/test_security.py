@@ -21,6 +21,7 @@ import pytest
 import tests.distmodel  # noqa: F401  (the types the nodes load with --app)
 from nonstop.client import Client
 from nonstop.client.credentials import load_secret
+from nonstop.commands.context import CommandContext, ask
 from nonstop.errors import AuthenticationFailed, NotAuthorized, Unavailable
 from nonstop.net.auth import NodeKey, Password, make_verifier
 from nonstop.net.frames import FrameDecoder, encode
@@ -386,8 +387,12 @@ def test_users_survive_a_restart(cluster: Procs) -> None:
     before = current_user_list(cluster, "A", 10)
     assert {"carol", "watcher", "shop"} <= set(before)
     cluster.kill("C")
-    with Client([cluster.address("A")], timeout=10, rounds=1) as c:
-        assert c.call({"op": "user.remove", "user": "watcher"})["ok"]
+    # As the CLI, the admin API and the console send it (commands/context.ask), whichever
+    # node led the cluster log: if C did, A answers NoLeader during the election (asked
+    # again), and a change A forwarded to C before it saw C die is sent again to the new
+    # leader (security/users_table.py).
+    context = CommandContext([cluster.address("A")], timeout=10)
+    assert ask(context, {"op": "user.remove", "user": "watcher"})["ok"]
     del before["watcher"]
     cluster.start("C")
     deadline = time.monotonic() + 30

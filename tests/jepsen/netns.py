@@ -11,9 +11,12 @@ Faults are rules in each namespace's own nftables table (``inet jepsen``, an
 one-way cut A→B is one rule in A, a cut both ways one rule on each side, and
 random loss a ``numgen random`` rule.  The whole table is rewritten in one
 nftables transaction on every change, from the fault state kept here, so a
-heal can never leave a stray rule.  Delay needs the kernel's ``netem`` qdisc
-(:func:`netem_available`); where it is missing (the CI VM's kernel has no
-``sch_netem``) :meth:`Network.delay` raises :class:`Unsupported`.
+heal can never leave a stray rule.  Delay uses the kernel's ``netem`` qdisc
+where it has one (:func:`netem_available`); where it is missing (the CI VM's
+kernel has no ``sch_netem``) a network made with ``relay_port`` delays through a
+relay in every namespace (:mod:`tests.jepsen.relay`: the node's connections to its
+peers' ``relay_port`` are redirected to it, and it delays the bytes as told), and
+one made without raises :class:`Unsupported`.
 
 Names carry the owner's pid (``njp<pid><n>-<node>``, bridge ``njb<pid><n>``,
 host veth ends ``njv<pid><n><i>``), so parallel runs never collide and
@@ -26,14 +29,22 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
+import sys
+import tempfile
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.jepsen.relay import MARK
 
 NS_PREFIX = "njp"
 BRIDGE_PREFIX = "njb"
@@ -41,6 +52,10 @@ VETH_PREFIX = "njv"
 SUBNET_BASE = "10.77"
 HOST = "host"
 """The peer name of the host's end of the bridge (where the clients run)."""
+
+RELAY_BASE = 17100
+"""A namespace's relay listens for peer number ``i`` on 127.0.0.1:``RELAY_BASE + i``."""
+ROOT = Path(__file__).resolve().parents[2]
 
 _runs = itertools.count()
 _NAME = re.compile(rf"^(?:{NS_PREFIX}|{BRIDGE_PREFIX}|{VETH_PREFIX})([0-9a-f]{{6}})")
@@ -152,19 +167,17 @@ def _kill_namespace_processes(ns: str) -> None:
             os.kill(int(pid), signal.SIGKILL)
 
 
-def _ruleset(rules: Iterable[str]) -> str:
-    """One nftables transaction: make sure the table exists, drop it, write it anew."""
+def _ruleset(rules: Iterable[str], redirects: Iterable[str] = ()) -> str:
+    """One nftables transaction: make sure the table exists, drop it, write it anew
+    (``redirects``: the relay's ``nat`` rules, module doc)."""
     body = "".join(f"    {rule}\n" for rule in rules)
-    return (
-        "table inet jepsen\n"
-        "delete table inet jepsen\n"
-        "table inet jepsen {\n"
-        "  chain out {\n"
-        "    type filter hook output priority 0; policy accept;\n"
-        f"{body}"
-        "  }\n"
-        "}\n"
-    )
+    nat = "".join(f"    {rule}\n" for rule in redirects)
+    chains = f"  chain out {{\n    type filter hook output priority 0; policy accept;\n{body}  }}\n"
+    if nat:
+        chains += (
+            f"  chain relay {{\n    type nat hook output priority -100; policy accept;\n{nat}  }}\n"
+        )
+    return f"table inet jepsen\ndelete table inet jepsen\ntable inet jepsen {{\n{chains}}}\n"
 
 
 def _used_subnets() -> set[int]:
@@ -188,9 +201,12 @@ class Network:
     loss: dict[tuple[str, str], int] = field(default_factory=dict)
     """(from, to) → percent of packets dropped at random."""
     delays: dict[str, tuple[int, int]] = field(default_factory=dict)
-    """node → (delay ms, jitter ms) on everything it sends (netem)."""
+    """node → (delay ms, jitter ms) on everything it sends (netem, or the relays)."""
+    relay_port: int | None = None
+    """The nodes' port: their connections to it go through a delaying relay (module doc)."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _made: list[str] = field(default_factory=list)
+    _relay_dir: Path | None = None
 
     # ------------------------------------------------------------ names
     @property
@@ -238,10 +254,62 @@ class Network:
                 _run(["ip", "-n", ns, "link", "set", "eth0", "up"])
                 _run(["ip", "link", "set", veth, "master", self.bridge, "up"])
                 self._apply(name)
+            if self.relay_port is not None:
+                self._start_relays()
         except BaseException:
             self.down()
             raise
         return self
+
+    def _start_relays(self) -> None:
+        """One relay per namespace, listening for each peer (module doc); wait until each
+        opened its control socket."""
+        self._relay_dir = Path(tempfile.mkdtemp(prefix=f"{NS_PREFIX}{self.run}."))
+        path = os.pathsep.join(p for p in [str(ROOT), os.environ.get("PYTHONPATH", "")] if p)
+        env = {**os.environ, "PYTHONPATH": path}
+        for name in self.names:
+            routes = [
+                f"--route={RELAY_BASE + i}={peer}@{self.address(peer)}:{self.relay_port}"
+                for i, peer in enumerate(self.names)
+                if peer != name
+            ]
+            control = self._relay_dir / f"{name}.sock"
+            subprocess.Popen(
+                [
+                    *self.exec_prefix(name),
+                    sys.executable,
+                    "-m",
+                    "tests.jepsen.relay",
+                    f"--control={control}",
+                    *routes,
+                ],
+                cwd=ROOT,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + 30
+        for name in self.names:
+            while not (self._relay_dir / f"{name}.sock").exists():
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the relay in {self.namespace(name)} did not start")
+                time.sleep(0.05)
+
+    def _tell_relays(self) -> None:
+        """Give every relay its delays from :attr:`delays` (caller holds the lock)."""
+        assert self._relay_dir is not None
+        for name in self.names:
+            up = {p: self.delays[name][0] for p in self.names if p != name and name in self.delays}
+            down = {p: self.delays[p][0] for p in self.names if p != name and p in self.delays}
+            jitter = max((j for _, j in self.delays.values()), default=0)
+            asked = json.dumps({"up": up, "down": down, "jitter": jitter}) + "\n"
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as control:
+                control.settimeout(10)
+                control.connect(str(self._relay_dir / f"{name}.sock"))
+                control.sendall(asked.encode())
+                if control.makefile().readline().strip() != "ok":
+                    raise RuntimeError(f"the relay of {name} refused {asked!r}")
 
     def down(self) -> None:
         """Kill whatever still runs in the namespaces, delete them, the veths and the bridge."""
@@ -252,6 +320,9 @@ class Network:
             else:
                 _run(["ip", "link", "del", made], check=False)
         self._made.clear()
+        if self._relay_dir is not None:  # the relays died with their namespaces
+            shutil.rmtree(self._relay_dir, ignore_errors=True)
+            self._relay_dir = None
 
     def __enter__(self) -> Network:
         return self.up()
@@ -292,9 +363,18 @@ class Network:
             self._apply(b)
 
     def delay(self, a: str, ms: int, jitter_ms: int = 0) -> None:
-        """Delay everything ``a`` sends by ``ms`` ± ``jitter_ms`` (netem)."""
+        """Delay everything ``a`` sends to the other nodes by ``ms`` ± ``jitter_ms`` (netem,
+        or the relays: module doc)."""
+        if self._relay_dir is not None and not netem_available():
+            with self._lock:
+                self.delays[a] = (ms, jitter_ms)
+                self._tell_relays()
+            return
         if not netem_available():
-            raise Unsupported("the kernel has no netem qdisc: delay faults are skipped")
+            raise Unsupported(
+                "the kernel has no netem qdisc and this network has no relays: "
+                "delay faults are skipped"
+            )
         with self._lock:
             self.delays[a] = (ms, jitter_ms)
             _run(
@@ -322,6 +402,10 @@ class Network:
             self.delays.clear()
             for name in self.names:
                 self._apply(name)
+            if self._relay_dir is not None and not netem_available():
+                if delayed:
+                    self._tell_relays()
+                delayed = []
             for name in delayed:
                 _run(
                     [*self.exec_prefix(name), "tc", "qdisc", "del", "dev", "eth0", "root"],
@@ -333,6 +417,7 @@ class Network:
             cuts = sorted(self.drops)
             loss = sorted(self.loss.items())
         parts = [f"{a}->{b}" for a, b in cuts] + [f"{a}~{b}:{p}%" for (a, b), p in loss]
+        parts += [f"{a}+{ms}ms" for a, (ms, _) in sorted(self.delays.items())]
         return ", ".join(parts) or "healthy"
 
     # ------------------------------------------------------------ rules
@@ -355,7 +440,15 @@ class Network:
             for (a, b), p in sorted(self.loss.items())
             if a == name
         ]
-        _run([*self.exec_prefix(name), "nft", "-f", "-"], stdin=_ruleset(rules))
+        redirects = []
+        if self.relay_port is not None:
+            redirects = [
+                f"meta mark != {MARK:#x} ip daddr {self.address(peer)} tcp dport "
+                f"{self.relay_port} redirect to :{RELAY_BASE + i}"
+                for i, peer in enumerate(self.names)
+                if peer != name
+            ]
+        _run([*self.exec_prefix(name), "nft", "-f", "-"], stdin=_ruleset(rules, redirects))
 
 
 class Flapper:

@@ -15,8 +15,11 @@ and clients, a node while it coordinates a commit; ``branch`` cuts only the
 link between a prepared participant and its coordinator; ``one-way`` drops packets from one node
 to another but not back; ``flap`` cuts and heals one link every 100-500 ms;
 ``partition`` splits a minority from a majority; ``loss`` drops a share of the
-packets on some links; ``mix`` draws several of these (and the client-side
-isolation of a node) at random.  ``short`` -- what ``make test`` runs -- is
+packets on some links; ``delay`` delays everything one node sends to the
+others by 20-300 ms (netem where the kernel has it, else the relays of
+:mod:`tests.jepsen.relay`, which only a ``delay`` round sets up); ``mix`` draws
+several of these (and the client-side isolation of a node) at random (its delays
+are skipped without netem: no relays).  ``short`` -- what ``make test`` runs -- is
 ``leader``, ``participant``, ``one-way`` and ``flap`` one after another.
 """
 
@@ -33,8 +36,8 @@ from typing import Any
 from nonstop.client import Client
 from nonstop.errors import Error
 from tests.jepsen.bank import BankLoad, final_check
-from tests.jepsen.cluster import NetnsCluster
-from tests.jepsen.netns import Flapper, Network, Unsupported
+from tests.jepsen.cluster import PORT, NetnsCluster
+from tests.jepsen.netns import Flapper, Network, Unsupported, netem_available
 
 MID_COMMIT = ("persisting", "prepared")
 """Branch states (dtx/protocol.py) between a participant's prepare and the outcome."""
@@ -289,14 +292,18 @@ def isolate_from_clients(f: Faults) -> None:
 
 
 def delay(f: Faults) -> None:
+    """Delay everything one node sends to the others (a slow link, not a cut: with 300 ms
+    its peers' failure detectors, 0.5 s, are close to calling it Down)."""
     victim = f.rng.choice(f.cluster.names)
+    ms = f.rng.choice([20, 50, 100, 300])
     try:
-        f.net.delay(victim, f.rng.choice([20, 50, 100]), 20)
+        f.net.delay(victim, ms, 20)
     except Unsupported as exc:
         f.log(f"skip delay: {exc}")
         return
-    f.fault(f"delay everything {victim} sends")
+    f.fault(f"delay everything {victim} sends by {ms} ms ± 20")
     f.hold()
+    f.observe(victim)
     f.heal()
 
 
@@ -390,7 +397,10 @@ def run_round(
     began = time.monotonic()
     names = [chr(ord("A") + i) for i in range(nodes)]
     rng = random.Random(seed)
-    with Network(names) as net, NetnsCluster(folder, net) as cluster:
+    # The relays (delay without netem) change the path of every peer connection: only a
+    # round that delays has them.
+    relay_port = PORT if scenario == "delay" and not netem_available() else None
+    with Network(names, relay_port=relay_port) as net, NetnsCluster(folder, net) as cluster:
         cluster.start_all()
         load = BankLoad(cluster.addresses, names, clients=clients, seed=seed)
         load.open_accounts()

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from nonstop.client.core import (
+    OUTCOME_POLL,
     Action,
     Call,
     ClientCore,
@@ -157,17 +158,25 @@ def test_a_commit_still_running_after_op_timeout_is_unknown() -> None:
         step.send(None)
 
 
-def test_a_lost_commit_reply_with_its_node_dead_asks_another_node_for_the_home() -> None:
-    """A homed request (docs/design/requests.md): its node cannot be asked, so the next
-    node is, with the home; it answers for the home partition's active node."""
-    c = core()
-    home = b"\x01" * 20
-    step = c.request_result("a:1", ["cid.1", 1], ConnectionResetError(), home)
+HOME = b"\x01" * 20
+
+
+def asking_another_node(c: ClientCore) -> tuple[Step[None], StubLink, Call]:
+    """A lost commit reply of a homed request whose node ``a:1`` is dead: the step, once
+    it sent its first ask to ``b:2``; that link and that ask."""
+    step = c.request_result("a:1", ["cid.1", 1], ConnectionResetError(), HOME)
     assert next(step) == Connect("a:1", fresh=True)
     assert step.throw(ConnectionRefusedError("dead")) == Connect("b:2", fresh=True)
     other = StubLink("b:2")
-    ask = Call(other, {"op": "request.result", "req": ["cid.1", 1], "home": home}, 1.0)
+    ask = Call(other, {"op": "request.result", "req": ["cid.1", 1], "home": HOME}, 1.0)
     assert step.send(other) == ask
+    return step, other, ask
+
+
+def test_a_lost_commit_reply_with_its_node_dead_asks_another_node_for_the_home() -> None:
+    """A homed request (docs/design/requests.md): its node cannot be asked, so the next
+    node is, with the home; it answers for the home partition's active node."""
+    step, other, ask = asking_another_node(core())
     assert step.send({"error": "NotActive", "message": "promotion"}) == Close(other)
     assert step.send(None) == Sleep(0.05)
     assert step.send(None) == Connect("b:2", fresh=True)
@@ -177,12 +186,61 @@ def test_a_lost_commit_reply_with_its_node_dead_asks_another_node_for_the_home()
 
 
 def test_another_node_s_unknown_leaves_the_outcome_unknown() -> None:
-    c = core()
-    step = c.request_result("a:1", ["cid.1", 1], ConnectionResetError(), b"\x01" * 20)
-    next(step)
-    step.throw(ConnectionRefusedError("dead"))
-    other = StubLink("b:2")
-    step.send(other)
+    step, other, _ = asking_another_node(core())
     assert step.send({"state": "unknown", "result": None}) == Close(other)
     with pytest.raises(Unavailable, match="cannot be asked"):
         step.send(None)
+
+
+def test_a_late_answer_from_another_node_hands_over_and_the_search_goes_on() -> None:
+    """issue 10 (H4): another node's lookup may wait for the record's lock on the home
+    (a prepared branch being resolved) longer than the client's ``timeout``.  That node's
+    late answer hands over to the next node, and the search goes on within one
+    ``op_timeout``: the old client gave up after one late answer per node (5 s each, so
+    ~10.6 s with three nodes before ``Unavailable``, the outcome unknown)."""
+    step, other, ask = asking_another_node(core())
+    assert step.throw(TimeoutError("late")) == Close(other)
+    # The only other node answered late: after a pause, it is asked again.
+    assert step.send(None) == Sleep(0.05)
+    assert step.send(None) == Connect("b:2", fresh=True)
+    assert step.send(other) == ask
+    assert step.send({"state": "committed", "result": None}) == Close(other)
+    assert finish(step, None) is None
+
+
+def test_the_home_s_unknown_ends_the_search_without_asking_every_node() -> None:
+    """Every node asks the same home partition's active node, so its "unknown" (no
+    record there once the record's lock is free) is the answer: the client does not
+    ask the next node for another ``op_timeout``."""
+    c = ClientCore(["a:1", "b:2", "c:3"], rounds=2, timeout=1.0, op_timeout=3.0)
+    step, other, _ = asking_another_node(c)
+    assert step.send({"state": "unknown", "result": None}) == Close(other)
+    with pytest.raises(Unavailable, match="the outcome is unknown"):
+        step.send(None)
+
+
+def test_one_op_timeout_bounds_the_asks_of_every_other_node() -> None:
+    """A promotion that never ends: the search stops at one ``op_timeout`` (3 s here)
+    after it began, however many nodes there are to ask, with pauses of at most
+    ``OUTCOME_POLL`` between the asks (the client learns an outcome soon after the
+    cluster does)."""
+    now = [0.0]
+    c = ClientCore(
+        ["a:1", "b:2", "c:3"], rounds=2, timeout=1.0, op_timeout=3.0, clock=lambda: now[0]
+    )
+
+    def promoting(action: Action) -> Any:
+        if isinstance(action, Connect):
+            if action.address == "a:1":
+                raise ConnectionRefusedError("dead")
+            return StubLink(action.address)
+        if isinstance(action, Call):
+            return {"error": "NotActive", "message": "promotion in progress"}
+        if isinstance(action, Sleep):
+            assert action.seconds <= OUTCOME_POLL
+            now[0] += action.seconds
+        return None
+
+    with pytest.raises(Unavailable, match="cannot be asked"):
+        run(c.request_result("a:1", ["cid.1", 1], ConnectionResetError(), HOME), promoting)
+    assert 3.0 < now[0] <= 3.0 + OUTCOME_POLL

@@ -22,7 +22,7 @@ from nonstop.dataplane.commit import map_run_reply
 from nonstop.dataplane.ends import END_ALL
 from nonstop.dataplane.service import DataService, ServiceConfig
 from nonstop.dataplane.session_ops import merge_write
-from nonstop.dataplane.store_ops import apply_writes, execute
+from nonstop.dataplane.store_ops import apply_writes, claim_and_record, execute, run_branch_op
 from nonstop.model.codec import pack, unpack
 from nonstop.model.ref import Ref
 from nonstop.tx.async_transaction import AsyncTransaction
@@ -410,3 +410,34 @@ def test_local_session_and_exactly_once_through_the_service(db: nonstop.Database
     run(main())
     with db.transaction() as tx:
         assert tx.get(Account, number="a1").balance == 42
+
+
+def test_a_homed_lookup_waits_for_its_own_request_only(db: nonstop.Database) -> None:
+    """``request.lookup`` on the home node (docs/design/requests.md §3, issue 10 H4): a
+    prepared transaction that claimed the request's slot is waited for (its lock), and
+    once the slot is free the answer is final -- another transaction prepared on the
+    same store does not make it "in doubt".  (It did: under load some transaction is
+    nearly always prepared, so a client whose commit reply was lost with its
+    coordinator was told "running" for seconds about a request that never committed.)
+    """
+
+    async def go() -> None:
+        other = tx_of(db)
+        account = await other.get(Account, number="a1", lock="write")
+        account.balance += 1
+        assert await other.prepare(b"g-other") is True
+        reply = await run_branch_op(tx_of(db), "request.lookup", {"req": ["cli", 1]}, None)
+        assert reply == {"found": None, "in_doubt": False}
+
+        mine = tx_of(db)
+        assert await claim_and_record(mine, ("cli", 2), 16) is None
+        (await mine.get(Account, number="a2", lock="write")).balance += 1
+        assert await mine.prepare(b"g-mine") is True
+        with pytest.raises(errors.LockTimeout):  # in doubt: waits for the slot's lock
+            await run_branch_op(tx_of(db), "request.lookup", {"req": ["cli", 2]}, None)
+        await mine.commit_prepared()
+        reply = await run_branch_op(tx_of(db), "request.lookup", {"req": ["cli", 2]}, None)
+        assert reply == {"found": [True, None], "in_doubt": False}
+        await other.abort_prepared()
+
+    run(go())

@@ -53,6 +53,8 @@ ROUND_PAUSE = 0.1
 """Pause between two passes over the addresses for an admin request (seconds)."""
 SESSION_ROUND_PAUSE = 0.05
 """The same for opening a session."""
+OUTCOME_POLL = 0.2
+"""Longest pause between two asks for a lost commit's outcome (seconds)."""
 
 
 # ------------------------------------------------------------------ actions
@@ -353,10 +355,11 @@ class ClientCore:
         :class:`~nonstop.errors.Unavailable` if not committed or unknown.
 
         ``home`` (the commit named one, docs/design/requests.md): if ``address``
-        cannot be asked (its node died), every other known node is asked in turn;
-        it asks the home partition's active node, which holds the record after a
-        failover.  Only "committed" is believed from another node: its "unknown"
-        cannot tell a commit still running on ``address`` from none."""
+        cannot be asked (its node died), the other known nodes are asked with the home,
+        in turn, within one ``op_timeout`` for all of them (:meth:`_committed_elsewhere`):
+        each asks the home partition's active node, which holds the record after a
+        failover.  Only "committed" is believed from another node: its "unknown" cannot
+        tell a commit still running on ``address`` from none."""
         try:
             yield from self._settled_on(address, req, cause, home)
             return None
@@ -364,15 +367,9 @@ class ClientCore:
             if home is None or "cannot be asked" not in str(exc):
                 raise
             lost = exc
-        for other in [a for a in self.addresses if a != address]:
-            try:
-                found = yield from self._committed_elsewhere(other, req, home)
-            except Exception as exc:
-                if not isinstance(exc, NodeRefused) and not is_network_error(exc):
-                    raise
-                continue
-            if found:
-                return None
+        others = [a for a in self.addresses if a != address]
+        if others and (yield from self._committed_elsewhere(others, req, home)):
+            return None
         raise lost
 
     def _settled_on(
@@ -408,21 +405,45 @@ class ClientCore:
                     "the outcome is unknown"
                 )
             yield Sleep(delay)
-            delay = min(0.2, delay * 2)
+            delay = min(OUTCOME_POLL, delay * 2)
 
-    def _committed_elsewhere(self, address: str, req: list[Any], home: Any) -> Step[bool]:
-        """Whether ``address`` says request ``req`` (homed at ``home``) committed, asking
-        again while the home answers "running" or is between active nodes, up to
-        ``op_timeout``."""
+    def _committed_elsewhere(self, others: list[str], req: list[Any], home: Any) -> Step[bool]:
+        """Whether the nodes ``others`` say request ``req`` (homed at ``home``) committed.
+
+        Every one of them asks the same node -- the home partition's active one -- so
+        the first definite answer ends the search: "committed" (True), or "unknown" /
+        "aborted" (False: no record there; the caller leaves the outcome unknown).  The
+        home between active nodes (a promotion: ``NotActive``, ``Unavailable``), a
+        prepared branch that may hold the record (``running``, ``LockTimeout``) is asked
+        again after a short pause (at most :data:`OUTCOME_POLL`, so the client learns
+        the outcome soon after the promoted node does).  A node that cannot be asked, or
+        answers too late (its lookup may wait for the record's lock on the home), hands
+        over to the next.  One ``op_timeout`` bounds it all (it used to be one per node,
+        and a late answer ended a node's turn: 5 s per node before ``Unavailable``).
+        """
         deadline = self._clock() + self.op_timeout
         delay = 0.05
         ask = {"op": "request.result", "req": req, "home": home}
+        turn = 0
         while True:
-            link = yield Connect(address, fresh=True)
+            address = others[turn % len(others)]
             try:
-                reply = yield Call(link, ask, self.timeout)
-            finally:
-                yield Close(link)
+                link = yield Connect(address, fresh=True)
+                try:
+                    reply = yield Call(link, ask, self.timeout)
+                finally:
+                    yield Close(link)
+            except Exception as exc:
+                if not isinstance(exc, NodeRefused) and not is_network_error(exc):
+                    raise
+                turn += 1
+                if self._clock() > deadline:
+                    return False
+                if turn % len(others):
+                    continue  # the next node at once; a pause after a pass over all
+                yield Sleep(delay)
+                delay = min(OUTCOME_POLL, delay * 2)
+                continue
             if isinstance(reply, dict) and reply.get("state") == "committed":
                 return True
             waiting = isinstance(reply, dict) and (
@@ -432,7 +453,7 @@ class ClientCore:
             if not waiting or self._clock() > deadline:
                 return False
             yield Sleep(delay)
-            delay = min(0.5, delay * 2)
+            delay = min(OUTCOME_POLL, delay * 2)
 
 
 def settled(reply: Any, address: str, cause: BaseException) -> bool:

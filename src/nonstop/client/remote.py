@@ -368,8 +368,11 @@ class RemoteTransactionBase:
         self._dirty: dict[bytes, RemoteEntry] = {}
         self._s: int | None = None  # the node's session id once begun
         self._wrote = False  # anything sent that changes data (create, delete, call, writes)
-        # Asynchronous method calls (A6) not shipped yet: (handle, method, args, kwargs).
-        self._queued_calls: list[tuple[Any, str, tuple[Any, ...], dict[str, Any]]] = []
+        # Asynchronous method calls (A6) not shipped yet: (handle, method, args, kwargs,
+        # delay: a timer's, D20).
+        self._queued_calls: list[
+            tuple[Any, str, tuple[Any, ...], dict[str, Any], float | None]
+        ] = []
         # Unique key value -> reference, for objects this transaction already holds:
         # looking one up again needs no round trip (see _cached).
         self._keyed: dict[tuple[str, str, bytes], bytes] = {}
@@ -709,7 +712,14 @@ class RemoteTransactionBase:
             "since; use the object loaded last"
         )
 
-    def _g_call(self, obj: Any, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Op:
+    def _g_call(
+        self,
+        obj: Any,
+        method: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        delay: float | None = None,
+    ) -> Op:
         e = self._entry_of(obj)
         if e.status >= DELETED:
             raise Deleted(f"{e.info.name} object was deleted in this transaction")
@@ -719,9 +729,10 @@ class RemoteTransactionBase:
             raise BadArgument(
                 f"argument of remote {e.info.name}.{method} cannot be sent: {exc}"
             ) from None
-        payload, sent = self._with_writes(
-            {"op": "tx.call", "ref": e.ref, "m": method, "a": packed_args}
-        )
+        call: Request = {"op": "tx.call", "ref": e.ref, "m": method, "a": packed_args}
+        if delay is not None:
+            call["after"] = delay  # a timer (D20): queued on the master, due after delay
+        payload, sent = self._with_writes(call)
         self._wrote = True  # a method may change anything
         reply = yield payload
         self._flushed(sent)
@@ -731,14 +742,21 @@ class RemoteTransactionBase:
         return None if result is None else self._refs_in(unpack(result))
 
     def queue_async_call(
-        self, entry: Any, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self,
+        entry: Any,
+        method: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        delay: float | None = None,
     ) -> None:
         """An ``@asynchronous`` call on a remote object (A6): queued, shipped before the next op.
 
         Like a deferred write (C5) it leaves with the next op or the commit, as a
         ``tx.call`` of the asynchronous method on the object's master node, which
         queues it in its own branch: it runs there after the commit, exactly once,
-        and not at all if the transaction rolls back.
+        and not at all if the transaction rolls back.  With ``delay`` it is a timer
+        (D20): the node queues it due ``delay`` seconds after it receives it.
         """
         self._check_usable()
         if entry.status >= DELETED:
@@ -749,7 +767,7 @@ class RemoteTransactionBase:
             raise BadArgument(
                 f"argument of asynchronous {entry.info.name}.{method} cannot be sent: {exc}"
             ) from None
-        self._queued_calls.append((entry.handle, method, args, kwargs))
+        self._queued_calls.append((entry.handle, method, args, kwargs, delay))
 
     def _refs_in(self, value: Any) -> Any:
         """Results of remote calls: references to objects this transaction holds become handles."""
@@ -889,8 +907,8 @@ class RemoteTransaction(RemoteTransactionBase):
     def _ship_queued_calls(self) -> None:
         """Asynchronous method calls go before the op that follows them (see queue_async_call)."""
         while self._queued_calls:
-            handle, method, args, kwargs = self._queued_calls.pop(0)
-            self._drive_one(self._g_call(handle, method, args, kwargs))
+            handle, method, args, kwargs, delay = self._queued_calls.pop(0)
+            self._drive_one(self._g_call(handle, method, args, kwargs, delay))
 
     def _drive_one(self, op: Op) -> Any:
         try:

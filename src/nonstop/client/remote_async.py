@@ -88,8 +88,8 @@ class AsyncRemoteTransaction(RemoteTransactionBase):
     async def _ship_queued_calls(self) -> None:
         """Asynchronous method calls go before the op that follows them (A6, queue_async_call)."""
         while self._queued_calls:
-            handle, method, args, kwargs = self._queued_calls.pop(0)
-            await self._adrive_one(self._g_call(handle, method, args, kwargs))
+            handle, method, args, kwargs, delay = self._queued_calls.pop(0)
+            await self._adrive_one(self._g_call(handle, method, args, kwargs, delay))
 
     async def _adrive_one(self, op: Op) -> Any:
         try:

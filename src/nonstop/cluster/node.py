@@ -100,7 +100,11 @@ plugs in as a :class:`~nonstop.cluster.tables.LogTable` registered with
 each ``cmd`` entry tagged with a table's name to that table in log order, puts
 every table's state in its snapshots (under the table's name) and restores it
 from them, and routes a table's requests: :meth:`ClusterNode.submit` proposes
-at the leader or forwards to it.  This package imports no table.
+at the leader or forwards to it.  A table may also serve client ops of its own
+(``on_client(now, request_id, payload)``) and set timers of its own: a
+``SetTimer("node:tbl:<table>:<rest>", ...)`` comes back as ``on_timer(now, rest)``
+(the users table resends a change the leader it went to never applied).  This
+package imports no table.
 
 A node that is not (yet) in the cluster log's membership -- a joiner waiting
 to be added -- is Disabled: it has no quorum to be part of.
@@ -772,6 +776,12 @@ class ClusterNode:
                 if pending.timer == "node:" + name:
                     self._pending_members.remove(pending)
                     return self._answer(pending, timeout("the membership change did not commit"))
+        elif kind == TABLE_TIMER:
+            # A table's own timer (module doc): "tbl:<table>:<rest>".
+            table_name, _, rest = name[len(TABLE_TIMER) + 1 :].partition(":")
+            on_timer = getattr(self.tables.get(table_name), "on_timer", None)
+            if on_timer is not None:
+                return list(on_timer(self._now, rest))
         return []
 
     def _answer(self, pending: _Pending, answer: dict[str, Any]) -> list[Action]:
@@ -892,6 +902,15 @@ class ClusterNode:
         }
 
 
+TABLE_TIMER = "tbl"
+"""Timers of the tables: ``node:tbl:<table>:<rest>`` fires the table's ``on_timer(now, rest)``."""
+
+
+def table_timer(table: str, rest: str) -> str:
+    """The name of a timer of table ``table`` that comes back as ``on_timer(now, rest)``."""
+    return f"node:{TABLE_TIMER}:{table}:{rest}"
+
+
 def quorum_lost(name: NodeId) -> dict[str, Any]:
     """The reply to a work request on a Disabled node (D16)."""
     return {
@@ -921,4 +940,4 @@ def bad_request(message: str) -> dict[str, Any]:
     return {"error": "BadRequest", "message": message}
 
 
-__all__ = ["ClusterConfig", "ClusterNode", "NodeState", "quorum_lost"]
+__all__ = ["TABLE_TIMER", "ClusterConfig", "ClusterNode", "NodeState", "quorum_lost", "table_timer"]

@@ -10,11 +10,18 @@ node's event loop.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from nonstop.commands.failure import CommandError, ErrorKind
-from nonstop.errors import Error
+from nonstop.errors import Error, NoLeader
+
+NO_LEADER_WAIT = 10.0
+"""Seconds a command keeps asking again while the node answers ``NoLeader`` (an election of
+the cluster log usually ends within one or two)."""
+NO_LEADER_PAUSES = (0.2, 0.5, 1.0)
+"""The pauses before each new ask after ``NoLeader`` (the last one repeats)."""
 
 
 @dataclass
@@ -59,19 +66,38 @@ class CommandContext:
             return client.request(payload)
 
 
-def ask(context: CommandContext, payload: dict[str, Any]) -> Any:
+def ask(
+    context: CommandContext, payload: dict[str, Any], sleep: Any = time.sleep, clock: Any = None
+) -> Any:
     """One request through :meth:`CommandContext.client`; the node's refusal as a
-    :class:`CommandError` (BadArgument: usage, NotAuthorized: forbidden, else failed)."""
+    :class:`CommandError` (BadArgument: usage, NotAuthorized: forbidden, NoLeader:
+    unavailable, else failed).
+
+    ``NoLeader`` (a change of the cluster log asked during an election: nothing was
+    changed) is asked again, as a user would, after :data:`NO_LEADER_PAUSES`, for at
+    most :data:`NO_LEADER_WAIT` seconds: the CLI, the admin API and the console all
+    run their commands through here."""
     from nonstop.errors import BadArgument, NotAuthorized
 
+    now = clock or time.monotonic
+    deadline = now() + NO_LEADER_WAIT
+    pauses = iter(NO_LEADER_PAUSES)
+    pause = 0.0
     with context.client() as client:
-        try:
-            return client.call(payload)
-        except (Error, ValueError) as exc:
-            kind: ErrorKind = "usage" if isinstance(exc, BadArgument) else "failed"
-            if isinstance(exc, NotAuthorized):
-                kind = "forbidden"
-            raise CommandError(str(exc), kind) from None
+        while True:
+            try:
+                return client.call(payload)
+            except NoLeader as exc:
+                pause = next(pauses, pause)
+                if now() + pause > deadline:
+                    message = f"{exc} (asked again for {NO_LEADER_WAIT:g}s)"
+                    raise CommandError(message, "unavailable") from None
+                sleep(pause)
+            except (Error, ValueError) as exc:
+                kind: ErrorKind = "usage" if isinstance(exc, BadArgument) else "failed"
+                if isinstance(exc, NotAuthorized):
+                    kind = "forbidden"
+                raise CommandError(str(exc), kind) from None
 
 
-__all__ = ["CommandContext", "ask"]
+__all__ = ["NO_LEADER_PAUSES", "NO_LEADER_WAIT", "CommandContext", "ask"]

@@ -56,6 +56,7 @@ from nonstop.model.codec import pack, unpack
 from nonstop.model.ref import Ref
 from nonstop.store.group_commit import Op, WriteSet
 from nonstop.tx.async_transaction import AsyncTransaction
+from nonstop.tx.asyncmethods import queue_records
 from nonstop.tx.database import Database
 from nonstop.tx.prepared import PreparedTransaction
 from nonstop.tx.query import gc_paused
@@ -262,7 +263,8 @@ class StoreResourceManager:
             if self.replicator is not None and record is not None:
                 try:  # on every in-sync copy of each partition before the yes vote
                     # (with the request records: a homed request's, requests.md)
-                    records = write_set_records(tx) + result_records(tx)
+                    # (and its queued calls, A6: ha.md "Queued calls and timers ...")
+                    records = write_set_records(tx) + result_records(tx) + queue_records(tx)
                     await self.replicator.prepare(gtid, records)
                 except (NotActive, Unavailable) as exc:
                     reason = NOT_ACTIVE

@@ -253,6 +253,8 @@ def g_method(dp: DataPlane, s: Session, p: dict[str, Any]) -> OpCoroutine:
         "m": p.get("m"),
         "a": p.get("a"),
         "lock": p.get("lock"),
+        # An @asynchronous method queued as a timer (D20): its delay in seconds.
+        "after": p.get("after"),
         # Any method may run on an object of the attached node; elsewhere only
         # the ones marked @nonstop.remote (C4).
         "ro": node != dp.name,

@@ -17,7 +17,8 @@ Ops on a branch (:func:`run_branch_op`):
 * ``request.record`` ``{req}`` -- the same claim and record, without the
   commit (the branch then takes part in two-phase commit);
 * ``request.lookup`` ``{req}`` -- a homed request's record, read on the home
-  node's branch once its slot is read-locked (docs/design/requests.md).
+  node's branch once its slot is read-locked (docs/design/requests.md); never in
+  doubt once the lock is granted (see :func:`run_branch_op`).
 
 Ops outside any branch (:func:`run_store_op`):
 
@@ -46,7 +47,7 @@ from nonstop.model.managed import Managed, registered_types, type_info
 from nonstop.model.ref import Ref
 from nonstop.model.wire import obj_out, write_in
 from nonstop.tx.async_transaction import AsyncTransaction
-from nonstop.tx.asyncmethods import AsyncMethod
+from nonstop.tx.asyncmethods import AsyncMethod, check_delay
 from nonstop.tx.entries import NONE
 from nonstop.tx.query import release_if_unheld
 from nonstop.tx.requests import (
@@ -109,9 +110,14 @@ async def run_branch_op(
         if req is None:
             raise errors.BadArgument("request.lookup needs a req")
         found = await tx.adrive(g_lookup_request(tx, *req))
-        if found is not None:
-            return {"found": list(found), "in_doubt": False}
-        return {"found": None, "in_doubt": bool(tx.engine.prepared.gtids())}
+        # Not in doubt, whatever else is prepared here: a transaction that may still
+        # commit this request's record claimed its slot with a write lock and keeps it
+        # while prepared (a restart recovers it with its locks), so the read lock above
+        # waited for it; and a promoted partition is served only once the prepared
+        # records it came with are resolved (node/replicated.py, ``ready``).  Answering
+        # "in doubt" while *any* transaction was prepared kept a client asking for
+        # seconds under load for a request that had never committed.
+        return {"found": None if found is None else list(found), "in_doubt": False}
     raise errors.BadArgument(f"unknown branch op {op!r:.40}")
 
 
@@ -325,7 +331,15 @@ async def _run_call(tx: AsyncTransaction, p: dict[str, Any]) -> dict[str, Any]:
     a = unpacked(p.get("a"), "a") if p.get("a") is not None else [[], {}]
     if not (isinstance(a, list) and len(a) == 2 and isinstance(a[1], dict)):
         raise errors.BadArgument("a must be a packed [args, kwargs]")
-    result = getattr(target, method)(*a[0], **a[1])
+    after = p.get("after")
+    if after is not None:  # a timer (D20): only an @asynchronous method takes a delay
+        if not isinstance(fn, AsyncMethod):
+            raise errors.BadArgument(
+                f"{type_info(cls).name}.{method} is not asynchronous: it takes no delay"
+            )
+        result = getattr(target, method).after(check_delay(after), *a[0], **a[1])
+    else:
+        result = getattr(target, method)(*a[0], **a[1])
     if asyncio.iscoroutine(result):
         result = await result
     if isinstance(result, Managed):

@@ -113,12 +113,16 @@ async def start_admin_api(
         ) from exc
 
 
-def open_object_store(datadir: DataDir, ident: Identity | None = None) -> Any:
+def open_object_store(
+    datadir: DataDir, ident: Identity | None = None, *, hold_async: bool = False
+) -> Any:
     """Open ``DATA/store`` with ``nonstop.open`` when the store layer provides it.
 
     A new store takes the node's location code (C1), so the references it makes
     name this node: that is how every node finds an object's master from its
     reference (data-path.md section 5).  An existing store keeps its own.
+    ``hold_async``: run no queued call until the node attaches its gate (partitions
+    that replicate: a call runs on its partition's active node only).
     """
     import nonstop
 
@@ -130,7 +134,11 @@ def open_object_store(datadir: DataDir, ident: Identity | None = None) -> Any:
             from nonstop.store.lmdb_store import Store
 
             Store(datadir.store_path, location=ident.location).close()
-        db = opener(str(datadir.store_path))
+        db = (
+            opener(str(datadir.store_path), hold_async=True)
+            if hold_async
+            else opener(str(datadir.store_path))
+        )
     except Exception as exc:
         raise NodeStartError(f"cannot open the object store {datadir.store_path}: {exc}") from exc
     if ident is not None and db.location != ident.location:
@@ -222,7 +230,7 @@ async def serve(cfg: NodeConfig, datadir: DataDir) -> None:
     store, ident = datadir.open_identity(cfg)
     object_store = None
     try:
-        object_store = open_object_store(datadir, ident)
+        object_store = open_object_store(datadir, ident, hold_async=cfg.ha.replicating)
         runtime = make_runtime(cfg, store, ident, object_store)
         attach_app_commands(runtime, cfg, ident.cluster)
         install_node_notifiers(runtime)
@@ -591,6 +599,7 @@ def replicate_partitions(runtime: RealRuntime, service: Any, context: Any) -> No
         return await replicated_commit(tx, side.commit)
 
     service.commit = commit
+    run_calls_where_partitions_are(runtime, service.db, side)
     refuse_unreplicated_bulk_writes(service)
     cluster_acting = service.acting
 
@@ -599,6 +608,22 @@ def replicate_partitions(runtime: RealRuntime, service: Any, context: Any) -> No
         return bool(cluster_acting(now, partition) and (ready is None or ready(partition)))
 
     service.machine.config.acting = acting
+
+
+def run_calls_where_partitions_are(runtime: RealRuntime, db: Any, side: Any) -> None:
+    """Queued asynchronous calls and timers run on their partition's active node, their
+    runs replicated (``nonstop.node.replicated_calls``); the store was opened holding them
+    (``open_object_store(hold_async=True)``) until now."""
+    from nonstop.node.replicated_calls import ReplicatedCallGate
+
+    gate = ReplicatedCallGate(
+        db.engine.dispatcher,
+        lambda: runtime.machine,
+        side.commit,
+        runtime.now,
+        asyncio.get_running_loop(),
+    )
+    gate.start()
 
 
 BULK_WRITES = frozenset(

@@ -31,6 +31,14 @@ Request records (H2, docs/design/requests.md) ride in the same write sets:
 the transaction writes on this node (:func:`~nonstop.tx.requests.result_records`);
 a load or an install writes them to the store's ``results`` database in one
 transaction of their own, before the objects.
+
+Queued asynchronous calls and timers (A6, D20; ha.md "Queued calls and timers move
+with their partition") ride the same way: ``q:<queue key hex>`` -> the packed call
+(None: it ran), in the write set of the partition of the call's target
+(:func:`~nonstop.tx.asyncmethods.queue_records`).  A load makes the store's queue of
+the partition's location the copy's (puts, and deletes of entries the copy lacks) in
+the same transaction as the request records; the node's dispatcher then picks them up
+(``nonstop.node.replicated_calls``).
 """
 
 from __future__ import annotations
@@ -39,9 +47,10 @@ import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from nonstop.model.ref import Ref
+from nonstop.model.ref import REF_SIZE, Ref, location_prefix
 from nonstop.store.group_commit import Op as StoreOp
 from nonstop.tx.async_transaction import AsyncTransaction
+from nonstop.tx.asyncmethods import queue_records
 from nonstop.tx.database import Database
 from nonstop.tx.entries import TxState
 from nonstop.tx.replica import apply_write_set_async, copy_batch, write_set_records
@@ -52,6 +61,8 @@ WriteSets = dict[str, dict[str, Any]]
 
 RESULT_KEY = "r:"
 """Write-set key prefix of a request record (module doc)."""
+QUEUE_KEY = "q:"
+"""Write-set key prefix of a queued asynchronous call or timer (module doc)."""
 
 LOAD_LOCK_TIMEOUT = 30.0
 """Seconds a copy load waits for a lock (an in-doubt branch of this node's participant)."""
@@ -69,6 +80,12 @@ def partition_write_sets(
     for record in records:
         if record[0] == "r":  # a request record: with every partition written (module doc)
             results[RESULT_KEY + record[1].hex()] = record[2]
+            continue
+        if record[0] == "q":  # a queued call: with its target's partition (module doc)
+            key = record[1]
+            partition = partition_of(key[:REF_SIZE])
+            if partition is not None:
+                sets.setdefault(partition, {})[QUEUE_KEY + key.hex()] = record[2]
             continue
         kind, ref, type_name = record[0], record[1], record[2]
         partition = partition_of(ref)
@@ -97,7 +114,7 @@ async def replicated_commit(
         tx._finish(TxState.COMMITTED)
         return None
     try:
-        unknown = await replicate(write_set_records(tx) + result_records(tx))
+        unknown = await replicate(write_set_records(tx) + result_records(tx) + queue_records(tx))
     except BaseException:
         tx._finish(TxState.ROLLED_BACK)
         raise
@@ -115,8 +132,8 @@ def _copy_records(db: Database, values: Mapping[str, Any]) -> list[list[Any]]:
     out: list[list[Any]] = []
     gone: list[bytes] = []
     for key, value in sorted(values.items()):
-        if key.startswith(RESULT_KEY):
-            continue  # a request record: _load_results
+        if key.startswith((RESULT_KEY, QUEUE_KEY)):
+            continue  # a request record or a queued call: _load_results
         if value is None:
             gone.append(bytes.fromhex(key))
         else:
@@ -131,14 +148,38 @@ def _copy_records(db: Database, values: Mapping[str, Any]) -> list[list[Any]]:
     return out
 
 
-async def _load_results(db: Database, values: Mapping[str, Any]) -> int:
-    """The request records of a write set or a copy into the store's ``results``."""
-    results = db.engine.store.results
+async def _load_results(
+    db: Database, values: Mapping[str, Any], queue_of: int | None = None
+) -> int:
+    """The request records and queued calls of a write set or a copy into the store's
+    ``results`` and ``asyncq``; with ``queue_of`` (a location: ``values`` is that
+    partition's whole copy) the location's queued calls the copy lacks are deleted."""
+    store = db.engine.store
     ops: list[StoreOp] = []
+    queued: set[bytes] = set()
     for key, value in sorted(values.items()):
         if key.startswith(RESULT_KEY):
             raw = bytes.fromhex(key[len(RESULT_KEY) :])
-            ops.append((value is not None, results, raw, None if value is None else bytes(value)))
+            ops.append(
+                (value is not None, store.results, raw, None if value is None else bytes(value))
+            )
+        elif key.startswith(QUEUE_KEY):
+            raw = bytes.fromhex(key[len(QUEUE_KEY) :])
+            queued.add(raw)
+            ops.append(
+                (value is not None, store.asyncq, raw, None if value is None else bytes(value))
+            )
+    if queue_of is not None:
+        prefix = location_prefix(queue_of)
+        with store.read() as rtxn:
+            cursor = rtxn.cursor(db=store.asyncq)
+            if cursor.set_range(prefix):
+                for held in cursor.iternext(keys=True, values=False):
+                    key_held = bytes(held)
+                    if not key_held.startswith(prefix):
+                        break
+                    if key_held not in queued:
+                        ops.append((False, store.asyncq, key_held, None))
     if ops:
         async with db.transaction(lock_timeout=LOAD_LOCK_TIMEOUT) as tx:
             tx.write_raw(ops)
@@ -148,7 +189,7 @@ async def _load_results(db: Database, values: Mapping[str, Any]) -> int:
 async def load_copy(db: Database, location: int, values: Mapping[str, Any]) -> int:
     """The store's objects of ``location`` become the machine's copy ``values`` (module
     doc); the number of records applied."""
-    loaded = await _load_results(db, values)
+    loaded = await _load_results(db, values, queue_of=location)
     records = _copy_records(db, values)
     after: bytes | None = None
     while True:
@@ -179,6 +220,7 @@ def location_of(ref: bytes) -> int:
 
 
 __all__ = [
+    "QUEUE_KEY",
     "RESULT_KEY",
     "WriteSets",
     "install",

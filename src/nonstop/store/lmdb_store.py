@@ -16,7 +16,7 @@ name           key                                              value
                                                                 may have been handed out
 ``types``      type name                                        msgpack schema (E1/E2)
 ``ix:T:f``     order-preserving key value                       ref (dupsort when non-unique)
-``asyncq``     target ref + priority byte + 8-byte sequence     msgpack call (A6)
+``asyncq``     target ref + priority byte + 8-byte sequence     msgpack call (A6) or timer (D20)
 ``dead``       8-byte sequence                                  msgpack failed async call
 ``prepared``   global transaction id                            msgpack prepared write set
                                                                 and locks + crc32 (2PC)

@@ -75,6 +75,7 @@ class Database:
         lock_timeout: float | None = DEFAULT_LOCK_TIMEOUT,
         async_workers: int = 2,
         map_size: int = DEFAULT_MAP_SIZE,
+        hold_async: bool = False,
     ) -> None:
         if durability not in DURABILITY_MODES:
             raise BadArgument(f"durability must be one of {DURABILITY_MODES}, not {durability!r}")
@@ -86,7 +87,9 @@ class Database:
         self.engine = Engine(path, durable=durability == "fsync", map_size=map_size)
         try:
             recover_prepared(self.engine)
-            self.engine.attach_dispatcher(AsyncDispatcher(self, workers=async_workers))
+            self.engine.attach_dispatcher(
+                AsyncDispatcher(self, workers=async_workers, held=hold_async)
+            )
         except BaseException:
             # Do not keep the store (and its directory lock) open behind a failed open.
             self.engine.close()
@@ -209,7 +212,9 @@ def open(path: str | os.PathLike[str], **options: Any) -> Database:
     Options: ``durability`` (``"fsync"`` default: a commit returns once on disk;
     ``"none"``: survives a process crash, not an OS crash), ``lock_timeout``
     (seconds, default 60), ``async_workers`` (threads running asynchronous
-    methods, default 2), ``map_size`` (bytes of address space for the store).
+    methods, default 2), ``map_size`` (bytes of address space for the store),
+    ``hold_async`` (run no queued call until a gate is attached: a node whose
+    partitions replicate, ``nonstop.node.replicated_calls``).
     """
     return Database(path, **options)
 

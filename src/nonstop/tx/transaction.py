@@ -37,6 +37,7 @@ nonstop's bulk operations and data plane use besides the application API.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -931,6 +932,10 @@ class Transaction:
         size, which has no entries)."""
         return len(self._raw_ops)
 
+    def raw_ops(self) -> Sequence[StoreOp]:
+        """The raw store operations :meth:`write_raw` added so far, in order."""
+        return self._raw_ops
+
     def queued_calls(self) -> Sequence[tuple[bytes, bytes]]:
         """The asynchronous calls queued so far: (queue key, record), in order."""
         return self._async_calls
@@ -1065,7 +1070,7 @@ class Transaction:
         self.engine.locks.release_all(self.id)
         if outcome is TxState.COMMITTED:
             if self._async_calls:
-                self.engine.dispatcher.committed([k for k, _ in self._async_calls])
+                self.engine.dispatcher.committed(self._async_calls)
             callbacks = self._on_commit
         else:
             callbacks = self._on_rollback
@@ -1084,22 +1089,34 @@ class Transaction:
 
     # --------------------------------------------------- async methods (A6)
     def queue_async_call(
-        self, target: Entry, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self,
+        target: Entry,
+        method: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        delay: float | None = None,
     ) -> None:
-        """Queue ``target.method(*args, **kwargs)`` to run after this transaction commits (A6)."""
+        """Queue ``target.method(*args, **kwargs)`` to run after this transaction commits
+        (A6); with ``delay``, as a timer due ``delay`` seconds from now (D20)."""
         from nonstop.tx.asyncmethods import current_sender
 
         self.check_usable()
         if target.status >= DELETED:
             raise Deleted(f"{target.info.name} object was deleted in this transaction")
+        sender = current_sender.get()
+        fields = [method, _refs_out(args), _refs_out(kwargs), sender]
+        if delay is not None:
+            fields.append(time.time() + delay)  # wall clock: it moves with the partition
         try:
-            record = pack([method, _refs_out(args), _refs_out(kwargs), current_sender.get()])
+            record = pack(fields)
         except (TypeError, ValueError, OverflowError) as exc:
             raise BadArgument(
                 f"argument of asynchronous {target.info.name}.{method} cannot be stored: {exc}"
             ) from None
-        sender = current_sender.get()
-        key = self.engine.dispatcher.next_key(target.ref, sender == target.ref)
+        key = self.engine.dispatcher.next_key(
+            target.ref, sender == target.ref, timer=delay is not None
+        )
         self._async_calls.append((key, record))
 
     # ---------------------------------------------------------- context
