@@ -2,8 +2,8 @@
 
 Both hosts (the simulator's data-path node and the real node, replication.md §10d)
 hand the machine the same things after every event: the views of the applied
-table (cached per applied index: the table changes only when an entry or a
-snapshot is applied), the partitions this node acts for now, and the partition
+table (cached per ``table_version``: it counts every applied change of the table
+and every snapshot installed), the partitions this node acts for now, and the partition
 of an object reference (its location code names it).
 """
 
@@ -20,21 +20,44 @@ class AppliedTable:
 
     def __init__(self, ha: HaClusterNode) -> None:
         self.ha = ha
-        self._views: tuple[tuple[int, bytes], dict[str, PartitionView]] = ((-1, b""), {})
+        self._views: tuple[int, dict[str, PartitionView]] = (-1, {})
         self._locations: dict[int, str] = {}
+        self._acting: tuple[tuple[int, float, bool], float, float, list[str]] | None = None
+        """(inputs, computed at, valid until, answer) of the last :meth:`acting`."""
 
     def views(self) -> dict[str, PartitionView]:
+        # Keyed by the table's own version, not the cluster log's applied index: every
+        # transfer's decision entry moves the index, and a new mapping here makes the
+        # machine look at every stream again (its ``fresh``).
         ha = self.ha
         at, views = self._views
-        if at != (ha.applied_index, ha.applied_digest):
+        if at != ha.table_version:
             views = {n: view_of(p) for n, p in ha.partition_table.partitions.items()}
-            self._views = ((ha.applied_index, ha.applied_digest), views)
+            self._views = (ha.table_version, views)
         return views
 
     def acting(self, now: float) -> list[str]:
         """The partitions this node acts for at ``now`` (lease held, active in the table)."""
+        # The answer depends on the table (``table_version``), the lease held (``held_until``),
+        # quorum (``enabled``), the waits for a previous active node (changed only with the
+        # table) and the time; for the same inputs it changes by time alone only at
+        # ``next_change``: until then the last answer stands (asked after every event).
         ha = self.ha
-        return [n for n in ha.partition_table.partitions if ha.acting(now, n)]
+        leases = ha.leases
+        key = (ha.table_version, leases.held_until, ha.enabled)
+        cached = self._acting
+        if cached is not None and cached[0] == key and cached[1] <= now < cached[2]:
+            return list(cached[3])
+        me = ha.name
+        # Only a partition this node is active for can be acted for: the lease check is
+        # asked for those alone.
+        acting = [
+            n
+            for n, p in ha.partition_table.partitions.items()
+            if p.active == me and ha.acting(now, n)
+        ]
+        self._acting = (key, now, leases.next_change(now), acting)
+        return list(acting)
 
     def partition_of(self, ref: bytes) -> str | None:
         """The partition a reference belongs to; None for a node's own location."""

@@ -169,6 +169,9 @@ class ReplicationHost:
         self._lookups: dict[str, float] = {}
         self._outcomes: dict[str, str] = {}
         """gtid -> outcome this node's participant applied (bounded)."""
+        self._streams_seen = (-1, 0)
+        """The machine's ``streams_started`` and the size of ``loaded`` after the last
+        :meth:`_load_new_streams` (a host forgets a failed load from ``loaded``)."""
         self.loaded: dict[str, int] = {}
         """Partition -> the stream whose copy the store was given (promotion)."""
 
@@ -332,12 +335,15 @@ class ReplicationHost:
     def _load_new_streams(self) -> None:
         """A partition this node just started acting for: the store takes the copy."""
         rep = self.machine
+        if (rep.streams_started, len(self.loaded)) == self._streams_seen:
+            return  # no stream started, no failed load forgotten (``loaded``) since
         for name, stream in sorted(rep.streams.items()):
             if self.loaded.get(name) == stream.stream_id:
                 continue
             self.loaded[name] = stream.stream_id
             values, prepared = rep.data.values(name), rep.data.prepared_of(name)
             self.runtime.load_copy(name, stream.stream_id, values, prepared)
+        self._streams_seen = (rep.streams_started, len(self.loaded))
 
     def _resolve(self, now: float, action: Resolve) -> None:
         self._resolving.setdefault(action.txid, set()).add(action.partition)

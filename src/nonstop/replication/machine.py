@@ -132,6 +132,10 @@ class ReplicationConfig:
     holds them, so none fails in flight when ``restored`` applies (replication.md §10e);
     past this long without the entry applied it takes them again (the handover may then
     cost in-flight records an unknown outcome, as before)."""
+    sweep: float = 0.05
+    """Every stream is looked at again at least this often (the time-driven duties: D12
+    silence, re-resolving, the handover drain); between sweeps ``on_table`` looks only at
+    the streams an event changed (replication.md, "Cost per event")."""
     mutant: str | None = None
     """Simulator only: one of :data:`MUTANTS`."""
 
@@ -172,6 +176,13 @@ class ReplicationMachine:
         """P -> {txid: when a prepared record of P was last resolved or first seen}, per
         partition so that the sweep after every event costs what P holds, not every P's."""
         self._tick_armed = False
+        self._touched: set[str] = set()
+        """Partitions whose stream or copy an event changed since the last ``on_table``:
+        between sweeps only they are looked at (completion, flush, holds, pruning)."""
+        self.streams_started = 0
+        """Streams started so far (a host compares it to hand a new stream's copy over)."""
+        self._swept_at = float("-inf")
+        """When ``on_table`` last looked at every stream (``config.sweep``)."""
         self.now = 0.0
         """The time of the event being handled (``copy_done`` is asked without one)."""
         self.stats = {
@@ -217,6 +228,8 @@ class ReplicationMachine:
     def hold(self, txid: str, partitions: Iterable[str]) -> list[Any]:
         """Hold ``txid``'s acknowledgement until every copy of ``partitions`` that may be
         promoted holds its outcome (module doc); call it before the outcome is applied."""
+        partitions = list(partitions)
+        self._touched.update(partitions)
         writes = self.holds.add(txid, partitions)
         return [self._persist(writes, (_LOCAL, None))] if writes else []
 
@@ -286,7 +299,13 @@ class ReplicationMachine:
         if fresh:
             self.views = dict(views)
             self._views_from = views
-        self.acting = frozenset(acting)
+        acting = frozenset(acting)
+        # A new table, a new acting set or the sweep's period: every stream (the time-driven
+        # duties); else only those the event changed (an ack, a record, a durable write).
+        full = fresh or acting != self.acting or now - self._swept_at >= self.config.sweep
+        if full:
+            self._swept_at = now
+        self.acting = acting
         self.now = max(self.now, now)
         actions: list[Any] = []
         for name, stream in list(self.streams.items()):
@@ -297,6 +316,7 @@ class ReplicationMachine:
             moved = self.data.head(name)[0] != stream.stream_id
             if view is None or view.active != self.me or moved:
                 actions += self._end_stream(name, view)
+                self._touched.add(name)
         for name in sorted(self.acting):
             view = self.views.get(name)
             if view is not None and view.active == self.me and name not in self.streams:
@@ -304,11 +324,15 @@ class ReplicationMachine:
         if fresh:  # (a stream started above synced its replicas as it started)
             for name, stream in self.streams.items():
                 actions += self._sync_peers(now, stream, self.views[name])
-        for name, stream in self.streams.items():
-            # Every event: a copy finishes with an acknowledgement, not with a new table.
-            self._watch_handover(now, stream, self.views[name])
-        actions += self._progress(now, complete=True)
-        return actions + self._settle_holds() if self.holds.held else actions
+        names = set(self.streams) if full else self._touched & self.streams.keys()
+        for name in names:
+            # A copy finishes with an acknowledgement (a touch), not with a new table.
+            self._watch_handover(now, self.streams[name], self.views[name])
+        actions += self._progress(now, complete=True, full=full)
+        if self.holds.held and (full or self._touched):
+            actions += self._settle_holds(None if full else self._touched)
+        self._touched = set()
+        return actions
 
     # ------------------------------------------------------------ runtime events
     def handle(self, event: Event) -> list[Any]:
@@ -326,6 +350,7 @@ class ReplicationMachine:
                 return [Log("warning", f"replication: unknown message from {event.sender}")]
         elif isinstance(event, TimerFired) and event.name == TICK:
             self._tick_armed = False
+            self._touched.update(self.streams)
             for stream in self.streams.values():
                 for peer in stream.peers.values():
                     peer.sent = peer.acked  # resend what is not acknowledged
@@ -334,7 +359,7 @@ class ReplicationMachine:
         # No completion here: whether this node acts is only known once the composition has
         # handed the table over (on_table, at the end of this event).  A node resuming from
         # a pause must not acknowledge from the answer it had before the pause.
-        return actions + self._progress(now, complete=False)
+        return actions + self._progress(now, complete=False, full=False)
 
     # ------------------------------------------------------------ active side
     def _record(
@@ -380,6 +405,7 @@ class ReplicationMachine:
     ) -> list[Any]:
         """Add a record to the stream, apply and persist it here (with ``also``)."""
         record = stream.add(kind, **fields)
+        self._touched.add(stream.partition)
         writes = [*also, *self.data.apply(stream.partition, stream.stream_id, record, self.me)]
         return [self._persist(writes, (_LOCAL, (stream.partition, stream.stream_id, record.seq)))]
 
@@ -393,6 +419,8 @@ class ReplicationMachine:
         self.replica.forget_incoming(name)
         stream = Stream(name, self.rng.getrandbits(62) + 1, self.data.head(name), view.epoch)
         self.streams[name] = stream
+        self.streams_started += 1
+        self._touched.add(name)
         actions: list[Any] = []
         if self.config.mutant == "ignore_prepared":
             gone = self.data.discard_prepared(name)
@@ -447,11 +475,14 @@ class ReplicationMachine:
         self.stats["copies"] += 1
         return actions
 
-    def _progress(self, now: float, *, complete: bool) -> list[Any]:
-        """Copy batches, completions, D12 drops, re-resolves, pruning; then flush."""
+    def _progress(self, now: float, *, complete: bool, full: bool) -> list[Any]:
+        """Copy batches, completions, D12 drops, re-resolves, pruning; then flush.  Of every
+        stream if ``full``, else of those touched since the last ``on_table``."""
         actions: list[Any] = []
-        for name, stream in self.streams.items():
-            view = self.views[name]
+        streams = self.streams
+        names = list(streams) if full else sorted(self._touched & streams.keys())
+        for name in names:
+            stream, view = streams[name], self.views[name]
             for peer in stream.peers.values():
                 if peer.copying and peer.copy_keys and peer.acked >= peer.copy_last:
                     keys = peer.copy_keys[: self.config.batch]
@@ -465,7 +496,7 @@ class ReplicationMachine:
                 actions += self._re_resolve(now, name)
             actions += self._drop_silent(now, stream, view)
             stream.prune()
-        return actions + self._flush()
+        return actions + self._flush(names)
 
     def _complete(self, stream: Stream, view: PartitionView) -> list[Any]:
         needed = [stream.peers.get(n) for n in view.in_sync_replicas()]
@@ -475,7 +506,9 @@ class ReplicationMachine:
         if self.config.mutant == "ack_before_replica":
             needed = []
         through = min([stream.local_durable] + [0 if p is None else p.acked for p in needed])
-        stream.completed = max(stream.completed, through)
+        if through > stream.completed:
+            stream.completed = through
+            self._touched.add(stream.partition)  # (the holds it covers: _settle_holds)
         out: list[Any] = []
         while stream.pending and stream.pending[0][0] <= through:
             seq, ref = stream.pending.popleft()
@@ -489,12 +522,13 @@ class ReplicationMachine:
             )
         return out
 
-    def _settle_holds(self) -> list[Any]:
-        """Release the holds whose partitions' promotable copies all hold the outcome."""
+    def _settle_holds(self, touched: set[str] | None) -> list[Any]:
+        """Release the holds whose partitions' promotable copies all hold the outcome; of
+        the ``touched`` partitions only (None: all): nothing else changed since."""
         writes: list[Write] = []
         out: list[Any] = []
         for txid, parts in list(self.holds.held.items()):
-            for name in sorted(parts):
+            for name in sorted(parts if touched is None else parts & touched):
                 if self._hold_settled(txid, name):
                     writes += self.holds.release(txid, name)
             if txid not in self.holds.held:
@@ -564,9 +598,12 @@ class ReplicationMachine:
             out.append(Submit(drop_entry(stream.partition, view.epoch, peer.node)))
         return out
 
-    def _flush(self) -> list[Any]:
+    def _flush(self, names: Iterable[str]) -> list[Any]:
+        """One ``rep`` per replica node with what it was not sent of the streams ``names``
+        (every record is appended, and every resend asked, by an event that touches it)."""
         parts: dict[NodeId, list[Any]] = {}
-        for name, stream in self.streams.items():
+        for name in sorted(names):
+            stream = self.streams[name]
             for peer in stream.peers.values():
                 records = stream.unsent(peer, self.config.max_records)
                 if not records:
@@ -584,8 +621,9 @@ class ReplicationMachine:
         actions: list[Any] = [
             Send(node, {"t": REP, "parts": ps}) for node, ps in sorted(parts.items())
         ]
-        outstanding = any(p.acked < s.last for s in self.streams.values() for p in s.peers.values())
-        if outstanding and not self._tick_armed:
+        if not self._tick_armed and any(
+            p.acked < s.last for s in self.streams.values() for p in s.peers.values()
+        ):
             self._tick_armed = True
             actions.append(SetTimer(TICK, self.config.resend))
         return actions
@@ -604,6 +642,7 @@ class ReplicationMachine:
             peer = stream.peers.get(sender)
             if peer is None or not isinstance(seq, int) or isinstance(seq, bool):
                 continue
+            self._touched.add(name)
             if status == OK and peer.acked < seq <= stream.last:
                 peer.acked = seq
                 peer.progress_at = now
@@ -632,6 +671,7 @@ class ReplicationMachine:
                 status, new = self.replica.receive(name, stream_id, base, records)
                 if new:
                     writes += new
+                    self._touched.add(name)  # this copy changed: its holds (_hold_settled)
                     applied.append((name, epoch, stream_id, self.data.head(name)))
                     continue
             answers.append([name, epoch, stream_id, self._durable_seq(name, stream_id), status])
@@ -660,6 +700,7 @@ class ReplicationMachine:
                 stream = self.streams.get(name)
                 if stream is not None and stream.stream_id == stream_id:
                     stream.local_durable = max(stream.local_durable, seq)
+                    self._touched.add(name)
             return []
         sender, applied = info
         answers = []
