@@ -902,7 +902,7 @@ def stream_commit(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------- overwrite
-def _job(payload: dict[str, Any]) -> str:
+def job_id(payload: dict[str, Any]) -> str:
     job = payload.get("job")
     if not isinstance(job, str) or not job or "/" in job:
         raise BadArgument("'job' must be the id bulk.overwrite.begin returned")
@@ -916,7 +916,7 @@ def overwrite_begin(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any]
     """
     info = bulk_type(ctx, payload)
     job = payload.get("job") or secrets.token_hex(8)
-    job = _job({"job": job})
+    job = job_id({"job": job})
     bulk = _bulk_db(ctx.db)
     record = pack({"type": info.name, "at": time.time()})
     ctx.db.engine.committer.commit(WriteSet([(True, bulk, b"j/" + job.encode(), record)]))
@@ -930,7 +930,7 @@ def overwrite_part(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any]:
     map to it) and the job's record is written with its first part: the rows go to
     each partition's active node, which need not have been up at the job's start
     (data-path.md §6.6)."""
-    job = _job(payload)
+    job = job_id(payload)
     info = bulk_type(ctx, payload)
     key = unique_key_of(info, payload)
     names, cols, _ = batch_columns(info, key, payload)  # bad rows fail now, before the swap
@@ -972,7 +972,7 @@ def overwrite_commit(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any
     one distributed transaction instead (data-path.md §6).
     """
     _refuse_under_partitions(ctx, "bulk.overwrite.commit (a swap in one store)")
-    job = _job(payload)
+    job = job_id(payload)
     info = bulk_type(ctx, payload)
     parts = payload.get("parts")
     db = ctx.db
@@ -992,7 +992,7 @@ async def overwrite_branch(
     """The swap of :func:`overwrite_commit` in a branch ``tx`` of a distributed
     transaction (``branch.overwrite``): nothing is committed here; the session's
     commit makes every node's swap visible at once, or none (two-phase commit)."""
-    job = _job(payload)
+    job = job_id(payload)
     # The transaction grows by an entry per object swapped and lives until the
     # two-phase commit ends: the cyclic GC stays off until then (bulk/gc_hold.py).
     gc_hold.hold()
@@ -1036,7 +1036,7 @@ def _g_swap(tx: Transaction, info: TypeInfo, job: str, parts_arg: Any) -> Steps:
             if fast_key is not None:
                 deleted += yield from fast_swap.g_delete_page(tx, info, page)
             else:
-                deleted += yield from _g_delete_objects(page)
+                deleted += yield from g_delete_objects(page)
     inserted = 0
     seen: set[bytes] = set()  # (the fast path's key values of earlier parts)
     for slot in parts:
@@ -1088,7 +1088,7 @@ def _extent_pages(db: Database, type_name: str) -> Iterator[list[bytes]]:
         lo = page[-1] + b"\x00"  # the next reference after the page's last
 
 
-def _g_delete_objects(page: list[bytes]) -> Steps:
+def g_delete_objects(page: list[bytes]) -> Steps:
     """Steps deleting the objects of a page of references under write locks, one
     transaction entry each (the per-object path); returns how many there were."""
     deleted = 0
@@ -1116,7 +1116,7 @@ def _chosen(staged: list[bytes], prefix: bytes, parts: Any) -> list[bytes]:
 
 def overwrite_abort(ctx: BulkContext, payload: dict[str, Any]) -> dict[str, Any]:
     """Drop a staged overwrite (nothing of it was ever visible).  Idempotent."""
-    job = _job(payload)
+    job = job_id(payload)
     db = ctx.db
     bulk = _bulk_db(db)
     if db.engine.get_raw(bulk, b"p/" + job.encode()) is not None:

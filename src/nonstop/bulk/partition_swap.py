@@ -28,8 +28,8 @@ from nonstop.bulk.handlers import (
     SWAP_PAGE,
     BulkContext,
     Steps,
-    _g_delete_objects,
-    _job,
+    g_delete_objects,
+    job_id,
     run_steps_sliced,
 )
 from nonstop.bulk.partitioned import ROUTING_OFF, partitions_of
@@ -96,7 +96,7 @@ async def overwrite_partitions_branch(
     """``branch.overwrite`` under routing by partition (module doc).  Nothing is committed
     here: the session's two-phase commit makes every partition's swap visible at once,
     or none, and replicates each branch's write set at prepare."""
-    job = _job(payload)
+    job = job_id(payload)
     groups = groups_arg(payload.get("partitions"))
     # One entry per object swapped until the commit ends: the cyclic GC stays off
     # meanwhile (bulk/gc_hold.py, as for the swap under node routing).
@@ -143,7 +143,7 @@ def g_swap_partitions(
     for name in sorted(t.name for t in info.concrete_types()):
         for loc in prefixes:
             for page in _location_pages(db, name, loc):
-                deleted += yield from _g_delete_objects(page)
+                deleted += yield from g_delete_objects(page)
     inserted = 0
     for location, epoch, tags in groups:
         for tag in tags:
