@@ -19,6 +19,11 @@ from nonstop.spark.schema import Options
 from nonstop.spark.source import NonstopWriter, WriteStats, commit_outcome, home
 from tests.spark.conftest import ROOT, wait_until
 
+# Routing by node, no longer the default: `make test-long` runs this module; `make test`
+# runs the same guarantees under routing by partition (test_partition_overwrite.py,
+# test_partition_writes.py) and the by-node swaps in process (test_bounded_swap.py).
+pytestmark = pytest.mark.long
+
 ITEM = "pipe.Item"
 PLAIN = "pipe.Plain"
 MODEL = "tests.spark.model"
