@@ -1060,6 +1060,14 @@ def _g_swap(tx: Transaction, info: TypeInfo, job: str, parts_arg: Any) -> Steps:
                 except DuplicateKey as exc:
                     raise DuplicateKey(f"overwrite {job!r}: {exc} (in two parts)") from None
                 inserted += 1
+    return finish_swap(tx, bulk, staged, jslot, dslot, deleted, inserted)
+
+
+def finish_swap(
+    tx: Any, bulk: Any, staged: list[bytes], jslot: bytes, dslot: bytes, deleted: int, inserted: int
+) -> dict[str, Any]:
+    """A swap's last entries, in its transaction: the staged parts and the job's slot go,
+    the done-slot records the result (so a replayed commit answers it, not a second swap)."""
     result = {"deleted": deleted, "inserted": inserted}
     ops: list[tuple[bool, Any, bytes, bytes | None]] = [(False, bulk, s, None) for s in staged]
     ops += [(False, bulk, jslot, None), (True, bulk, dslot, pack(result))]

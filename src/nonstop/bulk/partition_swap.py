@@ -28,13 +28,14 @@ from nonstop.bulk.handlers import (
     SWAP_PAGE,
     BulkContext,
     Steps,
+    finish_swap,
     g_delete_objects,
     job_id,
     run_steps_sliced,
 )
 from nonstop.bulk.partitioned import ROUTING_OFF, partitions_of
 from nonstop.errors import Aborted, BadArgument, DuplicateKey, FieldError
-from nonstop.model.codec import pack, unpack
+from nonstop.model.codec import unpack
 from nonstop.model.ref import location_prefix
 from nonstop.tx.locks import LockMode
 
@@ -158,11 +159,7 @@ def g_swap_partitions(
                 except DuplicateKey as exc:
                     raise DuplicateKey(f"overwrite {job!r}: {exc} (twice in the rows)") from None
                 inserted += 1
-    result = {"deleted": deleted, "inserted": inserted}
-    ops: list[tuple[bool, Any, bytes, bytes | None]] = [(False, bulk, s, None) for s in staged]
-    ops += [(False, bulk, jslot, None), (True, bulk, dslot, pack(result))]
-    tx.write_raw(ops)
-    return {**result, "replayed": False}
+    return finish_swap(tx, bulk, staged, jslot, dslot, deleted, inserted)
 
 
 def _location_pages(db: Database, type_name: str, loc: bytes) -> Iterator[list[bytes]]:
