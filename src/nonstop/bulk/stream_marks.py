@@ -165,11 +165,13 @@ def record_chunk(
 def g_commit_stream(
     tx: Transaction | AsyncTransaction, locations: list[int], stream: str, batch: int
 ) -> Steps:
-    """Steps of ``branch.stream.commit`` (module doc); replies ``{"partitions", "moved"}``."""
+    """Steps of ``branch.stream.commit`` (module doc); replies ``{"partitions", "moved"}``.
+    The marks are locked in the order given: the coordinator's, partition name order, as
+    ``branch.upsert`` takes them (so a late chunk and a commit cannot deadlock)."""
     store = tx.db.engine.store
     bulk = swap_apply.bulk_db(store)
     moved = 0
-    for location in sorted(locations):
+    for location in locations:
         key = mark_key(location, stream)
         yield (_NEED, (("bulk", key), LockMode.WRITE), {})
         last = last_batch(tx, location, stream)
