@@ -15,6 +15,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -79,16 +80,24 @@ class Procs:
         self.all_pids: set[int] = set()
 
     def start(self, name: str) -> int:
+        self.lc.write_config(self.layout, self.nodes[name])
+        return self._spawn(name)
+
+    def _spawn(self, name: str) -> int:
         node = self.nodes[name]
-        self.lc.write_config(self.layout, node)
         pid = spawn_node(node.config, node.data)
         self.pids[name] = pid
         self.all_pids.add(pid)
         return pid
 
     def start_all(self) -> None:
-        for name in self.nodes:
-            self.start(name)
+        """Every node at once: each start waits about a second for its process to import
+        nonstop and write its pid file, so one after the other costs seconds per cluster.
+        (The configurations first, one by one: writing one also rewrites the layout file.)"""
+        for node in self.nodes.values():
+            self.lc.write_config(self.layout, node)
+        with ThreadPoolExecutor(max_workers=len(self.nodes)) as pool:
+            list(pool.map(self._spawn, list(self.nodes)))
 
     def start_extra(
         self, name: str, join: list[str], protocol: tuple[int, int] = (1, 1)
