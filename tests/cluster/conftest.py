@@ -15,13 +15,12 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from nonstop.admin.local import LocalCluster, spawn_node
+from nonstop.admin.local import LocalCluster, spawn_node, spawn_nodes
 from nonstop.admin.served import partitions_served
 from nonstop.client import Client
 from nonstop.errors import Error
@@ -80,24 +79,22 @@ class Procs:
         self.all_pids: set[int] = set()
 
     def start(self, name: str) -> int:
-        self.lc.write_config(self.layout, self.nodes[name])
-        return self._spawn(name)
-
-    def _spawn(self, name: str) -> int:
         node = self.nodes[name]
+        self.lc.write_config(self.layout, node)
         pid = spawn_node(node.config, node.data)
         self.pids[name] = pid
         self.all_pids.add(pid)
         return pid
 
     def start_all(self) -> None:
-        """Every node at once: each start waits about a second for its process to import
-        nonstop and write its pid file, so one after the other costs seconds per cluster.
+        """Every node at once (``spawn_nodes``, as ``nonstop local up`` does): each start
+        waits about a second for its process to import nonstop and write its pid file.
         (The configurations first, one by one: writing one also rewrites the layout file.)"""
         for node in self.nodes.values():
             self.lc.write_config(self.layout, node)
-        with ThreadPoolExecutor(max_workers=len(self.nodes)) as pool:
-            list(pool.map(self._spawn, list(self.nodes)))
+        pids = spawn_nodes(list(self.nodes.values()))
+        self.pids.update(pids)
+        self.all_pids.update(pids.values())
 
     def start_extra(
         self, name: str, join: list[str], protocol: tuple[int, int] = (1, 1)
