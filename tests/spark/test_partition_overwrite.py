@@ -12,7 +12,11 @@ sync replica), shared by the module's tests, and one Spark session:
   SIGKILLed: the promoted replicas serve the new set, not the old; an overwrite
   staged before the kill (its parts staged on each partition's replicas too) is
   swapped in by the promoted nodes.  An overwrite by an empty frame empties the
-  type.
+  type;
+* the streaming sink (data-path.md §6.7): micro-batches land once, a replayed
+  batch -- written but not committed, or committed -- changes nothing (``long``:
+  through a Spark streaming query, and across a SIGKILL between micro-batches on
+  a cluster of its own).
 """
 
 from __future__ import annotations
