@@ -302,6 +302,14 @@ class HaSection(Section):
         "turns replication off, and policies with replicas are then refused. No effect "
         'with `data = "nodes"`',
     )
+    repair_store: bool = Field(
+        default=True,
+        description="when the start check finds this node's object store (DATA/store) "
+        "damaged and its partitions replicate: move the store aside "
+        "(DATA/store.damaged-<UTC time>) and rebuild it from the partitions' copies, "
+        "unless this node holds the only in-sync copy of a partition (replication.md "
+        "section 11); `false`: refuse to start, as with routing by node",
+    )
 
     @_model_validator(mode="after")
     def _consistent(self) -> HaSection:

@@ -33,6 +33,14 @@ rest is checked by ``nonstop store verify``): a start stays quick on a big store
 
 
 @dataclass(frozen=True, slots=True)
+class Damage:
+    """What the start check found wrong with each part of a data directory (one line each)."""
+
+    cluster: str | None = None
+    store: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Identity:
     """Who this node is, for ever (C1)."""
 
@@ -169,13 +177,49 @@ class DataDir:
         """None, or the one-line error naming the damaged file and where (structure and
         checksums of ``cluster`` and ``store``, each within ``seconds``; the walk runs in a
         child process, so a page that crashes LMDB is reported, not fatal)."""
+        damage = self.damage(seconds)
+        problem = damage.cluster or damage.store
+        return None if problem is None else f"damaged store, refusing to serve it: {problem}"
+
+    def damage(self, seconds: float = START_VERIFY_SECONDS) -> Damage:
+        """What the start check finds wrong with ``cluster`` and with ``store``, each one line
+        or None (:meth:`verify`); a store the node stopped serving at run time (its
+        :attr:`damage_mark`) counts as damaged even when the bounded walk passes it."""
+        found: list[str | None] = []
         for where in (self.cluster_path, self.store_path):
             if not (where / "data.mdb").exists():
+                found.append(None)
                 continue
             report = verify_isolated(str(where), seconds=seconds)
-            if not report.ok:
-                return f"damaged store, refusing to serve it: {report.summary()}"
-        return None
+            found.append(None if report.ok else report.summary())
+        cluster, store = found
+        return Damage(cluster=cluster, store=store or self.marked_damage())
+
+    # ------------------------------------------------------ damage at run time
+    @property
+    def damage_mark(self) -> Path:
+        """``DATA/store/DAMAGED``: the one line of damage found while the node ran.  The
+        bounded start walk may not reach a damaged record a transaction or the scrub found;
+        the mark makes the next start treat the store as damaged.  It lives inside the store
+        directory so that restoring ``DATA/store`` from a backup removes it too."""
+        return self.store_path / "DAMAGED"
+
+    def mark_damage(self, problem: str) -> None:
+        """Remember ``problem`` (found at run time in the object store) for the next start;
+        best effort (a full or read-only disk cannot take it, and the node stops anyway).
+        Damage of the cluster store is not marked: the bounded walk of a small cluster log
+        finds it, and the mark would survive restoring ``DATA/cluster`` from a backup."""
+        if str(self.cluster_path) in problem or not self.store_path.is_dir():
+            return
+        with contextlib.suppress(OSError):
+            self.damage_mark.write_text(problem.splitlines()[0] + "\n")
+
+    def marked_damage(self) -> str | None:
+        try:
+            text = self.damage_mark.read_text().strip()
+        except OSError:
+            return None
+        return text or None
 
     # ------------------------------------------------------------ pid file
     def running_pid(self) -> int | None:

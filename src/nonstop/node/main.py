@@ -39,6 +39,7 @@ from nonstop.node.config import ConfigError, NodeConfig, split_join
 from nonstop.node.datadir import DataDir, Identity
 from nonstop.node.machine import NodeContext, resolve, takes_context, users_table
 from nonstop.node.router import NodeRouter, OpPermissions
+from nonstop.node.store_repair import check_data_dir
 from nonstop.runtime.real import (
     RealRuntime,
     RuntimeConfig,
@@ -303,6 +304,7 @@ async def serve(cfg: NodeConfig, datadir: DataDir) -> None:
 
         def store_damaged(problem: str) -> None:
             damaged.append(problem)
+            datadir.mark_damage(problem)  # the next start treats the store as damaged
             stop.set()
 
         scrubber = asyncio.ensure_future(
@@ -694,7 +696,9 @@ def run(cfg: NodeConfig) -> int:
     except OSError as exc:
         print(f"nonstop: error: cannot create {exc.filename}: {exc.strerror}", file=sys.stderr)
         return EXIT_ERROR
-    problem = datadir.check_writable() or datadir.verify()
+    problem = check_data_dir(
+        datadir, repairable=cfg.ha.replicating and cfg.ha.repair_store, node=cfg.name
+    )
     if problem is not None:
         if cfg.log_file:  # else the log is stderr: the line below says it once
             log.error("%s", problem)
