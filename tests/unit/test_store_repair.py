@@ -19,7 +19,7 @@ import pytest
 from tests.bankmodel import open_accounts
 
 import nonstop
-from nonstop.cluster.raft import KEY_SNAPSHOT, log_key
+from nonstop.cluster.raft import K_CMD, KEY_SNAPSHOT, log_key
 from nonstop.ha.partition_table import Partition, PartitionTable, drop_entry
 from nonstop.net import plain
 from nonstop.node.datadir import Damage, DataDir
@@ -103,8 +103,8 @@ def raft_keys(parts: list[Partition], entries: list[dict[str, object]]) -> dict[
     state = msgpack.packb({"digest": b"", "views": [], "pt": table.snapshot()})
     keys = {KEY_SNAPSHOT: plain.pack({"index": 10, "term": 2, "state": state})}
     for i, entry in enumerate(entries):
-        keys[log_key(11 + i)] = plain.pack([2, "cmd", entry])
-    keys[log_key(11 + len(entries))] = plain.pack([2, "view", {"members": ["A"]}])
+        keys[log_key(11 + i)] = plain.pack([2, K_CMD, entry])
+    keys[log_key(11 + len(entries))] = plain.pack([2, "n", None])
     return keys
 
 
@@ -179,8 +179,11 @@ def test_the_last_copy_moves_nothing(tmp_path: Path) -> None:
     assert "only in-sync copy of partitions p1 " in line
     assert not list(datadir.path.glob("store.damaged-*"))
     assert (datadir.store_path / "data.mdb").read_bytes() == damaged
-    off = check_data_dir(datadir, repairable=False, node="B")
+    off = check_data_dir(datadir, repairable=False, node="A")
     assert off is not None and "not repaired" not in off, "self-repair off: as before"
+    other = check_data_dir(datadir, repairable=True, node="B")
+    assert other is not None and "not repaired" in other, "another node's directory"
+    assert (datadir.store_path / "data.mdb").read_bytes() == damaged
 
 
 def test_damage_found_at_run_time_is_remembered_for_the_next_start(tmp_path: Path) -> None:

@@ -18,36 +18,43 @@ with its place in the history, and the repair keeps it (replication.md §11).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 import msgpack
 
-from nonstop.cluster.raft import KEY_SNAPSHOT, log_key
+from nonstop.cluster.raft import K_CMD, K_CONFIG, K_VIEW, KEY_SNAPSHOT, log_key
 from nonstop.ha.partition_table import TABLE, PartitionTable
 from nonstop.net import plain
 
 
 def known_table(recovered: Mapping[bytes, bytes]) -> PartitionTable:
     """The partition table of the snapshot in ``recovered`` (a cluster store's durable keys)
-    with every table entry of the log after it applied, in order (module doc)."""
-
-    def everyone() -> Iterable[str]:
-        return sorted({n for p in table.partitions.values() for n in p.names()})
-
-    table = PartitionTable(members=everyone, live=everyone)
+    with every table entry of the log after it applied, in order, under the membership and
+    liveness views the log's own entries make (as ``Raft`` applies them; module doc)."""
+    members: set[str] = set()
+    live: set[str] = set()
+    table = PartitionTable(members=lambda: sorted(members), live=lambda: sorted(live))
     first = 1
     raw = recovered.get(KEY_SNAPSHOT)
     if raw is not None:
         snap = plain.unpack(raw)
         first = int(snap["index"]) + 1
+        members = set(snap.get("view_members") or snap.get("voters") or [])
+        live = set(snap.get("view_live") or members)
         state = snap.get("state")
         if state is not None:
             table.restore(msgpack.unpackb(state, raw=False).get(TABLE))
     index = first
     while (raw := recovered.get(log_key(index))) is not None:
         _term, kind, data = plain.unpack(raw)
-        if kind == "cmd" and isinstance(data, dict) and TABLE in data:
+        if kind == K_CMD and isinstance(data, dict) and TABLE in data:
             table.apply(index, data)
+        elif kind == K_CONFIG and isinstance(data, dict) and data.get("old") is None:
+            voters = set(data.get("voters") or [])
+            live = (live & voters) | (voters - members)
+            members = voters
+        elif kind == K_VIEW and isinstance(data, dict):
+            live = set(data.get("live") or []) & members
         index += 1
     return table
 

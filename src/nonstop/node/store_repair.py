@@ -130,8 +130,8 @@ def check_data_dir(datadir: DataDir, *, repairable: bool, node: str) -> str | No
 
 def _known_partitions(datadir: DataDir, node: str) -> tuple[list[str], int | None] | None:
     """The partitions whose only in-sync copy is ``node``'s in the table its cluster log
-    last knew, and the node's location code; None when that log knows no partition or
-    cannot be read (then nothing is repaired)."""
+    last knew, and the node's location code; None when that log knows no partition, cannot
+    be read, or is another node's (then nothing is repaired)."""
     from nonstop.node.known_table import known_table, only_copies
     from nonstop.runtime.storage import ClusterStore
 
@@ -139,14 +139,15 @@ def _known_partitions(datadir: DataDir, node: str) -> tuple[list[str], int | Non
         cluster = ClusterStore(str(datadir.cluster_path))
         try:
             table = known_table(cluster.recovered())
-            location = cluster.read_meta().get("location")
+            meta = cluster.read_meta()
         finally:
             cluster.close()
     except Exception:  # an unreadable log: the node refuses, as without the repair
         log.exception("reading the partition table of %s", datadir.cluster_path)
         return None
-    if not table.partitions:
-        return None
+    if not table.partitions or meta.get("name") != node:
+        return None  # (another node's directory: the identity check refuses it next)
+    location = meta.get("location")
     return only_copies(table, node), None if location is None else int(location)
 
 
