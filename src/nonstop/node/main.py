@@ -11,10 +11,13 @@ configuration): a port in use, a data directory of another cluster or node, a
 data directory already used by a running node, a node name already used in the
 cluster, a data directory that cannot take writes (read-only, full), a damaged
 store (the structure and checksum walk of ``DataDir.verify``, bounded in time:
-the node refuses to serve a store that fails it).  While it runs, a background
-scrub (``scrub_interval`` seconds, default an hour) verifies both stores in full
-and stops the node, with that one line, if either is damaged; so does a record
-that fails its checksum when a transaction reads it.
+the node refuses to serve a store that fails it, or, routing by partition with
+replication, rebuilds a damaged object store from the partitions' copies:
+``node/store_repair.py``).  While it runs, a background scrub (``scrub_interval``
+seconds, default an hour) verifies both stores in full and stops the node, with
+that one line, if either is damaged; so does a record that fails its checksum
+when a transaction reads it (the line is kept in ``DATA/store/DAMAGED`` for the
+next start).
 """
 
 from __future__ import annotations
