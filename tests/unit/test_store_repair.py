@@ -149,8 +149,11 @@ def test_a_damaged_store_moves_aside_and_an_empty_one_takes_its_place(
     flip_a_record_bit(datadir.store_path)
     damaged = (datadir.store_path / "data.mdb").read_bytes()
     before = time.time_ns() // 1000
+    cluster_before = (datadir.cluster_path / "data.mdb").read_bytes()
     with caplog.at_level(logging.WARNING, logger="nonstop.node"):
         assert check_data_dir(datadir, repairable=True, node="A") is None
+    # R1: the copies, their heads and the in-sync status (DATA/cluster) are not touched.
+    assert (datadir.cluster_path / "data.mdb").read_bytes() == cluster_before
     aside = list(datadir.path.glob("store.damaged-*"))
     assert len(aside) == 1, "the damaged store is kept, never deleted"
     assert (aside[0] / "data.mdb").read_bytes() == damaged
