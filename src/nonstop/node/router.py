@@ -30,11 +30,11 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from nonstop import errors
+from nonstop.bulk.arrow_import import BULK_OPS, warm_arrow
 from nonstop.dataplane.service import is_data_message, is_data_op
 from nonstop.model.wire import error_out
 from nonstop.net.auth import SCHEME_NODE, SCHEME_USER
 from nonstop.net.connection import Connection
-from nonstop.node.warm_imports import BULK_OPS, warm_arrow
 from nonstop.security.roles import (
     APPLICATION_OPS,
     NODE,

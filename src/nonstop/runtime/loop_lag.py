@@ -27,10 +27,11 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
+from typing import Any
 
 log = logging.getLogger("nonstop.runtime.loop")
 
-LAG_BOUNDS: tuple[float, ...] = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2)
+LAG_BOUNDS: tuple[float, ...] = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 """Histogram bucket bounds (seconds): from a healthy loop to one that makes peers see it Down."""
 
 
@@ -98,14 +99,17 @@ class LoopLagMonitor:
             extra={"loop_lag": round(lag, 6)},
         )
 
-    def snapshot(self) -> dict[str, float | int]:
-        """The numbers, for the ``runtime_stats`` reply (seconds)."""
+    def snapshot(self) -> dict[str, Any]:
+        """The numbers, for the ``runtime_stats`` reply (seconds; ``counts`` per ``bounds``
+        bucket, the last one above every bound)."""
         return {
             "samples": self.samples,
             "worst": round(self.worst, 6),
             "last": round(self.last, 6),
             "over": self.over,
             "warn_after": self.warn_after,
+            "bounds": list(self.bounds),
+            "counts": list(self.counts),
         }
 
     def take_recent_worst(self) -> float:
