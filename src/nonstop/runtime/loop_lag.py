@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import gc
 import logging
 import sys
 import threading
@@ -67,6 +68,11 @@ class LoopLagMonitor:
         self._last_warning = float("-inf")
         self._held_back = 0
         self._task: asyncio.Task[None] | None = None
+        self.gc_seconds = [0.0, 0.0, 0.0]
+        """Seconds spent in the cyclic garbage collector, per generation (it stops the loop too)."""
+        self.gc_worst = [0.0, 0.0, 0.0]
+        """The longest collection of each generation."""
+        self._gc_started = 0.0
         self._woke = clock()
         """When the loop last ran this monitor (read by the stack watchdog's thread)."""
         self._watchdog: threading.Thread | None = None
@@ -110,6 +116,8 @@ class LoopLagMonitor:
             "warn_after": self.warn_after,
             "bounds": list(self.bounds),
             "counts": list(self.counts),
+            "gc_seconds": [round(x, 6) for x in self.gc_seconds],
+            "gc_worst": [round(x, 6) for x in self.gc_worst],
         }
 
     def take_recent_worst(self) -> float:
@@ -127,16 +135,31 @@ class LoopLagMonitor:
             self.observe(now - due)
 
     def start(self) -> asyncio.Task[None]:
-        """Run :meth:`run` as a task of the running loop (once)."""
+        """Run :meth:`run` as a task of the running loop (once), and time the collector."""
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self.run(), name="loop-lag")
+            if self._on_gc not in gc.callbacks:
+                gc.callbacks.append(self._on_gc)
         return self._task
 
     def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
             self._task = None
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
         self._watchdog_stop.set()
+
+    def _on_gc(self, phase: str, info: dict[str, int]) -> None:
+        # A collection of many live objects holds the loop as any long step does; its
+        # time is kept apart so a lag can be told from a collection.
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+            return
+        took = time.perf_counter() - self._gc_started
+        generation = min(max(int(info.get("generation", 0)), 0), 2)
+        self.gc_seconds[generation] += took
+        self.gc_worst[generation] = max(self.gc_worst[generation], took)
 
     def watch_stacks(self, after: float) -> None:
         """Diagnosis: log the loop thread's stack while it is blocked longer than ``after``.
