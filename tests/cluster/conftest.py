@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from nonstop.admin.local import LocalCluster, spawn_node
+from nonstop.admin.local import LocalCluster, spawn_node, spawn_nodes
 from nonstop.admin.served import partitions_served
 from nonstop.client import Client
 from nonstop.errors import Error
@@ -87,8 +87,14 @@ class Procs:
         return pid
 
     def start_all(self) -> None:
-        for name in self.nodes:
-            self.start(name)
+        """Every node at once (``spawn_nodes``, as ``nonstop local up`` does): each start
+        waits about a second for its process to import nonstop and write its pid file.
+        (The configurations first, one by one: writing one also rewrites the layout file.)"""
+        for node in self.nodes.values():
+            self.lc.write_config(self.layout, node)
+        pids = spawn_nodes(list(self.nodes.values()))
+        self.pids.update(pids)
+        self.all_pids.update(pids.values())
 
     def start_extra(
         self, name: str, join: list[str], protocol: tuple[int, int] = (1, 1)

@@ -8,6 +8,9 @@
   leaves transaction entries the replication path sees (``write_set_records``);
 * under routing by partition the unreplicated writes (``bulk.upsert``, a swap in one
   store) are refused with one line naming the way that works;
+* a streaming sink's chunk (``branch.upsert`` with ``stream``) applies once per
+  partition, its records (bulk/stream_marks.py) replicated with the partition and
+  loaded with its copy;
 * an overwrite's staged part names its partition, and the branch swap of some
   partitions (bulk/partition_swap.py) replaces exactly their objects with
   replicated transaction entries.
@@ -25,14 +28,25 @@ import pyarrow as pa
 import pytest
 
 import nonstop
-from nonstop.bulk.handlers import BulkContext, handle
+from nonstop.bulk.handlers import BulkContext, handle, run_steps_sliced
 from nonstop.bulk.partition_swap import overwrite_partitions_branch
 from nonstop.bulk.partitioned import key_values, partitions_of, upsert_branch
+from nonstop.bulk.stream_marks import (
+    WRITE_SET_KEY as MARK_KEY,
+)
+from nonstop.bulk.stream_marks import (
+    g_commit_stream,
+    last_batch,
+    location_keys,
+    mark_key,
+)
 from nonstop.dataplane.placement import routing_key
+from nonstop.dataplane.replicated_records import replicated_records
 from nonstop.errors import Aborted, BadArgument, DuplicateKey, FieldError
 from nonstop.ha.mapper import ConsistentHashMapper
 from nonstop.model.managed import type_info
 from nonstop.model.ref import Ref
+from nonstop.node.replica_store import load_copy, partition_write_sets
 from nonstop.spark.partition_writes import ipc
 from nonstop.tx.async_transaction import AsyncTransaction
 from nonstop.tx.entries import Isolation
@@ -98,7 +112,7 @@ def _branch(db: nonstop.Database, payload: dict[str, Any]) -> tuple[dict[str, An
         tx = AsyncTransaction(db, Isolation.SERIALIZABLE, 5.0)
         try:
             reply = await upsert_branch(tx, type_info(Item), payload)
-            records = write_set_records(tx)
+            records = replicated_records(tx)
             await tx.commit()
             return reply, records
         except BaseException:
@@ -128,7 +142,7 @@ def test_branch_upsert_creates_in_each_partition_and_updates_in_place(
         "parts": [[P0, 4, [0, 2]], [P1, 7, [1]]],
     }
     reply, records = _branch(db, first)
-    assert reply == {"inserted": 3, "updated": 0}
+    assert reply == {"inserted": 3, "updated": 0, "replayed": 0}
     assert sorted(r[0] for r in records) == ["c", "c", "c"]  # every create is replicated
     assert _stored(db) == {"a": (1, P0, 4), "b": (2, P1, 7), "c": (3, P0, 4)}
 
@@ -139,7 +153,7 @@ def test_branch_upsert_creates_in_each_partition_and_updates_in_place(
         "parts": [[P0, 5, [0, 2]], [P1, 7, [1]]],
     }
     reply, records = _branch(db, again)
-    assert reply == {"inserted": 1, "updated": 1}
+    assert reply == {"inserted": 1, "updated": 1, "replayed": 0}
     assert sorted(r[0] for r in records) == ["c", "u"]
     assert _stored(db) == {"a": (1, P0, 4), "b": (20, P1, 7), "c": (3, P0, 4), "d": (4, P0, 5)}
 
@@ -249,3 +263,73 @@ def test_partitions_of_uses_the_routing_key_of_a_create() -> None:
     assert partitions_of(placement, "pipe.Item", values) == [
         placement.partition_for("pipe.Item", routing_key(v)) for v in values
     ]
+
+
+def _commit_stream(db: nonstop.Database, locations: list[int], batch: int) -> list[Any]:
+    """``branch.stream.commit``'s steps in a transaction of their own; its records."""
+
+    async def run() -> list[Any]:
+        tx = AsyncTransaction(db, Isolation.SERIALIZABLE, 5.0)
+        await run_steps_sliced(tx, g_commit_stream(tx, locations, "orders", batch))
+        records = replicated_records(tx)
+        await tx.commit()
+        return records
+
+    return asyncio.run(run())
+
+
+def _last(db: nonstop.Database, location: int) -> int | None:
+    with db.transaction() as tx:
+        return last_batch(tx, location, "orders")
+
+
+def test_a_stream_chunk_applies_once_per_partition_and_its_records_ride_the_partition(
+    db: nonstop.Database,
+) -> None:
+    """data-path.md §6.7: a chunk's tag is written per partition with its rows, as a
+    replicated record of that partition; the chunk again (a replayed task, other
+    values even) changes nothing; the commit moves each partition's mark and drops the
+    tags; a chunk of a committed batch is skipped; a promoted store takes the records
+    with the copy (and drops its own stale ones)."""
+    base = {"type": "pipe.Item", "key": "sku", "format": "arrow"}
+    chunk = {
+        **base,
+        "rows": rows(["a", "b", "c"], [1, 2, 3]),
+        "parts": [[P0, 4, [0, 2]], [P1, 7, [1]]],
+        "stream": ["orders", 0, "0/0/d1"],
+    }
+    reply, records = _branch(db, chunk)
+    assert reply == {"inserted": 3, "updated": 0, "replayed": 0}
+    tags = [r for r in records if r[0] == "m"]
+    assert len(tags) == 2 and all(r[2] is not None for r in tags)  # one per partition
+    of = {P0: "p0", P1: "p1"}
+    sets = partition_write_sets(records, lambda ref: of.get(Ref(ref).location))
+    assert [sum(k.startswith(MARK_KEY) for k in sets[p]) for p in ("p0", "p1")] == [1, 1]
+
+    replay = {**chunk, "rows": rows(["a", "b", "c"], [100, 200, 300])}
+    assert _branch(db, replay)[0] == {"inserted": 0, "updated": 0, "replayed": 2}
+    assert _stored(db) == {"a": (1, P0, 4), "b": (2, P1, 7), "c": (3, P0, 4)}
+
+    committed = _commit_stream(db, [P0, P1], 0)
+    assert sorted((r[1] == mark_key(P0, "orders"), r[2] is None) for r in committed) == [
+        (False, False),  # P1's mark
+        (False, True),  # P0's tag dropped
+        (False, True),  # P1's tag dropped
+        (True, False),  # P0's mark
+    ]
+    assert (_last(db, P0), _last(db, P1)) == (0, 0)
+    # A chunk of the committed batch (a zombie task, a replay after the commit): skipped.
+    late = {**replay, "stream": ["orders", 0, "7/0/d9"]}
+    assert _branch(db, late)[0]["replayed"] == 2
+    assert _stored(db)["a"] == (1, P0, 4)
+    assert _commit_stream(db, [P0], 0) == []  # the mark never moves back: nothing written
+    # The next batch applies.
+    assert _branch(db, {**late, "stream": ["orders", 1, "0/0/d2"]})[0]["updated"] == 3
+
+    # A promoted store takes P0's records with the copy; its own stale one of P0 goes.
+    p0 = partition_write_sets(committed, lambda ref: of.get(Ref(ref).location))["p0"]
+    with nonstop.open(Path(db.path).parent / "replica", durability="none") as replica:
+        _commit_stream(replica, [P0], 5)  # (stale: not in the copy)
+        asyncio.run(load_copy(replica, P0, p0))
+        assert _last(replica, P0) == 0
+        assert location_keys(replica.engine.store, P0) == [mark_key(P0, "orders")]

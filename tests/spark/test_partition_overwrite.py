@@ -12,11 +12,16 @@ sync replica), shared by the module's tests, and one Spark session:
   SIGKILLed: the promoted replicas serve the new set, not the old; an overwrite
   staged before the kill (its parts staged on each partition's replicas too) is
   swapped in by the promoted nodes.  An overwrite by an empty frame empties the
-  type.
+  type;
+* the streaming sink (data-path.md §6.7): micro-batches land once, a replayed
+  batch -- written but not committed, or committed -- changes nothing (``long``:
+  through a Spark streaming query, and across a SIGKILL between micro-batches on
+  a cluster of its own).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from collections import Counter
@@ -35,9 +40,9 @@ from nonstop.errors import Aborted, DuplicateKey, Retryable, Unavailable
 from nonstop.model.managed import type_info
 from nonstop.spark.partition_writes import PartitionWriter
 from nonstop.spark.schema import Options
-from nonstop.spark.source import NonstopWriter, WriteStats
+from nonstop.spark.source import NonstopStreamWriter, NonstopWriter, WriteStats
 from tests.spark.conftest import ROOT, wait_until
-from tests.spark.model import Item
+from tests.spark.model import Item, Plain
 from tests.spark.test_partition_writes import (
     HA,
     ITEM,
@@ -111,6 +116,143 @@ def _state(oc: OwnedCluster, names: str) -> dict[str, int]:
     finally:
         db.close()
     raise AssertionError("the cluster did not answer a query")
+
+
+def _plain(oc: OwnedCluster, names: str = "ABC") -> dict[str, int]:
+    """Every ``pipe.Plain`` object, key -> qty (a locking query over the cluster)."""
+    db = nonstop.connect(",".join(oc.address(n) for n in names))
+    try:
+        for _ in range(40):
+            try:
+                with db.transaction() as tx:
+                    return {o.sku: o.qty for o in tx.query(Plain)}
+            except (Retryable, Unavailable):
+                continue
+    finally:
+        db.close()
+    raise AssertionError("the cluster did not answer a query")
+
+
+def _set_plain(oc: OwnedCluster, values: dict[str, int] | None, names: str = "ABC") -> None:
+    """Another writer: set some objects' qty (None: delete every object of the type)."""
+
+    @nonstop.transactional(max_retries=40)
+    def apply(tx: Any) -> None:
+        if values is None:
+            for o in tx.query(Plain):
+                tx.delete(o)
+            return
+        for sku, qty in values.items():
+            tx.get(Plain, sku=sku, lock="write").qty = qty
+
+    db = nonstop.connect(",".join(oc.address(n) for n in names))
+    try:
+        apply(db)
+    finally:
+        db.close()
+
+
+def _micro_batch(sink: NonstopStreamWriter, batch: int, rows: dict[str, int]) -> WriteStats:
+    """One task of micro-batch ``batch`` writing ``rows`` (what Spark's task runs)."""
+    table = pa.table({"sku": list(rows), "qty": list(rows.values())})
+    return sink.write_partitioned(iter(table.to_batches()), batch, 0)
+
+
+def test_the_stream_sink_writes_each_micro_batch_once_and_a_replay_changes_nothing(
+    cluster: OwnedCluster,
+) -> None:
+    """The streaming sink's task and driver code under routing by partition (data-path.md
+    §6.7), without Spark's engine around them (``long``: the same through a Spark
+    streaming query): micro-batches land once (count and sum as the source's); a batch
+    written but not committed (Spark failed before the sink's commit) and sent again
+    skips every partition that has it -- a row another writer changed meanwhile keeps
+    that value; a committed batch sent again, even with other rows, changes nothing."""
+    oc = cluster
+    table = _served(oc, "ABC")
+    assert table is not None
+    names = sorted(table)
+    sink = NonstopStreamWriter(
+        Options.parse({"cluster": ",".join(oc.addresses), "type": "pipe.Plain", "stream": "s"}),
+        SCHEMA,
+    )
+    first = {f"s{i:03}": i * 7 % 31 for i in range(40)}
+    second = {**{k: v + 1 for k, v in list(first.items())[:10]}, "s040": 5, "s041": 6}
+    try:
+        # (The counts of a write are not asserted: a chunk resent after a refusal of one
+        # node counts the partitions that had it as replayed, not inserted.)
+        _micro_batch(sink, 0, first)
+        sink.commit([], 0)
+        assert _plain(oc) == first
+        _micro_batch(sink, 1, second)
+        _set_plain(oc, {"s040": 1000})  # another writer, before the replay of batch 1
+        again = _micro_batch(sink, 1, second)
+        touched = {_expected_partition(k, names) for k in second}
+        assert (again.inserted, again.updated) == (0, 0) and again.replayed >= len(touched)
+        sink.commit([], 1)
+        late = _micro_batch(sink, 0, {k: -1 for k in first})  # committed: skipped
+        assert (late.inserted, late.updated) == (0, 0)
+        assert late.replayed >= len({_expected_partition(k, names) for k in first})
+        state = _plain(oc)
+        source = {**first, **second, "s040": 1000}
+        assert state == source
+        assert (len(state), sum(state.values())) == (42, sum(source.values()))
+    finally:
+        _set_plain(oc, None)  # (the module's other tests count every object per partition)
+
+
+@pytest.mark.long
+def test_a_stream_writes_each_micro_batch_once_and_a_replayed_batch_changes_nothing(
+    spark: Any, cluster: OwnedCluster, tmp_path: Path
+) -> None:
+    """The streaming sink under routing by partition (data-path.md §6.7): two micro-batches
+    land once (count and sum as the source's); Spark "crashes" after the sink committed
+    batch 1 but before its own commit log entry, so it runs batch 1 again: a row of it
+    another writer changed meanwhile keeps that value (the replay changed nothing), and
+    the next batch lands."""
+    oc = cluster
+    source, checkpoint = tmp_path / "in", tmp_path / "ckpt"
+    source.mkdir()
+    sent: dict[str, int] = {}
+
+    def add_file(name: str, first: int, n: int) -> None:
+        rows = {f"s{i:03}": i * 7 % 31 for i in range(first, first + n)}
+        sent.update(rows)
+        lines = [json.dumps({"sku": k, "qty": q}) for k, q in rows.items()]
+        (source / name).write_text("\n".join(lines))
+
+    def run() -> None:
+        q = (
+            spark.readStream.schema("sku string, qty long")
+            .option("maxFilesPerTrigger", 1)
+            .json(str(source))
+            .writeStream.format("nonstop")
+            .option("cluster", ",".join(oc.addresses))
+            .option("type", "pipe.Plain")
+            .option("stream", "orders")
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        assert q.awaitTermination(120)
+        assert q.exception() is None
+
+    add_file("a.json", 0, 30)
+    add_file("b.json", 30, 30)
+    try:
+        run()  # micro-batches 0 and 1
+        state = _plain(oc)
+        assert (len(state), sum(state.values())) == (len(sent), sum(sent.values()))
+        assert state == sent
+        _set_plain(oc, {"s040": 1000})  # a row of batch 1, changed by another writer
+        for name in ("1", ".1.crc"):  # Spark lost its commit log entry of batch 1
+            (checkpoint / "commits" / name).unlink(missing_ok=True)
+        add_file("c.json", 60, 20)
+        run()  # batch 1 again (a replay: skipped in every partition), then batch 2
+        state = _plain(oc)
+        assert state == {**sent, "s040": 1000}
+        assert (len(state), sum(state.values())) == (80, sum(sent.values()) - sent["s040"] + 1000)
+    finally:
+        _set_plain(oc, None)  # (the module's other tests count every object per partition)
 
 
 def test_a_swap_that_fails_before_its_decision_changes_nothing(cluster: OwnedCluster) -> None:
@@ -251,3 +393,62 @@ def _write(
     df = spark.createDataFrame(rows, "sku string, qty long").repartition(3)
     w = df.write.format("nonstop").option("cluster", ",".join(oc.address(n) for n in names))
     w.option("type", ITEM).option("batch", 100).mode(mode).save()
+
+
+@pytest.mark.long
+def test_the_stream_sink_keeps_exactly_once_across_a_kill_between_micro_batches(
+    tmp_path: Path,
+) -> None:
+    """A cluster of its own: micro-batch 0 committed, micro-batch 1 written but not
+    committed (Spark failed before the sink's commit), rows of both changed by another
+    writer, then SIGKILL of the node acting for the most partitions.  Once the replicas
+    serve its partitions, Spark's replay of both batches skips every partition (their
+    records were replicated with their rows), the other writer's values stand, and the
+    next batch lands: count and sum as the source's."""
+    env = {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    oc = OwnedCluster(tmp_path / "c", 3, apps=["tests.spark.model"], options={"ha": HA}, env=env)
+    try:
+        oc.start_all(timeout=90)
+        assert wait_until(lambda: _served(oc, "ABC") is not None, 90)
+        table = _served(oc, "ABC")
+        assert table is not None
+        names = sorted(table)
+
+        def sink(nodes: str) -> NonstopStreamWriter:
+            cluster = ",".join(oc.address(n) for n in nodes)
+            opts = {"cluster": cluster, "type": "pipe.Plain", "stream": "k", "batch": "50"}
+            return NonstopStreamWriter(Options.parse(opts), SCHEMA)
+
+        def parts(rows: dict[str, int]) -> int:
+            return len({_expected_partition(k, names) for k in rows})
+
+        b0 = {f"k{i:03}": i for i in range(200)}
+        b1 = {f"k{i:03}": i + 1000 for i in range(150, 350)}
+        first = sink("ABC")
+        _micro_batch(first, 0, b0)
+        first.commit([], 0)
+        _micro_batch(first, 1, b1)
+        assert _plain(oc) == {**b0, **b1}
+        _set_plain(oc, {"k000": -5, "k300": -7})  # another writer: a row of each batch
+
+        victim = Counter(p["active"] for p in table.values()).most_common(1)[0][0]
+        survivors = "".join(n for n in "ABC" if n != victim)
+        oc.kill(victim)
+        assert wait_until(lambda: _served(oc, survivors, replicas=False) is not None, 60)
+
+        after = sink(survivors)  # Spark's restarted query runs batch 1 again
+        for batch, rows in ((0, b0), (1, b1)):
+            again = _micro_batch(after, batch, rows)
+            assert (again.inserted, again.updated) == (0, 0)
+            assert again.replayed >= parts(rows)  # (every partition, for each chunk of 50)
+        after.commit([], 1)
+        b2 = {f"k{i:03}": 1 for i in range(400, 450)}
+        _micro_batch(after, 2, b2)
+        after.commit([], 2)
+
+        state = _plain(oc, survivors)
+        source = {**b0, **b1, **b2, "k000": -5, "k300": -7}
+        assert state == source
+        assert (len(state), sum(state.values())) == (400, sum(source.values()))
+    finally:
+        oc.close()

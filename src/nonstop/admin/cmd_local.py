@@ -18,7 +18,14 @@ from typing import Any
 import click
 
 from nonstop.admin.cmd_cluster import Target
-from nonstop.admin.local import DEFAULT_DIR, LocalCluster, LocalError, spawn_node, stop_pid
+from nonstop.admin.local import (
+    DEFAULT_DIR,
+    LocalCluster,
+    LocalError,
+    spawn_node,
+    spawn_nodes,
+    stop_pid,
+)
 from nonstop.admin.output import USAGE, emit_status, fail, note
 from nonstop.admin.served import partitions_served
 from nonstop.errors import Error
@@ -142,17 +149,14 @@ def local_up(
         if parsed:
             layout.setdefault("options", {}).update(parsed)
             lc.save(layout)
-    started: dict[str, int] = {}
     running = lc.running(layout)
-    for n in lc.nodes(layout):
-        if n.name in running:
-            continue
-        try:
-            lc.write_config(layout, n)
-            started[n.name] = spawn_node(n.config, n.data)
-        except LocalError as exc:
-            stop_started(started)
-            fail(f"node {n.name}: {exc}{_stopped_note(started)}")
+    missing = [n for n in lc.nodes(layout) if n.name not in running]
+    for n in missing:  # one by one: each write also rewrites the layout file
+        lc.write_config(layout, n)
+    try:
+        started = spawn_nodes(missing)  # at once; a failure stops every one of them
+    except LocalError as exc:
+        fail(str(exc))
     if not as_json:
         click.echo(f"started: {', '.join(started) if started else 'none (all running)'}")
     status = wait_active(lc.addresses(layout), timeout, lc.client_tls(layout))

@@ -29,7 +29,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from nonstop.admin.local import LocalCluster, LocalNode, spawn_node
+from nonstop.admin.local import LocalCluster, LocalNode, spawn_node, spawn_nodes
 from nonstop.admin.served import partitions_served
 from nonstop.client.handle import Client
 from nonstop.errors import Error
@@ -107,8 +107,13 @@ class NodeProcesses:
         partition is served (what ``nonstop local up`` waits for: until then a first
         transaction may meet the retryable ``NotActive`` of a partition moving to its
         preferred node; under routing by node it is at once)."""
-        for name in self.nodes:
-            self.start(name)
+        for node in self.nodes.values():  # one by one: each also rewrites the layout file
+            self.lc.write_config(self.layout, node)
+        env = None if not self._env else {**os.environ, **self._env}
+        prefixes = {name: self.command_prefix(name) for name in self.nodes}
+        pids = spawn_nodes(list(self.nodes.values()), timeout, prefixes=prefixes, env=env)
+        self.pids.update(pids)
+        self._all_pids.update(pids.values())
         self.wait_active(timeout=timeout)
         self.wait_served(timeout=timeout)
 

@@ -42,6 +42,7 @@ from nonstop.bulk.handlers import (
     run_steps_sliced,
     unique_key_of,
 )
+from nonstop.bulk.stream_marks import g_chunk_applied, record_chunk, stream_arg
 from nonstop.errors import BadArgument, FieldError
 from nonstop.model.codec import pack
 
@@ -141,7 +142,9 @@ async def upsert_branch(
     key = unique_key_of(info, payload)
     names, cols, _ = batch_columns(info, key, payload)
     groups = groups_arg(payload.get("parts"), len(cols[0]) if cols else 0)
-    return await run_steps_sliced(tx, _g_upsert(tx, info, key, names, cols, groups))  # type: ignore[no-any-return]
+    raw_stream = payload.get("stream")
+    stream = None if raw_stream is None else stream_arg(raw_stream)
+    return await run_steps_sliced(tx, _g_upsert(tx, info, key, names, cols, groups, stream))  # type: ignore[no-any-return]
 
 
 def _g_upsert(
@@ -151,10 +154,16 @@ def _g_upsert(
     names: list[str],
     cols: list[list[Any]],
     groups: list[tuple[int, int, list[int]]],
+    stream: tuple[str, int, str] | None = None,
 ) -> Steps:
-    inserted = updated = 0
+    inserted = updated = replayed = 0
     fields = info.fields
     for location, epoch, indices in groups:
+        if stream is not None:  # a streaming sink's chunk: once per partition (§6.7)
+            if (yield from g_chunk_applied(tx, location, *stream)):
+                replayed += 1
+                continue
+            before = inserted, updated
         for i in indices:
             row = {n: col[i] for n, col in zip(names, cols, strict=True)}
             # A reference is taken as such (its object may live in another partition,
@@ -175,7 +184,10 @@ def _g_upsert(
                 tx.write_field(e, n, value)
                 changed = True
             updated += changed
-    return {"inserted": inserted, "updated": updated}
+        if stream is not None:  # (written even when no row changed: a replay then skips)
+            counts = {"inserted": inserted - before[0], "updated": updated - before[1]}
+            record_chunk(tx, location, *stream, counts)
+    return {"inserted": inserted, "updated": updated, "replayed": replayed}
 
 
 __all__ = [

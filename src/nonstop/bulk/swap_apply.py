@@ -98,8 +98,9 @@ def extent_refs(store: Any, rtxn: Any, type_name: str, lo: bytes | None) -> Iter
 def keys_with(store: Any, prefix: bytes, limit: int | None = None) -> list[bytes]:
     """Keys of the ``bulk`` database that start with ``prefix`` (the first ``limit``)."""
     out: list[bytes] = []
+    bulk = bulk_db(store)  # (before the read: a read snapshot cannot see a newer database)
     with store.read() as rtxn:
-        cur = rtxn.cursor(db=bulk_db(store))
+        cur = rtxn.cursor(db=bulk)
         if cur.set_range(prefix):
             for k in cur.iternext(keys=True, values=False):
                 if not k.startswith(prefix) or len(out) == limit:

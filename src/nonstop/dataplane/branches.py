@@ -46,6 +46,7 @@ PEER_OPS = frozenset(
         "branch.write",
         "branch.overwrite",
         "branch.upsert",
+        "branch.stream.commit",
         "branch.holdings",
         *CUT_OPS,
         # A homed request (requests.md): its record is claimed, and looked up, on
@@ -65,6 +66,7 @@ WRITING_OPS = frozenset(
         "branch.write",
         "branch.overwrite",
         "branch.upsert",
+        "branch.stream.commit",
     }
 )
 """Branch ops that (may) write: their reply says so (``d``), for the coordinator's commit."""

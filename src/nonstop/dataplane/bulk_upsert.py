@@ -15,6 +15,12 @@ replica of its partitions before it is acknowledged.
 ``here: true`` (the Spark writer's): every partition of the batch must be
 active on this node, else ``NotActive`` at once (the writer's plan is stale: it
 plans again) instead of a two-phase commit with the partition's new node.
+
+``stream: [stream id, micro-batch id, chunk tag]`` (the streaming sink's):
+each partition's rows are skipped when the micro-batch is committed in that
+partition already or the chunk's tag is recorded there, and the tag is written
+with the rows (:mod:`nonstop.bulk.stream_marks`, data-path.md §6.7); the reply's
+``replayed`` counts the partitions skipped.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from nonstop import errors
 from nonstop.bulk.handlers import batch_format, unique_key_of
 from nonstop.bulk.partitioned import key_values, partitions_of
+from nonstop.bulk.stream_marks import stream_arg
 from nonstop.dataplane.state import Session
 from nonstop.dataplane.steps import Call, OpCoroutine
 
@@ -59,13 +66,21 @@ def g_upsert(dp: DataPlane, s: Session, p: dict[str, Any]) -> OpCoroutine:
         part = dp.view.partitions[name]
         by_node.setdefault(node, []).append([part.location, part.epoch, rows_of[name]])
     fields = {k: p.get(k) for k in ("type", "tv", "key", "rows", "format")}
-    inserted = updated = 0
+    if p.get("stream") is not None:  # a streaming sink's chunk (data-path.md §6.7)
+        fields["stream"] = list(stream_arg(p["stream"]))
+    inserted = updated = replayed = 0
     for node in sorted(by_node):  # (one node after the other: as tx.overwrite)
         reply = yield Call(node, "branch.upsert", {**fields, "parts": by_node[node]})
         s.dirty.add(node)
         inserted += int(reply.get("inserted", 0))
         updated += int(reply.get("updated", 0))
-    return {"inserted": inserted, "updated": updated, "partitions": sorted(rows_of)}
+        replayed += int(reply.get("replayed", 0))
+    return {
+        "inserted": inserted,
+        "updated": updated,
+        "replayed": replayed,
+        "partitions": sorted(rows_of),
+    }
 
 
 __all__ = ["g_upsert"]

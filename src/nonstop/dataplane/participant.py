@@ -41,6 +41,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from nonstop.dataplane.replicated_records import replicated_records
 from nonstop.dtx.decisions import COMMIT
 from nonstop.dtx.protocol import K_PREPARED, K_TOMB, Progress, Ready, Refused
 from nonstop.errors import (
@@ -56,12 +57,9 @@ from nonstop.model.codec import pack, unpack
 from nonstop.model.ref import Ref
 from nonstop.store.group_commit import Op, WriteSet
 from nonstop.tx.async_transaction import AsyncTransaction
-from nonstop.tx.asyncmethods import queue_records
 from nonstop.tx.database import Database
 from nonstop.tx.prepared import PreparedTransaction
 from nonstop.tx.query import gc_paused
-from nonstop.tx.replica import write_set_records
-from nonstop.tx.requests import result_records
 from nonstop.tx.transaction import Transaction
 
 log = logging.getLogger("nonstop.dataplane.participant")
@@ -298,10 +296,9 @@ class StoreResourceManager:
 
 
 def _replica_records(tx: Transaction) -> list[list[Any]]:
-    """What the sync replicas get of a prepared branch: its write set's records, its
-    request records and its queued calls (nothing else uses ``tx`` meanwhile: see
-    :data:`LARGE_PREPARE`)."""
-    return write_set_records(tx) + result_records(tx) + queue_records(tx)
+    """What the sync replicas get of a prepared branch (``replicated_records``: nothing
+    else uses ``tx`` meanwhile, see :data:`LARGE_PREPARE`)."""
+    return replicated_records(tx)
 
 
 LARGE_PREPARE = 2000

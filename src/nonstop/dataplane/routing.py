@@ -19,6 +19,7 @@ SESSION_OPS = frozenset(
         "tx.call",
         "tx.overwrite",
         "tx.upsert",
+        "tx.stream.commit",
         "tx.commit",
         "tx.rollback",
     }

@@ -28,6 +28,7 @@ from nonstop.dataplane.placement import routing_key
 from nonstop.dataplane.sizes import MESSAGE_MARGIN
 from nonstop.dataplane.state import Session
 from nonstop.dataplane.steps import Call, Gather, OpCoroutine
+from nonstop.dataplane.stream_commit import g_stream_commit
 from nonstop.model.codec import pack, unpack
 from nonstop.model.wire import AUDITS, write_in
 
@@ -529,6 +530,7 @@ OPS: dict[str, Callable[[DataPlane, Session, dict[str, Any]], OpCoroutine]] = {
     "tx.call": g_method,
     "tx.overwrite": g_overwrite,
     "tx.upsert": g_upsert,
+    "tx.stream.commit": g_stream_commit,
 }
 """Session ops other than the commit (and the rollback, which is not an op of its own)."""
 

@@ -10,7 +10,8 @@ and feeds the reply back.  Errors become error replies
 Ops on a branch (:func:`run_branch_op`):
 
 * ``branch.get`` / ``ref`` / ``query`` / ``count`` / ``create`` / ``delete`` /
-  ``call`` / ``write`` / ``overwrite`` / ``upsert`` -- data-path.md §4, §6.5 (:func:`execute`);
+  ``call`` / ``write`` / ``overwrite`` / ``upsert`` / ``stream.commit`` -- data-path.md
+  §4, §6.5, §6.7 (:func:`execute`);
 * ``branch.commit`` ``{req}`` -- claim and record the request result (H1) if
   any, then commit: ``{}``, or ``{"done": [ok, value]}`` (already recorded:
   nothing committed, the branch stays open for the machine to end);
@@ -220,6 +221,15 @@ async def _execute(tx: AsyncTransaction, op: str, p: dict[str, Any]) -> dict[str
         from nonstop.bulk.partitioned import upsert_branch
 
         return await upsert_branch(tx, check_type(p.get("type"), p.get("tv")), p)
+    if op == "branch.stream.commit":  # a streaming sink's micro-batch (data-path.md §6.7)
+        from nonstop.bulk.handlers import run_steps_sliced
+        from nonstop.bulk.stream_marks import batch_arg, g_commit_stream, stream_id
+        from nonstop.dataplane.stream_commit import locations_arg
+
+        locations = locations_arg(p.get("partitions"))
+        stream, batch = stream_id(p.get("stream")), batch_arg(p.get("batch"))
+        steps = g_commit_stream(tx, locations, stream, batch)
+        return await run_steps_sliced(tx, steps)  # type: ignore[no-any-return]
     raise errors.BadArgument(f"unknown branch op {op!r:.40}")
 
 

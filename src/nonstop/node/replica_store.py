@@ -39,6 +39,12 @@ with their partition") ride the same way: ``q:<queue key hex>`` -> the packed ca
 the partition's location the copy's (puts, and deletes of entries the copy lacks) in
 the same transaction as the request records; the node's dispatcher then picks them up
 (``nonstop.node.replicated_calls``).
+
+A streaming sink's records of a partition (its last committed micro-batch, the tags
+of the chunks applied since: :mod:`nonstop.bulk.stream_marks`, data-path.md §6.7) ride
+the same way: ``m:<bulk key hex>`` -> the packed value (None: deleted), in the write set
+of the partition the key names.  A load makes the store's records of the partition's
+location the copy's, in the same transaction as the request records.
 """
 
 from __future__ import annotations
@@ -47,14 +53,16 @@ import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from nonstop.bulk.stream_marks import WRITE_SET_KEY as MARK_KEY
+from nonstop.bulk.stream_marks import location_keys, location_ref
+from nonstop.bulk.swap_apply import bulk_db
+from nonstop.dataplane.replicated_records import side_records
 from nonstop.model.ref import REF_SIZE, Ref, location_prefix
 from nonstop.store.group_commit import Op as StoreOp
 from nonstop.tx.async_transaction import AsyncTransaction
-from nonstop.tx.asyncmethods import queue_records
 from nonstop.tx.database import Database
 from nonstop.tx.entries import TxState
 from nonstop.tx.replica import apply_write_set_async, copy_batch, entry_records
-from nonstop.tx.requests import result_records
 
 WriteSets = dict[str, dict[str, Any]]
 """Partition -> its write set (module doc)."""
@@ -80,6 +88,11 @@ def partition_write_sets(
     for record in records:
         if record[0] == "r":  # a request record: with every partition written (module doc)
             results[RESULT_KEY + record[1].hex()] = record[2]
+            continue
+        if record[0] == "m":  # a stream record: with the partition it names (module doc)
+            partition = partition_of(location_ref(record[1]))
+            if partition is not None:
+                sets.setdefault(partition, {})[MARK_KEY + record[1].hex()] = record[2]
             continue
         if record[0] == "q":  # a queued call: with its target's partition (module doc)
             key = record[1]
@@ -131,8 +144,8 @@ async def replicated_commit(
         tx._finish(TxState.COMMITTED)
         return None
     try:
-        records = await records_sliced(tx)
-        unknown = await replicate(records + result_records(tx) + queue_records(tx))
+        records = await records_sliced(tx)  # (replicated_records, the objects' in slices)
+        unknown = await replicate(records + side_records(tx))
     except BaseException:
         tx._finish(TxState.ROLLED_BACK)
         raise
@@ -150,8 +163,8 @@ def _copy_records(db: Database, values: Mapping[str, Any]) -> list[list[Any]]:
     out: list[list[Any]] = []
     gone: list[bytes] = []
     for key, value in sorted(values.items()):
-        if key.startswith((RESULT_KEY, QUEUE_KEY)):
-            continue  # a request record or a queued call: _load_results
+        if key.startswith((RESULT_KEY, QUEUE_KEY, MARK_KEY)):
+            continue  # a request record, a queued call or a stream record: _load_results
         if value is None:
             gone.append(bytes.fromhex(key))
         else:
@@ -169,13 +182,22 @@ def _copy_records(db: Database, values: Mapping[str, Any]) -> list[list[Any]]:
 async def _load_results(
     db: Database, values: Mapping[str, Any], queue_of: int | None = None
 ) -> int:
-    """The request records and queued calls of a write set or a copy into the store's
-    ``results`` and ``asyncq``; with ``queue_of`` (a location: ``values`` is that
-    partition's whole copy) the location's queued calls the copy lacks are deleted."""
+    """The request records, queued calls and stream records of a write set or a copy into
+    the store's ``results``, ``asyncq`` and ``bulk``; with ``queue_of`` (a location:
+    ``values`` is that partition's whole copy) the location's queued calls and stream
+    records the copy lacks are deleted."""
     store = db.engine.store
     ops: list[StoreOp] = []
     queued: set[bytes] = set()
+    marks: set[bytes] = set()
+    bulk = None
     for key, value in sorted(values.items()):
+        if key.startswith(MARK_KEY):
+            raw = bytes.fromhex(key[len(MARK_KEY) :])
+            marks.add(raw)
+            bulk = bulk or bulk_db(store)
+            ops.append((value is not None, bulk, raw, None if value is None else bytes(value)))
+            continue
         if key.startswith(RESULT_KEY):
             raw = bytes.fromhex(key[len(RESULT_KEY) :])
             ops.append(
@@ -188,6 +210,10 @@ async def _load_results(
                 (value is not None, store.asyncq, raw, None if value is None else bytes(value))
             )
     if queue_of is not None:
+        stale = [k for k in location_keys(store, queue_of) if k not in marks]
+        if stale:
+            bulk = bulk or bulk_db(store)
+            ops += [(False, bulk, k, None) for k in stale]
         prefix = location_prefix(queue_of)
         with store.read() as rtxn:
             cursor = rtxn.cursor(db=store.asyncq)

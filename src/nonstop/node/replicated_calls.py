@@ -48,13 +48,12 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
+from nonstop.dataplane.replicated_records import replicated_records
 from nonstop.errors import Error, NotActive, Unavailable
 from nonstop.ha.partition_table import partition_location
 from nonstop.model.ref import REF_SIZE, Ref
-from nonstop.tx.asyncmethods import AsyncDispatcher, Parked, queue_records
+from nonstop.tx.asyncmethods import AsyncDispatcher, Parked
 from nonstop.tx.entries import TxState
-from nonstop.tx.replica import write_set_records
-from nonstop.tx.requests import result_records
 from nonstop.tx.transaction import Transaction
 
 log = logging.getLogger("nonstop.node.calls")
@@ -120,7 +119,7 @@ class ReplicatedCallGate:
                 "target's: with partitions a run reads and writes its target's partition only "
                 "(queue a call on the other object from a client transaction instead)"
             )
-        records = write_set_records(tx) + result_records(tx) + queue_records(tx)
+        records = replicated_records(tx)
         future = asyncio.run_coroutine_threadsafe(self._replicated(records, token), self._loop)
         deadline = time.monotonic() + COMMIT_TIMEOUT
         try:

@@ -22,6 +22,12 @@ A refusal (``NotActive``), a node lost (``Unavailable``) or a conflict
 key applied twice changes nothing the second time, so a part that did commit
 before the failure is harmless to send again.
 
+A streaming sink's chunk is written the same way with ``stream`` (its micro-batch
+and a tag the same on a replay): each partition records the tag with the rows and
+skips a chunk it has, or a micro-batch committed there; the driver's commit marks
+the micro-batch in every partition (:meth:`PartitionWriter.commit_stream`,
+data-path.md §6.7).
+
 An overwrite stages its rows the same way (:meth:`PartitionWriter.stage`: each
 partition's rows on its active node, as ``bulk.overwrite.part``); the job commit
 swaps every partition in one distributed transaction (data-path.md §6.6).
@@ -103,7 +109,7 @@ class PartitionWriter:
         self.up: list[str] = []  # the nodes up at the plan, in name order
         self.clients: dict[str, BulkClient] = {}
         self.pool: ThreadPoolExecutor | None = None
-        self.inserted = self.updated = self.attempts = 0
+        self.inserted = self.updated = self.replayed = self.attempts = 0
         self.staged: dict[str, str] = {}  # an overwrite's staged parts: tag -> partition
         self.holders: dict[str, list[str]] = {}  # partition -> nodes that may act for it
         self.last_error: BaseException | None = None
@@ -150,10 +156,31 @@ class PartitionWriter:
             c.close()
 
     # ----------------------------------------------------------------- write
-    def write(self, table: pa.Table) -> None:
+    def write(self, table: pa.Table, stream: list[Any] | None = None) -> None:
         """Write one batch (module doc); raises what is not retryable, or the last
-        failure after :data:`ATTEMPTS`."""
-        self._retrying(lambda active: self._write_once(table, active))
+        failure after :data:`ATTEMPTS`.  ``stream``: ``[stream id, micro-batch id, chunk
+        tag]`` of a streaming sink's chunk -- each partition takes it once (a partition
+        that has it, or has the micro-batch committed, skips it: data-path.md §6.7)."""
+        self._retrying(lambda active: self._write_once(table, active, stream))
+
+    def commit_stream(self, stream: str, batch: int) -> None:
+        """Mark micro-batch ``batch`` of ``stream`` committed in every partition, in ONE
+        transaction (``tx.stream.commit``, data-path.md §6.7), coordinated by a node up
+        at the plan; again after a refusal, a lost node or a conflict (the mark never
+        moves back: a commit applied twice changes nothing the second time)."""
+        self._retrying(lambda active: self._commit_stream_once(stream, batch))
+
+    def _commit_stream_once(self, stream: str, batch: int) -> None:
+        if not self.up:
+            raise Unavailable("no node of the cluster is up")
+        node = self.up[0]
+        c = self._client(node)
+        try:
+            reply = c.call("tx.stream.commit", begin="serializable", stream=stream, batch=batch)
+            c.call("tx.commit", s=reply["s"])
+        except BaseException:
+            self._drop(node)  # (an open session rolls back with its connection)
+            raise
 
     def stage(self, table: pa.Table, job: str, where: str) -> None:
         """Stage one batch of an overwrite (data-path.md §6.6): each partition's rows on
@@ -222,7 +249,9 @@ class PartitionWriter:
                     raise type(exc)(f"{exc} (after {ATTEMPTS} attempts of one batch)") from exc
                 time.sleep(min(MAX_PAUSE, 0.05 * 2**attempt))
 
-    def _write_once(self, table: pa.Table, active: dict[str, str]) -> None:
+    def _write_once(
+        self, table: pa.Table, active: dict[str, str], stream: list[Any] | None = None
+    ) -> None:
         route = self._route(table, active)
         of = route["of"]
         names = route["partitions"]
@@ -237,11 +266,11 @@ class PartitionWriter:
         }
         if len(sends) == 1:
             ((node, rows),) = sends.items()
-            self._add(self._send(node, rows))
+            self._add(self._send(node, rows, stream))
             return
         if self.pool is None:
             self.pool = ThreadPoolExecutor(max(2, len(self.addresses)), "nonstop-write")
-        futures = [self.pool.submit(self._send, node, rows) for node, rows in sends.items()]
+        futures = [self.pool.submit(self._send, node, rows, stream) for node, rows in sends.items()]
         failure: BaseException | None = None
         for f in futures:
             try:
@@ -273,8 +302,9 @@ class PartitionWriter:
             raise
         return reply
 
-    def _send(self, node: str, rows: bytes) -> dict[str, Any]:
+    def _send(self, node: str, rows: bytes, stream: list[Any] | None = None) -> dict[str, Any]:
         c = self._client(node)
+        extra = {} if stream is None else {"stream": stream}
         try:
             reply: dict[str, Any] = c.call(
                 "tx.upsert",
@@ -285,6 +315,7 @@ class PartitionWriter:
                 key=self.key,
                 rows=rows,
                 format="arrow",
+                **extra,
             )
             c.call("tx.commit", s=reply["s"])
         except BaseException:
@@ -295,6 +326,7 @@ class PartitionWriter:
     def _add(self, reply: dict[str, Any]) -> None:
         self.inserted += int(reply.get("inserted", 0))
         self.updated += int(reply.get("updated", 0))
+        self.replayed += int(reply.get("replayed", 0))
 
     def close(self) -> None:
         if self.pool is not None:

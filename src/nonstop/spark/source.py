@@ -25,10 +25,11 @@ each batch as a transaction of the partitions its keys map to, on their active
 nodes, replicated (:mod:`nonstop.spark.partition_writes`, data-path.md §6.5);
 ``overwrite`` stages each partition's rows on its active node and swaps every
 partition at job commit in ONE distributed transaction whose write sets are
-replicated (§6.6); the streaming sink is refused there.
+replicated (§6.6).
 
 The streaming sink writes like ``append`` and records each micro-batch id
-with the data (``bulk.stream.commit``); a replayed batch id is skipped.
+(``bulk.stream.commit`` on every node; under routing by partition in every
+partition, replicated with its rows: §6.7); a replayed batch id is skipped.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ from nonstop.client.bulk import BulkClient
 from nonstop.errors import Aborted, BadArgument, Retryable, Unavailable
 from nonstop.model.codec import encode_key
 from nonstop.spark.one_line import one_line
-from nonstop.spark.partition_writes import PartitionWriter, routes_by_partition
+from nonstop.spark.partition_writes import PartitionWriter, ipc, routes_by_partition
 from nonstop.spark.read_plan import (
     NodeRange,
     all_nodes,
@@ -582,8 +583,11 @@ def commit_outcome(
 
 
 class NonstopStreamWriter(DataSourceStreamArrowWriter):
-    """Exactly once per micro-batch: the batch id is recorded on every node at commit;
-    a batch id at or below it is skipped, and retried tasks replay tagged batches."""
+    """Exactly once per micro-batch: the batch id is recorded at commit; a batch id at
+    or below it is skipped, and retried tasks replay tagged batches.  Under node routing
+    the records are each node's (``bulk.stream.*``, tags on ``bulk.upsert``); under
+    routing by partition they are each partition's, replicated with its rows
+    (data-path.md §6.7)."""
 
     def __init__(self, opts: Options, schema: StructType) -> None:
         self.opts = opts
@@ -593,19 +597,16 @@ class NonstopStreamWriter(DataSourceStreamArrowWriter):
         self.old_count = int(ts.get("count") or 0)
         self.key = write_key(opts, ts)
         check_writable(ts, schema, self.key)
-        if routes_by_partition(opts, all_nodes(opts)):
-            raise BadArgument(
-                f"a streaming sink of {opts.type} is not available when the cluster routes "
-                'by partition ([ha] data = "partitions"): its micro-batch records are '
-                "per node, not replicated; write each micro-batch with foreachBatch and "
-                "mode('append')"
-            )
-        self.nodes = up_nodes(opts)
+        self.partitioned = routes_by_partition(opts, all_nodes(opts))
+        # Under routing by partition only the partitions' active nodes need to be up.
+        self.nodes = all_nodes(opts) if self.partitioned else up_nodes(opts)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteStats:
         ctx = TaskContext.get()
         assert ctx is not None
         batch_id = int(ctx.getLocalProperty("streaming.sql.batchId") or -1)
+        if self.partitioned:
+            return self.write_partitioned(iterator, batch_id, ctx.partitionId())
         pid = ctx.partitionId()
         router = _Router(self.opts, self.nodes, self.key)
         try:
@@ -636,7 +637,36 @@ class NonstopStreamWriter(DataSourceStreamArrowWriter):
             router.close()
         return router.stats
 
+    def write_partitioned(
+        self, iterator: Iterator[pa.RecordBatch], batch_id: int, pid: int
+    ) -> WriteStats:
+        """A task's micro-batch rows under routing by partition: each chunk a transaction
+        of its partitions on their active nodes, tagged ``<task>/<chunk>/<digest>``; a
+        partition that has the tag, or the micro-batch committed, skips its rows
+        (data-path.md §6.7)."""
+        if batch_id < 0:
+            raise BadArgument("a streaming sink's task runs without a micro-batch id")
+        stats = WriteStats(partition=pid)
+        writer = PartitionWriter(self.opts, self.nodes, self.key, self.version)
+        try:
+            for seq, table in enumerate(_Router(self.opts, self.nodes, self.key).chunks(iterator)):
+                stats.rows += table.num_rows
+                tag = f"{pid}/{seq}/{digest(ipc(table))}"
+                writer.write(table, stream=[self.stream, batch_id, tag])
+        finally:
+            writer.close()
+        stats.inserted, stats.updated = writer.inserted, writer.updated
+        stats.replayed = writer.replayed
+        return stats
+
     def commit(self, messages: list[WriteStats | None], batchId: int) -> None:  # type: ignore[override]
+        if self.partitioned:  # every partition's mark, in one transaction (§6.7)
+            writer = PartitionWriter(self.opts, self.nodes, self.key, self.version)
+            try:
+                writer.commit_stream(self.stream, batchId)
+            finally:
+                writer.close()
+            return
         for node in self.nodes:
             with BulkClient(
                 node["address"], cluster=self.opts.cluster_id, credentials=self.opts.credentials

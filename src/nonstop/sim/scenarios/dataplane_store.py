@@ -1064,6 +1064,7 @@ _OPS: dict[str, Callable[[SimDataStore, Branch, dict[str, Any]], Op]] = {
     "branch.call": SimDataStore._g_unsupported,
     "branch.overwrite": SimDataStore._g_unsupported,
     "branch.upsert": SimDataStore._g_unsupported,
+    "branch.stream.commit": SimDataStore._g_unsupported,
     "branch.commit": SimDataStore._g_commit,
     "branch.cut_open": SimDataStore._g_cut_open,
     "branch.cut_unsure": SimDataStore._g_cut_unsure,
