@@ -63,6 +63,7 @@ def test_wrong_type_names_key_expected_type_and_value() -> None:
 
 def test_semantic_checks_are_one_line() -> None:
     assert "not a host:port address: 'nowhere'" in error_of({"listen": "nowhere"})
+    assert "has port 0: a node needs a fixed port" in error_of({"listen": "127.0.0.1:0"})
     assert "protocol must be [min, max]" in error_of({"protocol": [2, 1]})
     assert "min_votes must be a positive integer" in error_of({"quorum": {"mode": "min_votes"}})
     assert "application module" in error_of({"app": [1]})

@@ -608,6 +608,10 @@ class NodeConfig(Section):
     @classmethod
     def _address(cls, value: str) -> str:
         check_address(value)
+        if value.rpartition(":")[2].lstrip("0") == "":
+            # Port 0 ("any free port") cannot work here: this address is announced to
+            # the peers, which dial it.
+            raise ValueError(f"{value!r} has port 0: a node needs a fixed port its peers dial")
         return value
 
     @field_validator("join")
