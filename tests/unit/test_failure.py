@@ -301,3 +301,58 @@ def test_up_peers_follows_every_state_change_and_removal():
     sim.run_until(3.0)
     assert "n3" in det.up_peers()  # (n2 may be back too: it still sends keep-alives)
     assert det.up_peers() == sorted(n for n, p in det.peers.items() if p.state is NodeState.UP)
+
+
+def _up_pair() -> FailureDetector:
+    det = FailureDetector(identity=ident("n1"))
+    det.add_peer("n2", "sim://n2")
+    det.handle(Started(0.0))
+    det.on_message(0.0, "n2", {"t": "hello", "id": ident("n2").to_wire(), "en": True})
+    assert det.state_of("n2") is NodeState.UP
+    return det
+
+
+def test_the_nodes_own_stall_is_not_its_peers_silence():
+    """A blocked loop (here: no tick for 0.9 s, more than twice the timeout) wakes to a
+    late tick before it reads its sockets: the peer is not reconnected nor Down."""
+    det = _up_pair()
+    t = 0.0
+    for _ in range(5):
+        t += 0.1
+        det.heard(t, "n2", True)
+        det.handle(_tick(t))
+    t += 0.9  # the node itself ran nothing for 0.9 s
+    actions = det.handle(_tick(t))
+    assert not any(isinstance(a, Reconnect) for a in actions)
+    assert det.state_of("n2") is NodeState.UP
+    det.heard(t + 0.001, "n2", True)  # the answer that waited unread in the socket
+    for _ in range(3):
+        t += 0.1
+        det.heard(t, "n2", True)
+        assert not any(isinstance(a, Reconnect) for a in det.handle(_tick(t)))
+    assert det.state_of("n2") is NodeState.UP
+    assert det.own_stalls == pytest.approx(0.8)
+
+
+def test_a_dead_peer_is_still_down_after_the_nodes_own_stall():
+    """Crediting the stall delays the verdict on a silent peer by the stall, no more."""
+    det = _up_pair()
+    t = 0.0
+    for _ in range(3):
+        t += 0.1
+        det.heard(t, "n2", True)
+        det.handle(_tick(t))
+    heard_last = t
+    t += 1.0  # a stall, and the peer died during it: nothing waits in the socket
+    det.handle(_tick(t))
+    assert det.state_of("n2") is NodeState.UP
+    down_at = None
+    while t < heard_last + 3.0 and down_at is None:
+        t += 0.1
+        det.handle(_tick(t))
+        if det.state_of("n2") is not NodeState.UP:
+            down_at = t
+    assert det.state_of("n2") is NodeState.DOWN
+    assert down_at is not None
+    # listening time before the verdict: the usual timeout plus one reconnect interval
+    assert down_at - heard_last - 0.9 == pytest.approx(0.6, abs=0.11)

@@ -189,6 +189,11 @@ class FailureDetector:
     """Bumped whenever the Up set may have changed: the cluster node recomputes its
     quorum once per event, and under load that must not cost a scan of the peers."""
     _up: list[NodeId] | None = None
+    _last_tick: float | None = None
+    """When the previous tick ran: a tick much later than ``keepalive_interval`` after it
+    means this node itself was not running (a blocked event loop, a paused process)."""
+    own_stalls: float = 0.0
+    """Seconds of this node's own stalls credited to its peers' silence (``_credit_own_stall``)."""
 
     # ------------------------------------------------------------ peer table
     def add_peer(self, name: NodeId, address: str | None, *, static: bool = False) -> list[Action]:
@@ -254,6 +259,7 @@ class FailureDetector:
 
     def _on_start(self, now: float) -> list[Action]:
         actions: list[Action] = [SetTimer(TICK_TIMER, self.config.keepalive_interval)]
+        self._last_tick = now
         for name in sorted(self.peers):
             peer = self.peers[name]
             peer.last_heard = now
@@ -275,8 +281,37 @@ class FailureDetector:
             "peers": known,
         }
 
+    def _credit_own_stall(self, now: float) -> None:
+        """Do not count this node's own stall as its peers' silence.
+
+        A tick that comes ``late`` seconds after it was due means this node ran
+        nothing meanwhile: its peers' keep-alive answers may be waiting unread in
+        its sockets (an event loop may well run its due timers before it reads
+        them, as uvloop does).  Judged now, every peer would look silent for the
+        stall's length, be sent a :class:`Reconnect` -- which throws away what
+        it had sent and this node had not read yet -- and then be declared Down:
+        the busy node would take its healthy peers for dead, lose quorum, and
+        make its peers see it Down in turn.  So the stall is credited to each
+        peer's ``last_heard`` (and to a pending reconnect's start): silence is
+        counted only while this node was listening.  A dead peer is still
+        declared Down, later by at most the length of this node's stalls; no
+        safety rule rests on how soon (leases and epochs fence, ha.md §8).
+        """
+        previous, self._last_tick = self._last_tick, now
+        if previous is None:
+            return
+        late = now - previous - self.config.keepalive_interval
+        if late <= self.config.keepalive_interval / 2:
+            return  # an ordinary tick: timer jitter is not a stall
+        self.own_stalls += late
+        for peer in self.peers.values():
+            peer.last_heard = min(now, peer.last_heard + late)
+            if peer.reconnect_at is not None:
+                peer.reconnect_at = min(now, peer.reconnect_at + late)
+
     def _on_tick(self, now: float) -> list[Action]:
         actions: list[Action] = [SetTimer(TICK_TIMER, self.config.keepalive_interval)]
+        self._credit_own_stall(now)
         self._seq += 1
         timeout = self.config.non_response_timeout
         for name in sorted(self.peers):

@@ -21,7 +21,13 @@ from nonstop.tx.transaction import Transaction
 
 def replicated_records(tx: Transaction) -> list[list[Any]]:
     """Every record of ``tx`` its partitions' sync replicas get (module doc)."""
-    return write_set_records(tx) + result_records(tx) + queue_records(tx) + mark_records(tx)
+    return write_set_records(tx) + side_records(tx)
 
 
-__all__ = ["replicated_records"]
+def side_records(tx: Transaction) -> list[list[Any]]:
+    """The records of ``tx`` beside its objects' (a caller that makes those in slices,
+    ``node/replica_store.records_sliced``, adds these)."""
+    return result_records(tx) + queue_records(tx) + mark_records(tx)
+
+
+__all__ = ["replicated_records", "side_records"]

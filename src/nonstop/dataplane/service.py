@@ -41,6 +41,7 @@ import msgpack
 
 from nonstop import errors
 from nonstop.bulk import swap_apply
+from nonstop.bulk.arrow_import import load_arrow, needs_arrow_import
 from nonstop.dataplane.commit import RETRYABLE_REASONS, map_run_reply
 from nonstop.dataplane.events import (
     BranchDone,
@@ -176,6 +177,8 @@ class DataService:
         """Store ops running without a task (``_eager``)."""
         self._feeding = False
         self._backlog: collections.deque[Any] = collections.deque()
+        self._arrow_wait: collections.deque[tuple[int, Any, Any]] | None = None
+        """Client ops waiting for pyarrow's import (``bulk/arrow_import.py``), in order."""
         self._peers_seen = -1
         self._refresh_due = False
         self._partitions_key: tuple[Any, ...] | None = None
@@ -278,9 +281,30 @@ class DataService:
             self._conns[key] = conn
         if self.observer is not None:
             self.observer.op(key, client_id, op)
+        if self._arrow_wait is not None or needs_arrow_import(payload):
+            self._wait_for_arrow(key, client_id, payload)
+            return
+        self._client_op(key, client_id, payload)
+
+    def _client_op(self, key: int, client_id: Any, payload: Any) -> None:
         if len(self.runtime.peers) != self._peers_seen:
             self._refresh()  # a new peer's hello: where its objects live
         self._feed(ClientOp(now=self._now(), conn=key, corr=client_id, payload=payload))
+
+    def _wait_for_arrow(self, key: int, client_id: Any, payload: Any) -> None:
+        """Hold this client op, and every one after it, until pyarrow is imported on a
+        thread: imported by the op itself it held the loop for up to half a second."""
+        if self._arrow_wait is None:
+            self._arrow_wait = collections.deque()
+            loaded = asyncio.get_running_loop().run_in_executor(None, load_arrow)
+            loaded.add_done_callback(lambda _: self._arrow_loaded())
+        self._arrow_wait.append((key, client_id, payload))
+
+    def _arrow_loaded(self) -> None:
+        held, self._arrow_wait = self._arrow_wait or collections.deque(), None
+        for key, client_id, payload in held:
+            if key in self._conns:  # (its connection may have closed meanwhile)
+                self._client_op(key, client_id, payload)
 
     def connection_closed(self, conn: Any) -> None:
         """The client connection is gone: its sessions roll back, except committing ones (B8)."""

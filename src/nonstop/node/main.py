@@ -522,6 +522,9 @@ def make_runtime(
             discovery=cfg.discovery.runtime(),
             connect_timeout=cfg.connect_timeout,
             limits=cfg.limits.runtime(),
+            # Half the detector's timeout: a loop blocked that long is half way to
+            # making this node look Down to its peers.
+            loop_lag_warn=cfg.nonresponse_timeout / 2,
             guard=access.guard(
                 lambda: users_table(runtime.machine),
                 lambda: cluster_caught_up(runtime.machine),

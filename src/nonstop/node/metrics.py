@@ -239,6 +239,7 @@ class NodeCollector(Collector):
         yield from self._cluster(node)
         yield from self._partitions(node)
         yield from self._runtime()
+        yield from self._loop_lag()
         yield from self._limits()
 
     # ------------------------------------------------------------ families
@@ -471,6 +472,30 @@ class NodeCollector(Collector):
                 for event, count in sorted(stats.items())
                 if event not in ("commits", "commit_us")
             ),
+        )
+
+    def _loop_lag(self) -> Iterator[Metric]:
+        """How late the event loop wakes (``runtime/loop_lag.py``)."""
+        lag = getattr(self.runtime, "loop_lag", None)
+        if lag is None:
+            return
+        yield histogram(
+            "event_loop_lag_seconds",
+            "How late the node's event loop woke for a periodic 50 ms timer: the longest a"
+            " ready callback (a keep-alive, a reply) waited behind the step that ran before it.",
+            lag.bounds,
+            lag.counts,
+            lag.sum,
+        )
+        yield gauge(
+            "event_loop_lag_max_seconds",
+            "The worst event-loop lag since the previous scrape.",
+            lag.take_recent_worst(),
+        )
+        yield counter(
+            "event_loop_blocked",
+            "Wake-ups later than the warning threshold (half the detector's timeout).",
+            lag.over,
         )
 
     def _limits(self) -> Iterator[Metric]:

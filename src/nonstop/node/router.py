@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from nonstop import errors
+from nonstop.bulk.arrow_import import BULK_OPS, warm_arrow
 from nonstop.dataplane.service import is_data_message, is_data_op
 from nonstop.model.wire import error_out
 from nonstop.net.auth import SCHEME_NODE, SCHEME_USER
@@ -95,6 +96,8 @@ class NodeRouter:
         if op == "samples":
             conn.send({"t": "rep", "id": client_id, "p": self._samples(payload)})
             return True
+        if op in BULK_OPS:
+            warm_arrow()  # Arrow batches are coming: import pyarrow off the loop
         if not is_data_op(op):
             return False
         if self.data is None:

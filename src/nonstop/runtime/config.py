@@ -29,6 +29,9 @@ class RuntimeConfig:
     redial_max: float = 1.0
     startup_grace: float = 10.0
     """A DuplicateName/WrongCluster refusal this soon after start stops the node."""
+    loop_lag_warn: float = 0.2
+    """Log a warning when the event loop wakes this many seconds late (``runtime/loop_lag.py``;
+    a node sets half its failure detector's ``nonresponse_timeout``)."""
     guard: Guard | None = None
     """Authentication (``net.challenge``): peers prove the cluster secret, clients a user's
     password, before anything they say counts.  None: nobody proves anything (tests of

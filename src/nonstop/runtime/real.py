@@ -78,6 +78,7 @@ from nonstop.runtime.interface import (
     Started,
     TimerFired,
 )
+from nonstop.runtime.loop_lag import LoopLagMonitor
 from nonstop.runtime.persist import PersistRouter
 from nonstop.runtime.routing import Router
 from nonstop.runtime.storage import ClusterStore, StoreWriter
@@ -184,6 +185,8 @@ class RealRuntime:
         self.permissions: Callable[[Connection, Any], Any] | None = None
         """Who may send which client request (the node's composition sets it,
         ``nonstop.node.router``): returns None or the error reply; None: everyone may."""
+        self.loop_lag = LoopLagMonitor(warn_after=config.loop_lag_warn)
+        """How late the event loop wakes (``nonstop_event_loop_lag_seconds``, a warning line)."""
         self.identity_error: HandshakeRejected | None = None
         self.on_identity_error: Callable[[HandshakeRejected], None] | None = None
 
@@ -195,6 +198,10 @@ class RealRuntime:
         dialed or persisted.
         """
         self.loop = asyncio.get_running_loop()
+        self.loop_lag.start()
+        stacks_after = os.environ.get("NONSTOP_LOOP_STACKS")
+        if stacks_after:  # diagnosis: where the loop blocks (docs/operations.md)
+            self.loop_lag.watch_stacks(float(stacks_after))
         await self.transport.listen()
         self.machine = self.machine_factory(self.store.recovered())
         if self.router is not None:
@@ -220,6 +227,7 @@ class RealRuntime:
         if self._stopping:
             return
         self._stopping = True
+        self.loop_lag.stop()
         self.transport.stop()
         for handle in self._timers.values():
             handle.cancel()
@@ -365,6 +373,7 @@ class RealRuntime:
             "connected": self.transport.connected_names(),
             "addresses": {n: a for n, (a, _) in self.addresses.items()},
             "limits": self.bounds.snapshot(),
+            "loop_lag": self.loop_lag.snapshot(),
         }
         if self.router is not None:
             reply.update(self.router.stats())

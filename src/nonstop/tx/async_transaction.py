@@ -15,6 +15,7 @@ replays it.  Take the locks you need with the lookup (``lock="write"``) or with
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Hashable
 from typing import Any, TypeVar
 
@@ -32,6 +33,10 @@ from nonstop.tx.transaction import Transaction
 
 M = TypeVar("M", bound=Managed)
 
+DRIVE_SLICE = 0.01
+"""Seconds an op runs between two of its locks before :meth:`AsyncTransaction.adrive`
+lets the event loop run (keep-alives, other clients)."""
+
 
 class AsyncTransaction(Transaction):
     """A transaction driven by an asyncio task."""
@@ -43,6 +48,7 @@ class AsyncTransaction(Transaction):
         it yields; its return value (see :meth:`Transaction.drive`)."""
         try:
             request = next(op)
+            slice_end = time.monotonic() + DRIVE_SLICE
             while True:
                 resource, mode = request
                 try:
@@ -52,6 +58,12 @@ class AsyncTransaction(Transaction):
                 except Error as exc:
                     self._doomed = exc
                     raise
+                if time.monotonic() >= slice_end:
+                    # A long op (a replica applying thousands of records, a restore
+                    # batch) lets the loop run between two of its locks, as a lock
+                    # wait would: its locks are held, nothing it did is visible.
+                    await asyncio.sleep(0)
+                    slice_end = time.monotonic() + DRIVE_SLICE
                 request = op.send(None)
         except StopIteration as stop:
             return stop.value

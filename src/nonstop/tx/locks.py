@@ -255,8 +255,15 @@ class LockManager:
         if held:
             locks = self._locks
             for resource in held:
-                del locks[resource].holders[txn]
-                affected[resource] = None
+                lock = locks[resource]
+                holders = lock.holders
+                del holders[txn]
+                # Only a lock with waiters needs the grant pass; a free one is dropped
+                # here (a bulk swap releases hundreds of thousands: one step of the loop).
+                if lock.queue or resource in affected:
+                    affected[resource] = None
+                elif not holders:
+                    del locks[resource]
         granted: list[Grant] = []
         for resource in affected:
             self._grant_waiters(resource, self._locks[resource], granted)

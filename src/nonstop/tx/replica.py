@@ -54,7 +54,7 @@ and :func:`apply_write_set` on the returning one.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -348,8 +348,14 @@ def write_set_records(tx: Transaction) -> list[list[Any]]:
     state (the transaction does not track which fields changed; the whole state is
     as idempotent and a few bytes longer), a deleted one a ``d`` record.
     """
+    return entry_records(tx.entries())
+
+
+def entry_records(entries: Iterable[Any]) -> list[list[Any]]:
+    """:func:`write_set_records` of some of a transaction's entries (a slice of them: a
+    caller on an event loop makes the records of a large write set slice by slice)."""
     out: list[list[Any]] = []
-    for e in tx.entries():
+    for e in entries:
         status = e.status
         if status == CREATED:
             out.append(["c", e.ref, e.info.name, e.version + 1, pack(e.state)])

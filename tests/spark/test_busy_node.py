@@ -1,0 +1,141 @@
+"""Issue 12: a node busy with bulk writes by partition keeps answering, and is never seen Down.
+
+A real 3-node cluster routing by partition (16 partitions, one sync replica each)
+takes a load of 40,000 rows in 5,000-row Arrow batches through the Spark task's
+writer (``PartitionWriter``, without Spark), while a second client commits small
+transactions on the same type.  Meanwhile and afterwards:
+
+* no node's failure detector suspects any peer (no ``node_state`` change to
+  ``InDownNotifier`` or ``Down`` in any node's log after the cluster was served):
+  the busy nodes keep answering keep-alives, and a busy observer does not take
+  its peers for silent (``cluster/failure.py``, its own stalls credited);
+* no node's event loop woke more than ``LAG_BOUND`` late (the lag monitor's
+  histogram in ``runtime_stats``, counted over the load only): the detector's
+  timeout (0.5 s in these clusters);
+* every small transaction of the second client committed, none slower than
+  ``TX_BOUND`` (no request timeout fires on a node that is busy but progressing).
+
+``long`` (about 30-60 s on a loaded 2-core machine): ``make test-long``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+import nonstop
+from nonstop.admin.owned import DEFAULT_OPTIONS, OwnedCluster
+from nonstop.client.bulk import BulkClient, cluster_nodes
+from nonstop.errors import Retryable
+from nonstop.model.managed import type_info
+from nonstop.spark.partition_writes import PartitionWriter
+from nonstop.spark.schema import Options
+from tests.spark.model import Item
+from tests.spark.test_partition_writes import ITEM, replicated  # noqa: F401  (the fixture)
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.long]
+
+BATCHES, BATCH = 8, 5_000
+LAG_BOUND = 0.5
+"""No wake-up of any node's loop later than this during the load (a histogram bound): the
+failure detector's ``nonresponse_timeout`` in these clusters."""
+TX_BOUND = 5.0
+"""No small transaction of the second client slower than this (seconds)."""
+SUSPECTED = frozenset({"InDownNotifier", "Down"})
+
+
+def _runtime_stats(oc: OwnedCluster, name: str) -> dict[str, Any]:
+    with BulkClient(oc.address(name), timeout=10) as c:
+        reply: dict[str, Any] = c.call("runtime_stats")
+        return reply
+
+
+def _late_wakeups(oc: OwnedCluster) -> dict[str, list[int]]:
+    """Per node, its loop-lag histogram counts (``runtime_stats``'s ``loop_lag``)."""
+    return {n: list(_runtime_stats(oc, n)["loop_lag"]["counts"]) for n in oc.names}
+
+
+def _suspicions(oc: OwnedCluster, since: float) -> list[str]:
+    """Every failure-detector suspicion logged after ``since`` (epoch seconds), any node."""
+    found: list[str] = []
+    for name in oc.names:
+        log = oc.lc.dir / name / "node.log"
+        for line in log.read_text().splitlines():
+            if '"node_state"' not in line:
+                continue
+            event = json.loads(line)
+            notify = event.get("notify") or {}
+            stamp = time.mktime(time.strptime(event["time"][:19], "%Y-%m-%dT%H:%M:%S"))
+            stamp -= time.timezone  # the log's times are UTC
+            if notify.get("new") in SUSPECTED and stamp >= since - 1:
+                found.append(f"{name} saw {notify.get('peer')} {notify['new']} at {event['time']}")
+    return found
+
+
+def test_a_bulk_load_by_partition_never_makes_a_node_look_down(
+    replicated: OwnedCluster,  # noqa: F811
+) -> None:
+    oc = replicated
+    assert DEFAULT_OPTIONS["nonresponse_timeout"] >= LAG_BOUND
+    before = _late_wakeups(oc)
+    started = time.time()
+    opts = Options.parse({"cluster": ",".join(oc.addresses), "type": ITEM})
+    writer = PartitionWriter(opts, cluster_nodes(opts.cluster), "sku", type_info(Item).version)
+    latencies: list[float] = []
+    failures: list[BaseException] = []
+    loading = threading.Event()
+    loading.set()
+
+    def small_transactions() -> None:
+        db = nonstop.connect(",".join(oc.addresses))
+        try:
+            i = 0
+            while loading.is_set():
+                t0 = time.monotonic()
+                for attempt in range(20):  # retryable errors are retried, as a user would
+                    try:
+                        with db.transaction() as tx:
+                            tx.create(Item, sku=f"small-{i:05}", qty=i)
+                        break
+                    except Retryable:
+                        if attempt == 19:
+                            raise
+                        time.sleep(0.05)
+                latencies.append(time.monotonic() - t0)
+                i += 1
+        except BaseException as exc:  # (reported below)
+            failures.append(exc)
+        finally:
+            db.close()
+
+    side = threading.Thread(target=small_transactions)
+    side.start()
+    try:
+        for b in range(BATCHES):
+            skus = [f"busy-{b:02}-{i:05}" for i in range(BATCH)]
+            writer.write(pa.table({"sku": skus, "qty": [b] * BATCH}))
+    finally:
+        loading.clear()
+        side.join(60)
+        writer.close()
+    after = _late_wakeups(oc)
+    assert not failures, failures
+    assert writer.inserted == BATCHES * BATCH
+    assert latencies, "the second client committed nothing"
+    assert max(latencies) < TX_BOUND, sorted(latencies)[-5:]
+    assert _suspicions(oc, started) == []
+    bounds = _runtime_stats(oc, oc.names[0])["loop_lag"]["bounds"]
+    late = {
+        name: sum(
+            a - b
+            for bound, a, b in zip([*bounds, float("inf")], after[name], before[name], strict=True)
+            if bound > LAG_BOUND
+        )
+        for name in oc.names
+    }
+    assert late == {name: 0 for name in oc.names}, (late, before, after)
