@@ -83,3 +83,27 @@ def test_other_refusals_are_not_retried() -> None:
     with pytest.raises(CommandError) as refused:
         ask(Context(client), {"op": "user.remove", "user": "bob"}, sleep=pytest.fail)
     assert refused.value.kind == "usage" and client.calls == 1
+
+
+class LeaderlessClient(ElectingClient):
+    """The node answers ``NotLeader`` naming no leader (its own election after a leave)."""
+
+    def call(self, payload: dict[str, Any]) -> Any:
+        self.calls += 1
+        if self.calls <= self.elections:
+            raise errors.NotLeader("the leader is None", None)
+        return self.reply
+
+
+def test_not_leader_naming_no_leader_is_asked_again() -> None:
+    client = LeaderlessClient(elections=2, reply={"ok": True, "members": ["A", "B"]})
+    clock, sleep, slept = clock_and_sleep()
+    assert ask(Context(client), {"op": "leave", "name": "C"}, sleep=sleep, clock=clock)["ok"]
+    assert client.calls == 3 and len(slept) == 2
+
+
+def test_not_leader_naming_a_leader_is_not_retried() -> None:
+    client = ElectingClient(elections=0, reply=errors.NotLeader("the leader is B", "B"))
+    with pytest.raises(CommandError, match="the leader is B") as refused:
+        ask(Context(client), {"op": "leave", "name": "C"}, sleep=pytest.fail)
+    assert refused.value.kind == "failed" and client.calls == 1

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nonstop.commands.failure import CommandError, ErrorKind
-from nonstop.errors import Error, NoLeader
+from nonstop.errors import Error, NoLeader, NotLeader
 
 NO_LEADER_WAIT = 10.0
 """Seconds a command keeps asking again while the node answers ``NoLeader`` (an election of
@@ -74,9 +74,9 @@ def ask(
     unavailable, else failed).
 
     ``NoLeader`` (a change of the cluster log asked during an election: nothing was
-    changed) is asked again, as a user would, after :data:`NO_LEADER_PAUSES`, for at
-    most :data:`NO_LEADER_WAIT` seconds: the CLI, the admin API and the console all
-    run their commands through here."""
+    changed; also ``NotLeader`` naming no leader) is asked again, as a user would,
+    after :data:`NO_LEADER_PAUSES`, for at most :data:`NO_LEADER_WAIT` seconds: the
+    CLI, the admin API and the console all run their commands through here."""
     from nonstop.errors import BadArgument, NotAuthorized
 
     now = clock or time.monotonic
@@ -87,7 +87,11 @@ def ask(
         while True:
             try:
                 return client.call(payload)
-            except NoLeader as exc:
+            except (NoLeader, NotLeader) as exc:
+                if isinstance(exc, NotLeader) and exc.leader is not None:
+                    raise CommandError(str(exc), "failed") from None
+                # NotLeader naming no leader: the node asked is in an election too (a
+                # membership change right after a leave): nothing was changed either.
                 pause = next(pauses, pause)
                 if now() + pause > deadline:
                     message = f"{exc} (asked again for {NO_LEADER_WAIT:g}s)"
