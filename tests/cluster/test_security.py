@@ -62,7 +62,21 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Procs]:
 
 
 def snapshot(cluster: Procs) -> dict[str, Any]:
-    """What must not change: members, and every account's balance and the count."""
+    """What must not change: members, and every account's balance and the count.
+
+    Read again, as a user's ``@transactional`` would, when a partition moved meanwhile
+    (the retryable ``NotActive``: a loaded machine can make a node miss keep-alives)."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            return snapshot_once(cluster)
+        except AssertionError as exc:
+            if "NotActive" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def snapshot_once(cluster: Procs) -> dict[str, Any]:
     with Client([cluster.address("C")], timeout=20, rounds=1) as c:
         s = begin(c)
         balances = {n: state(get(c, s, n))["balance"] for n in ACCOUNTS}  # type: ignore[arg-type]
