@@ -5,6 +5,10 @@ This is the state replication changes and the durable layout it persists
 
 * ``rep/d/<P>\\0<key>`` -> msgpack value: an object of partition P;
 * ``rep/p/<P>\\0<txid>`` -> msgpack write set: a prepared record, until its outcome;
+  a prepared record that came in parts (``records.py``) has its part ``i`` >= 1
+  at ``rep/p/<P>\\0<txid>\\0<i>``; a part that is not the last is stored
+  wrapped in a list (``[write set]``), so a copy knows after a restart whether
+  it holds the record whole;
 * ``rep/h/<P>`` -> msgpack ``[stream, seq]``: the last record applied;
 * ``rep/o/<P>`` -> msgpack stream id: the last stream this node started for P
   (written with that stream's first record): whether the last record applied
@@ -28,6 +32,7 @@ from nonstop.replication.records import (
     COMMIT,
     COPY,
     EMPTY,
+    MORE,
     OUTCOME,
     OUTCOME_COMMIT,
     PREPARE,
@@ -57,10 +62,15 @@ class PartitionData:
     heads: dict[str, Head] = field(default_factory=dict)
     own: dict[str, int] = field(default_factory=dict)
     """Partition -> the last stream this node started for it."""
+    parts: dict[tuple[str, str], int] = field(default_factory=dict)
+    """(P, txid) -> how many durable parts its prepared record has (absent: one)."""
+    incomplete: dict[str, set[str]] = field(default_factory=dict)
+    """P -> the txids whose prepared record here still lacks its last part."""
 
     @classmethod
     def recover(cls, recovered: Mapping[bytes, bytes]) -> PartitionData:
         data = cls()
+        parts: dict[tuple[str, str], list[tuple[int, Any]]] = {}
         for key, raw in recovered.items():
             if key.startswith(K_HEAD):
                 stream, seq = plain.unpack(raw)
@@ -72,7 +82,20 @@ class PartitionData:
                 data.objects.setdefault(part.decode(), {})[name.decode()] = plain.unpack(raw)
             elif key.startswith(K_PREPARED):
                 part, _, name = key[len(K_PREPARED) :].partition(b"\0")
-                data.prepared.setdefault(part.decode(), {})[name.decode()] = plain.unpack(raw)
+                txid, _, index = name.decode().partition("\0")
+                parts.setdefault((part.decode(), txid), []).append(
+                    (int(index or 0), plain.unpack(raw))
+                )
+        for (partition, txid), stored in parts.items():
+            writes: dict[str, Any] = {}
+            whole = False
+            for _, value in sorted(stored, key=lambda item: item[0]):
+                whole = whole or isinstance(value, dict)
+                writes.update(value if isinstance(value, dict) else value[0])
+            data.prepared.setdefault(partition, {})[txid] = writes
+            data.parts[(partition, txid)] = max(i for i, _ in stored) + 1
+            if not whole:
+                data.incomplete.setdefault(partition, set()).add(txid)
         return data
 
     def head(self, partition: str) -> Head:
@@ -92,7 +115,21 @@ class PartitionData:
         return self.objects.get(partition, {})
 
     def prepared_of(self, partition: str) -> dict[str, dict[str, Any]]:
+        """Every prepared record of ``partition`` here, whole or not (:meth:`whole`)."""
         return self.prepared.get(partition, {})
+
+    def whole(self, partition: str, txid: str) -> bool:
+        """Does this copy hold ``txid``'s prepared record with its last part?  One that
+        lacks it was never voted on (the vote waits for the last part's completion): it can
+        only be resolved as abort."""
+        return txid in self.prepared_of(partition) and txid not in self.incomplete.get(
+            partition, ()
+        )
+
+    def whole_prepared(self, partition: str) -> dict[str, dict[str, Any]]:
+        """The prepared records of ``partition`` held whole (what a restore copy carries)."""
+        partial = self.incomplete.get(partition, set())
+        return {t: w for t, w in self.prepared_of(partition).items() if t not in partial}
 
     def apply(self, partition: str, stream: int, record: Record, me: str) -> list[Write]:
         """Apply ``record`` of ``stream`` here; return its durable writes (head last)."""
@@ -101,27 +138,52 @@ class PartitionData:
         if kind == COMMIT or (kind == COPY and record.extra == me):
             out += self._write(partition, record.writes)
         elif kind == PREPARE and record.txid is not None:
-            self.prepared.setdefault(partition, {})[record.txid] = dict(record.writes)
-            out.append((_key(K_PREPARED, partition, record.txid), plain.pack(dict(record.writes))))
+            out.append(self._prepare(partition, record.txid, record.writes, record.extra != MORE))
         elif kind == OUTCOME and record.txid is not None:
-            writes = self.prepared.get(partition, {}).pop(record.txid, None)
+            writes = self.prepared.get(partition, {}).get(record.txid)
             if writes is not None:
-                out.append((_key(K_PREPARED, partition, record.txid), None))
+                out += self._forget_prepared(partition, record.txid)
                 if record.extra == OUTCOME_COMMIT:
                     out += self._write(partition, writes)
         elif kind == RESET and record.extra == me:
             out += self._clear(partition)
             for txid, writes in record.writes.items():
-                self.prepared.setdefault(partition, {})[txid] = dict(writes)
-                out.append((_key(K_PREPARED, partition, txid), plain.pack(dict(writes))))
+                out.append(self._prepare(partition, txid, writes, True))
         self.heads[partition] = (stream, record.seq)
         out.append((K_HEAD + partition.encode(), plain.pack([stream, record.seq])))
         return out
 
     def discard_prepared(self, partition: str) -> list[Write]:
         """Forget every prepared record of ``partition`` (only the broken variant does this)."""
-        gone = self.prepared.pop(partition, {})
-        return [(_key(K_PREPARED, partition, txid), None) for txid in gone]
+        out: list[Write] = []
+        for txid in list(self.prepared.get(partition, {})):
+            out += self._forget_prepared(partition, txid)
+        return out
+
+    def _prepare(self, partition: str, txid: str, writes: Mapping[str, Any], last: bool) -> Write:
+        """Add a part of ``txid``'s prepared record (the first part starts it)."""
+        held = self.prepared.setdefault(partition, {})
+        index = 0
+        if txid in held:
+            index = self.parts.get((partition, txid), 1)
+            self.parts[(partition, txid)] = index + 1
+        held.setdefault(txid, {}).update(writes)
+        partial = self.incomplete.setdefault(partition, set())
+        if last:
+            partial.discard(txid)
+        else:
+            partial.add(txid)
+        name = txid if index == 0 else f"{txid}\0{index}"
+        value = dict(writes) if last else [dict(writes)]
+        return (_key(K_PREPARED, partition, name), plain.pack(value))
+
+    def _forget_prepared(self, partition: str, txid: str) -> list[Write]:
+        """Drop ``txid``'s prepared record of ``partition``: the deletes of every part."""
+        self.prepared.get(partition, {}).pop(txid, None)
+        self.incomplete.get(partition, set()).discard(txid)
+        count = self.parts.pop((partition, txid), 1)
+        names = [txid] + [f"{txid}\0{i}" for i in range(1, count)]
+        return [(_key(K_PREPARED, partition, name), None) for name in names]
 
     def _write(self, partition: str, writes: Mapping[str, Any]) -> list[Write]:
         objects = self.objects.setdefault(partition, {})
@@ -139,9 +201,8 @@ class PartitionData:
         out: list[Write] = [
             (_key(K_DATA, partition, name), None) for name in self.objects.pop(partition, {})
         ]
-        out += [
-            (_key(K_PREPARED, partition, txid), None) for txid in self.prepared.pop(partition, {})
-        ]
+        for txid in list(self.prepared.get(partition, {})):
+            out += self._forget_prepared(partition, txid)
         return out
 
 

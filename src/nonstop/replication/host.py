@@ -233,9 +233,12 @@ class ReplicationHost:
                 # retry finds ``taker`` active once ``restored`` applied.
                 why = f"{self.name} hands {name} over to {taker}: retry there"
                 return Refusal(errors.NotActive(why))
-        if gtid is None and len(sets) > 1:
+        large = any(len(writes) > rep.config.record_writes for writes in sets.values())
+        if gtid is None and (len(sets) > 1 or large):
             # A one-node commit over several partitions: one record per partition would not
             # be atomic on the replicas (one can arrive, not the other, when this node dies).
+            # So is a large one: its write set goes in parts (replication.md §4a), which only
+            # a prepared record may (its outcome applies it whole).
             self._local_txid += 1
             txid = f"{self.name}{LOCAL_COORDINATOR}.{self._local_txid}"
             names, outer = sorted(sets), done

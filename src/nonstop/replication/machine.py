@@ -70,6 +70,7 @@ from nonstop.replication.records import (
     COMMIT,
     COPY,
     EMPTY,
+    MORE,
     NOOP,
     OUTCOME,
     OUTCOME_ABORT,
@@ -121,6 +122,14 @@ class ReplicationConfig:
     """A prepared record on the acting node without outcome this long is resolved again."""
     max_records: int = 256
     """Records of one partition per message (a long backlog goes over several flushes)."""
+    record_writes: int = 1000
+    """A prepared write set larger than this goes as several ``prepare`` records (parts) of
+    at most this many writes each: no record, and so no step that applies or decodes one,
+    scales with a transaction's size (replication.md §4a)."""
+    message_writes: int = 4000
+    """The writes one ``rep`` message carries at most (but always one record): the rest of
+    a backlog goes in the next flushes, so a replica decodes and applies a bounded amount
+    per message (§4a)."""
     silence_from_write: bool = False
     """D12 measures a replica's silence from the first record it has not acknowledged, not
     from its last acknowledgement: without it, a partition idle for ``replica_timeout``
@@ -179,6 +188,9 @@ class ReplicationMachine:
         self._touched: set[str] = set()
         """Partitions whose stream or copy an event changed since the last ``on_table``:
         between sweeps only they are looked at (completion, flush, holds, pruning)."""
+        self._unflushed: set[str] = set()
+        """Partitions with records left unsent by the last flush for want of room in the
+        message (``message_writes``): the next flush, at the next event, goes on with them."""
         self.streams_started = 0
         """Streams started so far (a host compares it to hand a new stream's copy over)."""
         self._swept_at = float("-inf")
@@ -210,6 +222,14 @@ class ReplicationMachine:
             return [Failed(ref, partition, BAD_REQUEST)]
         if not all(isinstance(k, str) for k in writes) or (kind == PREPARE and not txid):
             return [Failed(ref, partition, BAD_REQUEST)]
+        size = max(1, self.config.record_writes)
+        if kind == PREPARE and len(writes) > size:
+            # Parts in order, the caller waiting on the last: it completes only once every
+            # part is durable on every in-sync replica (I3), so a yes vote still means the
+            # whole prepared record is on every copy that may be promoted.
+            items = list(writes.items())
+            parts = [dict(items[i : i + size]) for i in range(0, len(items), size)]
+            return self._record(now, ref, partition, epoch, kind, txid, parts[-1], None, parts[:-1])
         return self._record(now, ref, partition, epoch, kind, txid, dict(writes), None)
 
     def outcome(self, now: float, ref: Any, partition: str, txid: str, outcome: str) -> list[Any]:
@@ -372,6 +392,7 @@ class ReplicationMachine:
         txid: str | None,
         writes: dict[str, Any],
         extra: str | None,
+        before: list[dict[str, Any]] | None = None,
         *,
         acting: bool = True,
     ) -> list[Any]:
@@ -396,7 +417,10 @@ class ReplicationMachine:
                     # Caught up until now: its silence (D12) starts with this record, not with
                     # its last acknowledgement.
                     peer.progress_at = now
-        actions = self._append(stream, kind, txid=txid, writes=writes, extra=extra)
+        actions: list[Any] = []
+        for part in before or ():  # a prepared write set's parts but its last
+            actions += self._append(stream, kind, txid=txid, writes=part, extra=MORE)
+        actions += self._append(stream, kind, txid=txid, writes=writes, extra=extra)
         stream.pending.append((stream.last, ref))
         return actions
 
@@ -461,7 +485,9 @@ class ReplicationMachine:
 
     def _start_copy(self, now: float, stream: Stream, node: NodeId) -> list[Any]:
         name = stream.partition
-        prepared = {t: dict(w) for t, w in self.data.prepared_of(name).items()}
+        # Only the prepared records held whole: one without its last part was never voted on
+        # and is resolved as abort here; the target does not need it (nor its locks).
+        prepared = {t: dict(w) for t, w in self.data.whole_prepared(name).items()}
         actions = self._append(stream, RESET, writes=prepared, extra=node)
         reset = stream.last
         stream.peers[node] = Peer(
@@ -480,7 +506,9 @@ class ReplicationMachine:
         stream if ``full``, else of those touched since the last ``on_table``."""
         actions: list[Any] = []
         streams = self.streams
-        names = list(streams) if full else sorted(self._touched & streams.keys())
+        names = (
+            list(streams) if full else sorted((self._touched | self._unflushed) & streams.keys())
+        )
         for name in names:
             stream, view = streams[name], self.views[name]
             for peer in stream.peers.values():
@@ -602,12 +630,29 @@ class ReplicationMachine:
         """One ``rep`` per replica node with what it was not sent of the streams ``names``
         (every record is appended, and every resend asked, by an event that touches it)."""
         parts: dict[NodeId, list[Any]] = {}
+        room: dict[NodeId, int] = {}
+        """Per replica node, the writes its message may still carry (message_writes)."""
+        self._unflushed = set()
         for name in sorted(names):
             stream = self.streams[name]
             for peer in stream.peers.values():
+                left = room.setdefault(peer.node, self.config.message_writes)
                 records = stream.unsent(peer, self.config.max_records)
                 if not records:
                     continue
+                if left <= 0:
+                    self._unflushed.add(name)  # the next flush goes on from here
+                    continue
+                taken = 0
+                for record in records:
+                    if taken and len(record.writes) > left:
+                        break
+                    left -= len(record.writes)
+                    taken += 1
+                if taken < len(records):
+                    self._unflushed.add(name)
+                    records = records[:taken]
+                room[peer.node] = left
                 peer.sent = records[-1].seq
                 parts.setdefault(peer.node, []).append(
                     [

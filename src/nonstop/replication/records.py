@@ -10,7 +10,10 @@ Kinds:
 
 * ``commit`` -- a one-phase commit: its write set is applied;
 * ``prepare`` -- a prepared record (``txid``, write set): kept, not applied,
-  until its outcome;
+  until its outcome.  A large write set goes as several ``prepare`` records of
+  the same ``txid`` (parts of a bounded number of writes, in order); every part
+  but the last has ``extra`` = ``more``.  A copy holds the prepared record
+  *whole* once its last part is applied (``data.py``);
 * ``outcome`` -- ``txid``'s outcome (``extra`` = ``commit`` | ``abort``): a
   prepared record is applied (commit) or dropped, then forgotten;
 * ``noop`` -- nothing; an active node that must make sure its replicas are
@@ -45,6 +48,9 @@ COPY = "copy"
 KINDS = (COMMIT, PREPARE, OUTCOME, NOOP, RESET, COPY)
 TARGETED = (RESET, COPY)
 """Kinds that carry data for one target node only."""
+
+MORE = "more"
+"""``extra`` of a ``prepare`` record that is not the last part of its write set."""
 
 OUTCOME_COMMIT = "commit"
 OUTCOME_ABORT = "abort"
@@ -90,6 +96,8 @@ def record_from_wire(raw: Any) -> Record | None:
         return None
     if kind == OUTCOME and extra not in (OUTCOME_COMMIT, OUTCOME_ABORT):
         return None
+    if kind == PREPARE and extra not in (None, MORE):
+        return None
     if kind in TARGETED and extra is None:
         return None
     if kind == RESET and not all(isinstance(w, dict) for w in writes.values()):
@@ -112,6 +120,7 @@ __all__ = [
     "COPY",
     "EMPTY",
     "KINDS",
+    "MORE",
     "NOOP",
     "OUTCOME",
     "OUTCOME_ABORT",

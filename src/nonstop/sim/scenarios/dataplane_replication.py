@@ -76,7 +76,16 @@ from nonstop.runtime.interface import (
 from nonstop.sim.core import Simulation
 from nonstop.sim.scenarios.dataplane_node import TOKEN_OWNERS, SimDataNode
 
-SIM_REPLICATION = ReplicationConfig(replica_timeout=0.3, resend=0.05, batch=4, resolve_after=1.0)
+SIM_REPLICATION = ReplicationConfig(
+    replica_timeout=0.3,
+    resend=0.05,
+    batch=4,
+    resolve_after=1.0,
+    # Small bounds, so that the seeds run prepared records in parts, large one-node commits
+    # made prepared records, and messages cut short (replication.md §4a).
+    record_writes=2,
+    message_writes=4,
+)
 """The machine's timings scaled to the simulator (replication.md §8)."""
 
 Done = Callable[[dict[str, Any] | None], None]

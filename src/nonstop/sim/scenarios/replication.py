@@ -103,7 +103,14 @@ class ReplicationScenarioConfig:
     lease: LeaseConfig = field(default_factory=lambda: LeaseConfig(lease=0.6, drift=0.0))
     replication: ReplicationConfig = field(
         default_factory=lambda: ReplicationConfig(
-            replica_timeout=0.3, resend=0.05, batch=4, resolve_after=1.0
+            replica_timeout=0.3,
+            resend=0.05,
+            batch=4,
+            resolve_after=1.0,
+            # Every two-key prepared record in two parts, every message at most two writes:
+            # the seeds run the parts and the bounded messages (replication.md §4a).
+            record_writes=1,
+            message_writes=2,
         )
     )
     mutant: str | None = None

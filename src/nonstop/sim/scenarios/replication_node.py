@@ -203,7 +203,9 @@ class ReplicatedNode(HaClusterNode):
             return [Reply(rid, {"error": "BadRequest"})]
         values = rep.data.values(partition)
         prepared = rep.data.prepared_of(partition)
-        if REQUEST_KEY + request_id in values or request_id in prepared:
+        # A prepared record that lacks its last part (it came in parts and its sender died)
+        # was never voted on: it is not "done before" (it is resolved as abort).
+        if REQUEST_KEY + request_id in values or rep.data.whole(partition, request_id):
             # Done before (or in flight): answer once every replica holds what this node holds.
             return self._from_rep(now, rep.noop(now, ref, partition))
         if any(key in writes for txid, writes in prepared.items()):
