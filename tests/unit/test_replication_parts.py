@@ -6,6 +6,8 @@ is durable on the replica -- so no step on either node scales with a transaction
 
 from __future__ import annotations
 
+from typing import Any
+
 from tests.replication_harness import Node, P, pump, settle, view
 
 from nonstop.replication import Completed, ReplicationConfig
@@ -26,11 +28,11 @@ def _pair() -> tuple[Node, Node]:
     return a, b
 
 
-def _step(a: Node, b: Node) -> list[list[object]]:
+def _step(a: Node, b: Node) -> list[list[Any]]:
     """One round: a's disk, a's messages to b (their records returned), b's disk and acks."""
     a.sync()
     a.table(view(), acting=(P,))
-    records: list[list[object]] = []
+    records: list[list[Any]] = []
     for message in a.sends("b", REP):
         part_records = [r for part in message.payload["parts"] for r in part[4]]
         assert sum(len(r[3]) for r in part_records) <= CONFIG.message_writes
@@ -45,7 +47,7 @@ def _step(a: Node, b: Node) -> list[list[object]]:
 def test_a_large_prepare_goes_in_bounded_parts_and_completes_after_the_last() -> None:
     a, b = _pair()
     a.take(a.machine.replicate(0.0, "g", P, 1, WRITES, PREPARE, "tx1"))
-    sent: list[list[object]] = []
+    sent: list[list[Any]] = []
     for _ in range(10):
         assert not a.of(Completed), "the vote waits for every part on the replica"
         sent += _step(a, b)
