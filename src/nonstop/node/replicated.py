@@ -51,7 +51,7 @@ from nonstop.dtx.protocol import K_TOMB, DtxConfig, ResourceManager
 from nonstop.ha.cluster_node import HaClusterNode
 from nonstop.ha.partition_table import TABLE
 from nonstop.model.wire import error_out
-from nonstop.node.replica_store import partition_write_sets
+from nonstop.node.replica_store import WriteSets, partition_write_sets_sliced
 from nonstop.replication import ReplicationConfig, ReplicationMachine
 from nonstop.replication.applied_table import AppliedTable
 from nonstop.replication.holds import K_HOLD
@@ -138,7 +138,9 @@ class StoreSide:
             if not future.done():
                 future.set_result(refusal)
 
-        machine.request(lambda now: machine.replicate(now, records, gtid, done))
+        # Split by partition here, a slice per loop turn, not inside the machine's step.
+        sets = await partition_write_sets_sliced(records, machine.table.partition_of)
+        machine.request(lambda now: machine.replicate(now, sets, gtid, done))
         self.wake()
         return await future
 
@@ -331,12 +333,11 @@ class ReplicatedClusterNode(DtxClusterNode):
     def replicate(
         self,
         now: float,
-        records: list[list[Any]],
+        sets: WriteSets,
         gtid: str | None,
         done: Callable[[Refusal | None], None],
     ) -> None:
-        """A commit's (``gtid`` None) or a prepare's records of objects (module doc)."""
-        sets = partition_write_sets(records, self.table.partition_of)
+        """A commit's (``gtid`` None) or a prepare's write sets by partition (module doc)."""
         answer = done
         if gtid is not None:
             txid = gtid
