@@ -100,10 +100,11 @@ async def overwrite_partitions_branch(
     job = job_id(payload)
     groups = groups_arg(payload.get("partitions"))
     # One entry per object swapped until the commit ends: the cyclic GC stays off
-    # meanwhile (bulk/gc_hold.py, as for the swap under node routing).
+    # meanwhile (bulk/gc_hold.py, as for the swap under node routing), and comes back
+    # once the finished transaction dropped its entries (release_soon).
     gc_hold.hold()
-    tx.on_commit(gc_hold.release)
-    tx.on_rollback(gc_hold.release)
+    tx.on_commit(gc_hold.release_soon)
+    tx.on_rollback(gc_hold.release_soon)
     return await run_steps_sliced(tx, g_swap_partitions(tx, info, job, groups))  # type: ignore[no-any-return]
 
 
