@@ -3,9 +3,11 @@
 Each test runs ``session_job.py`` in a process of its own (its own Spark
 session: the shared one of the other tests has the source registered already)
 against one ``nonstop pipeline serve`` endpoint.  Each costs a JVM and a session
-(about 20 s): ``make test`` runs the session made first with nothing imported and
-the one that fails at once; ``make test-long`` also runs the script started by the
-virtualenv's Python without the virtualenv on PATH.
+(about 20 s): ``make test`` runs the session made first with nothing imported (the
+refusal of workers that cannot import nonstop is checked there on a stand-in session,
+tests/unit/test_spark_worker_python.py); ``make test-long`` also runs the one that
+fails at once and the script started by the virtualenv's Python without the
+virtualenv on PATH.
 """
 
 from __future__ import annotations
@@ -68,6 +70,8 @@ def test_a_script_run_by_the_venv_python_without_the_venv_on_path(endpoints: Any
     assert out["count"] == 100 and out["pushed"] == [10, 11, 12]
 
 
+@pytest.mark.long  # a JVM of its own; make test checks the same refusal on a stand-in
+# session (tests/unit/test_spark_worker_python.py)
 def test_a_session_whose_workers_cannot_import_nonstop_fails_at_once(endpoints: Any) -> None:
     (ep,) = endpoints(1)
     out = run_job("session-first", ep.address, venv_on_path=False)
