@@ -198,48 +198,18 @@ def test_a_bulk_load_by_partition_never_makes_a_node_look_down(
     started = time.time()
     opts = Options.parse({"cluster": ",".join(oc.addresses), "type": ITEM})
     writer = PartitionWriter(opts, cluster_nodes(opts.cluster), "sku", type_info(Item).version)
-    latencies: list[float] = []
-    failures: list[BaseException] = []
-    loading = threading.Event()
-    loading.set()
-
-    def small_transactions() -> None:
-        db = nonstop.connect(",".join(oc.addresses))
-        try:
-            i = 0
-            while loading.is_set():
-                t0 = time.monotonic()
-                for attempt in range(20):  # retryable errors are retried, as a user would
-                    try:
-                        with db.transaction() as tx:
-                            tx.create(Item, sku=f"small-{i:05}", qty=i)
-                        break
-                    except Retryable:
-                        if attempt == 19:
-                            raise
-                        time.sleep(0.05)
-                latencies.append(time.monotonic() - t0)
-                i += 1
-        except BaseException as exc:  # (reported below)
-            failures.append(exc)
-        finally:
-            db.close()
-
-    side = threading.Thread(target=small_transactions)
-    side.start()
     try:
-        for b in range(BATCHES):
-            skus = [f"busy-{b:02}-{i:05}" for i in range(BATCH)]
-            writer.write(pa.table({"sku": skus, "qty": [b] * BATCH}))
+        with SmallTransactions(oc, Item, "small") as side:
+            for b in range(BATCHES):
+                skus = [f"busy-{b:02}-{i:05}" for i in range(BATCH)]
+                writer.write(pa.table({"sku": skus, "qty": [b] * BATCH}))
     finally:
-        loading.clear()
-        side.join(60)
         writer.close()
     after = _late_wakeups(oc)
-    assert not failures, failures
+    assert not side.failures, side.failures
     assert writer.inserted == BATCHES * BATCH
-    assert latencies, "the second client committed nothing"
-    assert max(latencies) < TX_BOUND, sorted(latencies)[-5:]
+    assert side.latencies, "the second client committed nothing"
+    assert max(side.latencies) < TX_BOUND, sorted(side.latencies)[-5:]
     assert _suspicions(oc, started) == []
     late = _late(oc, before, after, LAG_BOUND)
     assert late == {name: 0 for name in oc.names}, (late, before, after)
