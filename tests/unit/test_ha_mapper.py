@@ -92,3 +92,11 @@ def test_map_object_names_the_culprit() -> None:
     with pytest.raises(MapperError, match="mapper Unknown of type Account returned 'nowhere'"):
         map_object(Unknown(), "Account", "k", PARTS)
     assert map_object(Custom(), "Account", "k", PARTS) == "p7"
+
+
+def test_a_column_maps_as_its_keys_one_by_one() -> None:
+    # (The bulk path maps a batch's routing keys in one pass: partitions_for.)
+    mapper = ConsistentHashMapper()
+    keys: list[Any] = [f"k{i}".encode() for i in range(500)] + [7, "x", b"", None, [1, "a"]]
+    assert mapper.partitions_for(keys, PARTS) == [mapper.partition_for(k, PARTS) for k in keys]
+    assert mapper.partitions_for([], PARTS) == []

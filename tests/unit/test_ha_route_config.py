@@ -104,6 +104,10 @@ def test_binding_placement_maps_a_unique_key_as_the_hash_mapper_does() -> None:
     assert placement.partition_for(note, None) in parts
     with pytest.raises(errors.UnknownType):
         placement.partition_for("no.such.Type", None)
+    # A bulk batch's column in one pass: as key by key.
+    keys = [routing_key(f"acc-{i}") for i in range(300)]
+    assert placement.partitions_for(name, keys) == [placement.partition_for(name, k) for k in keys]
+    assert placement.partitions_for(name, []) == []
 
 
 def test_a_binding_that_could_repeat_a_unique_value_is_refused_at_start() -> None:

@@ -721,7 +721,7 @@ def _apply_upsert(
 ) -> tuple[int, int]:
     inserted = updated = 0
     kbs = [encode_key(row[key.field]) for row in rows]
-    absent, seq = _absent_keys(tx, key, kbs)
+    absent, seq = absent_keys(tx, key, kbs)
     for row, kb in zip(rows, kbs, strict=True):
         if kb in absent and _create_fast(tx, info, key, kb, row, seq):
             inserted += 1
@@ -747,7 +747,7 @@ def _apply_upsert(
     return inserted, updated
 
 
-def _absent_keys(tx: Transaction, key: KeyInfo, kbs: list[bytes]) -> tuple[set[bytes], int]:
+def absent_keys(tx: Transaction, key: KeyInfo, kbs: list[bytes]) -> tuple[set[bytes], int]:
     """Key values of the batch no committed object holds, read in ONE snapshot.
 
     Only for the fast create path (:func:`_create_fast`), which still locks each

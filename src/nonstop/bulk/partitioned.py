@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from nonstop.bulk.handlers import (
     BulkContext,
     Steps,
+    absent_keys,
     batch_columns,
     batch_format,
     bulk_type,
@@ -44,7 +45,8 @@ from nonstop.bulk.handlers import (
 )
 from nonstop.bulk.stream_marks import g_chunk_applied, record_chunk, stream_arg
 from nonstop.errors import BadArgument, FieldError
-from nonstop.model.codec import pack
+from nonstop.model.codec import encode_key, pack, pack_each
+from nonstop.model.ref import check_epoch, check_location
 
 if TYPE_CHECKING:
     from nonstop.model.managed import KeyInfo, TypeInfo
@@ -60,6 +62,12 @@ class RowPlacement(Protocol):
     """What :func:`partitions_of` needs of ``dataplane.placement.Placement``."""
 
     def partition_for(self, type_name: str, key: bytes | None) -> str: ...
+
+
+class ManyRowPlacement(RowPlacement, Protocol):
+    """A placement that maps a whole column of routing keys at once."""
+
+    def partitions_for(self, type_name: str, keys: list[bytes]) -> list[str]: ...
 
 
 def refusal(what: str) -> str:
@@ -99,6 +107,9 @@ def key_values(info: TypeInfo, key: KeyInfo, rows: Any, fmt: str) -> list[Any]:
 def partitions_of(placement: RowPlacement, type_name: str, values: list[Any]) -> list[str]:
     """The partition of each key value: the binding's mapper over the value packed
     (``routing_key``), exactly as a ``tx.create`` of an object with that key."""
+    if hasattr(placement, "partitions_for"):  # (BindingPlacement: one pass per batch)
+        many: ManyRowPlacement = placement  # type: ignore[assignment]
+        return many.partitions_for(type_name, list(map(pack_each, values)))
     return [placement.partition_for(type_name, pack(v)) for v in values]
 
 
@@ -140,11 +151,45 @@ async def upsert_branch(
     are validated whole first (a bad row fails the batch, nothing written); the
     coordinator has mapped them and fenced their partitions (``parts``)."""
     key = unique_key_of(info, payload)
-    names, cols, _ = batch_columns(info, key, payload)
+    names, cols, kbs = batch_columns(info, key, payload)
     groups = groups_arg(payload.get("parts"), len(cols[0]) if cols else 0)
     raw_stream = payload.get("stream")
     stream = None if raw_stream is None else stream_arg(raw_stream)
-    return await run_steps_sliced(tx, _g_upsert(tx, info, key, names, cols, groups, stream))  # type: ignore[no-any-return]
+    steps = _g_upsert(tx, info, key, names, cols, groups, stream, kbs)
+    return await run_steps_sliced(tx, steps)  # type: ignore[no-any-return]
+
+
+def _creates_directly(info: TypeInfo, names: list[str], key: KeyInfo) -> bool:
+    """Can a row whose key is absent be created from its checked columns directly
+    (:func:`_g_create_absent`)?  Only if every required field is a column (else the
+    general path raises the FieldError ``create_in`` raises).  A reference column is
+    already a ``Ref`` or None (``checked_column``), which ``create_in`` takes as such."""
+    return key.field in names and all(f.name in names for f in info.required)
+
+
+def _g_create_absent(
+    tx: AsyncTransaction,
+    info: TypeInfo,
+    key: KeyInfo,
+    kb: bytes,
+    row: dict[str, Any],
+    seen_at: int,
+    location: int,
+    epoch: int,
+) -> Steps:
+    """Create the object of ``row``, whose key ``kb`` the batch's one snapshot read
+    found free at ``seen_at`` (the store's ``commit_seq``), as ``find`` + ``create_in``
+    would, without reading the index twice or checking the checked columns again;
+    False when the key turned out taken (the caller takes the general path)."""
+    free = yield ("adrive", (tx.g_claim_absent(key, kb, seen_at),), {})
+    if not free:
+        return False
+    state = {n: row[n] if n in row else f.make_default() for n, f in info.fields.items()}
+    for name in info.keys:
+        if name != key.field:
+            encode_key(state[name])  # KeyTooLong / bad key type, as create_in checks
+    yield ("adrive", (tx.g_insert(info, state, (key, kb), location, epoch),), {})
+    return True
 
 
 def _g_upsert(
@@ -155,10 +200,22 @@ def _g_upsert(
     cols: list[list[Any]],
     groups: list[tuple[int, int, list[int]]],
     stream: tuple[str, int, str] | None = None,
+    kbs: list[bytes] | None = None,
 ) -> Steps:
     inserted = updated = replayed = 0
     fields = info.fields
+    # Most rows of a load are new: their keys are read in ONE snapshot of the unique
+    # index first, and a row whose key was absent is created with a single claim (the
+    # lock, and the index read again only if anything committed since), as the by-node
+    # upsert does (handlers.absent_keys): no per-row lookup (data-path.md §6.5).
+    direct = kbs is not None and _creates_directly(info, names, key)
+    absent, seen_at = absent_keys(tx, key, kbs) if direct and kbs else (set(), 0)
+    if direct:
+        tx.engine.ensure_type(info.cls)
     for location, epoch, indices in groups:
+        if direct:
+            check_location(location)
+            check_epoch(epoch)
         if stream is not None:  # a streaming sink's chunk: once per partition (§6.7)
             if (yield from g_chunk_applied(tx, location, *stream)):
                 replayed += 1
@@ -166,6 +223,13 @@ def _g_upsert(
             before = inserted, updated
         for i in indices:
             row = {n: col[i] for n, col in zip(names, cols, strict=True)}
+            if kbs is not None and kbs[i] in absent:
+                made = yield from _g_create_absent(
+                    tx, info, key, kbs[i], row, seen_at, location, epoch
+                )
+                if made:
+                    inserted += 1
+                    continue
             # A reference is taken as such (its object may live in another partition,
             # on another node: as a reference written over the data path).
             obj = yield ("find", (info.cls,), {"lock": "write", key.field: row[key.field]})

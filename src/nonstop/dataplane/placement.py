@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from typing import Any, Protocol
 
 from nonstop import errors
-from nonstop.ha.mapper import Mapper, MapperError, map_object
+from nonstop.ha.mapper import ConsistentHashMapper, Mapper, MapperError, map_object
 from nonstop.ha.policies import STATIC, Distribution, DistributionError, resolve_mapper
 from nonstop.model.codec import pack
 from nonstop.model.managed import TypeInfo, registered_type, type_info
@@ -86,6 +86,18 @@ class BindingPlacement:
             return map_object(bound[0], type_name, key, bound[1])
         except (MapperError, DistributionError) as exc:
             raise errors.BadArgument(str(exc)) from None
+
+    def partitions_for(self, type_name: str, keys: list[bytes]) -> list[str]:
+        """``[partition_for(type_name, k) for k in keys]``; in one pass for the built-in
+        consistent hash (a bulk batch's thousands of keys), key by key for any other
+        mapper (each answer checked by ``map_object``)."""
+        if not keys:
+            return []
+        first = self.partition_for(type_name, keys[0])  # (binds the type's mapper)
+        mapper, partitions = self._mappers[type_name]
+        if type(mapper) is not ConsistentHashMapper:
+            return [first, *(self.partition_for(type_name, k) for k in keys[1:])]
+        return mapper.partitions_for(keys, partitions)
 
     def unique_field(self, type_name: str) -> str | None:
         if type_name not in self._unique:

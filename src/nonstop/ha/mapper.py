@@ -83,6 +83,18 @@ class ConsistentHashMapper:
     def partition_for(self, key: Any, partitions: Sequence[str]) -> str:
         return self.ring(partitions)[self.slot_of(key)]
 
+    def partitions_for(self, keys: Sequence[Any], partitions: Sequence[str]) -> list[str]:
+        """``[partition_for(k, partitions) for k in keys]`` in one pass: the hash of
+        :func:`stable_hash` inlined (a bulk batch maps thousands of keys at once)."""
+        owners = self.ring(partitions)
+        size = self.ring_size
+        pack = msgpack.Packer(use_bin_type=True).pack
+        blake2b = hashlib.blake2b
+        from_bytes = int.from_bytes
+        return [
+            owners[from_bytes(blake2b(pack(k), digest_size=8).digest(), "big") % size] for k in keys
+        ]
+
 
 class RoundRobinMapper:
     """Each create goes to the next partition (over partitions, not nodes)."""
