@@ -6,7 +6,7 @@ AsyncTransaction` that the node's data service holds open (data-path.md §4);
 at prepare its write set is applied under write locks, triggers and prepare
 notifiers run, and the prepared write set is computed -- asynchronously, on the
 running event loop -- and the result is fed back to the machine as a
-``{"t": "dtx.rm", "p": [Ready | Refused]}`` message from the node to itself.
+``{"t": "dtx.rm", "p": [Ready | Refused | Working]}`` message from the node to itself.
 
 :class:`DtxPersister` carries out the machine's ``Persist`` actions for its
 ``dtx/...`` keys in the object store's ``dtx`` database, through the store's
@@ -43,7 +43,7 @@ from typing import Any
 
 from nonstop.dataplane.replicated_records import replicated_records
 from nonstop.dtx.decisions import COMMIT
-from nonstop.dtx.protocol import K_PREPARED, K_TOMB, Progress, Ready, Refused
+from nonstop.dtx.protocol import K_PREPARED, K_TOMB, Progress, Ready, Refused, Working
 from nonstop.errors import (
     Conflict,
     Deadlock,
@@ -258,6 +258,9 @@ class StoreResourceManager:
             if not large:
                 record = tx.prepare_write_set(gtid.encode(), keep_read_only=True)
             else:  # an overwrite's swap: seconds of encoding, off the event loop
+                # (its ops are over, no lock wait is left: the machine lets it run past
+                # branch_timeout, up to prepare_limit, and tells the coordinator: dtx.md §5)
+                self.feed([Working(gtid)])
                 record = await asyncio.to_thread(_prepare_large, tx, gtid.encode())
             if self.replicator is not None and record is not None:
                 try:  # on every in-sync copy of each partition before the yes vote

@@ -84,6 +84,7 @@ ACK = "dtx.ack"  # participant -> coordinator {"g"}
 RM = "dtx.rm"  # the node to itself: {"p": [Progress, ...]} reported later by its resource manager
 
 TICK = "dtx.tick"
+WORKING = "dtx.working"  # participant -> coordinator {"g"}: still preparing (ops done)
 
 # Durable keys owned by the machine (the resource manager owns its own prefix).
 K_COORD = b"dtx/c/"  # + gtid -> coordinator record {"b": branches}
@@ -115,7 +116,16 @@ class Refused:
     reason: str
 
 
-Progress = Ready | Refused
+@dataclass(frozen=True, slots=True)
+class Working:
+    """A branch's ops are done and it waits for no lock: its prepare is computing and
+    replicating its effects (a large write set takes seconds), so it is not timed out
+    (``branch_timeout``) before ``prepare_limit`` while its coordinator is up."""
+
+    gtid: str
+
+
+Progress = Ready | Refused | Working
 
 
 class ResourceManager(Protocol):
@@ -170,6 +180,11 @@ class DtxConfig:
     """Participant: not prepared this long after the prepare arrived -> abort the branch (B4)."""
     decision_timeout: float = 0.6
     """Participant: prepared this long without an outcome -> propose abort to the log (B9)."""
+    prepare_limit: float = 2.0
+    """Participant: a branch whose resource manager reported :class:`Working` is not timed
+    out before this long after its prepare arrived; it tells its coordinator (``WORKING``,
+    every ``retry``), which holds the coordinator's ``vote_timeout`` back as long (section
+    5 of dtx.md: an overwrite's prepare of hundreds of thousands of objects)."""
     apply_wait: float = 0.3
     """Coordinator: a commit is acknowledged once every participant applied it (its ack:
     the outcome durable there), so that no read after the acknowledgement sees the state
@@ -193,6 +208,7 @@ class DtxConfig:
             vote_timeout=5.0,
             branch_timeout=4.0,
             decision_timeout=10.0,
+            prepare_limit=300.0,
             apply_wait=2.0,
             forget_every=1.0,
         )
@@ -214,6 +230,8 @@ class CoordTx:
     outcome: str | None = None
     acks: set[NodeId] = field(default_factory=set)
     vote_deadline: float = 0.0
+    vote_limit: float = 0.0
+    """The latest ``vote_deadline`` participants still preparing (``WORKING``) may push."""
     next_retry: float = 0.0
     replied: bool = False
     held_reply: dict[str, Any] | None = None
@@ -235,6 +253,10 @@ class Branch:
     resolving: str | None = None
     next_ask: float = 0.0
     asked: bool = False
+    working: bool = False
+    """Its ops are done, its prepare is computing (:class:`Working`): no branch timeout
+    before ``limit`` while the coordinator is up."""
+    limit: float = 0.0
 
 
 # ----------------------------------------------------------------- the machine
@@ -419,6 +441,11 @@ class DtxNode:
             elif payload.get("o") in OUTCOMES:
                 self._participant_outcome(gtid, payload["o"])
             return
+        if kind == WORKING:
+            tx = self.coord.get(gtid)
+            if tx is not None and sender in tx.branches:
+                self._still_preparing(tx, sender)
+            return
         if kind in (VOTE, ACK):
             tx = self.coord.get(gtid)
             if tx is None or sender not in tx.branches:
@@ -443,7 +470,7 @@ class DtxNode:
             self._log("warning", f"dropped {RM} from {sender}: only this node reports progress")
             return
         if not isinstance(progress, list) or not all(
-            isinstance(p, Ready | Refused) for p in progress
+            isinstance(p, Ready | Refused | Working) for p in progress
         ):
             self._log("warning", f"dropped malformed {RM}: {progress!r:.80}")
             return
@@ -462,7 +489,11 @@ class DtxNode:
         for b in list(self.branches.values()):
             if self.branches.get(b.gtid) is not b:
                 continue  # ended by an earlier one's released locks
-            if b.state == "locking" and now >= b.deadline:
+            if b.state == "locking" and self._still_working(b, now):
+                if now >= b.next_ask:
+                    b.next_ask = now + self.config.retry
+                    self._send(b.coordinator, {"t": WORKING, "g": b.gtid})
+            elif b.state == "locking" and now >= b.deadline:
                 self._branch_timeout(b)
             elif b.state == "prepared" and now >= b.deadline and now >= b.next_ask:
                 b.next_ask = now + self.config.retry
@@ -543,6 +574,7 @@ class DtxNode:
     def _start_prepare(self, tx: CoordTx) -> None:
         tx.phase = "preparing"
         tx.vote_deadline = self.now + self.config.vote_timeout
+        tx.vote_limit = tx.vote_deadline + self.config.prepare_limit
         tx.next_retry = self.now + self.config.retry
         self._out.append(
             Notify(
@@ -733,9 +765,9 @@ class DtxNode:
             self._vote(gtid, coordinator, False, f"bad ops: {why}")
             return
         assert isinstance(ops, list)
-        self.branches[gtid] = Branch(
-            gtid, coordinator, "locking", self.now + self.config.branch_timeout
-        )
+        b = Branch(gtid, coordinator, "locking", self.now + self.config.branch_timeout)
+        b.limit = self.now + self.config.prepare_limit
+        self.branches[gtid] = b
         self._progress(self.rm.open(gtid, ops))
 
     def _progress(self, results: list[Progress]) -> None:
@@ -747,6 +779,9 @@ class DtxNode:
                 del self.branches[b.gtid]
                 self.tombs[b.gtid] = ABORT
                 self._vote(b.gtid, b.coordinator, False, result.reason)
+                continue
+            if isinstance(result, Working):
+                b.working = True
                 continue
             b.state = "persisting"
             b.reads = result.reads
@@ -775,6 +810,21 @@ class DtxNode:
             self._send(coordinator, {"t": VOTE, "g": gtid, "v": "yes", "r": reads or {}})
         else:
             self._send(coordinator, {"t": VOTE, "g": gtid, "v": "no", "why": why})
+
+    def _still_working(self, b: Branch, now: float) -> bool:
+        """Is ``b`` preparing (:class:`Working`) within ``prepare_limit``, its coordinator
+        not seen down?  Then its lock-wait deadline does not apply."""
+        return b.working and now < b.limit and b.coordinator not in self.coordinators_down
+
+    def _still_preparing(self, tx: CoordTx, node: NodeId) -> None:
+        """``node`` says its branch is still preparing: its vote is not late yet, up to
+        ``vote_limit`` -- unless a participant still to vote is down (B8 stands)."""
+        if tx.phase != "preparing" or node in tx.votes:
+            return
+        if (set(tx.branches) - set(tx.votes)) & self.coordinators_down:
+            return
+        wanted = min(self.now + self.config.vote_timeout, tx.vote_limit)
+        tx.vote_deadline = max(tx.vote_deadline, wanted)
 
     def _branch_timeout(self, b: Branch) -> None:
         """Never prepared in time (lock wait, lost coordinator): abort it, release the locks."""
