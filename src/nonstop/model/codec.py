@@ -73,6 +73,30 @@ pack_each = _packer.pack
 """:func:`pack` as the packer's own bound method: no Python call per value, for
 ``map(pack_each, column)`` over many values (the bulk upsert's fast path)."""
 
+SLICE_ITEMS = 10_000
+"""Items of a long list :func:`pack_sliced` packs in one C call (~10 ms)."""
+
+
+def pack_sliced(value: dict[str, Any]) -> bytes:
+    """``pack(value)``, byte for byte, for a map whose list values may hold hundreds of
+    thousands of items (a large transaction's prepared record): such a list is packed
+    :data:`SLICE_ITEMS` items at a time.  One C call over the whole holds the GIL for
+    ~0.5 s, so a worker thread encoding it starved the node's event loop that long
+    (the failure detector and the cluster log's leases then took the node for silent);
+    between two slices the loop's thread gets the GIL.  A packer of its own: the
+    module's is not shared across threads here."""
+    packer = msgpack.Packer(default=_default, use_bin_type=True, datetime=False)
+    out = [packer.pack_map_header(len(value))]
+    for key, item in value.items():
+        out.append(packer.pack(key))
+        if isinstance(item, list) and len(item) > SLICE_ITEMS:
+            out.append(packer.pack_array_header(len(item)))
+            for i in range(0, len(item), SLICE_ITEMS):
+                out.append(b"".join(map(packer.pack, item[i : i + SLICE_ITEMS])))
+        else:
+            out.append(packer.pack(item))
+    return b"".join(out)
+
 
 _unpackb = functools.partial(msgpack.unpackb, ext_hook=_ext_hook, raw=False, strict_map_key=False)
 

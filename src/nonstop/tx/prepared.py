@@ -22,7 +22,7 @@ from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from nonstop.errors import StoreError
-from nonstop.model.codec import pack, unpack
+from nonstop.model.codec import pack_sliced, unpack
 from nonstop.store.group_commit import WriteSet
 from nonstop.store.lmdb_store import Store
 from nonstop.store.records import seal
@@ -130,7 +130,9 @@ def prepared_write_set(
     read = [_lock_out(r) for r, mode in locks.items() if mode is LockMode.READ]
     if read:
         record["rlocks"] = read
-    return WriteSet([(True, store.prepared, gtid, seal(pack(record)))])  # checksummed
+    # (pack_sliced: a large one is made on a worker thread, which must not hold the GIL
+    # for the whole encoding: tx/prepared.py, data-path.md §6.8)
+    return WriteSet([(True, store.prepared, gtid, seal(pack_sliced(record)))])  # checksummed
 
 
 def phase_two_write_set(store: Store, gtid: bytes, ws: WriteSet, commit: bool) -> WriteSet:
