@@ -29,7 +29,8 @@ warms the aggregation for the others; these first reads are reported apart.
 ``--nonstop-option SECTION.KEY=VALUE`` (repeatable) sets an option of every node's
 configuration, e.g. ``ha.data=partitions``: the cluster then routes by partition (16
 partitions, one sync replica), and its report goes to ``spark-partitions.md`` unless
-``--out`` says otherwise; the rounds start once every partition is served.
+``--out`` says otherwise; the rounds start once every partition is served.  The report
+says whether any node's failure detector suspected a peer during the rounds.
 The report gives the best round of each cell and the ratios the issue asks for:
 load ≥ PostgreSQL-over-JDBC, read ≥ 50% of local Parquet.
 """
@@ -77,8 +78,9 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     options = node_options(args.nonstop_option)
     # Routing by node unless told (`--nonstop-option ha.data=partitions`): the nodes'
-    # default routes by partition, where a 200,000-row overwrite does not finish on a
-    # loaded 2-core machine yet (bench/results/spark-partitions.md).
+    # default routes by partition, where the 200,000-row overwrite does not finish
+    # reliably on a loaded 2-core machine yet (bench/results/spark-partitions.md,
+    # data-path.md §6.8).
     options.setdefault("ha", {}).setdefault("data", "nodes")
     if args.out is None:
         name = "spark-partitions.md" if options["ha"]["data"] == "partitions" else "spark.md"
@@ -215,6 +217,7 @@ def main(argv: list[str] | None = None) -> None:
                 w = data.write.format("jdbc").options(**jdbc).option("truncate", "true")
                 w.option("batchsize", 10000).mode("overwrite").save()
 
+            rounds_started = time.time()
             for r in range(args.rounds):
                 print(f"round {r + 1}/{args.rounds}", file=sys.stderr)
                 if r == 0:
@@ -254,11 +257,16 @@ def main(argv: list[str] | None = None) -> None:
                 timed("overwrite nonstop", lambda: nonstop_write("overwrite", df))
                 timed("overwrite postgresql", lambda: jdbc_overwrite(df))
             spark.stop()
+            verdicts = suspicions(
+                {name: oc.lc.dir / name / "node.log" for name in oc.names}, rounds_started
+            )
         finally:
             pg.stop()
     load_after = os.getloadavg()
     best = {k: max(v) for k, v in cells.items()}
-    write_report(args, n, cores, best, cells, load_before, load_after, pg.version, cpus, idle_rate)
+    write_report(
+        args, n, cores, best, cells, load_before, load_after, pg.version, cpus, idle_rate, verdicts
+    )
 
 
 def node_options(pairs: list[str]) -> dict[str, dict[str, Any]]:
@@ -352,6 +360,7 @@ def write_report(
     pg_version: str,
     cpus: dict[str, list[tuple[float, float, float]]],
     idle_rate: float = 0.0,
+    verdicts: list[str] | None = None,
 ) -> None:
     import pyspark
 
@@ -423,9 +432,44 @@ def write_report(
     ]
     for k, per_round in cpus.items():
         lines.append(f"- {k}: " + ", ".join(" / ".join(f"{x:.1f}" for x in t) for t in per_round))
+    if verdicts is not None:
+        lines += [
+            "",
+            "Failure detector, from the first round to the last (every node's log): "
+            + (
+                "no node suspected or seen Down."
+                if not verdicts
+                else f"{len(verdicts)} suspicion(s) or Down verdict(s):"
+            ),
+            *(f"- {v}" for v in verdicts[:20]),
+        ]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+
+
+SUSPECTED = frozenset({"InDownNotifier", "Down"})
+"""The failure detector's states of a peer it suspects or declared Down."""
+
+
+def suspicions(logs: dict[str, Path], since: float) -> list[str]:
+    """Every suspicion or Down verdict the nodes logged from ``since`` (epoch seconds)."""
+    from nonstop.node.log_events import read_events
+
+    found = []
+    for name, log in logs.items():
+        with log.open() as lines:
+            for event in read_events(lines, name):
+                notify = event.fields.get("notify") or {}
+                if (
+                    event.time >= since
+                    and notify.get("kind") == "node_state"
+                    and notify.get("new") in SUSPECTED
+                ):
+                    found.append(
+                        f"{name} saw {notify.get('peer')} {notify['new']} at {event.time:.1f}"
+                    )
+    return found
 
 
 def _yes(ok: bool) -> str:
