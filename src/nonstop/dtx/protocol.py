@@ -81,6 +81,7 @@ PREPARE = "dtx.prepare"  # coordinator -> participant {"g", "ops", "f"}
 VOTE = "dtx.vote"  # participant -> coordinator {"g", "v": "yes"|"no", "r": reads, "why"}
 OUTCOME = "dtx.outcome"  # coordinator -> participant {"g", "o", "f"}
 ACK = "dtx.ack"  # participant -> coordinator {"g"}
+APPLIED = "dtx.applied"  # participant -> coordinator {"g"}: applied, its ack held (hold_ack)
 RM = "dtx.rm"  # the node to itself: {"p": [Progress, ...]} reported later by its resource manager
 
 TICK = "dtx.tick"
@@ -213,6 +214,9 @@ class CoordTx:
     proposed: str | None = None
     outcome: str | None = None
     acks: set[NodeId] = field(default_factory=set)
+    applied: set[NodeId] = field(default_factory=set)
+    """Participants that applied the outcome but hold their ack (``APPLIED``): the client's
+    reply may go (read your writes), the gtid may not be forgotten (no ack yet)."""
     vote_deadline: float = 0.0
     next_retry: float = 0.0
     replied: bool = False
@@ -419,12 +423,14 @@ class DtxNode:
             elif payload.get("o") in OUTCOMES:
                 self._participant_outcome(gtid, payload["o"])
             return
-        if kind in (VOTE, ACK):
+        if kind in (VOTE, ACK, APPLIED):
             tx = self.coord.get(gtid)
             if tx is None or sender not in tx.branches:
                 return  # late or duplicated: the transaction is over, or not ours
             if kind == ACK:
                 self._acked(tx, sender)
+            elif kind == APPLIED:
+                self._applied(tx, sender)
             elif payload.get("v") == "yes" and isinstance(payload.get("r", {}), dict):
                 self._voted_yes(tx, sender, payload.get("r", {}))
             elif payload.get("v") == "no":
@@ -607,7 +613,7 @@ class DtxNode:
             if tx.held_reply is not None and now >= tx.reply_by:
                 # A participant has not applied the commit in time (down, cut off):
                 # acknowledge with the decision durable, naming who has not applied.
-                unapplied = sorted(set(tx.branches) - tx.acks)
+                unapplied = sorted(set(tx.branches) - tx.acks - tx.applied)
                 self._release_reply(tx, unapplied)
             if now >= tx.next_retry:
                 tx.next_retry = now + self.config.retry
@@ -684,6 +690,20 @@ class DtxNode:
             if tx.held_reply is not None:
                 self._release_reply(tx, [])
             self._finished(tx)
+        else:
+            self._reply_if_applied(tx)
+
+    def _applied(self, tx: CoordTx, node: NodeId) -> None:
+        """``node`` applied the outcome durably but holds its ack (``hold_ack``): the client
+        may hear the commit (read your writes); the gtid stays until the ack (section 4)."""
+        if tx.phase != "finishing":
+            return  # as for an ack: it will tell again once we know the outcome
+        tx.applied.add(node)
+        self._reply_if_applied(tx)
+
+    def _reply_if_applied(self, tx: CoordTx) -> None:
+        if tx.held_reply is not None and (tx.acks | tx.applied) >= set(tx.branches):
+            self._release_reply(tx, [])
 
     def _finished(self, tx: CoordTx) -> None:
         """Phase two is complete everywhere: forget the gtid, raise the floor (compaction).
@@ -854,9 +874,12 @@ class DtxNode:
         self._ack(b.coordinator, b.gtid)
 
     def _ack(self, coordinator: NodeId, gtid: str) -> None:
-        """Acknowledge phase two of ``gtid``, unless the composition holds it (hold_ack)."""
+        """Acknowledge phase two of ``gtid``; while the composition holds the ack (hold_ack),
+        only say it is applied here (the client's reply need not wait for the hold)."""
         if not self.hold_ack(gtid):
             self._send(coordinator, {"t": ACK, "g": gtid})
+        else:
+            self._send(coordinator, {"t": APPLIED, "g": gtid})
 
     def _learn_floor(self, coordinator: NodeId, floor: int) -> None:
         """The coordinator finished every gtid below ``floor``: refuse their prepares from now.
