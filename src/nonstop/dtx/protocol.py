@@ -23,8 +23,10 @@ in short:
    one has acknowledged, which each does only once the outcome is durable.  A
    commit is answered only then (read your writes: every participant applied
    it), or ``apply_wait`` after the decision naming those that have not
-   (``unapplied``).  The coordinator then forgets the gtid and raises its
-   *floor* (compaction).
+   (``unapplied``); a participant whose acknowledgement the composition holds
+   (:attr:`DtxNode.hold_ack`) says ``applied`` meanwhile, which counts for the
+   reply but not for forgetting.  Once every one acknowledged the coordinator
+   forgets the gtid and raises its *floor* (compaction).
 5. **Termination (B9).**  A participant prepared for ``decision_timeout``
    without an outcome proposes ``abort`` to the log; whichever decision the log
    holds first is the outcome for everybody.  A recovered coordinator looks its
@@ -284,7 +286,8 @@ class DtxNode:
         the coordinator lets the log forget a gtid once every participant acknowledged it,
         so a participant acknowledges only once every copy that may be promoted holds the
         outcome (replication.md, holds).  A held acknowledgement goes when the coordinator
-        resends the outcome, or at once through :meth:`released`."""
+        resends the outcome, or at once through :meth:`released`; meanwhile the participant
+        sends ``APPLIED`` (the coordinator may answer its client, not forget the gtid)."""
         self._recover(recovered)
 
     # ------------------------------------------------------------- recovery
