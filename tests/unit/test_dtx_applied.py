@@ -28,7 +28,7 @@ class _NoStore:
 
 
 def _coordinator() -> tuple[DtxNode, CoordTx]:
-    node = DtxNode("A", _NoStore(), random.Random(1), {})  # type: ignore[arg-type]
+    node = DtxNode("A", _NoStore(), random.Random(1), {})
     tx = CoordTx("A.1", 1, {"B": [], "C": []}, 7, "finishing", outcome=COMMIT)
     tx.held_reply = {"ok": True, "outcome": COMMIT, "g": "A.1", "reads": {}}
     tx.reply_by = 10.0
@@ -41,7 +41,7 @@ def _replies(out: list[Any]) -> list[Reply]:
 
 
 def test_the_reply_goes_once_every_participant_applied_but_the_gtid_waits_for_the_acks() -> None:
-    node, tx = _coordinator()
+    node, _ = _coordinator()
     assert not _replies(node.handle(Received(0.1, "B", {"t": APPLIED, "g": "A.1"})))
     out = node.handle(Received(0.2, "C", {"t": ACK, "g": "A.1"}))
     assert [r.payload for r in _replies(out)] == [
@@ -61,7 +61,7 @@ def test_applied_from_a_node_that_is_not_a_participant_is_dropped() -> None:
 
 
 def test_a_held_participant_says_applied_and_acknowledges_on_release() -> None:
-    node = DtxNode("B", _NoStore(), random.Random(1), {})  # type: ignore[arg-type]
+    node = DtxNode("B", _NoStore(), random.Random(1), {})
     held = {"A.1"}
     node.hold_ack = held.__contains__
     node.tombs["A.1"] = COMMIT

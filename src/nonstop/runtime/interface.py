@@ -35,8 +35,8 @@ Rules every machine follows (they are what make simulation faithful):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 NodeId = str
