@@ -9,7 +9,7 @@ ROUNDS ?= 24
 JEPSEN ?=
 IN_PROCESS_TESTS := tests/unit tests/sim tests/docs
 
-.PHONY: demo demo-embedded demo-unreplicated test test-long lint fmt bench bench-dist bench-gaps bench-metrics bench-spark bench-failover sim sim-ci jepsen clean venv
+.PHONY: demo demo-embedded demo-unreplicated test test-long lint fmt bench bench-dist bench-gaps bench-metrics bench-checksums bench-spark bench-failover sim sim-ci jepsen clean venv
 
 venv: $(STAMP)
 
@@ -92,6 +92,10 @@ bench-gaps: $(STAMP)
 # A scrape at 1,000 series, a node's scrape, the data path with metrics on/off → bench/results/metrics.md
 bench-metrics: $(STAMP)
 	$(PY) -m bench.metrics_bench
+
+# The record checksums' share of a local transfer's CPU (issue 14: goal <= 5 %) → bench/results/checksums.md
+bench-checksums: $(STAMP)
+	$(PY) -m bench.checksum_cost
 
 # Spark load/read vs Spark's own Parquet and Spark's JDBC source on PostgreSQL
 # (needs Debian's libpostgresql-jdbc-java).
