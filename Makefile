@@ -49,7 +49,7 @@ test: $(STAMP)
 
 # What `make test` leaves out, so that it stays well under CI's 15 minutes
 # (docs/testing.md, "What runs where"): the tests marked `long` (the second swap of
-# the Spark failure tests, the Spark standalone cluster, the other 150 seeds of the
+# the Spark failure tests, the Spark session scripts on local[1], the other 150 seeds of the
 # randomized Raft schedules, 22 SIGKILLs instead of 12, ...) and the simulator
 # campaigns of tests/sim on more seeds (cluster log and commit 1,000, commit over the
 # Raft log, data path and partition table 300, sync replication and the data path by
