@@ -8,27 +8,15 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from tests.unit.test_node_replicated_hold import NoStore
+
 from nonstop.dtx.decisions import COMMIT
 from nonstop.dtx.protocol import ACK, APPLIED, CoordTx, DtxNode
 from nonstop.runtime.interface import Notify, Received, Reply, Send
 
 
-class _NoStore:
-    def check_ops(self, ops: Any) -> str | None:
-        return None
-
-    def open(self, gtid: str, ops: list[Any]) -> list[Any]:
-        return []
-
-    def finish(self, gtid: str, commit: bool) -> tuple[list[Any], list[Any]]:
-        return [], []
-
-    def recover(self, gtid: str, record: bytes) -> None:
-        return None
-
-
 def _coordinator() -> tuple[DtxNode, CoordTx]:
-    node = DtxNode("A", _NoStore(), random.Random(1), {})
+    node = DtxNode("A", NoStore(), random.Random(1), {})
     tx = CoordTx("A.1", 1, {"B": [], "C": []}, 7, "finishing", outcome=COMMIT)
     tx.held_reply = {"ok": True, "outcome": COMMIT, "g": "A.1", "reads": {}}
     tx.reply_by = 10.0
@@ -61,7 +49,7 @@ def test_applied_from_a_node_that_is_not_a_participant_is_dropped() -> None:
 
 
 def test_a_held_participant_says_applied_and_acknowledges_on_release() -> None:
-    node = DtxNode("B", _NoStore(), random.Random(1), {})
+    node = DtxNode("B", NoStore(), random.Random(1), {})
     held = {"A.1"}
     node.hold_ack = held.__contains__
     node.tombs["A.1"] = COMMIT

@@ -29,7 +29,7 @@ P = "default.7"
 GTID = "A.186"
 
 
-class _NoStore:
+class NoStore:
     """A resource manager that holds nothing (the test drives ``outcome`` directly)."""
 
     def check_ops(self, ops: Any) -> str | None:
@@ -54,7 +54,7 @@ def _node() -> ReplicatedClusterNode:
     config = ClusterConfig(name="C", address="127.0.0.1:1", store_timestamp=1, members=("C",))
     return ReplicatedClusterNode(
         config,
-        _NoStore(),  # type: ignore[arg-type]
+        NoStore(),  # type: ignore[arg-type]
         random.Random(1),
         prepared,
         cluster_factory=functools.partial(HaClusterNode, layout=[]),
