@@ -9,7 +9,7 @@ ROUNDS ?= 24
 JEPSEN ?=
 IN_PROCESS_TESTS := tests/unit tests/sim tests/docs
 
-.PHONY: demo demo-embedded demo-unreplicated test test-long lint fmt bench bench-dist bench-gaps bench-metrics bench-spark bench-failover sim sim-ci jepsen clean venv
+.PHONY: demo demo-embedded demo-unreplicated test test-long lint fmt bench bench-dist bench-gaps bench-metrics bench-checksums bench-spark bench-failover sim sim-ci jepsen clean venv
 
 venv: $(STAMP)
 
@@ -49,7 +49,7 @@ test: $(STAMP)
 
 # What `make test` leaves out, so that it stays well under CI's 15 minutes
 # (docs/testing.md, "What runs where"): the tests marked `long` (the second swap of
-# the Spark failure tests, the Spark standalone cluster, the other 150 seeds of the
+# the Spark failure tests, the Spark session scripts on local[1], the other 150 seeds of the
 # randomized Raft schedules, 22 SIGKILLs instead of 12, ...) and the simulator
 # campaigns of tests/sim on more seeds (cluster log and commit 1,000, commit over the
 # Raft log, data path and partition table 300, sync replication and the data path by
@@ -92,6 +92,10 @@ bench-gaps: $(STAMP)
 # A scrape at 1,000 series, a node's scrape, the data path with metrics on/off → bench/results/metrics.md
 bench-metrics: $(STAMP)
 	$(PY) -m bench.metrics_bench
+
+# The record checksums' share of a local transfer's CPU (issue 14: goal <= 5 %) → bench/results/checksums.md
+bench-checksums: $(STAMP)
+	$(PY) -m bench.checksum_cost
 
 # Spark load/read vs Spark's own Parquet and Spark's JDBC source on PostgreSQL
 # (needs Debian's libpostgresql-jdbc-java).

@@ -10,7 +10,8 @@ MODE CLUSTER``): what a user's script does, in three ways.
   workers run this interpreter).
 * ``session-first``: the session, then ``import nonstop.spark`` (same
   environment): fails at once saying what to set.
-* ``spark://HOST:PORT``: the ``zero`` job on that Spark standalone master.
+* ``spark://HOST:PORT``: the ``zero`` job on that Spark standalone master (nothing of
+  nonstop imported in the driver either).
 
 Prints one JSON line on stdout.
 """
@@ -78,6 +79,7 @@ def main() -> None:
     elif mode.startswith("spark://"):  # a standalone Spark cluster's master
         spark = session(master=mode)
         out = write_and_read(spark, cluster)
+        out["nonstop_imported"] = any(m.split(".")[0] == "nonstop" for m in sys.modules)
         executors = spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size()
         out["executors"] = int(executors) - 1  # (the driver is counted too)
     elif mode == "session-first":

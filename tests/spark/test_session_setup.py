@@ -3,11 +3,11 @@
 Each test runs ``session_job.py`` in a process of its own (its own Spark
 session: the shared one of the other tests has the source registered already)
 against one ``nonstop pipeline serve`` endpoint.  Each costs a JVM and a session
-(about 20 s): ``make test`` runs the session made first with nothing imported (the
-refusal of workers that cannot import nonstop is checked there on a stand-in session,
-tests/unit/test_spark_worker_python.py); ``make test-long`` also runs the one that
-fails at once and the script started by the virtualenv's Python without the
-virtualenv on PATH.
+(about 20 s), so all three are in ``make test-long``.  ``make test`` covers them
+otherwise: the session made first with nothing imported runs there on a Spark
+standalone cluster (test_standalone.py, the same job and assertions), and the
+refusal of workers that cannot import nonstop on a stand-in session
+(tests/unit/test_spark_worker_python.py).
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ def run_job(
     return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
+@pytest.mark.long  # make test runs the same job on a standalone cluster (test_standalone.py)
 def test_a_session_made_first_with_nothing_imported_reads_and_writes(endpoints: Any) -> None:
     (ep,) = endpoints(1)
     out = run_job("zero", ep.address, venv_on_path=True)

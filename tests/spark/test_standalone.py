@@ -7,9 +7,9 @@ a job in a process of its own (``session_job.py``) creates its session on
 pushdown against a ``nonstop pipeline serve`` endpoint: the executors run the
 source in their own Python workers.
 
-It runs in ``make test-long`` (marked ``long``: a master and two workers cost
-about 35 s); ``make test`` runs the same job on ``local[1]``
-(test_session_setup.py).
+It runs in ``make test`` (issue 12 asks for it there; a master and two workers
+cost about 35 s).  The same job on ``local[1]`` (test_session_setup.py) is in
+``make test-long``: this test asserts everything it does, on a real cluster.
 """
 
 from __future__ import annotations
@@ -27,8 +27,6 @@ import pytest
 
 from tests.spark.conftest import ROOT, free_port
 from tests.spark.test_session_setup import run_job
-
-pytestmark = pytest.mark.long
 
 MASTER = "org.apache.spark.deploy.master.Master"
 WORKER = "org.apache.spark.deploy.worker.Worker"
@@ -120,5 +118,9 @@ def test_the_data_source_on_a_spark_standalone_cluster(standalone: str, endpoint
     (ep,) = endpoints(1)
     out = run_job(standalone, ep.address, venv_on_path=True, pyspark_python=True)
     assert out["executors"] == 2  # one executor on each worker
+    assert out["nonstop_imported"] is False  # found by discovery, nothing registered
     assert out["count"] == 100 and out["qty7"] == [7]
     assert out["pushed"] == out["unpushed"] == [10, 11, 12]
+    # Pushdown off: Spark evaluates the comparisons; on: the source took them.
+    assert "BatchScan nonstop" in out["plan_off"] and ">= 10" in out["plan_off"], out["plan_off"]
+    assert "BatchScan nonstop" in out["plan"] and ">= 10" not in out["plan"], out["plan"]

@@ -29,7 +29,7 @@ P = "default.7"
 GTID = "A.186"
 
 
-class _NoStore:
+class NoStore:
     """A resource manager that holds nothing (the test drives ``outcome`` directly)."""
 
     def check_ops(self, ops: Any) -> str | None:
@@ -54,7 +54,7 @@ def _node() -> ReplicatedClusterNode:
     config = ClusterConfig(name="C", address="127.0.0.1:1", store_timestamp=1, members=("C",))
     return ReplicatedClusterNode(
         config,
-        _NoStore(),  # type: ignore[arg-type]
+        NoStore(),  # type: ignore[arg-type]
         random.Random(1),
         prepared,
         cluster_factory=functools.partial(HaClusterNode, layout=[]),
@@ -96,3 +96,16 @@ def test_a_gtid_this_copy_does_not_hold_is_not_held() -> None:
     tomb = Persist(6, ((K_TOMB + b"B.9", b"commit"),))
     node._inner(0.0, [tomb])
     assert Persist(12, tomb.writes) in node._out, "nothing held: the tombstone goes at once"
+
+
+def test_a_group_commit_of_tokens_is_one_event_with_each_token_delivered() -> None:
+    node = _node()
+    node._out = []
+    node.outcome(GTID, True)
+    hold = next(a for a in node._out if isinstance(a, Persist))
+    tomb = Persist(5, ((K_TOMB + GTID.encode(), b"commit"),))
+    node._inner(0.0, [tomb])
+    # The hold's token and a token of the DtxClusterNode (even: 2t) durable together.
+    out = node.handle_persisted(0.0, [hold.token, 2 * 77])
+    assert Persist(10, tomb.writes) in out, "the hold's token reached the machine in the batch"
+    assert not node._holds_writing, "the hold is known durable"

@@ -50,6 +50,18 @@ class PersistingMachine:
         return out
 
 
+class BatchingMachine(PersistingMachine):
+    """Takes the tokens of one acknowledgement at once (``interface.DurableBatches``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches: list[list[int]] = []
+
+    def handle_persisted(self, now: float, tokens: Sequence[int]) -> list[Action]:
+        self.batches.append(list(tokens))
+        return []
+
+
 class FakePersister:
     """Records each write set; completes it from another thread when released."""
 
@@ -77,10 +89,12 @@ class FakePersister:
         t.join()
 
 
-async def _with_runtime(tmp: Path, persister: FakePersister, body: Any) -> None:
+async def _with_runtime(
+    tmp: Path, persister: FakePersister, body: Any, machine: PersistingMachine | None = None
+) -> None:
     port = free_port()
     store = ClusterStore(str(tmp / "n"), sync=False)
-    machine = PersistingMachine()
+    machine = machine or PersistingMachine()
     rt = RealRuntime(
         hello=hello_for("n", port),
         store=store,
@@ -133,6 +147,26 @@ def test_one_turns_persists_go_in_one_write_set_and_are_acknowledged_after_it(
         await _settle(lambda: machine.persisted == [1, 2, 3, 4, 5])
 
     asyncio.run(_with_runtime(tmp_path, persister, body))
+
+
+def test_a_machine_that_takes_batches_hears_a_write_set_in_one_event(tmp_path: Path) -> None:
+    persister = FakePersister()
+    machine = BatchingMachine()
+
+    async def body(rt: RealRuntime, _: PersistingMachine) -> None:
+        assert await rt.submit({"p": [[b"dtx/c/a.1"], [b"dtx/p/a.1"], [b"dtx/t/b.2"]]}) == [1, 2, 3]
+        await _settle(lambda: len(persister.calls) == 1)
+        persister.release()
+        await _settle(lambda: machine.batches == [[1, 2, 3]])
+        assert machine.persisted == []  # not also one Persisted per token
+        # A write set of one token is a plain Persisted.
+        assert await rt.submit({"p": [[b"dtx/c/a.4"]]}) == [4]
+        await _settle(lambda: len(persister.calls) == 2)
+        persister.release()
+        await _settle(lambda: machine.persisted == [4])
+        assert machine.batches == [[1, 2, 3]] and rt.stats["persisted_batches"] == 1
+
+    asyncio.run(_with_runtime(tmp_path, persister, body, machine))
 
 
 def test_a_failed_write_set_acknowledges_nothing_and_stops_the_node(tmp_path: Path) -> None:

@@ -23,8 +23,10 @@ in short:
    one has acknowledged, which each does only once the outcome is durable.  A
    commit is answered only then (read your writes: every participant applied
    it), or ``apply_wait`` after the decision naming those that have not
-   (``unapplied``).  The coordinator then forgets the gtid and raises its
-   *floor* (compaction).
+   (``unapplied``); a participant whose acknowledgement the composition holds
+   (:attr:`DtxNode.hold_ack`) says ``applied`` meanwhile, which counts for the
+   reply but not for forgetting.  Once every one acknowledged the coordinator
+   forgets the gtid and raises its *floor* (compaction).
 5. **Termination (B9).**  A participant prepared for ``decision_timeout``
    without an outcome proposes ``abort`` to the log; whichever decision the log
    holds first is the outcome for everybody.  A recovered coordinator looks its
@@ -81,6 +83,7 @@ PREPARE = "dtx.prepare"  # coordinator -> participant {"g", "ops", "f"}
 VOTE = "dtx.vote"  # participant -> coordinator {"g", "v": "yes"|"no", "r": reads, "why"}
 OUTCOME = "dtx.outcome"  # coordinator -> participant {"g", "o", "f"}
 ACK = "dtx.ack"  # participant -> coordinator {"g"}
+APPLIED = "dtx.applied"  # participant -> coordinator {"g"}: applied, its ack held (hold_ack)
 RM = "dtx.rm"  # the node to itself: {"p": [Progress, ...]} reported later by its resource manager
 
 TICK = "dtx.tick"
@@ -229,6 +232,9 @@ class CoordTx:
     proposed: str | None = None
     outcome: str | None = None
     acks: set[NodeId] = field(default_factory=set)
+    applied: set[NodeId] = field(default_factory=set)
+    """Participants that applied the outcome but hold their ack (``APPLIED``): the client's
+    reply may go (read your writes), the gtid may not be forgotten (no ack yet)."""
     vote_deadline: float = 0.0
     vote_limit: float = 0.0
     """The latest ``vote_deadline`` participants still preparing (``WORKING``) may push."""
@@ -302,7 +308,8 @@ class DtxNode:
         the coordinator lets the log forget a gtid once every participant acknowledged it,
         so a participant acknowledges only once every copy that may be promoted holds the
         outcome (replication.md, holds).  A held acknowledgement goes when the coordinator
-        resends the outcome, or at once through :meth:`released`."""
+        resends the outcome, or at once through :meth:`released`; meanwhile the participant
+        sends ``APPLIED`` (the coordinator may answer its client, not forget the gtid)."""
         self._recover(recovered)
 
     # ------------------------------------------------------------- recovery
@@ -446,12 +453,14 @@ class DtxNode:
             if tx is not None and sender in tx.branches:
                 self._still_preparing(tx, sender)
             return
-        if kind in (VOTE, ACK):
+        if kind in (VOTE, ACK, APPLIED):
             tx = self.coord.get(gtid)
             if tx is None or sender not in tx.branches:
                 return  # late or duplicated: the transaction is over, or not ours
             if kind == ACK:
                 self._acked(tx, sender)
+            elif kind == APPLIED:
+                self._applied(tx, sender)
             elif payload.get("v") == "yes" and isinstance(payload.get("r", {}), dict):
                 self._voted_yes(tx, sender, payload.get("r", {}))
             elif payload.get("v") == "no":
@@ -639,7 +648,7 @@ class DtxNode:
             if tx.held_reply is not None and now >= tx.reply_by:
                 # A participant has not applied the commit in time (down, cut off):
                 # acknowledge with the decision durable, naming who has not applied.
-                unapplied = sorted(set(tx.branches) - tx.acks)
+                unapplied = sorted(set(tx.branches) - tx.acks - tx.applied)
                 self._release_reply(tx, unapplied)
             if now >= tx.next_retry:
                 tx.next_retry = now + self.config.retry
@@ -716,6 +725,20 @@ class DtxNode:
             if tx.held_reply is not None:
                 self._release_reply(tx, [])
             self._finished(tx)
+        else:
+            self._reply_if_applied(tx)
+
+    def _applied(self, tx: CoordTx, node: NodeId) -> None:
+        """``node`` applied the outcome durably but holds its ack (``hold_ack``): the client
+        may hear the commit (read your writes); the gtid stays until the ack (section 4)."""
+        if tx.phase != "finishing":
+            return  # as for an ack: it will tell again once we know the outcome
+        tx.applied.add(node)
+        self._reply_if_applied(tx)
+
+    def _reply_if_applied(self, tx: CoordTx) -> None:
+        if tx.held_reply is not None and (tx.acks | tx.applied) >= set(tx.branches):
+            self._release_reply(tx, [])
 
     def _finished(self, tx: CoordTx) -> None:
         """Phase two is complete everywhere: forget the gtid, raise the floor (compaction).
@@ -904,9 +927,12 @@ class DtxNode:
         self._ack(b.coordinator, b.gtid)
 
     def _ack(self, coordinator: NodeId, gtid: str) -> None:
-        """Acknowledge phase two of ``gtid``, unless the composition holds it (hold_ack)."""
+        """Acknowledge phase two of ``gtid``; while the composition holds the ack (hold_ack),
+        only say it is applied here (the client's reply need not wait for the hold)."""
         if not self.hold_ack(gtid):
             self._send(coordinator, {"t": ACK, "g": gtid})
+        else:
+            self._send(coordinator, {"t": APPLIED, "g": gtid})
 
     def _learn_floor(self, coordinator: NodeId, floor: int) -> None:
         """The coordinator finished every gtid below ``floor``: refuse their prepares from now.

@@ -13,7 +13,9 @@ node's own:
   ``Persist`` tokens: ``2t`` the DtxClusterNode's, ``2t + 1`` the machine's, whose
   ``rep/`` keys go to the runtime's default persister (the node's cluster store,
   LMDB): a record counts as durable here only after that commit is on disk.
-  After **every** event the host gets the applied table and this node's acting set.
+  After **every** event the host gets the applied table and this node's acting set;
+  the tokens of one group commit come as one event (``handle_persisted``), so the
+  settle runs once per group commit, not once per token.
 * **The hold before the tombstone.**  The participant's phase two writes its
   ``dtx/t/`` tombstone to the object store, the hold (``rep/u/``) goes to the
   cluster store: two disks with no order between them.  A ``Persist`` carrying
@@ -41,7 +43,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -237,15 +239,37 @@ class ReplicatedClusterNode(DtxClusterNode):
         elif isinstance(event, TimerFired) and event.name.startswith(PREFIX):
             host.handle(event)
         elif isinstance(event, Persisted):
-            inner, owner = divmod(event.token, 2)
-            if owner:
-                host.handle(Persisted(now, inner))
-                if inner in self._holds_writing:
-                    self._hold_durable(inner)
-            else:
-                self._inner(now, super().handle(Persisted(now, inner)))
+            self._persisted(now, event.token)
         else:
             self._inner(now, super().handle(event))
+        out = self._after_event(now)
+        if isinstance(event, ClientRequest) and _op(event.payload) == "status":
+            out = [self._with_status(a, event.request_id) for a in out]
+        return out
+
+    def handle_persisted(self, now: float, tokens: Sequence[int]) -> list[Action]:
+        """The tokens of one group commit (``runtime.interface.DurableBatches``): each goes
+        to its component as its own ``Persisted``, in order; the store's queued calls and
+        the settle run once for the batch, as after one event (module doc)."""
+        self._now = now
+        self._out = []
+        self.host.dirty = True
+        for token in tokens:
+            self._persisted(now, token)
+        return self._after_event(now)
+
+    def _persisted(self, now: float, token: int) -> None:
+        inner, owner = divmod(token, 2)
+        if owner:
+            self.host.handle(Persisted(now, inner))
+            if inner in self._holds_writing:
+                self._hold_durable(inner)
+        else:
+            self._inner(now, super().handle(Persisted(now, inner)))
+
+    def _after_event(self, now: float) -> list[Action]:
+        """The store's queued calls, then the host's settle; every action of the event."""
+        host = self.host
         requests, self._requests = self._requests, []
         for call in requests:
             call(now)
@@ -254,8 +278,6 @@ class ReplicatedClusterNode(DtxClusterNode):
                 break
             self._settle(now)
         out, self._out = self._out, []
-        if isinstance(event, ClientRequest) and _op(event.payload) == "status":
-            out = [self._with_status(a, event.request_id) for a in out]
         return out
 
     def _with_status(self, action: Action, request_id: int) -> Action:

@@ -35,6 +35,7 @@ Rules every machine follows (they are what make simulation faithful):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -167,4 +168,23 @@ class Machine(Protocol):
 
     def handle(self, event: Event) -> list[Action]:
         """Consume one event and return the actions to carry out, in order."""
+        ...
+
+
+class DurableBatches(Protocol):
+    """A machine that takes the tokens of one group commit at once (optional).
+
+    A runtime that finds ``handle_persisted`` on its machine calls it once with
+    every token a durable write set (or several, acknowledged together) carried,
+    instead of ``handle(Persisted(now, token))`` per token.  The machine must
+    treat it as those ``Persisted`` events, in order, with no other event
+    between them: each token is durable, and each component still learns of
+    each of its own tokens.  What it gains is the bookkeeping it runs *after*
+    an event (the real node's replication settle): once per group commit
+    rather than once per token.  Rule 3 holds as before: every token given is
+    durable, so any action the machine emits may depend on any of them.
+    """
+
+    def handle_persisted(self, now: float, tokens: Sequence[int]) -> list[Action]:
+        """Consume ``Persisted(now, t)`` for each of ``tokens`` in order; the actions."""
         ...

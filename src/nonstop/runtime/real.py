@@ -17,7 +17,10 @@ fsync never stalls keep-alives.  The actions of
   fsync per write set, one write set in flight (``serial``): what arrives
   during an fsync, and what the machine emits on hearing of it, goes in the
   next one -- group commit); ``Persisted`` is fed for each token once it is
-  durable, in order per persister; a failed write stops the node;
+  durable, in order per persister -- all the tokens of one acknowledgement as
+  one ``handle_persisted`` call when the machine has it
+  (:class:`~nonstop.runtime.interface.DurableBatches`); a failed write stops
+  the node;
 * ``Reply`` → the client connection that sent the request (dropped if gone),
   or the future of :meth:`RealRuntime.submit`;
 * ``Notify`` → a structured ``nonstop.notify`` log line plus the callbacks in
@@ -62,6 +65,7 @@ from nonstop.net.handshake import Hello
 from nonstop.runtime.clients import ClientServer
 from nonstop.runtime.config import RuntimeConfig
 from nonstop.runtime.interface import (
+    Action,
     CancelTimer,
     ClientRequest,
     Event,
@@ -267,6 +271,9 @@ class RealRuntime:
             log.exception("machine raised on %r", type(event).__name__)
             self.stats["machine_errors"] += 1
             return
+        self._carry_out(actions)
+
+    def _carry_out(self, actions: list[Action]) -> None:
         handlers = self._handlers
         for action in actions:
             # One dict lookup instead of a chain of isinstance checks: this runs
@@ -325,8 +332,24 @@ class RealRuntime:
             self.loop.call_soon_threadsafe(fn)
 
     def _persisted(self, tokens: list[int]) -> None:
-        for token in tokens:
-            self._dispatch(Persisted(now=self.now(), token=token))
+        machine = self.machine
+        batch = getattr(machine, "handle_persisted", None)
+        if batch is None or len(tokens) == 1:
+            for token in tokens:
+                self._dispatch(Persisted(now=self.now(), token=token))
+            return
+        # One event for the whole group commit (interface.DurableBatches): the
+        # machine's after-event bookkeeping runs once, not once per token.
+        if self._stopping:
+            return
+        try:
+            actions = batch(self.now(), tokens)
+        except Exception:
+            log.exception("machine raised on a batch of %d Persisted", len(tokens))
+            self.stats["machine_errors"] += 1
+            return
+        self.stats["persisted_batches"] += 1
+        self._carry_out(actions)
 
     def _persist_failed(self, exc: BaseException) -> None:
         # Durability is broken: acknowledging anything more would be a lie.
