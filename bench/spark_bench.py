@@ -454,7 +454,7 @@ SUSPECTED = frozenset({"InDownNotifier", "Down"})
 
 def suspicions(logs: dict[str, Path], since: float) -> list[str]:
     """Every suspicion or Down verdict the nodes logged from ``since`` (epoch seconds)."""
-    from nonstop.node.log_events import read_events
+    from nonstop.node.log_events import iso_utc, read_events
 
     found = []
     for name, log in logs.items():
@@ -467,7 +467,7 @@ def suspicions(logs: dict[str, Path], since: float) -> list[str]:
                     and notify.get("new") in SUSPECTED
                 ):
                     found.append(
-                        f"{name} saw {notify.get('peer')} {notify['new']} at {event.time:.1f}"
+                        f"{name} saw {notify.get('peer')} {notify['new']} at {iso_utc(event.time)}"
                     )
     return found
 
