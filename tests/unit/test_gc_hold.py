@@ -1,4 +1,4 @@
-"""The process-wide pause of the cyclic collector (``bulk/gc_hold.py``): holds nest, and
+"""The process-wide pause of the cyclic collector (``tx/gc_hold.py``): holds nest, and
 a transaction's notifier releases its hold only at the next loop turn, once the finished
 transaction has dropped its entries (``release_soon``)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import gc
 
-from nonstop.bulk import gc_hold
+from nonstop.tx import gc_hold
 
 
 def test_holds_nest_and_the_collector_comes_back_after_the_last() -> None:

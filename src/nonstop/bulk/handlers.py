@@ -58,7 +58,7 @@ from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from nonstop.bulk import fast as bulk_fast
-from nonstop.bulk import fast_swap, gc_hold, swap_apply
+from nonstop.bulk import fast_swap, swap_apply
 from nonstop.bulk import records as bulk_records
 from nonstop.bulk.keys import encode_keys
 from nonstop.errors import (
@@ -76,6 +76,7 @@ from nonstop.model.codec import encode_key, pack, unpack
 from nonstop.model.managed import KeyInfo, TypeInfo, registered_types
 from nonstop.model.ref import REF_SIZE, Ref
 from nonstop.store.group_commit import WriteSet
+from nonstop.tx import gc_hold
 from nonstop.tx.locks import LockMode
 
 if TYPE_CHECKING:
@@ -994,7 +995,7 @@ async def overwrite_branch(
     commit makes every node's swap visible at once, or none (two-phase commit)."""
     job = job_id(payload)
     # The transaction grows by an entry per object swapped and lives until the
-    # two-phase commit ends: the cyclic GC stays off until then (bulk/gc_hold.py).
+    # two-phase commit ends: the cyclic GC stays off until then (tx/gc_hold.py).
     gc_hold.hold()
     tx.on_commit(gc_hold.release)
     tx.on_rollback(gc_hold.release)

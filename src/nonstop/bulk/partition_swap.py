@@ -23,7 +23,7 @@ import itertools
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from nonstop.bulk import gc_hold, swap_apply
+from nonstop.bulk import swap_apply
 from nonstop.bulk.handlers import (
     SWAP_PAGE,
     BulkContext,
@@ -37,6 +37,7 @@ from nonstop.bulk.partitioned import ROUTING_OFF, partitions_of
 from nonstop.errors import Aborted, BadArgument, DuplicateKey, FieldError
 from nonstop.model.codec import unpack
 from nonstop.model.ref import location_prefix
+from nonstop.tx import gc_hold
 from nonstop.tx.locks import LockMode
 
 if TYPE_CHECKING:
@@ -100,7 +101,7 @@ async def overwrite_partitions_branch(
     job = job_id(payload)
     groups = groups_arg(payload.get("partitions"))
     # One entry per object swapped until the commit ends: the cyclic GC stays off
-    # meanwhile (bulk/gc_hold.py, as for the swap under node routing), and comes back
+    # meanwhile (tx/gc_hold.py, as for the swap under node routing), and comes back
     # once the finished transaction dropped its entries (release_soon).
     gc_hold.hold()
     tx.on_commit(gc_hold.release_soon)

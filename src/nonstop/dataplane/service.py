@@ -221,6 +221,9 @@ class DataService:
             # pt.changed: the partition table moved; pt.acting: what this node acts for.
             for kind in ("node_state", "view", "quorum", "pt.changed", "pt.acting"):
                 add(kind, self._cluster_noted)
+        # A large ended transaction's locks and entries are released a slice per turn
+        # of this loop, also when the store's writer thread ends it (data-path.md §6.8).
+        self.db.engine.slices.home(self._get_loop())
         self._feed(Started(now=self._now()))
         self._refresh()
 
@@ -239,6 +242,7 @@ class DataService:
             if slot.tx is not None and slot.tx.state is TxState.ACTIVE:
                 await slot.tx.rollback()
         self._txs.clear()
+        self.db.engine.slices.home(None)  # (what is left of them now: the store closes next)
 
     def _spawn(self, coro: Any) -> None:
         task = self._get_loop().create_task(coro)

@@ -53,13 +53,13 @@ import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from nonstop.bulk import gc_hold
 from nonstop.bulk.stream_marks import WRITE_SET_KEY as MARK_KEY
 from nonstop.bulk.stream_marks import location_keys, location_ref
 from nonstop.bulk.swap_apply import bulk_db
 from nonstop.dataplane.replicated_records import side_records
 from nonstop.model.ref import REF_SIZE, Ref, location_prefix
 from nonstop.store.group_commit import Op as StoreOp
+from nonstop.tx import gc_hold
 from nonstop.tx.async_transaction import AsyncTransaction
 from nonstop.tx.database import Database
 from nonstop.tx.entries import TxState
@@ -281,7 +281,7 @@ async def _load_results(
 async def load_copy(db: Database, location: int, values: Mapping[str, Any]) -> int:
     """The store's objects of ``location`` become the machine's copy ``values`` (module
     doc); the number of records applied.  The cyclic collector is paused meanwhile, as
-    under a swap (``bulk/gc_hold.py``): a full collection over a promoted node's heap held
+    under a swap (``tx/gc_hold.py``): a full collection over a promoted node's heap held
     its loop 0.4-0.8 s between two batches (``bench/results/spark-partitions.md``)."""
     with gc_hold.paused():
         return await _load_copy(db, location, values)

@@ -6,6 +6,8 @@
   of committed state, named databases, new references (in the store's own
   location, or in a partition's at an epoch: ``store.new_ref(location, epoch)``);
 * ``locks`` — the lock table (:class:`~nonstop.tx.waiting.LockTable`);
+* ``slices`` — where a large ended transaction's cleanup runs, a slice at a time
+  (:mod:`nonstop.tx.loop_slices`);
 * ``committer`` — the group committer, the store's single writer;
 * ``prepared`` — the prepared (two-phase-commit) transactions
   (:class:`~nonstop.tx.prepared.PreparedTable`), and ``commit_journal``, the
@@ -34,6 +36,7 @@ from nonstop.model.managed import KeyInfo, Managed, TypeInfo, lookup_type, type_
 from nonstop.store.group_commit import GroupCommitter
 from nonstop.store.lmdb_store import Store
 from nonstop.tx.commit_journal import CommitJournal
+from nonstop.tx.loop_slices import SliceRunner
 from nonstop.tx.prepared import PreparedTable
 from nonstop.tx.type_gate import Gate
 from nonstop.tx.waiting import LockTable
@@ -57,7 +60,10 @@ class Engine:
     def __init__(self, path: str | os.PathLike[str], *, durable: bool, map_size: int) -> None:
         self.path = os.fspath(path)
         self.store = Store(path, durable=durable, map_size=map_size)
-        self.locks = LockTable()
+        self.slices = SliceRunner()
+        """Cleanup of a large ended transaction (its locks, its entries), a slice per turn
+        of the node's loop once the node homes it there (:mod:`nonstop.tx.loop_slices`)."""
+        self.locks = LockTable(slices=self.slices)
         self.committer = GroupCommitter(self.store)
         self.prepared = PreparedTable()
         self.commit_journal = CommitJournal()

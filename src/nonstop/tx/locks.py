@@ -34,7 +34,7 @@ walked when a request has to wait.
 from __future__ import annotations
 
 import enum
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable, Iterable, Iterator
 from dataclasses import dataclass
 
 __all__ = [
@@ -244,30 +244,35 @@ class LockManager:
 
     def release_all(self, txn: Hashable) -> list[Grant]:
         """``txn`` ended: drop its locks and queued requests; return the waiters now granted."""
-        affected: dict[Hashable, None] = {}
-        pending = self._pending.pop(txn, None)
-        if pending:
-            for resource, req in pending.items():
-                del self._tickets[req.ticket]
-                self._locks[resource].queue.remove(req)
-                affected[resource] = None
+        affected = self._drop_pending(txn)
         held = self._held.pop(txn, None)
         if held:
-            locks = self._locks
-            for resource in held:
-                lock = locks[resource]
-                holders = lock.holders
-                del holders[txn]
-                # Only a lock with waiters needs the grant pass; a free one is dropped
-                # here (a bulk swap releases hundreds of thousands: one step of the loop).
-                if lock.queue or resource in affected:
-                    affected[resource] = None
-                elif not holders:
-                    del locks[resource]
-        granted: list[Grant] = []
-        for resource in affected:
-            self._grant_waiters(resource, self._locks[resource], granted)
-        return granted
+            self._drop_holds(txn, held, affected)
+        return self._grant_affected(affected)
+
+    def release_some(self, txn: Hashable, limit: int) -> tuple[list[Grant], bool]:
+        """:meth:`release_all` at most ``limit`` held locks at a time: the waiters now
+        granted, and whether ``txn`` holds nothing more.
+
+        For a transaction that ended holding hundreds of thousands of locks (an
+        overwrite's swap), released a slice per turn of the node's loop rather than
+        in one step (data-path.md §6.8).  Until its last slice, ``txn`` still holds
+        the locks not yet released, exactly as if it had not ended yet: another
+        transaction waits for them as it would have.  ``txn`` must take no lock
+        meanwhile (it has ended).
+        """
+        affected = self._drop_pending(txn)
+        held = self._held.get(txn)
+        if held is None:
+            return self._grant_affected(affected), True
+        if len(held) <= limit:
+            del self._held[txn]
+            self._drop_holds(txn, held, affected)
+            return self._grant_affected(affected), True
+        popitem = held.popitem
+        part = [popitem()[0] for _ in range(limit)]
+        self._drop_holds(txn, part, affected)
+        return self._grant_affected(affected), False
 
     # ------------------------------------------------------------- inspection
     def mode_held(self, txn: Hashable, resource: Hashable) -> LockMode | None:
@@ -380,6 +385,40 @@ class LockManager:
                     parent[nxt] = node
                     stack.append(nxt)
         return None
+
+    def _drop_pending(self, txn: Hashable) -> dict[Hashable, None]:
+        """Withdraw ``txn``'s queued requests; the resources whose queues changed."""
+        affected: dict[Hashable, None] = {}
+        pending = self._pending.pop(txn, None)
+        if pending:
+            for resource, req in pending.items():
+                del self._tickets[req.ticket]
+                self._locks[resource].queue.remove(req)
+                affected[resource] = None
+        return affected
+
+    def _drop_holds(
+        self, txn: Hashable, resources: Iterable[Hashable], affected: dict[Hashable, None]
+    ) -> None:
+        """``txn`` no longer holds ``resources`` (already out of ``_held``); add the
+        locks that have waiters to ``affected``, drop the free ones."""
+        locks = self._locks
+        for resource in resources:
+            lock = locks[resource]
+            holders = lock.holders
+            del holders[txn]
+            # Only a lock with waiters needs the grant pass; a free one is dropped
+            # here (a bulk swap releases hundreds of thousands).
+            if lock.queue or resource in affected:
+                affected[resource] = None
+            elif not holders:
+                del locks[resource]
+
+    def _grant_affected(self, affected: dict[Hashable, None]) -> list[Grant]:
+        granted: list[Grant] = []
+        for resource in affected:
+            self._grant_waiters(resource, self._locks[resource], granted)
+        return granted
 
     def _grant_waiters(self, resource: Hashable, lock: _Lock, out: list[Grant]) -> None:
         """Grant the queue's head for as long as it is compatible; drop an idle lock."""

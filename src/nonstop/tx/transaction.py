@@ -65,6 +65,7 @@ from nonstop.model.ref import Ref, check_epoch, check_location, location_prefix
 from nonstop.store.group_commit import Op as StoreOp
 from nonstop.store.group_commit import WriteSet
 from nonstop.store.records import pack_record
+from nonstop.tx import gc_hold
 from nonstop.tx.engine import next_transaction_id
 from nonstop.tx.entries import (
     NONE,
@@ -1082,10 +1083,20 @@ class Transaction:
         # Break the entry <-> handle and transaction <-> entry cycles so plain
         # reference counting frees a finished transaction at once; handles the
         # application keeps still know their (finished) transaction and say so.
-        for e in self._entries.values():
-            e.handle = None
-        self._entries = {}
+        entries, self._entries = self._entries, {}
         self._claimed = {}
+        if len(entries) <= TEARDOWN_SLICE:
+            for e in entries.values():
+                e.handle = None
+            return
+        # An overwrite's swap: hundreds of thousands of entries (and as many write-set
+        # ops), 0.1 s and more to free in one step: a slice per turn of the node's loop,
+        # the cyclic GC held off until the last (it would walk all of them meanwhile).
+        gtid, ws = self._prepared
+        self._prepared = (gtid, WriteSet())  # (its gtid: asynchronous phase two reads it)
+        raw, self._raw_ops = self._raw_ops, []
+        gc_hold.hold()
+        self.engine.slices.run(_Teardown(entries, [ws.ops, raw]).step)
 
     # --------------------------------------------------- async methods (A6)
     def queue_async_call(
@@ -1186,3 +1197,35 @@ __all__ = [
     "transaction_of",
     "unique_lookup",
 ]
+
+
+TEARDOWN_SLICE = 2000
+"""Entries (or write-set ops) a finished transaction frees per step; one with no more
+frees them at once, as any ordinary transaction."""
+
+
+class _Teardown:
+    """Frees a finished large transaction's entries and op lists a slice at a time
+    (:mod:`nonstop.tx.loop_slices`); the GC hold taken for it ends with the last slice."""
+
+    __slots__ = ("entries", "lists")
+
+    def __init__(self, entries: dict[bytes, Entry], lists: list[list[Any]]) -> None:
+        self.entries = entries
+        self.lists = lists
+
+    def step(self) -> bool:
+        entries = self.entries
+        if entries:
+            popitem = entries.popitem
+            for _ in range(min(TEARDOWN_SLICE, len(entries))):
+                popitem()[1].handle = None  # (the entry, then its handle, freed here)
+            return False
+        lists = self.lists
+        while lists and not lists[-1]:
+            lists.pop()
+        if lists:
+            del lists[-1][-TEARDOWN_SLICE:]
+            return False
+        gc_hold.release()
+        return True

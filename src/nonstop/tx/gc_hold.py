@@ -11,7 +11,9 @@ from the swap's start until the transaction ends (its ``on_commit`` or
 finished transaction breaks its own cycles).  Holds nest: the collector comes
 back when the last one is released, if it was on before the first; the bulk
 scans and upserts pause it with :func:`paused`, so that one ending does not
-turn it back on under a swap.
+turn it back on under a swap; a large transaction's entries freed a slice per
+loop turn after it ends hold it until the last slice (``tx/transaction.py``
+``_Teardown``: why this lives in the transaction layer).
 """
 
 from __future__ import annotations
