@@ -124,7 +124,9 @@ class BankLoad:
     def _client(self, i: int) -> None:
         rng = random.Random(self.seed * 1000 + i)
         k = i % len(self.addresses)
-        client = nonstop.connect(self.addresses[k:] + self.addresses[:k], **CLIENT_OPTIONS)
+        # The rotation is this run's own spread of clients (seeded): pinned, not H5's.
+        order = self.addresses[k:] + self.addresses[:k]
+        client = nonstop.connect(order, balance="first", **CLIENT_OPTIONS)
         state = {"epoch": 0, "seq": 0}
         try:
             while not self._stop.is_set():
