@@ -89,7 +89,21 @@ def test_first_pins_the_order_given() -> None:
     for start in range(3):
         c = core("first", start)
         assert c.primary == c.address == "a:1" and c.order == ADDRESSES
-    assert primary_index("first", 4, Spreader(3)) == 0
+    assert primary_index("first", ["a:1", "b:2", "c:3", "d:4"], Spreader(3)) == 0
+
+
+def test_turns_are_counted_per_address_list() -> None:
+    """Handles on one node, or on another cluster, made in between do not skew the
+    spread of a cluster's handles (two addresses: alternate turns would otherwise
+    give every handle the same primary)."""
+    spreader = Spreader(0)
+    pair, other = ["a:1", "b:2"], ["x:1", "y:2"]
+    picked = []
+    for _ in range(4):
+        picked.append(primary_index("spread", pair, spreader))
+        assert primary_index("spread", ["a:1"], spreader) == 0
+        primary_index("spread", other, spreader)
+    assert picked == [0, 1, 0, 1]
 
 
 def test_a_handle_s_sessions_stay_on_its_primary() -> None:

@@ -194,7 +194,7 @@ class ClientCore:
         self.node: Hello | None = None
         """The hello of the node that answered last."""
         self._clock = clock
-        self._primary = primary_index(balance, len(addresses), spreader)  # ValueError if bad
+        self._primary = primary_index(balance, addresses, spreader)  # ValueError if bad
         self._index = self._primary
         self._lock = threading.Lock()
 
