@@ -328,7 +328,9 @@ def test_attached_node_killed_then_next_transaction_elsewhere(tmp_path: Path) ->
     procs = start(tmp_path / "kill")
     try:
         addresses = [procs.address(n) for n in NAMES]
-        with nonstop.connect(addresses) as c:
+        # Pinned to A (balance="first"): the transaction holds A-9 and then reads an
+        # account it has not read yet, on another node, when A is killed.
+        with nonstop.connect(addresses, balance="first") as c:
             open_per_node(c, "9")
             tx = c.transaction()
             tx.get(Account, number="A-9", lock="write").balance = 0
@@ -371,7 +373,9 @@ def test_async_attached_node_killed_then_next_transaction_elsewhere(tmp_path: Pa
     addresses = [procs.address(n) for n in NAMES]
 
     async def main() -> None:
-        async with nonstop.connect_async(addresses) as c:
+        # Pinned to A (balance="first"), as the blocking test above: A-8 is held, the
+        # accounts read after the kill are not.
+        async with nonstop.connect_async(addresses, balance="first") as c:
             async with c.transaction() as tx:
                 for node in NAMES:
                     await tx.create(Account, number=f"{node}-8", balance=10, node=node)
