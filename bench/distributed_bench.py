@@ -311,12 +311,15 @@ class NonstopSide:
         lock = asyncio.Lock()
 
         async def handle(i: int) -> tuple[Any, Callable[[], Awaitable[None]]]:
+            # balance="first": the bench attaches each client itself (H5 pinned).
             if not shared:
-                client = await nonstop.connect_async(attach[i % 2] + addresses[2:])
+                client = await nonstop.connect_async(attach[i % 2] + addresses[2:], balance="first")
                 return client, client.aclose
             async with lock:
                 if i % 2 not in handles:
-                    handles[i % 2] = await nonstop.connect_async(attach[i % 2] + addresses[2:])
+                    handles[i % 2] = await nonstop.connect_async(
+                        attach[i % 2] + addresses[2:], balance="first"
+                    )
             client = handles[i % 2]
 
             async def close() -> None:
@@ -487,8 +490,9 @@ def steps_under_load(ns: NonstopSide, clients: int, seconds: float) -> dict[str,
     async def main() -> None:
         addresses = ns.cluster.addresses
         handles = [
-            await nonstop.connect_async([addresses[0], addresses[1]]),
-            await nonstop.connect_async([addresses[1], addresses[0]]),
+            # One handle attached to each of the first two nodes (H5 pinned).
+            await nonstop.connect_async([addresses[0], addresses[1]], balance="first"),
+            await nonstop.connect_async([addresses[1], addresses[0]], balance="first"),
         ]
         end = time.monotonic() + seconds
         clock = time.perf_counter

@@ -58,7 +58,8 @@ def main(threads: int) -> None:
 
         def transfers(seed: int) -> None:
             rng = random.Random(seed)
-            db = nonstop.connect(",".join(bank.p.address(n) for n in "BAC"))
+            # B coordinates (balance="first"): B is the node the bench kills.
+            db = nonstop.connect(",".join(bank.p.address(n) for n in "BAC"), balance="first")
             try:
                 while not stop.is_set():
                     src, dst = sorted(rng.sample(numbers, 2))

@@ -89,7 +89,9 @@ def restored(p: Procs, node: str, names: str) -> bool:
 
 
 def connect(p: Procs, names: str = "ABC") -> Any:
-    return nonstop.connect(",".join(p.address(n) for n in names))
+    """A client whose transactions ``names[0]`` coordinates while it is up, then the next
+    (``balance="first"``: callers choose the coordinator, e.g. "BAC" to kill B's)."""
+    return nonstop.connect(",".join(p.address(n) for n in names), balance="first")
 
 
 def balances(db: Any, numbers: list[str]) -> dict[str, int]:

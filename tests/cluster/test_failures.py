@@ -149,7 +149,8 @@ def test_client_fails_over_when_its_node_dies(procs: Callable[..., Procs]) -> No
     p.start_all()
     p.wait_quorum(["A", "B", "C"], "Active", timeout=20)
     addresses = ",".join(p.address(n) for n in "ABC")
-    with connect(addresses, timeout=1.0) as client:
+    # balance="first": the client is attached to A, the node killed first (H5 pinned).
+    with connect(addresses, timeout=1.0, balance="first") as client:
         assert client.status()["name"] == "A"
         p.kill("A")
         status = client.status()  # same handle: answered by the next node

@@ -71,7 +71,9 @@ def total(db: Any) -> int:
 def test_bank_over_partitions_survives_a_kill_without_not_found(tmp_path: Path) -> None:
     with app_cluster(tmp_path, 3, OPTIONS) as p:
         wait_until(lambda: all_acting(p, "ABC"), 30, "every partition acted for")
-        db = nonstop.connect(",".join(p.address(n) for n in "ABC"))
+        # On A (balance="first"), not on B, the node killed: the subject is B's
+        # partitions, not the client's own fail-over.
+        db = nonstop.connect(",".join(p.address(n) for n in "ABC"), balance="first")
         try:
             numbers = [f"N-{i}" for i in range(ACCOUNTS)]
             with db.transaction() as tx:

@@ -139,6 +139,22 @@ def test_transfer_across_nodes_sync(cluster: str) -> None:
     assert sum(after.values()) == sum(before.values()) == 900
 
 
+def test_spread_handles_coordinate_on_every_node(cluster: str) -> None:
+    """H5 against real nodes: three handles made in turn have three primaries, and
+    each one's transactions are coordinated by its own (no node is down here)."""
+    addresses = cluster.split(",")
+    handles = [nonstop.connect(cluster) for _ in range(3)]
+    try:
+        assert sorted(h.primary for h in handles) == sorted(addresses)
+        for h in handles:
+            with h.transaction() as tx:
+                tx.count(Account, scope="local")
+                assert tx.node == NAMES[addresses.index(h.primary)]
+    finally:
+        for h in handles:
+            h.close()
+
+
 def test_concurrent_threads_conserve_the_total(cluster: str) -> None:
     # Every transfer locks its accounts in one global order (src < dst), so that
     # cross-node waits never form a cycle (those end only by the lock timeout).
@@ -218,7 +234,8 @@ def test_remote_method_runs_on_the_master(cluster: str) -> None:
 
 
 def test_cluster_query_returns_each_object_once(cluster: str) -> None:
-    with nonstop.connect(cluster) as c:
+    # Pinned to A (balance="first"): "local" below is A's store, the others B's and C's.
+    with nonstop.connect(cluster, balance="first") as c:
         steady(lambda: check_queries(c))
 
 
@@ -247,7 +264,11 @@ def check_queries(c: nonstop.Client) -> None:
 
 def test_deferred_writes_are_visible_after_commit(cluster: str) -> None:
     addresses = cluster.split(",")
-    with nonstop.connect(cluster) as c, nonstop.connect(addresses[::-1]) as other:
+    # Pinned (balance="first"): c is attached to A, other to C.
+    with (
+        nonstop.connect(cluster, balance="first") as c,
+        nonstop.connect(addresses[::-1], balance="first") as other,
+    ):
         with c.transaction() as tx:
             acct = tx.get(Account, number="B-0", lock="write")
             acct.owner = "zed"  # a mutable key, on node B, written from a client on A
@@ -307,7 +328,9 @@ def test_attached_node_killed_then_next_transaction_elsewhere(tmp_path: Path) ->
     procs = start(tmp_path / "kill")
     try:
         addresses = [procs.address(n) for n in NAMES]
-        with nonstop.connect(addresses) as c:
+        # Pinned to A (balance="first"): the transaction holds A-9 and then reads an
+        # account it has not read yet, on another node, when A is killed.
+        with nonstop.connect(addresses, balance="first") as c:
             open_per_node(c, "9")
             tx = c.transaction()
             tx.get(Account, number="A-9", lock="write").balance = 0
@@ -350,7 +373,9 @@ def test_async_attached_node_killed_then_next_transaction_elsewhere(tmp_path: Pa
     addresses = [procs.address(n) for n in NAMES]
 
     async def main() -> None:
-        async with nonstop.connect_async(addresses) as c:
+        # Pinned to A (balance="first"), as the blocking test above: A-8 is held, the
+        # accounts read after the kill are not.
+        async with nonstop.connect_async(addresses, balance="first") as c:
             async with c.transaction() as tx:
                 for node in NAMES:
                     await tx.create(Account, number=f"{node}-8", balance=10, node=node)
@@ -483,7 +508,8 @@ def test_asynchronous_call_on_a_remote_object_runs_once_after_commit(cluster: st
     rolled-back transaction's calls never run."""
     from tests.distmodel import Inbox
 
-    with nonstop.connect(cluster) as c:
+    # Pinned to A (balance="first"): the inbox on C is a remote target.
+    with nonstop.connect(cluster, balance="first") as c:
         with c.transaction() as tx:
             tx.create(Inbox, name="inbox-c", node="C")
         wait_until(lambda: _inbox(c) is not None, 20, "the inbox on C")

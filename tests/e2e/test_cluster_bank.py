@@ -89,13 +89,15 @@ def pick(rng_state: list[int]) -> tuple[int, int, int]:
 
 
 def rotated(addresses: list[str], i: int) -> list[str]:
+    """Client ``i``'s addresses, its primary first: used with ``balance="first"`` (this
+    test's own spread of the clients over the nodes, pinned rather than H5's)."""
     k = i % len(addresses)
     return addresses[k:] + addresses[:k]
 
 
 def thread_client(addresses: list[str], i: int, ledger: Ledger, deadline: float) -> None:
     state = [i + 1]
-    client = nonstop.connect(rotated(addresses, i))
+    client = nonstop.connect(rotated(addresses, i), balance="first")
     try:
         while time.monotonic() < deadline:
             src, dst, amount = pick(state)
@@ -112,7 +114,7 @@ def thread_client(addresses: list[str], i: int, ledger: Ledger, deadline: float)
 
 
 async def async_clients(addresses: list[str], ledger: Ledger, deadline: float) -> None:
-    client = await nonstop.connect_async(rotated(addresses, 1))
+    client = await nonstop.connect_async(rotated(addresses, 1), balance="first")
 
     async def one(i: int) -> None:
         state = [1000 + i]

@@ -97,13 +97,25 @@ class BankLoad:
         self.crashes: list[str] = []
 
     # ------------------------------------------------------------ set up
-    def open_accounts(self) -> None:
-        """Each node's accounts, mastered there (on a healthy cluster, before faults)."""
+    def open_accounts(self, timeout: float = 30.0) -> None:
+        """Each node's accounts, mastered there (on a healthy cluster, before faults).
+
+        Run again on a retryable error, as a user's ``@transactional`` would: every
+        partition is served when the cluster starts, but the node the client asks may
+        not have applied the partition table's last entry yet (``NotActive``)."""
+        deadline = time.monotonic() + timeout
         with nonstop.connect(self.addresses, **CLIENT_OPTIONS) as client:
             for node in self.names:
-                with client.transaction() as tx:
-                    for n in numbers_of(self.names, node):
-                        tx.create(Account, node=node, number=n, balance=START_BALANCE)
+                while True:
+                    try:
+                        with client.transaction() as tx:
+                            for n in numbers_of(self.names, node):
+                                tx.create(Account, node=node, number=n, balance=START_BALANCE)
+                        break
+                    except nonstop.Retryable:
+                        if time.monotonic() > deadline:
+                            raise
+                        time.sleep(0.1)
 
     # ------------------------------------------------------------ running
     def start(self) -> BankLoad:
@@ -124,7 +136,9 @@ class BankLoad:
     def _client(self, i: int) -> None:
         rng = random.Random(self.seed * 1000 + i)
         k = i % len(self.addresses)
-        client = nonstop.connect(self.addresses[k:] + self.addresses[:k], **CLIENT_OPTIONS)
+        # The rotation is this run's own spread of clients (seeded): pinned, not H5's.
+        order = self.addresses[k:] + self.addresses[:k]
+        client = nonstop.connect(order, balance="first", **CLIENT_OPTIONS)
         state = {"epoch": 0, "seq": 0}
         try:
             while not self._stop.is_set():

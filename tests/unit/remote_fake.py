@@ -334,7 +334,10 @@ class FakeCluster:
         return [n.address for n in self.nodes.values()]
 
     def client(self, **options: Any) -> nonstop.Client:
+        """A blocking client of the fake nodes; n1 first (``balance="first"``: the tests
+        watch n1 and fail over from it) unless ``balance`` says otherwise."""
         by_address = self.by_address
+        options.setdefault("balance", "first")
 
         class _Client(nonstop.Client):
             def _dial(self, address: str) -> Any:
@@ -343,7 +346,9 @@ class FakeCluster:
         return _Client(self.addresses, **options)
 
     def async_client(self, **options: Any) -> nonstop.AsyncClient:
+        """The asyncio twin of :meth:`client` (n1 first unless ``balance`` says otherwise)."""
         by_address = self.by_address
+        options.setdefault("balance", "first")
         made: list[FakeAsyncChannel] = []
 
         class _AsyncClient(nonstop.AsyncClient):

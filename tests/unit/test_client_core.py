@@ -36,7 +36,14 @@ class StubLink:
 
 
 def core(rounds: int = 2, clock: Any = None) -> ClientCore:
-    options: dict[str, Any] = {"rounds": rounds, "timeout": 1.0, "op_timeout": 3.0}
+    # balance="first": these tests follow the fail-over from a:1 (H5's own choice of
+    # the primary is tested in test_client_balance.py).
+    options: dict[str, Any] = {
+        "rounds": rounds,
+        "timeout": 1.0,
+        "op_timeout": 3.0,
+        "balance": "first",
+    }
     if clock is not None:
         options["clock"] = clock
     return ClientCore(["a:1", "b:2"], **options)
@@ -212,7 +219,7 @@ def test_the_home_s_unknown_ends_the_search_without_asking_every_node() -> None:
     """Every node asks the same home partition's active node, so its "unknown" (no
     record there once the record's lock is free) is the answer: the client does not
     ask the next node for another ``op_timeout``."""
-    c = ClientCore(["a:1", "b:2", "c:3"], rounds=2, timeout=1.0, op_timeout=3.0)
+    c = ClientCore(["a:1", "b:2", "c:3"], rounds=2, timeout=1.0, op_timeout=3.0, balance="first")
     step, other, _ = asking_another_node(c)
     assert step.send({"state": "unknown", "result": None}) == Close(other)
     with pytest.raises(Unavailable, match="the outcome is unknown"):
@@ -226,7 +233,12 @@ def test_one_op_timeout_bounds_the_asks_of_every_other_node() -> None:
     cluster does)."""
     now = [0.0]
     c = ClientCore(
-        ["a:1", "b:2", "c:3"], rounds=2, timeout=1.0, op_timeout=3.0, clock=lambda: now[0]
+        ["a:1", "b:2", "c:3"],
+        rounds=2,
+        timeout=1.0,
+        op_timeout=3.0,
+        clock=lambda: now[0],
+        balance="first",
     )
 
     def promoting(action: Action) -> Any:

@@ -405,7 +405,9 @@ def test_outcome_unknown_when_the_node_dies_with_the_reply(
 
 # ------------------------------------------------------------- fail-over
 def ping_with(flavour: str, addresses: list[str], **options: Any) -> tuple[dict[str, Any], str]:
-    """Ping through a fresh blocking or asyncio client: (reply, name of the node that answered)."""
+    """Ping through a fresh blocking or asyncio client: (reply, name of the node that answered).
+    The first address first (``balance="first"``): the tests say which one refuses."""
+    options.setdefault("balance", "first")
     if flavour == "blocking":
         with nonstop.Client(addresses, **options) as c:
             reply = c.ping()

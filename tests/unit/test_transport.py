@@ -268,7 +268,11 @@ def test_client_fails_over_and_reports_unavailable(tmp_path: Path) -> None:
     dead = f"127.0.0.1:{free_port()}"
 
     async def main() -> None:
-        async with node(tmp_path, "A") as a, AsyncClient([dead, a.config.listen], timeout=1) as c:
+        # balance="first": the dead address is the primary, so the ping must fail over.
+        async with (
+            node(tmp_path, "A") as a,
+            AsyncClient([dead, a.config.listen], timeout=1, balance="first") as c,
+        ):
             assert (await c.ping())["name"] == "A"
 
     asyncio.run(main())

@@ -86,6 +86,9 @@ def open_client(target: Target, timeout: float, tls: TLSConfig | None = None) ->
             tls=tls,
             credentials=target.credentials,
             folder=target.folder,
+            # Admin requests are not a load to spread (H5): the node named first
+            # answers while it is up, so two commands in a row see the same node's view.
+            balance="first",
         )
     except AuthenticationFailed as exc:
         fail(f"{exc} (--credentials FILE, or NONSTOP_CREDENTIALS)")

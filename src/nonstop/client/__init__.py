@@ -24,9 +24,12 @@ def connect(addresses: str | list[str] | None = None, **options: Any) -> Client:
     logged at INFO on the ``nonstop.client`` logger; ``Unavailable`` naming the
     fix when there is none.
 
-    Connects to the first node that answers (:class:`nonstop.errors.Unavailable`
-    when none does); later requests fail over across the addresses (see
-    :class:`nonstop.client.handle.Client`).
+    Connects to the handle's primary (H5): with ``balance="spread"``, the
+    default, each handle has its own among the addresses, so a cluster's
+    clients are spread over its nodes; ``balance="first"`` pins the first
+    address.  If the primary does not answer, the next address after it is tried
+    (:class:`nonstop.errors.Unavailable` when none answers); later requests
+    fail over the same way (see :class:`nonstop.client.handle.Client`).
 
     Authentication: ``user=`` and ``password=``, or ``credentials=`` a credentials
     file; else ``$NONSTOP_CREDENTIALS``; else, for the local cluster found here,
@@ -70,7 +73,8 @@ class Connecting:
 
 
 def connect_async(addresses: str | list[str] | None = None, **options: Any) -> Connecting:
-    """An asyncio handle on the cluster; connects to the first node that answers.
+    """An asyncio handle on the cluster; connects to its primary, as :func:`connect`
+    (options too: ``balance="spread"`` or ``"first"``).
 
     With no address: the local cluster of the current folder, as :func:`connect`.
 

@@ -14,8 +14,12 @@ level up: :mod:`nonstop.client.remote`.)
 
 The rules, in short (``docs/design/client.md``):
 
+* **Each handle has its own primary** (H5, :mod:`nonstop.client.balance`):
+  new requests go to it while it answers; the other addresses are its backups,
+  in order after it.  A backup takes over only when the current node fails, and
+  the handle then stays there (it does not move back when the primary returns).
 * **Fail over** on a network error or a ``QuorumLost``/``NotLeader`` answer:
-  try the next address, at most ``rounds`` passes over the list, then
+  try the next address (the next backup), at most ``rounds`` passes over the list, then
   :class:`~nonstop.errors.Unavailable` (or the ``QuorumLost`` seen).
 * **Raise at once** when a node refuses the client at connect time
   (:class:`~nonstop.client.failures.NodeRefused`: cluster name, protocol range,
@@ -38,6 +42,7 @@ from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from nonstop.client.balance import DEFAULT_BALANCE, PROCESS_SPREADER, Spreader, primary_index
 from nonstop.client.failures import NodeRefused, is_network_error
 from nonstop.client.lanes import RequestLanes
 from nonstop.client.session import Link, Request
@@ -155,6 +160,10 @@ async def arun(step: Step[T], perform: Callable[[Action], Awaitable[Any]]) -> T:
 class ClientCore:
     """The state both drivers share: where requests go now, and the rules as steps.
 
+    ``balance`` picks the handle's primary (:func:`~nonstop.client.balance.primary_index`:
+    ``"spread"`` over the addresses, or ``"first"``); ``spreader`` gives the
+    spread turns (the process's, or a test's own).
+
     Thread-safe where the blocking client needs it (several threads may run
     transactions on one client): the address index moves under a lock.
     """
@@ -168,10 +177,14 @@ class ClientCore:
         op_timeout: float,
         client_id: str | None = None,
         clock: Callable[[], float] = time.monotonic,
+        balance: str = DEFAULT_BALANCE,
+        spreader: Spreader = PROCESS_SPREADER,
     ) -> None:
         if not addresses:
             raise ValueError("no node address given")
         self.addresses = addresses
+        """The addresses as given."""
+        self.balance = balance
         self.rounds = rounds
         self.timeout = timeout
         """How long an admin request, a connect or a rollback may take."""
@@ -181,7 +194,8 @@ class ClientCore:
         self.node: Hello | None = None
         """The hello of the node that answered last."""
         self._clock = clock
-        self._index = 0
+        self._primary = primary_index(balance, addresses, spreader)  # ValueError if bad
+        self._index = self._primary
         self._lock = threading.Lock()
 
     @property
@@ -189,9 +203,27 @@ class ClientCore:
         """The address new requests go to."""
         return self.addresses[self._index]
 
+    @property
+    def primary(self) -> str:
+        """This handle's primary: where its requests went first (H5)."""
+        return self.addresses[self._primary]
+
+    @property
+    def order(self) -> list[str]:
+        """The primary, then the backups in the order a failure moves through them."""
+        n = len(self.addresses)
+        return [self.addresses[(self._primary + k) % n] for k in range(n)]
+
     def switch(self, address: str) -> None:
-        """``address`` failed: if it is still the current one, move on to the next.
-        (Several requests may see one node fail; the first one moves.)"""
+        """``address`` failed: if it is still the current one, move on to the next backup.
+        (Several requests may see one node fail; the first one moves.)
+
+        The handle stays on the node it moved to, also once its primary is back: that
+        node took the handle's sessions over, as the primary did (002 §5.6: a session
+        stays on its server as long as that server has not failed); moving back would
+        mean probing a node that may be dead on some transaction's time, and, on the
+        asyncio handle, closing the one connection every task's transactions share.
+        """
         with self._lock:
             if address == self.addresses[self._index]:
                 self._index = (self._index + 1) % len(self.addresses)

@@ -8,20 +8,29 @@ follow the same rules, written once in :mod:`nonstop.client.core` and
 performed by a blocking (:mod:`~nonstop.client.blocking`) or an asyncio
 (:mod:`~nonstop.client.aio`) driver; ``docs/design/client.md`` has the map.
 
-Fail-over: a request goes to the node the handle is connected to; when that
-node cannot be reached or stops answering within ``timeout``, the handle tries
-the next address, and so on for at most ``rounds`` passes over the list, then
-raises :class:`nonstop.errors.Unavailable`.  A node that answers
-``QuorumLost`` (it is Disabled, D16) is skipped the same way: another node may
-still have quorum.  A node that *refuses* the client when it connects — another
-cluster's name, no common protocol version, TLS credentials not accepted —
-raises :class:`~nonstop.client.failures.NodeRefused` (a
+Load balancing (H5, :mod:`nonstop.client.balance`): each handle has its own
+*primary* among the addresses, the others being its backups in order after
+it.  With ``balance="spread"`` (the default) the handles are spread over the
+addresses (a process's handles take them in turn from a random start), so
+every node coordinates its share of the transactions; ``balance="first"``
+pins the order given: the first address is the primary.
+
+Fail-over: a request goes to the node the handle is on (its primary until
+that fails); when that node cannot be reached or stops answering within
+``timeout``, the handle tries the next address after it, and so on for at
+most ``rounds`` passes over the list, then raises
+:class:`nonstop.errors.Unavailable`.  A node that answers ``QuorumLost`` (it is
+Disabled, D16) is skipped the same way: another node may still have quorum.
+A node that *refuses* the client when it connects — another cluster's name,
+no common protocol version, TLS credentials not accepted — raises
+:class:`~nonstop.client.failures.NodeRefused` (a
 :class:`~nonstop.errors.ProtocolError`) at once, naming the node and the
 reason: every node of the cluster would refuse it the same way.
 
 Transactions (``cluster.transaction()``, ``@nonstop.transactional``) run on
 the node the client is attached to (``nonstop.client.remote``).  A new
-transaction goes to the first reachable node, starting with the current one;
+transaction goes to the first reachable node, starting with the current one
+(the handle stays on a backup it moved to, also once its primary is back);
 a transaction whose node dies fails with :class:`~nonstop.errors.Unavailable`
 (B8) and the next one goes to another node.  Commits are exactly once (H1):
 each client has an id (``client_id``) and numbers its commits.
@@ -33,6 +42,7 @@ import ssl
 from typing import Any
 
 from nonstop.client.aio import AsyncDriver
+from nonstop.client.balance import DEFAULT_BALANCE, Balance, check_balance
 from nonstop.client.blocking import BlockingDriver
 from nonstop.client.channel import AsyncChannel, SyncChannel, client_hello
 from nonstop.client.core import ClientCore
@@ -89,6 +99,9 @@ class ClientBase:
     ``user``/``password``, or ``credentials`` (a credentials file), is what the
     client proves when it connects; without them ``NONSTOP_CREDENTIALS`` and the
     local cluster folder ``folder`` are looked at (:mod:`nonstop.client.credentials`).
+
+    ``balance``: ``"spread"`` (default) or ``"first"`` — which address is the
+    handle's primary (see the module docstring); anything else is a ``ValueError``.
     """
 
     def __init__(
@@ -106,12 +119,16 @@ class ClientBase:
         password: str | None = None,
         credentials: Any = None,
         folder: Any = None,
+        balance: Balance = DEFAULT_BALANCE,
     ) -> None:
+        check_balance(balance)  # before anything is resolved or opened
         parsed = parse_addresses(addresses)
         self.credential: Credential | None = resolve_credential(
             user, password, credentials, folder, parsed
         )
-        self.core = ClientCore(parsed, rounds=rounds, timeout=timeout, op_timeout=op_timeout)
+        self.core = ClientCore(
+            parsed, rounds=rounds, timeout=timeout, op_timeout=op_timeout, balance=balance
+        )
         self.cluster = cluster
         self.max_frame = max_frame
         self.protocol = protocol
@@ -132,6 +149,16 @@ class ClientBase:
     def address(self) -> str:
         """The address of the node requests go to now."""
         return self.core.address
+
+    @property
+    def primary(self) -> str:
+        """The address of this handle's primary (H5): where its requests go while it answers."""
+        return self.core.primary
+
+    @property
+    def balance(self) -> str:
+        """How the primary was chosen: ``"spread"`` or ``"first"``."""
+        return self.core.balance
 
     @property
     def node(self) -> Hello | None:
