@@ -327,9 +327,8 @@ def main(argv: list[str] | None = None) -> None:
         "its no-op.",
         "",
         f"Goal: detection + new view < 1 s median: **{view_goal}** (both kinds of victim; "
-        "the detector settings above, which are this bench's defaults, and the default Raft "
-        "timing: election timeout 1 s, heartbeat 0.1 s.  With the node's own detector "
-        "defaults, keep-alive 0.2 s and non-response 1.0 s, detection alone takes over 1 s).",
+        "the detector settings above, the bench's defaults and the node's own, and the "
+        "default Raft timing: election timeout 1 s, heartbeat 0.1 s).",
         "",
         f"## Cluster-log commits ({tp['entries']} entries of {args.size} bytes, "
         f"{args.window} in flight, one client; best of {len(trials)} trials)",
