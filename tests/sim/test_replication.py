@@ -79,3 +79,14 @@ def test_a_seed_replays_identically() -> None:
     second, sim2 = run_seed(7, trace=True)
     assert sim1.trace_digest == sim2.trace_digest
     assert first.summary().split(" wall=")[0] == second.summary().split(" wall=")[0]
+
+
+@pytest.mark.timeout(60)
+def test_a_promoted_node_opening_its_stream_beside_a_stale_part_is_not_a_fence_breach() -> None:
+    """Seed 1002256 (found on fresh seeds, session 10): n2, promoted at epoch 4, opens
+    its own stream in the step where it refuses n1's epoch-3 part; the fence check took
+    that head change for the stale part applied.  The check now looks at whether the
+    head moved onto the stale part's stream (the ``stale_epoch`` mutant, which applies
+    it, is still caught above)."""
+    result, _ = run_seed(1002256)
+    assert result.ok, result.violations
