@@ -72,6 +72,10 @@ class LeaseKeeper:
         self._next_renew = float("-inf")
         self._applied_at: dict[NodeId, float] = {}
         self._acting_from: dict[str, float] = {}
+        self._seen: dict[str, tuple[object, int, int]] = {}
+        """Per partition, ``(active, epoch, changed)`` as this keeper last saw it applied:
+        a snapshot that leaves it unchanged moved no partition (every change of the
+        active node raises the epoch), so an acting node goes on acting through it."""
         self._snapshot_at = float("-inf")
 
     # ------------------------------------------------------------ renewals
@@ -89,11 +93,29 @@ class LeaseKeeper:
     # ------------------------------------------------------------ applied entries
     def on_snapshot(self, now: float) -> None:
         """The table was replaced: any node's last lease may be inside it, so treat every
-        lease as applied now (conservative: a later start, never an earlier one)."""
+        lease as applied now (conservative: a later start, never an earlier one).
+
+        A partition whose ``(active, epoch, changed)`` is what this node saw before the
+        snapshot did not change hands inside it (a change of active raises the epoch and
+        sets ``changed`` to the entry's index, which only grows): if this node was its
+        active node then, it already waited out the previous one and goes on acting.
+        Without this, a follower that installs the leader's snapshot (it lagged behind
+        the leader's compaction point, every few seconds under load) stopped acting for
+        a whole lease: a commit gap of ``lease * (1 + drift)`` (issue 14)."""
         self._snapshot_at = now
         for name, part in self.table.partitions.items():
-            if part.active == self.me:
+            key = (part.active, part.epoch, part.changed)
+            if part.active == self.me and not (
+                self._seen.get(name) == key and name in self._acting_from
+            ):
                 self._acting_from[name] = now + self._wait()
+        self._remember()
+
+    def _remember(self) -> None:
+        self._seen = {
+            name: (part.active, part.epoch, part.changed)
+            for name, part in self.table.partitions.items()
+        }
 
     def on_lease(self, now: float, data: dict[str, Any]) -> None:
         """``pt.lease`` applied here (``r`` in it: who asked, which incarnation)."""
@@ -111,6 +133,9 @@ class LeaseKeeper:
     def on_changed(self, now: float, data: dict[str, Any]) -> None:
         """``pt.changed`` applied here: a new active node waits out the previous one's lease."""
         name, active, was = data.get("p"), data.get("active"), data.get("was")
+        part = self.table.get(name) if isinstance(name, str) else None
+        if part is not None:
+            self._seen[part.name] = (part.active, part.epoch, part.changed)
         if not isinstance(name, str) or active != self.me or was == self.me:
             return
         start = now

@@ -26,8 +26,11 @@ event:
 Mutants (tests/sim/test_partitions.py): ``local_promotion`` applies the
 failover on the leader's own table without a log entry; ``no_epoch_bump``
 fails over without bumping the epoch; ``no_lease_wait`` lets a new active
-node act before the previous one's lease ran out.  The checker must catch
-each.
+node act before the previous one's lease ran out; ``snapshot_keeps_acting``
+lets a node that installs a snapshot go on acting for every partition it is
+active for in it, even one that changed hands inside the snapshot (the
+keeper's ``(active, epoch, changed)`` comparison removed).  The checker must
+catch each.
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ from nonstop.sim.checker import OnlineChecker, Violation
 from nonstop.sim.core import Simulation
 from nonstop.sim.scenarios import cluster_log
 
-MUTANTS = ("local_promotion", "no_epoch_bump", "no_lease_wait")
+MUTANTS = ("local_promotion", "no_epoch_bump", "no_lease_wait", "snapshot_keeps_acting")
 
 
 @dataclass(slots=True)
@@ -118,11 +121,27 @@ class _NoLeaseWaitNode(HaClusterNode):
         )
 
 
+class _SnapshotKeepsActingKeeper(LeaseKeeper):
+    """Broken on purpose: a snapshot never makes an active node wait."""
+
+    def on_snapshot(self, now: float) -> None:
+        self._snapshot_at = now
+        for name, part in self.table.partitions.items():
+            if part.active == self.me:
+                self._acting_from.setdefault(name, now)
+
+
+class _SnapshotKeepsActingNode(HaClusterNode):
+    def _make_leases(self, config: LeaseConfig | None) -> LeaseKeeper:
+        return _SnapshotKeepsActingKeeper(self.name, self.incarnation, self.partition_table, config)
+
+
 _NODE_CLASSES: dict[str | None, type[HaClusterNode]] = {
     None: HaClusterNode,
     "no_epoch_bump": _NoEpochBumpNode,
     "local_promotion": _LocalPromotionNode,
     "no_lease_wait": _NoLeaseWaitNode,
+    "snapshot_keeps_acting": _SnapshotKeepsActingNode,
 }
 
 
