@@ -42,6 +42,7 @@ from nonstop.node.config import ConfigError, NodeConfig, split_join
 from nonstop.node.datadir import DataDir, Identity
 from nonstop.node.machine import NodeContext, resolve, takes_context, users_table
 from nonstop.node.router import NodeRouter, OpPermissions
+from nonstop.node.startup_heap import freeze_startup_objects
 from nonstop.node.store_repair import check_data_dir
 from nonstop.runtime.real import (
     RealRuntime,
@@ -290,6 +291,8 @@ async def serve(cfg: NodeConfig, datadir: DataDir) -> None:
             cfg.protocol[0],
             cfg.protocol[1],
         )
+        frozen = freeze_startup_objects()
+        log.debug("start-up objects kept out of garbage collection: %d", frozen)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)

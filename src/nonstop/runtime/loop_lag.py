@@ -118,6 +118,7 @@ class LoopLagMonitor:
             "counts": list(self.counts),
             "gc_seconds": [round(x, 6) for x in self.gc_seconds],
             "gc_worst": [round(x, 6) for x in self.gc_worst],
+            "gc_frozen": gc.get_freeze_count(),
         }
 
     def take_recent_worst(self) -> float:
