@@ -224,7 +224,7 @@ def test_a_replica_restarted_between_outcome_parts_applies_the_rest_alike() -> N
 
 
 def test_records_not_made_yet_fail_with_the_stream() -> None:
-    a, b = _stepped_pair()
+    a, _ = _stepped_pair()
     a.take(a.machine.replicate(0.0, "g", P, 1, WRITES, PREPARE, "tx1"))
     assert a.machine.streams[P].deferred
     a.table(view(epoch=2, active="b"), acting=())
