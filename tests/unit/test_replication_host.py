@@ -10,7 +10,9 @@ from typing import Any
 
 from nonstop import errors
 from nonstop.dtx.decisions import DECIDED, PROPOSE
+from nonstop.net import plain
 from nonstop.replication import PartitionView, ReplicationMachine
+from nonstop.replication.data import K_PREPARED
 from nonstop.replication.host import Refusal, ReplicationHost
 from nonstop.runtime.interface import Persist, Persisted
 
@@ -109,3 +111,30 @@ def test_a_commit_over_two_partitions_is_decided_in_the_log_and_proposed_again()
     assert runtime.asked == [proposal, proposal], "an unanswered proposal is sent again"
     host.decision(1.6, {"t": DECIDED, "g": proposal["g"], "o": "commit"})
     assert answers == [None]
+
+
+class ResolvingRuntime(FakeRuntime):
+    def __init__(self) -> None:
+        super().__init__()
+        self.installed: dict[str, dict[str, Any]] = {}
+
+    def resolved(
+        self, name: str, txid: str, writes: Mapping[str, Any] | None, commit: bool
+    ) -> None:
+        if writes is not None and commit:
+            self.installed[txid] = dict(writes)  # (the real node copies it here too)
+
+
+def test_a_large_prepared_record_resolved_at_promotion_reaches_the_store_whole() -> None:
+    # 3,000 writes: its commit outcome goes in parts of 1,000, two made in the event that
+    # resolves it -- each takes its writes out of the copy's prepared record (data.py).
+    writes = {f"{i:040x}": ["T", 1, {"x": i}] for i in range(3000)}
+    disk = {K_PREPARED + b"P1\0g1": plain.pack(writes)}
+    runtime = ResolvingRuntime()
+    machine = ReplicationMachine(ME, random.Random(1), disk)
+    host = ReplicationHost(machine, runtime, first_local_txid=0, propose_again=lambda: 1.0)
+    host.settle(0.0, {n: view(n) for n in ("P1", "P2")}, ["P1"])
+    assert any(a.get("g") == "g1" for a in runtime.asked), "resolved from the decision log"
+    host.decision(0.1, {"t": DECIDED, "g": "g1", "o": "commit"})
+    assert machine.making("P1"), "the outcome's last part is still to make"
+    assert runtime.installed["g1"] == writes, "every write of the record goes to the store"

@@ -296,7 +296,7 @@ class ReplicationHost:
         self._remember(txid, decision)
         rep = self.machine
         for name in deciding.names:
-            if txid in rep.data.prepared_of(name):
+            if rep.prepared_here(name, txid):
                 self.dirty = True
                 self._actions(now, rep.outcome(now, None, name, txid, decision))
         if decision == OUTCOME_COMMIT:
@@ -321,7 +321,8 @@ class ReplicationHost:
         parts |= {name for name, held in rep.data.prepared.items() if gtid in held}
         self._actions(now, rep.hold(gtid, sorted(parts)))
         self.dirty = True
-        for name in [n for n in sorted(rep.streams) if gtid in rep.data.prepared_of(n)]:
+        # (a prepared record whose parts are still to make gets its outcome behind them)
+        for name in [n for n in sorted(rep.streams) if rep.prepared_here(n, gtid)]:
             self._actions(now, rep.outcome(now, None, name, gtid, decision))
 
     def _remember(self, gtid: str, decision: str) -> None:
@@ -403,6 +404,10 @@ class ReplicationHost:
     def _resolved(self, now: float, name: str, txid: str, decision: str) -> None:
         """P's prepared record of ``txid`` gets its outcome: a record, and the store's copy."""
         writes = self.machine.data.prepared_of(name).get(txid)
+        if writes is not None:
+            # A copy: the outcome's first part may be applied at once, and a part takes its
+            # writes out of the prepared record (data.py) -- the store needs them all.
+            writes = dict(writes)
         self.dirty = True
         self._actions(now, self.machine.outcome(now, None, name, txid, decision))
         self.runtime.resolved(name, txid, writes, decision == OUTCOME_COMMIT)

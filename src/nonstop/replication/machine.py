@@ -292,6 +292,22 @@ class ReplicationMachine:
         step = Deferred(NOOP, None, {}, None, ref, last=True)
         return self._record(now, partition, None, [step])
 
+    def making(self, partition: str) -> bool:
+        """Has ``partition`` records asked for and not made yet (``step_writes``)?  Until
+        they are, :attr:`data` does not show them: a caller that computes a write from it
+        (the simulator's store) must wait."""
+        stream = self.streams.get(partition)
+        return stream is not None and bool(stream.deferred)
+
+    def prepared_here(self, partition: str, txid: str) -> bool:
+        """Is ``txid`` prepared in ``partition`` here, made or still to make?"""
+        if txid in self.data.prepared_of(partition):
+            return True
+        stream = self.streams.get(partition)
+        return stream is not None and any(
+            d.txid == txid and d.kind == PREPARE for d in stream.deferred
+        )
+
     def hold(self, txid: str, partitions: Iterable[str]) -> list[Any]:
         """Hold ``txid``'s acknowledgement until every copy of ``partitions`` that may be
         promoted holds its outcome (module doc); call it before the outcome is applied."""
