@@ -341,13 +341,20 @@ class ReplicationHost:
         rep = self.machine
         if (rep.streams_started, len(self.loaded)) == self._streams_seen:
             return  # no stream started, no failed load forgotten (``loaded``) since
+        waiting = False
         for name, stream in sorted(rep.streams.items()):
             if self.loaded.get(name) == stream.stream_id:
+                continue
+            if rep.making(name):
+                # Records of P still to make (an outcome resolved at the stream's start,
+                # step_writes): the copy shows them only once made -- hand it over then.
+                waiting = True
                 continue
             self.loaded[name] = stream.stream_id
             values, prepared = rep.data.values(name), rep.data.prepared_of(name)
             self.runtime.load_copy(name, stream.stream_id, values, prepared)
-        self._streams_seen = (rep.streams_started, len(self.loaded))
+        if not waiting:
+            self._streams_seen = (rep.streams_started, len(self.loaded))
 
     def _resolve(self, now: float, action: Resolve) -> None:
         self._resolving.setdefault(action.txid, set()).add(action.partition)
