@@ -13,7 +13,8 @@ import random
 from typing import Any
 
 from nonstop.replication import PartitionView, ReplicationConfig, ReplicationMachine
-from nonstop.runtime.interface import Persist, Persisted, Received, Send
+from nonstop.replication.machine import SLICE
+from nonstop.runtime.interface import Persist, Persisted, Received, Send, SetTimer, TimerFired
 from nonstop.sim.core import decode, encode
 
 P = "P"
@@ -88,6 +89,15 @@ class Node:
         wire = decode(encode(payload))
         return self.take(self.machine.handle(Received(self.now, sender, wire)))
 
+    def slices(self) -> int:
+        """Fire the ``rep.slice`` timers set so far (the next step of deferred records);
+        returns how many."""
+        timers = [a for a in self.out if isinstance(a, SetTimer) and a.name == SLICE]
+        self.out = [a for a in self.out if not any(a is t for t in timers)]
+        for _ in timers:
+            self.take(self.machine.handle(TimerFired(self.now, SLICE)))
+        return len(timers)
+
     def of(self, cls: type) -> list[Any]:
         """Take the actions of type ``cls`` emitted so far."""
         picked = [a for a in self.out if isinstance(a, cls)]
@@ -108,6 +118,7 @@ def settle(*nodes: Node, rounds: int = 20) -> None:
     for _ in range(rounds):
         moved = 0
         for node in nodes:
+            moved += node.slices()
             node.sync()
         for src in nodes:
             for dst in nodes:

@@ -32,3 +32,18 @@ def test_release_soon_waits_for_the_next_loop_turn() -> None:
     gc_hold.hold()
     gc_hold.release_soon()  # no running loop: at once
     assert gc.isenabled() and gc_hold.holds() == 0
+
+
+def test_what_was_allocated_under_a_hold_is_not_left_to_one_young_collection() -> None:
+    # Under a hold the youngest generation grows with every allocation; released as is,
+    # the next collection would examine all of it in one step (0.5-0.6 s after a large
+    # swap, data-path.md §6.8).  The release moves it to the oldest generation first.
+    gc.collect()
+    gc_hold.hold()
+    kept = [[i] for i in range(200_000)]
+    assert gc.get_count()[0] >= 200_000
+    gc_hold.release()
+    assert gc.isenabled()
+    assert gc.get_count()[0] < 1000, "the young generation starts empty again"
+    assert gc.get_freeze_count() == 0, "nothing left frozen: a full collection sees them"
+    del kept

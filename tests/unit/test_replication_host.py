@@ -10,9 +10,12 @@ from typing import Any
 
 from nonstop import errors
 from nonstop.dtx.decisions import DECIDED, PROPOSE
+from nonstop.net import plain
 from nonstop.replication import PartitionView, ReplicationMachine
+from nonstop.replication.data import K_PREPARED
 from nonstop.replication.host import Refusal, ReplicationHost
-from nonstop.runtime.interface import Persist, Persisted
+from nonstop.replication.machine import SLICE
+from nonstop.runtime.interface import Persist, Persisted, TimerFired
 
 ME = "A"
 WRITES = {"00" * 20: ["T", 1, {"x": 1}]}
@@ -109,3 +112,62 @@ def test_a_commit_over_two_partitions_is_decided_in_the_log_and_proposed_again()
     assert runtime.asked == [proposal, proposal], "an unanswered proposal is sent again"
     host.decision(1.6, {"t": DECIDED, "g": proposal["g"], "o": "commit"})
     assert answers == [None]
+
+
+class ResolvingRuntime(FakeRuntime):
+    def __init__(self) -> None:
+        super().__init__()
+        self.installed: dict[str, dict[str, Any]] = {}
+
+    def resolved(
+        self, name: str, txid: str, writes: Mapping[str, Any] | None, commit: bool
+    ) -> None:
+        if writes is not None and commit:
+            self.installed[txid] = dict(writes)  # (the real node copies it here too)
+
+
+def test_a_large_prepared_record_resolved_at_promotion_reaches_the_store_whole() -> None:
+    # 3,000 writes: its commit outcome goes in parts of 1,000, two made in the event that
+    # resolves it -- each takes its writes out of the copy's prepared record (data.py).
+    writes = {f"{i:040x}": ["T", 1, {"x": i}] for i in range(3000)}
+    disk = {K_PREPARED + b"P1\0g1": plain.pack(writes)}
+    runtime = ResolvingRuntime()
+    machine = ReplicationMachine(ME, random.Random(1), disk)
+    host = ReplicationHost(machine, runtime, first_local_txid=0, propose_again=lambda: 1.0)
+    host.settle(0.0, {n: view(n) for n in ("P1", "P2")}, ["P1"])
+    assert any(a.get("g") == "g1" for a in runtime.asked), "resolved from the decision log"
+    host.decision(0.1, {"t": DECIDED, "g": "g1", "o": "commit"})
+    assert machine.making("P1"), "the outcome's last part is still to make"
+    assert runtime.installed["g1"] == writes, "every write of the record goes to the store"
+
+
+class KnownRuntime(ResolvingRuntime):
+    """This node's participant applied the commit before a restart (its tombstone)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.copies: list[tuple[dict[str, Any], dict[str, Any]]] = []
+
+    def tomb(self, gtid: str) -> str | None:
+        return "commit"
+
+    def load_copy(
+        self, name: str, stream_id: int, values: Mapping[str, Any], prepared: Mapping[str, Any]
+    ) -> None:
+        super().load_copy(name, stream_id, values, prepared)
+        self.copies.append((dict(values), dict(prepared)))
+
+
+def test_the_store_takes_the_copy_only_once_the_outcomes_resolved_at_the_start_are_made() -> None:
+    writes = {f"{i:040x}": ["T", 1, {"x": i}] for i in range(3000)}
+    disk = {K_PREPARED + b"P1\0g1": plain.pack(writes)}
+    runtime = KnownRuntime()
+    machine = ReplicationMachine(ME, random.Random(1), disk)
+    host = ReplicationHost(machine, runtime, first_local_txid=0, propose_again=lambda: 1.0)
+    host.settle(0.0, {n: view(n) for n in ("P1", "P2")}, ["P1"])
+    assert machine.making("P1") and runtime.loaded == [], "not before its outcome is made"
+    host.handle(TimerFired(0.0, SLICE))  # the next turn of the loop
+    host.settle(0.0, machine.views, machine.acting)
+    assert runtime.loaded == ["P1"]
+    ((values, prepared),) = runtime.copies
+    assert values == writes and prepared == {}, "the copy with the commit applied"

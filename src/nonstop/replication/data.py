@@ -35,6 +35,7 @@ from nonstop.replication.records import (
     MORE,
     OUTCOME,
     OUTCOME_COMMIT,
+    OUTCOME_PART,
     PREPARE,
     RESET,
     Head,
@@ -141,7 +142,16 @@ class PartitionData:
             out.append(self._prepare(partition, record.txid, record.writes, record.extra != MORE))
         elif kind == OUTCOME and record.txid is not None:
             writes = self.prepared.get(partition, {}).get(record.txid)
-            if writes is not None:
+            if writes is not None and record.extra == OUTCOME_PART:
+                # Some writes of a committed prepared record: applied now and taken out of
+                # the record in memory (the rest follows).  The record stays on the disk
+                # whole until the last outcome record: after a restart its writes already
+                # applied are applied again, with the same values (nothing else writes
+                # them in between: the active node appends nothing else to P meanwhile).
+                out += self._write(
+                    partition, {k: writes.pop(k) for k in record.writes if k in writes}
+                )
+            elif writes is not None:
                 out += self._forget_prepared(partition, record.txid)
                 if record.extra == OUTCOME_COMMIT:
                     out += self._write(partition, writes)

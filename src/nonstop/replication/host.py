@@ -296,7 +296,7 @@ class ReplicationHost:
         self._remember(txid, decision)
         rep = self.machine
         for name in deciding.names:
-            if txid in rep.data.prepared_of(name):
+            if rep.prepared_here(name, txid):
                 self.dirty = True
                 self._actions(now, rep.outcome(now, None, name, txid, decision))
         if decision == OUTCOME_COMMIT:
@@ -321,7 +321,8 @@ class ReplicationHost:
         parts |= {name for name, held in rep.data.prepared.items() if gtid in held}
         self._actions(now, rep.hold(gtid, sorted(parts)))
         self.dirty = True
-        for name in [n for n in sorted(rep.streams) if gtid in rep.data.prepared_of(n)]:
+        # (a prepared record whose parts are still to make gets its outcome behind them)
+        for name in [n for n in sorted(rep.streams) if rep.prepared_here(n, gtid)]:
             self._actions(now, rep.outcome(now, None, name, gtid, decision))
 
     def _remember(self, gtid: str, decision: str) -> None:
@@ -340,13 +341,20 @@ class ReplicationHost:
         rep = self.machine
         if (rep.streams_started, len(self.loaded)) == self._streams_seen:
             return  # no stream started, no failed load forgotten (``loaded``) since
+        waiting = False
         for name, stream in sorted(rep.streams.items()):
             if self.loaded.get(name) == stream.stream_id:
+                continue
+            if rep.making(name):
+                # Records of P still to make (an outcome resolved at the stream's start,
+                # step_writes): the copy shows them only once made -- hand it over then.
+                waiting = True
                 continue
             self.loaded[name] = stream.stream_id
             values, prepared = rep.data.values(name), rep.data.prepared_of(name)
             self.runtime.load_copy(name, stream.stream_id, values, prepared)
-        self._streams_seen = (rep.streams_started, len(self.loaded))
+        if not waiting:
+            self._streams_seen = (rep.streams_started, len(self.loaded))
 
     def _resolve(self, now: float, action: Resolve) -> None:
         self._resolving.setdefault(action.txid, set()).add(action.partition)
@@ -403,6 +411,10 @@ class ReplicationHost:
     def _resolved(self, now: float, name: str, txid: str, decision: str) -> None:
         """P's prepared record of ``txid`` gets its outcome: a record, and the store's copy."""
         writes = self.machine.data.prepared_of(name).get(txid)
+        if writes is not None:
+            # A copy: the outcome's first part may be applied at once, and a part takes its
+            # writes out of the prepared record (data.py) -- the store needs them all.
+            writes = dict(writes)
         self.dirty = True
         self._actions(now, self.machine.outcome(now, None, name, txid, decision))
         self.runtime.resolved(name, txid, writes, decision == OUTCOME_COMMIT)

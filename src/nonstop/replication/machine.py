@@ -75,6 +75,7 @@ from nonstop.replication.records import (
     OUTCOME,
     OUTCOME_ABORT,
     OUTCOME_COMMIT,
+    OUTCOME_PART,
     PREPARE,
     RESET,
     Head,
@@ -83,7 +84,7 @@ from nonstop.replication.records import (
     record_from_wire,
 )
 from nonstop.replication.replica import DIVERGED, OK, STATUSES, ReplicaSide
-from nonstop.replication.stream import Peer, Stream
+from nonstop.replication.stream import Deferred, Peer, Stream
 from nonstop.replication.view import PartitionView
 from nonstop.runtime.interface import (
     Event,
@@ -101,6 +102,8 @@ from nonstop.runtime.interface import (
 REP = "rep.rep"
 ACK = "rep.ack"
 TICK = "rep.tick"
+SLICE = "rep.slice"
+"""Timer (zero delay) of the next step of records made across events (replication.md §4a)."""
 PREFIX = "rep."
 RELEASED = "rep.released"
 """``Notify`` kind: a held txid may be acknowledged now (``{"g": txid}``)."""
@@ -126,6 +129,13 @@ class ReplicationConfig:
     """A prepared write set larger than this goes as several ``prepare`` records (parts) of
     at most this many writes each: no record, and so no step that applies or decodes one,
     scales with a transaction's size (replication.md §4a)."""
+    step_writes: int = 2000
+    """The writes of records the active node makes (applies, packs, persists) per event,
+    over all its partitions; records beyond wait, in order, for the next events, on a
+    zero-delay timer (``rep.slice``): no step scales with a transaction's size -- nor with
+    how many partitions it writes -- on the active node either (replication.md §4a, "Steps
+    across events").  The record that exhausts it is made whole (a part: at most
+    ``record_writes``)."""
     message_writes: int = 4000
     """The writes one ``rep`` message carries at most (but always one record): the rest of
     a backlog goes in the next flushes, so a replica decodes and applies a bounded amount
@@ -185,6 +195,12 @@ class ReplicationMachine:
         """P -> {txid: when a prepared record of P was last resolved or first seen}, per
         partition so that the sweep after every event costs what P holds, not every P's."""
         self._tick_armed = False
+        self._slice_armed = False
+        self._sliced_last = ""
+        """The partition whose deferred records were made last (the next ``rep.slice``
+        starts with the partition after it: every stream gets its turn)."""
+        self._budget = self.config.step_writes
+        """The writes this event may still make (``step_writes``; renewed by each event)."""
         self._touched: set[str] = set()
         """Partitions whose stream or copy an event changed since the last ``on_table``:
         between sweeps only they are looked at (completion, flush, holds, pruning)."""
@@ -220,7 +236,10 @@ class ReplicationMachine:
         """Replicate a one-phase commit or a prepared record of ``partition`` at ``epoch``."""
         if kind not in (COMMIT, PREPARE) or not isinstance(writes, Mapping):
             return [Failed(ref, partition, BAD_REQUEST)]
-        if not all(isinstance(k, str) for k in writes) or (kind == PREPARE and not txid):
+        # (the keys' types, not each key: one C pass over a write set of 100,000s)
+        if not all(issubclass(t, str) for t in set(map(type, writes))) or (
+            kind == PREPARE and not txid
+        ):
             return [Failed(ref, partition, BAD_REQUEST)]
         size = max(1, self.config.record_writes)
         if kind == PREPARE and len(writes) > size:
@@ -228,9 +247,12 @@ class ReplicationMachine:
             # part is durable on every in-sync replica (I3), so a yes vote still means the
             # whole prepared record is on every copy that may be promoted.
             items = list(writes.items())
-            parts = [dict(items[i : i + size]) for i in range(0, len(items), size)]
-            return self._record(now, ref, partition, epoch, kind, txid, parts[-1], None, parts[:-1])
-        return self._record(now, ref, partition, epoch, kind, txid, dict(writes), None)
+            spans = [(i, min(i + size, len(items))) for i in range(0, len(items), size)]
+            steps = [Deferred(PREPARE, txid, {}, MORE, items=items, span=s) for s in spans]
+            steps[-1] = Deferred(PREPARE, txid, {}, None, ref, True, items, spans[-1])
+            return self._record(now, partition, epoch, steps)
+        step = Deferred(kind, txid, dict(writes), None, ref, last=True)
+        return self._record(now, partition, epoch, [step])
 
     def outcome(self, now: float, ref: Any, partition: str, txid: str, outcome: str) -> list[Any]:
         """Replicate ``txid``'s outcome: its prepared record is applied or dropped everywhere."""
@@ -239,11 +261,52 @@ class ReplicationMachine:
         # An outcome goes into the stream even while the lease is not held for a moment: the
         # prepared record's locks end with it, and a later record writing the same objects
         # must come after it (I4).  Only completion needs the node to act.
-        return self._record(now, ref, partition, None, OUTCOME, txid, {}, outcome, acting=False)
+        final = Deferred(OUTCOME, txid, {}, outcome, ref, last=True)
+        steps = self._outcome_steps(partition, final)
+        return self._record(now, partition, None, steps, acting=False)
+
+    def _outcome_steps(self, partition: str, final: Deferred) -> list[Deferred]:
+        """The records of an outcome: the commit of a prepared record larger than
+        ``record_writes`` goes as ``part`` records of that many of its writes (named by
+        key), then the outcome applying the rest (replication.md §4a)."""
+        stream = self.streams.get(partition)
+        txid = final.txid
+        writes = self.data.prepared_of(partition).get(txid or "")
+        size = max(1, self.config.record_writes)
+        if final.extra != OUTCOME_COMMIT or writes is None or len(writes) <= size:
+            return [final]
+        if stream is not None and any(d.txid == txid for d in stream.deferred):
+            # Its prepared record not all made yet (or its outcome already on the way): the
+            # outcome follows it whole, as before.
+            return [final]
+        keys = list(writes)
+        cut = (len(keys) - 1) // size * size
+        parts = [
+            Deferred(OUTCOME, txid, dict.fromkeys(keys[i : i + size]), OUTCOME_PART)
+            for i in range(0, cut, size)
+        ]
+        return [*parts, final]
 
     def noop(self, now: float, ref: Any, partition: str) -> list[Any]:
         """Complete once every in-sync replica holds everything this node holds of P."""
-        return self._record(now, ref, partition, None, NOOP, None, {}, None)
+        step = Deferred(NOOP, None, {}, None, ref, last=True)
+        return self._record(now, partition, None, [step])
+
+    def making(self, partition: str) -> bool:
+        """Has ``partition`` records asked for and not made yet (``step_writes``)?  Until
+        they are, :attr:`data` does not show them: a caller that computes a write from it
+        (the simulator's store) must wait."""
+        stream = self.streams.get(partition)
+        return stream is not None and bool(stream.deferred)
+
+    def prepared_here(self, partition: str, txid: str) -> bool:
+        """Is ``txid`` prepared in ``partition`` here, made or still to make?"""
+        if txid in self.data.prepared_of(partition):
+            return True
+        stream = self.streams.get(partition)
+        return stream is not None and any(
+            d.txid == txid and d.kind == PREPARE for d in stream.deferred
+        )
 
     def hold(self, txid: str, partitions: Iterable[str]) -> list[Any]:
         """Hold ``txid``'s acknowledgement until every copy of ``partitions`` that may be
@@ -352,11 +415,13 @@ class ReplicationMachine:
         if self.holds.held and (full or self._touched):
             actions += self._settle_holds(None if full else self._touched)
         self._touched = set()
+        self._budget = self.config.step_writes  # (the event ends here)
         return actions
 
     # ------------------------------------------------------------ runtime events
     def handle(self, event: Event) -> list[Any]:
         now = event.now
+        self._budget = self.config.step_writes
         self.now = max(self.now, now)
         actions: list[Any] = []
         if isinstance(event, Received):
@@ -368,6 +433,9 @@ class ReplicationMachine:
                 self._on_ack(now, event.sender, payload)
             else:
                 return [Log("warning", f"replication: unknown message from {event.sender}")]
+        elif isinstance(event, TimerFired) and event.name == SLICE:
+            self._slice_armed = False
+            actions = self._slice()
         elif isinstance(event, TimerFired) and event.name == TICK:
             self._tick_armed = False
             self._touched.update(self.streams)
@@ -385,17 +453,14 @@ class ReplicationMachine:
     def _record(
         self,
         now: float,
-        ref: Any,
         partition: str,
         epoch: int | None,
-        kind: str,
-        txid: str | None,
-        writes: dict[str, Any],
-        extra: str | None,
-        before: list[dict[str, Any]] | None = None,
+        steps: list[Deferred],
         *,
         acting: bool = True,
     ) -> list[Any]:
+        """Make the records ``steps`` of a caller (its ``ref`` on the last), or refuse them."""
+        ref, kind = steps[-1].ref, steps[-1].kind
         view = self.views.get(partition)
         if view is None:
             return [Failed(ref, partition, BAD_REQUEST)]
@@ -417,11 +482,42 @@ class ReplicationMachine:
                     # Caught up until now: its silence (D12) starts with this record, not with
                     # its last acknowledgement.
                     peer.progress_at = now
+        # Behind the records still to make, if any (I4: the stream's order is the callers'),
+        # then as many as this event may still make; the rest at the next ``rep.slice``.
+        stream.deferred.extend(steps)
+        return self._make(stream)
+
+    def _make(self, stream: Stream) -> list[Any]:
+        """Make the stream's deferred records, in order, while this event's budget of
+        writes (``step_writes``) lasts; the record that exhausts it is made whole."""
         actions: list[Any] = []
-        for part in before or ():  # a prepared write set's parts but its last
-            actions += self._append(stream, kind, txid=txid, writes=part, extra=MORE)
-        actions += self._append(stream, kind, txid=txid, writes=writes, extra=extra)
-        stream.pending.append((stream.last, ref))
+        deferred = stream.deferred
+        if deferred and self._budget > 0:
+            self._sliced_last = stream.partition  # (the next slice starts after it)
+        while deferred and self._budget > 0:
+            step = deferred.popleft()
+            weight = step.weight()
+            if step.kind == OUTCOME and step.extra == OUTCOME_COMMIT:
+                weight = len(self.data.prepared_of(stream.partition).get(step.txid or "", ()))
+            self._budget -= max(1, weight)
+            writes = step.made_writes()
+            actions += self._append(
+                stream, step.kind, txid=step.txid, writes=writes, extra=step.extra
+            )
+            if step.last:
+                stream.pending.append((stream.last, step.ref))
+        return actions
+
+    def _slice(self) -> list[Any]:
+        """``rep.slice``: deferred records, one event's worth, a partition after the other
+        from where the last slice stopped (every stream gets its turn)."""
+        actions: list[Any] = []
+        while self._budget > 0:
+            names = sorted(n for n, s in self.streams.items() if s.deferred)
+            if not names:
+                break
+            name = next((n for n in names if n > self._sliced_last), names[0])
+            actions += self._make(self.streams[name])
         return actions
 
     def _append(
@@ -465,7 +561,8 @@ class ReplicationMachine:
     def _end_stream(self, name: str, view: PartitionView | None) -> list[Any]:
         stream = self.streams.pop(name)
         active = view.active if view is not None else None
-        return [Failed(ref, name, NOT_ACTIVE, active) for _, ref in stream.pending]
+        refs = [ref for _, ref in stream.pending] + [d.ref for d in stream.deferred if d.last]
+        return [Failed(ref, name, NOT_ACTIVE, active) for ref in refs]
 
     def _sync_peers(self, now: float, stream: Stream, view: PartitionView) -> list[Any]:
         """Make the stream's peers the epoch's replicas; start copies to copying nodes."""
@@ -598,7 +695,12 @@ class ReplicationMachine:
             seen = self._prepared_seen[name] = {}
         for txid in [t for t in seen if t not in prepared]:
             del seen[txid]  # resolved since
+        stream = self.streams.get(name)
+        coming = {d.txid for d in stream.deferred if d.kind == OUTCOME} if stream else set()
         for txid in sorted(prepared):
+            if txid in coming:
+                seen[txid] = now  # its outcome is being made
+                continue
             at = seen.setdefault(txid, now)
             if now - at >= self.config.resolve_after:
                 seen[txid] = now
@@ -671,6 +773,9 @@ class ReplicationMachine:
         ):
             self._tick_armed = True
             actions.append(SetTimer(TICK, self.config.resend))
+        if not self._slice_armed and any(s.deferred for s in self.streams.values()):
+            self._slice_armed = True
+            actions.append(SetTimer(SLICE, 0.0))
         return actions
 
     def _on_ack(self, now: float, sender: NodeId, payload: dict[str, Any]) -> None:
@@ -759,7 +864,12 @@ class ReplicationMachine:
     def status(self) -> dict[str, Any]:
         return {
             "streams": {
-                n: {"epoch": s.epoch, "last": s.last, "pending": len(s.pending)}
+                n: {
+                    "epoch": s.epoch,
+                    "last": s.last,
+                    "pending": len(s.pending),
+                    "deferred": len(s.deferred),
+                }
                 for n, s in self.streams.items()
             },
             "heads": {n: list(h) for n, h in self.data.heads.items()},
@@ -790,6 +900,7 @@ __all__ = [
     "PREFIX",
     "RELEASED",
     "REP",
+    "SLICE",
     "TICK",
     "ReplicationConfig",
     "ReplicationMachine",

@@ -15,7 +15,11 @@ Kinds:
   but the last has ``extra`` = ``more``.  A copy holds the prepared record
   *whole* once its last part is applied (``data.py``);
 * ``outcome`` -- ``txid``'s outcome (``extra`` = ``commit`` | ``abort``): a
-  prepared record is applied (commit) or dropped, then forgotten;
+  prepared record is applied (commit) or dropped, then forgotten.  The commit of
+  a large prepared record goes as several ``outcome`` records: every one but the
+  last has ``extra`` = ``part`` and names in ``writes`` (its keys, values None)
+  the writes of the prepared record it applies now; the last (``commit``)
+  applies what is left and forgets the record (replication.md §4a);
 * ``noop`` -- nothing; an active node that must make sure its replicas are
   where it is (an answer from state it did not write itself) sends one;
 * ``reset`` -- for ``extra`` = the target node only: the start of a restore
@@ -54,6 +58,9 @@ MORE = "more"
 
 OUTCOME_COMMIT = "commit"
 OUTCOME_ABORT = "abort"
+OUTCOME_PART = "part"
+"""``extra`` of an ``outcome`` record that applies some writes of a committed prepared record
+(the keys in its ``writes``) and keeps the rest for the records that follow (module doc)."""
 
 Head = tuple[int, int]
 """A place in a partition's history: (stream id, seq).  ``(0, 0)``: nothing yet."""
@@ -94,7 +101,7 @@ def record_from_wire(raw: Any) -> Record | None:
         return None
     if kind in (PREPARE, OUTCOME) and txid is None:
         return None
-    if kind == OUTCOME and extra not in (OUTCOME_COMMIT, OUTCOME_ABORT):
+    if kind == OUTCOME and extra not in (OUTCOME_COMMIT, OUTCOME_ABORT, OUTCOME_PART):
         return None
     if kind == PREPARE and extra not in (None, MORE):
         return None
@@ -125,6 +132,7 @@ __all__ = [
     "OUTCOME",
     "OUTCOME_ABORT",
     "OUTCOME_COMMIT",
+    "OUTCOME_PART",
     "PREPARE",
     "RESET",
     "Head",

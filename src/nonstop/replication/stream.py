@@ -48,6 +48,31 @@ class Peer:
         return self.copy_reset is not None and not self.copy_keys and self.acked >= self.copy_last
 
 
+@dataclass(frozen=True, slots=True)
+class Deferred:
+    """A record to make later (:attr:`Stream.deferred`); ``last``: the caller's ``ref``
+    waits for it (the last record of its write set or outcome)."""
+
+    kind: str
+    txid: str | None
+    writes: dict[str, Any]
+    extra: str | None
+    ref: Any = None
+    last: bool = False
+    items: list[tuple[str, Any]] | None = None
+    """If set, the record's writes are ``items[start:stop]`` (``span``), made into a dict
+    only when the record is made: a large write set is not copied part by part at once."""
+    span: tuple[int, int] = (0, 0)
+
+    def weight(self) -> int:
+        return self.span[1] - self.span[0] if self.items is not None else len(self.writes)
+
+    def made_writes(self) -> dict[str, Any]:
+        if self.items is None:
+            return self.writes
+        return dict(self.items[self.span[0] : self.span[1]])
+
+
 @dataclass(slots=True)
 class Stream:
     """One partition's records in this active node's order (module doc)."""
@@ -67,15 +92,25 @@ class Stream:
     """The highest seq completed (durable here and on every in-sync sync replica, I3)."""
     pruned: int = 0
     """Every record up to this seq has been forgotten (:meth:`prune`)."""
+    deferred: deque[Deferred] = field(default_factory=deque)
+    """Records of a large prepared write set or outcome not made yet: made a bounded
+    number of writes per event, in this order, before any other record of the partition
+    (replication.md §4a, "Steps across events")."""
     drain_since: float | None = None
     """When a node this one hands the partition over to finished its copy (None: no
     handover ahead): from then on no new commit or prepare is taken (replication.md §10e)."""
 
     def drained(self) -> bool:
-        """Every caller's record completed and every peer holds every record (but a node
-        whose copy is still running: the new active node copies to it again)."""
-        return not self.pending and all(
-            p.acked >= self.last for p in self.peers.values() if p.copy_finished() or not p.copying
+        """Every caller's record made and completed, and every peer holds every record (but
+        a node whose copy is still running: the new active node copies to it again)."""
+        return (
+            not self.pending
+            and not self.deferred
+            and all(
+                p.acked >= self.last
+                for p in self.peers.values()
+                if p.copy_finished() or not p.copying
+            )
         )
 
     @property
@@ -109,4 +144,4 @@ class Stream:
         return all(s in self.log for s in range(acked + 1, self.next_seq))
 
 
-__all__ = ["Peer", "Stream"]
+__all__ = ["Deferred", "Peer", "Stream"]

@@ -73,6 +73,10 @@ class LoopLagMonitor:
         self.gc_worst = [0.0, 0.0, 0.0]
         """The longest collection of each generation."""
         self._gc_started = 0.0
+        self._gc_generation = -1
+        """The generation being collected now (-1: none): the stack watchdog names it."""
+        self._gc_last = (-1, 0.0, 0.0)
+        """(generation, seconds, when it ended) of the last collection (the watchdog's)."""
         self._woke = clock()
         """When the loop last ran this monitor (read by the stack watchdog's thread)."""
         self._watchdog: threading.Thread | None = None
@@ -154,11 +158,15 @@ class LoopLagMonitor:
     def _on_gc(self, phase: str, info: dict[str, int]) -> None:
         # A collection of many live objects holds the loop as any long step does; its
         # time is kept apart so a lag can be told from a collection.
+        generation = min(max(int(info.get("generation", 0)), 0), 2)
         if phase == "start":
             self._gc_started = time.perf_counter()
+            self._gc_generation = generation
             return
-        took = time.perf_counter() - self._gc_started
-        generation = min(max(int(info.get("generation", 0)), 0), 2)
+        self._gc_generation = -1
+        ended = time.perf_counter()
+        took = ended - self._gc_started
+        self._gc_last = (generation, took, ended)
         self.gc_seconds[generation] += took
         self.gc_worst[generation] = max(self.gc_worst[generation], took)
 
@@ -167,7 +175,8 @@ class LoopLagMonitor:
 
         A thread looks every ``interval`` at when the loop last woke this monitor;
         when that is over ``warn_after`` ago it logs the loop thread's current stack
-        (once per blocked stretch): the step that blocks, named.  Off unless asked
+        (once per blocked stretch), and the innermost frames of every other thread (one
+        of them may hold the GIL): the step that blocks, named.  Off unless asked
         for (the node's environment ``NONSTOP_LOOP_STACKS=<seconds>``): it costs a
         thread waking 20 times a second.
         """
@@ -191,7 +200,28 @@ class LoopLagMonitor:
                 continue
             reported = woke
             stack = "".join(traceback.format_stack(frame, limit=25))
-            log.warning("event loop busy for %.3f s so far, in:\n%s", self._clock() - woke, stack)
+            others = "".join(
+                f"thread {ident} ({names.get(ident, '?')}):\n"
+                + "".join(traceback.format_stack(f, limit=6))
+                for ident, f in sys._current_frames().items()
+                if ident not in (loop_thread, threading.get_ident())
+                for names in [{t.ident: t.name for t in threading.enumerate()}]
+            )
+            collecting = self._gc_generation
+            last, took, ended = self._gc_last
+            gc_now = (
+                f" (the GC collecting generation {collecting})"
+                if collecting >= 0
+                else f" (the last GC: generation {last}, {took:.3f} s, ended "
+                f"{time.perf_counter() - ended:.3f} s ago)"
+            )
+            log.warning(
+                "event loop busy for %.3f s so far%s, in:\n%s\nother threads (innermost 6):\n%s",
+                self._clock() - woke,
+                gc_now,
+                stack,
+                others,
+            )
 
 
 __all__ = ["LAG_BOUNDS", "LoopLagMonitor"]

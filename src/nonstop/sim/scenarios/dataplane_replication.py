@@ -85,6 +85,9 @@ SIM_REPLICATION = ReplicationConfig(
     # made prepared records, and messages cut short (replication.md §4a).
     record_writes=2,
     message_writes=4,
+    # Two writes made per event: larger prepared records and outcomes go across events
+    # (``rep.slice``), other records of the partition queued behind (§4a).
+    step_writes=2,
 )
 """The machine's timings scaled to the simulator (replication.md §8)."""
 

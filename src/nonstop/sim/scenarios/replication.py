@@ -111,6 +111,9 @@ class ReplicationScenarioConfig:
             # the seeds run the parts and the bounded messages (replication.md §4a).
             record_writes=1,
             message_writes=2,
+            # One write made per event: every such record and every outcome of one goes
+            # across events (``rep.slice``), other records queued behind (§4a).
+            step_writes=1,
         )
     )
     mutant: str | None = None

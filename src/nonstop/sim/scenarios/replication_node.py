@@ -201,6 +201,11 @@ class ReplicatedNode(HaClusterNode):
         request_id = payload.get("rid")
         if not isinstance(key, str) or not isinstance(request_id, str) or key.startswith("r:"):
             return [Reply(rid, {"error": "BadRequest"})]
+        if rep.making(partition):
+            # Records of P asked for and not made yet (step_writes): its data does not show
+            # them, and this write is computed from it -- retry (a real node computes from
+            # its store, under the locks).
+            return [Reply(rid, {"error": "Locked"})]
         values = rep.data.values(partition)
         prepared = rep.data.prepared_of(partition)
         # A prepared record that lacks its last part (it came in parts and its sender died)
