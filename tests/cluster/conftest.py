@@ -265,6 +265,26 @@ def run_cli(*args: str, timeout: float = 60) -> tuple[int, str, str]:
     return proc.returncode, proc.stdout, proc.stderr
 
 
+def run_cli_here(*args: str) -> tuple[int, str, str]:
+    """``nonstop ARGS`` in this process: the CLI's own code path (its commands print and
+    exit the same; each reports its errors itself, ``fail``), without the Python start-up
+    of about a second a process costs.  For the tests of what a command does; the CLI as
+    a process of its own (``run_cli``) is tests/cluster/test_cli.py's business.  The
+    environment is put back afterwards: ``--credentials FILE`` sets the process's
+    ``$NONSTOP_CREDENTIALS``, as it should for the command's one process."""
+    from click.testing import CliRunner
+
+    from nonstop.admin.cli import cli
+
+    saved = dict(os.environ)
+    try:
+        result = CliRunner().invoke(cli, list(args))
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return result.exit_code, result.stdout, result.stderr
+
+
 def kill_dir_nodes(folder: Path) -> None:
     """SIGKILL every node whose pid file lies under ``folder`` (test cleanup)."""
     for pid_file in folder.glob("**/node.pid"):

@@ -24,7 +24,9 @@ from nonstop.admin.cli import cli
 from nonstop.admin.registered import cli_path
 from nonstop.client.credentials import load_credentials
 from nonstop.commands.registry import load_all
-from tests.cluster.conftest import REAL_CLUSTER, Procs, app_cluster, run_cli, wait_until
+from tests.cluster.conftest import REAL_CLUSTER, Procs, app_cluster, wait_until
+from tests.cluster.conftest import run_cli as run_cli_process
+from tests.cluster.conftest import run_cli_here as run_cli
 
 pytestmark = [
     pytest.mark.timeout(240),
@@ -301,7 +303,7 @@ def test_admin_port_is_https_when_the_node_has_tls(folder: Path, tmp_path: Path)
 
     tls = make_certs(tmp_path)
     option = json.dumps({"cert": tls.cert, "key": tls.key, "ca": tls.ca})
-    code, _, err = run_cli(
+    code, _, err = run_cli_process(
         "local", "up", "-n", "1", "--dir", str(folder), "--option", f"tls={option}"
     )
     assert code == 0, err

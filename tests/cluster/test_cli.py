@@ -229,11 +229,13 @@ def test_local_and_membership_commands(folder: Path, monkeypatch: pytest.MonkeyP
     assert code == 0 and "stopped: B" in out, err
 
     def b_down() -> bool:
+        # A's view first (in this process): the CLI's, a process start each, once it holds.
+        with nonstop.Client([layout["nodes"][0]["listen"]], timeout=2, rounds=1) as a:
+            if "B" in a.status()["live"]:
+                return False
         code, out, _ = run_cli("cluster", "status", "--json", *d)
         b = next(n for n in json.loads(out)["nodes"] if n["name"] == "B")
-        with nonstop.Client([layout["nodes"][0]["listen"]], timeout=2, rounds=1) as a:
-            live = a.status()["live"]
-        return code == 0 and b["state"] == "Down" and b["pid"] is None and "B" not in live
+        return code == 0 and b["state"] == "Down" and b["pid"] is None
 
     wait_until(b_down, 20, "B seen Down")
     code, _, err = run_cli("cluster", "remove", "A", *d)

@@ -14,9 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner
 
-from nonstop.admin.cli import cli
 from nonstop.admin.local import LocalError
 from nonstop.client import Client
 from nonstop.errors import AuthenticationFailed, NotAuthorized
@@ -24,17 +22,12 @@ from nonstop.net.auth import Password, make_verifier
 from nonstop.node.datadir import pid_alive
 from nonstop.node.log_events import read_events
 from tests.cluster.conftest import REAL_CLUSTER, Procs, app_cluster, wait_until
+from tests.cluster.conftest import run_cli_here as run_cli
 
 pytestmark = [
     pytest.mark.timeout(150),
     pytest.mark.skipif(not REAL_CLUSTER, reason="the configuration table is the real node's"),
 ]
-
-
-def run_cli(*args: str) -> tuple[int, str, str]:
-    """``nonstop ARGS`` in this process (the CLI's own code path, without a Python start-up)."""
-    result = CliRunner().invoke(cli, list(args))
-    return result.exit_code, result.stdout, result.stderr
 
 
 def rates(path: Path, version: str, eur: str = "1.1", extra: str = "") -> str:

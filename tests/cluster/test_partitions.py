@@ -31,9 +31,9 @@ from tests.cluster.conftest import (
     REAL_CLUSTER,
     Procs,
     free_port,
-    run_cli,
     wait_until,
 )
+from tests.cluster.conftest import run_cli_here as run_cli
 
 pytestmark = [
     pytest.mark.timeout(150),

@@ -27,9 +27,16 @@ JOB = Path(__file__).with_name("session_job.py")
 
 
 def run_job(
-    mode: str, cluster: str, *, venv_on_path: bool, pyspark_python: bool = False
+    mode: str,
+    cluster: str,
+    *,
+    venv_on_path: bool,
+    pyspark_python: bool = False,
+    extra_env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
+    """Run session_job.py MODE CLUSTER; ``extra_env``: variables added to its environment."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK_")}
+    env.update(extra_env or {})
     if pyspark_python:  # as documented for a Spark cluster
         env["PYSPARK_PYTHON"] = sys.executable
     plain = "/usr/local/bin:/usr/bin:/bin"

@@ -5,7 +5,9 @@ A master and two workers are started from the installed pyspark distribution
 a job in a process of its own (``session_job.py``) creates its session on
 ``spark://...`` with nothing of nonstop imported, writes, reads and reads with
 pushdown against a ``nonstop pipeline serve`` endpoint: the executors run the
-source in their own Python workers.
+source in their own Python workers.  Every JVM of it runs with the tests' options
+(``TEST_JVM_OPTIONS``: the quick compiler only, one GC thread; a third less CPU), set as
+an operator sets them: ``SPARK_DAEMON_JAVA_OPTS`` and the job's ``spark-defaults.conf``.
 
 It runs in ``make test`` (issue 12 asks for it there; a master and two workers
 cost about 35 s).  The same job on ``local[1]`` (test_session_setup.py) is in
@@ -25,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import TEST_JVM_OPTIONS
 from tests.spark.conftest import ROOT, free_port
 from tests.spark.test_session_setup import run_job
 
@@ -61,6 +64,7 @@ def standalone(tmp_path: Path) -> Iterator[str]:
     env["SPARK_NO_DAEMONIZE"] = "1"
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join([*paths, str(ROOT)])
+    env["SPARK_DAEMON_JAVA_OPTS"] = TEST_JVM_OPTIONS  # the master's and workers' JVMs
     port = free_port()
     master = f"spark://127.0.0.1:{port}"
     cmd = [str(_spark_class())]
@@ -114,9 +118,25 @@ def standalone(tmp_path: Path) -> Iterator[str]:
             log.close()
 
 
-def test_the_data_source_on_a_spark_standalone_cluster(standalone: str, endpoints: Any) -> None:
+def test_the_data_source_on_a_spark_standalone_cluster(
+    standalone: str, endpoints: Any, tmp_path: Path
+) -> None:
     (ep,) = endpoints(1)
-    out = run_job(standalone, ep.address, venv_on_path=True, pyspark_python=True)
+    # The driver's and executors' JVMs as the tests' own (conftest.TEST_JVM_OPTIONS), set
+    # where a cluster's operator sets them: spark-defaults.conf, not the job.
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "spark-defaults.conf").write_text(
+        f"spark.driver.extraJavaOptions {TEST_JVM_OPTIONS}\n"
+        f"spark.executor.extraJavaOptions {TEST_JVM_OPTIONS}\n"
+    )
+    out = run_job(
+        standalone,
+        ep.address,
+        venv_on_path=True,
+        pyspark_python=True,
+        extra_env={"SPARK_CONF_DIR": str(conf)},
+    )
     assert out["executors"] == 2  # one executor on each worker
     assert out["nonstop_imported"] is False  # found by discovery, nothing registered
     assert out["count"] == 100 and out["qty7"] == [7]
