@@ -47,3 +47,20 @@ def test_what_was_allocated_under_a_hold_is_not_left_to_one_young_collection() -
     assert gc.get_count()[0] < 1000, "the young generation starts empty again"
     assert gc.get_freeze_count() == 0, "nothing left frozen: a full collection sees them"
     del kept
+
+
+def test_a_short_hold_leaves_the_frozen_start_up_objects_frozen() -> None:
+    # A replica store loading a small copy holds the collector for a moment: its release
+    # must not unfreeze what the node froze at start (node/startup_heap.py, issue 14).
+    gc.collect()
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        gc_hold.hold()
+        kept = [[i] for i in range(1_000)]
+        gc_hold.release()
+        assert gc.isenabled()
+        assert gc.get_freeze_count() >= frozen
+        del kept
+    finally:
+        gc.unfreeze()
