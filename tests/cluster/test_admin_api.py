@@ -287,7 +287,15 @@ def test_openapi_fuzz(cluster: Procs, tmp_path: Path) -> None:
             )
             @given(case=op.as_strategy(generation_mode=mode))
             def run(case: Any) -> None:
-                response = case.call_and_validate(base_url=url, headers=headers, timeout=30)
+                # A body over the API's 64 KiB limit is refused with 413 before it is
+                # read (an invalid example can be that large); schemathesis's list of
+                # refusals of invalid data lacks 413, so such an answer is only checked
+                # to be that refusal.
+                response = case.call(base_url=url, headers=headers, timeout=30)
+                if response.status_code == 413:
+                    assert "larger than" in response.text, response.text
+                else:
+                    case.validate_response(response, headers=headers)
                 seen[response.status_code] = seen.get(response.status_code, 0) + 1
 
             run()
