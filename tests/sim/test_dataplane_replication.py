@@ -29,7 +29,7 @@ CLEAN_SEEDS = (*range(0, 7), 10)
 instead of 7 since replies stopped waiting for held acknowledgements (``dtx.applied``,
 performance.md §5): fewer commits end in an unknown outcome, so fewer same-id retries."""
 
-REGRESSION_SEEDS = (25, 135, 140, 285, 738, 965, 1294, 1767, 1917, 2293, 2440)
+REGRESSION_SEEDS = (25, 135, 140, 285, 738, 965, 1294, 1767, 1917, 2293, 2440, 3100449, 3100502)
 """Seeds that failed once, one per root cause (replication.md §10b): 285 a participant
 without a stream acknowledged phase two at once, the decision log forgot the commit and the
 promoted copy resolved it as abort; 25 and 140 the durability check read a disk still
@@ -41,7 +41,11 @@ taken over at promotion kept its locks after the partition moved on and was reso
 elsewhere; 2440 a participant restarted before its table was applied held its
 acknowledgement on no partition; 1767 and 2293 an op answered in the step that applied a new
 epoch passed the fence of the data plane's older view; 1917 a node served a read from its
-store's old copy in the step its lease began, before the store took the machine's copy."""
+store's old copy in the step its lease began, before the store took the machine's copy;
+3100502 a node promoted for P that also had its own branch of the same gtid (another
+partition) never put P's taken-over prepared writes into its store (a lost update);
+3100449 a lookup of the decision log lost in a snapshot install was asked again only after
+``resolve_after`` (the simulator now re-asks like the real node)."""
 
 
 def test_write_sets_split_by_partition_and_carry_the_request_result_to_each() -> None:

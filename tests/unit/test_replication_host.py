@@ -171,3 +171,21 @@ def test_the_store_takes_the_copy_only_once_the_outcomes_resolved_at_the_start_a
     assert runtime.loaded == ["P1"]
     ((values, prepared),) = runtime.copies
     assert values == writes and prepared == {}, "the copy with the commit applied"
+
+
+def test_a_record_taken_over_gets_into_the_store_when_this_nodes_own_branch_ends_first() -> None:
+    # Seed 3100502: gtid g1 had a branch on this node (another partition) and a prepared
+    # record of P1 from the old active node.  Promoted for P1, this node hands the record
+    # to the store; its own participant's phase two then gives P1 its outcome before the
+    # decision log answers the lookup -- the store must still get P1's writes.
+    disk = {K_PREPARED + b"P1\0g1": plain.pack(WRITES)}
+    runtime = ResolvingRuntime()
+    machine = ReplicationMachine(ME, random.Random(1), disk)
+    host = ReplicationHost(machine, runtime, first_local_txid=0, propose_again=lambda: 1.0)
+    host.settle(0.0, {n: view(n) for n in ("P1", "P2")}, ["P1"])
+    assert runtime.loaded == ["P1"] and any(a.get("g") == "g1" for a in runtime.asked)
+    host.outcome(0.1, "g1", True, ["P2"])  # this node's own branch wrote P2 only
+    assert runtime.installed.get("g1") == WRITES, "P1's writes never reached the store"
+    assert "g1" not in machine.data.prepared_of("P1")
+    host.decision(0.2, {"t": DECIDED, "g": "g1", "o": "commit"})  # the late answer
+    assert runtime.installed["g1"] == WRITES

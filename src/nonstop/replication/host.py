@@ -322,8 +322,19 @@ class ReplicationHost:
         self._actions(now, rep.hold(gtid, sorted(parts)))
         self.dirty = True
         # (a prepared record whose parts are still to make gets its outcome behind them)
+        waiting = self._resolving.get(gtid, set())
         for name in [n for n in sorted(rep.streams) if rep.prepared_here(n, gtid)]:
-            self._actions(now, rep.outcome(now, None, name, gtid, decision))
+            if name in waiting:
+                # Taken over at promotion (another participant's prepared record, of the
+                # same gtid as this node's own branch): the store holds it apart, so it is
+                # resolved -- its writes go into the store -- not only given its record
+                # (seed 3100502: the store served the copy without them).
+                waiting.discard(name)
+                self._resolved(now, name, gtid, decision)
+            else:
+                self._actions(now, rep.outcome(now, None, name, gtid, decision))
+        if not waiting:
+            self._resolving.pop(gtid, None)
 
     def _remember(self, gtid: str, decision: str) -> None:
         self._outcomes[gtid] = decision

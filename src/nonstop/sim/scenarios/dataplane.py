@@ -1057,7 +1057,9 @@ def check_durable(sim: Simulation, names: list[NodeId], fail: Callable[[str, str
             continue
         store = machine.store
         if store.in_doubt():
-            fail("durability", f"{name}: {store.in_doubt()} branches still in doubt")
+            doubt = sorted(g for g, b in store.rm_branches.items() if b.prepared)
+            doubt += sorted(store.replicated_prepared)
+            fail("durability", f"{name}: {store.in_doubt()} branches still in doubt: {doubt}")
             continue
         durable = sim.nodes[name].disk.durable
         rebuilt = SimDataStore(name, store.location, store.timestamp, durable)

@@ -171,6 +171,9 @@ class ReplicatedDataNode(SimDataNode):
             # Random start: a restart does not reuse a multi-partition commit's gtid.
             first_local_txid=random.Random(rng.getrandbits(64)).getrandbits(48),
             propose_again=lambda: self.node.dtx.config.retry,
+            # Re-asked like the real node's (REPROPOSE): a lookup's answer is lost when the
+            # node installs a snapshot past its entry (seed 3100449 waited resolve_after).
+            lookup_again=self.node.dtx.config.retry,
         )
         self.table = AppliedTable(ha)
         # The data plane acts for P only once the store took the machine's copy of P for the
@@ -308,16 +311,23 @@ class _SimHostRuntime:
         after += [[r, "", 0, None] for r in sorted(gone)]
         store.load(after)
         for txid, writes in sorted(prepared.items()):
-            if txid not in store.rm_branches:
-                store.take_prepared(_taken(name, txid), after_images(writes))
+            images = after_images(writes)
+            own = store.rm_branches.get(txid)
+            if own is not None:
+                # This node's own branch of the same gtid installs its writes at its phase
+                # two; the rest of the record is another participant's (seed 3100502).
+                mine = {image[0] for image in own.after or []}
+                images = [image for image in images if image[0] not in mine]
+            if images:
+                store.take_prepared(_taken(name, txid), images)
 
     def resolved(
         self, name: str, txid: str, writes: Mapping[str, Any] | None, commit: bool
     ) -> None:
         store = self.node.store
-        if txid in store.rm_branches:
-            return  # the store's own phase two installs it
         taken_over = store.end_prepared(_taken(name, txid), commit)
+        if txid in store.rm_branches:
+            return  # the store's own phase two installs the rest
         if not taken_over and writes is not None and commit and name in self.node.host.loaded:
             store.load(after_images(writes))
 
