@@ -28,6 +28,8 @@ class Pair:
         self.table = PartitionTable(lambda: ["a", "b"], lambda: self.live)
         self.keepers = {n: LeaseKeeper(n, 1, self.table, CFG) for n in "ab"}
         self.index = 0
+        self.released: list[tuple[str, str, dict[str, Any]]] = []
+        """``released`` messages the keepers asked to send: (from, to, body)."""
 
     def apply(self, now: float, entry: dict[str, Any], by: str) -> list[Any]:
         self.index += 1
@@ -37,8 +39,10 @@ class Pair:
                 for keeper in self.keepers.values():
                     keeper.on_lease(now, action.data)
             if isinstance(action, Notify) and action.kind == "pt.changed":
-                for keeper in self.keepers.values():
-                    keeper.on_changed(now, action.data)
+                for name, keeper in self.keepers.items():
+                    release = keeper.on_changed(now, action.data)
+                    if release is not None:
+                        self.released.append((name, *release))
         return actions
 
     def renew(self, now: float, node: str, apply_at: float | None = None) -> None:
@@ -152,3 +156,59 @@ def test_a_snapshot_hiding_a_change_of_hands_makes_the_node_wait() -> None:
     a.on_snapshot(1.2)
     assert not a.acting(1.5, "P", enabled=True)  # it waits out b's lease as applied now
     assert a.acting(1.81, "P", enabled=True)
+
+
+def handed_over_to_a(w: Pair, now: float) -> None:
+    """b active first (a not enabled yet), then a restored: a outranks b, a handover."""
+    w.apply(0.0, define_entry(AB), "b")
+    w.apply(0.0, enable_entry("P"), "b")
+    assert w.table.partitions["P"].active == "b"
+    w.renew(0.1, "b")
+    w.apply(0.2, enable_entry("P"), "a")
+    w.renew(now - 0.1, "b")  # b's lease as a applied it last, just before the handover
+    w.apply(now, restored_entry("P", w.table.partitions["P"].epoch, "a"), "b")
+    assert w.table.partitions["P"].active == "a"
+
+
+def test_a_handover_ends_the_new_active_nodes_wait_when_the_old_one_says_it_stopped() -> None:
+    w = Pair()
+    handed_over_to_a(w, 2.0)
+    a = w.keepers["a"]
+    w.renew(2.0, "a")
+    assert not a.acting(2.01, "P", enabled=True), "a waits out b's lease without a word from b"
+    ((sender, to, body),) = w.released
+    assert (sender, to) == ("b", "a") and body["e"] == w.table.partitions["P"].epoch
+    assert not a.on_released(2.01, "c", body), "only the old active node may end the wait"
+    assert not a.on_released(2.01, "b", {**body, "e": body["e"] - 1}), "an older epoch"
+    assert a.on_released(2.01, "b", body)
+    assert a.acting(2.01, "P", enabled=True)
+    assert not a.on_released(2.02, "b", body), "once"
+
+
+def test_an_old_active_node_that_was_still_waiting_does_not_end_the_wait() -> None:
+    # b became active by a failover and still waits out its predecessor's lease: its
+    # own stop proves nothing about that predecessor, so it sends no ``released``.
+    w = Pair()
+    handed_over_to_a(w, 2.0)
+    w.released.clear()
+    w.renew(2.5, "a")
+    w.live = ["b"]
+    w.apply(2.6, failover_entry("P", w.table.partitions["P"].epoch, ["a"]), "b")
+    assert w.table.partitions["P"].active == "b" and w.released == []
+    assert not w.keepers["b"].acting(2.7, "P", enabled=True), "b waits out a's lease"
+    w.live = ["a", "b"]
+    w.apply(2.7, enable_entry("P"), "a")
+    w.apply(2.7, restored_entry("P", w.table.partitions["P"].epoch, "a"), "b")
+    assert w.table.partitions["P"].active == "a"
+    assert w.released == [], "b never acted: it may not speak for a's old lease"
+    broken = Pair()
+    broken.keepers["b"] = LeaseKeeper("b", 1, broken.table, CFG, release_unless_acting=True)
+    handed_over_to_a(broken, 2.0)
+    broken.released.clear()
+    broken.renew(2.5, "a")
+    broken.live = ["b"]
+    broken.apply(2.6, failover_entry("P", broken.table.partitions["P"].epoch, ["a"]), "b")
+    broken.live = ["a", "b"]
+    broken.apply(2.7, enable_entry("P"), "a")
+    broken.apply(2.7, restored_entry("P", broken.table.partitions["P"].epoch, "a"), "b")
+    assert broken.released, "the broken variant speaks while waiting (the check above bites)"

@@ -21,6 +21,10 @@ and ``"acting"`` (this node's acting partitions at the request's time, with
 ``"now"`` and ``"acting_until"`` on the node's clock).  ``{"op": "partition"}``
 requests are operators' ``define``/``enable``/``disable`` (:mod:`nonstop.ha.operator`).
 
+A handover's old active node tells the new one when it stopped acting
+(``{"k": "lease", "b": {"t": "released", ...}}``, ha.md section 8), so the new
+one need not wait out a whole lease.
+
 Whenever the set of partitions this node acts for changes -- by an applied
 entry, a lease renewal, a lapsed lease or the end of a wait -- the node emits
 ``Notify("pt.acting", {"acting": [...], "until": t})``; a timer (``ha.acting``)
@@ -35,6 +39,7 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from nonstop.cluster.failure import ERROR_STATES
 from nonstop.cluster.node import ClusterConfig, ClusterNode
 from nonstop.cluster.raft import ROLE_LEADER
 from nonstop.ha.failover import Promoter, PromoterConfig, Restorer
@@ -47,13 +52,17 @@ from nonstop.runtime.interface import (
     ClientRequest,
     Event,
     Notify,
+    Received,
     Reply,
+    Send,
     SetTimer,
     TimerFired,
 )
 
 ACTING_TIMER = "ha.acting"
 """Wakes the node when its acting set may change by time alone (section 8 waits, leases)."""
+LEASE = "lease"
+"""Envelope kind of the leases' own messages between nodes (``released``)."""
 
 
 class HaClusterNode(ClusterNode):
@@ -83,6 +92,8 @@ class HaClusterNode(ClusterNode):
         """The partitions this node acted for at its last event."""
         self._acting_recheck = float("-inf")
         self._acting_wake = float("inf")
+        self._releases: list[Action] = []
+        """``released`` messages the lease keeper asked for while observing an event."""
 
     def _make_leases(self, config: LeaseConfig | None) -> LeaseKeeper:
         return LeaseKeeper(self.name, self.incarnation, self.partition_table, config)
@@ -113,7 +124,8 @@ class HaClusterNode(ClusterNode):
         touched = self._observe(now, actions)
         more = self._ha_proposals(now)
         touched |= self._observe(now, more)
-        out = actions + more
+        out = actions + more + self._releases
+        self._releases = []
         out += self.operator.answers(out)
         out += self._operator_due(now)
         out += self._acting_changes(now, touched)
@@ -129,8 +141,13 @@ class HaClusterNode(ClusterNode):
                 self.leases.on_lease(now, action.data)
                 touched = touched or action.data.get("node") == self.name
             elif action.kind == "pt.changed":
-                self.leases.on_changed(now, action.data)
+                release = self.leases.on_changed(now, action.data)
+                if release is not None:
+                    to, body = release
+                    self._releases.append(Send(to, self._envelope(LEASE, body)))
                 self.table_version += 1
+                touched = True
+            elif action.kind == "pt.released":
                 touched = True
             elif action.kind == "applied" and action.data.get("kind") == "snapshot":
                 self.leases.on_snapshot(now)
@@ -144,6 +161,20 @@ class HaClusterNode(ClusterNode):
             ) == (self.name, DISABLE):
                 self.restorer.held.discard(str(action.data.get("p")))  # refused: not held off
         return touched
+
+    def _on_received(self, event: Received) -> list[Action]:
+        payload = event.payload
+        if not (isinstance(payload, dict) and payload.get("k") == LEASE):
+            return super()._on_received(event)
+        actions = self.detector.heard(event.now, event.sender, bool(payload.get("en", True)))
+        if self.detector.state_of(event.sender) in ERROR_STATES:
+            return actions  # no communication with a node in an error state (C3)
+        body = payload.get("b")
+        if self.leases.on_released(event.now, event.sender, body):
+            assert isinstance(body, dict)
+            data = {"p": body.get("p"), "e": body.get("e"), "from": event.sender}
+            actions.append(Notify("pt.released", data))
+        return actions
 
     # ------------------------------------------------------------ acting
     def _acting_changes(self, now: float, touched: bool) -> list[Action]:

@@ -22,6 +22,18 @@ So at no instant do two nodes act for one partition, whatever the network
 does, as long as clock *rates* differ by less than ``drift``.  Acting also
 needs quorum (D16).  The data path acknowledges only while acting.
 
+**A handover ends the old lease early.**  For a handover by priority
+(``restored``, D9) the old active node is alive: when it applies the entry it
+stops acting for P, and if it had been acting -- its own wait for *its*
+predecessor over -- it tells the new active node so (:meth:`on_changed`
+returns the ``released`` message).  The new active node, made active by that
+very entry (same epoch, ``was`` the sender), starts acting when the message
+comes instead of a whole lease later (:meth:`on_released`).  A message can
+only be sent after the entry is applied on the old node, so the old node acts
+no more; the sender's own wait being over means no earlier active acts
+either.  Lost or late, the message changes nothing: the lease wait still ends
+it.
+
 :class:`LeaseKeeper` is that rule, sans-I/O: fed the table's ``pt.lease`` and
 ``pt.changed`` notifications with the local time, it says when to renew and
 :meth:`acting` answers "may I acknowledge for P now?".
@@ -32,7 +44,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from nonstop.ha.partition_table import PartitionTable, lease_entry
+from nonstop.ha.partition_table import RESTORED, PartitionTable, lease_entry
 from nonstop.runtime.interface import NodeId
 
 
@@ -59,6 +71,7 @@ class LeaseKeeper:
         config: LeaseConfig | None = None,
         *,
         wait_for_previous: bool = True,
+        release_unless_acting: bool = False,
     ) -> None:
         self.me = me
         self.incarnation = incarnation
@@ -66,6 +79,12 @@ class LeaseKeeper:
         self.config = config or LeaseConfig()
         self.wait_for_previous = wait_for_previous
         """False only in the simulator's broken variant (a new active acts at once)."""
+        self.release_unless_acting = release_unless_acting
+        """True only in the simulator's broken variant: a handover's old active node ends
+        the lease wait even while it was itself still waiting for its predecessor."""
+        self._handover: dict[str, tuple[int, NodeId]] = {}
+        """Partitions handed over to this node and not acted for yet: ``(epoch, was)`` --
+        a ``released`` from ``was`` for that epoch ends the wait (module doc)."""
         self.held_until = float("-inf")
         self._renewal = 0
         self._sent: dict[int, float] = {}
@@ -130,19 +149,55 @@ class LeaseKeeper:
             if sent is not None:
                 self.held_until = max(self.held_until, sent + self.config.lease)
 
-    def on_changed(self, now: float, data: dict[str, Any]) -> None:
-        """``pt.changed`` applied here: a new active node waits out the previous one's lease."""
+    def on_changed(self, now: float, data: dict[str, Any]) -> tuple[NodeId, dict[str, Any]] | None:
+        """``pt.changed`` applied here: a new active node waits out the previous one's lease.
+
+        Returns ``(node, body)`` of a ``released`` message to send when this node was the
+        active node a handover just took ``P`` from, and it had been acting (module doc)."""
         name, active, was = data.get("p"), data.get("active"), data.get("was")
         part = self.table.get(name) if isinstance(name, str) else None
         if part is not None:
             self._seen[part.name] = (part.active, part.epoch, part.changed)
-        if not isinstance(name, str) or active != self.me or was == self.me:
-            return
+        if not isinstance(name, str) or part is None:
+            return None
+        handover = data.get("kind") == RESTORED and isinstance(was, str) and was != active
+        if was == self.me and active != self.me:
+            self._handover.pop(name, None)
+            waited = self._acting_from.get(name, float("inf")) <= now
+            if handover and isinstance(active, str) and (waited or self.release_unless_acting):
+                return active, {"t": "released", "p": name, "e": part.epoch}
+            return None
+        if active != self.me or was == self.me:
+            self._handover.pop(name, None)
+            return None
         start = now
         if self.wait_for_previous and isinstance(was, str):
             applied = max(self._applied_at.get(was, float("-inf")), self._snapshot_at)
             start = max(now, applied + self._wait())
         self._acting_from[name] = start
+        if handover and start > now:
+            assert isinstance(was, str)
+            self._handover[name] = (part.epoch, was)
+        else:
+            self._handover.pop(name, None)
+        return None
+
+    def on_released(self, now: float, sender: NodeId, body: Any) -> bool:
+        """A ``released`` message: the old active node of a handover stopped acting for P
+        at the entry that made this node active.  True if this node may act sooner now."""
+        if not isinstance(body, dict) or body.get("t") != "released":
+            return False
+        name, epoch = body.get("p"), body.get("e")
+        if not isinstance(name, str) or self._handover.get(name) != (epoch, sender):
+            return False
+        del self._handover[name]
+        part = self.table.get(name)
+        if part is None or part.active != self.me or part.epoch != epoch:
+            return False
+        if self._acting_from.get(name, float("inf")) <= now:
+            return False
+        self._acting_from[name] = now
+        return True
 
     def _wait(self) -> float:
         return self.config.lease * (1 + self.config.drift)
