@@ -81,9 +81,18 @@ def test_phase_two_without_a_stream_holds_the_ack_until_the_copy_settles() -> No
     assert Persist(10, tomb.writes) in out, "the tombstone goes once the hold is durable"
     assert node.dtx.hold_ack(GTID), "the copy still holds it prepared"
     # The new active's outcome record (or a reset without it) arrives here: set directly,
-    # so no event touched P; the machine's periodic sweep (`sweep`, 50 ms) settles it.
+    # so no event touched P; the machine's periodic sweep (`sweep`, 50 ms) looks again.
     node.replication.data.prepared[P].pop(GTID)
+    node.replication.data.heads[P] = (77, 5)  # record 5 of C's stream 77 carried it
     out = node.handle(Received(1.0, "C", {"t": WAKE}))
+    assert node.dtx.hold_ack(GTID), "released before the active node's copies completed it"
+    node.replication._told[P] = (77, 4)
+    node.handle(Received(1.1, "C", {"t": WAKE}))
+    assert node.dtx.hold_ack(GTID), "record 5 is not completed on the active node yet"
+    # The active node tells (with its next records, or at its resend tick) that its copies
+    # completed record 5: the outcome is durable wherever it may be promoted (seed 3300015).
+    node.replication._told[P] = (77, 5)
+    out = node.handle(Received(1.2, "C", {"t": WAKE}))
     assert not node.dtx.hold_ack(GTID)
     assert Notify(RELEASED, {"g": GTID}) in out
 

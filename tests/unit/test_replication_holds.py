@@ -14,8 +14,8 @@ from __future__ import annotations
 from tests.replication_harness import Node, P, settle, view
 
 from nonstop.replication import Completed, Resolve
-from nonstop.replication.machine import RELEASED, REP
-from nonstop.runtime.interface import Notify
+from nonstop.replication.machine import ACK, RELEASED, REP, TICK
+from nonstop.runtime.interface import Notify, TimerFired
 
 TX = "c.1"
 
@@ -69,6 +69,37 @@ def test_participant_without_a_stream_waits_for_the_active_nodes_outcome() -> No
     b.table(handed, acting=(P,))
     settle(a, b)
     assert TX not in a.machine.data.prepared_of(P)
+    # a holds the outcome; b may not yet (seed 3300015: b crashed before its own write of
+    # the record and resolved TX again from a log that had forgotten it -- abort).
+    assert a.machine.held(TX), "released before b said its copies completed the outcome"
+    b.take(b.machine.handle(TimerFired(b.now, TICK)))  # b's resend tick tells completion
+    b.table(handed, acting=(P,))
+    settle(a, b)
+    assert not a.machine.held(TX)
+
+
+def test_a_participant_restarted_while_held_asks_the_active_node_again() -> None:
+    """Seed 53: a restarted while its hold waited for b's word on ``completed``; b (idle,
+    a's last ack said a knew) would never tell it again: a asks, unasked acks every
+    ``resend``, until b tells it."""
+    a, b = _prepared_pair()
+    handed = view(epoch=2, active="b", current=("b", "a"))
+    a.table(handed)
+    b.table(handed, acting=(P,))
+    a.take(a.machine.hold(TX, [P]))
+    b.take(b.machine.outcome(2.0, "o", P, TX, "commit"))
+    b.table(handed, acting=(P,))
+    settle(a, b)
+    a.restart()  # before any word of b's completion reached a (its memory of it is gone)
+    a.table(handed)
+    assert a.machine.held(TX), "the hold is durable"
+    asks = a.sends("b", ACK)
+    assert asks, "a waits for b's word and asks for it"
+    for ask in asks:
+        b.deliver("a", ask.payload)
+    b.take(b.machine.handle(TimerFired(b.now, TICK)))
+    b.table(handed, acting=(P,))
+    settle(a, b)
     assert not a.machine.held(TX)
 
 

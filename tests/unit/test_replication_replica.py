@@ -36,6 +36,11 @@ def _replica(epoch: int = 3) -> Node:
 
 
 def _acks(node: Node) -> list[list[Any]]:
+    """The ack parts sent to a, without the echo of ``completed`` (its own test below)."""
+    return [part[:5] for m in node.sends("a", ACK) for part in m.payload["parts"]]
+
+
+def _acks_whole(node: Node) -> list[list[Any]]:
     return [part for m in node.sends("a", ACK) for part in m.payload["parts"]]
 
 
@@ -190,3 +195,24 @@ def test_state_survives_a_restart_from_the_disk() -> None:
     b.deliver("a", _rep(3, [_commit(2, "x", [9]), _commit(3, "x", [1, 3])]))
     b.sync()
     assert b.machine.data.values(P) == {"x": [1, 3]}, "seq 2 was a duplicate"
+
+
+def test_the_active_nodes_completed_seq_is_kept_and_echoed_in_the_acks() -> None:
+    # replication.md §6, holds: a part carries the stream's ``completed``; the replica keeps
+    # it (a hold on a partition it has no stream for waits for it) and echoes it, so the
+    # active node tells it again when a message is lost.  A part may carry no record.
+    b = _replica()
+    part = [P, 3, STREAM, [0, 0], [_commit(1, "x", [1])], 0]
+    b.deliver("a", {"t": REP, "parts": [part]})
+    b.sync()
+    assert _acks_whole(b) == [[P, 3, STREAM, 1, "ok", 0]]
+    b.out.clear()
+    b.deliver("a", {"t": REP, "parts": [[P, 3, STREAM, [0, 0], [], 1]]})
+    assert _acks_whole(b) == [[P, 3, STREAM, 1, "ok", 1]], "nothing new, answered at once"
+    assert b.machine._told[P] == (STREAM, 1)
+    b.out.clear()
+    b.deliver("a", {"t": REP, "parts": [[P, 3, STREAM, [0, 0], [], -1]]})
+    assert not _acks(b), "a malformed completed seq: the part is dropped"
+    # A stale sender's word is not kept (fencing).
+    b.deliver("c", {"t": REP, "parts": [[P, 3, STREAM + 5, [0, 0], [], 9]]})
+    assert b.machine._told[P] == (STREAM, 1)

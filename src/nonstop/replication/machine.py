@@ -43,8 +43,12 @@ the answer to a ``rep`` goes out after ``Persisted``.
 
 Messages (``t``):
 
-* ``rep.rep`` active -> replica ``{"parts": [[P, e, stream, base, [record, ...]], ...]}``
-* ``rep.ack`` replica -> active ``{"parts": [[P, e, stream, durable seq, status], ...]}``
+* ``rep.rep`` active -> replica ``{"parts": [[P, e, stream, base, [record, ...],
+  completed], ...]}`` -- ``completed``: the stream's highest seq durable on every copy
+  that may be promoted (a replica's holds wait for it, §6); a part with no record
+  only tells it (sent at the resend tick when it moved)
+* ``rep.ack`` replica -> active ``{"parts": [[P, e, stream, durable seq, status,
+  completed known], ...]}`` (the last: so a lost "completed" is told again)
 """
 
 from __future__ import annotations
@@ -187,6 +191,16 @@ class ReplicationMachine:
         self.holds = Holds.recover(recovered)
         self._covers: dict[tuple[str, str], tuple[int, int]] = {}
         """(txid, P) -> (stream, seq): the hold on P is released once that record completed."""
+        self._told: dict[str, tuple[int, int]] = {}
+        """P -> (stream, completed) as P's active node last told this replica: a hold on a
+        partition this node has no stream for waits until its outcome is completed there."""
+        self._telling = False
+        """True while a resend tick flushes: parts that only tell ``completed`` go too."""
+        self._waiting_told: set[str] = set()
+        """Partitions a hold here waits on for the active node's ``completed`` (recomputed
+        at every sweep)."""
+        self._asked_at: dict[str, float] = {}
+        """P -> when this replica last asked P's active node for its ``completed``."""
         """Per partition, the place durable on this node's disk."""
         self._token = 0
         self._tokens: dict[int, tuple[int, Any]] = {}
@@ -412,8 +426,12 @@ class ReplicationMachine:
             # A copy finishes with an acknowledgement (a touch), not with a new table.
             self._watch_handover(now, self.streams[name], self.views[name])
         actions += self._progress(now, complete=True, full=full)
+        if full:
+            self._waiting_told = set()
         if self.holds.held and (full or self._touched):
             actions += self._settle_holds(None if full else self._touched)
+        if self._waiting_told or self._asked_at:
+            actions += self._ask_completed(now)
         self._touched = set()
         self._budget = self.config.step_writes  # (the event ends here)
         return actions
@@ -438,16 +456,20 @@ class ReplicationMachine:
             actions = self._slice()
         elif isinstance(event, TimerFired) and event.name == TICK:
             self._tick_armed = False
+            self._telling = True
             self._touched.update(self.streams)
             for stream in self.streams.values():
                 for peer in stream.peers.values():
                     peer.sent = peer.acked  # resend what is not acknowledged
+                    peer.told = peer.told_known  # ... and completion not acknowledged
         elif isinstance(event, Persisted):
             actions = self._on_persisted(event.token)
         # No completion here: whether this node acts is only known once the composition has
         # handed the table over (on_table, at the end of this event).  A node resuming from
         # a pause must not acknowledge from the answer it had before the pause.
-        return actions + self._progress(now, complete=False, full=False)
+        actions += self._progress(now, complete=False, full=False)
+        self._telling = False
+        return actions
 
     # ------------------------------------------------------------ active side
     def _record(
@@ -669,10 +691,27 @@ class ReplicationMachine:
             return False  # this copy still waits for the outcome
         stream = self.streams.get(name)
         if stream is None:
-            self._covers.pop(key, None)
-            # Another node's record came last: that node is active and resolved txid too.
-            # This node's own last record may not be on the replicas: wait for the active's.
-            return not self.data.last_is_own(name)
+            if self.data.last_is_own(name):
+                # This node's own last record may not be on the replicas: wait for the
+                # active's.
+                self._covers.pop(key, None)
+                return False
+            # Another node's record came last: that node is active and resolved txid too --
+            # but holding it here is not holding it there.  Its record may not be durable
+            # on the active node yet (a crash loses it, and the restarted active node
+            # resolves the prepared record again: from a log that forgot the commit once
+            # this hold let the participant acknowledge -- as abort; seed 3300015).  So
+            # wait until the active node says its copies completed this copy's place.
+            head = self.data.head(name)
+            cover = self._covers.get(key)
+            if cover is None or cover[0] != head[0]:
+                cover = self._covers[key] = head
+            told = self._told.get(name)
+            if told is None or told[0] != cover[0] or told[1] < cover[1]:
+                self._waiting_told.add(name)
+                return False
+            del self._covers[key]
+            return True
         cover = self._covers.get(key)
         if cover is None or cover[0] != stream.stream_id:
             # The outcome is at or before this stream's last record (or in its base, which
@@ -682,6 +721,27 @@ class ReplicationMachine:
             return False
         del self._covers[key]
         return True
+
+    def _ask_completed(self, now: float) -> list[Any]:
+        """A hold here waits for P's active node to say it completed this copy's place, and
+        that word may never come on its own (this node restarted and forgot it; the active
+        node, idle, thinks it knows): an ack of this copy's place, unasked, every ``resend``
+        -- it echoes what this node knows, so the active node tells it again."""
+        for name in [n for n in self._asked_at if n not in self._waiting_told]:
+            del self._asked_at[name]
+        out: list[Any] = []
+        for name in sorted(self._waiting_told):
+            view = self.views.get(name)
+            head = self.data.head(name)
+            if view is None or view.active in (None, self.me) or name in self.streams:
+                continue
+            if now - self._asked_at.get(name, float("-inf")) < self.config.resend:
+                continue
+            self._asked_at[name] = now
+            seq = self._durable_seq(name, head[0])
+            part = [name, view.epoch, head[0], seq, OK, self._known(name, head[0])]
+            out.append(Send(view.active, {"t": ACK, "parts": [part]}))
+        return out
 
     def _re_resolve(self, now: float, name: str) -> list[Any]:
         if self.config.mutant == "ignore_prepared":
@@ -741,6 +801,11 @@ class ReplicationMachine:
                 left = room.setdefault(peer.node, self.config.message_writes)
                 records = stream.unsent(peer, self.config.max_records)
                 if not records:
+                    if self._telling and peer.told < stream.completed and peer.acked >= 1:
+                        # Nothing to send but news of completion (a replica's holds).
+                        peer.told = stream.completed
+                        part = self._part(stream, [], peer.node)
+                        parts.setdefault(peer.node, []).append(part)
                     continue
                 if left <= 0:
                     self._unflushed.add(name)  # the next flush goes on from here
@@ -756,20 +821,15 @@ class ReplicationMachine:
                     records = records[:taken]
                 room[peer.node] = left
                 peer.sent = records[-1].seq
-                parts.setdefault(peer.node, []).append(
-                    [
-                        name,
-                        stream.epoch,
-                        stream.stream_id,
-                        list(stream.base),
-                        [r.to_wire(peer.node) for r in records],
-                    ]
-                )
+                peer.told = max(peer.told, stream.completed)
+                parts.setdefault(peer.node, []).append(self._part(stream, records, peer.node))
         actions: list[Any] = [
             Send(node, {"t": REP, "parts": ps}) for node, ps in sorted(parts.items())
         ]
         if not self._tick_armed and any(
-            p.acked < s.last for s in self.streams.values() for p in s.peers.values()
+            p.acked < s.last or (p.told_known < s.completed and p.acked >= 1)
+            for s in self.streams.values()
+            for p in s.peers.values()
         ):
             self._tick_armed = True
             actions.append(SetTimer(TICK, self.config.resend))
@@ -778,20 +838,37 @@ class ReplicationMachine:
             actions.append(SetTimer(SLICE, 0.0))
         return actions
 
+    @staticmethod
+    def _part(stream: Stream, records: list[Record], node: NodeId) -> list[Any]:
+        """One partition's part of a ``rep`` message to ``node`` (module doc)."""
+        return [
+            stream.partition,
+            stream.epoch,
+            stream.stream_id,
+            list(stream.base),
+            [r.to_wire(node) for r in records],
+            stream.completed,
+        ]
+
     def _on_ack(self, now: float, sender: NodeId, payload: dict[str, Any]) -> None:
         parts = payload.get("parts")
         if not isinstance(parts, list):
             return
         for raw in parts:
-            if not isinstance(raw, list) or len(raw) != 5:
+            if not isinstance(raw, list) or len(raw) not in (5, 6):
                 continue
-            name, _epoch, stream_id, seq, status = raw
+            name, _epoch, stream_id, seq, status = raw[:5]
             stream = self.streams.get(name) if isinstance(name, str) else None
             if stream is None or stream.stream_id != stream_id or status not in STATUSES:
                 continue
             peer = stream.peers.get(sender)
             if peer is None or not isinstance(seq, int) or isinstance(seq, bool):
                 continue
+            known = raw[5] if len(raw) == 6 else 0
+            if isinstance(known, int) and not isinstance(known, bool):
+                # The latest word, not the highest: a replica that restarted knows nothing
+                # (and says so, unasked, while a hold of it waits: _ask_completed).
+                peer.told_known = max(0, min(known, stream.completed))
             self._touched.add(name)
             if status == OK and peer.acked < seq <= stream.last:
                 peer.acked = seq
@@ -815,16 +892,21 @@ class ReplicationMachine:
             if part is None:
                 bad += 1
                 continue
-            name, epoch, stream_id, base, records = part
+            name, epoch, stream_id, base, records, completed = part
             status = self.replica.admit(self.views.get(name), epoch, sender)
             if status == OK:
+                told = self._told.get(name)
+                if told is None or told[0] != stream_id or told[1] < completed:
+                    self._told[name] = (stream_id, completed)
+                    self._touched.add(name)  # its holds may settle (_hold_settled)
                 status, new = self.replica.receive(name, stream_id, base, records)
                 if new:
                     writes += new
                     self._touched.add(name)  # this copy changed: its holds (_hold_settled)
                     applied.append((name, epoch, stream_id, self.data.head(name)))
                     continue
-            answers.append([name, epoch, stream_id, self._durable_seq(name, stream_id), status])
+            durable = self._durable_seq(name, stream_id)
+            answers.append([name, epoch, stream_id, durable, status, self._known(name, stream_id)])
         actions: list[Any] = []
         if bad:
             actions.append(Log("warning", f"replication: {bad} malformed part(s) from {sender}"))
@@ -857,8 +939,13 @@ class ReplicationMachine:
         for name, epoch, stream_id, head in applied:
             self.durable[name] = head
             seq = head[1] if head[0] == stream_id else 0
-            answers.append([name, epoch, stream_id, seq, OK])
+            answers.append([name, epoch, stream_id, seq, OK, self._known(name, stream_id)])
         return [Send(sender, {"t": ACK, "parts": answers})]
+
+    def _known(self, name: str, stream_id: int) -> int:
+        """The ``completed`` of ``stream_id`` this replica was told (echoed in its acks)."""
+        told = self._told.get(name)
+        return told[1] if told is not None and told[0] == stream_id else 0
 
     # ------------------------------------------------------------ observers
     def status(self) -> dict[str, Any]:
@@ -877,10 +964,13 @@ class ReplicationMachine:
         }
 
 
-def _parse_part(raw: Any) -> tuple[str, int, int, Head, list[Record]] | None:
-    if not isinstance(raw, list) or len(raw) != 5:
+def _parse_part(raw: Any) -> tuple[str, int, int, Head, list[Record], int] | None:
+    if not isinstance(raw, list) or len(raw) not in (5, 6):
         return None
-    name, epoch, stream_id, base_raw, records_raw = raw
+    name, epoch, stream_id, base_raw, records_raw = raw[:5]
+    completed = raw[5] if len(raw) == 6 else 0  # (5: a sender before completed was told)
+    if not isinstance(completed, int) or isinstance(completed, bool) or completed < 0:
+        return None
     if not isinstance(name, str) or not isinstance(epoch, int) or isinstance(epoch, bool):
         return None
     if epoch < 0 or not isinstance(stream_id, int) or stream_id < 1:
@@ -891,7 +981,7 @@ def _parse_part(raw: Any) -> tuple[str, int, int, Head, list[Record]] | None:
     records = [record_from_wire(r) for r in records_raw]
     if any(r is None for r in records):
         return None
-    return name, epoch, stream_id, base, [r for r in records if r is not None]
+    return name, epoch, stream_id, base, [r for r in records if r is not None], completed
 
 
 __all__ = [

@@ -31,6 +31,11 @@ class Peer:
     """When ``acked`` last moved (or the peer was added): silence is measured from here."""
     sent: int = 0
     """The highest seq sent since the last resend (a flush sends what follows)."""
+    told: int = 0
+    """The highest ``completed`` sent to this replica since the last resend (§6, holds)."""
+    told_known: int = 0
+    """The highest ``completed`` this replica said it knows (its acks echo it): a resend
+    tick tells it again from here, as records are sent again from ``acked``."""
     diverged: bool = False
     """It answered that its history is not this stream's base (replication.md, Divergence)."""
     copy_reset: int | None = None

@@ -147,7 +147,7 @@ class ReplicationChecker(OnlineChecker):
         if not isinstance(machine, ReplicatedNode):
             return
         rep = machine.replication
-        life = id(machine)
+        life = sim.nodes[node].incarnation  # (not id(machine): partitions.py)
         payload = event.payload if isinstance(event, Received) else None
         if isinstance(payload, dict) and payload.get("t") == REP:
             self._check_fence(sim, node, life, rep.views, rep.data.heads, payload)
@@ -173,7 +173,7 @@ class ReplicationChecker(OnlineChecker):
         if before_life != life:
             return
         for part in payload.get("parts", []):
-            if not isinstance(part, list) or len(part) != 5:
+            if not isinstance(part, list) or len(part) not in (5, 6):
                 continue
             name, epoch = part[0], part[1]
             view = views.get(name)
