@@ -265,3 +265,23 @@ def test_without_a_placement_the_table_in_the_view_changes_nothing() -> None:
     s = net.ok("A", {"op": "tx.begin"})["s"]
     reply = net.op("A", {"op": "tx.ref", "s": s, "ref": pref("P1", 4)})
     assert reply is not None and reply["error"] == "BadArgument"
+
+
+def test_a_snapshot_view_opened_before_the_node_acted_for_a_partition_does_not_read_it() -> None:
+    # Seed 3300132 (replication.md §10b): B takes P1 over after its snapshot view opened;
+    # the view holds B's older copy of P1, so a read of P1 through it could miss commits
+    # acknowledged before -- refused (Conflict: the snapshot is replayed).
+    net = PNet()
+    put(net, "B", pobj("P1", 1, "b"), "b")
+    net.acting_now["B"] = set()  # P1 not acted for on B yet (a handover waiting)
+    net.hold = lambda ex: ex.op == "branch.cut_unsure"  # the views are open by now
+    assert net.op("A", get("b", begin="snapshot")) is None
+    net.acting_now["B"] = {"P1"}  # B acts for P1 from here on
+    net.hold = lambda ex: False
+    net.release_held()
+    reply = net.replies[-1].payload
+    assert reply["error"] == "Conflict" and "partition P1" in reply["message"]
+    assert issubclass(errors.Conflict, errors.Retryable)
+    # A snapshot whose views open while B acts for P1 reads it.
+    reply = net.op("A", get("b", begin="snapshot"))
+    assert reply is not None and "error" not in reply, reply

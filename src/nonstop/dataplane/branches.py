@@ -26,7 +26,7 @@ from nonstop import errors
 from nonstop.dataplane.calls import BUSY, LONG_OPS, PROBED
 from nonstop.dataplane.ends import END_ALL
 from nonstop.dataplane.events import EndBranch, Exec
-from nonstop.dataplane.snapshot_cut import CUT_OPS
+from nonstop.dataplane.snapshot_cut import CUT_OPS, view_refusal
 from nonstop.dataplane.state import Branch
 from nonstop.model.wire import error_class, error_out
 from nonstop.runtime.interface import Send
@@ -163,6 +163,10 @@ class BranchRegistry:
                 self._answer(sender, call_id, error_out(bad))
                 return
             br = self.branches[bid] = Branch(bid, False, self.dp.now)
+        refused_view = view_refusal(self.dp, br, op, fence, bool(msg.get("reset")))
+        if refused_view is not None:
+            self._answer(sender, call_id, error_out(refused_view))
+            return
         br.last = self.dp.now
         br.busy += 1
         if fence:

@@ -55,7 +55,7 @@ from nonstop.dataplane.results import g_commit_retry, g_request_result, g_settle
 from nonstop.dataplane.routing import SESSION_OPS
 from nonstop.dataplane.session_ops import OPS, WRITE_NOW, take_writes
 from nonstop.dataplane.sizes import check_writes
-from nonstop.dataplane.snapshot_cut import g_cut, needs_cut, outside_cut
+from nonstop.dataplane.snapshot_cut import g_cut, needs_cut, outside_cut, view_refusal
 from nonstop.dataplane.state import ACTIVE, COMMITTING, OVER, Branch, Session
 from nonstop.dataplane.steps import (
     UNDECIDED,
@@ -520,6 +520,16 @@ class DataPlane(Driver):
         s.fence.setdefault(node, {})[part.name] = part.epoch
         return node
 
+    def acting_epochs(self) -> dict[str, int]:
+        """{partition: epoch} of every partition this node acts for now."""
+        out: dict[str, int] = {}
+        applied_epoch = self.config.applied_epoch
+        for name, part in self.view.partitions.items():
+            epoch = applied_epoch(name) if applied_epoch is not None else part.epoch
+            if epoch is not None and self.not_active({name: epoch}) is None:
+                out[name] = epoch
+        return out
+
     def not_active(self, fence: dict[str, int]) -> errors.NotActive | None:
         """NotActive unless this node acts, now, for every (partition, epoch) of ``fence``."""
         acting = self.config.acting
@@ -579,9 +589,12 @@ class DataPlane(Driver):
                 s.local_open = True
                 iso = s.iso
                 self.registry.branches[s.bid] = Branch(s.bid, True, self._now)
+            branch = self.registry.branches.get(s.bid)
+            refused = view_refusal(self, branch, call.op, fence, bool(call.fields.get("reset")))
+            if refused is not None:
+                return None, refused
             corr = self.next_corr()
             if fence:
-                branch = self.registry.branches.get(s.bid)
                 if branch is not None:
                     branch.fence.update(fence)
                 if call.op not in _COMMITTING_OPS:

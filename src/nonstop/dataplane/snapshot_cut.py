@@ -28,7 +28,18 @@ A round that took longer than ``MAX_CUT_SECONDS`` is not trusted (the journal
 forgets notes after ``commit_journal.KEEP_SECONDS``) and is run again.
 
 The session then reads only the nodes of its cut (an op that needs another
-node -- one that came up meanwhile -- fails with ``Conflict``).  Cost: three
+node -- one that came up meanwhile -- fails with ``Conflict``).
+
+**Views and changes of hands** (routing by partition).  A node's view shows a
+partition as this node's store held it when the view opened.  If the node took
+the partition over later (a failover, a handover by priority), the view holds
+an older copy of it, or none: a read of it through the view would miss commits
+acknowledged before.  So each node notes, at ``branch.cut_open``, the
+partitions it acts for and their epochs (:func:`view_refusal`); an op fenced to
+another partition or epoch is refused with ``Conflict`` (the snapshot is
+replayed).  Acting includes readiness: a promoted node acts for a partition
+only once its store took the copy (and, on the real node, resolved the
+prepared records taken over with it).  Cost: three
 round trips to every node up at the snapshot's first op, a view (an LMDB read
 transaction) held on each until the session ends.  docs/design/snapshot-stamps.md.
 """
@@ -47,7 +58,7 @@ from nonstop.tx.entries import NONE
 
 if TYPE_CHECKING:
     from nonstop.dataplane.machine import DataPlane
-    from nonstop.dataplane.state import Session
+    from nonstop.dataplane.state import Branch, Session
     from nonstop.tx.async_transaction import AsyncTransaction
 
 CUT_OPEN = "branch.cut_open"
@@ -102,6 +113,28 @@ def g_cut(dp: DataPlane, s: Session) -> OpCoroutine:
         f"no consistent snapshot across {len(nodes)} nodes after {MAX_CUT_ROUNDS} attempts "
         "(distributed commits kept straddling it)"
     )
+
+
+def view_refusal(
+    dp: DataPlane, branch: Branch | None, op: str, fence: dict[str, int] | None, reset: bool
+) -> errors.Error | None:
+    """Note the partitions acted for when ``branch``'s view opens; refuse an op fenced to a
+    partition (or epoch) the view was not opened for (module doc)."""
+    if branch is None:
+        return None
+    if op == CUT_OPEN:
+        if reset or branch.view_acting is None:
+            branch.view_acting = dp.acting_epochs()
+        return None
+    if branch.view_acting is None or not fence:
+        return None
+    for name, epoch in fence.items():
+        if branch.view_acting.get(name) != epoch:
+            return errors.Conflict(
+                f"this snapshot's view on {dp.name} opened before it acted for partition "
+                f"{name} at epoch {epoch}: it does not hold that copy (replayed)"
+            )
+    return None
 
 
 def torn(unsure: dict[str, set[str]], seen: dict[str, set[str]]) -> bool:
@@ -198,4 +231,5 @@ __all__ = [
     "outside_cut",
     "run_cut_op",
     "torn",
+    "view_refusal",
 ]

@@ -94,7 +94,7 @@ class Session:
 class Branch:
     """A branch this node holds (the store has its transaction)."""
 
-    __slots__ = ("bid", "busy", "fence", "last", "local")
+    __slots__ = ("bid", "busy", "fence", "last", "local", "view_acting")
 
     def __init__(self, bid: str, local: bool, now: float) -> None:
         self.bid = bid
@@ -107,6 +107,11 @@ class Branch:
         self.fence: dict[str, int] = {}
         """Routing by partition: {partition: epoch} its ops touched; two-phase commit takes
         it (votes) only while this node acts for each at that epoch."""
+        self.view_acting: dict[str, int] | None = None
+        """A snapshot's branch with a cut: {partition: epoch} this node acted for when its
+        view opened (``branch.cut_open``).  A read of any other partition (or epoch)
+        through that view is refused: the view predates this node's copy of it
+        (snapshot_cut.py, "Views and changes of hands")."""
 
 
 __all__ = ["ACTIVE", "COMMITTING", "OVER", "UNDECIDED", "Branch", "Session"]

@@ -643,7 +643,9 @@ class SimDataStore:
         if b.cut_mark is None:
             self._view(b)
             b.cut_mark = self.commits
-            b.cut_doubt = frozenset(g for g, rb in self.rm_branches.items() if rb.prepared)
+            b.cut_doubt = frozenset(g for g, rb in self.rm_branches.items() if rb.prepared) | {
+                _gtid_of(taken) for taken in self.replicated_prepared
+            }
         return {}
         yield
 
@@ -1016,6 +1018,9 @@ class SimDataStore:
         if gtid in self.replicated_prepared:
             return
         self.replicated_prepared[gtid] = after
+        # In doubt here like a prepared branch of this node's own: a snapshot's cut names
+        # it (and its commit, once applied, is seen: end_prepared).
+        self.note_prepared(_gtid_of(gtid))
         owner = _REPLICATED + gtid
         for image in after:
             if isinstance(image[0], bytes):
@@ -1036,6 +1041,7 @@ class SimDataStore:
             return False
         if commit:
             self.load(after)
+            self.note_applied(_gtid_of(gtid))
         self._granted(self.locks.release_all(_REPLICATED + gtid))
         return True
 
@@ -1309,6 +1315,11 @@ def _unpack_resource(raw: list[Any]) -> tuple[Any, ...]:
 def is_prepared_key(key: bytes) -> bool:
     """The dtx machine's prepared-branch records (whose ``r`` is this store's record)."""
     return key.startswith(K_PREPARED)
+
+
+def _gtid_of(taken: str) -> str:
+    """The gtid of a prepared record taken over at promotion (its name is ``<P>/<gtid>``)."""
+    return taken.partition("/")[2] or taken
 
 
 __all__ = [
