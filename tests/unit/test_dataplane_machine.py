@@ -1175,6 +1175,12 @@ def test_a_homed_request_is_recorded_and_looked_up_on_the_home_object_s_node() -
     again = {"op": "tx.commit", "s": s2, "w": [w[1]], "req": ["h", 1], "home": home}
     assert net.ok("C", again) == {"ok": True, "again": True}
     assert net.decides["C"] == []
+    # ... and through A, which remembers the first outcome (seed 3300577: answered from
+    # memory without the mark, the client took this attempt's writes for committed).
+    s4 = net.ok("A", get("b", begin="serializable", lock="write"))["s"]
+    again = {"op": "tx.commit", "s": s4, "w": [w[1]], "req": ["h", 1], "home": home}
+    assert net.ok("A", again) == {"ok": True, "again": True}
+    assert len(net.decides["A"]) == 1, "nothing decided for the retry"
     # A home the commit does not write is refused.
     s3 = net.ok("A", get("a", begin="serializable", lock="write"))["s"]
     bad = {"op": "tx.commit", "s": s3, "w": [w[0]], "req": ["h", 2], "home": home}

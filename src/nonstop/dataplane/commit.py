@@ -88,7 +88,10 @@ def g_commit(dp: DataPlane, s: Session, p: dict[str, Any]) -> OpCoroutine:
         first = yield from g_first_outcome(dp, req, durable=False)
         if first is not None:
             dp.end_session(s)
-            return first
+            # As for AlreadyDone below: a homed request's answer says this attempt ran
+            # nothing (seed 3300577: an ok without it made its client take this attempt's
+            # writes for committed).
+            return first if home is None else {**first, "again": True}
     s.state = COMMITTING
     if req is not None:
         dp.running[req] = []
