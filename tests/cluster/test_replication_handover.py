@@ -23,6 +23,7 @@ and its accounts come from ``tests/cluster/replicated_bank.py`` (shared with
 
 from __future__ import annotations
 
+import itertools
 import random
 import threading
 import time
@@ -147,11 +148,16 @@ def test_a_handover_under_load_fails_commits_only_retryably_and_loses_none(
         after_kill = [a for a in load.attempts if a[0] >= killed_at]
         slowest = max(after_kill, key=lambda a: a[1])
         late = [a for a in load.attempts if a[0] >= settled_at]
+        # The handback's pause: the longest time without a commit from B's restart to the
+        # end (the handover's new active node waited a whole lease before session 12).
+        done = sorted(b + d for b, d, kind, _ in load.attempts if kind == "ok" and b >= settled_at)
+        gap = max((b - a for a, b in itertools.pairwise(done)), default=float("nan"))
         print(
             f"\nhandover: takeover settled {settled_at - killed_at:.2f} s after the kill, B "
             f"restored {handed_at - settled_at:.2f} s after its restart; attempts after "
             f"the takeover {dict(Counter(a[2] for a in late))}; longest attempt begun "
-            f"after the kill {slowest[1]:.2f} s ({slowest[2]})"
+            f"after the kill {slowest[1]:.2f} s ({slowest[2]}); longest time without a "
+            f"commit from the restart on {gap:.3f} s"
         )
         bad = [(kind, why) for _, _, kind, why in late if kind != "ok" and not retryable(kind)]
         assert not bad, f"non-retryable errors after the takeover settled: {bad}"
