@@ -212,3 +212,59 @@ def test_an_old_active_node_that_was_still_waiting_does_not_end_the_wait() -> No
     broken.apply(2.7, enable_entry("P"), "a")
     broken.apply(2.7, restored_entry("P", broken.table.partitions["P"].epoch, "a"), "b")
     assert broken.released, "the broken variant speaks while waiting (the check above bites)"
+
+
+def test_a_released_message_that_comes_before_its_entry_is_kept_for_it() -> None:
+    # On real nodes the old active node is often the leader: it applies the handover entry
+    # (and says ``released``) before the new active node applies it.
+    w = Pair()
+    w.apply(0.0, define_entry(AB), "b")
+    w.apply(0.0, enable_entry("P"), "b")
+    w.renew(0.1, "b")
+    w.apply(0.2, enable_entry("P"), "a")
+    w.renew(1.9, "b")
+    epoch = w.table.partitions["P"].epoch
+    a = w.keepers["a"]
+    body = {"t": "released", "p": "P", "e": epoch + 1}
+    assert not a.on_released(1.95, "b", body), "not applied here yet: nothing to end"
+    assert not a.on_released(1.95, "b", {**body, "p": "nope"}), "unknown partitions: dropped"
+    w.apply(2.0, restored_entry("P", epoch, "a"), "b")
+    w.renew(2.0, "a")
+    assert a.acting(2.01, "P", enabled=True), "the early word ended the wait"
+    # A word for another epoch than the entry's ends nothing.
+    w2 = Pair()
+    w2.apply(0.0, define_entry(AB), "b")
+    w2.apply(0.0, enable_entry("P"), "b")
+    w2.apply(0.2, enable_entry("P"), "a")
+    w2.renew(1.9, "b")
+    epoch = w2.table.partitions["P"].epoch
+    w2.keepers["a"].on_released(1.95, "b", {"t": "released", "p": "P", "e": epoch + 2})
+    w2.apply(2.0, restored_entry("P", epoch, "a"), "b")
+    w2.renew(2.0, "a")
+    assert not w2.keepers["a"].acting(2.01, "P", enabled=True)
+
+
+def test_an_active_node_after_a_spell_without_one_waits_out_the_last_ones_lease() -> None:
+    # Seed 3502577: a failover found no live copy (P Unavailable, active None), then the
+    # other copy came back and enabled P: the entry's ``was`` is None, but a, the last
+    # active node, may still act until its lease runs out.
+    w = Pair()
+    w.apply(0.0, define_entry(AB), "a")
+    w.apply(0.0, enable_entry("P"), "a")
+    w.apply(0.0, enable_entry("P"), "b")
+    w.apply(0.0, restored_entry("P", w.table.partitions["P"].epoch, "b"), "a")
+    w.renew(1.0, "a")
+    w.live = []
+    w.apply(1.2, failover_entry("P", w.table.partitions["P"].epoch, ["a", "b"]), "a")
+    assert w.table.partitions["P"].active is None
+    w.live = ["b"]
+    w.apply(1.3, enable_entry("P"), "b")
+    assert w.table.partitions["P"].active == "b"
+    b = w.keepers["b"]
+    w.renew(1.3, "b")
+    assert not b.acting(1.4, "P", enabled=True), "b acted while a's lease (to 1.6) ran"
+    assert b.acting(1.61, "P", enabled=True)
+    # A keeper that never saw who was active (restarted, say) waits a whole lease.
+    fresh = LeaseKeeper("b", 2, w.table, CFG)
+    fresh.on_changed(2.0, {"p": "P", "kind": "enable", "active": "b", "was": None})
+    assert fresh._acting_from["P"] >= 2.0 + CFG.lease, "it would act at once"

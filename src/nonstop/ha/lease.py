@@ -85,6 +85,14 @@ class LeaseKeeper:
         self._handover: dict[str, tuple[int, NodeId]] = {}
         """Partitions handed over to this node and not acted for yet: ``(epoch, was)`` --
         a ``released`` from ``was`` for that epoch ends the wait (module doc)."""
+        self._last_active: dict[str, NodeId] = {}
+        """Per partition, the last node seen active for it: a partition enabled again after
+        a spell with no active node (a failover found no live copy) has ``was`` None, but
+        the node active before the spell may still act until its lease runs out."""
+        self._early: dict[str, tuple[int, NodeId]] = {}
+        """``released`` messages that came before this node applied their entry (the old
+        active node applied it first: it is often the leader): ``(epoch, sender)`` per
+        partition, used when the entry is applied here."""
         self.held_until = float("-inf")
         self._renewal = 0
         self._sent: dict[int, float] = {}
@@ -135,6 +143,9 @@ class LeaseKeeper:
             name: (part.active, part.epoch, part.changed)
             for name, part in self.table.partitions.items()
         }
+        for name, part in self.table.partitions.items():
+            if part.active is not None:
+                self._last_active[name] = part.active
 
     def on_lease(self, now: float, data: dict[str, Any]) -> None:
         """``pt.lease`` applied here (``r`` in it: who asked, which incarnation)."""
@@ -160,6 +171,9 @@ class LeaseKeeper:
             self._seen[part.name] = (part.active, part.epoch, part.changed)
         if not isinstance(name, str) or part is None:
             return None
+        before = self._last_active.get(name)
+        if isinstance(active, str):
+            self._last_active[name] = active
         handover = data.get("kind") == RESTORED and isinstance(was, str) and was != active
         if was == self.me and active != self.me:
             self._handover.pop(name, None)
@@ -171,9 +185,18 @@ class LeaseKeeper:
             self._handover.pop(name, None)
             return None
         start = now
-        if self.wait_for_previous and isinstance(was, str):
-            applied = max(self._applied_at.get(was, float("-inf")), self._snapshot_at)
+        previous = was if isinstance(was, str) else before
+        if self.wait_for_previous and isinstance(previous, str):
+            applied = max(self._applied_at.get(previous, float("-inf")), self._snapshot_at)
             start = max(now, applied + self._wait())
+        elif self.wait_for_previous and part.epoch > 1:
+            # Someone may have been active before (this is not the first enable), and this
+            # keeper does not know who (it restarted or installed a snapshot since): wait a
+            # whole lease from now (seed 3502577: failover to no one, then enable).
+            start = now + self._wait()
+        early = self._early.pop(name, None)
+        if handover and early is not None and early == (part.epoch, was):
+            start = now  # the old active node stopped already: it said so first
         self._acting_from[name] = start
         if handover and start > now:
             assert isinstance(was, str)
@@ -188,10 +211,17 @@ class LeaseKeeper:
         if not isinstance(body, dict) or body.get("t") != "released":
             return False
         name, epoch = body.get("p"), body.get("e")
-        if not isinstance(name, str) or self._handover.get(name) != (epoch, sender):
+        if not isinstance(name, str) or not isinstance(epoch, int) or isinstance(epoch, bool):
+            return False
+        part = self.table.get(name)
+        if part is not None and epoch > part.epoch:
+            # Its entry is not applied here yet: kept for it (one per partition, so a
+            # sender cannot grow this; a wrong one only fails to match).
+            self._early[name] = (epoch, sender)
+            return False
+        if self._handover.get(name) != (epoch, sender):
             return False
         del self._handover[name]
-        part = self.table.get(name)
         if part is None or part.active != self.me or part.epoch != epoch:
             return False
         if self._acting_from.get(name, float("inf")) <= now:
