@@ -18,7 +18,7 @@ index).  After every event, if the node has quorum:
 Proposals go through :meth:`ClusterNode.submit` (forwarded to the leader by a
 follower).  ``{"op": "status"}`` gains ``"partitions"`` (the table, described)
 and ``"acting"`` (this node's acting partitions at the request's time, with
-``"now"`` and ``"acting_until"`` on the node's clock).  ``{"op": "partition"}``
+``"now"``, ``"acting_until"`` and ``"released_at"`` on the node's clock).  ``{"op": "partition"}``
 requests are operators' ``define``/``enable``/``disable`` (:mod:`nonstop.ha.operator`).
 
 A handover's old active node tells the new one when it stopped acting
@@ -213,6 +213,9 @@ class HaClusterNode(ClusterNode):
             "now": now,
             "acting": acting,
             "acting_until": until if math.isfinite(until) else None,
+            # When this node handed a partition over and told the new active node so: its
+            # acting for it ended then, before acting_until (ha.md section 8).
+            "released_at": dict(self.leases.released_at),
         }
 
     # ------------------------------------------------------------ operators

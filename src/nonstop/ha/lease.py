@@ -85,6 +85,9 @@ class LeaseKeeper:
         self._handover: dict[str, tuple[int, NodeId]] = {}
         """Partitions handed over to this node and not acted for yet: ``(epoch, was)`` --
         a ``released`` from ``was`` for that epoch ends the wait (module doc)."""
+        self.released_at: dict[str, float] = {}
+        """Per partition, when this node last handed it over and said ``released`` (its own
+        clock): its acting for it ended then, before its lease (the status shows it)."""
         self._last_active: dict[str, NodeId] = {}
         """Per partition, the last node seen active for it: a partition enabled again after
         a spell with no active node (a failover found no live copy) has ``was`` None, but
@@ -179,6 +182,7 @@ class LeaseKeeper:
             self._handover.pop(name, None)
             waited = self._acting_from.get(name, float("inf")) <= now
             if handover and isinstance(active, str) and (waited or self.release_unless_acting):
+                self.released_at[name] = now
                 return active, {"t": "released", "p": name, "e": part.epoch}
             return None
         if active != self.me or was == self.me:
