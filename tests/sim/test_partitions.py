@@ -52,12 +52,12 @@ def test_broken_variants_are_caught(mutant: str, invariant: str) -> None:
 def test_a_change_of_hands_hidden_in_a_snapshot_is_waited_out() -> None:
     # Issue 14 (session 11): a node that installs a snapshot goes on acting for the
     # partitions that did not change hands inside it (ha.md section 8).  The mutant that
-    # goes on acting for every partition is rare to catch: 1 seed of 600 from 0, seed 245
+    # goes on acting for every partition is rare to catch: 1 seed of 800 from 0, seed 192
     # since handovers end the lease wait early (session 12; seed 29 before).
-    (broken,) = CAMPAIGN.run([245], MutantOptions("snapshot_keeps_acting"), jobs=1)
+    (broken,) = CAMPAIGN.run([192], MutantOptions("snapshot_keeps_acting"), jobs=1)
     assert not broken.ok
     assert any("one-acting" in v for v in broken.violations)
-    (fixed,) = CAMPAIGN.run([245], MutantOptions(None), jobs=1)
+    (fixed,) = CAMPAIGN.run([192], MutantOptions(None), jobs=1)
     assert fixed.ok, fixed.violations
 
 
