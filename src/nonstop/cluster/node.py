@@ -428,8 +428,13 @@ class ClusterNode:
         elif isinstance(kind, str) and kind in self.tables:
             actions += self._on_table_forward(kind, event.sender, body)
         else:
-            actions.append(Log("warning", f"unknown message kind {kind!r} from {event.sender}"))
+            actions += self._on_other_kind(event.now, event.sender, kind, body)
         return actions
+
+    def _on_other_kind(self, now: float, sender: NodeId, kind: Any, body: Any) -> list[Action]:
+        """A message of a kind this class does not know (a subclass's own), after the
+        liveness and error-state handling every message gets."""
+        return [Log("warning", f"unknown message kind {kind!r} from {sender}")]
 
     def _wrap(self, kind: str, actions: list[Action]) -> list[Action]:
         """Put a component's Sends into envelopes and prefix its timers."""

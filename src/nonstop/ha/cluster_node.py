@@ -39,7 +39,6 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from nonstop.cluster.failure import ERROR_STATES
 from nonstop.cluster.node import ClusterConfig, ClusterNode
 from nonstop.cluster.raft import ROLE_LEADER
 from nonstop.ha.failover import Promoter, PromoterConfig, Restorer
@@ -51,8 +50,8 @@ from nonstop.runtime.interface import (
     Action,
     ClientRequest,
     Event,
+    NodeId,
     Notify,
-    Received,
     Reply,
     Send,
     SetTimer,
@@ -162,19 +161,13 @@ class HaClusterNode(ClusterNode):
                 self.restorer.held.discard(str(action.data.get("p")))  # refused: not held off
         return touched
 
-    def _on_received(self, event: Received) -> list[Action]:
-        payload = event.payload
-        if not (isinstance(payload, dict) and payload.get("k") == LEASE):
-            return super()._on_received(event)
-        actions = self.detector.heard(event.now, event.sender, bool(payload.get("en", True)))
-        if self.detector.state_of(event.sender) in ERROR_STATES:
-            return actions  # no communication with a node in an error state (C3)
-        body = payload.get("b")
-        if self.leases.on_released(event.now, event.sender, body):
-            assert isinstance(body, dict)
-            data = {"p": body.get("p"), "e": body.get("e"), "from": event.sender}
-            actions.append(Notify("pt.released", data))
-        return actions
+    def _on_other_kind(self, now: float, sender: NodeId, kind: Any, body: Any) -> list[Action]:
+        if kind != LEASE:
+            return super()._on_other_kind(now, sender, kind, body)
+        if not self.leases.on_released(now, sender, body):
+            return []
+        assert isinstance(body, dict)
+        return [Notify("pt.released", {"p": body.get("p"), "e": body.get("e"), "from": sender})]
 
     # ------------------------------------------------------------ acting
     def _acting_changes(self, now: float, touched: bool) -> list[Action]:

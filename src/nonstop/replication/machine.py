@@ -188,6 +188,7 @@ class ReplicationMachine:
         """The mapping ``views`` was copied from (on_table: unchanged if it is the same)."""
         self.acting: frozenset[str] = frozenset()
         self.durable: dict[str, Head] = dict(self.data.heads)
+        """Per partition, the place durable on this node's disk."""
         self.holds = Holds.recover(recovered)
         self._covers: dict[tuple[str, str], tuple[int, int]] = {}
         """(txid, P) -> (stream, seq): the hold on P is released once that record completed."""
@@ -201,7 +202,6 @@ class ReplicationMachine:
         at every sweep)."""
         self._asked_at: dict[str, float] = {}
         """P -> when this replica last asked P's active node for its ``completed``."""
-        """Per partition, the place durable on this node's disk."""
         self._token = 0
         self._tokens: dict[int, tuple[int, Any]] = {}
         self._drops: dict[tuple[str, int, NodeId], float] = {}

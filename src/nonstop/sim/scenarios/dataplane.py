@@ -1056,10 +1056,9 @@ def check_durable(sim: Simulation, names: list[NodeId], fail: Callable[[str, str
         if not isinstance(machine, SimDataNode):
             continue
         store = machine.store
-        if store.in_doubt():
-            doubt = sorted(g for g, b in store.rm_branches.items() if b.prepared)
-            doubt += sorted(store.replicated_prepared)
-            fail("durability", f"{name}: {store.in_doubt()} branches still in doubt: {doubt}")
+        doubt = store.in_doubt_names()
+        if doubt:
+            fail("durability", f"{name}: {len(doubt)} branches still in doubt: {doubt}")
             continue
         durable = sim.nodes[name].disk.durable
         rebuilt = SimDataStore(name, store.location, store.timestamp, durable)

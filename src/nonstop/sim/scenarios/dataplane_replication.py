@@ -75,6 +75,7 @@ from nonstop.runtime.interface import (
 )
 from nonstop.sim.core import Simulation
 from nonstop.sim.scenarios.dataplane_node import TOKEN_OWNERS, SimDataNode
+from nonstop.sim.scenarios.dataplane_store import taken_name, taken_parts
 
 SIM_REPLICATION = ReplicationConfig(
     replica_timeout=0.3,
@@ -262,7 +263,7 @@ class ReplicatedDataNode(SimDataNode):
         objects of P are not served here now, and are replaced by the machine's copy when
         this node acts for P again."""
         for taken in list(self.store.replicated_prepared):
-            name, _, gtid = taken.partition("/")
+            name, gtid = taken_parts(taken)
             if self.host.settled_elsewhere(name, gtid):
                 self.store.end_prepared(taken, False)
 
@@ -319,13 +320,13 @@ class _SimHostRuntime:
                 mine = {image[0] for image in own.after or []}
                 images = [image for image in images if image[0] not in mine]
             if images:
-                store.take_prepared(_taken(name, txid), images)
+                store.take_prepared(taken_name(name, txid), images)
 
     def resolved(
         self, name: str, txid: str, writes: Mapping[str, Any] | None, commit: bool
     ) -> None:
         store = self.node.store
-        taken_over = store.end_prepared(_taken(name, txid), commit)
+        taken_over = store.end_prepared(taken_name(name, txid), commit)
         if txid in store.rm_branches:
             return  # the store's own phase two installs the rest
         if not taken_over and writes is not None and commit and name in self.node.host.loaded:
@@ -337,11 +338,6 @@ def _acting_when_ready(
 ) -> bool:
     """The data plane's ``acting``: the cluster node's answer, and the store holds the copy."""
     return cluster_acting(now, name) and node.ready(name)
-
-
-def _taken(partition: str, gtid: str) -> str:
-    """The store's name of P's prepared record of ``gtid`` taken over at promotion."""
-    return f"{partition}/{gtid}"
 
 
 def replicas_durable_observer(

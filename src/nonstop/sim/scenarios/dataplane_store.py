@@ -384,8 +384,12 @@ class SimDataStore:
 
     def in_doubt(self) -> int:
         """Branches prepared here whose outcome is not applied yet."""
-        prepared = sum(1 for b in self.rm_branches.values() if b.prepared)
-        return prepared + len(self.replicated_prepared)
+        return len(self.in_doubt_names())
+
+    def in_doubt_names(self) -> list[str]:
+        """The gtids of :meth:`in_doubt`'s branches, then the taken-over records' names."""
+        prepared = sorted(g for g, b in self.rm_branches.items() if b.prepared)
+        return prepared + sorted(self.replicated_prepared)
 
     # ------------------------------------------------------------ running ops
     def _run(self, b: Branch) -> None:
@@ -644,7 +648,7 @@ class SimDataStore:
             self._view(b)
             b.cut_mark = self.commits
             b.cut_doubt = frozenset(g for g, rb in self.rm_branches.items() if rb.prepared) | {
-                _gtid_of(taken) for taken in self.replicated_prepared
+                taken_parts(taken)[1] for taken in self.replicated_prepared
             }
         return {}
         yield
@@ -1020,7 +1024,7 @@ class SimDataStore:
         self.replicated_prepared[gtid] = after
         # In doubt here like a prepared branch of this node's own: a snapshot's cut names
         # it (and its commit, once applied, is seen: end_prepared).
-        self.note_prepared(_gtid_of(gtid))
+        self.note_prepared(taken_parts(gtid)[1])
         owner = _REPLICATED + gtid
         for image in after:
             if isinstance(image[0], bytes):
@@ -1041,7 +1045,7 @@ class SimDataStore:
             return False
         if commit:
             self.load(after)
-            self.note_applied(_gtid_of(gtid))
+            self.note_applied(taken_parts(gtid)[1])
         self._granted(self.locks.release_all(_REPLICATED + gtid))
         return True
 
@@ -1317,9 +1321,15 @@ def is_prepared_key(key: bytes) -> bool:
     return key.startswith(K_PREPARED)
 
 
-def _gtid_of(taken: str) -> str:
-    """The gtid of a prepared record taken over at promotion (its name is ``<P>/<gtid>``)."""
-    return taken.partition("/")[2] or taken
+def taken_name(partition: str, gtid: str) -> str:
+    """The store's name of P's prepared record of ``gtid`` taken over at promotion."""
+    return f"{partition}/{gtid}"
+
+
+def taken_parts(taken: str) -> tuple[str, str]:
+    """``(partition, gtid)`` of a name made by :func:`taken_name`."""
+    partition, _, gtid = taken.partition("/")
+    return partition, gtid
 
 
 __all__ = [
@@ -1333,4 +1343,6 @@ __all__ = [
     "SimStoreResourceManager",
     "SimType",
     "StoreConfig",
+    "taken_name",
+    "taken_parts",
 ]
