@@ -23,7 +23,10 @@ def partitions_served(statuses: Mapping[str, Mapping[str, Any]]) -> bool:
     every partition until the others enable theirs and take them back by priority,
     and each such move is a moment of ``NotActive``.)  Nodes that run the partition
     table (their status has ``acting``) must all have applied the same, non-empty,
-    table; for nodes without one, a table with no partition is served."""
+    table, holding every partition a node's configuration defines (``layout``: each
+    definition is a log entry of its own, and a lost one is proposed again a retry later,
+    so a table can stay settled for a while with a partition missing); for nodes without
+    one, a table with no partition is served."""
     if not statuses:
         return False
     first = next(iter(statuses.values()))
@@ -34,6 +37,9 @@ def partitions_served(statuses: Mapping[str, Mapping[str, Any]]) -> bool:
         # applied the same partitions.
         if not names:
             return False
+        for applied in statuses.values():
+            if not {str(n) for n in applied.get("layout") or []} <= names:
+                return False
         for applied in statuses.values():
             if {str(p.get("name")) for p in applied.get("partitions") or []} != names:
                 return False

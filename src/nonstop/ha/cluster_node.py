@@ -267,6 +267,9 @@ class HaClusterNode(ClusterNode):
                 part["table_state"] = part["state"]
                 part["state"] = self.partition_table.local_state(part["name"], enabled=False)
         status["partitions"] = partitions
+        # What this node's configuration defines (the restorer proposes each until the
+        # table has it): a partition missing from the table is not served yet.
+        status["layout"] = [p.name for p in self.restorer.layout]
         return status
 
     def status_at(self, now: float) -> dict[str, Any]:
