@@ -89,6 +89,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("nonstop.data")
 
+
+CLUSTER_NOTES = ("node_state", "view", "quorum", "pt.changed", "pt.acting")
+"""The cluster node's notifications after which the data plane takes the cluster's state
+again: membership and quorum (an installed snapshot comes with ``view``); ``pt.changed``
+(the partition table moved), ``pt.acting`` (what this node acts for)."""
+
 _LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING}
 
 
@@ -218,8 +224,7 @@ class DataService:
         """Start the machine's timers and listen for membership changes."""
         add = getattr(self.runtime, "add_notifier", None)
         if add is not None:
-            # pt.changed: the partition table moved; pt.acting: what this node acts for.
-            for kind in ("node_state", "view", "quorum", "pt.changed", "pt.acting"):
+            for kind in CLUSTER_NOTES:
                 add(kind, self._cluster_noted)
         # A large ended transaction's locks and entries are released a slice per turn
         # of this loop, also when the store's writer thread ends it (data-path.md §6.8).

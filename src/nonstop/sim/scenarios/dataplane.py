@@ -831,6 +831,7 @@ def run_seed(
     _add_nodes(sim, rng, names, home, cfg, dp_config, routing)
     if routing is not None:
         sim.observers.append(routing.ack_observer(lambda i, d: checker.fail(sim, i, d)))
+        sim.observers.append(routing.table_observer(lambda i, d: checker.fail(sim, i, d)))
         if cfg.replicas > 0:
             sim.observers.append(replicas_durable_observer(lambda i, d: checker.fail(sim, i, d)))
     faults = install_faults(world, names, cfg)

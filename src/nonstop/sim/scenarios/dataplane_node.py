@@ -64,7 +64,7 @@ from nonstop.dataplane.events import (
     ReadWaits,
 )
 from nonstop.dataplane.machine import DataPlane
-from nonstop.dataplane.service import partition_views
+from nonstop.dataplane.service import CLUSTER_NOTES, partition_views
 from nonstop.dtx.clustered import DtxClusterNode
 from nonstop.dtx.protocol import RM, DtxConfig, DtxNode
 from nonstop.ha.cluster_node import HaClusterNode
@@ -94,7 +94,7 @@ TOKEN_OWNERS = 4
 """``Persist`` tokens: ``4t`` the DtxClusterNode's, ``4t + 1`` the store's, ``4t + 2`` the data
 plane's, ``4t + 3`` a composed replication machine's (:mod:`.dataplane_replication`)."""
 
-_CLUSTER_KINDS = frozenset({"node_state", "quorum", "view", "pt.changed", "pt.acting"})
+_CLUSTER_KINDS = frozenset(CLUSTER_NOTES)
 
 
 class SimDataNode:

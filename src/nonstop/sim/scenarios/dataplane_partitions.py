@@ -89,6 +89,34 @@ class PartitionRouting:
         """An initial account, as if loaded before the run (epoch 0: creates come later)."""
         return Ref.make(partition_location(self.partition_of_account(number)), 0, number).raw
 
+    def table_observer(
+        self, fail: Callable[[str, str], None]
+    ) -> Callable[[Simulation, NodeId, Event, list[Action]], None]:
+        """``table-told``: after every step of a node, its data plane routes by the partition
+        table its cluster node applied (each partition's active node and epoch) -- also
+        after the table came in a snapshot, which is no ``pt.changed`` (a node that caught
+        up that way kept refusing ``NotActive`` for partitions it had not seen)."""
+
+        def observe(sim: Simulation, node: NodeId, event: Event, actions: list[Action]) -> None:
+            machine = sim.machine(node)
+            ha = getattr(getattr(machine, "node", None), "cluster", None)
+            plane = getattr(machine, "dataplane", None)
+            if not isinstance(ha, HaClusterNode) or plane is None:
+                return
+            applied = {n: (p.active, p.epoch) for n, p in ha.partition_table.partitions.items()}
+            told = {n: (p.active, p.epoch) for n, p in plane.view.partitions.items()}
+            if told != applied:
+                wrong = sorted(
+                    n for n in applied.keys() | told.keys() if told.get(n) != applied.get(n)
+                )
+                fail(
+                    "table-told",
+                    f"{node}'s data plane routes by another table than it applied: "
+                    + ", ".join(f"{n} {told.get(n)} != {applied.get(n)}" for n in wrong[:3]),
+                )
+
+        return observe
+
     def ack_observer(
         self, fail: Callable[[str, str], None]
     ) -> Callable[[Simulation, NodeId, Event, list[Action]], None]:
