@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from nonstop import errors
-from nonstop.dtx.decisions import DECIDED, PROPOSE
+from nonstop.dtx.decisions import DECIDED, LOOKUP, PROPOSE
 from nonstop.net import plain
 from nonstop.replication import PartitionView, ReplicationMachine
 from nonstop.replication.data import K_PREPARED
@@ -44,6 +44,9 @@ class FakeRuntime:
 
     def tomb(self, gtid: str) -> str | None:
         return None
+
+    def own_prepare(self, gtid: str) -> list[str]:
+        return []
 
     def load_copy(
         self, name: str, stream_id: int, values: Mapping[str, Any], prepared: Mapping[str, Any]
@@ -85,6 +88,108 @@ def test_a_partition_not_acted_for_refuses_before_any_record_is_made() -> None:
     assert refusal is not None and isinstance(refusal.error, errors.NotActive)
     assert not refusal.unknown and not answers
     assert not runtime.persists, "a record was made for a commit refused"
+
+
+def test_a_lapse_of_the_lease_is_waited_out_and_the_commit_goes_on_when_acting_again() -> None:
+    # Session 13: a 200,000-row swap by partition started over at every lapse of the
+    # node's lease (a renewal late in the log under the swap's load): its prepare was
+    # refused although the node was still the partition's active node at its epoch.
+    host, runtime = host_acting("P1")
+    views = host.machine.views
+    host.settle(0.1, views, [])  # the lease lapsed; the table did not move
+    answers: list[Refusal | None] = []
+    assert host.replicate(0.2, {"P1": WRITES}, None, answers.append) is None
+    host.settle(0.5, views, [])
+    assert not runtime.persists and not answers, "made or answered while not acting"
+    host.settle(0.7, views, ["P1"])  # the renewal applied
+    assert runtime.persists, "the waiting commit was not made once acting again"
+    durable(host, runtime, 0.8)
+    assert answers == [None]
+
+
+def test_a_lapse_that_lasts_or_a_change_of_hands_refuses_with_nothing_made() -> None:
+    host, runtime = host_acting("P1")
+    views = host.machine.views
+    host.settle(0.1, views, [])
+    answers: list[Refusal | None] = []
+    assert host.replicate(0.2, {"P1": WRITES}, None, answers.append) is None
+    host.settle(0.2 + host.lapse_wait - 0.01, views, [])
+    assert not answers
+    host.settle(0.2 + host.lapse_wait, views, [])
+    (late,) = answers
+    assert late is not None and isinstance(late.error, errors.NotActive) and not late.unknown
+    # Another node promoted meanwhile: refused at once, not at the end of the wait.
+    assert host.replicate(3.0, {"P1": WRITES}, None, answers.append) is None
+    host.settle(3.1, {"P1": PartitionView("P1", 3, "B", ("B",), (), ("B",))}, [])
+    moved = answers[1]
+    assert moved is not None and isinstance(moved.error, errors.NotActive) and not moved.unknown
+    assert "changed hands" in str(moved.error)
+    assert not runtime.persists, "a record was made for a refused commit"
+
+
+def test_a_prepare_waiting_out_a_lapse_is_dropped_when_its_outcome_comes_first() -> None:
+    host, _ = host_acting("P1")
+    views = host.machine.views
+    host.settle(0.1, views, [])
+    answers: list[Refusal | None] = []
+    assert host.replicate(0.2, {"P1": WRITES}, "B.7", answers.append) is None
+    host.outcome(0.3, "B.7", False, ["P1"])  # its coordinator gave up and aborted
+    (dropped,) = answers
+    assert dropped is not None and not dropped.unknown
+    host.settle(0.4, views, ["P1"])
+    assert not host.machine.prepared_here("P1", "B.7"), "made after its outcome"
+
+
+def test_without_a_lapse_wait_a_lapse_refuses_at_once() -> None:
+    runtime = FakeRuntime()
+    machine = ReplicationMachine(ME, random.Random(1), {})
+    host = ReplicationHost(
+        machine, runtime, first_local_txid=0, propose_again=lambda: 1.0, lapse_wait=0.0
+    )
+    views = {"P1": view("P1")}
+    host.settle(0.0, views, ["P1"])
+    host.settle(0.1, views, [])
+    refusal = host.replicate(0.2, {"P1": WRITES}, None, lambda r: None)
+    assert refusal is not None and isinstance(refusal.error, errors.NotActive)
+
+
+class OwnPrepareRuntime(FakeRuntime):
+    """This node's participant prepared ``own`` (gtid -> partitions) and waits for it."""
+
+    def __init__(self, own: dict[str, list[str]]) -> None:
+        super().__init__()
+        self.own = own
+
+    def own_prepare(self, gtid: str) -> list[str]:
+        return self.own.get(gtid, [])
+
+
+def lookups_after_a_long_prepare(own: dict[str, list[str]]) -> list[dict[str, Any]]:
+    """A prepare of ``B.7`` on P1, durable, then no outcome for 3 s: what the host asks."""
+    runtime = OwnPrepareRuntime(own)
+    machine = ReplicationMachine(ME, random.Random(1), {})
+    host = ReplicationHost(machine, runtime, first_local_txid=0, propose_again=lambda: 1.0)
+    views = {"P1": view("P1")}
+    host.settle(0.0, views, ["P1"])
+    answers: list[Refusal | None] = []
+    assert host.replicate(0.1, {"P1": WRITES}, "B.7", answers.append) is None
+    durable(host, runtime, 0.2)
+    assert answers == [None]  # the yes vote may go
+    for step in range(1, 31):
+        host.settle(0.2 + step * 0.1, views, ["P1"])
+    return [r for r in runtime.asked if r.get("g") == "B.7"]
+
+
+def test_a_prepare_its_own_participant_waits_on_is_not_resolved_by_the_host() -> None:
+    # Session 13: 2 s (resolve_after) into a 200,000-row swap by partition the active node
+    # asked the decision log about its own participant's prepared record, found nothing
+    # decided (other participants were still preparing) and proposed abort: the swap
+    # started over.  The participant's outcome comes from the distributed commit.
+    assert lookups_after_a_long_prepare({"B.7": ["P1"]}) == []
+    # A prepared record this node's participant does not wait on (taken over, or from
+    # before a restart) is still looked up after resolve_after.
+    asked = lookups_after_a_long_prepare({})
+    assert asked and asked[0]["t"] == LOOKUP
 
 
 def test_a_commit_completes_once_durable_and_fails_as_unknown_when_the_stream_ends() -> None:

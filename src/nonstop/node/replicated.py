@@ -368,9 +368,10 @@ class ReplicatedClusterNode(DtxClusterNode):
                 self._prepared_parts.pop(next(iter(self._prepared_parts)))
 
             def voted(refusal: Refusal | None) -> None:
-                if refusal is not None:
+                if refusal is not None and refusal.unknown:
                     # This participant votes no: the outcome is abort, known here -- a copy
                     # of the prepared record elsewhere resolves from it (held like any other).
+                    # (Not ``unknown``: refused after waiting out a lapse, nothing was made.)
                     parts = self._prepared_parts.get(txid, [])
                     self.host.outcome(self.host.now, txid, False, parts)
                 done(refusal)
@@ -463,6 +464,9 @@ class _RealHostRuntime:
 
     def tomb(self, gtid: str) -> str | None:
         return self.node.dtx.tombs.get(gtid)
+
+    def own_prepare(self, gtid: str) -> list[str]:
+        return self.node._prepared_parts.get(gtid, [])
 
     def load_copy(
         self, name: str, stream_id: int, values: Mapping[str, Any], prepared: Mapping[str, Any]

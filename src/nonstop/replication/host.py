@@ -19,6 +19,14 @@ asyncio -- goes through :class:`HostRuntime`, which each node implements.
   ``<node>~rep.<n>``), decided in the decision log (first writer wins: a
   promoted copy proposes abort), then given its outcome records; the proposal
   is sent again every ``propose_again`` seconds until decided (fix 4).
+  **A lapse is waited out**: when every partition that is not acting is still
+  this node's in the applied table at the epoch of the call -- its liveness
+  lease lapsed, most often a renewal late in the cluster log under a large
+  swap's load -- the call waits, making nothing, until the node acts for them
+  again (then it goes on) or the table moves or ``lapse_wait`` seconds pass
+  (then ``done`` gets :class:`Refusal` ``NotActive``, ``unknown`` false: nothing
+  was made).  Refusing at once made a 200,000-row swap by partition start over
+  at every lapse (replication.md §4a).
 * **Outcome** (:meth:`ReplicationHost.outcome`, a participant's phase two): a
   durable **hold** on the gtid for every partition its write set touched and
   every partition whose copy here holds it prepared (fixes 1, 7; the machine's
@@ -59,6 +67,10 @@ copy can always resolve one; the table grows by one decision per such commit).""
 
 RESULT_KEY = "r:"
 """Write-set key prefix of a request result ``r:<client>\\0<seq>``."""
+
+LAPSE_WAIT = 2.0
+"""Seconds a commit or prepare waits out a lapse of this node's lease (module doc): a few
+leases (0.6 s), under the data path's default branch timeout."""
 
 KNOWN_OUTCOMES = 4096
 """Outcomes this node's participant applied, remembered in memory (a restart forgets)."""
@@ -101,6 +113,10 @@ class HostRuntime(Protocol):
     def tomb(self, gtid: str) -> str | None:
         """The outcome this node's participant durably applied for ``gtid``, if any."""
 
+    def own_prepare(self, gtid: str) -> Iterable[str]:
+        """The partitions whose write set of ``gtid`` this node's participant prepared in
+        this life and whose outcome it has not had yet (empty: none)."""
+
     def load_copy(
         self, name: str, stream_id: int, values: Mapping[str, Any], prepared: Mapping[str, Any]
     ) -> None:
@@ -125,6 +141,17 @@ class _Group:
 
 
 @dataclass(slots=True)
+class _Parked:
+    """A commit or prepare waiting out a lapse of this node's lease (module doc)."""
+
+    sets: WriteSets
+    gtid: str | None
+    done: Done
+    epochs: dict[str, int]
+    until: float
+
+
+@dataclass(slots=True)
 class _Deciding:
     """A multi-partition one-node commit whose prepared records ended: waits for the log."""
 
@@ -146,6 +173,7 @@ class ReplicationHost:
         first_local_txid: int,
         propose_again: Callable[[], float],
         lookup_again: float | None = None,
+        lapse_wait: float = LAPSE_WAIT,
     ) -> None:
         self.machine = machine
         self.name = machine.me
@@ -174,6 +202,11 @@ class ReplicationHost:
         :meth:`_load_new_streams` (a host forgets a failed load from ``loaded``)."""
         self.loaded: dict[str, int] = {}
         """Partition -> the stream whose copy the store was given (promotion)."""
+        self.lapse_wait = lapse_wait
+        """Seconds a call waits out a lapse of this node's lease (0: refused at once)."""
+        self._parked: list[_Parked] = []
+        self.lapses_waited = 0
+        """Calls that waited out a lapse (tests, the simulator's counters)."""
 
     # ------------------------------------------------------------ events
     def handle(self, event: Event) -> None:
@@ -192,6 +225,8 @@ class ReplicationHost:
             self._propose_again(now)
         if self._lookups:
             self._lookup_again(now)
+        if self._parked:
+            self._unpark(now)
 
     def _actions(self, now: float, actions: list[Any]) -> None:
         runtime = self.runtime
@@ -221,18 +256,67 @@ class ReplicationHost:
         if not sets:
             done(None)  # nothing of a partition: nothing to replicate
             return None
+        refusal, lapsed = self._refusal(sets)
+        if refusal is None:
+            self._make(now, sets, gtid, done)
+            return None
+        if not lapsed or self.lapse_wait <= 0:
+            return refusal
+        epochs = {name: rep.views[name].epoch for name in sets}
+        self._parked.append(_Parked(sets, gtid, done, epochs, now + self.lapse_wait))
+        self.lapses_waited += 1
+        return None
+
+    def _refusal(self, sets: WriteSets) -> tuple[Refusal | None, bool]:
+        """Why nothing of ``sets`` may be made now (None: go on), and whether only a lapse
+        of this node's lease is in the way (every refusing partition still this node's in
+        the applied table, with its stream)."""
+        rep = self.machine
+        refusal: Refusal | None = None
+        lapsed = True
         for name in sorted(sets):
             view = rep.views.get(name)
             if name not in rep.acting or name not in rep.streams or view is None:
                 active = None if view is None else view.active
                 why = f"{self.name} does not act for {name} (active: {active})"
-                return Refusal(errors.NotActive(why))
+                refusal = refusal or Refusal(errors.NotActive(why))
+                lapsed = lapsed and active == self.name and name in rep.streams
+                continue
             taker = rep.handing_over(name)
             if taker is not None:
                 # Before a handover nothing new is made here (replication.md §10e): the
                 # retry finds ``taker`` active once ``restored`` applied.
                 why = f"{self.name} hands {name} over to {taker}: retry there"
-                return Refusal(errors.NotActive(why))
+                return Refusal(errors.NotActive(why)), False
+        return refusal, refusal is not None and lapsed
+
+    def _unpark(self, now: float) -> None:
+        """After an event: the calls waiting out a lapse go on, or are refused."""
+        rep = self.machine
+        parked, self._parked = self._parked, []
+        for p in parked:
+            moved = [
+                name
+                for name, epoch in p.epochs.items()
+                if (view := rep.views.get(name)) is None
+                or view.epoch != epoch
+                or view.active != self.name
+            ]
+            if moved:
+                why = f"{moved[0]} changed hands while {self.name}'s lease had lapsed: retry"
+                p.done(Refusal(errors.NotActive(why)))
+                continue
+            refusal, lapsed = self._refusal(p.sets)
+            if refusal is None:
+                self._make(now, p.sets, p.gtid, p.done)
+            elif not lapsed or now >= p.until:
+                p.done(refusal)
+            else:
+                self._parked.append(p)
+
+    def _make(self, now: float, sets: WriteSets, gtid: str | None, done: Done) -> None:
+        """Make the records of ``sets``, every partition acting (:meth:`replicate`)."""
+        rep = self.machine
         large = any(len(writes) > rep.config.record_writes for writes in sets.values())
         if gtid is None and (len(sets) > 1 or large):
             # A one-node commit over several partitions: one record per partition would not
@@ -258,7 +342,6 @@ class ReplicationHost:
             else:
                 actions = rep.replicate(now, ref, name, epoch, sets[name], PREPARE, gtid)
             self._actions(now, actions)
-        return None
 
     def _finished(self, action: Completed | Failed) -> None:
         group = self._groups.get(action.ref) if isinstance(action.ref, int) else None
@@ -315,6 +398,10 @@ class ReplicationHost:
         self.now = now
         decision = OUTCOME_COMMIT if commit else OUTCOME_ABORT
         self._remember(gtid, decision)
+        for p in [p for p in self._parked if p.gtid == gtid]:
+            # Its coordinator decided while it waited out a lapse: nothing is made of it.
+            self._parked.remove(p)
+            p.done(Refusal(errors.NotActive(f"{gtid} ended while {self.name} waited to act")))
         # Right after a restart the table is not applied yet and the write set names no
         # partition, while the copies are recovered from the disk (seed 2440).
         parts = set(partitions)
@@ -368,6 +455,13 @@ class ReplicationHost:
             self._streams_seen = (rep.streams_started, len(self.loaded))
 
     def _resolve(self, now: float, action: Resolve) -> None:
+        if action.partition in self.runtime.own_prepare(action.txid):
+            # This node's participant prepared it and waits for its outcome: the distributed
+            # commit gives it (the coordinator, or the participant's own termination rule,
+            # which knows a coordinator still collecting the votes of a large prepare).
+            # Resolving it here proposed abort to the log 2 s into a 200,000-row swap by
+            # partition, while the other participants were still preparing (session 13).
+            return
         self._resolving.setdefault(action.txid, set()).add(action.partition)
         known = self.known_outcome(action.txid)
         if known is not None:

@@ -39,11 +39,11 @@ the CPU it took (microseconds)."""
 
 
 def config_for(
-    mutant: str | None, partitions: bool = False, replicas: int = 0
+    mutant: str | None, partitions: bool = False, replicas: int = 0, prepare_delay: float = 0.0
 ) -> ScenarioConfig | None:
     """The scenario's configuration: routed by node (default) or by partition, maybe broken."""
     if partitions:
-        base = partitioned_config(replicas=replicas)
+        base = partitioned_config(replicas=replicas, prepare_delay=prepare_delay)
         if mutant is None:
             return base
         if mutant in REPLICATION_MUTANTS:
@@ -59,9 +59,10 @@ class DataPlaneOptions:
     mutant: str | None = None
     partitions: bool = False
     replicas: int = 0
+    prepare_delay: float = 0.0
 
     def config(self) -> ScenarioConfig | None:
-        return config_for(self.mutant, self.partitions, self.replicas)
+        return config_for(self.mutant, self.partitions, self.replicas, self.prepare_delay)
 
 
 class DataPlaneCampaign(Campaign[DataPlaneOptions]):
@@ -85,13 +86,21 @@ class DataPlaneCampaign(Campaign[DataPlaneOptions]):
             default=0,
             help="with --partitions: sync replicas per partition (dataplane_replication)",
         )
+        parser.add_argument(
+            "--prepare-delay",
+            type=float,
+            default=0.0,
+            help="with --replicas: a prepare reaches the replication host up to this many "
+            "seconds late (a large prepare's encoding; leases may lapse meanwhile)",
+        )
 
     def options(self, args: argparse.Namespace) -> DataPlaneOptions:
-        return DataPlaneOptions(args.mutant, args.partitions, args.replicas)
+        return DataPlaneOptions(args.mutant, args.partitions, args.replicas, args.prepare_delay)
 
     def replay_options(self, options: DataPlaneOptions) -> str:
         extra = f" --mutant {options.mutant}" if options.mutant else ""
         extra += " --partitions" if options.partitions else ""
+        extra += f" --prepare-delay {options.prepare_delay}" if options.prepare_delay else ""
         return extra + (f" --replicas {options.replicas}" if options.replicas else "")
 
     def run_seed(self, seed: int, options: DataPlaneOptions) -> SeedOutcome:

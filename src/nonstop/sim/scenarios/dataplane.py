@@ -160,6 +160,11 @@ class ScenarioConfig(CommonConfig):
     replicas before they are acknowledged and a failover promotes one."""
     replication_mutant: str | None = None
     """One of ``nonstop.replication.machine.MUTANTS`` (the mutation check)."""
+    prepare_delay: float = 0.0
+    """With replicas: a participant's prepare reaches the replication host up to this many
+    seconds after it began (uniform), as a real participant's large prepare does after
+    encoding on a worker thread -- long enough for a lease to lapse in between
+    (replication.md §4a, "A lapse of the lease is waited out").  0: at once."""
 
 
 def partitioned_config(**overrides: Any) -> ScenarioConfig:
@@ -970,6 +975,12 @@ def run_seed(
         max_gap=commit_gap(ledger.commit_times, cfg.client_start + GAP_WARMUP, cfg.heal_at),
         max_attempts=max(ledger.attempts, default=0),
         max_wait=max(ledger.waits, default=0.0),
+        # (nodes up at the end: a crashed node's count went with it)
+        lapses_waited=sum(
+            getattr(getattr(sim.machine(n), "host", None), "lapses_waited", 0)
+            for n in names
+            if sim.is_up(n)
+        ),
         cpu_time=time.process_time() - cpu,
     )
     violations = checker.found
@@ -1112,6 +1123,8 @@ def _add_nodes(
                 extra["replication"] = dataclasses.replace(
                     SIM_REPLICATION, mutant=cfg.replication_mutant
                 )
+                if cfg.prepare_delay > 0:
+                    extra["prepare_delay"] = cfg.prepare_delay
             return node_class(
                 node_cfg,
                 node_rng,

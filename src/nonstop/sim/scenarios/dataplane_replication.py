@@ -54,6 +54,7 @@ import random
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from nonstop import errors
 from nonstop.ha.cluster_node import HaClusterNode
 from nonstop.ha.partition_table import TABLE
 from nonstop.model.wire import error_out
@@ -71,6 +72,7 @@ from nonstop.runtime.interface import (
     Persist,
     Persisted,
     Received,
+    SetTimer,
     TimerFired,
 )
 from nonstop.sim.core import Simulation
@@ -143,6 +145,10 @@ def _reply(refusal: Refusal | None) -> dict[str, Any] | None:
     return reply
 
 
+PREPARE_TIMER = "dpr.prepare:"
+"""Timer of a delayed prepare (``prepare_delay``)."""
+
+
 class ReplicatedDataNode(SimDataNode):
     """The data path's node with sync replication of partitions (module doc)."""
 
@@ -153,9 +159,19 @@ class ReplicatedDataNode(SimDataNode):
         recovered: Mapping[bytes, bytes],
         *,
         replication: ReplicationConfig = SIM_REPLICATION,
+        prepare_delay: float = 0.0,
         **kwargs: Any,
     ) -> None:
         super().__init__(cluster_config, rng, recovered, **kwargs)
+        self.prepare_delay = prepare_delay
+        """Up to this many seconds between a prepare and the host's ``replicate`` (the
+        scenario's ``prepare_delay``); its own RNG, so the delay moves nothing else."""
+        self._delay_rng = random.Random(rng.getrandbits(64)) if prepare_delay > 0 else None
+        self._delayed: dict[int, tuple[str, WriteSets, Done]] = {}
+        self._delay_seq = 0
+        self.prepared_parts: dict[str, list[str]] = {}
+        """gtid -> the partitions this node's participant prepared it in, until its outcome
+        (``own_prepare``: the host leaves their resolution to the distributed commit)."""
         ha = self.node.cluster
         assert isinstance(ha, HaClusterNode), "replication needs the HA cluster node"
         self.ha = ha
@@ -202,6 +218,9 @@ class ReplicatedDataNode(SimDataNode):
         return super().handle(event)
 
     def _side_event(self, event: Event) -> bool:
+        if isinstance(event, TimerFired) and event.name.startswith(PREPARE_TIMER):
+            self._delayed_prepare(int(event.name[len(PREPARE_TIMER) :]))
+            return True
         if isinstance(event, TimerFired):
             taken = event.name.startswith(PREFIX)
         elif isinstance(event, Received) and isinstance(event.payload, dict):
@@ -240,7 +259,34 @@ class ReplicatedDataNode(SimDataNode):
         return self._replicate(after, done, None)
 
     def prepare(self, gtid: str, after: list[list[Any]], done: Done) -> dict[str, Any] | None:
-        return self._replicate(after, done, gtid)
+        sets = write_sets(after, self.table.partition_of)
+        self.prepared_parts[gtid] = sorted(sets)
+        if len(self.prepared_parts) > 4096:
+            self.prepared_parts.pop(next(iter(self.prepared_parts)))
+        if self._delay_rng is None:
+            return _reply(self.host.replicate(self.now, sets, gtid, lambda r: done(_reply(r))))
+        self._delay_seq += 1
+        key = self._delay_seq
+        self._delayed[key] = (gtid, sets, done)
+        delay = self._delay_rng.uniform(0.0, self.prepare_delay)
+        self._out.append(SetTimer(f"{PREPARE_TIMER}{key}", delay))
+        return None
+
+    def _delayed_prepare(self, key: int) -> None:
+        """A delayed prepare reaches the host -- unless its branch ended meanwhile (its
+        coordinator gave up): then nothing is made, as a real participant's cancelled
+        prepare task makes nothing."""
+        entry = self._delayed.pop(key, None)
+        if entry is None:
+            return
+        gtid, sets, done = entry
+        if gtid not in self.store.rm_branches:
+            done(_reply(Refusal(errors.NotActive(f"{gtid} ended before its prepare"))))
+            return
+        self.host.dirty = True
+        refused = self.host.replicate(self.now, sets, gtid, lambda r: done(_reply(r)))
+        if refused is not None:
+            done(_reply(refused))
 
     def _replicate(
         self, after: list[list[Any]], done: Done, gtid: str | None
@@ -251,6 +297,7 @@ class ReplicatedDataNode(SimDataNode):
     def outcome(self, gtid: str, commit: bool, after: list[list[Any]]) -> None:
         # The hold is persisted before the participant's tombstone (same disk, in order).
         parts = write_sets(after, self.table.partition_of)
+        self.prepared_parts.pop(gtid, None)
         self.host.outcome(self.now, gtid, commit, sorted(parts))
 
     def lookup(self, client: str, seq: int) -> tuple[tuple[bool, Any] | None, bool]:
@@ -299,6 +346,9 @@ class _SimHostRuntime:
 
     def tomb(self, gtid: str) -> str | None:
         return self.node.node.dtx.tombs.get(gtid)
+
+    def own_prepare(self, gtid: str) -> list[str]:
+        return self.node.prepared_parts.get(gtid, [])
 
     def load_copy(
         self, name: str, stream_id: int, values: Mapping[str, Any], prepared: Mapping[str, Any]

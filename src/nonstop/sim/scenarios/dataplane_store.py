@@ -1173,9 +1173,10 @@ class SimStoreResourceManager:
 
         def replicated(error: dict[str, Any] | None) -> None:
             # Yes only once every sync replica holds the prepared record (ha.md §5 step 3).
-            if error is not None and store.replicator is not None:
+            if error is not None and error.get("unknown") and store.replicator is not None:
                 # This participant votes no (or already did): the outcome is abort, known
-                # here -- a copy of the prepared record elsewhere resolves from it.
+                # here -- a copy of the prepared record elsewhere resolves from it.  (Not
+                # ``unknown``: refused after waiting out a lapse, nothing was made.)
                 store.replicator.outcome(gtid, False, after)
             if store.rm_branches.get(gtid) is not b:
                 return  # ended meanwhile (its coordinator gave up)
