@@ -35,6 +35,7 @@ partition, replicated with its rows: §6.7); a replayed batch id is skipped.
 from __future__ import annotations
 
 import hashlib
+import logging
 import secrets
 import time
 import zlib
@@ -92,6 +93,8 @@ _PUSHABLE = {
     In: "in",
 }
 _FILTER_KINDS = frozenset({"bool", "int", "float", "str", "bytes", "datetime", "date", "ref"})
+log = logging.getLogger("nonstop.spark")
+
 COMMIT_RETRIES = 10
 """Attempts of an overwrite's job commit that hit a lock conflict (a concurrent transaction)."""
 PARTITION_COMMIT_RETRIES = 40
@@ -489,11 +492,13 @@ class NonstopWriter(DataSourceArrowWriter):
                             return
                         raise
                 return
-            except Retryable:
+            except Retryable as exc:
                 if attempt == retries - 1:
                     raise
+                log.warning("overwrite of %s, swap attempt %d: %s", self.opts.type, attempt, exc)
                 time.sleep(1.0 if self.partitioned else min(1.0, 0.05 * 2**attempt))
-            except Unavailable:
+            except Unavailable as exc:
+                log.warning("overwrite of %s, swap attempt %d: %s", self.opts.type, attempt, exc)
                 # Nothing swapped (the session is gone), or a commit that did not
                 # commit: a node seen down for a moment (a loaded machine) or a reply
                 # lost on a dropped connection.  Again, if every node is up a moment
