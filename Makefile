@@ -101,6 +101,7 @@ bench-checksums: $(STAMP)
 # (needs Debian's libpostgresql-jdbc-java).
 bench-spark: $(STAMP)
 	$(PY) -m bench.spark_bench
+	$(PY) -m bench.spark_bench --nonstop-option ha.data=partitions
 
 # SIGKILL of a node active for partitions: time until a survivor acts for each of them
 # (partition-table level, 3 local processes, default settings) → bench/results/failover-table.md

@@ -77,10 +77,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = p.parse_args(argv)
     options = node_options(args.nonstop_option)
-    # Routing by node unless told (`--nonstop-option ha.data=partitions`): the nodes'
-    # default routes by partition, where the 200,000-row overwrite does not finish
-    # reliably on a loaded 2-core machine yet (bench/results/spark-partitions.md,
-    # data-path.md §6.8).
+    # Routing by node unless told (`--nonstop-option ha.data=partitions`, the nodes'
+    # default): `make bench-spark` runs both, one after the other.
     options.setdefault("ha", {}).setdefault("data", "nodes")
     if args.out is None:
         name = "spark-partitions.md" if options["ha"]["data"] == "partitions" else "spark.md"
@@ -444,8 +442,23 @@ def write_report(
             *(f"- {v}" for v in verdicts[:20]),
         ]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text("\n".join(lines) + "\n")
+    save_report(Path(args.out), lines, keep_history=Path(args.out).name == "spark-partitions.md")
     print("\n".join(lines))
+
+
+def save_report(out: Path, lines: list[str], keep_history: bool) -> None:
+    """The report replaces ``out``; with ``keep_history`` (``spark-partitions.md``, the run
+    by partition, whose file keeps every earlier run's notes) it goes on top, as a dated
+    section, the older sections below it."""
+    if not keep_history or not out.exists():
+        out.write_text("\n".join(lines) + "\n")
+        return
+    old = out.read_text().splitlines()
+    title = old[0] if old and old[0].startswith("# ") else lines[0]
+    rest = old[1:] if old and old[0].startswith("# ") else old
+    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    body = [f"## {stamp}: `make bench-spark`", *lines[1:]]
+    out.write_text("\n".join([title, "", *body, *rest]) + "\n")
 
 
 SUSPECTED = frozenset({"InDownNotifier", "Down"})
