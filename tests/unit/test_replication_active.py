@@ -201,3 +201,30 @@ def test_another_nodes_record_applied_here_ends_the_stream() -> None:
     (failed,) = a.of(Failed)
     assert failed.ref == "r" and failed.error == NOT_ACTIVE
     assert a.machine.streams[P].base == (12345, 7), "a new stream from where the data is"
+
+
+def test_a_replica_that_still_answers_is_dropped_only_after_the_busy_grace() -> None:
+    # Session 13: in a 200,000-row swap's phase two the replicas' disks fell over a second
+    # behind while their nodes answered everything else; D12 dropped them (then a copy of
+    # each partition, and a moved epoch that fenced the next swap).  A replica that answers
+    # -- its acknowledgements come, its durable seq does not move -- is busy, not silent.
+    a, _b = _pair(replica_timeout=0.5)
+    stream = a.machine.streams[P]
+    held = stream.peers["b"].acked
+    a.take(a.machine.replicate(0.0, "r", P, 1, {"x": [1]}))
+    a.table(view(), acting=(P,))
+    a.sync()
+    a.sends()
+
+    def busy_ack(at: float) -> None:
+        a.now = at
+        a.deliver("b", {"t": ACK, "parts": [[P, 1, stream.stream_id, held, "ok"]]})
+        a.table(view(), acting=(P,))
+
+    for at in (0.3, 0.6, 0.9, 1.2, 1.5, 1.8, 2.1, 2.4):
+        busy_ack(at)
+        assert not a.of(Submit), f"a replica still answering was dropped at {at}"
+    assert not a.of(Completed)
+    busy_ack(2.6)  # over busy_grace (5) x replica_timeout without progress
+    (submit,) = a.of(Submit)
+    assert submit.entry == {"pt": "drop", "p": P, "e": 1, "node": "b"}

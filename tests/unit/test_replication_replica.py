@@ -51,9 +51,26 @@ def test_applies_at_its_epoch_and_answers_only_after_persisted() -> None:
     assert b.of(Persist)[0].writes[-1][0] == K_HEAD + b"P"
     b.out.clear()
     b.deliver("a", _rep(3, [_commit(2, "x", [1, 2])]))
+    # The first record is not durable yet: the replica answers at once with what it holds
+    # durably (nothing), so that its active node hears it (busy, not silent: busy_grace).
+    assert _acks(b) == [[P, 3, STREAM, 0, "ok"]]
     b.sync()
     assert _acks(b) == [[P, 3, STREAM, 2, "ok"]]
     assert b.machine.data.values(P) == {"x": [1, 2]}
+
+
+def test_a_busy_replica_answers_at_once_at_most_every_quarter_of_the_timeout() -> None:
+    b = _replica()
+    b.deliver("a", _rep(3, [_commit(1, "x", [1])]))
+    assert not _acks(b)
+    b.deliver("a", _rep(3, [_commit(2, "x", [1, 2])]))
+    assert len(_acks(b)) == 1
+    b.out.clear()
+    b.deliver("a", _rep(3, [_commit(3, "x", [1, 2, 3])]))
+    assert not _acks(b), "answered again within a quarter of replica_timeout"
+    b.now += b.machine.config.replica_timeout / 4
+    b.deliver("a", _rep(3, [_commit(4, "x", [4])]))
+    assert _acks(b) == [[P, 3, STREAM, 0, "ok"]]
 
 
 def test_lower_epoch_is_refused_stale_and_changes_nothing() -> None:

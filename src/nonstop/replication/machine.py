@@ -53,6 +53,7 @@ Messages (``t``):
 
 from __future__ import annotations
 
+import collections
 import random
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -121,6 +122,11 @@ MUTANTS = ("ack_before_replica", "stale_epoch", "ignore_prepared")
 class ReplicationConfig:
     replica_timeout: float = 1.0
     """A sync replica silent this long with records outstanding is dropped (D12)."""
+    busy_grace: float = 5.0
+    """A replica that still answers -- it acknowledges each message it receives at once,
+    with the durable seq it has, while its disk has not made the new records durable yet --
+    is busy, not silent: it is dropped only after ``busy_grace * replica_timeout`` without
+    progress (replication.md §4a, "A busy replica")."""
     resend: float = 0.1
     """Unacknowledged records are sent again this often."""
     batch: int = 1000
@@ -193,6 +199,10 @@ class ReplicationMachine:
         self._covers: dict[tuple[str, str], tuple[int, int]] = {}
         """(txid, P) -> (stream, seq): the hold on P is released once that record completed."""
         self._told: dict[str, tuple[int, int]] = {}
+        self._unpersisted: collections.Counter[str] = collections.Counter()
+        """Partition -> this replica's persists of its records not durable yet."""
+        self._heard_sent: dict[tuple[NodeId, str], float] = {}
+        """(active node, partition) -> when this replica last answered it at once (busy)."""
         """P -> (stream, completed) as P's active node last told this replica: a hold on a
         partition this node has no stream for waits until its outcome is completed there."""
         self._telling = False
@@ -770,9 +780,14 @@ class ReplicationMachine:
 
     def _drop_silent(self, now: float, stream: Stream, view: PartitionView) -> list[Any]:
         out: list[Any] = []
+        timeout = self.config.replica_timeout
         for peer in stream.peers.values():
             quiet_for = now - peer.progress_at
-            silent = peer.acked < stream.last and quiet_for > self.config.replica_timeout
+            # Busy: it answered since its last progress, within the timeout (its disk is
+            # behind, the node is not gone): dropped only after the longer grace.
+            busy = peer.heard_at >= peer.progress_at and now - peer.heard_at <= timeout
+            limit = timeout * self.config.busy_grace if busy else timeout
+            silent = peer.acked < stream.last and quiet_for > limit
             if not (silent or (peer.diverged and not peer.copying)):
                 continue
             key = (stream.partition, view.epoch, peer.node)
@@ -870,6 +885,8 @@ class ReplicationMachine:
                 # (and says so, unasked, while a hold of it waits: _ask_completed).
                 peer.told_known = max(0, min(known, stream.completed))
             self._touched.add(name)
+            if status == OK:
+                peer.heard_at = now
             if status == OK and peer.acked < seq <= stream.last:
                 peer.acked = seq
                 peer.progress_at = now
@@ -899,12 +916,17 @@ class ReplicationMachine:
                 if told is None or told[0] != stream_id or told[1] < completed:
                     self._told[name] = (stream_id, completed)
                     self._touched.add(name)  # its holds may settle (_hold_settled)
+                behind = self._unpersisted[name] > 0
                 status, new = self.replica.receive(name, stream_id, base, records)
                 if new:
                     writes += new
                     self._touched.add(name)  # this copy changed: its holds (_hold_settled)
                     applied.append((name, epoch, stream_id, self.data.head(name)))
-                    continue
+                    if not (behind and self._answer_busy(sender, name)):
+                        continue
+                    # Records of an earlier message are still not durable here: answer now
+                    # with the seq held durably, so that the active node hears this replica
+                    # while its disk catches up (busy_grace).
             durable = self._durable_seq(name, stream_id)
             answers.append([name, epoch, stream_id, durable, status, self._known(name, stream_id)])
         actions: list[Any] = []
@@ -914,7 +936,20 @@ class ReplicationMachine:
             actions.append(Send(sender, {"t": ACK, "parts": answers}))
         if writes:
             actions.append(self._persist(writes, (_REPLICA, (sender, applied))))
+            self._unpersisted.update({name for name, *_ in applied})
         return actions
+
+    def _answer_busy(self, sender: NodeId, name: str) -> bool:
+        """May this replica, behind on its disk, answer a message at once (at most every
+        quarter of ``replica_timeout`` per partition and sender)?"""
+        key = (sender, name)
+        last = self._heard_sent.get(key)
+        if last is not None and self.now - last < self.config.replica_timeout / 4:
+            return False
+        self._heard_sent[key] = self.now
+        if len(self._heard_sent) > 4096:
+            self._heard_sent = {key: self.now}
+        return True
 
     def _durable_seq(self, name: str, stream_id: int) -> int:
         head = self.durable.get(name, EMPTY)
@@ -936,6 +971,8 @@ class ReplicationMachine:
             return []
         sender, applied = info
         answers = []
+        self._unpersisted.subtract({name for name, *_ in applied})
+        self._unpersisted = +self._unpersisted  # (drop the zeros)
         for name, epoch, stream_id, head in applied:
             self.durable[name] = head
             seq = head[1] if head[0] == stream_id else 0

@@ -29,6 +29,8 @@ class Peer:
     """The highest seq of this stream the replica holds durably (0: it is at the base)."""
     progress_at: float
     """When ``acked`` last moved (or the peer was added): silence is measured from here."""
+    heard_at: float = float("-inf")
+    """When it last answered OK, with progress or not (a busy replica: ``busy_grace``)."""
     sent: int = 0
     """The highest seq sent since the last resend (a flush sends what follows)."""
     told: int = 0
