@@ -32,7 +32,7 @@ performance.md §5): fewer commits end in an unknown outcome, so fewer same-id r
 
 REGRESSION_SEEDS = (
     *(25, 135, 140, 285, 738, 965, 1294, 1767, 1917, 2293, 2440),
-    *(3100449, 3100502, 3300015, 3300132, 3300577),
+    *(3100449, 3100502, 3300015, 3300132, 3300577, 3800267),
 )
 """Seeds that failed once, one per root cause (replication.md §10b): 285 a participant
 without a stream acknowledged phase two at once, the decision log forgot the commit and the
@@ -55,7 +55,8 @@ acknowledged commit, the restarted active node resolved it as abort), 3300132 a 
 view opened before its node took a partition over, 3300577 a retry answered from the
 coordinator's memory without ``again`` (replication.md §10b items 10-14; the last three
 failed on intermediate code of session 12, their trajectories changed since: the unit tests
-named there hold each rule)."""
+named there hold each rule); 3800267 the simulator's store loaded a partition's copy over a
+branch in doubt, whose commit then installed its older after-image over it (item 15)."""
 
 
 def test_write_sets_split_by_partition_and_carry_the_request_result_to_each() -> None:
@@ -79,7 +80,12 @@ def test_write_sets_split_by_partition_and_carry_the_request_result_to_each() ->
 def test_the_data_plane_acts_only_once_the_store_took_the_copy_of_its_stream() -> None:
     # Seed 1917 (replication.md §10b): the lease began in the step that served a read, and
     # the store still held the copy a late phase two had written, older than the machine's.
-    node: Any = SimpleNamespace(replication=SimpleNamespace(streams={}), loaded={})
+    node: Any = SimpleNamespace(
+        replication=SimpleNamespace(streams={}),
+        loaded={},
+        store=SimpleNamespace(load_waiting={}),
+        table=SimpleNamespace(partition_of=lambda ref: "P5" if ref == b"r5" else "P1"),
+    )
     node.ready = lambda p: ReplicatedDataNode.ready(cast(ReplicatedDataNode, node), p)
     lease = {"P5": True}
 
@@ -91,6 +97,12 @@ def test_the_data_plane_acts_only_once_the_store_took_the_copy_of_its_stream() -
     assert not acting(1.0, "P5")  # a stream, its copy not in the store yet
     node.loaded["P5"] = 7
     assert acting(1.0, "P5")
+    # Part of the copy waits for a branch in doubt here (seed 3800267): not yet.
+    node.store.load_waiting[b"r5"] = [b"r5", "T", 3, {}]
+    assert not acting(1.0, "P5")
+    node.store.load_waiting = {b"r1": [b"r1", "T", 3, {}]}  # another partition's: P5 acts
+    assert acting(1.0, "P5")
+    node.store.load_waiting = {}
     node.replication.streams["P5"] = SimpleNamespace(stream_id=8)  # acting again, later
     assert not acting(2.0, "P5")
     node.loaded["P5"] = 8

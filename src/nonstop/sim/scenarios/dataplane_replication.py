@@ -210,7 +210,12 @@ class ReplicatedDataNode(SimDataNode):
         acted, or a participant's late phase two): seed 1917 answered a read from it in the
         step the lease began, before the host loaded the new stream's copy at the step's end."""
         stream = self.replication.streams.get(partition)
-        return stream is not None and self.loaded.get(partition) == stream.stream_id
+        if stream is None or self.loaded.get(partition) != stream.stream_id:
+            return False
+        # (nor while part of the copy waits for a branch in doubt here: the real node's
+        # load waits for its lock, and the partition is not served until the load is done)
+        waiting = self.store.load_waiting
+        return not waiting or all(self.table.partition_of(r) != partition for r in waiting)
 
     # ------------------------------------------------------------ the machine's events
     def handle(self, event: Event) -> list[Action]:

@@ -267,6 +267,10 @@ class SimDataStore:
         self.locks = LockManager()
         self.branches: dict[str, Branch] = {}
         self.rm_branches: dict[str, Branch] = {}
+        self.load_waiting: dict[bytes, list[Any]] = {}
+        """Images of a partition's copy (:meth:`load`) whose objects a prepared branch here
+        writes: installed once that branch ended, if newer (the real node's load waits for
+        the branch's write lock, then applies a record only over an older version)."""
         """gtid -> branch owned by two-phase commit (preparing or prepared)."""
         self._waiting: dict[int, Branch] = {}
         self._counter = 0
@@ -994,13 +998,49 @@ class SimDataStore:
     # ------------------------------------------------------------ replication (promotion)
     def load(self, after: list[list[Any]]) -> None:
         """Install after-images that came from elsewhere (a partition's replicated copy, at
-        promotion), durable in this store's keys too; answered by nobody."""
+        promotion), durable in this store's keys too; answered by nobody.  An object a
+        prepared branch here writes waits for that branch (``load_waiting``): seed 3800267
+        loaded a copy over a branch recovered in doubt, whose commit then installed its
+        older after-image over the copy (a lost update); on a real node the load's
+        transaction waits for the branch's write lock."""
         changed = [image for image in after if not self._holds(image)]
         if not changed:
             return
-        self.install(changed)
-        self._token += 1
-        self._actions.append(Persist(self._token, tuple(self._durable(changed))))
+        locked = {
+            image[0]
+            for b in self.rm_branches.values()
+            if b.prepared
+            for image in b.after
+            if isinstance(image[0], bytes)
+        }
+        now = []
+        for image in changed:
+            if isinstance(image[0], bytes) and image[0] in locked:
+                self.load_waiting[image[0]] = image
+            else:
+                now.append(image)
+        if now:
+            self.install(now)
+            self._token += 1
+            self._actions.append(Persist(self._token, tuple(self._durable(now))))
+
+    def load_after(self, b: Branch) -> list[tuple[bytes, bytes | None]]:
+        """``b`` ended: the copy's images that waited for it, installed where newer than what
+        the store holds now (after the branch's own outcome).  Returns their durable writes,
+        to go in the branch's outcome write after its own (one write: the same keys, the
+        newer last)."""
+        images = []
+        for image in b.after:
+            waiting = self.load_waiting.pop(image[0], None) if isinstance(image[0], bytes) else None
+            if waiting is None or self._holds(waiting):
+                continue
+            obj = self.objects.get(waiting[0])
+            if waiting[3] is None or obj is None or obj.version < waiting[2]:
+                images.append(waiting)
+        if not images:
+            return []
+        self.install(images)
+        return self._durable(images)
 
     def _holds(self, image: list[Any]) -> bool:
         if isinstance(image[0], bytes):
@@ -1207,6 +1247,7 @@ class SimStoreResourceManager:
             store.install(b.after)
             store.note_applied(gtid)
             writes = store._durable(b.after)
+        writes += store.load_after(b)
 
         def end() -> None:
             store._abandon(b, errors.BranchRolledBack("ended"))
