@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 import nonstop
-from nonstop.errors import Unavailable
+from nonstop.errors import NotActive, Unavailable
 from tests.cluster.conftest import REAL_CLUSTER, Procs, app_cluster, run_cli, wait_until
 from tests.distmodel import Account
 
@@ -101,6 +101,12 @@ def test_bank_over_partitions_survives_a_kill_without_not_found(tmp_path: Path) 
 
             p.kill("B")
             wait_until(lambda: all_acting_without(p, "B"), 30, "survivors see B's partitions")
+            # ... and A, the client's node, sees B down itself: until its own detector says
+            # so, a partition whose only holder is B is a takeover that may still come
+            # (retryable NotActive "taking over: B"), not Unavailable -- the leader's
+            # detector may mark B down before A's (a clean-clone run, session 13).
+            wait_until(lambda: p.states("A").get("B") != "Up", 30, "A sees B down")
+            wait_until(lambda: _unavailable(db, lost_first(home)), 10, "B's partitions Unavailable")
             lost = [n for n in numbers if home[n] == "B"]
             kept = [n for n in numbers if home[n] != "B"]
             for n in lost[:4]:
@@ -127,6 +133,24 @@ def all_acting_without(p: Procs, dead: str) -> bool:
     live = "ABC".replace(dead, "")
     parts = table(p, live[0])
     return all(part["active"] != dead or part["state"] == "Unavailable" for part in parts.values())
+
+
+def lost_first(home: dict[str, str]) -> str:
+    """The first account whose partition B (the node killed) was active for."""
+    return next(n for n, node in sorted(home.items()) if node == "B")
+
+
+def _unavailable(db: Any, number: str) -> bool:
+    """Is ``number``'s partition Unavailable from the client's node (not a takeover that
+    may still come: ``NotActive``, retryable, while that node's view of B catches up)?"""
+    try:
+        with db.transaction() as tx:
+            tx.get(Account, number=number)
+    except Unavailable:
+        return True
+    except NotActive:
+        return False
+    raise AssertionError(f"{number} was read on a partition whose only copy is down")
 
 
 def _readable(db: Any, numbers: list[str]) -> bool:
