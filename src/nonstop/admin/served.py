@@ -38,10 +38,9 @@ def partitions_served(statuses: Mapping[str, Mapping[str, Any]]) -> bool:
         if not names:
             return False
         for applied in statuses.values():
-            if not {str(n) for n in applied.get("layout") or []} <= names:
-                return False
-        for applied in statuses.values():
             if {str(p.get("name")) for p in applied.get("partitions") or []} != names:
+                return False
+            if not {str(n) for n in applied.get("layout") or []} <= names:
                 return False
     for part in first.get("partitions") or []:
         name, active = part.get("name"), part.get("active")

@@ -199,12 +199,12 @@ class ReplicationMachine:
         self._covers: dict[tuple[str, str], tuple[int, int]] = {}
         """(txid, P) -> (stream, seq): the hold on P is released once that record completed."""
         self._told: dict[str, tuple[int, int]] = {}
+        """P -> (stream, completed) as P's active node last told this replica: a hold on a
+        partition this node has no stream for waits until its outcome is completed there."""
         self._unpersisted: collections.Counter[str] = collections.Counter()
         """Partition -> this replica's persists of its records not durable yet."""
         self._heard_sent: dict[tuple[NodeId, str], float] = {}
         """(active node, partition) -> when this replica last answered it at once (busy)."""
-        """P -> (stream, completed) as P's active node last told this replica: a hold on a
-        partition this node has no stream for waits until its outcome is completed there."""
         self._telling = False
         """True while a resend tick flushes: parts that only tell ``completed`` go too."""
         self._waiting_told: set[str] = set()
@@ -971,8 +971,10 @@ class ReplicationMachine:
             return []
         sender, applied = info
         answers = []
-        self._unpersisted.subtract({name for name, *_ in applied})
-        self._unpersisted = +self._unpersisted  # (drop the zeros)
+        for name in {name for name, *_ in applied}:
+            left = self._unpersisted.pop(name, 0) - 1
+            if left > 0:
+                self._unpersisted[name] = left
         for name, epoch, stream_id, head in applied:
             self.durable[name] = head
             seq = head[1] if head[0] == stream_id else 0

@@ -81,6 +81,8 @@ from nonstop.spark.read_plan import (
 from nonstop.spark.schema import Options, check_writable, columns, spark_schema, write_key
 from nonstop.spark.sender import NodeSenders
 
+log = logging.getLogger("nonstop.spark")
+
 NAME = "nonstop"
 SCAN_LIMIT = 4 * ROWS_PER_RANGE
 """Rows per scan reply; a range grown past it since planning is read in pages."""
@@ -93,8 +95,6 @@ _PUSHABLE = {
     In: "in",
 }
 _FILTER_KINDS = frozenset({"bool", "int", "float", "str", "bytes", "datetime", "date", "ref"})
-log = logging.getLogger("nonstop.spark")
-
 COMMIT_RETRIES = 10
 """Attempts of an overwrite's job commit that hit a lock conflict (a concurrent transaction)."""
 PARTITION_COMMIT_RETRIES = 40

@@ -269,7 +269,7 @@ class ReplicatedDataNode(SimDataNode):
         if len(self.prepared_parts) > 4096:
             self.prepared_parts.pop(next(iter(self.prepared_parts)))
         if self._delay_rng is None:
-            return _reply(self.host.replicate(self.now, sets, gtid, lambda r: done(_reply(r))))
+            return self._to_host(sets, gtid, done)
         self._delay_seq += 1
         key = self._delay_seq
         self._delayed[key] = (gtid, sets, done)
@@ -289,14 +289,18 @@ class ReplicatedDataNode(SimDataNode):
             done(_reply(Refusal(errors.NotActive(f"{gtid} ended before its prepare"))))
             return
         self.host.dirty = True
-        refused = self.host.replicate(self.now, sets, gtid, lambda r: done(_reply(r)))
+        refused = self._to_host(sets, gtid, done)
         if refused is not None:
-            done(_reply(refused))
+            done(refused)
 
     def _replicate(
         self, after: list[list[Any]], done: Done, gtid: str | None
     ) -> dict[str, Any] | None:
-        sets = write_sets(after, self.table.partition_of)
+        return self._to_host(write_sets(after, self.table.partition_of), gtid, done)
+
+    def _to_host(self, sets: WriteSets, gtid: str | None, done: Done) -> dict[str, Any] | None:
+        """``sets`` to the host's ``replicate``; a refusal made at once is returned (as the
+        store's error reply), a later answer goes to ``done``."""
         return _reply(self.host.replicate(self.now, sets, gtid, lambda r: done(_reply(r))))
 
     def outcome(self, gtid: str, commit: bool, after: list[list[Any]]) -> None:

@@ -267,11 +267,11 @@ class SimDataStore:
         self.locks = LockManager()
         self.branches: dict[str, Branch] = {}
         self.rm_branches: dict[str, Branch] = {}
+        """gtid -> branch owned by two-phase commit (preparing or prepared)."""
         self.load_waiting: dict[bytes, list[Any]] = {}
         """Images of a partition's copy (:meth:`load`) whose objects a prepared branch here
         writes: installed once that branch ended, if newer (the real node's load waits for
         the branch's write lock, then applies a record only over an older version)."""
-        """gtid -> branch owned by two-phase commit (preparing or prepared)."""
         self._waiting: dict[int, Branch] = {}
         self._counter = 0
         self._token = 0
