@@ -29,6 +29,7 @@ from nonstop.client.bulk import BulkClient, cluster_nodes
 from nonstop.model.codec import pack
 from nonstop.spark.source import home
 from tests.spark.conftest import ROOT, wait_until
+from tests.spark.watch import DownLog, DownWatcher
 
 ITEM = "pipe.Item"
 PLAIN = "pipe.Plain"
@@ -115,7 +116,6 @@ def test_a_large_swap_keeps_every_node_answering(
     stop = threading.Event()
     latencies: list[float] = []
     failures: list[BaseException] = []
-    down_seen: list[str] = []
 
     def other_client() -> None:
         """Small transactions on another type, through another node, during the swap."""
@@ -134,20 +134,6 @@ def test_a_large_swap_keeps_every_node_answering(
                 n += 1
                 time.sleep(0.02)
 
-    def watcher() -> None:
-        """Every node's view of the cluster, all the time: nobody sees a node Down."""
-        clients = {name: BulkClient(address[name], timeout=30) for name in names}
-        try:
-            while not stop.is_set():
-                for name, c in clients.items():
-                    for peer in c.call("nodes")["nodes"]:
-                        if not peer["up"]:
-                            down_seen.append(f"{time.time():.3f} {name} saw {peer['name']} down")
-                time.sleep(0.05)
-        finally:
-            for c in clients.values():
-                c.close()
-
     def counts() -> dict[str, int]:
         out = {}
         for name in names:
@@ -156,45 +142,40 @@ def test_a_large_swap_keeps_every_node_answering(
         return out
 
     want = {name: len(new[name]) for name in names}
-    logs = {name: cluster.log_path(name) for name in names}
-    log_start = {name: path.stat().st_size for name, path in logs.items()}
-    threads = [threading.Thread(target=other_client), threading.Thread(target=watcher)]
+    downs = DownLog({name: cluster.log_path(name) for name in names})
+    threads = [threading.Thread(target=other_client)]
     for t in threads:
         t.start()
-    time.sleep(0.5)  # the other client's latency before the swap, for comparison
-    try:
-        started = time.monotonic()
-        marks = [time.time()]
-        with BulkClient(address["A"], timeout=600) as c:
-            sid = c.call("tx.begin")["s"]
-            swapped = c.call("tx.overwrite", s=sid, type=kind, job=job, parts=None)
+    with DownWatcher(address) as watcher:
+        time.sleep(0.5)  # the other client's latency before the swap, for comparison
+        try:
+            started = time.monotonic()
+            marks = [time.time()]
+            with BulkClient(address["A"], timeout=600) as c:
+                sid = c.call("tx.begin")["s"]
+                swapped = c.call("tx.overwrite", s=sid, type=kind, job=job, parts=None)
+                marks.append(time.time())
+                c.call("tx.commit", s=sid)
+                marks.append(time.time())
+            # Phase two lands on each node once it applied its prepared write set (the
+            # bounded swap: once its pages are applied); a bulk read waits for that.
+            landed = wait_until(lambda: counts() == want, 120)
             marks.append(time.time())
-            c.call("tx.commit", s=sid)
-            marks.append(time.time())
-        # Phase two lands on each node once it applied its prepared write set (the
-        # bounded swap: once its pages are applied); a bulk read waits for that.
-        landed = wait_until(lambda: counts() == want, 120)
-        marks.append(time.time())
-        took = time.monotonic() - started
-    finally:
-        stop.set()
-        for t in threads:
-            t.join(60)
+            took = time.monotonic() - started
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(60)
     assert landed, (counts(), want)
     assert swapped["deleted"] == OLD * scale and swapped["inserted"] == NEW * scale, swapped
     assert took > 1.5 * RPC_TIMEOUT, (
         f"the swap took {took:.1f} s: not well over rpc_timeout ({RPC_TIMEOUT} s), proves nothing"
     )
     assert not failures, failures
-    assert not down_seen, (marks, down_seen[:5])
-    # The failure detector logs every peer it marks Down ("node B is Down: silent
-    # for ..."): none did, from the swap's start until the new set landed.
-    downs = []
-    for name, path in logs.items():
-        with path.open("rb") as f:
-            f.seek(log_start[name])
-            downs += [f"{name}: {line!r}" for line in f if b" is Down" in line]
-    assert not downs, downs[:5]
+    assert not watcher.down_seen, (marks, watcher.down_seen[:5])
+    # No failure detector marked a peer Down from the swap's start until the new set
+    # landed.
+    assert not downs.lines(), downs.lines()[:5]
     assert len(latencies) > 10, latencies
     latencies.sort()
     assert latencies[len(latencies) // 2] < 0.25, latencies  # median

@@ -49,6 +49,7 @@ from tests.spark.test_partition_writes import (
     _counts,
     _expected_partition,
     _served,
+    served_cluster,
 )
 
 pytestmark = pytest.mark.timeout(400)
@@ -58,15 +59,9 @@ SCHEMA = StructType([StructField("sku", StringType()), StructField("qty", LongTy
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OwnedCluster]:
-    env = {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     root: Path = tmp_path_factory.mktemp("partover")
-    oc = OwnedCluster(root / "c", 3, apps=["tests.spark.model"], options={"ha": HA}, env=env)
-    try:
-        oc.start_all(timeout=90)
-        assert wait_until(lambda: _served(oc, "ABC") is not None, 90)
+    with served_cluster(root / "c") as oc:
         yield oc
-    finally:
-        oc.close()
 
 
 def _opts(oc: OwnedCluster, names: str = "ABC") -> Options:

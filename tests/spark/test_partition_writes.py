@@ -16,6 +16,7 @@ runs through the SIGKILL.)
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections import Counter
@@ -48,16 +49,25 @@ ROWS = 400
 HA = {"data": "partitions"}  # the default policy: 16 partitions, one sync replica
 
 
-@pytest.fixture
-def replicated(tmp_path: Path) -> Iterator[OwnedCluster]:
+@contextlib.contextmanager
+def served_cluster(folder: Path, **options: Any) -> Iterator[OwnedCluster]:
+    """3 nodes in ``folder`` routing by partition (``HA``, plus ``options``) running the
+    test model, once every partition is served with an in-sync replica."""
     env = {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    oc = OwnedCluster(tmp_path / "c", 3, apps=["tests.spark.model"], options={"ha": HA}, env=env)
+    options = {"ha": HA, **options}
+    oc = OwnedCluster(folder, 3, apps=["tests.spark.model"], options=options, env=env)
     try:
         oc.start_all(timeout=90)
         assert wait_until(lambda: _served(oc, "ABC") is not None, 90)
         yield oc
     finally:
         oc.close()
+
+
+@pytest.fixture
+def replicated(tmp_path: Path) -> Iterator[OwnedCluster]:
+    with served_cluster(tmp_path / "c") as oc:
+        yield oc
 
 
 def _status(oc: OwnedCluster, name: str) -> dict[str, Any]:

@@ -437,6 +437,11 @@ class ReplicatedClusterNode(DtxClusterNode):
             "ready": sorted(n for n in self.replication.streams if self.ready(n)),
         }
 
+    def replication_stats(self) -> dict[str, int]:
+        """Counters for ``runtime_stats``: the machine's (drops, copies, ...) and the
+        commits and prepares the host parked while this node's lease lapsed."""
+        return {**self.replication.stats, "lapses_waited": self.host.lapses_waited}
+
 
 class _RealHostRuntime:
     """The real node's side of :class:`ReplicationHost` (``HostRuntime``)."""

@@ -400,6 +400,9 @@ class RealRuntime:
         }
         if self.router is not None:
             reply.update(self.router.stats())
+        replication = getattr(self.machine, "replication_stats", None)
+        if replication is not None:
+            reply["replication"] = replication()
         return reply
 
     # ======================================================= the network
