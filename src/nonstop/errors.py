@@ -38,6 +38,15 @@ class NotActive(Retryable):
     transaction was rolled back; run again, it is routed to the partition's active node."""
 
 
+class NotCommitted(Retryable):
+    """The transaction did not commit and never will.  Its commit's reply was lost with
+    the node that coordinated it, and the request's outcome was then *settled* at its
+    home: the active node of the home object's partition recorded "not committed" for the
+    request id (replicated like a commit), so no attempt of that id can commit after it
+    (docs/design/requests.md section 3).  Nothing of it is anywhere: run it again
+    (``@nonstop.transactional`` does)."""
+
+
 class TooManyRetries(Error):
     """A transactional function was replayed ``max_retries`` times without committing."""
 
@@ -151,6 +160,16 @@ class ClusterError(Error):
 
 class Unavailable(ClusterError):
     """No reachable node could serve the request."""
+
+
+class TransactionLost(Unavailable, Retryable):
+    """A node the transaction ran on failed before its commit: the node the client is
+    attached to (its connection lost, or no answer to an operation within ``op_timeout``)
+    or a node holding a part of it (seen Down by the node coordinating it).  The
+    transaction was rolled back: nothing of it committed, and nothing can (only its commit
+    could, and it was never sent or never started).  An :class:`Unavailable` that
+    ``@nonstop.transactional`` replays: the next attempt goes to the next known node, or
+    to the partition's new active node once the takeover is done."""
 
 
 class NoLeader(Unavailable):

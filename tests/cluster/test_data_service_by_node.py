@@ -104,8 +104,14 @@ def test_participant_killed_mid_transaction(cluster: Procs) -> None:
         assert get(idle, si, d, lock="write") is not None
         cluster.kill("B")
         started = time.monotonic()
+        # Rolled back when B went Down, nothing committed: TransactionLost (an Unavailable
+        # that @transactional replays, issue 10 H4).
         reply = fails(
-            c, "Unavailable", op="tx.commit", s=s, w=[write(ob, balance=0), write(oc, balance=2)]
+            c,
+            "TransactionLost",
+            op="tx.commit",
+            s=s,
+            w=[write(ob, balance=0), write(oc, balance=2)],
         )
         assert time.monotonic() - started < 10, reply
         fails(c, "TransactionClosed", op="tx.count", s=s, type=ACC, tv=1)
@@ -118,7 +124,7 @@ def test_participant_killed_mid_transaction(cluster: Procs) -> None:
             s4 = begin(other)
             assert get(other, s4, d, lock="write") is not None
             ok(other, op="tx.rollback", s=s4)
-        reply = fails(idle, "Unavailable", op="tx.count", s=si, type=ACC, tv=1)
+        reply = fails(idle, "TransactionLost", op="tx.count", s=si, type=ACC, tv=1)
         assert "B" in reply["message"]
         # A found b on B before: with B down, a lookup of b is Unavailable, never a
         # false "not found"; fail_if_down refuses any lookup while B is down.

@@ -201,6 +201,7 @@ def test_transfers_continue_through_a_kill_and_the_total_is_conserved(tmp_path: 
         assert during <= {
             "NotActive",
             "Unavailable",
+            "TransactionLost",
             "Conflict",
             "LockTimeout",
             "Deadlock",

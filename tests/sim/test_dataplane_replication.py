@@ -15,7 +15,7 @@ from typing import Any, cast
 
 from nonstop.model.ref import Ref
 from nonstop.sim.scenarios.dataplane import partitioned_config, run_seed
-from nonstop.sim.scenarios.dataplane_mutants import RecordNotReplicated
+from nonstop.sim.scenarios.dataplane_mutants import FenceNotRecorded, RecordNotReplicated
 from nonstop.sim.scenarios.dataplane_partitions import PartitionRouting
 from nonstop.sim.scenarios.dataplane_replication import (
     ReplicatedDataNode,
@@ -161,6 +161,33 @@ def test_a_request_record_left_out_of_the_replicated_record_is_caught() -> None:
         result, _ = run_seed(seed, config)
         caught += any(v.invariant == "exactly-once-request" for v in result.violations)
     assert caught >= 2, f"caught on {caught} of {HOMED_MUTANT_SEEDS}"
+
+
+FENCE_MUTANT_SEEDS = (8, 10, 11, 17)
+"""Seeds on which the mutant ``fence-not-recorded`` is caught (12 of seeds 0-39, session 14):
+a request the client was told was settled as not committed has no record anywhere, so a
+late attempt of it could still commit (requests.md §3)."""
+
+
+def test_a_settled_request_keeps_its_record_and_never_commits() -> None:
+    """Clients settle unknown outcomes at the home (``fence``) on these seeds, and every
+    invariant holds: no settled request is in the final audit or held committed by any
+    node, and its "not committed" record survives the failovers (``check_fences``)."""
+    fenced = 0
+    for seed in FENCE_MUTANT_SEEDS:
+        result, _ = run_seed(seed, partitioned_config(replicas=1))
+        assert result.ok, f"seed {seed}: {[str(v) for v in result.violations]}"
+        fenced += result.stats["counts"].get("fenced", 0)
+    assert fenced >= len(FENCE_MUTANT_SEEDS), "the clients settled (almost) nothing"
+
+
+def test_a_settled_outcome_that_is_not_recorded_is_caught() -> None:
+    config = replace(partitioned_config(replicas=1), node_class=FenceNotRecorded)
+    caught = 0
+    for seed in FENCE_MUTANT_SEEDS:
+        result, _ = run_seed(seed, config)
+        caught += any(v.invariant == "fence-lost" for v in result.violations)
+    assert caught >= 3, f"caught on {caught} of {FENCE_MUTANT_SEEDS}"
 
 
 LAPSE_SEEDS = (37,)

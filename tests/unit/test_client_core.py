@@ -24,7 +24,7 @@ from nonstop.client.core import (
     run,
 )
 from nonstop.client.failures import NodeRefused
-from nonstop.errors import QuorumLost, Unavailable
+from nonstop.errors import NotCommitted, QuorumLost, Retryable, TransactionLost, Unavailable
 from nonstop.net.handshake import Hello
 
 
@@ -109,14 +109,18 @@ def test_a_first_op_that_times_out_is_not_retried_elsewhere() -> None:
 
 
 def test_a_lost_session_link_is_unavailable_and_the_next_session_goes_elsewhere() -> None:
+    """The node rolls the session back: nothing committed, so the error is one
+    ``@transactional`` replays (``TransactionLost``: ``Unavailable`` and ``Retryable``,
+    issue 10 H4), and the replay goes to the next node."""
     c = core()
     link = StubLink("a:1")
     step = c.send(link, {"op": "tx.get", "s": 4})
     assert next(step) == Call(link, {"op": "tx.get", "s": 4}, 3.0)
     link.closed = True  # what a reset does to a link
     assert step.throw(ConnectionResetError()) == Close(link)
-    with pytest.raises(Unavailable, match="during the transaction"):
+    with pytest.raises(Unavailable, match="during the transaction") as raised:
         step.send(None)
+    assert isinstance(raised.value, TransactionLost) and isinstance(raised.value, Retryable)
     assert c.address == "b:2"
 
 
@@ -175,7 +179,9 @@ def asking_another_node(c: ClientCore) -> tuple[Step[None], StubLink, Call]:
     assert next(step) == Connect("a:1", fresh=True)
     assert step.throw(ConnectionRefusedError("dead")) == Connect("b:2", fresh=True)
     other = StubLink("b:2")
-    ask = Call(other, {"op": "request.result", "req": ["cid.1", 1], "home": HOME}, 1.0)
+    ask = Call(
+        other, {"op": "request.result", "req": ["cid.1", 1], "home": HOME, "fence": True}, 1.0
+    )
     assert step.send(other) == ask
     return step, other, ask
 
@@ -190,6 +196,47 @@ def test_a_lost_commit_reply_with_its_node_dead_asks_another_node_for_the_home()
     assert step.send(other) == ask
     assert step.send({"state": "committed", "result": None}) == Close(other)
     assert finish(step, None) is None
+
+
+def test_a_settled_request_is_a_definite_not_committed_that_transactional_replays() -> None:
+    """issue 10 (H4): every ask with a home settles the request there (``fence``,
+    requests.md §3): the home recorded "not committed", so no attempt can commit after
+    it, and the answer is final -- ``NotCommitted``, a ``Retryable`` (``@transactional``
+    runs the function again under a new request id) -- not "outcome unknown"."""
+    step, other, _ = asking_another_node(core())
+    settled_reply = {
+        "state": "aborted",
+        "result": ["NotCommitted", "settled at its home as not committed"],
+        "final": True,
+    }
+    assert step.send(settled_reply) == Close(other)
+    with pytest.raises(NotCommitted, match="settled at its home") as raised:
+        step.send(None)
+    assert isinstance(raised.value, Retryable)
+
+
+def test_an_abort_another_node_only_remembers_is_not_believed() -> None:
+    """An "aborted" that is not final (the asked node's memory of an abort, not the
+    home's record) may be followed by a commit of the same id elsewhere: unknown."""
+    step, other, _ = asking_another_node(core())
+    assert step.send({"state": "aborted", "result": ["Aborted", "x"]}) == Close(other)
+    with pytest.raises(Unavailable, match="cannot be asked"):
+        step.send(None)
+
+
+def test_the_commit_s_own_node_settles_a_homed_request_too() -> None:
+    """Asked on its own node (alive) with the home, the request is settled there as well:
+    its "not committed" is the recorded error, retryable."""
+    c = core()
+    step = c.request_result("a:1", ["cid.1", 1], ConnectionResetError(), HOME)
+    assert next(step) == Connect("a:1", fresh=True)
+    own = StubLink("a:1")
+    ask = Call(own, {"op": "request.result", "req": ["cid.1", 1], "home": HOME, "fence": True}, 1.0)
+    assert step.send(own) == ask
+    reply = {"state": "aborted", "result": ["NotCommitted", "settled"], "final": True}
+    assert step.send(reply) == Close(own)
+    with pytest.raises(NotCommitted):
+        step.send(None)
 
 
 def test_another_node_s_unknown_leaves_the_outcome_unknown() -> None:

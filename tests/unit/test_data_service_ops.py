@@ -125,8 +125,9 @@ def test_commit_reply_mapping() -> None:
     ]:
         reply = map_run_reply({"ok": False, "error": "Aborted", "why": why})
         assert reply["error"] == name, why
+    # No vote in time: aborted on the coordinator's own authority -- retryable.
     assert map_run_reply({"ok": False, "error": "Unavailable", "why": "no vote"})["error"] == (
-        "Unavailable"
+        "TransactionLost"
     )
     assert map_run_reply({"ok": False, "error": "BadRequest", "why": "x"})["error"] == "Error"
     assert map_run_reply(None)["error"] == "Error"
@@ -320,7 +321,7 @@ def test_calls_to_a_peer_fail_fast_when_it_is_not_up(db: nonstop.Database) -> No
         rt.node_state("A", "Down")
         await asyncio.sleep(0.01)
         reply = conn.replies.pop(2)
-        assert reply["error"] == "Unavailable" and "down" in reply["message"]
+        assert reply["error"] == "TransactionLost" and "down" in reply["message"]
         # No answer within rpc_timeout: Unavailable.
         rt.node_state("A", "Up")
         await asyncio.sleep(0.01)
@@ -439,5 +440,54 @@ def test_a_homed_lookup_waits_for_its_own_request_only(db: nonstop.Database) -> 
         reply = await run_branch_op(tx_of(db), "request.lookup", {"req": ["cli", 2]}, None)
         assert reply == {"found": [True, None], "in_doubt": False}
         await other.abort_prepared()
+
+    run(go())
+
+
+def test_a_fenced_lookup_settles_an_unrecorded_request_as_not_committed(
+    db: nonstop.Database,
+) -> None:
+    """``request.lookup`` with ``fence`` (requests.md §3, issue 10 H4): nothing recorded
+    and the slot free -> "not committed" is recorded in the lookup's branch; committed,
+    it is every later attempt's answer (the attempt's claim finds it, so it commits
+    nothing), and asking again finds the record.  A request that committed is found,
+    not fenced; an attempt holding the slot (prepared) is waited for."""
+
+    async def go() -> None:
+        fence = tx_of(db)
+        reply = await run_branch_op(
+            fence, "request.lookup", {"req": ["cli", 7], "fence": True}, None
+        )
+        assert reply == {"found": None, "in_doubt": False, "fenced": True}
+        await fence.commit()
+        # A late attempt of the request (its coordinator was cut off, not dead): its
+        # claim finds the fence, so it commits nothing.
+        late = tx_of(db)
+        found = await claim_and_record(late, ("cli", 7), 16)
+        assert found is not None and found[0] is False and found[1][0] == "NotCommitted"
+        await late.rollback()
+        again = await run_branch_op(tx_of(db), "request.lookup", {"req": ["cli", 7]}, None)
+        assert again["found"][0] is False and again["found"][1][0] == "NotCommitted"
+
+        done = tx_of(db)
+        assert await claim_and_record(done, ("cli", 8), 16) is None
+        await done.commit()
+        reply = await run_branch_op(
+            tx_of(db), "request.lookup", {"req": ["cli", 8], "fence": True}, None
+        )
+        assert reply == {"found": [True, None], "in_doubt": False}
+
+        held = tx_of(db)
+        assert await claim_and_record(held, ("cli", 9), 16) is None
+        assert await held.prepare(b"g-held") is True
+        with pytest.raises(errors.LockTimeout):  # in doubt: waits for the slot's lock
+            await run_branch_op(
+                tx_of(db), "request.lookup", {"req": ["cli", 9], "fence": True}, None
+            )
+        await held.commit_prepared()
+        reply = await run_branch_op(
+            tx_of(db), "request.lookup", {"req": ["cli", 9], "fence": True}, None
+        )
+        assert reply == {"found": [True, None], "in_doubt": False}
 
     run(go())

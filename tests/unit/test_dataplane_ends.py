@@ -40,7 +40,7 @@ def test_a_first_op_that_arrives_after_its_node_was_seen_down_is_ended_when_it_i
     net = Net("AB")
     _, bid, held = _first_op_held(net)
     net.cluster(up=set(), at="A")  # A sees B down: the session is rolled back
-    assert net.replies[-1].payload["error"] == "Unavailable"
+    assert net.replies[-1].payload["error"] == "TransactionLost"  # (retryable)
     assert net.data_reqs("branch.end") == []  # B is not up: nothing sent yet
     _deliver_late(net, held)  # the op reaches B after the heal: B opens the branch
     assert bid in net.machines["B"].branches

@@ -46,7 +46,14 @@ from nonstop.client.balance import DEFAULT_BALANCE, PROCESS_SPREADER, Spreader, 
 from nonstop.client.failures import NodeRefused, is_network_error
 from nonstop.client.lanes import RequestLanes
 from nonstop.client.session import Link, Request
-from nonstop.errors import Aborted, ClusterError, QuorumLost, TooLarge, Unavailable
+from nonstop.errors import (
+    Aborted,
+    ClusterError,
+    QuorumLost,
+    TooLarge,
+    TransactionLost,
+    Unavailable,
+)
 from nonstop.model.wire import raise_error
 from nonstop.net.handshake import Hello
 
@@ -309,8 +316,9 @@ class ClientCore:
 
     def send(self, link: Link, payload: Request) -> Step[Any]:
         """An op of the session on ``link``; the raw reply.  A lost, reset or silent link
-        is :class:`~nonstop.errors.Unavailable` (B8): the node rolls the session back
-        when the link closes, and is told to if the link is kept (a slow op)."""
+        is :class:`~nonstop.errors.TransactionLost` (B8; an ``Unavailable`` that
+        ``@transactional`` replays): the node rolls the session back when the link
+        closes, and is told to if the link is kept (a slow op)."""
         try:
             return (yield Call(link, payload, self.op_timeout))
         except TooLarge:
@@ -319,7 +327,7 @@ class ClientCore:
             if not link.closed:
                 yield Notify(link, {"op": "tx.rollback", "s": payload.get("s")})
             yield from self.connection_failed(link, exc)
-            raise Unavailable(
+            raise TransactionLost(
                 f"no answer from {link.address} during the transaction ({exc!r}); "
                 "the node rolls it back"
             ) from exc
@@ -390,8 +398,13 @@ class ClientCore:
         cannot be asked (its node died), the other known nodes are asked with the home,
         in turn, within one ``op_timeout`` for all of them (:meth:`_committed_elsewhere`):
         each asks the home partition's active node, which holds the record after a
-        failover.  Only "committed" is believed from another node: its "unknown" cannot
-        tell a commit still running on ``address`` from none."""
+        failover.  Every ask with a home *settles* the request (``fence``, requests.md
+        §3): the home records "not committed" when it has no record, so that no attempt
+        can commit after it, and the answer is final -- raised as
+        :class:`~nonstop.errors.NotCommitted`, which ``@transactional`` replays under a
+        new request id.  From another node only a final answer is believed ("committed",
+        or an abort read from the home's record): its "unknown" cannot tell a commit
+        still running on ``address`` from none."""
         try:
             yield from self._settled_on(address, req, cause, home)
             return None
@@ -413,6 +426,7 @@ class ClientCore:
         ask: Request = {"op": "request.result", "req": req}
         if home is not None:
             ask["home"] = home
+            ask["fence"] = True
         while True:
             try:
                 link = yield Connect(address, fresh=True)
@@ -443,8 +457,10 @@ class ClientCore:
         """Whether the nodes ``others`` say request ``req`` (homed at ``home``) committed.
 
         Every one of them asks the same node -- the home partition's active one -- so
-        the first definite answer ends the search: "committed" (True), or "unknown" /
-        "aborted" (False: no record there; the caller leaves the outcome unknown).  The
+        the first definite answer ends the search: "committed" (True), a final
+        "aborted" (the home's record, or the fence just recorded: its error is raised,
+        ``NotCommitted``), or "unknown" / another "aborted" (False: the caller leaves the
+        outcome unknown).  The
         home between active nodes (a promotion: ``NotActive``, ``Unavailable``), a
         prepared branch that may hold the record (``running``, ``LockTimeout``) is asked
         again after a short pause (at most :data:`OUTCOME_POLL`, so the client learns
@@ -455,7 +471,7 @@ class ClientCore:
         """
         deadline = self._clock() + self.op_timeout
         delay = 0.05
-        ask = {"op": "request.result", "req": req, "home": home}
+        ask = {"op": "request.result", "req": req, "home": home, "fence": True}
         turn = 0
         while True:
             address = others[turn % len(others)]
@@ -478,14 +494,22 @@ class ClientCore:
                 continue
             if isinstance(reply, dict) and reply.get("state") == "committed":
                 return True
+            if isinstance(reply, dict) and reply.get("state") == "aborted" and reply.get("final"):
+                settled(reply, address, Unavailable("the commit's node is gone"))  # raises
             waiting = isinstance(reply, dict) and (
-                reply.get("state") == "running"
-                or reply.get("error") in ("Unavailable", "NotActive", "LockTimeout")
+                reply.get("state") == "running" or reply.get("error") in WAIT_ERRORS
             )
             if not waiting or self._clock() > deadline:
                 return False
             yield Sleep(delay)
             delay = min(OUTCOME_POLL, delay * 2)
+
+
+WAIT_ERRORS = frozenset({"Unavailable", "TransactionLost", "NotActive", "LockTimeout"})
+"""Answers to ``request.result`` asked of another node that say "not yet, ask again": the
+home between active nodes (a promotion: ``NotActive``; its old active node seen Down while
+asked: ``TransactionLost``; none up yet: ``Unavailable``), or a prepared branch holding
+the request's record (``LockTimeout``)."""
 
 
 def settled(reply: Any, address: str, cause: BaseException) -> bool:

@@ -24,7 +24,8 @@ What a client sees:
 * **Errors** come back as the same :mod:`nonstop.errors` classes;
   ``Retryable`` ones (Deadlock, LockTimeout, Conflict) make ``@transactional``
   replay the function.  A lost connection before commit raises
-  :class:`~nonstop.errors.Unavailable` (B8): the node rolls the session back.
+  :class:`~nonstop.errors.TransactionLost` (B8; an ``Unavailable`` that is
+  ``Retryable``): the node rolls the session back, so ``@transactional`` replays it.
 * **Exactly-once commit (H1)**: see :meth:`RemoteTransaction.commit`.
 
 The protocol logic (what to send, what a reply means) lives in

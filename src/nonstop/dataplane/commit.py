@@ -71,7 +71,10 @@ def map_run_reply(reply: Any) -> dict[str, Any]:
     error = reply.get("error")
     why = str(reply.get("why") or reply.get("message") or "the decision log decided abort")
     if error == "Unavailable":
-        return {"error": "Unavailable", "message": f"transaction rolled back: {why}"}
+        # No vote in time (a participant down or cut off): the coordinator aborted on its
+        # own authority, so nothing committed -- TransactionLost, an Unavailable that
+        # @transactional replays (issue 10 H4).
+        return {"error": "TransactionLost", "message": f"transaction rolled back: {why}"}
     if error == "Aborted":
         # "<node> voted no: <reason>" (dtx.protocol); the reason names the class.
         reason = why.partition("voted no: ")[2].strip().lower()

@@ -51,7 +51,8 @@ from nonstop.dataplane.events import (
 from nonstop.dataplane.holdings import HOLDINGS_OP, g_holdings
 from nonstop.dataplane.managed_types import check_type
 from nonstop.dataplane.placement import Placement
-from nonstop.dataplane.results import g_commit_retry, g_request_result, g_settle
+from nonstop.dataplane.request_result import g_request_result
+from nonstop.dataplane.results import g_commit_retry, g_settle
 from nonstop.dataplane.routing import SESSION_OPS
 from nonstop.dataplane.session_ops import OPS, WRITE_NOW, take_writes
 from nonstop.dataplane.sizes import check_writes
@@ -257,8 +258,9 @@ class DataPlane(Driver):
                     # Asked of the home partition's active node, in a read-only
                     # session of its own (fenced by the partition's epoch; requests.md).
                     s = self._begin(ev.conn, "read_committed")
+                    fence = p.get("fence") is True
                     s.task = task = Task(
-                        g_request_result(self, p.get("req"), s, home), ev.conn, ev.corr, s
+                        g_request_result(self, p.get("req"), s, home, fence), ev.conn, ev.corr, s
                     )
                 self._run(task, None, None)
             elif op == HOLDINGS_OP:
@@ -728,14 +730,15 @@ class DataPlane(Driver):
         ones: those are the commit participant's); if it was only slow, its next
         op on such a branch gets BranchRolledBack (retryable).  Every active
         session with a branch there is rolled back too: it cannot commit any
-        more; the client hears Unavailable at its next op.  The data requests it
+        more; the client hears ``TransactionLost`` (an ``Unavailable`` that
+        ``@transactional`` replays) at its next op.  The data requests it
         has not answered fail.
         """
         for s in list(self.sessions.values()):
             if s.state == ACTIVE and peer in s.remote:
                 self.stats["sessions_broken"] += 1
                 why = f"transaction rolled back: node {peer} of the transaction is down"
-                self.doom(s, errors.Unavailable, why)
+                self.doom(s, errors.TransactionLost, why)
         self.calls.node_down(peer)
         self.registry.coordinator_down(peer)
         self.deadlocks.node_down(peer)

@@ -19,17 +19,24 @@ from typing import TYPE_CHECKING, Any
 
 from nonstop import errors
 from nonstop.dataplane.args import RequestId, parse_req
-from nonstop.dataplane.steps import AwaitOutcome, Call, OpCoroutine, StoreOp
+from nonstop.dataplane.steps import AwaitOutcome, OpCoroutine, StoreOp
 
 if TYPE_CHECKING:
     from nonstop.dataplane.machine import DataPlane
-    from nonstop.dataplane.state import Session
 
 LOOKUP = "request.lookup"
 """The store's answer about a request: ``{"found": [ok, value] or None, "in_doubt": bool}``;
 outside any branch (this node's store), or a branch op on the home node (requests.md)."""
 
 RUNNING = {"state": "running", "result": None}
+
+NOT_COMMITTED_RESULT = (
+    "NotCommitted",
+    "its coordinator failed before answering and the request was settled at its home as "
+    "not committed: nothing of it is anywhere",
+)
+"""What ``request.lookup`` with ``fence`` records for a request it finds no record of, on
+the home node's branch (``[error class, message]``, requests.md section 3)."""
 
 
 def outcome_of(found: Any) -> dict[str, Any]:
@@ -89,48 +96,6 @@ def g_commit_retry(dp: DataPlane, raw_req: Any, sid: Any) -> OpCoroutine:
     raise dp.closed_error(sid)
 
 
-def g_request_result(
-    dp: DataPlane, raw_req: Any, s: Session | None = None, home: bytes | None = None
-) -> OpCoroutine:
-    """``request.result``: committed / aborted / running / unknown (data-path.md §7).
-
-    With a ``home`` (a homed request, requests.md) the answer comes from the active
-    node of the home object's partition, asked in session ``s`` (ended here): the
-    record travels with that partition, whichever node coordinated the commit.
-    """
-    try:
-        key = parse_req(raw_req)
-        if key is None:
-            raise errors.BadArgument("req must be [client id, seq]")
-        if key in dp.running:
-            return dict(RUNNING)
-        recent = dp.recent.get(key)
-        if recent is not None and "error" not in recent:
-            return {"state": "committed", "result": None}
-        if recent is not None and (s is None or home is None):
-            return {"state": "aborted", "result": [recent["error"], recent.get("message")]}
-        if s is None or home is None:
-            reply = yield StoreOp(LOOKUP, {"req": list(key)})
-        else:
-            # An abort remembered here is not the record: a retry of the request on
-            # another coordinator may have committed it since.  Ask the home.
-            reply = yield Call(dp.locate(s, home), LOOKUP, {"req": list(key)})
-    finally:
-        if s is not None:
-            dp.end_session(s)
-    found = reply.get("found")
-    if found is not None:
-        ok, value = found
-        return {"state": "committed" if ok else "aborted", "result": value}
-    if reply.get("in_doubt"):
-        # A prepared branch here may still commit with this result in it.
-        return dict(RUNNING)
-    if recent is not None:
-        # A homed request this node saw abort, and nothing committed it since.
-        return {"state": "aborted", "result": [recent["error"], recent.get("message")]}
-    return {"state": "unknown", "result": None}
-
-
 def g_settle(
     dp: DataPlane, req: RequestId, outcome: dict[str, Any], record: bool = True
 ) -> OpCoroutine:
@@ -149,11 +114,12 @@ def g_settle(
 
 __all__ = [
     "LOOKUP",
+    "NOT_COMMITTED_RESULT",
+    "RUNNING",
     "AlreadyDone",
     "OutcomeUnknown",
     "g_commit_retry",
     "g_first_outcome",
-    "g_request_result",
     "g_settle",
     "outcome_of",
 ]

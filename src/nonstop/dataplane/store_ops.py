@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 from nonstop import errors
 from nonstop.dataplane.args import parse_req, ref_arg, unpacked
 from nonstop.dataplane.managed_types import check_type, types_reply
+from nonstop.dataplane.results import NOT_COMMITTED_RESULT
 from nonstop.dataplane.sizes import write_bytes
 from nonstop.dataplane.snapshot_cut import CUT_OPS, run_cut_op
 from nonstop.model.codec import encode_key, pack
@@ -110,6 +111,8 @@ async def run_branch_op(
         req = parse_req(fields.get("req"))
         if req is None:
             raise errors.BadArgument("request.lookup needs a req")
+        if fields.get("fence") is True:
+            return await settle_not_committed(tx, req, window)
         found = await tx.adrive(g_lookup_request(tx, *req))
         # Not in doubt, whatever else is prepared here: a transaction that may still
         # commit this request's record claimed its slot with a write lock and keeps it
@@ -122,16 +125,40 @@ async def run_branch_op(
     raise errors.BadArgument(f"unknown branch op {op!r:.40}")
 
 
-async def claim_and_record(
+async def settle_not_committed(
     tx: AsyncTransaction, req: tuple[str, int], window: int
+) -> dict[str, Any]:
+    """``request.lookup`` with ``fence``: request ``req``'s outcome, settled in branch ``tx``.
+
+    The slot is write-locked (an attempt that claimed it -- running, prepared, or taken
+    over at a promotion -- is waited for); a recorded result is the answer.  Without
+    one, "not committed" is recorded in ``tx`` (``NotCommitted``): once the caller
+    commits the branch, every later claim of ``req`` finds it, so no attempt of the
+    request can commit any more (requests.md section 3)."""
+    found = await claim_and_record_outcome(tx, req, window, list(NOT_COMMITTED_RESULT))
+    if found is not None:
+        return {"found": list(found), "in_doubt": False}
+    return {"found": None, "in_doubt": False, "fenced": True}
+
+
+async def claim_and_record_outcome(
+    tx: AsyncTransaction, req: tuple[str, int], window: int, aborted: list[str] | None = None
 ) -> tuple[bool, Any] | None:
-    """Lock request ``req``'s result slot in ``tx``; its recorded result, or record success."""
+    """Lock request ``req``'s result slot in ``tx``; its recorded result, or record ``aborted``
+    (``[error, message]``; None: success) and return None."""
     client, seq = req
     found: tuple[bool, Any] | None = await tx.adrive(g_claim_request(tx, client, seq, window))
     if found is not None:
         return found
-    await tx.adrive(g_record_result(tx, client, seq, True, None, window))
+    await tx.adrive(g_record_result(tx, client, seq, aborted is None, aborted, window))
     return None
+
+
+async def claim_and_record(
+    tx: AsyncTransaction, req: tuple[str, int], window: int
+) -> tuple[bool, Any] | None:
+    """Lock request ``req``'s result slot in ``tx``; its recorded result, or record success."""
+    return await claim_and_record_outcome(tx, req, window)
 
 
 async def execute(tx: AsyncTransaction, op: str, p: dict[str, Any]) -> dict[str, Any]:

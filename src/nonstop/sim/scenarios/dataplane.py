@@ -93,11 +93,27 @@ the same request id is run again until settled, across the failover that follows
 TYPE_VERSION = 1
 
 DEFINITE_ABORTS = frozenset(
-    {"Aborted", "Conflict", "LockTimeout", "Deadlock", "BranchRolledBack", "NotActive"}
+    {
+        "Aborted",
+        "Conflict",
+        "LockTimeout",
+        "Deadlock",
+        "BranchRolledBack",
+        "NotActive",
+        "TransactionLost",
+    }
 )
 """Commit errors after which the transaction is known rolled back (data-path.md §5)."""
 RETRYABLE = frozenset(
-    {"Conflict", "LockTimeout", "Deadlock", "BranchRolledBack", "Unavailable", "NotActive"}
+    {
+        "Conflict",
+        "LockTimeout",
+        "Deadlock",
+        "BranchRolledBack",
+        "Unavailable",
+        "NotActive",
+        "TransactionLost",
+    }
 )
 
 
@@ -142,6 +158,10 @@ class ScenarioConfig(CommonConfig):
     """No lost message from the start (the no-fault runs of issue 14: commit gaps)."""
     crash_steps: bool = True
     """Also crash one node at a delicate step of a commit (:mod:`.dataplane_crashes`)."""
+    fence: bool = True
+    """Homed clients settle every other unknown outcome (even request ids) at the home
+    (``request.result`` with ``fence``, requests.md §3): "not committed" is then final,
+    and the transfer runs again under a new request id."""
     dtx: DtxConfig = field(default_factory=DtxConfig)
     dataplane: DataPlaneConfig | None = None
     """The data plane's configuration (None: :func:`sim_dataplane_config`)."""
@@ -339,6 +359,9 @@ class Ledger:
     """Transfers run again under the same request id (homed requests, requests.md)."""
     again: set[str] = field(default_factory=set)
     """Transfers whose retry was answered with the first attempt's outcome (``again``)."""
+    fenced: set[str] = field(default_factory=set)
+    """Requests settled at their home as not committed (``fence``): no attempt of theirs
+    may be in the store."""
 
 
 def _call(node: NodeId, payload: dict[str, Any]) -> Call:
@@ -472,6 +495,8 @@ class BankClient:
             retry = yield from self._transfer_once(node, src, dst, amount, age, same)
             if retry is None:
                 break
+            if retry == "NotCommitted":
+                same = None  # settled as not committed: the next attempt is a new request
             if self.homed and f"{self.name}-{self.seq if same is None else same}" in self.doubtful:
                 # The same request again, on another node (its node may be dead): the
                 # home's record makes it run at most once (requests.md).  Until it is
@@ -600,13 +625,22 @@ class BankClient:
             # Unknown outcome: ask another node, which asks the home partition's active
             # node; anything but "committed" -> run the same request id again.
             ledger.counts["asked_elsewhere"] += 1
-            state = yield from self._ask(self._other(node), req, home)
+            fence = self.cfg.fence and seq % 2 == 0
+            state = yield from self._ask(self._other(node), req, home, fence)
             if state == "committed" and tid not in self.doubtful:
                 self._ok(a, ops_la, ops_bank)
                 return None
             if state == "committed":
                 self._done_before(a, ops_la, ops_bank)  # which attempt committed: unknown
                 return None
+            if state == "fenced":
+                # Settled at the home as not committed: no attempt of this request id
+                # commits, ever (requests.md §3); the transfer runs again under a new id.
+                ledger.counts["fenced"] += 1
+                ledger.fenced.add(tid)
+                self.doubtful.discard(tid)
+                self._fail(a, ops_la, ops_bank)
+                return "NotCommitted"
             self._unknown(a, ops_la, ops_bank)
             self.doubtful.add(tid)
             return "Unknown"
@@ -652,17 +686,25 @@ class BankClient:
                 )
         self._close(node, conn)
 
-    def _ask(self, node: NodeId, req: list[Any], home: bytes | None = None) -> Coroutine:
+    def _ask(
+        self, node: NodeId, req: list[Any], home: bytes | None = None, fence: bool = False
+    ) -> Coroutine:
         """``request.result`` on the coordinator until it knows (data-path.md §8); with a
-        ``home``, on any node (it asks the home partition's active node, requests.md)."""
+        ``home``, on any node (it asks the home partition's active node, requests.md),
+        settling the request there with ``fence``: ``"fenced"`` when the home's answer is
+        a final abort (the fence just recorded, or one recorded before)."""
         for _ in range(6):
             conn = self._conn()
             ask: dict[str, Any] = {"conn": conn, "op": "request.result", "req": req}
             if home is not None:
                 ask["home"] = home
+                if fence:
+                    ask["fence"] = True
             reply = yield _call(node, ask)
             state = reply.get("state") if isinstance(reply, dict) else None
             self.ledger.counts[f"asked_{state}"] += 1
+            if state == "aborted" and home is not None and reply.get("final"):
+                return "fenced"
             if state in ("committed", "aborted", "unknown"):
                 return state
             yield _sleep(0.2)
@@ -958,6 +1000,7 @@ def run_seed(
     if audit.committed:
         check_final(ledger, audit, numbers, total, fail)
         check_durable(sim, names, fail)
+        check_fences(sim, names, ledger, fail)
 
     s = ledger.counts
     stats = run_stats(
@@ -1033,7 +1076,9 @@ def check_final(
             fail("exactly-once-request", f"request {tid} run again under its id: {count} commits")
         elif count > 1:
             fail("exactly-once", f"transfer {tid} recorded {count} times")
-        if tid in ledger.failed:
+        if tid in ledger.fenced:
+            fail("fenced-but-present", f"request {tid} was settled as not committed but is there")
+        elif tid in ledger.failed:
             fail("aborted-but-present", f"transfer {tid} was reported rolled back but committed")
     for tid in sorted(ledger.again - set(tids)):
         fail("exactly-once-request", f"request {tid} answered with a first outcome never committed")
@@ -1059,6 +1104,28 @@ def check_final(
     got = sum(a["balance"] for a in audit.accounts.values())
     if got != total:
         fail("conservation", f"final total {got} != {total}")
+
+
+def check_fences(
+    sim: Simulation, names: list[NodeId], ledger: Ledger, fail: Callable[[str, str], None]
+) -> None:
+    """Every request settled as not committed (``fence``) keeps that record: some node's
+    store or replicated copies answer it "not committed", none "committed" (a fence lost
+    at a failover would let a late attempt of the request commit, requests.md §3)."""
+    for tid in sorted(ledger.fenced):
+        client, _, seq = tid.rpartition("-")
+        key = (client, int(seq))
+        kept = False
+        for name in names:
+            machine = sim.machine(name)
+            if not isinstance(machine, SimDataNode):
+                continue
+            found = machine.store.lookup_result(key)
+            if found is not None and found[0]:
+                fail("fenced-but-committed", f"{name} holds request {tid} committed")
+            kept = kept or (found is not None and not found[0])
+        if not kept:
+            fail("fence-lost", f"no node keeps request {tid}'s settled outcome")
 
 
 def check_durable(sim: Simulation, names: list[NodeId], fail: Callable[[str, str], None]) -> None:

@@ -247,6 +247,16 @@ class RecordNotReplicated(SimDataNode):
         self.store.replicate_results = False
 
 
+class FenceNotRecorded(SimDataNode):
+    """``request.result`` with ``fence`` answers "not committed" without recording it at
+    the home: the client runs the transfer again under a new id while the first attempt
+    may still commit (requests.md §3).  Run with replicas (``--partitions --replicas 1``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.store.fence_records = False
+
+
 PARTITION_MUTANTS: dict[str, type[SimDataNode]] = {"ack-without-acting": AckWithoutActing}
 """Mutants of routing by partition: run with ``dataplane.partitioned_config()``."""
 
@@ -277,7 +287,10 @@ SNAPSHOT_MUTANTS: dict[str, type[SimDataNode]] = {
 """Broken snapshot reads (``tests/sim/test_dataplane.py``)."""
 
 
-REPLICA_MUTANTS: dict[str, type[SimDataNode]] = {"record-not-replicated": RecordNotReplicated}
+REPLICA_MUTANTS: dict[str, type[SimDataNode]] = {
+    "record-not-replicated": RecordNotReplicated,
+    "fence-not-recorded": FenceNotRecorded,
+}
 """Mutants of the data path with replicas: ``dataplane.partitioned_config(replicas=1)``."""
 
 MUTANTS: dict[str, type[SimDataNode]] = {
@@ -303,6 +316,7 @@ __all__ = [
     "BlindSnapshotCut",
     "CommitWithoutQuorum",
     "EndBranchesOnce",
+    "FenceNotRecorded",
     "KeepOrphanBranches",
     "RecordNotReplicated",
     "SnapshotReadsLatest",

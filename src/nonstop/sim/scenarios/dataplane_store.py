@@ -61,6 +61,7 @@ from typing import Any, Protocol
 
 from nonstop import errors
 from nonstop.dataplane.events import BranchDone, Exec
+from nonstop.dataplane.results import NOT_COMMITTED_RESULT
 from nonstop.dtx.decisions import COMMIT
 from nonstop.dtx.protocol import K_PREPARED, K_TOMB, Progress, Ready, Refused
 from nonstop.model import codec
@@ -298,6 +299,9 @@ class SimDataStore:
         self.replicate_results = True
         """False only in the mutant ``record-not-replicated``: request records stay out of
         the replicated records (a retry on a promoted copy must catch it)."""
+        self.fence_records = True
+        """False only in the mutant ``fence-not-recorded``: a fence answers "not committed"
+        without recording it (a late attempt of the request may then commit)."""
         self.replicated_prepared: dict[str, list[list[Any]]] = {}
         """gtid -> after-images of a prepared record this node took over at promotion
         (its write locks held under ``rep:<gtid>`` until the outcome is applied)."""
@@ -497,6 +501,13 @@ class SimDataStore:
                 raise errors.BadArgument(f"op {op!r:.40} needs a branch")
         except errors.Error as exc:
             self._reply(job, _error(exc))
+
+    def lookup_result(self, key: tuple[str, int]) -> tuple[bool, Any] | None:
+        """The request's recorded result in this store or its replicated copies (checks)."""
+        found = self.results.get(key)
+        if found is None and self.replicator is not None:
+            found = self.replicator.lookup(*key)[0]
+        return None if found is None else (bool(found[0]), found[1])
 
     def _lookup(self, key: tuple[str, int]) -> dict[str, Any]:
         """``request.lookup``: the request's recorded result here, or whether it is in doubt."""
@@ -718,8 +729,19 @@ class SimDataStore:
         slot read-locked first, so an attempt that claimed it (running, or prepared) is
         waited for instead of being answered "unknown"."""
         key = _req(f.get("req"))
-        yield (("q", *key), READ)
-        return self._lookup(key)
+        if f.get("fence") is not True:
+            yield (("q", *key), READ)
+            return self._lookup(key)
+        # With ``fence`` (requests.md section 3): the slot write-locked, then -- nothing
+        # recorded and nothing in doubt here -- "not committed" recorded in this branch,
+        # which the asking node commits: no attempt of the request can commit after it.
+        yield from self._g_claim(b, key)
+        answer = self._lookup(key)
+        if answer["found"] is not None or answer["in_doubt"]:
+            return answer
+        if self.fence_records:
+            b.results[key] = (False, list(NOT_COMMITTED_RESULT))
+        return {"found": None, "in_doubt": False, "fenced": True}
 
     def _g_abort(self, b: Branch, f: dict[str, Any]) -> Op:
         """An aborted commit's outcome, in a transaction of its own (unless one is recorded)."""
