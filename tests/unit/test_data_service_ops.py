@@ -326,7 +326,7 @@ def test_calls_to_a_peer_fail_fast_when_it_is_not_up(db: nonstop.Database) -> No
         rt.node_state("A", "Up")
         await asyncio.sleep(0.01)
         reply = await client_call(svc, conn, {**count, "begin": "serializable"})
-        assert reply["error"] == "Unavailable" and "did not answer" in reply["message"]
+        assert reply["error"] == "TransactionLost" and "did not answer" in reply["message"]
         await svc.stop()
 
     run(main())

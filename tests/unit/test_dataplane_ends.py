@@ -65,7 +65,7 @@ def test_an_end_that_was_lost_is_sent_again_until_the_node_answers() -> None:
     _, bid, held = _first_op_held(net)
     net.now = 2.0
     net.fire("A", RPC_TIMER)  # B never seen down: the call times out
-    assert net.replies[-1].payload["error"] == "Unavailable"
+    assert net.replies[-1].payload["error"] == "TransactionLost"
     ((_, to, end),) = net.data_reqs("branch.end")  # sent, but B hears nothing
     assert to == "B" and end["b"] == bid
     _deliver_late(net, held)

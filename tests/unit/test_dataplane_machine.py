@@ -359,7 +359,7 @@ def test_a_peer_that_does_not_answer_is_unavailable_and_the_session_ends() -> No
     assert any(n.startswith(RPC_TIMER) for n in net.timers["A"])
     net.fire("A", RPC_TIMER)
     reply = net.replies[-1].payload
-    assert reply["error"] == "Unavailable" and "did not answer" in reply["message"]
+    assert reply["error"] == "TransactionLost" and "did not answer" in reply["message"]
     # Every branch is released: A's own at once, B's and C's by message (B is told
     # until it answers: the op it did not answer may still reach it, ends.py).
     assert net.ended["A"] == [f"A.{s}"]
@@ -873,7 +873,7 @@ def test_a_long_swap_on_a_peer_that_stops_reporting_times_out() -> None:
     net.silent.add("B")  # B's notes (and its answer) are lost from here on
     _run_until(net, 6.5)
     errors = [r.payload for r in net.replies if "error" in r.payload]
-    assert errors and errors[-1]["error"] == "Unavailable", net.replies
+    assert errors and errors[-1]["error"] == "TransactionLost", net.replies
     assert "did not answer branch.overwrite" in errors[-1]["message"]
 
 
@@ -891,7 +891,7 @@ def test_busy_notes_never_extend_an_ordinary_call() -> None:
             net.feed("A", Received(now=net.now, sender="B", payload=note))
     _run_until(net, 2.5)
     reply = net.replies[-1].payload
-    assert reply["error"] == "Unavailable" and "did not answer branch.count" in reply["message"]
+    assert reply["error"] == "TransactionLost" and "did not answer branch.count" in reply["message"]
     assert not [p for _, _, p in net.sent if p.get("t") == "data.busy"]  # no long op ran
 
 

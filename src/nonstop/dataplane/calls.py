@@ -3,7 +3,9 @@
 ``{"t": "data.req", "id": n, "op": ..., "b": branch id, ...}`` →
 ``{"t": "data.rep", "id": n, "p": reply}``.  A request's answer resumes the
 task waiting for it; a peer that does not answer within ``rpc_timeout`` (timer
-``dp.rpc.<id>``), or that leaves Up first, fails it with ``Unavailable``.
+``dp.rpc.<id>``), or that leaves Up first, fails it: ``TransactionLost`` (an
+``Unavailable`` that is retryable: the session rolls back), or ``Unavailable`` for a
+committing op (its outcome is unknown).
 
 A call of a :data:`LONG_OPS` op (an overwrite's swap: its work grows with the
 rows it swaps, not with time) is kept alive by its progress instead: while the
@@ -158,7 +160,7 @@ class PeerCalls:
             return False
         call = self._calls.pop(int(number), None)
         if call is not None:
-            exc = errors.Unavailable(f"node {call.node} did not answer {call.op}")
+            exc = _lost(call.op, f"node {call.node} did not answer {call.op}")
             self.dp.resolve(call.task, call.slot, None, exc)
         return True
 
@@ -167,8 +169,17 @@ class PeerCalls:
         for call_id, call in list(self._calls.items()):
             if call.node == peer and self._calls.pop(call_id, None) is not None:
                 self.dp.emit(CancelTimer(f"{RPC_TIMER}{call_id}"))
-                exc = errors.Unavailable(f"node {peer} is down")
+                exc = _lost(call.op, f"node {peer} is down")
                 self.dp.resolve(call.task, call.slot, None, exc)
+
+
+def _lost(op: str, why: str) -> errors.Error:
+    """A call that failed with its peer: ``Unavailable`` for a committing op (its outcome
+    is unknown), else ``TransactionLost`` -- the op's session is rolled back, nothing of it
+    committed, an ``Unavailable`` that ``@transactional`` replays (issue 10 H4)."""
+    if op in COMMITTING_OPS:
+        return errors.Unavailable(f"{why}: the outcome is unknown")
+    return errors.TransactionLost(f"{why}: the transaction is rolled back")
 
 
 __all__ = ["BUSY", "COMMITTING_OPS", "LONG_OPS", "PROBE", "PROBED", "RPC_TIMER", "PeerCalls"]

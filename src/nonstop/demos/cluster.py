@@ -61,6 +61,7 @@ class Outcomes:
     unknown: set[str] = field(default_factory=set)  # an error: applied or not, never twice
     refused: int = 0  # insufficient funds (nothing written)
     errors: Counter[str] = field(default_factory=Counter)
+    examples: dict[str, str] = field(default_factory=dict)  # the first message of each kind
     seconds: float = 0.0
     in_window: int = 0  # acknowledged before the transfer window closed
     kill_at: float = 0.0
@@ -320,6 +321,7 @@ def run_transfers(
                 except Error as exc:
                     out.unknown.add(tid)
                     out.errors[type(exc).__name__] += 1
+                    out.examples.setdefault(type(exc).__name__, str(exc))
                     out.error_at.append(began)
                     await asyncio.sleep(0.1)  # the cluster is reconfiguring: back off
                 else:
@@ -499,6 +501,8 @@ def main(argv: list[str] | None = None) -> int:
         if out.errors:
             kinds = ", ".join(f"{n} {name}" for name, n in sorted(out.errors.items()))
             print(f"  errors the clients saw (all counted as outcome unknown above): {kinds}")
+            for name, message in sorted(out.examples.items()):
+                print(f"    {name}, e.g.: {message[:160]}")
             first, last = min(out.error_at) - out.kill_at, max(out.error_at) - out.kill_at
             print(
                 f"    the failed transfers began between {first:+.1f} s and {last:+.1f} s "
