@@ -94,10 +94,8 @@ def _g_commit_fence(dp: DataPlane, s: Session, node: str) -> OpCoroutine:
     s.state = COMMITTING
     try:
         outcome = yield from g_decide(dp, s, None)
-    except Exception as exc:
+    finally:
         dp.finish_commit(s, None, None)
-        raise exc from None
-    dp.finish_commit(s, None, None)
     if not outcome.get("ok"):
         raise errors.Unavailable(f"the request's outcome was not settled: {outcome!r:.200}")
     return None

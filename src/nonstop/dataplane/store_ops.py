@@ -135,30 +135,23 @@ async def settle_not_committed(
     one, "not committed" is recorded in ``tx`` (``NotCommitted``): once the caller
     commits the branch, every later claim of ``req`` finds it, so no attempt of the
     request can commit any more (requests.md section 3)."""
-    found = await claim_and_record_outcome(tx, req, window, list(NOT_COMMITTED_RESULT))
+    found = await claim_and_record(tx, req, window, list(NOT_COMMITTED_RESULT))
     if found is not None:
         return {"found": list(found), "in_doubt": False}
     return {"found": None, "in_doubt": False, "fenced": True}
 
 
-async def claim_and_record_outcome(
+async def claim_and_record(
     tx: AsyncTransaction, req: tuple[str, int], window: int, aborted: list[str] | None = None
 ) -> tuple[bool, Any] | None:
-    """Lock request ``req``'s result slot in ``tx``; its recorded result, or record ``aborted``
-    (``[error, message]``; None: success) and return None."""
+    """Lock request ``req``'s result slot in ``tx``; its recorded result, or record success
+    (``aborted`` None) or that abort (``[error class, message]``) and return None."""
     client, seq = req
     found: tuple[bool, Any] | None = await tx.adrive(g_claim_request(tx, client, seq, window))
     if found is not None:
         return found
     await tx.adrive(g_record_result(tx, client, seq, aborted is None, aborted, window))
     return None
-
-
-async def claim_and_record(
-    tx: AsyncTransaction, req: tuple[str, int], window: int
-) -> tuple[bool, Any] | None:
-    """Lock request ``req``'s result slot in ``tx``; its recorded result, or record success."""
-    return await claim_and_record_outcome(tx, req, window)
 
 
 async def execute(tx: AsyncTransaction, op: str, p: dict[str, Any]) -> dict[str, Any]:
