@@ -200,6 +200,7 @@ def _refused_case(
     why: str,
     lock_timeout: float = 0.3,
     config: DtxConfig | None = None,
+    rollback_left: bool = False,
 ) -> None:
     seed(tmp_path, {"n1": {"A": 100}, "n2": {"B": 0}})
 
@@ -213,6 +214,10 @@ def _refused_case(
             reply = await c.run("n1", ops)
             assert reply["ok"] is False and reply["error"] == "Aborted", reply
             assert why in reply["why"], reply
+            if rollback_left:  # a branch never taken: its session's end rolls it back
+                for tx in txs.values():
+                    if tx.active:
+                        await tx.rollback()
             await c.settled()
             assert {n: balances(c.dbs[n]) for n in ("n1", "n2")} == before
             for n in ("n1", "n2"):
@@ -244,6 +249,53 @@ def test_missing_branch_is_refused_at_once(tmp_path: Path) -> None:
         await txs["n2"].rollback()
 
     _refused_case(tmp_path, spoil, "n2 voted no: branch gone")
+
+
+def _lapse_on(c: Cluster, node: str, lapsed: set[str]) -> None:
+    """``node``'s data plane refuses the branches in ``lapsed`` for a lapse of its lease."""
+    rm = c.rms[node]
+    take = rm.lookup_branch
+    rm.lookup_branch = lambda bid: None if bid in lapsed else take(bid)
+    rm.branch_lapsed = lambda bid: bid in lapsed
+
+
+def test_a_prepare_that_meets_a_lapse_of_the_lease_votes_once_it_is_back(
+    tmp_path: Path,
+) -> None:
+    seed(tmp_path, {"n1": {"A": 100}, "n2": {"B": 0}})
+
+    async def body(root: Path) -> None:
+        c = Cluster(root, ["n1", "n2"])
+        try:
+            ops, _ = await transfer_branches(c, 30)
+            lapsed = {ops["n2"][0][1]}
+            _lapse_on(c, "n2", lapsed)
+            rid = c.submit("n1", ops)
+            await asyncio.sleep(0.3)  # the prepare waits: no vote yet
+            assert not c.replies[rid].done()
+            assert c.rms["n2"].branches() == {}  # nothing taken from the data plane
+            lapsed.clear()  # a renewal applied: the lease is back
+            reply = await asyncio.wait_for(c.replies[rid], 5)
+            assert reply["ok"] is True and reply["outcome"] == "commit", reply
+            await c.settled()
+            assert balances(c.dbs["n2"]) == {"B": 30}
+            assert not c.errors
+        finally:
+            c.close()
+
+    run(body, tmp_path)
+
+
+def test_a_prepare_whose_lease_does_not_come_back_votes_no(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("nonstop.dataplane.participant.VOTE_LAPSE_WAIT", 0.3)
+
+    async def spoil(c: Cluster, ops: dict[str, list[Any]], txs: dict[str, Any]) -> None:
+        _lapse_on(c, "n2", {ops["n2"][0][1]})
+
+    # (The branch stays the data plane's: the harness's data service rolls it back.)
+    _refused_case(tmp_path, spoil, "n2 voted no: branch gone", rollback_left=True)
 
 
 def test_lock_wait_past_the_lock_timeout_is_refused(tmp_path: Path) -> None:

@@ -14,10 +14,13 @@ from typing import Any
 from tests.unit.test_dataplane_machine import ACC, LOCATIONS, Net, get
 
 from nonstop import errors
+from nonstop.dataplane.calls import PROBE, PROBED
 from nonstop.dataplane.events import PartitionView
+from nonstop.dataplane.lapse_waits import LAPSE_TIMER
 from nonstop.dataplane.placement import routing_key
 from nonstop.model.codec import pack, unpack
 from nonstop.model.ref import Ref
+from nonstop.runtime.interface import Received
 
 P_LOC = {"P0": 100, "P1": 101}
 
@@ -162,13 +165,51 @@ def test_count_and_query_ask_each_partition_once_on_its_active_node() -> None:
 def test_a_node_not_acting_for_the_partition_refuses_with_not_active() -> None:
     net = PNet()
     put(net, "B", pobj("P1", 1, "b"), "b")
-    # B lost its lease for P1 (by time alone: its view still says acting).
+    # B lost its lease for P1 (by time alone: its applied table still names epoch 5).
+    # The op waits it out (lapse_waits.py) and runs nothing meanwhile ...
     net.acting_now["B"] = set()
-    reply = net.op("A", get("b", begin="serializable", lock="write"))
-    assert reply is not None and reply["error"] == "NotActive"
+    assert net.op("A", get("b", begin="serializable", lock="write")) is None
+    assert net.stores["B"].execs == [] and net.machines["B"].stats["lapse_waits"] == 1
+    # ... its coordinator's probe hears that B still has it ...
+    ((_, _, req),) = net.data_reqs("branch.get")
+    net.feed("B", Received(now=net.now, sender="A", payload={"t": PROBE, "id": req["id"]}))
+    assert net.sent[-1][2] == {"t": PROBED, "id": req["id"], "r": True}
+    # ... and it is refused once the wait is over without the lease back.
+    net.fire("B", LAPSE_TIMER)
+    reply = net.replies[-1].payload
+    assert reply["error"] == "NotActive"
     assert issubclass(errors.NotActive, errors.Retryable)
     assert net.machines["B"].stats["fenced_ops"] == 1
+    assert net.machines["B"].stats["lapse_refusals"] == 1
+    assert net.stores["B"].execs == []
     assert net.machines["B"].branches == {}  # nothing left held there
+
+
+def test_an_op_that_meets_a_lapse_of_the_lease_goes_on_when_the_lease_is_back() -> None:
+    net = PNet()
+    b = pobj("P1", 1, "b")
+    put(net, "B", b, "b")
+    net.acting_now["B"] = set()
+    assert net.op("A", get("b", begin="serializable")) is None
+    # The next renewal is accepted: any event of B's (here a table notice) lets it run.
+    net.acting_now.pop("B")
+    net.cluster(up={"A", "B"})
+    assert net.replies[-1].payload["o"] == b
+    assert net.machines["B"].stats["lapses_waited_out"] == 1
+    assert net.machines["B"].stats["fenced_ops"] == 0
+
+
+def test_a_lapse_ended_by_the_partition_changing_hands_is_refused_at_once() -> None:
+    net = PNet()
+    put(net, "B", pobj("P1", 1, "b"), "b")
+    net.acting_now["B"] = set()
+    assert net.op("A", get("b", begin="serializable")) is None
+    # A failover moved P1 on (epoch 6): nothing waits for a lease that cannot come back.
+    net.table["P1"] = ("A", 6)
+    net.cluster(up={"A", "B"})
+    reply = net.replies[-1].payload
+    assert reply["error"] == "NotActive" and "epoch 5" in reply["message"]
+    assert net.stores["B"].execs == []
 
 
 def test_a_stale_epoch_is_refused_and_the_answer_is_checked_when_acknowledging() -> None:
@@ -186,8 +227,21 @@ def test_a_stale_epoch_is_refused_and_the_answer_is_checked_when_acknowledging()
     assert net.op("A", get("b", begin="serializable")) is None
     net.acting_now["B"] = set()
     net.hold = lambda ex: False
+    n = len(net.replies)
     net.release_held()
-    assert net.replies[-1].payload["error"] == "NotActive"
+    assert len(net.replies) == n  # the answer waits out the lapse (lapse_waits.py) ...
+    net.fire("B", LAPSE_TIMER)
+    assert net.replies[-1].payload["error"] == "NotActive"  # ... and is refused after it
+    # The same answer with the lease back before the wait is over: delivered.
+    net.acting_now.pop("B")
+    net.hold = lambda ex: ex.op == "branch.get"
+    assert net.op("A", get("b", begin="serializable")) is None
+    net.acting_now["B"] = set()
+    net.hold = lambda ex: False
+    net.release_held()
+    net.acting_now.pop("B")
+    net.cluster(up={"A", "B"})
+    assert net.replies[-1].payload["o"] is not None
 
 
 def test_the_answer_is_fenced_by_the_applied_table_not_by_a_lagging_view() -> None:
@@ -219,9 +273,17 @@ def test_the_vote_is_fenced_like_the_ops() -> None:
     bid = f"A.{s}"
     assert net.machines["B"].branches[bid].fence == {"P1": 5}
     net.acting_now["B"] = set()
-    assert not net.machines["B"].take_branch(bid)  # votes no: "branch gone", retryable
+    assert not net.machines["B"].take_branch(bid)  # not now ...
+    assert net.machines["B"].vote_lapsed(bid)  # ... a lapse alone: the prepare asks again
+    net.table["P1"] = ("A", 6)
+    net.cluster(up={"A", "B"})
+    assert not net.machines["B"].vote_lapsed(bid)  # moved on: votes no, "branch gone"
+    net.table["P1"] = ("B", 5)
+    net.cluster(up={"A", "B"})
     net.acting_now.pop("B")
+    assert not net.machines["B"].vote_lapsed(bid)
     assert net.machines["B"].take_branch(bid)
+    assert not net.machines["B"].vote_lapsed(bid)  # taken: not the data plane's any more
 
 
 def test_the_coordinators_own_partition_is_fenced_at_its_local_commit() -> None:
@@ -231,9 +293,20 @@ def test_the_coordinators_own_partition_is_fenced_at_its_local_commit() -> None:
     s = net.ok("A", get("a", begin="serializable", lock="write"))["s"]
     net.acting_now["A"] = set()
     w = [[a[0], a[1], a[2], pack({"balance": 1})]]
-    reply = net.op("A", {"op": "tx.commit", "s": s, "w": w})
-    assert reply is not None and reply["error"] == "NotActive"
+    assert net.op("A", {"op": "tx.commit", "s": s, "w": w}) is None  # waits out the lapse
     assert all(ex.op != "branch.commit" for ex in net.stores["A"].execs)
+    net.fire("A", LAPSE_TIMER)
+    assert net.replies[-1].payload["error"] == "NotActive"
+    assert all(ex.op != "branch.commit" for ex in net.stores["A"].execs)
+    # The lease back within the wait: the commit runs then.
+    net.acting_now.pop("A")
+    s = net.ok("A", get("a", begin="serializable", lock="write"))["s"]
+    net.acting_now["A"] = set()
+    assert net.op("A", {"op": "tx.commit", "s": s, "w": w}) is None
+    net.acting_now.pop("A")
+    net.cluster(up={"A", "B"})
+    assert net.replies[-1].payload == {"ok": True}
+    assert net.stores["A"].execs[-1].op == "branch.commit"
 
 
 def test_a_local_commit_that_ran_is_never_refused_afterwards() -> None:

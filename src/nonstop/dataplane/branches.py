@@ -146,9 +146,16 @@ class BranchRegistry:
             # the coordinator routed here (ha.md, fencing on the branch side).
             refused = self.dp.not_active(fence)
             if refused is not None:
-                self.dp.stats["fenced_ops"] += 1
-                self.end(bid)
-                self._answer(sender, call_id, error_out(refused))
+                # A lapse of this node's lease alone is waited out (lapse_waits.py),
+                # within half the coordinator's patience for an answer.
+                if not self.dp.lapses.wait(
+                    fence,
+                    self._lapse_limit(),
+                    lambda: self.serve(sender, msg),
+                    lambda exc: self._fenced_op(sender, call_id, bid, exc),
+                    (sender, call_id),
+                ):
+                    self._fenced_op(sender, call_id, bid, refused)
                 return
         br = self.branches.get(bid)
         iso = None
@@ -175,14 +182,27 @@ class BranchRegistry:
         self._served[corr] = _Served(sender, call_id, bid, op, w is not None, fence)
         self.dp.emit(Exec(corr, bid, op, msg, iso, w))
 
+    def _lapse_limit(self) -> float:
+        config = self.dp.config
+        return min(config.lapse_wait, config.rpc_timeout / 2)
+
+    def _fenced_op(self, sender: str, call_id: Any, bid: str, refused: errors.Error) -> None:
+        """Refuse a peer's op fenced out here: its branch is over."""
+        self.dp.stats["fenced_ops"] += 1
+        self.end(bid)
+        self._answer(sender, call_id, error_out(refused))
+
     def done(self, corr: int, reply: Any) -> None:
         """The store finished a peer's op: answer it."""
         served = self._served.pop(corr, None)
         if served is None:
             return
+        self._answer_done(served, reply, True)
+
+    def _answer_done(self, served: _Served, reply: Any, first: bool) -> None:
         bid = served.bid
         br = self.branches.get(bid)
-        if br is not None:
+        if br is not None and first:
             br.busy -= 1
             br.last = self.dp.now
         if not isinstance(reply, dict):
@@ -195,7 +215,16 @@ class BranchRegistry:
                 self.end(bid)
         elif served.fence and (refused := self.dp.not_active(served.fence)) is not None:
             # The answer is an acknowledgement: only while still acting (a lease
-            # lapses by time alone, seen at this event at the latest).
+            # lapses by time alone, seen at this event at the latest); a lapse alone
+            # is waited out, the answer kept (lapse_waits.py).
+            if first and self.dp.lapses.wait(
+                served.fence,
+                self._lapse_limit(),
+                lambda: self._answer_done(served, reply, False),
+                lambda exc: self._fenced_op(served.sender, served.call_id, bid, exc),
+                (served.sender, served.call_id),
+            ):
+                return
             self.dp.stats["fenced_ops"] += 1
             self.end(bid)
             reply = error_out(refused)
@@ -228,7 +257,9 @@ class BranchRegistry:
     def probed(self, sender: str, msg: dict[str, Any]) -> None:
         """A coordinator's ``data.probe``: do we still run that call of its (calls.py)?"""
         call_id = msg.get("id")
-        running = any(s.sender == sender and s.call_id == call_id for s in self._served.values())
+        running = (sender, call_id) in self.dp.lapses.keys or any(
+            s.sender == sender and s.call_id == call_id for s in self._served.values()
+        )
         self.dp.emit(Send(sender, {"t": PROBED, "id": call_id, "r": running}))
 
     def keep_alive(self) -> None:

@@ -49,6 +49,7 @@ from nonstop.dataplane.events import (
     LocalWaits,
 )
 from nonstop.dataplane.holdings import HOLDINGS_OP, g_holdings
+from nonstop.dataplane.lapse_waits import LAPSE_TIMER, LapseWaits
 from nonstop.dataplane.managed_types import check_type
 from nonstop.dataplane.placement import Placement
 from nonstop.dataplane.request_result import g_request_result
@@ -105,6 +106,9 @@ class DataPlaneConfig:
     it, it was lost with a connection and fails now, not at ``rpc_timeout`` (0: off)."""
     commit_timeout: float = 30.0
     """A two-phase commit undecided this long: the client hears Unavailable (outcome unknown)."""
+    lapse_wait: float = 2.0
+    """Seconds an op waits out a lapse of this node's lease before it is refused NotActive
+    (``lapse_waits.py``; a participant's op at most ``rpc_timeout / 2``; 0: refused at once)."""
     sweep_every: float = 1.0
     """How often idle branches are looked for."""
     max_message: int = DEFAULT_MAX_FRAME
@@ -176,6 +180,8 @@ class DataPlane(Driver):
         self.deadlocks = DeadlockDetector(self)
         self._fenced: dict[int, dict[str, int]] = {}
         """Exec corr → the (partition, epoch) fence checked again when its answer comes."""
+        self.lapses = LapseWaits(self)
+        """Ops and answers waiting out a lapse of this node's lease (lapse_waits.py)."""
         self._now = 0.0
         self._handlers: dict[type, Callable[[Any], None]] = {
             ClientOp: self._on_client_op,
@@ -199,6 +205,8 @@ class DataPlane(Driver):
         else:
             self._now = event.now
             handler(event)
+            if self.lapses:
+                self.lapses.settle()
         return out
 
     @property
@@ -223,6 +231,18 @@ class DataPlane(Driver):
                 self.stats["fenced_votes"] += 1
                 return False
         return self.registry.take(bid)
+
+    def vote_lapsed(self, bid: str) -> bool:
+        """Whether :meth:`take_branch` refuses ``bid`` only because this node's lease
+        lapsed (its applied table still names every fenced epoch): the participant may
+        ask again until it acts (``lapse_waits.py``; the resource managers' vote wait)."""
+        branch = self.registry.branches.get(bid)
+        return (
+            branch is not None
+            and bool(branch.fence)
+            and self.not_active(branch.fence) is not None
+            and self.lapses.lapsed_only(branch.fence)
+        )
 
     def log(self, level: str, message: str) -> None:
         self._out.append(Log(level, message))
@@ -570,6 +590,18 @@ class DataPlane(Driver):
             # anywhere else, as when they arrived.
             task.then = call
             return self._call(task, FIRST, Call(self.name, WRITE_NOW, {}))
+        fence = s.fence.get(node)
+        if node == self.name and fence:
+            refused = self.not_active(fence)
+            if refused is not None:
+                if self.lapses.wait(
+                    fence,
+                    self.config.lapse_wait,
+                    lambda: self._call_again(task, slot, call),
+                    lambda exc: self.resolve(task, slot, None, exc),
+                ):
+                    return None
+                return None, refused
         pending = s.pending.get(node)
         if pending and node != self.name:
             try:
@@ -578,12 +610,7 @@ class DataPlane(Driver):
                 return None, exc
         pending = s.pending.pop(node, None)
         writes = list(pending.values()) if pending else None
-        fence = s.fence.get(node)
         if node == self.name:
-            if fence:
-                refused = self.not_active(fence)
-                if refused is not None:
-                    return None, refused
             iso = None
             if not s.local_open:
                 if s.state != ACTIVE and s.state != COMMITTING:
@@ -624,6 +651,14 @@ class DataPlane(Driver):
         self.calls.send(node, msg, task, slot)
         return None
 
+    def _call_again(self, task: Task, slot: int, call: Call) -> None:
+        """A call that waited out a lapse of the lease (lapse_waits.py): carried out now."""
+        if task.done:
+            return
+        now = self._call(task, slot, call)
+        if now is not None:
+            self.resolve(task, slot, now[0], now[1])
+
     def _gather(self, task: Task, calls: list[Call]) -> Immediate | None:
         s = task.session
         if s is not None and self.name in s.pending and all(c.node != self.name for c in calls):
@@ -640,10 +675,18 @@ class DataPlane(Driver):
         reply = ev.reply
         fence = self._fenced.pop(ev.corr, None) if self._fenced else None
         if fence and isinstance(reply, dict) and "error" not in reply:
-            # Acknowledged only while acting (a lease lapses by time alone, ha.md §8).
+            # Acknowledged only while acting (a lease lapses by time alone, ha.md §8):
+            # a lapse alone is waited out (lapse_waits.py).
             refused = self.not_active(fence)
             if refused is not None:
-                self.resolve(*waiting, None, refused)
+                task, slot = waiting
+                if not self.lapses.wait(
+                    fence,
+                    self.config.lapse_wait,
+                    lambda: self.resolve_reply(task, slot, reply),
+                    lambda exc: self.resolve(task, slot, None, exc),
+                ):
+                    self.resolve(task, slot, None, refused)
                 return
         if not isinstance(reply, dict):
             self.resolve(*waiting, None, errors.ProtocolError(f"bad store reply {reply!r:.60}"))
@@ -680,6 +723,8 @@ class DataPlane(Driver):
             self._out.append(SetTimer(SWEEP_TIMER, self.config.sweep_every))
         elif name == WAITS_TIMER:
             self.deadlocks.tick()
+        elif name == LAPSE_TIMER:
+            self.lapses.timer_fired()
         elif name.startswith(COMMIT_TIMER) and name[len(COMMIT_TIMER) :].isdigit():
             task = self._deciding.get(int(name[len(COMMIT_TIMER) :]))
             if task is not None:

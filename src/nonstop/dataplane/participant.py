@@ -117,11 +117,17 @@ class StoreResourceManager:
         db: Database,
         lookup_branch: Callable[[str], AsyncTransaction | None],
         feed: Callable[[list[Progress]], None],
+        branch_lapsed: Callable[[str], bool] | None = None,
     ) -> None:
         self.db = db
         self.prepared = db.engine.prepared
         self.lookup_branch = lookup_branch
         self.feed = feed
+        self.branch_lapsed = branch_lapsed
+        """Whether ``lookup_branch`` refused a branch only because this node's lease lapsed
+        (``DataPlane.vote_lapsed``): the prepare then waits for the lease (:meth:`open`)."""
+        self._vote_waits: dict[str, asyncio.Task[None]] = {}
+        """gtid → the prepare waiting out a lapse of the lease before it takes its branch."""
         self._branches: dict[str, _Branch] = {}
         self.replicator: Any = None
         """Sync replication of partitions (``nonstop.node.replicated.StoreSide``), or None:
@@ -162,9 +168,50 @@ class StoreResourceManager:
         return None
 
     def open(self, gtid: str, ops: list[Any]) -> list[Progress]:
-        """Prepare the branch asynchronously; refuse at once when its transaction is gone."""
+        """Prepare the branch asynchronously; refuse at once when its transaction is gone.
+
+        A branch refused only because this node's lease lapsed (the partitions its ops
+        touched are still this node's, at the same epochs) is asked for again until the
+        node acts (then prepared as if it had just come) or :data:`VOTE_LAPSE_WAIT` passes
+        (then refused): the data plane's ops wait out a lapse alike (``lapse_waits.py``),
+        and a no vote for a lapse aborted another client's transaction during a large
+        swap although nothing moved.
+        """
         branch_id = ops[0][1]
+        if gtid in self._vote_waits:
+            return []  # (a prepare sent again)
         tx = self.lookup_branch(branch_id)
+        if tx is None and self.branch_lapsed is not None and self.branch_lapsed(branch_id):
+            task = asyncio.get_running_loop().create_task(
+                self._open_when_acting(gtid, ops), name=f"dtx-vote-wait-{gtid}"
+            )
+            self._vote_waits[gtid] = task
+            return []
+        return self._take(gtid, ops, tx)
+
+    async def _open_when_acting(self, gtid: str, ops: list[Any]) -> None:
+        branch_id = ops[0][1]
+        loop = asyncio.get_running_loop()
+        until = loop.time() + VOTE_LAPSE_WAIT
+        tx = None
+        try:
+            while loop.time() < until:
+                await asyncio.sleep(VOTE_LAPSE_POLL)
+                tx = self.lookup_branch(branch_id)
+                lapsed = self.branch_lapsed is not None and self.branch_lapsed(branch_id)
+                if tx is not None or not lapsed:
+                    break
+        except asyncio.CancelledError:
+            return  # finish() ended it (its coordinator aborted)
+        if self._vote_waits.pop(gtid, None) is None:
+            return
+        progress = self._take(gtid, ops, tx)
+        if progress:
+            self.feed(progress)
+
+    def _take(self, gtid: str, ops: list[Any], tx: AsyncTransaction | None) -> list[Progress]:
+        """Prepare the branch whose transaction ``lookup_branch`` gave (or refuse)."""
+        branch_id = ops[0][1]
         if tx is None or not tx.active:
             return [Refused(gtid, BRANCH_GONE)]
         if any(b.tx is tx for b in self._branches.values()):
@@ -190,6 +237,10 @@ class StoreResourceManager:
         """
         if self.replicator is not None:
             self.replicator.outcome(gtid, commit)
+        waiting = self._vote_waits.pop(gtid, None)
+        if waiting is not None:
+            waiting.cancel()  # (never voted: nothing was taken, its branch is the data plane's)
+            return [], []
         b = self._branches.pop(gtid, None)
         if b is None or b.tx is None:
             return [], []
@@ -303,6 +354,12 @@ def _replica_records(tx: Transaction) -> list[list[Any]]:
     else uses ``tx`` meanwhile, see :data:`LARGE_PREPARE`)."""
     return replicated_records(tx)
 
+
+VOTE_LAPSE_WAIT = 2.0
+"""Seconds a prepare waits out a lapse of this node's lease before it votes no (as the data
+plane's ops, ``DataPlaneConfig.lapse_wait``; under the participant's ``branch_timeout``)."""
+VOTE_LAPSE_POLL = 0.02
+"""How often the waiting prepare asks again (the lease comes back with a renewal applied)."""
 
 LARGE_PREPARE = 2000
 """Objects a branch touched (entries, or raw operations / 4: a bulk swap's) from

@@ -342,6 +342,11 @@ class DataService:
             return None
         return slot.tx
 
+    def branch_lapsed(self, branch_id: str) -> bool:
+        """Whether :meth:`lookup_branch` refuses the branch only because this node's lease
+        lapsed (``DataPlane.vote_lapsed``): the participant asks again (its vote wait)."""
+        return self.machine.vote_lapsed(branch_id)
+
     def _cluster_noted(self, _action: Any) -> None:
         # Called from inside the cluster machine's dispatch: the machine hears of
         # it on the next loop turn (never a Decide from inside that dispatch).

@@ -96,17 +96,16 @@ class ClusterView:
         """The node acting for ``part`` as far as this view knows (module doc of
         ``placement``); if none, an error naming the partition.
 
-        ``NotActive`` (retryable: ``@transactional`` replays it) while a takeover is
-        under way -- this node is the active node but does not act yet (a promotion
-        or handover waiting out the old lease, or resolving prepared records), or
-        the active node is down and another holder that is up can be promoted;
-        ``Unavailable`` when nothing here can take over (no holder up)."""
+        This node when it is the active node, also while it does not act (a lease
+        lapsed, a promotion or handover waiting out the old lease): the op's fence
+        waits that out (``lapse_waits.py``) or refuses it.  ``NotActive``
+        (retryable: ``@transactional`` replays it) while the active node is down and
+        another holder that is up can be promoted; ``Unavailable`` when nothing here
+        can take over (no holder up)."""
         node = part.active
-        if node is not None and node in self.up and (node != self.name or part.acting):
+        if node is not None and node in self.up:
             return node
         where = f"partition {part.name} (epoch {part.epoch})"
-        if node == self.name:
-            raise errors.NotActive(f"{where} is not acted for by {node} yet")
         others_up = [n for n, _ in part.current if n != node and n in self.up]
         why = "has no active node" if node is None else f"is not served: {node} is not up"
         if others_up:

@@ -42,6 +42,9 @@ class NodeContext:
     """The node's object store (``nonstop.Database``), or None."""
     lookup_branch: Callable[[str], Any] | None = None
     """The data service's branch registry (``DataService.lookup_branch``)."""
+    branch_lapsed: Callable[[str], bool] | None = None
+    """Whether a branch is refused only for a lapse of the lease (``DataService.
+    branch_lapsed``): the participant's vote waits it out."""
     feed: Callable[[list[Any]], None] | None = None
     """Hands the resource manager's late progress to the machine (on the loop)."""
     replicator: Any = None
@@ -108,7 +111,7 @@ def build_cluster_node(
     assert context.route_persists is not None
     db = context.db
     merged = {**recovered, **recovered_dtx_state(db)}
-    rm = StoreResourceManager(db, context.lookup_branch, context.feed)
+    rm = StoreResourceManager(db, context.lookup_branch, context.feed, context.branch_lapsed)
     # The object store's group committer applies a write set's deletes before its
     # puts: it must never get a write set that writes a key twice.
     context.route_persists(K_DTX, StoreWrites(DtxPersister(db)), label="dtx", distinct_keys=True)

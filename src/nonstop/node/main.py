@@ -590,6 +590,7 @@ def attach_data_service(runtime: RealRuntime, db: Any, cfg: NodeConfig, context:
         runtime.send(runtime.name, {"t": "dtx.rm", "p": progress})
 
     context.lookup_branch = service.lookup_branch
+    context.branch_lapsed = service.branch_lapsed
     context.feed = feed
     return service
 

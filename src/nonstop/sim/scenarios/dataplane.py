@@ -1024,6 +1024,18 @@ def run_seed(
             for n in names
             if sim.is_up(n)
         ),
+        # ops and answers of the data plane that waited out a lapse (lapse_waits.py)
+        dp_lapses_waited=sum(
+            dp.stats["lapses_waited_out"]
+            for n in names
+            if sim.is_up(n) and (dp := getattr(sim.machine(n), "dataplane", None)) is not None
+        ),
+        # prepares that waited out a lapse before their vote (the store's vote wait)
+        votes_waited=sum(
+            st.stats.get("votes_waited_out", 0)
+            for n in names
+            if sim.is_up(n) and (st := getattr(sim.machine(n), "store", None)) is not None
+        ),
         cpu_time=time.process_time() - cpu,
     )
     violations = checker.found

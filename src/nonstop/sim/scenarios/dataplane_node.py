@@ -155,6 +155,7 @@ class SimDataNode:
             self.name, random.Random(rng.getrandbits(64)), dataplane_config
         )
         self.store.rm.take_branch = self.dataplane.take_branch
+        self.store.rm.branch_lapsed = self.dataplane.vote_lapsed
         self._queue: deque[tuple[bool, Any]] = deque()
         """(to the data plane?, event) still to handle in this step."""
         self._out: list[Action] = []

@@ -82,6 +82,12 @@ K_RESULT = b"st/r/"
 TIMER_PREFIX = "st."
 """The store's timers (lock-wait deadlines) all start with this."""
 _WAIT = "st.wait."
+_VOTE = "st.vote."
+"""A prepare waiting out a lapse of the lease asks for its branch again (``VOTE_POLL``)."""
+VOTE_LAPSE_WAIT = 0.2
+"""Seconds a prepare waits out a lapse of the node's lease before it votes no (the real
+participant's ``VOTE_LAPSE_WAIT``, scaled under the simulator's ``branch_timeout``)."""
+VOTE_POLL = 0.02
 
 NONE, READ, WRITE = 0, 1, 2
 _LOCKS = {"none": NONE, "read": READ, "write": WRITE}
@@ -370,8 +376,12 @@ class SimDataStore:
         self._release(b)
 
     def timer(self, now: float, name: str) -> None:
-        """A lock wait passed its deadline: ``LockTimeout`` for that branch."""
+        """A lock wait passed its deadline: ``LockTimeout`` for that branch (or a prepare
+        waiting out a lapse asks again: :meth:`SimStoreResourceManager.vote_timer`)."""
         self.now = now
+        if name.startswith(_VOTE):
+            self.rm.vote_timer(name[len(_VOTE) :])
+            return
         if not name.startswith(_WAIT):
             return
         ticket = int(name[len(_WAIT) :])
@@ -1159,6 +1169,12 @@ class SimStoreResourceManager:
     def __init__(self, store: SimDataStore) -> None:
         self.store = store
         self.take_branch: Callable[[str], bool] = lambda bid: False
+        self.branch_lapsed: Callable[[str], bool] = lambda bid: False
+        """The data plane's :meth:`DataPlane.vote_lapsed` (set by the composition)."""
+        self.vote_waits: dict[str, tuple[list[Any], float]] = {}
+        """gtid → (its ops, until when) of a prepare waiting out a lapse of the lease (the
+        real participant's ``open``)."""
+        self.vote_wait = VOTE_LAPSE_WAIT
 
     def check_ops(self, ops: Any) -> str | None:
         if not isinstance(ops, list) or not ops or len(ops) > 10_000:
@@ -1190,10 +1206,40 @@ class SimStoreResourceManager:
     def open(self, gtid: str, ops: list[Any]) -> list[Progress]:
         store = self.store
         bid = ops[0][1]
-        if gtid in store.rm_branches:
+        if gtid in store.rm_branches or gtid in self.vote_waits:
             return []
         if not self.take_branch(bid):
+            if self.vote_wait > 0 and self.branch_lapsed(bid):
+                # Refused only for a lapse of the lease: ask again until it is back.
+                self.vote_waits[gtid] = (ops, store.now + self.vote_wait)
+                store.stats["vote_waits"] = store.stats.get("vote_waits", 0) + 1
+                store._actions.append(SetTimer(f"{_VOTE}{gtid}", VOTE_POLL))
+                return []
             return [Refused(gtid, BRANCH_GONE)]
+        return self._taken(gtid, ops)
+
+    def vote_timer(self, gtid: str) -> None:
+        """A prepare waiting out a lapse asks for its branch again (:meth:`open`)."""
+        waiting = self.vote_waits.get(gtid)
+        if waiting is None:
+            return  # (its outcome came first: finish)
+        ops, until = waiting
+        bid = ops[0][1]
+        store = self.store
+        if self.take_branch(bid):
+            del self.vote_waits[gtid]
+            store.stats["votes_waited_out"] = store.stats.get("votes_waited_out", 0) + 1
+            self._emit(self._taken(gtid, ops))
+        elif self.branch_lapsed(bid) and store.now < until:
+            store._actions.append(SetTimer(f"{_VOTE}{gtid}", VOTE_POLL))
+        else:
+            del self.vote_waits[gtid]
+            self._emit([Refused(gtid, BRANCH_GONE)])
+
+    def _taken(self, gtid: str, ops: list[Any]) -> list[Progress]:
+        """The branch is the two-phase commit's now: apply the write set and prepare."""
+        store = self.store
+        bid = ops[0][1]
         b = store.branches.pop(bid, None)
         if b is None:
             # The data plane had the branch, but it never ran an op here: nothing to hold.
@@ -1257,6 +1303,8 @@ class SimStoreResourceManager:
         self, gtid: str, commit: bool
     ) -> tuple[list[tuple[bytes, bytes | None]], list[Progress]]:
         store = self.store
+        if self.vote_waits.pop(gtid, None) is not None:
+            return [], []  # never voted: its branch is still the data plane's
         b = store.rm_branches.pop(gtid, None)
         if b is None:
             return [], []
