@@ -39,11 +39,17 @@ the CPU it took (microseconds)."""
 
 
 def config_for(
-    mutant: str | None, partitions: bool = False, replicas: int = 0, prepare_delay: float = 0.0
+    mutant: str | None,
+    partitions: bool = False,
+    replicas: int = 0,
+    prepare_delay: float = 0.0,
+    late_renewals: float = 0.0,
 ) -> ScenarioConfig | None:
     """The scenario's configuration: routed by node (default) or by partition, maybe broken."""
     if partitions:
-        base = partitioned_config(replicas=replicas, prepare_delay=prepare_delay)
+        base = partitioned_config(
+            replicas=replicas, prepare_delay=prepare_delay, late_renewals=late_renewals
+        )
         if mutant is None:
             return base
         if mutant in REPLICATION_MUTANTS:
@@ -60,9 +66,12 @@ class DataPlaneOptions:
     partitions: bool = False
     replicas: int = 0
     prepare_delay: float = 0.0
+    late_renewals: float = 0.0
 
     def config(self) -> ScenarioConfig | None:
-        return config_for(self.mutant, self.partitions, self.replicas, self.prepare_delay)
+        return config_for(
+            self.mutant, self.partitions, self.replicas, self.prepare_delay, self.late_renewals
+        )
 
 
 class DataPlaneCampaign(Campaign[DataPlaneOptions]):
@@ -93,14 +102,24 @@ class DataPlaneCampaign(Campaign[DataPlaneOptions]):
             help="with --replicas: a prepare reaches the replication host up to this many "
             "seconds late (a large prepare's encoding; leases may lapse meanwhile)",
         )
+        parser.add_argument(
+            "--late-renewals",
+            type=float,
+            default=0.0,
+            help="with --replicas: drop this share of the lease renewals (a node's loop held "
+            "up: its lease lapses while the table stays; the lapses ops and votes wait out)",
+        )
 
     def options(self, args: argparse.Namespace) -> DataPlaneOptions:
-        return DataPlaneOptions(args.mutant, args.partitions, args.replicas, args.prepare_delay)
+        return DataPlaneOptions(
+            args.mutant, args.partitions, args.replicas, args.prepare_delay, args.late_renewals
+        )
 
     def replay_options(self, options: DataPlaneOptions) -> str:
         extra = f" --mutant {options.mutant}" if options.mutant else ""
         extra += " --partitions" if options.partitions else ""
         extra += f" --prepare-delay {options.prepare_delay}" if options.prepare_delay else ""
+        extra += f" --late-renewals {options.late_renewals}" if options.late_renewals else ""
         return extra + (f" --replicas {options.replicas}" if options.replicas else "")
 
     def run_seed(self, seed: int, options: DataPlaneOptions) -> SeedOutcome:

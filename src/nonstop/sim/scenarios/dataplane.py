@@ -185,6 +185,10 @@ class ScenarioConfig(CommonConfig):
     seconds after it began (uniform), as a real participant's large prepare does after
     encoding on a worker thread -- long enough for a lease to lapse in between
     (replication.md §4a, "A lapse of the lease is waited out").  0: at once."""
+    late_renewals: float = 0.0
+    """With replicas: this share of every node's lease renewals is dropped, as a real
+    node's renewal comes late when its loop is held up: its lease lapses while the table
+    stays (the lapses the data plane's ops and votes wait out, ``lapse_waits.py``)."""
 
 
 def partitioned_config(**overrides: Any) -> ScenarioConfig:
@@ -1204,6 +1208,8 @@ def _add_nodes(
                 )
                 if cfg.prepare_delay > 0:
                     extra["prepare_delay"] = cfg.prepare_delay
+                if cfg.late_renewals > 0:
+                    extra["late_renewals"] = cfg.late_renewals
             return node_class(
                 node_cfg,
                 node_rng,

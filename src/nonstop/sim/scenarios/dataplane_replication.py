@@ -160,6 +160,7 @@ class ReplicatedDataNode(SimDataNode):
         *,
         replication: ReplicationConfig = SIM_REPLICATION,
         prepare_delay: float = 0.0,
+        late_renewals: float = 0.0,
         **kwargs: Any,
     ) -> None:
         super().__init__(cluster_config, rng, recovered, **kwargs)
@@ -175,6 +176,8 @@ class ReplicatedDataNode(SimDataNode):
         ha = self.node.cluster
         assert isinstance(ha, HaClusterNode), "replication needs the HA cluster node"
         self.ha = ha
+        if late_renewals > 0:
+            _skip_renewals(ha, random.Random(rng.getrandbits(64)), late_renewals)
         self.replication = ReplicationMachine(
             self.name, random.Random(rng.getrandbits(64)), recovered, replication
         )
@@ -390,6 +393,22 @@ class _SimHostRuntime:
             return  # the store's own phase two installs the rest
         if not taken_over and writes is not None and commit and name in self.node.host.loaded:
             store.load(after_images(writes))
+
+
+def _skip_renewals(ha: HaClusterNode, rng: random.Random, share: float) -> None:
+    """Drop ``share`` of the node's lease renewals (the scenario's ``late_renewals``): a
+    real node's renewal comes late when its event loop is held up (a large op, a swap), so
+    its lease lapses while the table stays as it was -- the lapses that the data plane's
+    ops and votes wait out (``dataplane/lapse_waits.py``).  Safe by construction: a lease
+    that is not renewed only lapses."""
+    keeper = ha.leases
+    plain = keeper.renewal
+
+    def renewal(now: float) -> dict[str, Any] | None:
+        entry = plain(now)
+        return None if entry is not None and rng.random() < share else entry
+
+    keeper.renewal = renewal  # type: ignore[method-assign]
 
 
 def _acting_when_ready(
