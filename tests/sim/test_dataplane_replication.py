@@ -34,7 +34,7 @@ under a new id, and a transaction lost with a node is a definite, retryable abor
 same-id retries of seeds 0-39 are on seeds 3, 6, 15 and 30)."""
 
 REGRESSION_SEEDS = (
-    *(25, 135, 140, 285, 738, 965, 1294, 1767, 1917, 2293, 2440),
+    *(25, 135, 140, 285, 437, 738, 965, 1294, 1767, 1917, 2293, 2440),
     *(3100449, 3100502, 3300015, 3300132, 3300577, 3800267),
 )
 """Seeds that failed once, one per root cause (replication.md §10b): 285 a participant
@@ -59,7 +59,11 @@ view opened before its node took a partition over, 3300577 a retry answered from
 coordinator's memory without ``again`` (replication.md §10b items 10-14; the last three
 failed on intermediate code of session 12, their trajectories changed since: the unit tests
 named there hold each rule); 3800267 the simulator's store loaded a partition's copy over a
-branch in doubt, whose commit then installed its older after-image over it (item 15)."""
+branch in doubt, whose commit then installed its older after-image over it (item 15); 437
+(session 15) a participant's op waiting out a lapse of its lease opened its branch after
+the restarted coordinator had told it to end all it held (``BranchRegistry._end_waiting``;
+the unit test ``test_a_waiting_op_of_a_coordinator_that_ended_its_branches_never_opens_one``
+holds the rule, the seed's trajectory moved with the fix)."""
 
 
 def test_write_sets_split_by_partition_and_carry_the_request_result_to_each() -> None:

@@ -15,6 +15,7 @@ from tests.unit.test_dataplane_machine import ACC, LOCATIONS, Net, get
 
 from nonstop import errors
 from nonstop.dataplane.calls import PROBE, PROBED
+from nonstop.dataplane.ends import END_ALL
 from nonstop.dataplane.events import PartitionView
 from nonstop.dataplane.lapse_waits import LAPSE_TIMER
 from nonstop.dataplane.placement import routing_key
@@ -197,6 +198,24 @@ def test_an_op_that_meets_a_lapse_of_the_lease_goes_on_when_the_lease_is_back() 
     assert net.replies[-1].payload["o"] == b
     assert net.machines["B"].stats["lapses_waited_out"] == 1
     assert net.machines["B"].stats["fenced_ops"] == 0
+
+
+def test_a_waiting_op_of_a_coordinator_that_ended_its_branches_never_opens_one() -> None:
+    # Simulator seed 437: A's op waited out B's lapse; A restarted and told B to end all
+    # it held of A's (end_all) -- the waiting op's branch did not exist yet, and once B
+    # acted again the op opened it: a branch that outlived its session.
+    net = PNet()
+    put(net, "B", pobj("P1", 1, "b"), "b")
+    net.acting_now["B"] = set()
+    assert net.op("A", get("b", begin="serializable")) is None
+    assert len(net.data_reqs("branch.get")) == 1  # sent to B, waiting there
+    end_all = {"t": "data.req", "id": 999, "op": END_ALL, "b": "A.", "keep": []}
+    net.feed("B", Received(now=net.now, sender="A", payload=end_all))
+    net.acting_now.pop("B")
+    net.cluster(up={"A", "B"})
+    assert net.machines["B"].branches == {}
+    assert net.stores["B"].execs == []  # the op never ran
+    assert net.replies[-1].payload["error"] == "BranchRolledBack"
 
 
 def test_a_lapse_ended_by_the_partition_changing_hands_is_refused_at_once() -> None:

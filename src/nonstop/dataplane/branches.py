@@ -94,6 +94,9 @@ class BranchRegistry:
         self.dp = dp
         self.branches: dict[str, Branch] = {}
         self._ended: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._waiting: dict[tuple[str, Any], str] = {}
+        """(coordinator, call id) → branch id of its ops waiting out a lapse before they
+        run (``serve``; ``lapse_waits.py``)."""
         self._served: dict[int, _Served] = {}
 
     def take(self, bid: str) -> bool:
@@ -148,13 +151,19 @@ class BranchRegistry:
             if refused is not None:
                 # A lapse of this node's lease alone is waited out (lapse_waits.py),
                 # within half the coordinator's patience for an answer.
-                if not self.dp.lapses.wait(
-                    fence,
-                    self._lapse_limit(),
-                    lambda: self.serve(sender, msg),
-                    lambda exc: self._fenced_op(sender, call_id, bid, exc),
-                    (sender, call_id),
-                ):
+                key = (sender, call_id)
+
+                def go() -> None:
+                    self._waiting.pop(key, None)
+                    self.serve(sender, msg)
+
+                def refuse(exc: errors.Error) -> None:
+                    self._waiting.pop(key, None)
+                    self._fenced_op(sender, call_id, bid, exc)
+
+                if self.dp.lapses.wait(fence, self._lapse_limit(), go, refuse, key):
+                    self._waiting[key] = bid
+                else:
                     self._fenced_op(sender, call_id, bid, refused)
                 return
         br = self.branches.get(bid)
@@ -273,6 +282,7 @@ class BranchRegistry:
         """``ends.END_ALL`` from ``coordinator``: its branches here but ``keep``'s are orphans."""
         kept = {f"{coordinator}.{sid}" for sid in keep} if isinstance(keep, list) else set()
         prefix = coordinator + "."
+        self._end_waiting(coordinator, kept)
         orphans = [
             b
             for b, br in self.branches.items()
@@ -285,9 +295,19 @@ class BranchRegistry:
             self.dp.stats["orphan_rollbacks"] += 1
             self.end(bid)
 
+    def _end_waiting(self, coordinator: str, kept: set[str]) -> None:
+        """The branches of ``coordinator``'s ops waiting out a lapse here (``serve``) are over
+        too: when the op goes on it finds its branch ended, never opens it (simulator seed
+        437 of ``--partitions --replicas 1``: a restarted coordinator's ``end_all`` missed a
+        waiting op's new branch, which then outlived its session)."""
+        for (sender, _), bid in list(self._waiting.items()):
+            if sender == coordinator and bid not in kept:
+                self._mark_ended(bid)
+
     def coordinator_down(self, peer: str) -> None:
         """``peer`` is down: the branches it coordinates here roll back at once."""
         prefix = peer + "."
+        self._end_waiting(peer, set())
         orphans = [b for b, br in self.branches.items() if not br.local and b.startswith(prefix)]
         for bid in orphans:
             self.dp.log("info", f"branch {bid}: its coordinator {peer} is down; rolled back")
