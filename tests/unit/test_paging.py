@@ -211,3 +211,41 @@ def test_merge_page_stops_where_a_node_may_have_more() -> None:
     assert [o[0] for o in merged["os"]] == [b"a"] and merged["rest"]
     # Nothing at all.
     assert merge_page([node(), node()], 3) == {"os": [], "after": None, "rest": False}
+
+
+async def test_a_whole_query_answer_is_read_in_pieces_past_the_last_object(
+    tmp_path: Path,
+) -> None:
+    """``branch.query`` with ``piece`` (``session_ops.QUERY_PIECE``): a node reads at most
+    that many objects per step and says ``cut``; asked again past the last one, the pieces
+    make the whole answer, each object once, the locks of every piece kept."""
+    from nonstop.dataplane.store_ops import _run_query
+    from nonstop.model.managed import type_info
+
+    db = nonstop.open(tmp_path / "store")
+    async with db.transaction() as tx:
+        for n in range(50):
+            await tx.create(Item, number=n, group="g")
+    ask = {"type": "tests.paging.Item", "tv": type_info(Item).version, "page": True}
+    async with db.transaction() as tx:
+        got: list[bytes] = []
+        cuts: list[bool] = []
+        after = None
+        while True:
+            reply = await _run_query(
+                tx, {**ask, "after": after, "piece": 20, "keep": True, "lock": "read"}
+            )
+            got += [o[0] for o in reply["os"]]
+            cuts.append(bool(reply.get("cut")))
+            if not reply.get("cut"):
+                break
+            after = [reply["k"][-1], reply["os"][-1][0]]
+        assert cuts == [True, True, False] and len(got) == len(set(got)) == 50
+        # A limit under the piece ends it as before: no cut.
+        reply = await _run_query(tx, {**ask, "after": None, "piece": 20, "limit": 5})
+        assert len(reply["os"]) == 5 and "cut" not in reply
+        # Descending: one piece (keyset paging runs ascending), every object in it.
+        down = {**ask, "after": None, "piece": 20, "keep": True, "order": ["number", True]}
+        reply = await _run_query(tx, down)
+        assert len(reply["os"]) == 50 and "cut" not in reply
+    db.close()

@@ -299,6 +299,13 @@ def g_query(dp: DataPlane, s: Session, p: dict[str, Any]) -> OpCoroutine:
     return {"os": merge_query(results, order is not None or rng is not None, desc, limit)}
 
 
+QUERY_PIECE = 2000
+"""The most objects one ``branch.query`` step of a whole answer reads (then ``cut``, and the
+node is asked again past the last one): a node's event loop runs between the pieces.  A
+locking query of 10,000 objects read in one step held its node's loop ~0.4 s under load,
+longer than the lease could bear (session 15, ``test_large_partition_overwrite``)."""
+
+
 def g_query_whole(
     dp: DataPlane,
     s: Session,
@@ -318,7 +325,14 @@ def g_query_whole(
     """
     limit = fields.get("limit")
     budget = max(1, (dp.config.max_message - MESSAGE_MARGIN) // 2)
-    paged = {**fields, "page": True, "after": None, "bytes": budget, "keep": True}
+    paged = {
+        **fields,
+        "page": True,
+        "after": None,
+        "bytes": budget,
+        "piece": QUERY_PIECE,
+        "keep": True,
+    }
     asks = {n: paged if parts is None else {**paged, "locs": parts[n]} for n in nodes}
     replies = yield Gather([Call(n, "branch.query", asks[n]) for n in nodes])
     raise_fatal(replies)

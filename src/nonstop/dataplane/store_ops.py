@@ -276,17 +276,27 @@ async def _run_query(tx: AsyncTransaction, p: dict[str, Any]) -> dict[str, Any]:
             raise errors.BadArgument("order must be [field, descending]")
         q.order_by(order[0], descending=bool(order[1]) if len(order) > 1 else False)
     limit = p.get("limit")
+    paged = bool(p.get("page"))
+    piece = p.get("piece") if paged else None
+    descending = q.ordering is not None and q.ordering[1]
+    if not isinstance(piece, int) or isinstance(piece, bool) or piece < 1 or descending:
+        piece = None  # (keyset paging runs ascending: a descending answer is one piece)
+    elif isinstance(limit, int) and not isinstance(limit, bool) and limit <= piece:
+        piece = None  # (the limit ends it first)
     if limit is not None:
         q.limit(limit)
+    if piece is not None:
+        q.limit(piece)  # one piece of a whole answer: "cut" below, asked again past it
     if p.get("lock") is not None:
         q.lock(p.get("lock"))
-    paged = bool(p.get("page"))
     if paged:  # keyset paging (session_ops.g_query): resume past the last position sent
         q.after(_position(p.get("after")))
     found = await q.all()
     objs = [obj_of(tx.entry_of(h)) for h in found]
     reply: dict[str, Any] = {"os": objs}
     if paged:
+        if piece is not None and len(found) >= piece:
+            reply["cut"] = True  # maybe more past the last one
         budget = p.get("bytes")
         if isinstance(budget, int) and budget > 0:
             # A page of big objects is cut to what one frame carries ("cut": the
