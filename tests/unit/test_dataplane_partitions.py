@@ -305,6 +305,20 @@ def test_the_vote_is_fenced_like_the_ops() -> None:
     assert not net.machines["B"].vote_lapsed(bid)  # taken: not the data plane's any more
 
 
+def test_the_vote_is_fenced_at_the_time_it_is_asked_not_at_the_last_event() -> None:
+    # The participant asks from outside the machine's events: a lease that ran out since
+    # the last event must not look held (the machine's time moves on to the call's).
+    net = PNet()
+    put(net, "B", pobj("P1", 1, "b"), "b")
+    s = net.ok("A", get("b", begin="serializable", lock="write"))["s"]
+    bid = f"A.{s}"
+    machine = net.machines["B"]
+    machine.config.acting = lambda now, partition: now < net.now + 1.0  # lease until then
+    assert not machine.take_branch(bid, net.now + 2.0)
+    assert machine.vote_lapsed(bid, net.now + 2.0)
+    assert machine.now >= net.now + 2.0
+
+
 def test_the_coordinators_own_partition_is_fenced_at_its_local_commit() -> None:
     net = PNet()
     a = pobj("P0", 1, "a")

@@ -214,15 +214,19 @@ class DataPlane(Driver):
         """The branches this node holds now: branch id → record (read-only use)."""
         return self.registry.branches
 
-    def take_branch(self, bid: str) -> bool:
+    def take_branch(self, bid: str, now: float | None = None) -> bool:
         """The commit participant takes branch ``bid`` over for two-phase commit.
 
         True if it was held here: from then on the machine forgets it (no idle
         timeout, ``branch.end`` or session end touches it; its outcome ends it).
         Routing by partition: False (the participant votes no, "branch gone",
-        retryable) unless this node acts now for every (partition, epoch) the
-        branch's ops touched -- the vote is fenced like the ops.
+        retryable) unless this node acts at ``now`` for every (partition, epoch) the
+        branch's ops touched -- the vote is fenced like the ops.  ``now``: the time
+        of the call (it comes from outside the machine's events; without it, the
+        time of the last event, which may be well before: a lease that ran out since
+        would still look held).
         """
+        self._catch_up(now)
         branch = self.registry.branches.get(bid)
         if branch is not None and branch.fence:
             refused = self.not_active(branch.fence)
@@ -232,10 +236,11 @@ class DataPlane(Driver):
                 return False
         return self.registry.take(bid)
 
-    def vote_lapsed(self, bid: str) -> bool:
+    def vote_lapsed(self, bid: str, now: float | None = None) -> bool:
         """Whether :meth:`take_branch` refuses ``bid`` only because this node's lease
         lapsed (its applied table still names every fenced epoch): the participant may
         ask again until it acts (``lapse_waits.py``; the resource managers' vote wait)."""
+        self._catch_up(now)
         branch = self.registry.branches.get(bid)
         return (
             branch is not None
@@ -243,6 +248,11 @@ class DataPlane(Driver):
             and self.not_active(branch.fence) is not None
             and self.lapses.lapsed_only(branch.fence)
         )
+
+    def _catch_up(self, now: float | None) -> None:
+        """A call from outside the events at ``now``: the machine's time moves on to it."""
+        if now is not None and now > self._now:
+            self._now = now
 
     def log(self, level: str, message: str) -> None:
         self._out.append(Log(level, message))

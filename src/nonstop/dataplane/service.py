@@ -335,7 +335,7 @@ class DataService:
         (no idle timeout, ``branch.end`` or session end touches it) and its
         transaction leaves this adapter.
         """
-        if not self.machine.take_branch(branch_id):
+        if not self.machine.take_branch(branch_id, self._now()):
             return None
         slot = self._txs.pop(branch_id, None)
         if slot is None or slot.tx is None or slot.tx.state is not TxState.ACTIVE:
@@ -345,7 +345,7 @@ class DataService:
     def branch_lapsed(self, branch_id: str) -> bool:
         """Whether :meth:`lookup_branch` refuses the branch only because this node's lease
         lapsed (``DataPlane.vote_lapsed``): the participant asks again (its vote wait)."""
-        return self.machine.vote_lapsed(branch_id)
+        return self.machine.vote_lapsed(branch_id, self._now())
 
     def _cluster_noted(self, _action: Any) -> None:
         # Called from inside the cluster machine's dispatch: the machine hears of

@@ -154,8 +154,9 @@ class SimDataNode:
         self.dataplane = dataplane_class(
             self.name, random.Random(rng.getrandbits(64)), dataplane_config
         )
-        self.store.rm.take_branch = self.dataplane.take_branch
-        self.store.rm.branch_lapsed = self.dataplane.vote_lapsed
+        # (At the step's time: the data plane's own may be an earlier step's.)
+        self.store.rm.take_branch = lambda bid: self.dataplane.take_branch(bid, self.now)
+        self.store.rm.branch_lapsed = lambda bid: self.dataplane.vote_lapsed(bid, self.now)
         self._queue: deque[tuple[bool, Any]] = deque()
         """(to the data plane?, event) still to handle in this step."""
         self._out: list[Action] = []
