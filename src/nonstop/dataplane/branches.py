@@ -19,6 +19,7 @@ Ended branch ids are remembered, so a late op cannot reopen one.
 from __future__ import annotations
 
 import collections
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -95,8 +96,9 @@ class BranchRegistry:
         self.branches: dict[str, Branch] = {}
         self._ended: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._waiting: dict[tuple[str, Any], str] = {}
-        """(coordinator, call id) → branch id of its ops waiting out a lapse before they
-        run (``serve``; ``lapse_waits.py``)."""
+        """(coordinator, call id) → branch id of its ops waiting out a lapse of the lease,
+        before they run (``serve``) or with their answer (``done``; ``lapse_waits.py``):
+        still running for the coordinator's probe."""
         self._served: dict[int, _Served] = {}
 
     def take(self, bid: str) -> bool:
@@ -151,19 +153,9 @@ class BranchRegistry:
             if refused is not None:
                 # A lapse of this node's lease alone is waited out (lapse_waits.py),
                 # within half the coordinator's patience for an answer.
-                key = (sender, call_id)
-
-                def go() -> None:
-                    self._waiting.pop(key, None)
-                    self.serve(sender, msg)
-
-                def refuse(exc: errors.Error) -> None:
-                    self._waiting.pop(key, None)
-                    self._fenced_op(sender, call_id, bid, exc)
-
-                if self.dp.lapses.wait(fence, self._lapse_limit(), go, refuse, key):
-                    self._waiting[key] = bid
-                else:
+                if not self._wait_lapse(
+                    sender, call_id, bid, fence, lambda: self.serve(sender, msg)
+                ):
                     self._fenced_op(sender, call_id, bid, refused)
                 return
         br = self.branches.get(bid)
@@ -191,9 +183,28 @@ class BranchRegistry:
         self._served[corr] = _Served(sender, call_id, bid, op, w is not None, fence)
         self.dp.emit(Exec(corr, bid, op, msg, iso, w))
 
-    def _lapse_limit(self) -> float:
+    def _wait_lapse(
+        self, sender: str, call_id: Any, bid: str, fence: dict[str, int], go: Callable[[], None]
+    ) -> bool:
+        """Hold a peer's request (``go`` carries it on) while this node's lease lapsed
+        (``lapse_waits.py``), within half the coordinator's patience for an answer;
+        refused ``NotActive`` at the end.  False: not a lapse alone, refuse now."""
+        key = (sender, call_id)
+
+        def carry_on() -> None:
+            self._waiting.pop(key, None)
+            go()
+
+        def refuse(exc: errors.Error) -> None:
+            self._waiting.pop(key, None)
+            self._fenced_op(sender, call_id, bid, exc)
+
         config = self.dp.config
-        return min(config.lapse_wait, config.rpc_timeout / 2)
+        limit = min(config.lapse_wait, config.rpc_timeout / 2)
+        if not self.dp.lapses.wait(fence, limit, carry_on, refuse):
+            return False
+        self._waiting[key] = bid
+        return True
 
     def _fenced_op(self, sender: str, call_id: Any, bid: str, refused: errors.Error) -> None:
         """Refuse a peer's op fenced out here: its branch is over."""
@@ -226,12 +237,12 @@ class BranchRegistry:
             # The answer is an acknowledgement: only while still acting (a lease
             # lapses by time alone, seen at this event at the latest); a lapse alone
             # is waited out, the answer kept (lapse_waits.py).
-            if first and self.dp.lapses.wait(
+            if first and self._wait_lapse(
+                served.sender,
+                served.call_id,
+                bid,
                 served.fence,
-                self._lapse_limit(),
                 lambda: self._answer_done(served, reply, False),
-                lambda exc: self._fenced_op(served.sender, served.call_id, bid, exc),
-                (served.sender, served.call_id),
             ):
                 return
             self.dp.stats["fenced_ops"] += 1
@@ -266,7 +277,7 @@ class BranchRegistry:
     def probed(self, sender: str, msg: dict[str, Any]) -> None:
         """A coordinator's ``data.probe``: do we still run that call of its (calls.py)?"""
         call_id = msg.get("id")
-        running = (sender, call_id) in self.dp.lapses.keys or any(
+        running = (sender, call_id) in self._waiting or any(
             s.sender == sender and s.call_id == call_id for s in self._served.values()
         )
         self.dp.emit(Send(sender, {"t": PROBED, "id": call_id, "r": running}))
@@ -296,8 +307,8 @@ class BranchRegistry:
             self.end(bid)
 
     def _end_waiting(self, coordinator: str, kept: set[str]) -> None:
-        """The branches of ``coordinator``'s ops waiting out a lapse here (``serve``) are over
-        too: when the op goes on it finds its branch ended, never opens it (simulator seed
+        """The branches of ``coordinator``'s requests waiting out a lapse here are over too:
+        when an op goes on it finds its branch ended, never opens it (simulator seed
         437 of ``--partitions --replicas 1``: a restarted coordinator's ``end_all`` missed a
         waiting op's new branch, which then outlived its session)."""
         for (sender, _), bid in list(self._waiting.items()):

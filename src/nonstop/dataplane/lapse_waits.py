@@ -63,7 +63,6 @@ class _Waiting:
     until: float
     go: Callable[[], None]
     refuse: Callable[[errors.NotActive], None]
-    key: tuple[str, object] | None
 
 
 class LapseWaits:
@@ -73,9 +72,6 @@ class LapseWaits:
         self.dp = dp
         self._waiting: list[_Waiting] = []
         self._timer_at = float("inf")
-        self.keys: set[tuple[str, object]] = set()
-        """(coordinator, call id) of the peers' requests waiting here: still running
-        for a coordinator's probe (calls.py)."""
 
     def __len__(self) -> int:
         return len(self._waiting)
@@ -83,16 +79,7 @@ class LapseWaits:
     def lapsed_only(self, fence: Mapping[str, int]) -> bool:
         """Whether this node's applied table names every fenced epoch: a refusal of
         ``fence`` can then only be because the node does not act *now*."""
-        applied_epoch = self.dp.config.applied_epoch
-        for name, epoch in fence.items():
-            if applied_epoch is not None:
-                here = applied_epoch(name)
-            else:
-                part = self.dp.view.partitions.get(name)
-                here = None if part is None else part.epoch
-            if here != epoch:
-                return False
-        return True
+        return all(self.dp.epoch_here(name) == epoch for name, epoch in fence.items())
 
     def wait(
         self,
@@ -100,16 +87,13 @@ class LapseWaits:
         limit: float,
         go: Callable[[], None],
         refuse: Callable[[errors.NotActive], None],
-        key: tuple[str, object] | None = None,
     ) -> bool:
         """Hold ``go`` until this node acts for ``fence`` again (module doc); False if
         the refusal is not a lapse alone (or ``limit`` is 0): refuse at once."""
         if limit <= 0 or not self.lapsed_only(fence):
             return False
         until = self.dp.now + limit
-        self._waiting.append(_Waiting(dict(fence), until, go, refuse, key))
-        if key is not None:
-            self.keys.add(key)
+        self._waiting.append(_Waiting(dict(fence), until, go, refuse))
         self.dp.stats["lapse_waits"] += 1
         if until < self._timer_at:
             self._timer_at = until
@@ -127,8 +111,6 @@ class LapseWaits:
             if refused is not None and now < w.until and self.lapsed_only(w.fence):
                 self._waiting.append(w)
                 continue
-            if w.key is not None:
-                self.keys.discard(w.key)
             if refused is None:
                 self.dp.stats["lapses_waited_out"] += 1
                 w.go()

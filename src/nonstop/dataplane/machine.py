@@ -562,16 +562,21 @@ class DataPlane(Driver):
                 out[name] = epoch
         return out
 
+    def epoch_here(self, partition: str) -> int | None:
+        """``partition``'s epoch in this node's applied table (``config.applied_epoch``),
+        else in the latest view; None if neither has it."""
+        applied_epoch = self.config.applied_epoch
+        if applied_epoch is not None:
+            return applied_epoch(partition)
+        part = self.view.partitions.get(partition)
+        return None if part is None else part.epoch
+
     def not_active(self, fence: dict[str, int]) -> errors.NotActive | None:
         """NotActive unless this node acts, now, for every (partition, epoch) of ``fence``."""
         acting = self.config.acting
-        applied_epoch = self.config.applied_epoch
         for name, epoch in fence.items():
             part = self.view.partitions.get(name)
-            if applied_epoch is not None:
-                here = applied_epoch(name)
-            else:
-                here = None if part is None else part.epoch
+            here = self.epoch_here(name)
             if here is None or here != epoch:
                 now = "unknown here" if here is None else f"at epoch {here}"
                 return errors.NotActive(
