@@ -26,6 +26,7 @@ from nonstop.runtime.interface import (
     Reconnect,
     Send,
     Started,
+    TimerFired,
 )
 from nonstop.sim.core import NetConfig, Simulation
 
@@ -356,3 +357,84 @@ def test_a_dead_peer_is_still_down_after_the_nodes_own_stall():
     assert down_at is not None
     # listening time before the verdict: the usual timeout plus one reconnect interval
     assert down_at - heard_last - 0.9 == pytest.approx(0.6, abs=0.11)
+
+
+def test_bare_messages_keep_a_peer_up_while_its_keepalives_queue_behind_them():
+    """Replication frames (no envelope, no flag) arriving while the peer's keep-alives wait
+    behind them on the connection: the peer is alive, not reconnected, not Down."""
+    det = _up_pair()
+    t = 0.0
+    while t < 3.0:
+        t += 0.1
+        det.heard_bare(t, "n2")
+        assert not any(isinstance(a, Reconnect) for a in det.handle(_tick(t)))
+    assert det.state_of("n2") is NodeState.UP
+
+
+def test_without_bare_messages_the_same_silence_is_a_down_verdict():
+    """The control of the test above: nothing heard at all, the peer goes Down."""
+    det = _up_pair()
+    t = 0.0
+    while t < 3.0:
+        t += 0.1
+        det.handle(_tick(t))
+    assert det.state_of("n2") is NodeState.DOWN
+
+
+def test_bare_messages_of_a_peer_that_said_it_is_disabled_are_not_liveness():
+    """A node that lost quorum still sends replication acks and data-plane answers; they
+    carry no flag, so its last envelope's ``en`` decides: Disabled, it is seen Down (D16)."""
+    det = _up_pair()
+    det.heard(0.05, "n2", False)  # its keep-alive after it lost quorum
+    t = 0.05
+    while t < 3.0:
+        t += 0.1
+        det.heard_bare(t, "n2")
+        det.handle(_tick(t))
+    assert det.state_of("n2") is NodeState.DOWN
+    det.heard(t, "n2", True)  # quorum regained: its envelopes say so, bare ones count again
+    assert det.peers["n2"].enabled
+
+
+def test_a_disabled_node_counts_the_bare_messages_of_a_disabled_peer():
+    """As for envelopes: nodes without quorum must still see each other to regain it."""
+    det = _up_pair()
+    det.set_enabled(False)
+    det.heard(0.05, "n2", False)
+    t = 0.05
+    while t < 3.0:
+        t += 0.1
+        det.heard_bare(t, "n2")
+        det.handle(_tick(t))
+    assert det.state_of("n2") is NodeState.UP
+
+
+def test_bare_messages_of_an_unknown_sender_are_ignored():
+    det = _up_pair()
+    assert det.heard_bare(0.1, "stranger") == []
+    assert "stranger" not in det.peers
+
+
+def test_the_cluster_node_takes_the_runtime_s_note_as_liveness_only():
+    """``{"k": "alive"}`` from the runtime (a bare message of the peer was read) keeps a
+    peer Up on a ``ClusterNode`` whose keep-alives from it never come; nothing else."""
+    from nonstop.cluster.node import ClusterConfig, ClusterNode
+    from nonstop.runtime.interface import ALIVE
+
+    config = ClusterConfig("n1", "sim://n1", 1, members=("n1", "n2"))
+    node = ClusterNode(config, random.Random(1), {})
+    assert node.hears_bare_messages
+    node.handle(Started(0.0))
+    hello = {"t": "hello", "id": ident("n2").to_wire(), "en": True, "ack": True, "peers": {}}
+    node.handle(Received(0.0, "n2", {"k": "fd", "en": True, "b": hello}))
+    assert node.detector.state_of("n2") is NodeState.UP
+    t = 0.0
+    while t < 3.0:
+        t += 0.1
+        assert node.handle(Received(t, "n2", {"k": ALIVE})) == []
+        node.handle(TimerFired(t, "fd:tick"))
+    assert node.detector.state_of("n2") is NodeState.UP
+    while t < 6.0:  # the notes stop: silence, then Down
+        t += 0.1
+        node.handle(TimerFired(t, "fd:tick"))
+    assert node.detector.state_of("n2") is NodeState.DOWN

@@ -20,7 +20,7 @@ from tests.unit.test_transport import client_hello, free_port, hello_for
 from nonstop.net.connection import Connection, dial
 from nonstop.net.tls import TLSConfig
 from nonstop.node.router import NodeRouter
-from nonstop.runtime.interface import Action, Event, Received
+from nonstop.runtime.interface import ALIVE, ALIVE_EVERY, Action, Event, Received
 from nonstop.runtime.probe import ProbeMachine
 from nonstop.runtime.real import RealRuntime, RuntimeConfig, new_rng
 from nonstop.runtime.routing import Router
@@ -176,6 +176,63 @@ def test_peer_messages_go_to_the_router_first_then_to_the_machine(tmp_path: Path
             await _settle(lambda: router.messages and ("A", {"k": "other"}) in machine.received)
             assert router.messages == [("A", {"t": "svc.note", "n": 1})]
             assert ("A", {"t": "svc.note", "n": 1}) not in machine.received
+        finally:
+            await rt.stop()
+            rt.store.close()
+
+    asyncio.run(main())
+
+
+class HearingMachine(RecordingMachine):
+    """A machine that asks for the runtime's liveness notes (as ``ClusterNode`` does)."""
+
+    hears_bare_messages = True
+
+
+def test_a_machine_that_asks_hears_of_the_messages_it_does_not_get(tmp_path: Path) -> None:
+    """Messages the router takes, and bare ones (no envelope: replication records), are
+    noted to the machine as ``{"k": "alive"}``, at most once per ``ALIVE_EVERY`` per
+    sender: the failure detector's sign of life when keep-alives queue behind them."""
+    router = ServiceRouter()
+
+    async def main() -> None:
+        rt, _ = await _runtime(tmp_path, router)
+        machine = HearingMachine("A", {})
+        rt.machine = machine
+        try:
+            started = asyncio.get_running_loop().time()
+            for n in range(50):
+                rt.send("A", {"t": "svc.note", "n": n})
+            await _settle(lambda: len(router.messages) == 50)
+            took = asyncio.get_running_loop().time() - started
+            alive = [m for m in machine.received if m == ("A", {"k": ALIVE})]
+            assert 1 <= len(alive) <= 1 + int(took / ALIVE_EVERY) < 50
+            await asyncio.sleep(ALIVE_EVERY * 1.5)
+            notes = len(alive)
+            rt.send("A", {"t": "rep.x"})  # bare, for the machine itself
+            await _settle(lambda: ("A", {"t": "rep.x"}) in machine.received)
+            assert machine.received.count(("A", {"k": ALIVE})) == notes + 1
+            await asyncio.sleep(ALIVE_EVERY * 1.5)
+            rt.send("A", {"k": "fd", "en": True, "b": {}})  # an envelope: no note needed
+            await _settle(lambda: ("A", {"k": "fd", "en": True, "b": {}}) in machine.received)
+            assert machine.received.count(("A", {"k": ALIVE})) == notes + 1
+        finally:
+            await rt.stop()
+            rt.store.close()
+
+    asyncio.run(main())
+
+
+def test_a_machine_that_does_not_ask_gets_no_notes(tmp_path: Path) -> None:
+    router = ServiceRouter()
+
+    async def main() -> None:
+        rt, machine = await _runtime(tmp_path, router)
+        try:
+            rt.send("A", {"t": "svc.note", "n": 1})
+            rt.send("A", {"t": "rep.x"})
+            await _settle(lambda: router.messages and ("A", {"t": "rep.x"}) in machine.received)
+            assert ("A", {"k": ALIVE}) not in machine.received
         finally:
             await rt.stop()
             rt.store.close()

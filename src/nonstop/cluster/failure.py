@@ -11,8 +11,11 @@ is declared Down after about 0.5-0.6 s.
 
 Any message from a peer counts as a sign of life (a busy peer whose keep-alive
 replies queue behind bulk traffic is not dead) -- *unless the peer says it is
-Disabled* and we are not.  A node that lost quorum (D16) "stops answering keep-alives so that
-remote nodes detect this node as unavailable"; since it still has to listen
+Disabled* and we are not.  Messages without an envelope (replication records,
+data-plane ops: :meth:`FailureDetector.heard_bare`) carry no flag; the flag of
+the peer's last envelope stands in for theirs.  A node that lost quorum (D16)
+"stops answering keep-alives so that remote nodes detect this node as
+unavailable"; since it still has to listen
 (that is how it finds its peers again and regains quorum), every message a
 node sends carries its enabled flag and messages from a Disabled sender are
 not liveness.  The composition (:mod:`nonstop.cluster.node`) puts that flag on
@@ -163,6 +166,9 @@ class PeerInfo:
     protocol: int | None = None
     """Negotiated protocol version, once a hello was accepted."""
     problem: str | None = None
+    enabled: bool = True
+    """The quorum flag of the peer's last envelope: whether its bare messages (which carry
+    none, :meth:`FailureDetector.heard_bare`) count as liveness."""
 
 
 @dataclass(slots=True)
@@ -350,11 +356,28 @@ class FailureDetector:
         """
         self._now = now
         peer = self.peers.get(peer_name)
-        if peer is None or (not sender_enabled and self.enabled):
+        if peer is None:
+            return []
+        peer.enabled = sender_enabled
+        if not sender_enabled and self.enabled:
             return []
         peer.last_heard = now
         peer.reconnect_at = None
         return []
+
+    def heard_bare(self, now: float, peer_name: NodeId) -> list[Action]:
+        """A message without an envelope (replication, data plane) arrived from ``peer_name``.
+
+        It carries no quorum flag, so the flag of the peer's last envelope stands in for
+        it: a peer that said it is Disabled stays silent until an envelope says otherwise
+        (at most one keep-alive interval after it regains quorum).  Why these count at all:
+        on a real connection a peer's keep-alives queue behind its bulk frames (a large
+        swap's replication), and a receiver reading those frames is hearing a live peer.
+        """
+        peer = self.peers.get(peer_name)
+        if peer is None:
+            return []
+        return self.heard(now, peer_name, peer.enabled)
 
     def on_message(self, now: float, sender: NodeId, payload: Any) -> list[Action]:
         """A detector message (hello / ka / kar) from ``sender``."""

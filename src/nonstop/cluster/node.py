@@ -35,6 +35,11 @@ Routing inside the node
 * ``Persist`` tokens come from one counter shared by the components; a
   ``Persisted`` is offered to Raft (which ignores tokens it does not own).
 
+* ``Received(sender, {"k": "alive"})`` (:data:`ALIVE`): the runtime saw a message
+  of ``sender`` without an envelope (replication records, data-plane ops, which
+  other machines take): liveness only, with the flag of the sender's last
+  envelope (``FailureDetector.heard_bare``).
+
 Discovery announcements (C2)
 ----------------------------
 A runtime that hears a discovery announcement (UDP multicast, DNS, a file)
@@ -149,6 +154,7 @@ from nonstop.cluster.raft import ROLE_LEADER, Entry, Raft, RaftConfig
 from nonstop.cluster.tables import REQUESTER, LogTable, TableRegistry
 from nonstop.errors import NotLeader
 from nonstop.runtime.interface import (
+    ALIVE,
     Action,
     CancelTimer,
     ClientRequest,
@@ -266,6 +272,10 @@ def _chain(digest: bytes, index: int, term: int, kind: str, data: Any) -> bytes:
 
 class ClusterNode:
     """The cluster layer of one node as one sans-I/O machine (see module docstring)."""
+
+    hears_bare_messages = True
+    """Give this machine ``{"k": "alive"}`` for the peers' messages without an envelope
+    (the real runtime does: ``runtime/real.py``, ``on_message``)."""
 
     def __init__(
         self, config: ClusterConfig, rng: random.Random, recovered: Mapping[bytes, bytes]
@@ -412,6 +422,8 @@ class ClusterNode:
             if not isinstance(name, str) or not isinstance(address, str):
                 return [Log("warning", "malformed discovery announcement")]
             return self.detector.add_peer(name, address, static=False)
+        if kind == ALIVE:
+            return self.detector.heard_bare(event.now, event.sender)
         actions = self.detector.heard(event.now, event.sender, bool(payload.get("en", True)))
         body = payload.get("b")
         if kind != "fd" and self.detector.state_of(event.sender) in ERROR_STATES:

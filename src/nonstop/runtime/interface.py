@@ -63,6 +63,17 @@ class Received:
     payload: Payload
 
 
+ALIVE = "alive"
+"""``Received(sender, {"k": ALIVE})``: not a message of ``sender`` but a runtime's note that
+it heard one that another machine took or that carried no envelope -- liveness only.  A
+runtime gives it only to a machine whose ``hears_bare_messages`` is true, at most every
+:data:`ALIVE_EVERY` per sender (``runtime/real.py``)."""
+
+ALIVE_EVERY = 0.05
+"""Seconds between two such notes for one sender: well under a keep-alive interval
+(0.1 s by default), so silence is judged as finely, at a bounded cost per peer."""
+
+
 @dataclass(frozen=True, slots=True)
 class TimerFired:
     """A timer set with :class:`SetTimer` expired (and was not cancelled or reset)."""

@@ -65,6 +65,8 @@ from nonstop.net.handshake import Hello
 from nonstop.runtime.clients import ClientServer
 from nonstop.runtime.config import RuntimeConfig
 from nonstop.runtime.interface import (
+    ALIVE,
+    ALIVE_EVERY,
     Action,
     CancelTimer,
     ClientRequest,
@@ -193,6 +195,8 @@ class RealRuntime:
         """How late the event loop wakes (``nonstop_event_loop_lag_seconds``, a warning line)."""
         self.identity_error: HandshakeRejected | None = None
         self.on_identity_error: Callable[[HandshakeRejected], None] | None = None
+        self._bare_noted: dict[str, float] = {}
+        """When each peer's bare message was last noted to the machine (``_heard_bare``)."""
 
     # ================================================================ life
     async def start(self) -> None:
@@ -430,8 +434,29 @@ class RealRuntime:
         """A message of node ``sender``: the router's if it takes it, else the machine's."""
         router = self.router
         if router is not None and router.on_peer(sender, payload):
+            self._heard_bare(sender)
             return
+        if not (isinstance(payload, dict) and "k" in payload):
+            self._heard_bare(sender)  # a replication record: no envelope either
         self._dispatch(Received(now=self.now(), sender=sender, payload=payload))
+
+    def _heard_bare(self, sender: str) -> None:
+        """Tell the machine, at most every :data:`ALIVE_EVERY`, that ``sender`` spoke.
+
+        A peer's messages share one connection, in order: under a large swap its
+        keep-alives queue behind megabytes of replication frames, and a node reading
+        those frames must not take their sender for silent (reconnect, Down, a dropped
+        replica).  Those frames carry no envelope, so the cluster machine would not
+        count them; this note does (``ClusterNode``: ``{"k": "alive"}``).
+        """
+        machine = self.machine
+        if machine is None or not getattr(machine, "hears_bare_messages", False):
+            return
+        now = self.now()
+        if now - self._bare_noted.get(sender, -ALIVE_EVERY) < ALIVE_EVERY:
+            return
+        self._bare_noted[sender] = now
+        self._dispatch(Received(now=now, sender=sender, payload={"k": ALIVE}))
 
     def serve_client(self, conn: Connection) -> Awaitable[None]:
         """Serve a handshake'd client connection until it ends (``runtime/clients.py``)."""
