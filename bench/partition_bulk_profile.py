@@ -107,7 +107,8 @@ class OtherClient:
                     with client.transaction() as tx:
                         tx.create(Transfer, tid=f"other-{self.steps}-{n}", src=0, dst=0, amount=0)
                 except nonstop.errors.Error as exc:
-                    self.errors.append(f"{type(exc).__name__}: {exc}")
+                    at = time.strftime("%H:%M:%S", time.gmtime())
+                    self.errors.append(f"{type(exc).__name__} at {at} UTC: {exc}")
                 else:
                     self.latencies.append(time.monotonic() - started)
                 n += 1
