@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from tests.unit.test_dtx_protocol import CFG, Harness, prepare_msg, replies, sends, start_transfer
 
-from nonstop.dtx.protocol import RM, VOTE, WORKING, Working
+from nonstop.dtx.protocol import RM, VOTE, WORKING, Ready, Working
+from nonstop.runtime.interface import Log
 
 
 def _waiting_branch() -> Harness:
@@ -85,3 +86,40 @@ def test_working_does_not_hold_back_an_abort_for_a_dead_participant() -> None:
     c.recv("p2", {"t": WORKING, "g": gtid})
     (reply,) = replies(c.tick(0.05))
     assert reply["ok"] is False
+
+
+def test_a_working_branch_still_tells_its_coordinator_while_its_record_is_made_durable() -> None:
+    """A swap's prepared record is megabytes: its fsync on a loaded disk took seconds, and
+    the coordinator, told nothing meanwhile, gave up on every participant at once ("no vote
+    from A, B, C", the swap retried).  A working branch whose record is being persisted is
+    still working: it says so until the record is durable, then votes."""
+    p = _waiting_branch()
+    p.recv(p.name, {"t": RM, "p": [Working("d.1")]})
+    p.recv(p.name, {"t": RM, "p": [Ready("d.1", b"a large record", {})]})
+    assert p.node.branches["d.1"].state == "persisting"
+    told = []
+    for _ in range(12):  # 0.6 s without the record durable
+        acts = p.tick(0.05)
+        assert sends(acts, VOTE, "d") == []
+        told += sends(acts, WORKING, "d")
+    assert len(told) >= 5
+    votes = sends(p.sync(), VOTE, "d")
+    assert [v.payload["v"] for v in votes] == ["yes"]
+    assert sends(p.tick(0.2), WORKING, "d") == []  # voted: nothing more to say
+
+
+def test_a_branch_that_never_worked_says_nothing_while_it_persists() -> None:
+    p = _waiting_branch()
+    p.recv(p.name, {"t": RM, "p": [Ready("d.1", b"record", {})]})
+    assert p.node.branches["d.1"].state == "persisting"
+    assert all(sends(p.tick(0.05), WORKING, "d") == [] for _ in range(12))
+
+
+def test_the_coordinator_says_why_it_gave_up_on_a_vote() -> None:
+    c = Harness("c")
+    gtid = start_transfer(c)
+    c.recv("p1", {"t": VOTE, "g": gtid, "v": "yes", "r": {}})
+    logs = []
+    while c.now < 1.0:
+        logs += [a for a in c.tick(0.05) if isinstance(a, Log)]
+    assert any("no vote from p2" in a.message and "aborted" in a.message for a in logs)

@@ -498,7 +498,9 @@ class DtxNode:
         for b in list(self.branches.values()):
             if self.branches.get(b.gtid) is not b:
                 continue  # ended by an earlier one's released locks
-            if b.state == "locking" and self._still_working(b, now):
+            if b.state in ("locking", "persisting") and self._still_working(b, now):
+                # (persisting: a working branch's prepared record -- a swap's write set,
+                # megabytes -- is still being made durable: still working, dtx.md §5)
                 if now >= b.next_ask:
                     b.next_ask = now + self.config.retry
                     self._send(b.coordinator, {"t": WORKING, "g": b.gtid})
@@ -631,6 +633,13 @@ class DtxNode:
         if tx.phase == "preparing":
             if now >= tx.vote_deadline:
                 missing = sorted(set(tx.branches) - set(tx.votes))
+                cfg = self.config
+                waited = now - (tx.vote_limit - cfg.prepare_limit - cfg.vote_timeout)
+                self._log(
+                    "warning",
+                    f"{tx.gtid}: no vote from {', '.join(missing)} {waited:.1f} s after the "
+                    "prepares: aborted (vote_timeout, B8)",
+                )
                 self._abort_before_commit(tx, "Unavailable", f"no vote from {missing}")
                 return
             if now >= tx.next_retry:
