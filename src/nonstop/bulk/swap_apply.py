@@ -45,6 +45,7 @@ from nonstop.bulk.keys import encode_keys
 from nonstop.errors import DuplicateKey, LockTimeout
 from nonstop.model.codec import pack, unpack
 from nonstop.model.ref import location_prefix
+from nonstop.runtime.thread_priority import lower_this_thread
 from nonstop.store.group_commit import WriteSet
 from nonstop.store.lmdb_store import count_key
 from nonstop.tx.locks import LockMode
@@ -259,6 +260,7 @@ class SwapGate:
         self._ended.set()
 
     def _run(self) -> None:
+        lower_this_thread()  # bulk: the node's event loop goes first (runtime/thread_priority)
         try:
             apply(self.db, self.job)
         except BaseException as exc:  # the type stays closed; a restart resumes

@@ -55,6 +55,7 @@ from nonstop.errors import (
 )
 from nonstop.model.codec import pack, unpack
 from nonstop.model.ref import Ref
+from nonstop.runtime.thread_priority import bulk_executor
 from nonstop.store.group_commit import Op, WriteSet
 from nonstop.tx.async_transaction import AsyncTransaction
 from nonstop.tx.database import Database
@@ -312,13 +313,18 @@ class StoreResourceManager:
                 # (its ops are over, no lock wait is left: the machine lets it run past
                 # branch_timeout, up to prepare_limit, and tells the coordinator: dtx.md §5)
                 self.feed([Working(gtid)])
-                record = await asyncio.to_thread(_prepare_large, tx, gtid.encode())
+                loop = asyncio.get_running_loop()
+                record = await loop.run_in_executor(
+                    bulk_executor(), _prepare_large, tx, gtid.encode()
+                )
             if self.replicator is not None and record is not None:
                 try:  # on every in-sync copy of each partition before the yes vote
                     # (with the request records: a homed request's, requests.md)
                     # (and its queued calls, A6: ha.md "Queued calls and timers ...")
                     if large:  # (an overwrite by partition: its records off the loop too)
-                        records = await asyncio.to_thread(_replica_records, tx)
+                        records = await asyncio.get_running_loop().run_in_executor(
+                            bulk_executor(), _replica_records, tx
+                        )
                     else:
                         records = _replica_records(tx)
                     await self.replicator.prepare(gtid, records)
