@@ -331,3 +331,71 @@ def test_a_failed_store_commit_is_reported_to_every_write_set_in_it(tmp_path: Pa
     assert len(errors) == 1 and isinstance(errors[0], OSError)
     assert writer.stats["commits"] == 0
     store.close()
+
+
+def test_a_bounded_serial_route_hands_its_backlog_a_bounded_write_set_at_a_time() -> None:
+    """``max_writes``: what piled up while a write set was in flight goes in write sets of at
+    most that many writes (a Persist is never cut; one larger than the bound goes alone),
+    each after the one before is durable -- while the other routes go on meanwhile."""
+    h = Harness()
+    rep = FakePersister()
+    h.router.route(b"rep/", rep, label="rep", serial=True, max_writes=4)
+    h.router.add(p(1, b"rep/a", b"rep/b", b"rep/c"))
+    h.router.add(p(2, b"rep/d", b"rep/e"))  # 5 writes with the first: over the bound
+    h.router.add(p(3, b"rep/f"))
+    h.router.add(p(4, b"rep/g", b"rep/h", b"rep/i", b"rep/j", b"rep/k"))  # larger than it
+    h.router.add(p(5, b"raft/log"))
+    h.end_turn()
+    assert [len(s) for s in rep.sets] == [3]
+    assert h.default.sets == [[(b"raft/log", b"v5")]]  # not behind the replicas' backlog
+    h.default.complete(0)
+    assert h.durable == [5]
+    rep.complete(0)
+    h.end_turn()
+    assert [len(s) for s in rep.sets] == [3, 3]  # tokens 2 and 3: 3 writes, 4 more would not fit
+    rep.complete(1)
+    h.end_turn()
+    assert [len(s) for s in rep.sets] == [3, 3, 5]  # token 4 alone, larger than the bound
+    rep.complete(2)
+    h.end_turn()
+    assert h.durable == [5, 1, 2, 3, 4] and h.router.idle()
+    assert h.stats["rep_store_commits"] == 3
+
+
+def test_a_stop_hands_over_a_bounded_route_s_whole_backlog() -> None:
+    h = Harness()
+    rep = FakePersister()
+    h.router.route(b"rep/", rep, label="rep", serial=True, max_writes=1)
+    for token in (1, 2, 3):
+        h.router.add(p(token, b"rep/%d" % token))
+    h.end_turn()
+    h.router.flush(everything=True)
+    assert [len(s) for s in rep.sets] == [1, 2]
+
+
+def test_a_bound_needs_a_serial_route() -> None:
+    h = Harness()
+    with pytest.raises(ValueError):
+        h.router.route(b"rep/", FakePersister(), label="rep", max_writes=10)
+    with pytest.raises(ValueError):
+        h.router.route(b"rep/", FakePersister(), label="rep", serial=True, max_writes=0)
+
+
+def test_two_writers_on_one_store_commit_apart(tmp_path: Path) -> None:
+    """A side writer has its own thread and queue: the cluster log's small write set is
+    committed while the side writer's commit is held, not queued behind it."""
+    store = GatedStore(str(tmp_path / "c"))
+    side = StoreWriter(store, label="rep")
+    main = StoreWriter(store)
+    done: list[int] = []
+    side.persist([Persist(1, ((b"rep/a", b"1"),))], lambda exc: done.append(1))
+    assert store.entered.wait(5)  # the side writer's commit is in flight, gated
+    store.gate.set()
+    main.persist([Persist(2, ((b"raft/x", b"2"),))], lambda exc: done.append(2))
+    side.close()
+    main.close()
+    assert sorted(done) == [1, 2]
+    assert side.stats["rep_commits"] == 1 and main.stats["commits"] == 1
+    assert "commits" not in side.stats
+    assert store.recovered() == {b"rep/a": b"1", b"raft/x": b"2"}
+    store.close()

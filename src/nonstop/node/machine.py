@@ -27,8 +27,14 @@ from typing import Any
 from nonstop.dtx.clustered import ClusterFactory
 from nonstop.node.config import ConfigError, NodeConfig, split_join
 from nonstop.node.datadir import Identity
+from nonstop.replication.data import KEYS as REPLICA_KEYS
 from nonstop.runtime.interface import Machine, Persist
 from nonstop.runtime.persist import Done, writes_of
+
+REPLICA_COMMIT_WRITES = 8000
+"""Writes of the replicas' data per commit at most (two replication messages' worth): the
+bound on how long the cluster log's next append waits for the store (LMDB runs one write
+transaction at a time)."""
 
 MachineFactory = Callable[..., Machine]
 """``(cfg, ident, recovered, rng[, context=NodeContext])`` → the node's machine."""
@@ -50,6 +56,9 @@ class NodeContext:
     replicator: Any = None
     """Sync replication of partitions (``nonstop.node.replicated.StoreSide``): the store's
     side of the replication machine, or None when the node does not replicate."""
+    side_writer: Callable[[str], Any] | None = None
+    """``side_writer(label)``: a writer thread of its own on the cluster store (the real
+    runtime's :meth:`~nonstop.runtime.real.RealRuntime.side_writer`)."""
     route_persists: Callable[..., None] | None = None
     """``route_persists(prefix, persister, label=..., distinct_keys=...)``: send the
     machine's ``Persist`` writes under ``prefix`` to ``persister`` instead of the cluster
@@ -119,6 +128,19 @@ def build_cluster_node(
     dtx_config = real() if real is not None else DtxConfig()
     machine: DtxClusterNode
     if context.replicator is not None and cfg.ha.replicating:
+        if context.side_writer is not None:
+            # The replicas' data (records, copies, holds: ``rep/``) on a writer of its own,
+            # a bounded commit at a time: a swap's replication wrote 20,000-46,000 keys per
+            # commit, back to back, and the cluster log's appends -- the liveness leases'
+            # renewals among them -- waited behind them in the one writer's queue, so every
+            # node's lease lapsed for seconds (docs/design/runtime.md, "Persists").
+            context.route_persists(
+                REPLICA_KEYS,
+                context.side_writer("rep"),
+                label="rep",
+                serial=True,
+                max_writes=REPLICA_COMMIT_WRITES,
+            )
         machine = replicated_node(cfg, config, rm, rng, merged, dtx_config, make_cluster, context)
     else:
         machine = DtxClusterNode(config, rm, rng, merged, dtx_config, cluster_factory=make_cluster)

@@ -42,6 +42,9 @@ from nonstop.replication.records import (
     Record,
 )
 
+KEYS = b"rep/"
+"""Every durable key of the replication machine starts with it (a real node writes them on
+a writer of their own: ``node/machine.py``)."""
 K_DATA = b"rep/d/"
 K_PREPARED = b"rep/p/"
 K_HEAD = b"rep/h/"
@@ -216,4 +219,4 @@ class PartitionData:
         return out
 
 
-__all__ = ["K_DATA", "K_HEAD", "K_OWN", "K_PREPARED", "PartitionData", "Write"]
+__all__ = ["KEYS", "K_DATA", "K_HEAD", "K_OWN", "K_PREPARED", "PartitionData", "Write"]

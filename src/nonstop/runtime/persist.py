@@ -110,22 +110,45 @@ class _Route:
         "distinct_keys",
         "in_flight",
         "label",
+        "max_writes",
         "persister",
         "persists_key",
         "queue",
         "serial",
     )
 
-    def __init__(self, persister: Persister, label: str, distinct_keys: bool, serial: bool) -> None:
+    def __init__(
+        self,
+        persister: Persister,
+        label: str,
+        distinct_keys: bool,
+        serial: bool,
+        max_writes: int | None = None,
+    ) -> None:
         self.persister = persister
         self.label = label
         self.serial = serial
+        self.max_writes = max_writes
         prefix = f"{label}_" if label else ""
         self.persists_key = prefix + "persists"
         self.commits_key = prefix + "store_commits"
         self.distinct_keys = distinct_keys
         self.queue: list[Persist] = []
         self.in_flight: collections.deque[_WriteSet] = collections.deque()
+
+
+def _take(route: _Route, everything: bool) -> tuple[list[Persist], list[Persist]]:
+    """The Persists ``route`` hands over now, and those that stay queued."""
+    queue = route.queue
+    bound = route.max_writes
+    if bound is None or everything:
+        return queue, []
+    size = 0
+    for i, persist in enumerate(queue):
+        size += len(persist.writes)
+        if size > bound and i > 0:
+            return queue[:i], queue[i:]
+    return queue, []
 
 
 class PersistRouter:
@@ -174,18 +197,26 @@ class PersistRouter:
         label: str,
         distinct_keys: bool = False,
         serial: bool = False,
+        max_writes: int | None = None,
     ) -> None:
         """Send the ``Persist`` actions whose keys start with ``prefix`` to ``persister``.
 
         ``label`` names its counters in :attr:`stats`; ``distinct_keys``: never
         hand it a write set that writes a key twice; ``serial``: one write set in
-        flight at most.  Register before the machine emits its first ``Persist``.
+        flight at most; ``max_writes`` (with ``serial``): a write set takes queued
+        Persists while their writes fit (at least one), the rest wait for its
+        acknowledgement -- a bound on one commit of that persister, whatever piled
+        up while the one before was in flight.  Register before the machine emits
+        its first ``Persist``.
         """
+        if max_writes is not None and (max_writes < 1 or not serial):
+            raise ValueError("max_writes needs a serial route and a positive bound")
         if not prefix:
             raise ValueError("a persister route needs a non-empty key prefix")
         if any(p == prefix for p, _ in self._routes):
             raise ValueError(f"prefix {prefix!r} already has a persister")
-        self._routes.append((prefix, _Route(persister, label, distinct_keys, serial)))
+        route = _Route(persister, label, distinct_keys, serial, max_writes)
+        self._routes.append((prefix, route))
         self._routes.sort(key=lambda item: len(item[0]), reverse=True)
 
     # ------------------------------------------------------------- queueing
@@ -248,7 +279,7 @@ class PersistRouter:
             route = self._dirty.pop(0)
             if route.serial and route.in_flight and not everything:
                 continue  # held: _complete hands it over
-            batch, route.queue = route.queue, []
+            batch, route.queue = _take(route, everything)
             if not batch:
                 continue
             if route.distinct_keys:
