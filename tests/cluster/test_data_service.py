@@ -211,6 +211,27 @@ def test_a_node_keeps_its_start_up_objects_out_of_garbage_collection(cluster: Pr
     assert lag["gc_frozen"] > 10_000
 
 
+def test_the_replicas_data_is_written_by_a_writer_of_its_own(cluster: Procs) -> None:
+    """``rep/`` keys go through their own route and writer thread (runtime.md, Persists):
+    a replicated commit moves the route's and the writer's counters, apart from the
+    cluster log's."""
+
+    def counters() -> dict[str, int]:
+        with client(cluster, "A") as c:
+            return c.request({"op": "runtime_stats"})["stats"]  # type: ignore[no-any-return]
+
+    before = counters()
+    (a,) = numbers_on(cluster, "A", "repw")
+    with client(cluster, "A") as c:
+        s = begin(c)
+        create(c, s, a, 1)
+        ok(c, op="tx.commit", s=s, req=[uniq("repw"), 1])
+    after = counters()
+    for key in ("rep_commits", "rep_persists", "rep_store_commits"):
+        assert after.get(key, 0) > before.get(key, 0), key
+    assert after["commits"] >= before["commits"]  # the cluster log's writer, still there
+
+
 def test_begin_folded_into_the_first_op(cluster: Procs) -> None:
     a = uniq("fold")
     with client(cluster, "B") as c:
