@@ -381,21 +381,23 @@ def test_a_bound_needs_a_serial_route() -> None:
         h.router.route(b"rep/", FakePersister(), label="rep", serial=True, max_writes=0)
 
 
-def test_two_writers_on_one_store_commit_apart(tmp_path: Path) -> None:
-    """A side writer has its own thread and queue: the cluster log's small write set is
-    committed while the side writer's commit is held, not queued behind it."""
-    store = GatedStore(str(tmp_path / "c"))
-    side = StoreWriter(store, label="rep")
-    main = StoreWriter(store)
-    done: list[int] = []
-    side.persist([Persist(1, ((b"rep/a", b"1"),))], lambda exc: done.append(1))
-    assert store.entered.wait(5)  # the side writer's commit is in flight, gated
-    store.gate.set()
-    main.persist([Persist(2, ((b"raft/x", b"2"),))], lambda exc: done.append(2))
-    side.close()
-    main.close()
-    assert sorted(done) == [1, 2]
-    assert side.stats["rep_commits"] == 1 and main.stats["commits"] == 1
-    assert "commits" not in side.stats
-    assert store.recovered() == {b"rep/a": b"1", b"raft/x": b"2"}
-    store.close()
+def test_a_bounded_route_to_the_default_persister_shares_its_turns() -> None:
+    """The node's use (``node/machine.py``): the replicas' data on a bounded route of its
+    own to the cluster store's one writer.  A turn's small write sets of both routes are
+    handed together (the writer commits what is queued as one: one fsync); a backlog of
+    the bounded route never holds the other route's next write set back."""
+    h = Harness()
+    h.router.route(b"rep/", h.default, label="rep", serial=True, max_writes=2)
+    h.router.add(p(1, b"raft/a"))
+    h.router.add(p(2, b"rep/a"))
+    h.end_turn()
+    assert h.default.sets == [[(b"raft/a", b"v1")], [(b"rep/a", b"v2")]]  # the same turn
+    h.router.add(p(3, b"rep/b", b"rep/c"))
+    h.router.add(p(4, b"rep/d", b"rep/e"))
+    h.end_turn()  # rep/ is serial: both wait for token 2's write set
+    h.default.complete(1)
+    h.end_turn()
+    assert h.default.sets[2:] == [[(b"rep/b", b"v3"), (b"rep/c", b"v3")]]  # one bound's worth
+    h.router.add(p(5, b"raft/b"))
+    h.end_turn()
+    assert h.default.sets[3:] == [[(b"raft/b", b"v5")]]  # not behind token 4

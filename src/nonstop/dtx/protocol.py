@@ -635,10 +635,12 @@ class DtxNode:
                 missing = sorted(set(tx.branches) - set(tx.votes))
                 cfg = self.config
                 waited = now - (tx.vote_limit - cfg.prepare_limit - cfg.vote_timeout)
+                down = sorted(set(missing) & self.coordinators_down)
+                why = f"{', '.join(down)} seen down" if down else "vote_timeout"
                 self._log(
                     "warning",
                     f"{tx.gtid}: no vote from {', '.join(missing)} {waited:.1f} s after the "
-                    "prepares: aborted (vote_timeout, B8)",
+                    f"prepares: aborted (B8, {why})",
                 )
                 self._abort_before_commit(tx, "Unavailable", f"no vote from {missing}")
                 return

@@ -32,9 +32,8 @@ from nonstop.runtime.interface import Machine, Persist
 from nonstop.runtime.persist import Done, writes_of
 
 REPLICA_COMMIT_WRITES = 8000
-"""Writes of the replicas' data per commit at most (two replication messages' worth): the
-bound on how long the cluster log's next append waits for the store (LMDB runs one write
-transaction at a time)."""
+"""Writes of the replicas' data per write set at most (two replication messages' worth):
+the bound on what the cluster log's next append may share a commit with."""
 
 MachineFactory = Callable[..., Machine]
 """``(cfg, ident, recovered, rng[, context=NodeContext])`` → the node's machine."""
@@ -56,9 +55,9 @@ class NodeContext:
     replicator: Any = None
     """Sync replication of partitions (``nonstop.node.replicated.StoreSide``): the store's
     side of the replication machine, or None when the node does not replicate."""
-    side_writer: Callable[[str], Any] | None = None
-    """``side_writer(label)``: a writer thread of its own on the cluster store (the real
-    runtime's :meth:`~nonstop.runtime.real.RealRuntime.side_writer`)."""
+    cluster_writer: Any = None
+    """The cluster store's persister (the real runtime's ``writer``): the replicas' data
+    gets a route of its own to it (``build``)."""
     route_persists: Callable[..., None] | None = None
     """``route_persists(prefix, persister, label=..., distinct_keys=...)``: send the
     machine's ``Persist`` writes under ``prefix`` to ``persister`` instead of the cluster
@@ -128,15 +127,16 @@ def build_cluster_node(
     dtx_config = real() if real is not None else DtxConfig()
     machine: DtxClusterNode
     if context.replicator is not None and cfg.ha.replicating:
-        if context.side_writer is not None:
-            # The replicas' data (records, copies, holds: ``rep/``) on a writer of its own,
-            # a bounded commit at a time: a swap's replication wrote 20,000-46,000 keys per
-            # commit, back to back, and the cluster log's appends -- the liveness leases'
-            # renewals among them -- waited behind them in the one writer's queue, so every
-            # node's lease lapsed for seconds (docs/design/runtime.md, "Persists").
+        if context.cluster_writer is not None:
+            # The replicas' data (records, copies, holds: ``rep/``) on a route of its own to
+            # the same writer, a bounded write set at a time: a swap's replication made
+            # write sets of 20,000-46,000 keys, back to back, and the cluster log's appends
+            # -- the liveness leases' renewals among them -- queued behind them on the one
+            # route, so every node's lease lapsed for seconds (runtime.md, "Persists").
+            # Small write sets of both routes still share one commit (one fsync).
             context.route_persists(
                 REPLICA_KEYS,
-                context.side_writer("rep"),
+                context.cluster_writer,
                 label="rep",
                 serial=True,
                 max_writes=REPLICA_COMMIT_WRITES,

@@ -539,7 +539,7 @@ def make_runtime(
             runtime.name, access.roles_lookup(lambda: users_table(runtime.machine))
         )
     context.route_persists = runtime.persists.route
-    context.side_writer = runtime.side_writer
+    context.cluster_writer = runtime.writer
     service = None
     if object_store is not None:
         service = attach_data_service(runtime, object_store, cfg, context)

@@ -89,10 +89,6 @@ def error_kind(name: Any) -> str:
     return name if isinstance(name, str) and name in ERROR_KINDS else OTHER
 
 
-_STORE_COUNTERS = frozenset({"commits", "commit_us", "rep_commits", "rep_commit_us"})
-"""The runtime's counters shown as metrics of their own, not as ``runtime_events``."""
-
-
 class Buckets:
     """A histogram kept as plain counts (no lock: it is only changed on the loop thread)."""
 
@@ -466,17 +462,6 @@ class NodeCollector(Collector):
             "Time spent in those commits.",
             int(stats.get("commit_us", 0)) / 1e6,
         )
-        yield counter(
-            "replica_store_commits",
-            "Commits of the replicas' data to the same store, on a writer of their own "
-            "(with sync replicas; one fsync each).",
-            int(stats.get("rep_commits", 0)),
-        )
-        yield counter(
-            "replica_store_commit_seconds",
-            "Time spent in those commits.",
-            int(stats.get("rep_commit_us", 0)) / 1e6,
-        )
         yield labelled(
             CounterMetricFamily,
             "runtime_events",
@@ -485,7 +470,7 @@ class NodeCollector(Collector):
             (
                 ([str(event)], count)
                 for event, count in sorted(stats.items())
-                if event not in _STORE_COUNTERS
+                if event not in ("commits", "commit_us")
             ),
         )
 

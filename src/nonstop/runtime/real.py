@@ -195,8 +195,6 @@ class RealRuntime:
         """How late the event loop wakes (``nonstop_event_loop_lag_seconds``, a warning line)."""
         self.identity_error: HandshakeRejected | None = None
         self.on_identity_error: Callable[[HandshakeRejected], None] | None = None
-        self._side_writers: list[StoreWriter] = []
-        """Writers of :meth:`side_writer`, closed with the main one."""
         self._bare_noted: dict[str, float] = {}
         """When each peer's bare message was last noted to the machine (``_heard_bare``)."""
 
@@ -255,19 +253,9 @@ class RealRuntime:
         self.persists.flush(everything=True)
         if self.router is not None:
             await self.router.stop()
-        # The cluster store's writers finish what they were handed.
-        for writer in [*self._side_writers, self.writer]:
-            await asyncio.get_running_loop().run_in_executor(None, writer.close)
+        # The cluster store's writer finishes what it was handed.
+        await asyncio.get_running_loop().run_in_executor(None, self.writer.close)
         self.stopped.set()
-
-    def side_writer(self, label: str) -> StoreWriter:
-        """A writer of its own, on this node's cluster store, for the keys of one route of
-        :attr:`persists` (the composition registers it): its large write sets then never
-        queue the default writer's small ones behind them (``node/machine.py``: the
-        replicas' data beside the cluster log's appends).  Closed by :meth:`stop`."""
-        writer = StoreWriter(self.store, self.stats, label=label)
-        self._side_writers.append(writer)
-        return writer
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)

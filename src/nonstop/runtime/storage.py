@@ -200,34 +200,20 @@ class StoreWriter:
     arrive while an fsync is in flight share the next one.  Each write set's
     ``done`` is called on the writer thread once its commit is durable (with
     the error if it failed), in the order the write sets were queued.
-    ``stats`` counts ``commits`` and ``commit_us`` (time in commit, fsync included),
-    prefixed ``<label>_`` for a writer with a ``label``: a store may have several
-    writers, each its own thread and queue (LMDB lets one write transaction run at a
-    time, so a writer waits at most for the other's commit in progress, not its queue).
+    ``stats`` counts ``commits`` and ``commit_us`` (time in commit, fsync included).
     """
 
-    def __init__(
-        self,
-        store: ClusterStore,
-        stats: collections.Counter[str] | None = None,
-        *,
-        label: str = "",
-    ) -> None:
+    def __init__(self, store: ClusterStore, stats: collections.Counter[str] | None = None) -> None:
         self.store = store
         self.stats = stats if stats is not None else collections.Counter[str]()
-        prefix = f"{label}_" if label else ""
-        self._commits_key = prefix + "commits"
-        self._commit_us_key = prefix + "commit_us"
         # Created here, not by the writer thread: a key added while the event loop
         # copies the counters would change the dict's size under it.
-        self.stats[self._commits_key] += 0
-        self.stats[self._commit_us_key] += 0
+        self.stats["commits"] += 0
+        self.stats["commit_us"] += 0
         self._lock = threading.Lock()
         self._queue: list[tuple[Sequence[Persist], Done]] = []
         self._running = False
-        self._executor = ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix=f"lmdb-commit{'-' + label if label else ''}"
-        )
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lmdb-commit")
 
     def persist(self, batch: Sequence[Persist], done: Done) -> None:
         with self._lock:
@@ -253,8 +239,8 @@ class StoreWriter:
             except BaseException as exc:  # reported to every write set of the commit
                 error = exc
             else:
-                self.stats[self._commits_key] += 1
-                self.stats[self._commit_us_key] += int((time.perf_counter() - started) * 1e6)
+                self.stats["commits"] += 1
+                self.stats["commit_us"] += int((time.perf_counter() - started) * 1e6)
             for _, done in batch:
                 done(error)
 
