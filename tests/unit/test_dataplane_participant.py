@@ -681,6 +681,47 @@ def test_cluster_composition_routes_rm_progress_to_the_dtx_node() -> None:
     assert node.dtx.branches["b.1"].state == "persisting"
 
 
+def test_the_node_compositions_take_the_runtime_s_liveness_notes() -> None:
+    """The real node's machine is a composition (``DtxClusterNode``, and
+    ``ReplicatedClusterNode`` on it), not a ``ClusterNode``: it must still ask the runtime
+    for its notes of a peer's bare messages, and hand them to its detector."""
+    from nonstop.cluster.failure import NodeIdentity, NodeState, location_code
+    from nonstop.cluster.node import ClusterConfig
+    from nonstop.dtx.clustered import DtxClusterNode
+    from nonstop.node.replicated import ReplicatedClusterNode
+    from nonstop.runtime.interface import ALIVE, TimerFired
+
+    class IdleRm:
+        def check_ops(self, ops: Any) -> str | None:
+            return None
+
+        def open(self, gtid: str, ops: list[Any]) -> list[Any]:
+            return []
+
+        def finish(self, gtid: str, commit: bool) -> tuple[list[Any], list[Any]]:
+            return [], []
+
+        def recover(self, gtid: str, record: bytes) -> None:
+            pass
+
+    assert issubclass(ReplicatedClusterNode, DtxClusterNode)
+    cfg = ClusterConfig(name="a", address="sim://a", store_timestamp=1, members=("a", "b"))
+    node = DtxClusterNode(cfg, IdleRm(), random.Random(1), {})
+    assert node.hears_bare_messages
+    node.handle(Started(0.0))
+    b = NodeIdentity("b", "sim://b", location_code("b"), 2, (1, 1))
+    hello = {"t": "hello", "id": b.to_wire(), "en": True, "ack": True, "peers": {}}
+    node.handle(Received(0.0, "b", {"k": "fd", "en": True, "b": hello}))
+    detector = node.cluster.detector
+    assert detector.state_of("b") is NodeState.UP
+    t = 0.0
+    while t < 3.0:  # b's keep-alives never come; its bulk frames do
+        t += 0.1
+        node.handle(Received(t, "b", {"k": ALIVE}))
+        node.handle(TimerFired(t, "fd:tick"))
+    assert detector.state_of("b") is NodeState.UP
+
+
 def test_two_branches_promoting_the_same_read_lock_one_is_the_deadlock_victim(
     tmp_path: Path,
 ) -> None:

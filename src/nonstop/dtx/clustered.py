@@ -91,6 +91,13 @@ class DtxClusterNode:
     def rm(self) -> ResourceManager:
         return self.dtx.rm
 
+    @property
+    def hears_bare_messages(self) -> bool:
+        """As the cluster node it composes: the runtime's ``{"k": "alive"}`` notes (a peer's
+        replication, data-plane and ``dtx.*`` messages carry no envelope) go to its detector
+        (``cluster/node.py``, Routing)."""
+        return bool(getattr(self.cluster, "hears_bare_messages", False))
+
     def handle(self, event: Event) -> list[Action]:
         """Route one event to the component that owns it (module doc); then tell the
         DtxNode which peers died (:meth:`DtxNode.peers_down`)."""
