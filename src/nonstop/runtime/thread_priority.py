@@ -10,14 +10,15 @@ woke 0.3-0.6 s late: long enough for its peers to take it for dead
 (``bench/results/spark-partitions.md``).  The helper threads therefore run at a lower
 priority (a higher nice value, ``BULK_NICE``): they still get every cycle nobody else
 wants, and lose to the loops when the CPU is short.  Linux keeps the nice value per
-thread (``setpriority(2)``, NOTES), so the call lowers only the calling thread; where it
-is refused or unknown the thread stays as it was.  ``NONSTOP_BULK_NICE`` (an integer,
+thread (``setpriority(2)``, NOTES), so the call lowers only the calling thread; on other
+systems, or where it is refused, the thread stays as it was.  ``NONSTOP_BULK_NICE`` (an integer,
 0 to keep the helpers' priority) overrides the default for a node process.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -37,7 +38,8 @@ def bulk_nice() -> int:
 def lower_this_thread(nice: int | None = None) -> bool:
     """Run the calling thread ``nice`` steps lower (default :func:`bulk_nice`); True if done."""
     step = bulk_nice() if nice is None else nice
-    if step <= 0 or not hasattr(os, "setpriority"):
+    if step <= 0 or sys.platform != "linux":
+        # Elsewhere PRIO_PROCESS with a thread's id names a process, maybe another one.
         return False
     tid = threading.get_native_id()
     try:
