@@ -47,6 +47,22 @@ from nonstop.tx.async_transaction import AsyncTransaction
 CFG = DtxConfig(tick=0.02, retry=0.05, vote_timeout=1.5, branch_timeout=1.0, decision_timeout=0.4)
 
 
+class NoStore:
+    """A resource manager that holds nothing (a test drives the machine around it)."""
+
+    def check_ops(self, ops: Any) -> str | None:
+        return None
+
+    def open(self, gtid: str, ops: list[Any]) -> list[Any]:
+        return []
+
+    def finish(self, gtid: str, commit: bool) -> tuple[list[Any], list[Any]]:
+        return [], []
+
+    def recover(self, gtid: str, record: bytes) -> None:
+        return None
+
+
 class Cluster:
     """Nodes ``names`` under ``root`` (one store directory each) plus the decision log."""
 

@@ -19,7 +19,7 @@ from typing import Any
 import lmdb
 import pytest
 from tests.bankmodel import Account
-from tests.dtx_store_harness import CFG, Cluster
+from tests.dtx_store_harness import CFG, Cluster, NoStore
 
 import nonstop
 from nonstop.dataplane.participant import (
@@ -467,20 +467,8 @@ def test_in_doubt_participant_of_a_dead_coordinator_aborts_through_the_log(
 
 # ------------------------------------------------------------------ pieces
 def test_machine_accepts_rm_progress_only_from_itself(tmp_path: Path) -> None:
-    class NullRm:
-        def check_ops(self, ops: Any) -> str | None:
-            return None
 
-        def open(self, gtid: str, ops: list[Any]) -> list[Any]:
-            return []
-
-        def finish(self, gtid: str, commit: bool) -> tuple[list[Any], list[Any]]:
-            return [], []
-
-        def recover(self, gtid: str, record: bytes) -> None:
-            pass
-
-    node = DtxNode("n2", NullRm(), random.Random(1), {})
+    node = DtxNode("n2", NoStore(), random.Random(1), {})
     node.handle(Started(0.0))
     node.handle(Received(0.0, "n1", {"t": "dtx.prepare", "g": "n1.1", "ops": [1], "f": 0}))
     assert node.branches["n1.1"].state == "locking"
@@ -654,21 +642,8 @@ def test_cluster_composition_routes_rm_progress_to_the_dtx_node() -> None:
     from nonstop.cluster.node import ClusterConfig
     from nonstop.dtx.clustered import DtxClusterNode
 
-    class WaitingRm:
-        def check_ops(self, ops: Any) -> str | None:
-            return None
-
-        def open(self, gtid: str, ops: list[Any]) -> list[Any]:
-            return []  # reported later, through dtx.rm
-
-        def finish(self, gtid: str, commit: bool) -> tuple[list[Any], list[Any]]:
-            return [], []
-
-        def recover(self, gtid: str, record: bytes) -> None:
-            pass
-
     cfg = ClusterConfig(name="a", address="sim://a", store_timestamp=1, members=("a", "b"))
-    node = DtxClusterNode(cfg, WaitingRm(), random.Random(1), {})
+    node = DtxClusterNode(cfg, NoStore(), random.Random(1), {})
     node.handle(Started(0.0))
     node.handle(Received(0.0, "b", {"t": "dtx.prepare", "g": "b.1", "ops": [1], "f": 0}))
     assert node.dtx.branches["b.1"].state == "locking"
@@ -691,22 +666,9 @@ def test_the_node_compositions_take_the_runtime_s_liveness_notes() -> None:
     from nonstop.node.replicated import ReplicatedClusterNode
     from nonstop.runtime.interface import ALIVE, TimerFired
 
-    class IdleRm:
-        def check_ops(self, ops: Any) -> str | None:
-            return None
-
-        def open(self, gtid: str, ops: list[Any]) -> list[Any]:
-            return []
-
-        def finish(self, gtid: str, commit: bool) -> tuple[list[Any], list[Any]]:
-            return [], []
-
-        def recover(self, gtid: str, record: bytes) -> None:
-            pass
-
     assert issubclass(ReplicatedClusterNode, DtxClusterNode)
     cfg = ClusterConfig(name="a", address="sim://a", store_timestamp=1, members=("a", "b"))
-    node = DtxClusterNode(cfg, IdleRm(), random.Random(1), {})
+    node = DtxClusterNode(cfg, NoStore(), random.Random(1), {})
     assert node.hears_bare_messages
     node.handle(Started(0.0))
     b = NodeIdentity("b", "sim://b", location_code("b"), 2, (1, 1))

@@ -359,25 +359,32 @@ def test_a_dead_peer_is_still_down_after_the_nodes_own_stall():
     assert down_at - heard_last - 0.9 == pytest.approx(0.6, abs=0.11)
 
 
+def _tick_for(det: FailureDetector, t: float, *, bare: bool, until: float = 3.0) -> float:
+    """Tick ``det`` every 0.1 s from ``t`` to ``until``, each tick after a bare message of
+    n2 (``bare``) or after nothing; asserts no ``Reconnect`` while n2 is heard.  The time
+    reached."""
+    while t < until:
+        t += 0.1
+        if bare:
+            det.heard_bare(t, "n2")
+        actions = det.handle(_tick(t))
+        if bare and det.peers["n2"].enabled:
+            assert not any(isinstance(a, Reconnect) for a in actions)
+    return t
+
+
 def test_bare_messages_keep_a_peer_up_while_its_keepalives_queue_behind_them():
     """Replication frames (no envelope, no flag) arriving while the peer's keep-alives wait
     behind them on the connection: the peer is alive, not reconnected, not Down."""
     det = _up_pair()
-    t = 0.0
-    while t < 3.0:
-        t += 0.1
-        det.heard_bare(t, "n2")
-        assert not any(isinstance(a, Reconnect) for a in det.handle(_tick(t)))
+    _tick_for(det, 0.0, bare=True)
     assert det.state_of("n2") is NodeState.UP
 
 
 def test_without_bare_messages_the_same_silence_is_a_down_verdict():
     """The control of the test above: nothing heard at all, the peer goes Down."""
     det = _up_pair()
-    t = 0.0
-    while t < 3.0:
-        t += 0.1
-        det.handle(_tick(t))
+    _tick_for(det, 0.0, bare=False)
     assert det.state_of("n2") is NodeState.DOWN
 
 
@@ -386,11 +393,7 @@ def test_bare_messages_of_a_peer_that_said_it_is_disabled_are_not_liveness():
     carry no flag, so its last envelope's ``en`` decides: Disabled, it is seen Down (D16)."""
     det = _up_pair()
     det.heard(0.05, "n2", False)  # its keep-alive after it lost quorum
-    t = 0.05
-    while t < 3.0:
-        t += 0.1
-        det.heard_bare(t, "n2")
-        det.handle(_tick(t))
+    t = _tick_for(det, 0.05, bare=True)
     assert det.state_of("n2") is NodeState.DOWN
     det.heard(t, "n2", True)  # quorum regained: its envelopes say so, bare ones count again
     assert det.peers["n2"].enabled
@@ -401,11 +404,7 @@ def test_a_disabled_node_counts_the_bare_messages_of_a_disabled_peer():
     det = _up_pair()
     det.set_enabled(False)
     det.heard(0.05, "n2", False)
-    t = 0.05
-    while t < 3.0:
-        t += 0.1
-        det.heard_bare(t, "n2")
-        det.handle(_tick(t))
+    _tick_for(det, 0.05, bare=True)
     assert det.state_of("n2") is NodeState.UP
 
 

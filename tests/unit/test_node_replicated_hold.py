@@ -15,6 +15,8 @@ import functools
 import random
 from typing import Any
 
+from tests.dtx_store_harness import NoStore
+
 from nonstop.cluster.node import ClusterConfig
 from nonstop.dtx.protocol import K_TOMB
 from nonstop.ha.cluster_node import HaClusterNode
@@ -27,22 +29,6 @@ from nonstop.runtime.interface import Notify, Persist, Persisted, Received
 
 P = "default.7"
 GTID = "A.186"
-
-
-class NoStore:
-    """A resource manager that holds nothing (the test drives ``outcome`` directly)."""
-
-    def check_ops(self, ops: Any) -> str | None:
-        return None
-
-    def open(self, gtid: str, ops: list[Any]) -> list[Any]:
-        return []
-
-    def finish(self, gtid: str, commit: bool) -> tuple[list[Any], list[Any]]:
-        return [], []
-
-    def recover(self, gtid: str, record: bytes) -> None:
-        return None
 
 
 async def _nothing(name: str, values: Any) -> None:
